@@ -1,0 +1,420 @@
+//! A wrapper that makes any backend misbehave on purpose: throttling, transient errors,
+//! lost responses, latency and timeouts, by seeded probability or by schedule.
+//!
+//! Randomness comes from a seeded generator and delays from tokio's clock, so a failing
+//! run replays exactly from its seed under paused time.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backend::{
+    IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError, MetricsSink, PutRecord,
+    PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
+    StreamSummary, TableState,
+};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId};
+
+/// One injected misbehaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The call is refused as throttled and never reaches the backend.
+    Throttle,
+    /// The call fails with a retryable error and never reaches the backend.
+    Transient,
+    /// The call reaches the backend and takes effect, but its answer is lost: the caller
+    /// sees a transient error. This is what makes conditional writes ambiguous.
+    LostResponse,
+    /// The call is delayed, then runs.
+    Latency(Duration),
+    /// The call hangs for the plan's `timeout`, then fails as transient, without effect.
+    Timeout,
+}
+
+/// A fault for the `nth` call (counting from 0) of `op` (`None`: any operation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    pub op: Option<&'static str>,
+    pub nth: u64,
+    pub fault: Fault,
+}
+
+/// What to inject. Probabilities are per call, drawn in this order: throttle,
+/// transient, lost response, timeout; latency is added to calls that are not refused.
+#[derive(Debug, Clone)]
+pub struct FaultPlan {
+    pub seed: u64,
+    pub throttle: f64,
+    pub transient: f64,
+    pub lost_response: f64,
+    pub timeout: f64,
+    /// How long a timed-out call hangs before failing.
+    pub timeout_after: Duration,
+    /// A uniformly random delay in this range on every call that runs.
+    pub latency: Option<(Duration, Duration)>,
+    /// Operations the random faults apply to; empty means all.
+    pub only_ops: Vec<&'static str>,
+    /// Faults at fixed points, applied before (and instead of) the random ones.
+    pub schedule: Vec<Scheduled>,
+}
+
+impl FaultPlan {
+    /// No faults at all; add some with the fields or [`FaultPlan::then`].
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            seed,
+            throttle: 0.0,
+            transient: 0.0,
+            lost_response: 0.0,
+            timeout: 0.0,
+            timeout_after: Duration::from_secs(10),
+            latency: None,
+            only_ops: Vec::new(),
+            schedule: Vec::new(),
+        }
+    }
+
+    pub fn then(mut self, op: Option<&'static str>, nth: u64, fault: Fault) -> Self {
+        self.schedule.push(Scheduled { op, nth, fault });
+        self
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    plan: FaultPlan,
+    rng: StdRng,
+    calls: HashMap<&'static str, u64>,
+    injected: Vec<(&'static str, Fault)>,
+}
+
+/// Wraps a backend `B`; implements whichever ports `B` implements. Clones share state.
+#[derive(Debug, Clone)]
+pub struct Faulty<B> {
+    inner: B,
+    state: Arc<Mutex<State>>,
+}
+
+impl<B> Faulty<B> {
+    pub fn new(inner: B, plan: FaultPlan) -> Self {
+        let rng = StdRng::seed_from_u64(plan.seed);
+        Self {
+            inner,
+            state: Arc::new(Mutex::new(State {
+                plan,
+                rng,
+                calls: HashMap::new(),
+                injected: Vec::new(),
+            })),
+        }
+    }
+
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every fault injected so far, in order, with the operation it hit.
+    pub fn injected(&self) -> Vec<(&'static str, Fault)> {
+        self.lock().injected.clone()
+    }
+
+    /// Replaces the plan (keeping the call counts), e.g. to stop injecting.
+    pub fn set_plan(&self, plan: FaultPlan) {
+        let mut state = self.lock();
+        state.rng = StdRng::seed_from_u64(plan.seed);
+        state.plan = plan;
+    }
+
+    fn decide(&self, op: &'static str) -> Option<Fault> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let nth = {
+            let count = state.calls.entry(op).or_insert(0);
+            *count += 1;
+            *count - 1
+        };
+        let any_nth = {
+            let count = state.calls.entry("*").or_insert(0);
+            *count += 1;
+            *count - 1
+        };
+        let scheduled = state.plan.schedule.iter().find(|s| match s.op {
+            Some(o) => o == op && s.nth == nth,
+            None => s.nth == any_nth,
+        });
+        let fault = if let Some(s) = scheduled {
+            Some(s.fault)
+        } else if state.plan.only_ops.is_empty() || state.plan.only_ops.contains(&op) {
+            let plan = &state.plan;
+            let rng = &mut state.rng;
+            let mut draw = |p: f64| p > 0.0 && rng.random_bool(p.min(1.0));
+            if draw(plan.throttle) {
+                Some(Fault::Throttle)
+            } else if draw(plan.transient) {
+                Some(Fault::Transient)
+            } else if draw(plan.lost_response) {
+                Some(Fault::LostResponse)
+            } else if draw(plan.timeout) {
+                Some(Fault::Timeout)
+            } else {
+                plan.latency.map(|(lo, hi)| {
+                    Fault::Latency(if hi > lo { rng.random_range(lo..=hi) } else { lo })
+                })
+            }
+        } else {
+            None
+        };
+        if let Some(f) = fault {
+            state.injected.push((op, f));
+        }
+        fault
+    }
+
+    fn timeout_after(&self) -> Duration {
+        self.lock().plan.timeout_after
+    }
+
+    /// Runs `call` under whatever fault the plan picks for `op`.
+    async fn run<T, E: Injected>(&self, op: &'static str, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+        match self.decide(op) {
+            None => call.await,
+            Some(Fault::Throttle) => Err(E::throttled(op)),
+            Some(Fault::Transient) => Err(E::transient(op, "injected transient failure")),
+            Some(Fault::LostResponse) => {
+                let _ = call.await;
+                Err(E::transient(op, "injected: the call took effect but its response was lost"))
+            }
+            Some(Fault::Latency(delay)) => {
+                tokio::time::sleep(delay).await;
+                call.await
+            }
+            Some(Fault::Timeout) => {
+                let after = self.timeout_after();
+                tokio::time::sleep(after).await;
+                Err(E::transient(op, &format!("injected timeout after {after:?}")))
+            }
+        }
+    }
+}
+
+/// How each port spells the injected errors.
+pub trait Injected {
+    fn throttled(op: &'static str) -> Self;
+    fn transient(op: &'static str, why: &str) -> Self;
+}
+
+const ENDPOINT: &str = "fault injector";
+
+impl Injected for StreamError {
+    fn throttled(op: &'static str) -> Self {
+        StreamError::Throttled { op, message: "injected throttle".into() }
+    }
+    fn transient(op: &'static str, why: &str) -> Self {
+        StreamError::Transient { op, endpoint: ENDPOINT.into(), message: why.into() }
+    }
+}
+
+impl Injected for LeaseError {
+    fn throttled(op: &'static str) -> Self {
+        LeaseError::Throttled { op, message: "injected throttle".into() }
+    }
+    fn transient(op: &'static str, why: &str) -> Self {
+        LeaseError::Transient { op, endpoint: ENDPOINT.into(), message: why.into() }
+    }
+}
+
+impl Injected for MetricsError {
+    fn throttled(_op: &'static str) -> Self {
+        MetricsError::Throttled { message: "injected throttle".into() }
+    }
+    fn transient(_op: &'static str, why: &str) -> Self {
+        MetricsError::Transient { endpoint: ENDPOINT.into(), message: why.into() }
+    }
+}
+
+impl<B: StreamClient> StreamClient for Faulty<B> {
+    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
+        Box::pin(self.run("ListShards", self.inner.list_shards(stream)))
+    }
+
+    fn get_shard_iterator<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<ShardIterator, StreamError>> {
+        Box::pin(self.run("GetShardIterator", self.inner.get_shard_iterator(stream, shard, position)))
+    }
+
+    fn get_records<'a>(&'a self, iterator: &'a ShardIterator, limit: u32) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
+        Box::pin(self.run("GetRecords", self.inner.get_records(iterator, limit)))
+    }
+
+    fn describe_stream_summary<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
+        Box::pin(self.run("DescribeStreamSummary", self.inner.describe_stream_summary(stream)))
+    }
+
+    fn capabilities(&self) -> crate::backend::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+impl<B: StreamAdmin> StreamAdmin for Faulty<B> {
+    fn create_stream<'a>(&'a self, stream: &'a str, shards: u32) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run("CreateStream", self.inner.create_stream(stream, shards)))
+    }
+
+    fn delete_stream<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run("DeleteStream", self.inner.delete_stream(stream)))
+    }
+
+    fn put_records<'a>(&'a self, stream: &'a str, records: &'a [PutRecord]) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
+        Box::pin(self.run("PutRecords", self.inner.put_records(stream, records)))
+    }
+
+    fn split_shard<'a>(&'a self, stream: &'a str, shard: &'a ShardId, new_starting_hash_key: u128) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run("SplitShard", self.inner.split_shard(stream, shard, new_starting_hash_key)))
+    }
+
+    fn merge_shards<'a>(&'a self, stream: &'a str, shard: &'a ShardId, adjacent: &'a ShardId) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run("MergeShards", self.inner.merge_shards(stream, shard, adjacent)))
+    }
+}
+
+impl<B: LeaseTable> LeaseTable for Faulty<B> {
+    fn table_name(&self) -> &str {
+        self.inner.table_name()
+    }
+
+    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
+        Box::pin(self.run("ensure_table", self.inner.ensure_table()))
+    }
+
+    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
+        Box::pin(self.run("scan", self.inner.scan()))
+    }
+
+    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
+        Box::pin(self.run("get", self.inner.get(key)))
+    }
+
+    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.run("create_if_absent", self.inner.create_if_absent(lease)))
+    }
+
+    fn take<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence, new_owner: &'a WorkerId) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+        Box::pin(self.run("take", self.inner.take(key, expected, new_owner)))
+    }
+
+    fn release<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.run("release", self.inner.release(key, expected)))
+    }
+
+    fn checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        checkpoint: &'a Checkpoint,
+        children: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run("checkpoint", self.inner.checkpoint(key, expected, checkpoint, children)))
+    }
+
+    fn delete<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run("delete", self.inner.delete(key, expected)))
+    }
+
+    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.run("heartbeat", self.inner.heartbeat(worker)))
+    }
+
+    fn remove_heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run("remove_heartbeat", self.inner.remove_heartbeat(worker)))
+    }
+}
+
+impl<B: MetricsSink> MetricsSink for Faulty<B> {
+    fn put<'a>(&'a self, namespace: &'a str, data: Vec<MetricDatum>) -> BoxFuture<'a, Result<(), MetricsError>> {
+        Box::pin(self.run("PutMetricData", self.inner.put(namespace, data)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryDynamo;
+
+    fn plan() -> FaultPlan {
+        let mut plan = FaultPlan::seeded(7);
+        plan.throttle = 0.2;
+        plan.transient = 0.2;
+        plan
+    }
+
+    async fn outcomes(table: &Faulty<crate::backend::memory::MemoryLeaseTable>) -> Vec<bool> {
+        let me = WorkerId::new("w");
+        let mut out = Vec::new();
+        for _ in 0..200 {
+            out.push(table.heartbeat(&me).await.is_ok());
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_same_seed_replays_the_same_faults() {
+        let make = || {
+            let db = MemoryDynamo::new();
+            db.create_table("t", "leaseKey", "S");
+            Faulty::new(db.lease_table("t"), plan())
+        };
+        let (a, b) = (make(), make());
+        let (ra, rb) = (outcomes(&a).await, outcomes(&b).await);
+        assert_eq!(ra, rb);
+        let failures = ra.iter().filter(|ok| !**ok).count();
+        assert!((40..120).contains(&failures), "about 36% of 200 calls should fail, got {failures}");
+        assert_eq!(a.injected(), b.injected());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scheduled_faults_hit_the_named_call() {
+        let db = MemoryDynamo::new();
+        db.create_table("t", "leaseKey", "S");
+        let plan = FaultPlan::seeded(1)
+            .then(Some("heartbeat"), 1, Fault::LostResponse)
+            .then(Some("heartbeat"), 2, Fault::Throttle);
+        let table = Faulty::new(db.lease_table("t"), plan);
+        let me = WorkerId::new("w");
+        assert_eq!(table.heartbeat(&me).await, Ok(1));
+        // The lost response took effect: the counter moved to 2 though the caller saw an error.
+        assert!(matches!(table.heartbeat(&me).await, Err(LeaseError::Transient { .. })));
+        assert!(matches!(table.heartbeat(&me).await, Err(LeaseError::Throttled { .. })));
+        assert_eq!(table.heartbeat(&me).await, Ok(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_and_latency_use_tokio_time() {
+        let db = MemoryDynamo::new();
+        db.create_table("t", "leaseKey", "S");
+        let mut plan = FaultPlan::seeded(1)
+            .then(None, 0, Fault::Timeout)
+            .then(None, 1, Fault::Latency(Duration::from_millis(250)));
+        plan.timeout_after = Duration::from_secs(30);
+        let table = Faulty::new(db.lease_table("t"), plan);
+        let me = WorkerId::new("w");
+        let start = tokio::time::Instant::now();
+        let err = table.heartbeat(&me).await.unwrap_err();
+        assert!(err.to_string().contains("injected timeout after 30s"), "{err}");
+        assert_eq!(start.elapsed(), Duration::from_secs(30));
+        assert_eq!(table.heartbeat(&me).await, Ok(1));
+        assert_eq!(start.elapsed(), Duration::from_millis(30_250));
+    }
+}

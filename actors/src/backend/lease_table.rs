@@ -1,0 +1,122 @@
+//! The DynamoDB port: the lease table.
+
+use futures::future::BoxFuture;
+
+use crate::model::item::MalformedRow;
+use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId};
+
+/// Everything a scan found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScanOutput {
+    pub leases: Vec<Lease>,
+    pub heartbeats: Vec<Heartbeat>,
+    /// Rows that could not be read. Reported here, skipped, never fatal.
+    pub malformed: Vec<MalformedRow>,
+    /// Rows other programs keep in the table (KCL 3.x coordinator state and the like).
+    pub other_rows: usize,
+}
+
+/// Whether `ensure_table` found the table or made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableState {
+    Existed,
+    Created,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LeaseError {
+    /// The row changed since it was read: another worker owns it now, or it is gone.
+    /// The caller must stop acting on the lease.
+    #[error("lease {key}: condition failed, owner is now {}, counter {}",
+        owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody"),
+        counter.map(|c| c.to_string()).unwrap_or_else(|| "unknown (row missing)".into()))]
+    ConditionFailed {
+        key: LeaseKey,
+        owner: Option<WorkerId>,
+        counter: Option<u64>,
+    },
+    #[error("{op}: throttled by DynamoDB: {message}")]
+    Throttled { op: &'static str, message: String },
+    #[error("{op}: not found: {message}")]
+    NotFound { op: &'static str, message: String },
+    #[error(transparent)]
+    Malformed(#[from] MalformedRow),
+    #[error("table {table} exists with key schema {found}; a lease table needs leaseKey (S) as its only hash key")]
+    WrongKeySchema { table: String, found: String },
+    #[error("{op}: transient failure talking to {endpoint}: {message}")]
+    Transient {
+        op: &'static str,
+        endpoint: String,
+        message: String,
+    },
+    #[error("{op}: {message}")]
+    Other { op: &'static str, message: String },
+}
+
+impl LeaseError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, LeaseError::Throttled { .. } | LeaseError::Transient { .. })
+    }
+}
+
+/// The lease table.
+///
+/// Every write that changes ownership or progress is conditional on a [`Fence`] (the
+/// owner and counter the caller last read); a mismatch is `ConditionFailed`, carrying
+/// the row's current owner and counter when the row still exists. The counter is the
+/// fencing token: it rises by one on every change of owner (take, release) and never
+/// otherwise, so a worker that holds `(me, n)` knows nobody else held the lease since.
+///
+/// Contract (checked by `tests/contract_lease_table.rs` on every backend):
+/// * `ensure_table` creates a PAY_PER_REQUEST table keyed by `leaseKey` (S) and returns
+///   once it is ACTIVE; an existing table with another key schema is `WrongKeySchema`.
+/// * `scan` returns every row, paginated; a malformed row is reported in
+///   `ScanOutput::malformed` and the scan goes on.
+/// * `create_if_absent` never overwrites: it returns `false` if the key exists.
+/// * `take(key, fence, me)`: owner := me, counter + 1, ownerSwitchesSinceCheckpoint + 1.
+/// * `release(key, fence)`: owner removed, counter + 1.
+/// * `checkpoint(key, fence, cp, children)`: checkpoint set, ownerSwitchesSinceCheckpoint
+///   := 0, any pending (two-phase) checkpoint removed, `childShardIds` set when given;
+///   the counter does not change.
+/// * `delete(key, fence)`: the row is removed.
+/// * `heartbeat(me)`: the worker's heartbeat counter + 1 (created at 1), returned.
+/// * Attributes a write does not name are left as they are (a Java KCL's extras survive).
+pub trait LeaseTable: Send + Sync + 'static {
+    /// The table's name, for logs and errors.
+    fn table_name(&self) -> &str;
+
+    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>>;
+
+    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>>;
+
+    /// A strongly consistent read of one lease; `Ok(None)` if there is no such row.
+    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>>;
+
+    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>>;
+
+    /// Returns the lease as written.
+    fn take<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>>;
+
+    /// Returns the new counter.
+    fn release<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<u64, LeaseError>>;
+
+    fn checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        checkpoint: &'a Checkpoint,
+        children: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    fn delete<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>>;
+
+    /// Removes a worker's heartbeat row (a clean exit); absent is fine.
+    fn remove_heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<(), LeaseError>>;
+}

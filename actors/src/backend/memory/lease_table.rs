@@ -1,0 +1,309 @@
+//! An in-memory DynamoDB holding lease tables, with DynamoDB's conditional semantics.
+//!
+//! Rows are kept as attribute maps and read through the same codec as the DynamoDB
+//! adapter, and each write touches only the attributes the DynamoDB adapter's update
+//! expression names, so attributes a Java KCL wrote survive here as they do there.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::future::BoxFuture;
+
+use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
+use crate::model::item::{
+    self, AttrValue, ENTITY_WORKER, Item, Row, attr, checkpoint_attrs, decode_row, encode_lease,
+    heartbeat_key, shard_set,
+};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId};
+
+#[derive(Debug)]
+struct Table {
+    /// The hash key attribute and its type, as CreateTable declared them.
+    key: (String, String),
+    items: BTreeMap<String, Item>,
+}
+
+/// The tables of one in-memory DynamoDB. Clones share state.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryDynamo {
+    tables: Arc<Mutex<HashMap<String, Table>>>,
+}
+
+impl MemoryDynamo {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Table>> {
+        // Every mutation below is one step under the lock; a poisoned lock holds no
+        // half-applied change.
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A lease table handle; the table itself exists once `ensure_table` made it.
+    pub fn lease_table(&self, name: impl Into<String>) -> MemoryLeaseTable {
+        MemoryLeaseTable {
+            db: self.clone(),
+            name: name.into(),
+        }
+    }
+
+    /// Makes a table with any hash key, as another program might (tests of
+    /// `ensure_table`'s schema check).
+    pub fn create_table(&self, name: &str, hash_key: &str, key_type: &str) {
+        self.lock().entry(name.to_owned()).or_insert_with(|| Table {
+            key: (hash_key.to_owned(), key_type.to_owned()),
+            items: BTreeMap::new(),
+        });
+    }
+
+    /// Writes a raw row, as another program (or a corrupting hand) might.
+    pub fn put_raw(&self, table: &str, item: Item) -> Result<(), LeaseError> {
+        let mut tables = self.lock();
+        let t = tables.get_mut(table).ok_or_else(|| not_found("PutItem", table))?;
+        let key = match item.get(&t.key.0) {
+            Some(AttrValue::S(k)) => k.clone(),
+            Some(AttrValue::N(k)) => k.clone(),
+            _ => {
+                return Err(LeaseError::Other {
+                    op: "PutItem",
+                    message: format!("item has no {} key", t.key.0),
+                });
+            }
+        };
+        t.items.insert(key, item);
+        Ok(())
+    }
+}
+
+fn not_found(op: &'static str, table: &str) -> LeaseError {
+    LeaseError::NotFound {
+        op,
+        message: format!("table {table}"),
+    }
+}
+
+/// One lease table of a [`MemoryDynamo`].
+#[derive(Debug, Clone)]
+pub struct MemoryLeaseTable {
+    db: MemoryDynamo,
+    name: String,
+}
+
+fn number(item: &Item, name: &str) -> Option<u64> {
+    match item.get(name) {
+        Some(AttrValue::N(n)) => n.parse().ok(),
+        _ => None,
+    }
+}
+
+fn owner_of(item: &Item) -> Option<WorkerId> {
+    match item.get(attr::LEASE_OWNER) {
+        Some(AttrValue::S(o)) => Some(WorkerId::new(o.as_str())),
+        _ => None,
+    }
+}
+
+impl MemoryLeaseTable {
+    /// Runs `write` on the row if it matches the fence, as a conditional update would.
+    fn conditional<T>(
+        &self,
+        op: &'static str,
+        key: &LeaseKey,
+        fence: &Fence,
+        write: impl FnOnce(&mut Item) -> Result<T, LeaseError>,
+    ) -> Result<T, LeaseError> {
+        let mut tables = self.db.lock();
+        let table = tables.get_mut(&self.name).ok_or_else(|| not_found(op, &self.name))?;
+        let Some(row) = table.items.get_mut(key.as_str()) else {
+            return Err(LeaseError::ConditionFailed {
+                key: key.clone(),
+                owner: None,
+                counter: None,
+            });
+        };
+        let owner = owner_of(row);
+        let counter = number(row, attr::LEASE_COUNTER);
+        if owner != fence.owner || counter != Some(fence.counter) {
+            return Err(LeaseError::ConditionFailed {
+                key: key.clone(),
+                owner,
+                counter,
+            });
+        }
+        // Work on a copy so a failed write leaves the row as it was.
+        let mut updated = row.clone();
+        let out = write(&mut updated)?;
+        *row = updated;
+        Ok(out)
+    }
+
+    fn decode(item: &Item) -> Result<Lease, LeaseError> {
+        match decode_row(item)? {
+            Row::Lease(lease) => Ok(*lease),
+            other => Err(LeaseError::Other {
+                op: "decode",
+                message: format!("expected a lease, found {other}"),
+            }),
+        }
+    }
+}
+
+fn set_counter(item: &mut Item, value: u64) {
+    item.insert(attr::LEASE_COUNTER.into(), AttrValue::N(value.to_string()));
+}
+
+impl LeaseTable for MemoryLeaseTable {
+    fn table_name(&self) -> &str {
+        &self.name
+    }
+
+    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            match tables.get(&self.name) {
+                Some(table) if table.key == (attr::LEASE_KEY.to_owned(), "S".to_owned()) => Ok(TableState::Existed),
+                Some(table) => Err(LeaseError::WrongKeySchema {
+                    table: self.name.clone(),
+                    found: format!("{} (HASH, {})", table.key.0, table.key.1),
+                }),
+                None => {
+                    tables.insert(
+                        self.name.clone(),
+                        Table {
+                            key: (attr::LEASE_KEY.to_owned(), "S".to_owned()),
+                            items: BTreeMap::new(),
+                        },
+                    );
+                    Ok(TableState::Created)
+                }
+            }
+        })
+    }
+
+    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
+        Box::pin(async move {
+            let items: Vec<Item> = {
+                let tables = self.db.lock();
+                let table = tables.get(&self.name).ok_or_else(|| not_found("Scan", &self.name))?;
+                table.items.values().cloned().collect()
+            };
+            let mut out = ScanOutput::default();
+            for item in &items {
+                match decode_row(item) {
+                    Ok(Row::Lease(lease)) => out.leases.push(*lease),
+                    Ok(Row::Heartbeat(hb)) => out.heartbeats.push(hb),
+                    Ok(Row::Other { .. }) => out.other_rows += 1,
+                    Err(malformed) => out.malformed.push(malformed),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
+        Box::pin(async move {
+            let tables = self.db.lock();
+            let table = tables.get(&self.name).ok_or_else(|| not_found("GetItem", &self.name))?;
+            table.items.get(key.as_str()).map(Self::decode).transpose()
+        })
+    }
+
+    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = tables.get_mut(&self.name).ok_or_else(|| not_found("PutItem", &self.name))?;
+            if table.items.contains_key(lease.key.as_str()) {
+                return Ok(false);
+            }
+            table.items.insert(lease.key.as_str().to_owned(), encode_lease(lease));
+            Ok(true)
+        })
+    }
+
+    fn take<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence, new_owner: &'a WorkerId) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                row.insert(attr::LEASE_OWNER.into(), AttrValue::S(new_owner.as_str().into()));
+                set_counter(row, expected.counter + 1);
+                let switches = number(row, attr::OWNER_SWITCHES).unwrap_or(0) + 1;
+                row.insert(attr::OWNER_SWITCHES.into(), AttrValue::N(switches.to_string()));
+                row.remove(attr::CHECKPOINT_OWNER);
+                Self::decode(row)
+            })
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                row.remove(attr::LEASE_OWNER);
+                set_counter(row, expected.counter + 1);
+                Ok(expected.counter + 1)
+            })
+        })
+    }
+
+    fn checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        checkpoint: &'a Checkpoint,
+        children: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                for (name, value) in checkpoint_attrs(checkpoint) {
+                    row.insert(name.into(), value);
+                }
+                row.insert(attr::OWNER_SWITCHES.into(), AttrValue::N("0".into()));
+                if !children.is_empty() {
+                    row.insert(attr::CHILD_SHARD_IDS.into(), shard_set(children));
+                }
+                for pending in [
+                    attr::PENDING_CHECKPOINT,
+                    attr::PENDING_CHECKPOINT_SUB_SEQUENCE,
+                    attr::PENDING_CHECKPOINT_STATE,
+                ] {
+                    row.remove(pending);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn delete<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            self.conditional("DeleteItem", key, expected, |_| Ok(()))?;
+            let mut tables = self.db.lock();
+            if let Some(table) = tables.get_mut(&self.name) {
+                table.items.remove(key.as_str());
+            }
+            Ok(())
+        })
+    }
+
+    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = tables.get_mut(&self.name).ok_or_else(|| not_found("UpdateItem", &self.name))?;
+            let key = heartbeat_key(worker);
+            let row = table.items.entry(key.clone()).or_default();
+            let counter = number(row, attr::LEASE_COUNTER).unwrap_or(0) + 1;
+            row.insert(attr::LEASE_KEY.into(), AttrValue::S(key));
+            row.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_WORKER.into()));
+            row.insert(attr::LEASE_OWNER.into(), AttrValue::S(worker.as_str().into()));
+            set_counter(row, counter);
+            Ok(counter)
+        })
+    }
+
+    fn remove_heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = tables.get_mut(&self.name).ok_or_else(|| not_found("DeleteItem", &self.name))?;
+            table.items.remove(&item::heartbeat_key(worker));
+            Ok(())
+        })
+    }
+}

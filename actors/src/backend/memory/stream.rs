@@ -1,0 +1,683 @@
+//! An in-memory Kinesis: streams, shards, records, iterators, splits and merges.
+//!
+//! It routes partition keys by MD5 hash-key range exactly as Kinesis does, closes
+//! parents with an ending sequence number when resharding, reports ChildShards at the
+//! end of a closed shard, expires iterators, trims past retention, caps GetRecords at
+//! 10,000 records / 10 MB, and (optionally) throttles reads at 5 calls/s and 2 MB/s per
+//! shard. All time comes from tokio's clock (see [`Clock`]), so tests can pause it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use crate::backend::clock::Clock;
+use crate::backend::{
+    ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch, ShardIterator,
+    StreamAdmin, StreamClient, StreamError, StreamSummary,
+};
+use crate::model::{
+    HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId, partition_key_hash,
+};
+
+/// Per-shard read limits of a provisioned Kinesis stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimits {
+    pub calls_per_second: usize,
+    pub bytes_per_second: usize,
+}
+
+impl ReadLimits {
+    /// What Kinesis allows per shard: 5 GetRecords calls and 2 MB per second.
+    pub const KINESIS: ReadLimits = ReadLimits {
+        calls_per_second: 5,
+        bytes_per_second: 2 * 1024 * 1024,
+    };
+}
+
+#[derive(Debug, Clone)]
+pub struct MemoryStreamsConfig {
+    /// How long an iterator stays valid after it is issued (Kinesis: 5 minutes).
+    pub iterator_ttl: Duration,
+    /// How long records are kept (Kinesis default: 24 hours).
+    pub retention: Duration,
+    /// `None` reads without limits; `Some` throttles like a provisioned shard.
+    pub read_limits: Option<ReadLimits>,
+}
+
+impl Default for MemoryStreamsConfig {
+    fn default() -> Self {
+        Self {
+            iterator_ttl: Duration::from_secs(300),
+            retention: Duration::from_secs(24 * 3600),
+            read_limits: None,
+        }
+    }
+}
+
+/// GetRecords caps: 10,000 records and 10 MB per call.
+pub const MAX_RECORDS_PER_CALL: u32 = 10_000;
+pub const MAX_BYTES_PER_CALL: usize = 10 * 1024 * 1024;
+/// A record's data plus partition key may not exceed 1 MiB.
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+
+/// Kinesis-style sequence numbers are 56 digits; ours are too, so the 128-bit-plus
+/// path is exercised everywhere the memory backend is used.
+fn sequence_number(counter: u64) -> SequenceNumber {
+    // Cannot fail: the text is 56 ASCII digits.
+    SequenceNumber::parse(&format!("49{counter:054}")).unwrap_or_else(|_| SequenceNumber::from_u128(u128::from(counter)))
+}
+
+#[derive(Debug)]
+struct StoredRecord {
+    counter: u64,
+    sequence: SequenceNumber,
+    partition_key: String,
+    explicit_hash_key: Option<u128>,
+    data: Bytes,
+    arrival: SystemTime,
+    arrived_at: Instant,
+}
+
+#[derive(Debug)]
+struct ShardState {
+    id: ShardId,
+    parent: Option<ShardId>,
+    adjacent_parent: Option<ShardId>,
+    range: HashKeyRange,
+    start_counter: u64,
+    /// Set when the shard is closed: the last counter it will ever hold.
+    end_counter: Option<u64>,
+    closed_at: Option<Instant>,
+    children: Vec<ShardId>,
+    records: VecDeque<StoredRecord>,
+    /// Records trimmed from the front: the logical offset of `records[0]`.
+    trimmed: u64,
+    /// Recent GetRecords calls, for the read limits: (when, bytes returned).
+    reads: VecDeque<(Instant, usize)>,
+}
+
+impl ShardState {
+    fn total(&self) -> u64 {
+        self.trimmed + self.records.len() as u64
+    }
+
+    fn to_shard(&self) -> Shard {
+        Shard {
+            id: self.id.clone(),
+            parent: self.parent.clone(),
+            adjacent_parent: self.adjacent_parent.clone(),
+            hash_range: self.range,
+            sequence_range: SequenceRange {
+                start: sequence_number(self.start_counter),
+                end: self.end_counter.map(sequence_number),
+            },
+        }
+    }
+
+    fn trim(&mut self, now: Instant, retention: Duration) {
+        while let Some(front) = self.records.front() {
+            if now.duration_since(front.arrived_at) <= retention {
+                break;
+            }
+            self.records.pop_front();
+            self.trimmed += 1;
+        }
+    }
+
+    /// The logical offset of the first record whose counter is `>= counter`.
+    fn offset_of(&self, counter: u64) -> u64 {
+        self.trimmed + self.records.partition_point(|r| r.counter < counter) as u64
+    }
+}
+
+#[derive(Debug)]
+struct StreamState {
+    shards: Vec<ShardState>,
+}
+
+impl StreamState {
+    fn shard_mut(&mut self, op: &'static str, stream: &str, id: &ShardId) -> Result<(usize, &mut ShardState), StreamError> {
+        self.shards
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| &s.id == id)
+            .ok_or_else(|| StreamError::NotFound {
+                op,
+                message: format!("shard {id} in stream {stream}"),
+            })
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    streams: HashMap<String, StreamState>,
+    next_counter: u64,
+}
+
+impl State {
+    fn allocate(&mut self) -> u64 {
+        self.next_counter += 1;
+        self.next_counter
+    }
+
+    fn stream_mut(&mut self, op: &'static str, name: &str) -> Result<&mut StreamState, StreamError> {
+        self.streams.get_mut(name).ok_or_else(|| StreamError::NotFound {
+            op,
+            message: format!("stream {name}"),
+        })
+    }
+}
+
+/// Any number of in-memory streams. Clones share state.
+#[derive(Debug, Clone)]
+pub struct MemoryStreams {
+    state: Arc<Mutex<State>>,
+    config: MemoryStreamsConfig,
+    clock: Clock,
+}
+
+/// What an iterator string holds. It is self-contained (no server-side table to grow):
+/// the stream, the shard, the logical offset of the next record, and when it was issued.
+#[derive(Debug)]
+struct IteratorToken {
+    stream: String,
+    shard: usize,
+    offset: u64,
+    issued_nanos: u128,
+}
+
+impl IteratorToken {
+    fn encode(&self) -> ShardIterator {
+        let text = format!("{}|{}|{}|{}", self.stream, self.shard, self.offset, self.issued_nanos);
+        ShardIterator(URL_SAFE_NO_PAD.encode(text))
+    }
+
+    fn decode(iterator: &ShardIterator) -> Option<Self> {
+        let bytes = URL_SAFE_NO_PAD.decode(&iterator.0).ok()?;
+        let text = String::from_utf8(bytes).ok()?;
+        let mut parts = text.rsplitn(4, '|');
+        let issued_nanos = parts.next()?.parse().ok()?;
+        let offset = parts.next()?.parse().ok()?;
+        let shard = parts.next()?.parse().ok()?;
+        let stream = parts.next()?.to_owned();
+        Some(Self {
+            stream,
+            shard,
+            offset,
+            issued_nanos,
+        })
+    }
+}
+
+impl MemoryStreams {
+    /// Must be called inside a tokio runtime (the clock starts here).
+    pub fn new(config: MemoryStreamsConfig) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::default())),
+            config,
+            clock: Clock::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied change here:
+        // every mutation is a single step. Keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The clock arrival times are read from (it follows tokio's clock).
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    pub fn config(&self) -> &MemoryStreamsConfig {
+        &self.config
+    }
+
+    fn create(&self, name: &str, shards: u32) -> Result<(), StreamError> {
+        if shards == 0 {
+            return Err(StreamError::InvalidArgument {
+                op: "CreateStream",
+                message: "shard count must be at least 1".into(),
+            });
+        }
+        let mut state = self.lock();
+        if state.streams.contains_key(name) {
+            return Err(StreamError::InvalidArgument {
+                op: "CreateStream",
+                message: format!("stream {name} already exists"),
+            });
+        }
+        let mut list = Vec::new();
+        for (i, range) in HashKeyRange::even_split(shards).into_iter().enumerate() {
+            let start = state.allocate();
+            list.push(new_shard(ShardId::from_index(i as u64), None, None, range, start));
+        }
+        state.streams.insert(name.to_owned(), StreamState { shards: list });
+        Ok(())
+    }
+
+    fn put(&self, stream: &str, records: &[PutRecord]) -> Result<Vec<PutResult>, StreamError> {
+        const OP: &str = "PutRecords";
+        for record in records {
+            if record.partition_key.is_empty() || record.partition_key.chars().count() > 256 {
+                return Err(StreamError::InvalidArgument {
+                    op: OP,
+                    message: format!(
+                        "partition key {:?} must be 1 to 256 characters",
+                        record.partition_key
+                    ),
+                });
+            }
+            let size = record.partition_key.len() + record.data.len();
+            if size > MAX_RECORD_BYTES {
+                return Err(StreamError::InvalidArgument {
+                    op: OP,
+                    message: format!(
+                        "record with partition key {:?} is {size} bytes; the limit is {MAX_RECORD_BYTES}",
+                        record.partition_key
+                    ),
+                });
+            }
+        }
+        let now = self.clock.now();
+        let arrival = self.clock.wall();
+        let mut state = self.lock();
+        state.stream_mut(OP, stream)?;
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            let hash = record
+                .explicit_hash_key
+                .unwrap_or_else(|| partition_key_hash(&record.partition_key));
+            let counter = state.allocate();
+            let target = state.stream_mut(OP, stream)?;
+            let shard = target
+                .shards
+                .iter_mut()
+                .find(|s| s.end_counter.is_none() && s.range.contains(hash))
+                .ok_or_else(|| StreamError::Other {
+                    op: OP,
+                    message: format!("no open shard of {stream} covers hash key {hash}"),
+                })?;
+            let sequence = sequence_number(counter);
+            shard.trim(now, self.config.retention);
+            shard.records.push_back(StoredRecord {
+                counter,
+                sequence: sequence.clone(),
+                partition_key: record.partition_key.clone(),
+                explicit_hash_key: record.explicit_hash_key,
+                data: record.data.clone(),
+                arrival,
+                arrived_at: now,
+            });
+            out.push(PutResult {
+                shard: shard.id.clone(),
+                sequence_number: sequence,
+            });
+        }
+        Ok(out)
+    }
+
+    fn iterator(&self, stream: &str, shard_id: &ShardId, position: &IteratorPosition) -> Result<ShardIterator, StreamError> {
+        const OP: &str = "GetShardIterator";
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let (index, shard) = state.stream_mut(OP, stream)?.shard_mut(OP, stream, shard_id)?;
+        shard.trim(now, self.config.retention);
+        let in_range = |seq: &SequenceNumber| -> Result<u64, StreamError> {
+            let invalid = || StreamError::InvalidArgument {
+                op: OP,
+                message: format!("sequence number {seq} is not in shard {shard_id} of stream {stream}"),
+            };
+            let counter = seq
+                .as_str()
+                .strip_prefix("49")
+                .and_then(|rest| rest.parse::<u64>().ok())
+                .filter(|_| seq.as_str().len() == 56)
+                .ok_or_else(invalid)?;
+            let last = shard.end_counter.unwrap_or(u64::MAX);
+            if counter < shard.start_counter || counter > last {
+                return Err(invalid());
+            }
+            Ok(counter)
+        };
+        let offset = match position {
+            IteratorPosition::TrimHorizon => shard.trimmed,
+            IteratorPosition::Latest => shard.total(),
+            IteratorPosition::AtSequence(seq) => shard.offset_of(in_range(seq)?),
+            IteratorPosition::AfterSequence(seq) => shard.offset_of(in_range(seq)?.saturating_add(1)),
+            IteratorPosition::AtTimestamp(at) => {
+                shard.trimmed + shard.records.partition_point(|r| r.arrival < *at) as u64
+            }
+        };
+        Ok(IteratorToken {
+            stream: stream.to_owned(),
+            shard: index,
+            offset,
+            issued_nanos: self.clock.elapsed().as_nanos(),
+        }
+        .encode())
+    }
+
+    fn read(&self, iterator: &ShardIterator, limit: u32) -> Result<RecordBatch, StreamError> {
+        const OP: &str = "GetRecords";
+        if limit == 0 || limit > MAX_RECORDS_PER_CALL {
+            return Err(StreamError::InvalidArgument {
+                op: OP,
+                message: format!("limit {limit} must be between 1 and {MAX_RECORDS_PER_CALL}"),
+            });
+        }
+        let token = IteratorToken::decode(iterator).ok_or_else(|| StreamError::InvalidArgument {
+            op: OP,
+            message: "shard iterator is not one this server issued".into(),
+        })?;
+        let age = self.clock.elapsed().as_nanos().saturating_sub(token.issued_nanos);
+        if age > self.config.iterator_ttl.as_nanos() {
+            return Err(StreamError::IteratorExpired {
+                op: OP,
+                message: format!(
+                    "iterator issued {:.0} s ago; iterators expire after {} s",
+                    age as f64 / 1e9,
+                    self.config.iterator_ttl.as_secs()
+                ),
+            });
+        }
+        let now = self.clock.now();
+        let wall = self.clock.wall();
+        let mut state = self.lock();
+        let stream = state.stream_mut(OP, &token.stream)?;
+        let children: Vec<ChildShard> = {
+            let shard = stream.shards.get(token.shard).ok_or_else(|| StreamError::InvalidArgument {
+                op: OP,
+                message: "shard iterator names no shard of this stream".into(),
+            })?;
+            shard
+                .children
+                .iter()
+                .filter_map(|c| stream.shards.iter().find(|s| &s.id == c))
+                .map(|c| ChildShard {
+                    id: c.id.clone(),
+                    parents: c.parent.iter().chain(c.adjacent_parent.iter()).cloned().collect(),
+                    hash_range: c.range,
+                })
+                .collect()
+        };
+        let Some(shard) = stream.shards.get_mut(token.shard) else {
+            return Err(StreamError::InvalidArgument {
+                op: OP,
+                message: "shard iterator names no shard of this stream".into(),
+            });
+        };
+        if let Some(limits) = self.config.read_limits {
+            while shard
+                .reads
+                .front()
+                .is_some_and(|(at, _)| now.duration_since(*at) >= Duration::from_secs(1))
+            {
+                shard.reads.pop_front();
+            }
+            let bytes: usize = shard.reads.iter().map(|(_, b)| b).sum();
+            if shard.reads.len() >= limits.calls_per_second || bytes >= limits.bytes_per_second {
+                return Err(StreamError::Throttled {
+                    op: OP,
+                    message: format!(
+                        "rate exceeded for shard {}: {} calls and {bytes} bytes in the last second",
+                        shard.id,
+                        shard.reads.len()
+                    ),
+                });
+            }
+        }
+        shard.trim(now, self.config.retention);
+        let start = token.offset.max(shard.trimmed);
+        let skip = (start - shard.trimmed) as usize;
+        let mut records = Vec::new();
+        let mut bytes = 0usize;
+        for stored in shard.records.iter().skip(skip).take(limit as usize) {
+            let size = stored.data.len() + stored.partition_key.len();
+            if !records.is_empty() && bytes + size > MAX_BYTES_PER_CALL {
+                break;
+            }
+            bytes += size;
+            records.push(Record {
+                sequence_number: stored.sequence.clone(),
+                sub_sequence_number: 0,
+                partition_key: stored.partition_key.clone(),
+                explicit_hash_key: stored.explicit_hash_key.map(|k| k.to_string()),
+                data: stored.data.clone(),
+                approximate_arrival: Some(stored.arrival),
+            });
+        }
+        if self.config.read_limits.is_some() {
+            shard.reads.push_back((now, bytes));
+        }
+        let next = start + records.len() as u64;
+        let at_end = next >= shard.total();
+        let millis_behind_latest = if at_end {
+            0
+        } else {
+            shard
+                .records
+                .get((next - shard.trimmed) as usize)
+                .map(|r| wall.duration_since(r.arrival).unwrap_or_default().as_millis() as u64)
+                .unwrap_or(0)
+        };
+        let closed = shard.end_counter.is_some();
+        if at_end && closed {
+            return Ok(RecordBatch {
+                records,
+                next_iterator: None,
+                millis_behind_latest: Some(0),
+                child_shards: Some(children),
+            });
+        }
+        Ok(RecordBatch {
+            records,
+            next_iterator: Some(
+                IteratorToken {
+                    stream: token.stream,
+                    shard: token.shard,
+                    offset: next,
+                    issued_nanos: self.clock.elapsed().as_nanos(),
+                }
+                .encode(),
+            ),
+            millis_behind_latest: Some(millis_behind_latest),
+            child_shards: None,
+        })
+    }
+
+    fn close(state: &mut State, stream: &str, id: &ShardId, op: &'static str) -> Result<usize, StreamError> {
+        let end = state.allocate();
+        let (index, shard) = state.stream_mut(op, stream)?.shard_mut(op, stream, id)?;
+        if shard.end_counter.is_some() {
+            return Err(StreamError::InvalidArgument {
+                op,
+                message: format!("shard {id} of stream {stream} is closed"),
+            });
+        }
+        // The ending sequence number is the last record's, or a fresh one if it holds none.
+        shard.end_counter = Some(shard.records.back().map(|r| r.counter).unwrap_or(end));
+        Ok(index)
+    }
+
+    fn split(&self, stream: &str, id: &ShardId, at: u128) -> Result<(), StreamError> {
+        const OP: &str = "SplitShard";
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let (_, shard) = state.stream_mut(OP, stream)?.shard_mut(OP, stream, id)?;
+        let range = shard.range;
+        if shard.end_counter.is_some() {
+            return Err(StreamError::InvalidArgument {
+                op: OP,
+                message: format!("shard {id} of stream {stream} is closed"),
+            });
+        }
+        if at <= range.start || at > range.end {
+            return Err(StreamError::InvalidArgument {
+                op: OP,
+                message: format!("new starting hash key {at} is not inside ({}, {}] of shard {id}", range.start, range.end),
+            });
+        }
+        let index = Self::close(&mut state, stream, id, OP)?;
+        let (a, b) = (state.allocate(), state.allocate());
+        let target = state.stream_mut(OP, stream)?;
+        let next = target.shards.len() as u64;
+        let left = new_shard(ShardId::from_index(next), Some(id.clone()), None, HashKeyRange { start: range.start, end: at - 1 }, a);
+        let right = new_shard(ShardId::from_index(next + 1), Some(id.clone()), None, HashKeyRange { start: at, end: range.end }, b);
+        target.shards[index].children = vec![left.id.clone(), right.id.clone()];
+        target.shards[index].closed_at = Some(now);
+        target.shards.push(left);
+        target.shards.push(right);
+        Ok(())
+    }
+
+    fn merge(&self, stream: &str, first: &ShardId, second: &ShardId) -> Result<(), StreamError> {
+        const OP: &str = "MergeShards";
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let target = state.stream_mut(OP, stream)?;
+        let (a, a_open) = {
+            let s = target.shard_mut(OP, stream, first)?.1;
+            (s.range, s.end_counter.is_none())
+        };
+        let (b, b_open) = {
+            let s = target.shard_mut(OP, stream, second)?.1;
+            (s.range, s.end_counter.is_none())
+        };
+        if !a_open || !b_open || first == second {
+            return Err(StreamError::InvalidArgument {
+                op: OP,
+                message: format!("shards {first} and {second} must be two different open shards"),
+            });
+        }
+        let adjacent = a.end.checked_add(1) == Some(b.start) || b.end.checked_add(1) == Some(a.start);
+        if !adjacent {
+            return Err(StreamError::InvalidArgument {
+                op: OP,
+                message: format!("shards {first} {a} and {second} {b} are not adjacent"),
+            });
+        }
+        let ia = Self::close(&mut state, stream, first, OP)?;
+        let ib = Self::close(&mut state, stream, second, OP)?;
+        let start = state.allocate();
+        let target = state.stream_mut(OP, stream)?;
+        let child = new_shard(
+            ShardId::from_index(target.shards.len() as u64),
+            Some(first.clone()),
+            Some(second.clone()),
+            HashKeyRange { start: a.start.min(b.start), end: a.end.max(b.end) },
+            start,
+        );
+        for i in [ia, ib] {
+            target.shards[i].children = vec![child.id.clone()];
+            target.shards[i].closed_at = Some(now);
+        }
+        target.shards.push(child);
+        Ok(())
+    }
+
+    fn listing(&self, stream: &str) -> Result<Vec<Shard>, StreamError> {
+        const OP: &str = "ListShards";
+        let now = self.clock.now();
+        let retention = self.config.retention;
+        let mut state = self.lock();
+        let target = state.stream_mut(OP, stream)?;
+        // A closed shard leaves the listing once its records are past retention.
+        Ok(target
+            .shards
+            .iter_mut()
+            .filter_map(|s| {
+                s.trim(now, retention);
+                let expired = s.closed_at.is_some_and(|at| now.duration_since(at) > retention) && s.records.is_empty();
+                (!expired).then(|| s.to_shard())
+            })
+            .collect())
+    }
+}
+
+fn new_shard(id: ShardId, parent: Option<ShardId>, adjacent_parent: Option<ShardId>, range: HashKeyRange, start_counter: u64) -> ShardState {
+    ShardState {
+        id,
+        parent,
+        adjacent_parent,
+        range,
+        start_counter,
+        end_counter: None,
+        closed_at: None,
+        children: Vec::new(),
+        records: VecDeque::new(),
+        trimmed: 0,
+        reads: VecDeque::new(),
+    }
+}
+
+impl StreamClient for MemoryStreams {
+    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
+        Box::pin(async move { self.listing(stream) })
+    }
+
+    fn get_shard_iterator<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<ShardIterator, StreamError>> {
+        Box::pin(async move { self.iterator(stream, shard, position) })
+    }
+
+    fn get_records<'a>(&'a self, iterator: &'a ShardIterator, limit: u32) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
+        Box::pin(async move { self.read(iterator, limit) })
+    }
+
+    fn describe_stream_summary<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            let target = state.stream_mut("DescribeStreamSummary", stream)?;
+            Ok(StreamSummary {
+                name: stream.to_owned(),
+                arn: format!("arn:aws:kinesis:us-east-1:000000000000:stream/{stream}"),
+                status: "ACTIVE".into(),
+                open_shard_count: target.shards.iter().filter(|s| s.end_counter.is_none()).count() as u32,
+                retention_hours: (self.config.retention.as_secs() / 3600) as u32,
+            })
+        })
+    }
+}
+
+impl StreamAdmin for MemoryStreams {
+    fn create_stream<'a>(&'a self, stream: &'a str, shards: u32) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async move { self.create(stream, shards) })
+    }
+
+    fn delete_stream<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async move {
+            self.lock()
+                .streams
+                .remove(stream)
+                .map(|_| ())
+                .ok_or_else(|| StreamError::NotFound {
+                    op: "DeleteStream",
+                    message: format!("stream {stream}"),
+                })
+        })
+    }
+
+    fn put_records<'a>(&'a self, stream: &'a str, records: &'a [PutRecord]) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
+        Box::pin(async move { self.put(stream, records) })
+    }
+
+    fn split_shard<'a>(&'a self, stream: &'a str, shard: &'a ShardId, new_starting_hash_key: u128) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async move { self.split(stream, shard, new_starting_hash_key) })
+    }
+
+    fn merge_shards<'a>(&'a self, stream: &'a str, shard: &'a ShardId, adjacent: &'a ShardId) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async move { self.merge(stream, shard, adjacent) })
+    }
+}

@@ -1,0 +1,372 @@
+//! Lease-table rows as DynamoDB attribute maps, and their translation to [`Lease`]s.
+//!
+//! The codec lives here, free of the SDK, so that the in-memory table, the DynamoDB
+//! adapter and the fixture tests read and write rows through the same code. Attribute
+//! names and encodings are the KCL 2.x ones (`DynamoDBLeaseSerializer.java`), so a
+//! table written by the Java KCL is read as it is.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::{
+    Checkpoint, ExtendedSequenceNumber, HashKeyRange, Heartbeat, Lease, LeaseKey, SequenceNumber,
+    ShardId, WorkerId,
+};
+
+/// A DynamoDB attribute value, serialised the way DynamoDB JSON writes it (`{"S": ".."}`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum AttrValue {
+    S(String),
+    /// Numbers travel as decimal text.
+    N(String),
+    /// Binary, base64-encoded as in DynamoDB JSON.
+    B(String),
+    SS(Vec<String>),
+    NS(Vec<String>),
+    BS(Vec<String>),
+    #[serde(rename = "BOOL")]
+    Bool(bool),
+    #[serde(rename = "NULL")]
+    Null(bool),
+    L(Vec<AttrValue>),
+    M(BTreeMap<String, AttrValue>),
+}
+
+impl AttrValue {
+    /// The DynamoDB type letter, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            AttrValue::S(_) => "S",
+            AttrValue::N(_) => "N",
+            AttrValue::B(_) => "B",
+            AttrValue::SS(_) => "SS",
+            AttrValue::NS(_) => "NS",
+            AttrValue::BS(_) => "BS",
+            AttrValue::Bool(_) => "BOOL",
+            AttrValue::Null(_) => "NULL",
+            AttrValue::L(_) => "L",
+            AttrValue::M(_) => "M",
+        }
+    }
+}
+
+/// One row of the table.
+pub type Item = BTreeMap<String, AttrValue>;
+
+pub mod attr {
+    //! Attribute names of the KCL lease table.
+    pub const LEASE_KEY: &str = "leaseKey";
+    pub const LEASE_OWNER: &str = "leaseOwner";
+    pub const LEASE_COUNTER: &str = "leaseCounter";
+    pub const CHECKPOINT: &str = "checkpoint";
+    pub const CHECKPOINT_SUB_SEQUENCE: &str = "checkpointSubSequenceNumber";
+    pub const OWNER_SWITCHES: &str = "ownerSwitchesSinceCheckpoint";
+    pub const PARENT_SHARD_IDS: &str = "parentShardId";
+    pub const CHILD_SHARD_IDS: &str = "childShardIds";
+    pub const STARTING_HASH_KEY: &str = "startingHashKey";
+    pub const ENDING_HASH_KEY: &str = "endingHashKey";
+    pub const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
+    pub const PENDING_CHECKPOINT_SUB_SEQUENCE: &str = "pendingCheckpointSubSequenceNumber";
+    pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
+    pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
+    pub const ENTITY_TYPE: &str = "entityType";
+}
+
+/// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
+pub const ENTITY_LEASE: &str = "LEASE";
+/// `entityType` of flotilla's per-worker heartbeat rows. The Java KCL skips rows whose
+/// entity type is not `LEASE`, so they do not disturb it.
+pub const ENTITY_WORKER: &str = "FLOTILLA_WORKER";
+/// Prefix of heartbeat rows' `leaseKey`; cannot collide with a shard id.
+pub const WORKER_KEY_PREFIX: &str = "flotilla-worker#";
+
+/// The key of a worker's heartbeat row.
+pub fn heartbeat_key(worker: &WorkerId) -> String {
+    format!("{WORKER_KEY_PREFIX}{worker}")
+}
+
+/// A row that cannot be read as a lease: which row, which attribute, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lease row {}: attribute {attribute}: {why}", key.as_deref().unwrap_or("(no leaseKey)"))]
+pub struct MalformedRow {
+    pub key: Option<String>,
+    pub attribute: String,
+    pub why: String,
+}
+
+/// What a row of the lease table is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Row {
+    Lease(Box<Lease>),
+    Heartbeat(Heartbeat),
+    /// A row another program keeps in the table (the KCL 3.x coordinator, worker
+    /// metrics, migration state). Left alone.
+    Other { key: String, entity_type: String },
+}
+
+struct Reader<'a> {
+    item: &'a Item,
+    key: Option<String>,
+}
+
+impl Reader<'_> {
+    fn fail(&self, attribute: &str, why: impl Into<String>) -> MalformedRow {
+        MalformedRow {
+            key: self.key.clone(),
+            attribute: attribute.to_owned(),
+            why: why.into(),
+        }
+    }
+
+    fn wrong_type(&self, attribute: &str, want: &str, got: &AttrValue) -> MalformedRow {
+        self.fail(
+            attribute,
+            format!("expected type {want}, found {}", got.type_name()),
+        )
+    }
+
+    fn string(&self, attribute: &str) -> Result<Option<&str>, MalformedRow> {
+        match self.item.get(attribute) {
+            None => Ok(None),
+            Some(AttrValue::S(s)) => Ok(Some(s)),
+            Some(other) => Err(self.wrong_type(attribute, "S", other)),
+        }
+    }
+
+    fn required_string(&self, attribute: &str) -> Result<&str, MalformedRow> {
+        self.string(attribute)?
+            .ok_or_else(|| self.fail(attribute, "missing"))
+    }
+
+    fn number(&self, attribute: &str) -> Result<Option<u64>, MalformedRow> {
+        match self.item.get(attribute) {
+            None => Ok(None),
+            Some(AttrValue::N(n)) => n.parse::<u64>().map(Some).map_err(|_| {
+                self.fail(
+                    attribute,
+                    format!("{n:?} is not a non-negative integer"),
+                )
+            }),
+            Some(other) => Err(self.wrong_type(attribute, "N", other)),
+        }
+    }
+
+    fn string_set(&self, attribute: &str) -> Result<Vec<ShardId>, MalformedRow> {
+        match self.item.get(attribute) {
+            None => Ok(Vec::new()),
+            Some(AttrValue::SS(ids)) => Ok(ids.iter().map(|s| ShardId::new(s.as_str())).collect()),
+            Some(other) => Err(self.wrong_type(attribute, "SS", other)),
+        }
+    }
+}
+
+/// Reads one row. Rows tagged with another `entityType` come back as [`Row::Other`].
+pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
+    let mut r = Reader { item, key: None };
+    let key = r.required_string(attr::LEASE_KEY)?.to_owned();
+    r.key = Some(key.clone());
+    match r.string(attr::ENTITY_TYPE)? {
+        None | Some(ENTITY_LEASE) => decode_lease(&r, key).map(|l| Row::Lease(Box::new(l))),
+        Some(ENTITY_WORKER) => {
+            let worker = r.required_string(attr::LEASE_OWNER)?;
+            let counter = r
+                .number(attr::LEASE_COUNTER)?
+                .ok_or_else(|| r.fail(attr::LEASE_COUNTER, "missing"))?;
+            Ok(Row::Heartbeat(Heartbeat {
+                worker: WorkerId::new(worker),
+                counter,
+            }))
+        }
+        Some(other) => Ok(Row::Other {
+            key,
+            entity_type: other.to_owned(),
+        }),
+    }
+}
+
+fn decode_lease(r: &Reader<'_>, key: String) -> Result<Lease, MalformedRow> {
+    let counter = r
+        .number(attr::LEASE_COUNTER)?
+        .ok_or_else(|| r.fail(attr::LEASE_COUNTER, "missing"))?;
+    let checkpoint_text = r.required_string(attr::CHECKPOINT)?;
+    let sub = r.number(attr::CHECKPOINT_SUB_SEQUENCE)?.unwrap_or(0);
+    let checkpoint =
+        Checkpoint::decode(checkpoint_text, sub).map_err(|why| r.fail(attr::CHECKPOINT, why))?;
+    let hash_range = match (
+        r.string(attr::STARTING_HASH_KEY)?,
+        r.string(attr::ENDING_HASH_KEY)?,
+    ) {
+        (None, None) => None,
+        (Some(start), Some(end)) => Some(
+            HashKeyRange::parse(start, end)
+                .map_err(|e| r.fail(attr::STARTING_HASH_KEY, e.to_string()))?,
+        ),
+        (Some(_), None) => return Err(r.fail(attr::ENDING_HASH_KEY, "missing while startingHashKey is set")),
+        (None, Some(_)) => return Err(r.fail(attr::STARTING_HASH_KEY, "missing while endingHashKey is set")),
+    };
+    let pending_checkpoint = match r.string(attr::PENDING_CHECKPOINT)? {
+        None => None,
+        Some(text) => Some(ExtendedSequenceNumber::new(
+            SequenceNumber::parse(text).map_err(|e| r.fail(attr::PENDING_CHECKPOINT, e.to_string()))?,
+            r.number(attr::PENDING_CHECKPOINT_SUB_SEQUENCE)?.unwrap_or(0),
+        )),
+    };
+    Ok(Lease {
+        key: LeaseKey::new(key),
+        owner: r.string(attr::LEASE_OWNER)?.map(WorkerId::new),
+        counter,
+        checkpoint,
+        owner_switches_since_checkpoint: r.number(attr::OWNER_SWITCHES)?.unwrap_or(0),
+        parent_shard_ids: r.string_set(attr::PARENT_SHARD_IDS)?,
+        child_shard_ids: r.string_set(attr::CHILD_SHARD_IDS)?,
+        hash_range,
+        pending_checkpoint,
+        checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
+    })
+}
+
+/// The checkpoint attributes, as a lease write sets them.
+pub fn checkpoint_attrs(checkpoint: &Checkpoint) -> [(&'static str, AttrValue); 2] {
+    let (text, sub) = checkpoint.encode();
+    [
+        (attr::CHECKPOINT, AttrValue::S(text.to_owned())),
+        (attr::CHECKPOINT_SUB_SEQUENCE, AttrValue::N(sub.to_string())),
+    ]
+}
+
+/// A string-set value; DynamoDB rejects empty sets, so callers skip empty lists.
+pub fn shard_set(ids: &[ShardId]) -> AttrValue {
+    AttrValue::SS(ids.iter().map(|s| s.as_str().to_owned()).collect())
+}
+
+/// The whole row of a lease, as the create-if-absent put writes it.
+pub fn encode_lease(lease: &Lease) -> Item {
+    let mut item = Item::new();
+    item.insert(attr::LEASE_KEY.into(), AttrValue::S(lease.key.as_str().into()));
+    item.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_LEASE.into()));
+    if let Some(owner) = &lease.owner {
+        item.insert(attr::LEASE_OWNER.into(), AttrValue::S(owner.as_str().into()));
+    }
+    item.insert(attr::LEASE_COUNTER.into(), AttrValue::N(lease.counter.to_string()));
+    for (name, value) in checkpoint_attrs(&lease.checkpoint) {
+        item.insert(name.into(), value);
+    }
+    item.insert(
+        attr::OWNER_SWITCHES.into(),
+        AttrValue::N(lease.owner_switches_since_checkpoint.to_string()),
+    );
+    if !lease.parent_shard_ids.is_empty() {
+        item.insert(attr::PARENT_SHARD_IDS.into(), shard_set(&lease.parent_shard_ids));
+    }
+    if !lease.child_shard_ids.is_empty() {
+        item.insert(attr::CHILD_SHARD_IDS.into(), shard_set(&lease.child_shard_ids));
+    }
+    if let Some(range) = lease.hash_range {
+        item.insert(attr::STARTING_HASH_KEY.into(), AttrValue::S(range.start.to_string()));
+        item.insert(attr::ENDING_HASH_KEY.into(), AttrValue::S(range.end.to_string()));
+    }
+    if let Some(pending) = &lease.pending_checkpoint {
+        item.insert(attr::PENDING_CHECKPOINT.into(), AttrValue::S(pending.sequence.as_str().into()));
+        item.insert(
+            attr::PENDING_CHECKPOINT_SUB_SEQUENCE.into(),
+            AttrValue::N(pending.sub_sequence.to_string()),
+        );
+    }
+    if let Some(owner) = &lease.checkpoint_owner {
+        item.insert(attr::CHECKPOINT_OWNER.into(), AttrValue::S(owner.clone()));
+    }
+    item
+}
+
+/// A heartbeat row.
+pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
+    Item::from([
+        (attr::LEASE_KEY.into(), AttrValue::S(heartbeat_key(&heartbeat.worker))),
+        (attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_WORKER.into())),
+        (attr::LEASE_OWNER.into(), AttrValue::S(heartbeat.worker.as_str().into())),
+        (attr::LEASE_COUNTER.into(), AttrValue::N(heartbeat.counter.to_string())),
+    ])
+}
+
+impl fmt::Display for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Row::Lease(lease) => write!(f, "lease {}", lease.key),
+            Row::Heartbeat(hb) => write!(f, "heartbeat of {}", hb.worker),
+            Row::Other { key, entity_type } => write!(f, "{entity_type} row {key}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(json: &str) -> Item {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_lease_round_trips() {
+        let mut lease = Lease::new(
+            &ShardId::from_index(4),
+            Checkpoint::At(ExtendedSequenceNumber::new(SequenceNumber::from_u128(123), 2)),
+            vec![ShardId::from_index(0)],
+            Some(HashKeyRange { start: 0, end: 99 }),
+        );
+        lease.owner = Some(WorkerId::new("w-1"));
+        lease.counter = 7;
+        lease.child_shard_ids = vec![ShardId::from_index(9)];
+        lease.pending_checkpoint = Some(ExtendedSequenceNumber::new(SequenceNumber::from_u128(200), 0));
+        assert_eq!(decode_row(&encode_lease(&lease)), Ok(Row::Lease(Box::new(lease))));
+    }
+
+    #[test]
+    fn a_heartbeat_round_trips() {
+        let hb = Heartbeat { worker: WorkerId::new("w-1"), counter: 41 };
+        assert_eq!(decode_row(&encode_heartbeat(&hb)), Ok(Row::Heartbeat(hb)));
+    }
+
+    #[test]
+    fn malformed_rows_name_key_attribute_and_reason() {
+        let table = [
+            (r#"{"checkpoint":{"S":"LATEST"},"leaseCounter":{"N":"1"}}"#,
+             "lease row (no leaseKey): attribute leaseKey: missing"),
+            (r#"{"leaseKey":{"N":"5"}}"#,
+             "lease row (no leaseKey): attribute leaseKey: expected type S, found N"),
+            (r#"{"leaseKey":{"S":"s-1"},"checkpoint":{"S":"LATEST"}}"#,
+             "lease row s-1: attribute leaseCounter: missing"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"S":"1"},"checkpoint":{"S":"LATEST"}}"#,
+             "lease row s-1: attribute leaseCounter: expected type N, found S"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"-3"},"checkpoint":{"S":"LATEST"}}"#,
+             "lease row s-1: attribute leaseCounter: \"-3\" is not a non-negative integer"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"}}"#,
+             "lease row s-1: attribute checkpoint: missing"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"12x"}}"#,
+             "lease row s-1: attribute checkpoint: not a sequence number"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"parentShardId":{"S":"shardId-0"}}"#,
+             "lease row s-1: attribute parentShardId: expected type SS, found S"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"leaseOwner":{"N":"1"}}"#,
+             "lease row s-1: attribute leaseOwner: expected type S, found N"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"startingHashKey":{"S":"1"}}"#,
+             "lease row s-1: attribute endingHashKey: missing while startingHashKey is set"),
+            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"startingHashKey":{"S":"x"},"endingHashKey":{"S":"1"}}"#,
+             "lease row s-1: attribute startingHashKey: hash key \"x\" is not a decimal integer"),
+            (r#"{"leaseKey":{"S":"flotilla-worker#w"},"entityType":{"S":"FLOTILLA_WORKER"}}"#,
+             "lease row flotilla-worker#w: attribute leaseOwner: missing"),
+        ];
+        for (json, want) in table {
+            let err = decode_row(&row(json)).expect_err(json).to_string();
+            assert!(err.starts_with(want), "{json}\n got: {err}\nwant: {want}");
+        }
+    }
+
+    #[test]
+    fn rows_of_other_entities_are_left_alone() {
+        let other = row(r#"{"leaseKey":{"S":"TableMigration3.5"},"entityType":{"S":"TABLE_MIGRATION"}}"#);
+        assert_eq!(
+            decode_row(&other),
+            Ok(Row::Other { key: "TableMigration3.5".into(), entity_type: "TABLE_MIGRATION".into() })
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! Leases and checkpoints, as the KCL 2.x lease table holds them.
+
+use std::fmt;
+
+use super::{HashKeyRange, SequenceNumber, ShardId};
+
+/// A lease row's hash key: the shard id for a single-stream application, or
+/// `account:stream:creationEpoch:shardId` for a KCL multi-stream application.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct LeaseKey(String);
+
+impl LeaseKey {
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The shard this lease is for: the key itself, or its last `:` field in the
+    /// multi-stream form.
+    pub fn shard_id(&self) -> ShardId {
+        ShardId::new(self.0.rsplit(':').next().unwrap_or(&self.0))
+    }
+}
+
+impl From<&ShardId> for LeaseKey {
+    fn from(shard: &ShardId) -> Self {
+        Self(shard.as_str().to_owned())
+    }
+}
+
+impl fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// The id a worker writes as `leaseOwner`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// A position inside a shard: a record, or a user record inside a KPL aggregate
+/// (`sub_sequence` is its index; plain records have 0).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExtendedSequenceNumber {
+    pub sequence: SequenceNumber,
+    pub sub_sequence: u64,
+}
+
+impl ExtendedSequenceNumber {
+    pub fn new(sequence: SequenceNumber, sub_sequence: u64) -> Self {
+        Self {
+            sequence,
+            sub_sequence,
+        }
+    }
+}
+
+impl fmt::Display for ExtendedSequenceNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.sequence, self.sub_sequence)
+    }
+}
+
+/// How far a shard has been processed. The sentinels are the KCL's literal strings in
+/// the `checkpoint` attribute (`SentinelCheckpoint.java`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Checkpoint {
+    /// Nothing processed yet; start at the oldest record.
+    TrimHorizon,
+    /// Nothing processed yet; start at the tip.
+    Latest,
+    /// Nothing processed yet; start at the configured timestamp (not stored in the lease).
+    AtTimestamp,
+    /// Every record up to and including this one is processed.
+    At(ExtendedSequenceNumber),
+    /// The shard is finished; its children may start.
+    ShardEnd,
+}
+
+pub const TRIM_HORIZON: &str = "TRIM_HORIZON";
+pub const LATEST: &str = "LATEST";
+pub const AT_TIMESTAMP: &str = "AT_TIMESTAMP";
+pub const SHARD_END: &str = "SHARD_END";
+
+impl Checkpoint {
+    /// The `checkpoint` and `checkpointSubSequenceNumber` attribute values.
+    pub fn encode(&self) -> (&str, u64) {
+        match self {
+            Checkpoint::TrimHorizon => (TRIM_HORIZON, 0),
+            Checkpoint::Latest => (LATEST, 0),
+            Checkpoint::AtTimestamp => (AT_TIMESTAMP, 0),
+            Checkpoint::ShardEnd => (SHARD_END, 0),
+            Checkpoint::At(at) => (at.sequence.as_str(), at.sub_sequence),
+        }
+    }
+
+    /// Reads the two attributes back; `why` names what is wrong.
+    pub fn decode(text: &str, sub_sequence: u64) -> Result<Self, String> {
+        Ok(match text {
+            TRIM_HORIZON => Checkpoint::TrimHorizon,
+            LATEST => Checkpoint::Latest,
+            AT_TIMESTAMP => Checkpoint::AtTimestamp,
+            SHARD_END => Checkpoint::ShardEnd,
+            other => Checkpoint::At(ExtendedSequenceNumber::new(
+                SequenceNumber::parse(other).map_err(|e| {
+                    format!("not a sequence number nor TRIM_HORIZON, LATEST, AT_TIMESTAMP or SHARD_END: {e}")
+                })?,
+                sub_sequence,
+            )),
+        })
+    }
+
+    pub fn is_shard_end(&self) -> bool {
+        matches!(self, Checkpoint::ShardEnd)
+    }
+}
+
+impl fmt::Display for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checkpoint::At(at) => at.fmt(f),
+            other => f.write_str(other.encode().0),
+        }
+    }
+}
+
+/// One lease row. `counter` (`leaseCounter`) is the fencing token: flotilla bumps it on
+/// every change of owner, and every ownership or checkpoint write is conditional on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    pub key: LeaseKey,
+    pub owner: Option<WorkerId>,
+    pub counter: u64,
+    pub checkpoint: Checkpoint,
+    pub owner_switches_since_checkpoint: u64,
+    pub parent_shard_ids: Vec<ShardId>,
+    pub child_shard_ids: Vec<ShardId>,
+    pub hash_range: Option<HashKeyRange>,
+    /// A prepared (two-phase) checkpoint a KCL left behind; read, never written.
+    pub pending_checkpoint: Option<ExtendedSequenceNumber>,
+    /// KCL 3.x graceful hand-off marker; read, never written.
+    pub checkpoint_owner: Option<String>,
+}
+
+impl Lease {
+    /// A new, unowned lease for a shard, as the StreamWatcher creates it.
+    pub fn new(
+        shard: &ShardId,
+        checkpoint: Checkpoint,
+        parents: Vec<ShardId>,
+        hash_range: Option<HashKeyRange>,
+    ) -> Self {
+        Self {
+            key: LeaseKey::from(shard),
+            owner: None,
+            counter: 0,
+            checkpoint,
+            owner_switches_since_checkpoint: 0,
+            parent_shard_ids: parents,
+            child_shard_ids: Vec::new(),
+            hash_range,
+            pending_checkpoint: None,
+            checkpoint_owner: None,
+        }
+    }
+
+    /// The owner and counter a conditional write must match.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            owner: self.owner.clone(),
+            counter: self.counter,
+        }
+    }
+}
+
+/// What a conditional lease write expects to find: the lease is unchanged since it was
+/// read if both its owner and its counter still match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: Option<WorkerId>,
+    pub counter: u64,
+}
+
+/// A worker's liveness item. Workers do not renew each lease: a worker is alive while
+/// its heartbeat counter keeps moving, as seen on the observer's own clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub worker: WorkerId,
+    pub counter: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_round_trips_through_its_encoding() {
+        let seq = SequenceNumber::parse("49680458031169431967754064162084943116060673600470908946").unwrap();
+        for cp in [
+            Checkpoint::TrimHorizon,
+            Checkpoint::Latest,
+            Checkpoint::AtTimestamp,
+            Checkpoint::ShardEnd,
+            Checkpoint::At(ExtendedSequenceNumber::new(seq.clone(), 0)),
+            Checkpoint::At(ExtendedSequenceNumber::new(seq, 17)),
+        ] {
+            let (text, sub) = cp.encode();
+            assert_eq!(Checkpoint::decode(text, sub), Ok(cp.clone()));
+        }
+        let err = Checkpoint::decode("SHARD-END", 0).unwrap_err();
+        assert!(err.contains("not a sequence number nor TRIM_HORIZON"), "{err}");
+    }
+
+    #[test]
+    fn extended_sequence_numbers_order_by_sequence_then_sub_sequence() {
+        let at = |s: u128, sub| ExtendedSequenceNumber::new(SequenceNumber::from_u128(s), sub);
+        assert!(at(9, 5) < at(10, 0));
+        assert!(at(10, 0) < at(10, 1));
+    }
+
+    #[test]
+    fn multi_stream_keys_name_their_shard() {
+        let key = LeaseKey::new("123456789012:fixture-ms-a:1700000000:shardId-000000000001");
+        assert_eq!(key.shard_id(), ShardId::from_index(1));
+        assert_eq!(LeaseKey::new("shardId-000000000004").shard_id(), ShardId::from_index(4));
+    }
+}

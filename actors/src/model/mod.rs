@@ -1,0 +1,23 @@
+//! Pure domain types: no I/O, no clock reads. Time, where it matters, is a parameter.
+//!
+//! * `sequence`: [`SequenceNumber`], decimal and compared numerically.
+//! * `shard`: [`ShardId`], [`Shard`], [`HashKeyRange`] and partition-key hashing.
+//! * `graph`: [`ShardGraph`], the lineage of splits and merges and read readiness.
+//! * `lease`: [`Lease`], [`Checkpoint`], [`Fence`], [`Heartbeat`].
+//! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
+
+mod graph;
+pub mod item;
+mod lease;
+mod sequence;
+mod shard;
+
+pub use graph::{CoverageError, ShardGraph};
+pub use lease::{
+    AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
+    SHARD_END, TRIM_HORIZON, WorkerId,
+};
+pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
+pub use shard::{
+    HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
+};

@@ -1,0 +1,550 @@
+//! The `LeaseTable` contract, run against every implementation:
+//! `memory` (in-process), `dynoxide` (a DynamoDB server started in this test process)
+//! and, with the `external-servers` feature, `dynamodb_local` (AWS's DynamoDB Local,
+//! started by scripts/test.sh).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType,
+};
+use flotilla_actors::backend::aws::DynamoLeaseTable;
+use flotilla_actors::backend::memory::MemoryDynamo;
+use flotilla_actors::backend::{LeaseError, LeaseTable, TableState};
+use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
+use flotilla_actors::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, SequenceNumber,
+    ShardId, WorkerId,
+};
+use support::servers;
+
+/// A server holding lease tables, with a back door for raw rows and foreign tables.
+enum Raw {
+    Memory(MemoryDynamo),
+    Dynamo {
+        client: aws_sdk_dynamodb::Client,
+        sdk: aws_config::SdkConfig,
+        endpoint: String,
+    },
+}
+
+struct Env {
+    raw: Raw,
+    tier: &'static str,
+}
+
+impl Env {
+    async fn memory() -> Env {
+        Env {
+            raw: Raw::Memory(MemoryDynamo::new()),
+            tier: "memory",
+        }
+    }
+
+    async fn aws(endpoint: String, tier: &'static str) -> Env {
+        let sdk = servers::sdk_config().await;
+        let conf = aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&endpoint)
+            .build();
+        Env {
+            raw: Raw::Dynamo {
+                client: aws_sdk_dynamodb::Client::from_conf(conf),
+                sdk,
+                endpoint,
+            },
+            tier,
+        }
+    }
+
+    async fn dynoxide() -> Env {
+        Env::aws(servers::start_dynoxide().await, "dynoxide").await
+    }
+
+    #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
+    async fn dynamodb_local() -> Env {
+        Env::aws(
+            servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+            "dynamodb_local",
+        )
+        .await
+    }
+
+    fn table(&self, name: &str) -> Arc<dyn LeaseTable> {
+        match &self.raw {
+            Raw::Memory(db) => Arc::new(db.lease_table(name)),
+            Raw::Dynamo { sdk, endpoint, .. } => {
+                Arc::new(DynamoLeaseTable::new(sdk, Some(endpoint), name))
+            }
+        }
+    }
+
+    /// A fresh, ensured lease table.
+    async fn fresh(&self) -> Arc<dyn LeaseTable> {
+        let table = self.table(&servers::unique_name("leases"));
+        assert_eq!(table.ensure_table().await.unwrap(), TableState::Created);
+        table
+    }
+
+    async fn put_raw(&self, table: &str, item: Item) {
+        match &self.raw {
+            Raw::Memory(db) => db.put_raw(table, item).unwrap(),
+            Raw::Dynamo { client, .. } => {
+                client
+                    .put_item()
+                    .table_name(table)
+                    .set_item(Some(to_aws_item(&item)))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    async fn get_raw(&self, table: &str, key: &str) -> Option<Item> {
+        match &self.raw {
+            Raw::Memory(_) => {
+                // The memory table has no raw read; the codec round-trip below is exact for
+                // every attribute it knows, and `put_raw` keeps the rest verbatim.
+                None
+            }
+            Raw::Dynamo { client, .. } => client
+                .get_item()
+                .table_name(table)
+                .key("leaseKey", AttributeValue::S(key.into()))
+                .consistent_read(true)
+                .send()
+                .await
+                .unwrap()
+                .item
+                .map(|i| from_aws_item(&i)),
+        }
+    }
+
+    async fn create_foreign_table(&self, name: &str) {
+        match &self.raw {
+            Raw::Memory(db) => db.create_table(name, "id", "N"),
+            Raw::Dynamo { client, .. } => {
+                client
+                    .create_table()
+                    .table_name(name)
+                    .billing_mode(BillingMode::PayPerRequest)
+                    .attribute_definitions(
+                        AttributeDefinition::builder()
+                            .attribute_name("id")
+                            .attribute_type(ScalarAttributeType::N)
+                            .build()
+                            .unwrap(),
+                    )
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name("id")
+                            .key_type(KeyType::Hash)
+                            .build()
+                            .unwrap(),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn to_aws(value: &AttrValue) -> AttributeValue {
+    use base64::Engine as _;
+    match value {
+        AttrValue::S(s) => AttributeValue::S(s.clone()),
+        AttrValue::N(n) => AttributeValue::N(n.clone()),
+        AttrValue::B(b) => AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
+            base64::engine::general_purpose::STANDARD.decode(b).unwrap(),
+        )),
+        AttrValue::SS(v) => AttributeValue::Ss(v.clone()),
+        AttrValue::NS(v) => AttributeValue::Ns(v.clone()),
+        AttrValue::BS(_) => unreachable!("no binary sets in lease rows"),
+        AttrValue::Bool(b) => AttributeValue::Bool(*b),
+        AttrValue::Null(b) => AttributeValue::Null(*b),
+        AttrValue::L(l) => AttributeValue::L(l.iter().map(to_aws).collect()),
+        AttrValue::M(m) => AttributeValue::M(m.iter().map(|(k, v)| (k.clone(), to_aws(v))).collect()),
+    }
+}
+
+fn to_aws_item(item: &Item) -> std::collections::HashMap<String, AttributeValue> {
+    item.iter().map(|(k, v)| (k.clone(), to_aws(v))).collect()
+}
+
+fn from_aws_item(item: &std::collections::HashMap<String, AttributeValue>) -> Item {
+    use base64::Engine as _;
+    item.iter()
+        .map(|(k, v)| {
+            let value = match v {
+                AttributeValue::S(s) => AttrValue::S(s.clone()),
+                AttributeValue::N(n) => AttrValue::N(n.clone()),
+                AttributeValue::B(b) => {
+                    AttrValue::B(base64::engine::general_purpose::STANDARD.encode(b.as_ref()))
+                }
+                AttributeValue::Ss(set) => {
+                    let mut v = set.clone();
+                    v.sort();
+                    AttrValue::SS(v)
+                }
+                other => panic!("unexpected attribute type {other:?}"),
+            };
+            (k.clone(), value)
+        })
+        .collect()
+}
+
+fn me() -> WorkerId {
+    WorkerId::new("worker-a")
+}
+
+fn other() -> WorkerId {
+    WorkerId::new("worker-b")
+}
+
+fn seq(n: u128) -> Checkpoint {
+    Checkpoint::At(ExtendedSequenceNumber::new(
+        SequenceNumber::parse(&format!("4968045803116943196775406416208494311606067360047{n:07}")).unwrap(),
+        0,
+    ))
+}
+
+fn new_lease(i: u64) -> Lease {
+    Lease::new(
+        &ShardId::from_index(i),
+        Checkpoint::TrimHorizon,
+        vec![],
+        Some(HashKeyRange { start: 0, end: u128::MAX }),
+    )
+}
+
+fn unowned(counter: u64) -> Fence {
+    Fence { owner: None, counter }
+}
+
+fn owned(by: &WorkerId, counter: u64) -> Fence {
+    Fence { owner: Some(by.clone()), counter }
+}
+
+fn fixtures_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/lease-table")
+}
+
+fn fixture_items(file: &str) -> Vec<Item> {
+    let path = fixtures_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(doc["items"].clone()).unwrap()
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn ensure_table_creates_then_finds(env: Env) {
+        let table = env.table(&servers::unique_name("leases"));
+        assert_eq!(table.ensure_table().await.unwrap(), TableState::Created, "{}", env.tier);
+        assert_eq!(table.ensure_table().await.unwrap(), TableState::Existed);
+        let scan = table.scan().await.unwrap();
+        assert!(scan.leases.is_empty() && scan.malformed.is_empty());
+    }
+
+    pub async fn ensure_table_refuses_a_wrong_key_schema(env: Env) {
+        let name = servers::unique_name("foreign");
+        env.create_foreign_table(&name).await;
+        let err = env.table(&name).ensure_table().await.unwrap_err();
+        assert!(matches!(err, LeaseError::WrongKeySchema { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(&name) && text.contains("id (HASH, N)") && text.contains("leaseKey"), "{text}");
+    }
+
+    pub async fn a_missing_table_is_not_found(env: Env) {
+        let table = env.table(&servers::unique_name("missing"));
+        let err = table.scan().await.unwrap_err();
+        assert!(matches!(err, LeaseError::NotFound { .. }), "{err:?}");
+    }
+
+    pub async fn create_if_absent_never_overwrites(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(0);
+        assert!(table.create_if_absent(&lease).await.unwrap());
+        let taken = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        assert!(!table.create_if_absent(&lease).await.unwrap());
+        assert_eq!(table.get(&lease.key).await.unwrap(), Some(taken));
+    }
+
+    pub async fn take_sets_owner_and_bumps_the_counter(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(1);
+        table.create_if_absent(&lease).await.unwrap();
+        let taken = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        assert_eq!(taken.owner, Some(me()));
+        assert_eq!(taken.counter, 1);
+        assert_eq!(taken.owner_switches_since_checkpoint, 1);
+        assert_eq!(taken.checkpoint, Checkpoint::TrimHorizon);
+        assert_eq!(table.get(&lease.key).await.unwrap(), Some(taken.clone()));
+
+        // A hand-off: the owner's fence lets another worker take it.
+        let moved = table.take(&lease.key, &owned(&me(), 1), &other()).await.unwrap();
+        assert_eq!((moved.owner, moved.counter, moved.owner_switches_since_checkpoint), (Some(other()), 2, 2));
+    }
+
+    pub async fn take_with_a_stale_fence_fails_and_names_the_owner(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(2);
+        table.create_if_absent(&lease).await.unwrap();
+        table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        let cases = [
+            unowned(0),          // stale counter and owner
+            unowned(1),          // right counter, wrong owner
+            owned(&me(), 0),     // right owner, stale counter
+            owned(&other(), 1),  // wrong owner
+        ];
+        for fence in cases {
+            let err = table.take(&lease.key, &fence, &other()).await.unwrap_err();
+            assert_eq!(
+                err,
+                LeaseError::ConditionFailed { key: lease.key.clone(), owner: Some(me()), counter: Some(1) },
+                "{} fence {fence:?}",
+                env.tier
+            );
+            assert!(err.to_string().contains("owner is now worker-a"), "{err}");
+        }
+        let missing = LeaseKey::new("shardId-999999999999");
+        let err = table.take(&missing, &unowned(0), &me()).await.unwrap_err();
+        assert_eq!(err, LeaseError::ConditionFailed { key: missing, owner: None, counter: None });
+    }
+
+    pub async fn concurrent_takes_have_exactly_one_winner(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(3);
+        table.create_if_absent(&lease).await.unwrap();
+        let workers: Vec<WorkerId> = (0..6).map(|i| WorkerId::new(format!("w{i}"))).collect();
+        let fence = unowned(0);
+        let attempts = futures::future::join_all(workers.iter().map(|w| table.take(&lease.key, &fence, w))).await;
+        let winners: Vec<_> = attempts.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(winners.len(), 1, "{attempts:?}");
+        for r in &attempts {
+            if let Err(e) = r {
+                assert!(matches!(e, LeaseError::ConditionFailed { counter: Some(1), .. }), "{e:?}");
+            }
+        }
+        assert_eq!(table.get(&lease.key).await.unwrap().unwrap().owner, winners[0].owner);
+    }
+
+    pub async fn release_clears_the_owner_and_bumps_the_counter(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(4);
+        table.create_if_absent(&lease).await.unwrap();
+        table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        assert!(matches!(
+            table.release(&lease.key, &owned(&other(), 1)).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        assert_eq!(table.release(&lease.key, &owned(&me(), 1)).await.unwrap(), 2);
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!((got.owner, got.counter), (None, 2));
+        // The old owner's fence is dead.
+        assert!(table.release(&lease.key, &owned(&me(), 1)).await.is_err());
+        table.take(&lease.key, &unowned(2), &other()).await.unwrap();
+    }
+
+    pub async fn checkpoint_is_fenced_and_keeps_the_counter(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(5);
+        table.create_if_absent(&lease).await.unwrap();
+        table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        let fence = owned(&me(), 1);
+        let cp = Checkpoint::At(ExtendedSequenceNumber::new(
+            SequenceNumber::parse("49680458031169431967754064162084943116060673600470908946").unwrap(),
+            3,
+        ));
+        table.checkpoint(&lease.key, &fence, &cp, &[]).await.unwrap();
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!((got.checkpoint, got.counter, got.owner_switches_since_checkpoint), (cp.clone(), 1, 0));
+        assert!(got.child_shard_ids.is_empty());
+
+        // A worker that lost the lease cannot move the checkpoint.
+        table.take(&lease.key, &fence, &other()).await.unwrap();
+        let err = table.checkpoint(&lease.key, &fence, &seq(9), &[]).await.unwrap_err();
+        assert_eq!(err, LeaseError::ConditionFailed { key: lease.key.clone(), owner: Some(other()), counter: Some(2) });
+        assert_eq!(table.get(&lease.key).await.unwrap().unwrap().checkpoint, cp);
+
+        let children = [ShardId::from_index(7), ShardId::from_index(8)];
+        table.checkpoint(&lease.key, &owned(&other(), 2), &Checkpoint::ShardEnd, &children).await.unwrap();
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(got.checkpoint, Checkpoint::ShardEnd);
+        let mut ids = got.child_shard_ids.clone();
+        ids.sort();
+        assert_eq!(ids, children.to_vec());
+    }
+
+    pub async fn checkpoint_leaves_foreign_attributes_and_clears_pending(env: Env) {
+        let table = env.fresh().await;
+        // A row as the Java KCL leaves it: a prepared checkpoint, a throughput figure and
+        // an application state blob.
+        let mut row = encode_lease(&new_lease(6));
+        row.insert("leaseOwner".into(), AttrValue::S("worker-a".into()));
+        row.insert("leaseCounter".into(), AttrValue::N("4".into()));
+        row.insert("throughputKBps".into(), AttrValue::N("0.45817".into()));
+        row.insert("pendingCheckpoint".into(), AttrValue::S("4968045803121403345815112540831603074236".into()));
+        row.insert("pendingCheckpointSubSequenceNumber".into(), AttrValue::N("0".into()));
+        row.insert("pendingCheckpointState".into(), AttrValue::B("AAEC".into()));
+        env.put_raw(table.table_name(), row).await;
+        let key = ShardId::from_index(6);
+        let key = LeaseKey::from(&key);
+        let before = table.get(&key).await.unwrap().unwrap();
+        assert!(before.pending_checkpoint.is_some());
+        table.checkpoint(&key, &owned(&me(), 4), &seq(1), &[]).await.unwrap();
+        let after = table.get(&key).await.unwrap().unwrap();
+        assert_eq!(after.pending_checkpoint, None);
+        assert_eq!(after.checkpoint, seq(1));
+        if let Some(raw) = env.get_raw(table.table_name(), key.as_str()).await {
+            assert_eq!(raw.get("throughputKBps"), Some(&AttrValue::N("0.45817".into())));
+            assert!(!raw.contains_key("pendingCheckpointState"));
+        }
+    }
+
+    pub async fn delete_is_fenced(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(7);
+        table.create_if_absent(&lease).await.unwrap();
+        assert!(matches!(table.delete(&lease.key, &unowned(5)).await, Err(LeaseError::ConditionFailed { .. })));
+        table.delete(&lease.key, &unowned(0)).await.unwrap();
+        assert_eq!(table.get(&lease.key).await.unwrap(), None);
+    }
+
+    pub async fn heartbeats_count_up_and_show_in_the_scan(env: Env) {
+        let table = env.fresh().await;
+        assert_eq!(table.heartbeat(&me()).await.unwrap(), 1);
+        assert_eq!(table.heartbeat(&me()).await.unwrap(), 2);
+        assert_eq!(table.heartbeat(&other()).await.unwrap(), 1);
+        let mut beats = table.scan().await.unwrap().heartbeats;
+        beats.sort_by(|a, b| a.worker.cmp(&b.worker));
+        assert_eq!(beats.iter().map(|h| (h.worker.as_str(), h.counter)).collect::<Vec<_>>(), [("worker-a", 2), ("worker-b", 1)]);
+        table.remove_heartbeat(&me()).await.unwrap();
+        table.remove_heartbeat(&me()).await.unwrap();
+        let beats = table.scan().await.unwrap().heartbeats;
+        assert_eq!(beats.len(), 1);
+        assert!(table.scan().await.unwrap().leases.is_empty(), "heartbeats are not leases");
+    }
+
+    pub async fn scan_reports_malformed_rows_and_goes_on(env: Env) {
+        let table = env.fresh().await;
+        for i in 0..3 {
+            table.create_if_absent(&new_lease(i)).await.unwrap();
+        }
+        let bad: [(&str, &str); 3] = [
+            (r#"{"leaseKey":{"S":"bad-1"},"checkpoint":{"S":"LATEST"}}"#, "lease row bad-1: attribute leaseCounter: missing"),
+            (r#"{"leaseKey":{"S":"bad-2"},"leaseCounter":{"S":"x"},"checkpoint":{"S":"LATEST"}}"#, "lease row bad-2: attribute leaseCounter: expected type N, found S"),
+            (r#"{"leaseKey":{"S":"bad-3"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"12ab"}}"#, "lease row bad-3: attribute checkpoint: not a sequence number"),
+        ];
+        for (json, _) in bad {
+            env.put_raw(table.table_name(), serde_json::from_str(json).unwrap()).await;
+        }
+        env.put_raw(
+            table.table_name(),
+            serde_json::from_str(r#"{"leaseKey":{"S":"TableMigration3.5"},"entityType":{"S":"TABLE_MIGRATION"},"tm":{"N":"1"}}"#).unwrap(),
+        )
+        .await;
+        let scan = table.scan().await.unwrap();
+        assert_eq!(scan.leases.len(), 3, "{}", env.tier);
+        assert_eq!(scan.other_rows, 1);
+        let mut found: Vec<String> = scan.malformed.iter().map(|m| m.to_string()).collect();
+        found.sort();
+        for ((_, want), got) in bad.iter().zip(&found) {
+            assert!(got.starts_with(want), "got {got}, want {want}");
+        }
+    }
+
+    pub async fn scan_paginates_past_one_megabyte(env: Env) {
+        let table = env.fresh().await;
+        let pad = "x".repeat(8 * 1024);
+        let rows = 160; // ~1.3 MB: more than one Scan page
+        let puts = (0..rows).map(|i| {
+            let mut row = encode_lease(&new_lease(i));
+            row.insert("padding".into(), AttrValue::S(pad.clone()));
+            env.put_raw(table.table_name(), row)
+        });
+        futures::future::join_all(puts).await;
+        assert_eq!(table.scan().await.unwrap().leases.len(), rows as usize);
+    }
+
+    pub async fn reads_rows_written_by_another_kcl(env: Env) {
+        for file in ["fixture-app.before-split.json", "fixture-app.after-split.json", "fixture-multi-app.json"] {
+            let table = env.fresh().await;
+            let items = fixture_items(file);
+            for item in &items {
+                env.put_raw(table.table_name(), item.clone()).await;
+            }
+            let scan = table.scan().await.unwrap();
+            assert!(scan.malformed.is_empty(), "{file}: {:?}", scan.malformed);
+            let mut want: Vec<Lease> = items
+                .iter()
+                .map(|i| match decode_row(i).unwrap() {
+                    Row::Lease(l) => *l,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            let mut got = scan.leases;
+            want.sort_by(|a, b| a.key.cmp(&b.key));
+            got.sort_by(|a, b| a.key.cmp(&b.key));
+            for lease in got.iter_mut().chain(want.iter_mut()) {
+                lease.parent_shard_ids.sort();
+                lease.child_shard_ids.sort();
+            }
+            assert_eq!(got, want, "{file} on {}", env.tier);
+        }
+    }
+}
+
+macro_rules! suite {
+    ($tier:ident, $env:expr) => {
+        mod $tier {
+            use super::*;
+            suite!(@cases $env;
+                ensure_table_creates_then_finds,
+                ensure_table_refuses_a_wrong_key_schema,
+                a_missing_table_is_not_found,
+                create_if_absent_never_overwrites,
+                take_sets_owner_and_bumps_the_counter,
+                take_with_a_stale_fence_fails_and_names_the_owner,
+                concurrent_takes_have_exactly_one_winner,
+                release_clears_the_owner_and_bumps_the_counter,
+                checkpoint_is_fenced_and_keeps_the_counter,
+                checkpoint_leaves_foreign_attributes_and_clears_pending,
+                delete_is_fenced,
+                heartbeats_count_up_and_show_in_the_scan,
+                scan_reports_malformed_rows_and_goes_on,
+                scan_paginates_past_one_megabyte,
+                reads_rows_written_by_another_kcl,
+            );
+        }
+    };
+    (@cases $env:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                cases::$case($env).await
+            }
+        )*
+    };
+}
+
+suite!(memory, Env::memory().await);
+suite!(dynoxide, Env::dynoxide().await);
+#[cfg(feature = "external-servers")]
+suite!(dynamodb_local, Env::dynamodb_local().await);
+
+/// An unreachable DynamoDB is an error that names the endpoint, not a hang or a panic.
+#[tokio::test]
+async fn an_unreachable_endpoint_is_named_in_the_error() {
+    let sdk = servers::sdk_config().await;
+    let table = DynamoLeaseTable::new(&sdk, Some("http://127.0.0.1:1"), "leases");
+    let err = table.scan().await.unwrap_err();
+    assert!(err.to_string().contains("http://127.0.0.1:1"), "{err}");
+    assert!(err.is_retryable(), "{err:?}");
+}
