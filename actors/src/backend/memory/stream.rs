@@ -681,3 +681,122 @@ impl StreamAdmin for MemoryStreams {
         Box::pin(async move { self.merge(stream, shard, adjacent) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: &str, size: usize) -> PutRecord {
+        PutRecord {
+            partition_key: key.into(),
+            explicit_hash_key: None,
+            data: Bytes::from(vec![7u8; size]),
+        }
+    }
+
+    async fn one_shard(config: MemoryStreamsConfig) -> (MemoryStreams, ShardIterator) {
+        let streams = MemoryStreams::new(config);
+        streams.create_stream("s", 1).await.unwrap();
+        let it = streams
+            .get_shard_iterator("s", &ShardId::from_index(0), &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
+        (streams, it)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn get_records_stops_at_ten_thousand_records_and_ten_megabytes() {
+        let (streams, it) = one_shard(MemoryStreamsConfig::default()).await;
+        let small: Vec<_> = (0..12_000).map(|i| record(&format!("k{i}"), 1)).collect();
+        streams.put_records("s", &small).await.unwrap();
+        let batch = streams.get_records(&it, 10_000).await.unwrap();
+        assert_eq!(batch.records.len(), 10_000);
+        let rest = streams.get_records(&batch.next_iterator.unwrap(), 10_000).await.unwrap();
+        assert_eq!(rest.records.len(), 2_000);
+        assert!(streams.get_records(&it, 10_001).await.is_err());
+
+        let (streams, it) = one_shard(MemoryStreamsConfig::default()).await;
+        let big: Vec<_> = (0..15).map(|i| record(&format!("k{i}"), 1024 * 1024 - 8)).collect();
+        streams.put_records("s", &big).await.unwrap();
+        let batch = streams.get_records(&it, 10_000).await.unwrap();
+        assert_eq!(batch.records.len(), 10, "10 MB per call");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_over_one_megabyte_is_refused_by_name() {
+        let (streams, _) = one_shard(MemoryStreamsConfig::default()).await;
+        assert!(streams.put_records("s", &[record("k", MAX_RECORD_BYTES - 1)]).await.is_ok());
+        let err = streams.put_records("s", &[record("big", MAX_RECORD_BYTES)]).await.unwrap_err();
+        assert!(err.to_string().contains("partition key \"big\" is 1048579 bytes"), "{err}");
+        let err = streams.put_records("s", &[record("", 1)]).await.unwrap_err();
+        assert!(matches!(err, StreamError::InvalidArgument { .. }));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn read_limits_throttle_per_shard_and_recover() {
+        let config = MemoryStreamsConfig {
+            read_limits: Some(ReadLimits::KINESIS),
+            ..Default::default()
+        };
+        let (streams, mut it) = one_shard(config).await;
+        for _ in 0..5 {
+            it = streams.get_records(&it, 10).await.unwrap().next_iterator.unwrap();
+        }
+        let err = streams.get_records(&it, 10).await.unwrap_err();
+        assert!(matches!(err, StreamError::Throttled { .. }), "{err:?}");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        it = streams.get_records(&it, 10).await.unwrap().next_iterator.unwrap();
+
+        // Bytes: 3 MB in one call leaves no budget for the rest of that second.
+        let big: Vec<_> = (0..3).map(|i| record(&format!("k{i}"), 1024 * 1024 - 8)).collect();
+        streams.put_records("s", &big).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        it = streams.get_records(&it, 10).await.unwrap().next_iterator.unwrap();
+        assert!(matches!(streams.get_records(&it, 10).await, Err(StreamError::Throttled { .. })));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(streams.get_records(&it, 10).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retention_trims_old_records_and_drops_old_closed_shards() {
+        let config = MemoryStreamsConfig {
+            retention: Duration::from_secs(3600),
+            ..Default::default()
+        };
+        let (streams, _) = one_shard(config).await;
+        streams.put_records("s", &[record("old", 1)]).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1800)).await;
+        streams.put_records("s", &[record("new", 1)]).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1801)).await;
+        let shard = ShardId::from_index(0);
+        let it = streams.get_shard_iterator("s", &shard, &IteratorPosition::TrimHorizon).await.unwrap();
+        let got = streams.get_records(&it, 100).await.unwrap().records;
+        assert_eq!(got.iter().map(|r| r.partition_key.as_str()).collect::<Vec<_>>(), ["new"]);
+
+        streams.split_shard("s", &shard, 1 << 127).await.unwrap();
+        assert_eq!(streams.list_shards("s").await.unwrap().len(), 3);
+        tokio::time::advance(Duration::from_secs(3601)).await;
+        let listed: Vec<ShardId> = streams.list_shards("s").await.unwrap().into_iter().map(|s| s.id).collect();
+        assert_eq!(listed, [ShardId::from_index(1), ShardId::from_index(2)], "the parent aged out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_that_ends_empty_reports_its_children() {
+        let (streams, it) = one_shard(MemoryStreamsConfig::default()).await;
+        streams.split_shard("s", &ShardId::from_index(0), 5).await.unwrap();
+        let end = streams.get_records(&it, 10).await.unwrap();
+        assert!(end.is_shard_end());
+        let children: Vec<_> = end.child_shards.unwrap().into_iter().map(|c| (c.id, c.parents, c.hash_range)).collect();
+        assert_eq!(
+            children,
+            [
+                (ShardId::from_index(1), vec![ShardId::from_index(0)], HashKeyRange { start: 0, end: 4 }),
+                (ShardId::from_index(2), vec![ShardId::from_index(0)], HashKeyRange { start: 5, end: u128::MAX }),
+            ]
+        );
+        let err = streams.split_shard("s", &ShardId::from_index(0), 9).await.unwrap_err();
+        assert!(err.to_string().contains("is closed"), "{err}");
+        let err = streams.merge_shards("s", &ShardId::from_index(1), &ShardId::from_index(1)).await.unwrap_err();
+        assert!(matches!(err, StreamError::InvalidArgument { .. }));
+    }
+}
