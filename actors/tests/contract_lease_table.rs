@@ -23,6 +23,7 @@ use flotilla_actors::model::{
 use support::servers;
 
 /// A server holding lease tables, with a back door for raw rows and foreign tables.
+#[allow(clippy::large_enum_variant)] // a handful per test run
 enum Raw {
     Memory(MemoryDynamo),
     Dynamo {

@@ -74,7 +74,7 @@ impl Env {
     }
 
     async fn ferrokinesis() -> Env {
-        let endpoint = servers::start_ferrokinesis(2).await;
+        let endpoint = servers::start_ferrokinesis(3).await;
         let sdk = servers::sdk_config().await;
         // ferrokinesis never returns ChildShards and always reports 0 ms behind.
         let capabilities = Capabilities {
@@ -85,7 +85,7 @@ impl Env {
             stream: Arc::new(KinesisStream::new(&sdk, Some(&endpoint)).with_capabilities(capabilities)),
             expect: Expect {
                 capabilities,
-                expiry: Expiry::Sleep(Duration::from_millis(3100)),
+                expiry: Expiry::Sleep(Duration::from_millis(4100)),
                 garbage_iterator: GarbageIterator::InvalidArgument,
             },
             tier: "ferrokinesis",
@@ -224,9 +224,9 @@ mod cases {
         assert_eq!(after.len(), 2);
         assert!(after[0].sequence_number > third);
 
-        env.pause(Duration::from_millis(1100)).await;
+        env.pause(Duration::from_millis(600)).await;
         let since = env.wall_now();
-        env.pause(Duration::from_millis(1100)).await;
+        env.pause(Duration::from_millis(600)).await;
         let second = env.put(&stream, keys(3, "after")).await;
 
         let batch = env.stream.get_records(&latest, 100).await.unwrap();
@@ -399,10 +399,10 @@ impl Env {
 }
 
 macro_rules! suite {
-    ($tier:ident, $env:expr, $($test:tt)*) => {
+    ($tier:ident, $env:expr, $test:meta) => {
         mod $tier {
             use super::*;
-            suite!(@cases [$($test)*] $env;
+            suite!(@cases [$test] $env;
                 a_new_stream_lists_open_shards_covering_every_key,
                 puts_route_by_the_md5_of_the_partition_key,
                 records_come_back_in_order_once_each,
@@ -415,9 +415,9 @@ macro_rules! suite {
             );
         }
     };
-    (@cases [$($test:tt)*] $env:expr; $($case:ident),* $(,)?) => {
+    (@cases [$test:meta] $env:expr; $($case:ident),* $(,)?) => {
         $(
-            #[$($test)*]
+            #[$test]
             async fn $case() {
                 cases::$case($env).await
             }
