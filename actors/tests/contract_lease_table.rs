@@ -169,7 +169,9 @@ fn to_aws(value: &AttrValue) -> AttributeValue {
         AttrValue::Bool(b) => AttributeValue::Bool(*b),
         AttrValue::Null(b) => AttributeValue::Null(*b),
         AttrValue::L(l) => AttributeValue::L(l.iter().map(to_aws).collect()),
-        AttrValue::M(m) => AttributeValue::M(m.iter().map(|(k, v)| (k.clone(), to_aws(v))).collect()),
+        AttrValue::M(m) => {
+            AttributeValue::M(m.iter().map(|(k, v)| (k.clone(), to_aws(v))).collect())
+        }
     }
 }
 
@@ -209,7 +211,10 @@ fn other() -> WorkerId {
 
 fn seq(n: u128) -> Checkpoint {
     Checkpoint::At(ExtendedSequenceNumber::new(
-        SequenceNumber::parse(&format!("4968045803116943196775406416208494311606067360047{n:07}")).unwrap(),
+        SequenceNumber::parse(&format!(
+            "4968045803116943196775406416208494311606067360047{n:07}"
+        ))
+        .unwrap(),
         0,
     ))
 }
@@ -219,16 +224,25 @@ fn new_lease(i: u64) -> Lease {
         &ShardId::from_index(i),
         Checkpoint::TrimHorizon,
         vec![],
-        Some(HashKeyRange { start: 0, end: u128::MAX }),
+        Some(HashKeyRange {
+            start: 0,
+            end: u128::MAX,
+        }),
     )
 }
 
 fn unowned(counter: u64) -> Fence {
-    Fence { owner: None, counter }
+    Fence {
+        owner: None,
+        counter,
+    }
 }
 
 fn owned(by: &WorkerId, counter: u64) -> Fence {
-    Fence { owner: Some(by.clone()), counter }
+    Fence {
+        owner: Some(by.clone()),
+        counter,
+    }
 }
 
 fn fixtures_dir() -> std::path::PathBuf {
@@ -247,7 +261,12 @@ mod cases {
 
     pub async fn ensure_table_creates_then_finds(env: Env) {
         let table = env.table(&servers::unique_name("leases"));
-        assert_eq!(table.ensure_table().await.unwrap(), TableState::Created, "{}", env.tier);
+        assert_eq!(
+            table.ensure_table().await.unwrap(),
+            TableState::Created,
+            "{}",
+            env.tier
+        );
         assert_eq!(table.ensure_table().await.unwrap(), TableState::Existed);
         let scan = table.scan().await.unwrap();
         assert!(scan.leases.is_empty() && scan.malformed.is_empty());
@@ -259,7 +278,10 @@ mod cases {
         let err = env.table(&name).ensure_table().await.unwrap_err();
         assert!(matches!(err, LeaseError::WrongKeySchema { .. }), "{err:?}");
         let text = err.to_string();
-        assert!(text.contains(&name) && text.contains("id (HASH, N)") && text.contains("leaseKey"), "{text}");
+        assert!(
+            text.contains(&name) && text.contains("id (HASH, N)") && text.contains("leaseKey"),
+            "{text}"
+        );
     }
 
     pub async fn a_missing_table_is_not_found(env: Env) {
@@ -289,8 +311,18 @@ mod cases {
         assert_eq!(table.get(&lease.key).await.unwrap(), Some(taken.clone()));
 
         // A hand-off: the owner's fence lets another worker take it.
-        let moved = table.take(&lease.key, &owned(&me(), 1), &other()).await.unwrap();
-        assert_eq!((moved.owner, moved.counter, moved.owner_switches_since_checkpoint), (Some(other()), 2, 2));
+        let moved = table
+            .take(&lease.key, &owned(&me(), 1), &other())
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                moved.owner,
+                moved.counter,
+                moved.owner_switches_since_checkpoint
+            ),
+            (Some(other()), 2, 2)
+        );
     }
 
     pub async fn take_with_a_stale_fence_fails_and_names_the_owner(env: Env) {
@@ -299,16 +331,20 @@ mod cases {
         table.create_if_absent(&lease).await.unwrap();
         table.take(&lease.key, &unowned(0), &me()).await.unwrap();
         let cases = [
-            unowned(0),          // stale counter and owner
-            unowned(1),          // right counter, wrong owner
-            owned(&me(), 0),     // right owner, stale counter
-            owned(&other(), 1),  // wrong owner
+            unowned(0),         // stale counter and owner
+            unowned(1),         // right counter, wrong owner
+            owned(&me(), 0),    // right owner, stale counter
+            owned(&other(), 1), // wrong owner
         ];
         for fence in cases {
             let err = table.take(&lease.key, &fence, &other()).await.unwrap_err();
             assert_eq!(
                 err,
-                LeaseError::ConditionFailed { key: lease.key.clone(), owner: Some(me()), counter: Some(1) },
+                LeaseError::ConditionFailed {
+                    key: lease.key.clone(),
+                    owner: Some(me()),
+                    counter: Some(1)
+                },
                 "{} fence {fence:?}",
                 env.tier
             );
@@ -316,7 +352,14 @@ mod cases {
         }
         let missing = LeaseKey::new("shardId-999999999999");
         let err = table.take(&missing, &unowned(0), &me()).await.unwrap_err();
-        assert_eq!(err, LeaseError::ConditionFailed { key: missing, owner: None, counter: None });
+        assert_eq!(
+            err,
+            LeaseError::ConditionFailed {
+                key: missing,
+                owner: None,
+                counter: None
+            }
+        );
     }
 
     pub async fn concurrent_takes_have_exactly_one_winner(env: Env) {
@@ -325,15 +368,29 @@ mod cases {
         table.create_if_absent(&lease).await.unwrap();
         let workers: Vec<WorkerId> = (0..6).map(|i| WorkerId::new(format!("w{i}"))).collect();
         let fence = unowned(0);
-        let attempts = futures::future::join_all(workers.iter().map(|w| table.take(&lease.key, &fence, w))).await;
+        let attempts =
+            futures::future::join_all(workers.iter().map(|w| table.take(&lease.key, &fence, w)))
+                .await;
         let winners: Vec<_> = attempts.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "{attempts:?}");
         for r in &attempts {
             if let Err(e) = r {
-                assert!(matches!(e, LeaseError::ConditionFailed { counter: Some(1), .. }), "{e:?}");
+                assert!(
+                    matches!(
+                        e,
+                        LeaseError::ConditionFailed {
+                            counter: Some(1),
+                            ..
+                        }
+                    ),
+                    "{e:?}"
+                );
             }
         }
-        assert_eq!(table.get(&lease.key).await.unwrap().unwrap().owner, winners[0].owner);
+        assert_eq!(
+            table.get(&lease.key).await.unwrap().unwrap().owner,
+            winners[0].owner
+        );
     }
 
     pub async fn release_clears_the_owner_and_bumps_the_counter(env: Env) {
@@ -345,7 +402,10 @@ mod cases {
             table.release(&lease.key, &owned(&other(), 1)).await,
             Err(LeaseError::ConditionFailed { .. })
         ));
-        assert_eq!(table.release(&lease.key, &owned(&me(), 1)).await.unwrap(), 2);
+        assert_eq!(
+            table.release(&lease.key, &owned(&me(), 1)).await.unwrap(),
+            2
+        );
         let got = table.get(&lease.key).await.unwrap().unwrap();
         assert_eq!((got.owner, got.counter), (None, 2));
         // The old owner's fence is dead.
@@ -360,22 +420,51 @@ mod cases {
         table.take(&lease.key, &unowned(0), &me()).await.unwrap();
         let fence = owned(&me(), 1);
         let cp = Checkpoint::At(ExtendedSequenceNumber::new(
-            SequenceNumber::parse("49680458031169431967754064162084943116060673600470908946").unwrap(),
+            SequenceNumber::parse("49680458031169431967754064162084943116060673600470908946")
+                .unwrap(),
             3,
         ));
-        table.checkpoint(&lease.key, &fence, &cp, &[]).await.unwrap();
+        table
+            .checkpoint(&lease.key, &fence, &cp, &[])
+            .await
+            .unwrap();
         let got = table.get(&lease.key).await.unwrap().unwrap();
-        assert_eq!((got.checkpoint, got.counter, got.owner_switches_since_checkpoint), (cp.clone(), 1, 0));
+        assert_eq!(
+            (
+                got.checkpoint,
+                got.counter,
+                got.owner_switches_since_checkpoint
+            ),
+            (cp.clone(), 1, 0)
+        );
         assert!(got.child_shard_ids.is_empty());
 
         // A worker that lost the lease cannot move the checkpoint.
         table.take(&lease.key, &fence, &other()).await.unwrap();
-        let err = table.checkpoint(&lease.key, &fence, &seq(9), &[]).await.unwrap_err();
-        assert_eq!(err, LeaseError::ConditionFailed { key: lease.key.clone(), owner: Some(other()), counter: Some(2) });
+        let err = table
+            .checkpoint(&lease.key, &fence, &seq(9), &[])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            LeaseError::ConditionFailed {
+                key: lease.key.clone(),
+                owner: Some(other()),
+                counter: Some(2)
+            }
+        );
         assert_eq!(table.get(&lease.key).await.unwrap().unwrap().checkpoint, cp);
 
         let children = [ShardId::from_index(7), ShardId::from_index(8)];
-        table.checkpoint(&lease.key, &owned(&other(), 2), &Checkpoint::ShardEnd, &children).await.unwrap();
+        table
+            .checkpoint(
+                &lease.key,
+                &owned(&other(), 2),
+                &Checkpoint::ShardEnd,
+                &children,
+            )
+            .await
+            .unwrap();
         let got = table.get(&lease.key).await.unwrap().unwrap();
         assert_eq!(got.checkpoint, Checkpoint::ShardEnd);
         let mut ids = got.child_shard_ids.clone();
@@ -391,20 +480,32 @@ mod cases {
         row.insert("leaseOwner".into(), AttrValue::S("worker-a".into()));
         row.insert("leaseCounter".into(), AttrValue::N("4".into()));
         row.insert("throughputKBps".into(), AttrValue::N("0.45817".into()));
-        row.insert("pendingCheckpoint".into(), AttrValue::S("4968045803121403345815112540831603074236".into()));
-        row.insert("pendingCheckpointSubSequenceNumber".into(), AttrValue::N("0".into()));
+        row.insert(
+            "pendingCheckpoint".into(),
+            AttrValue::S("4968045803121403345815112540831603074236".into()),
+        );
+        row.insert(
+            "pendingCheckpointSubSequenceNumber".into(),
+            AttrValue::N("0".into()),
+        );
         row.insert("pendingCheckpointState".into(), AttrValue::B("AAEC".into()));
         env.put_raw(table.table_name(), row).await;
         let key = ShardId::from_index(6);
         let key = LeaseKey::from(&key);
         let before = table.get(&key).await.unwrap().unwrap();
         assert!(before.pending_checkpoint.is_some());
-        table.checkpoint(&key, &owned(&me(), 4), &seq(1), &[]).await.unwrap();
+        table
+            .checkpoint(&key, &owned(&me(), 4), &seq(1), &[])
+            .await
+            .unwrap();
         let after = table.get(&key).await.unwrap().unwrap();
         assert_eq!(after.pending_checkpoint, None);
         assert_eq!(after.checkpoint, seq(1));
         if let Some(raw) = env.get_raw(table.table_name(), key.as_str()).await {
-            assert_eq!(raw.get("throughputKBps"), Some(&AttrValue::N("0.45817".into())));
+            assert_eq!(
+                raw.get("throughputKBps"),
+                Some(&AttrValue::N("0.45817".into()))
+            );
             assert!(!raw.contains_key("pendingCheckpointState"));
         }
     }
@@ -413,7 +514,10 @@ mod cases {
         let table = env.fresh().await;
         let lease = new_lease(7);
         table.create_if_absent(&lease).await.unwrap();
-        assert!(matches!(table.delete(&lease.key, &unowned(5)).await, Err(LeaseError::ConditionFailed { .. })));
+        assert!(matches!(
+            table.delete(&lease.key, &unowned(5)).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
         table.delete(&lease.key, &unowned(0)).await.unwrap();
         assert_eq!(table.get(&lease.key).await.unwrap(), None);
     }
@@ -425,12 +529,21 @@ mod cases {
         assert_eq!(table.heartbeat(&other()).await.unwrap(), 1);
         let mut beats = table.scan().await.unwrap().heartbeats;
         beats.sort_by(|a, b| a.worker.cmp(&b.worker));
-        assert_eq!(beats.iter().map(|h| (h.worker.as_str(), h.counter)).collect::<Vec<_>>(), [("worker-a", 2), ("worker-b", 1)]);
+        assert_eq!(
+            beats
+                .iter()
+                .map(|h| (h.worker.as_str(), h.counter))
+                .collect::<Vec<_>>(),
+            [("worker-a", 2), ("worker-b", 1)]
+        );
         table.remove_heartbeat(&me()).await.unwrap();
         table.remove_heartbeat(&me()).await.unwrap();
         let beats = table.scan().await.unwrap().heartbeats;
         assert_eq!(beats.len(), 1);
-        assert!(table.scan().await.unwrap().leases.is_empty(), "heartbeats are not leases");
+        assert!(
+            table.scan().await.unwrap().leases.is_empty(),
+            "heartbeats are not leases"
+        );
     }
 
     pub async fn scan_reports_malformed_rows_and_goes_on(env: Env) {
@@ -439,12 +552,22 @@ mod cases {
             table.create_if_absent(&new_lease(i)).await.unwrap();
         }
         let bad: [(&str, &str); 3] = [
-            (r#"{"leaseKey":{"S":"bad-1"},"checkpoint":{"S":"LATEST"}}"#, "lease row bad-1: attribute leaseCounter: missing"),
-            (r#"{"leaseKey":{"S":"bad-2"},"leaseCounter":{"S":"x"},"checkpoint":{"S":"LATEST"}}"#, "lease row bad-2: attribute leaseCounter: expected type N, found S"),
-            (r#"{"leaseKey":{"S":"bad-3"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"12ab"}}"#, "lease row bad-3: attribute checkpoint: not a sequence number"),
+            (
+                r#"{"leaseKey":{"S":"bad-1"},"checkpoint":{"S":"LATEST"}}"#,
+                "lease row bad-1: attribute leaseCounter: missing",
+            ),
+            (
+                r#"{"leaseKey":{"S":"bad-2"},"leaseCounter":{"S":"x"},"checkpoint":{"S":"LATEST"}}"#,
+                "lease row bad-2: attribute leaseCounter: expected type N, found S",
+            ),
+            (
+                r#"{"leaseKey":{"S":"bad-3"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"12ab"}}"#,
+                "lease row bad-3: attribute checkpoint: not a sequence number",
+            ),
         ];
         for (json, _) in bad {
-            env.put_raw(table.table_name(), serde_json::from_str(json).unwrap()).await;
+            env.put_raw(table.table_name(), serde_json::from_str(json).unwrap())
+                .await;
         }
         env.put_raw(
             table.table_name(),
@@ -475,7 +598,11 @@ mod cases {
     }
 
     pub async fn reads_rows_written_by_another_kcl(env: Env) {
-        for file in ["fixture-app.before-split.json", "fixture-app.after-split.json", "fixture-multi-app.json"] {
+        for file in [
+            "fixture-app.before-split.json",
+            "fixture-app.after-split.json",
+            "fixture-multi-app.json",
+        ] {
             let table = env.fresh().await;
             let items = fixture_items(file);
             for item in &items {

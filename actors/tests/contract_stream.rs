@@ -42,10 +42,29 @@ enum GarbageIterator {
     ServerError,
 }
 
+/// What the ending sequence number of a closed shard is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum EndingSequence {
+    /// The last sequence number the shard can hold, as Kinesis reports it.
+    Exact,
+    /// kinesis-mock reports Java's Long.MAX_VALUE for every closed shard.
+    Placeholder(&'static str),
+}
+
+/// What GetShardIterator answers for AT_SEQUENCE_NUMBER of a number from elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ForeignSequence {
+    InvalidArgument,
+    /// kinesis-mock looks the number up among the shard's records: ResourceNotFound.
+    NotFound,
+}
+
 struct Expect {
     capabilities: Capabilities,
     expiry: Expiry,
     garbage_iterator: GarbageIterator,
+    ending_sequence: EndingSequence,
+    foreign_sequence: ForeignSequence,
 }
 
 struct Env {
@@ -68,6 +87,8 @@ impl Env {
                 capabilities: Capabilities::FULL,
                 expiry: Expiry::Advance(ttl + Duration::from_secs(1)),
                 garbage_iterator: GarbageIterator::InvalidArgument,
+                ending_sequence: EndingSequence::Exact,
+                foreign_sequence: ForeignSequence::InvalidArgument,
             },
             tier: "memory",
         }
@@ -76,17 +97,21 @@ impl Env {
     async fn ferrokinesis() -> Env {
         let endpoint = servers::start_ferrokinesis(3).await;
         let sdk = servers::sdk_config().await;
-        // ferrokinesis never returns ChildShards and always reports 0 ms behind.
+        // ferrokinesis never returns ChildShards and reports 0 ms behind on open shards.
         let capabilities = Capabilities {
             child_shards_in_get_records: false,
             millis_behind_latest: false,
         };
         Env {
-            stream: Arc::new(KinesisStream::new(&sdk, Some(&endpoint)).with_capabilities(capabilities)),
+            stream: Arc::new(
+                KinesisStream::new(&sdk, Some(&endpoint)).with_capabilities(capabilities),
+            ),
             expect: Expect {
                 capabilities,
                 expiry: Expiry::Sleep(Duration::from_millis(4100)),
                 garbage_iterator: GarbageIterator::InvalidArgument,
+                ending_sequence: EndingSequence::Exact,
+                foreign_sequence: ForeignSequence::InvalidArgument,
             },
             tier: "ferrokinesis",
             clock: None,
@@ -97,12 +122,21 @@ impl Env {
     async fn kinesis_mock() -> Env {
         let endpoint = servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT");
         let sdk = servers::sdk_config().await;
+        // kinesis-mock returns ChildShards but always reports 0 ms behind.
+        let capabilities = Capabilities {
+            child_shards_in_get_records: true,
+            millis_behind_latest: false,
+        };
         Env {
-            stream: Arc::new(KinesisStream::new(&sdk, Some(&endpoint))),
+            stream: Arc::new(
+                KinesisStream::new(&sdk, Some(&endpoint)).with_capabilities(capabilities),
+            ),
             expect: Expect {
-                capabilities: Capabilities::FULL,
+                capabilities,
                 expiry: Expiry::Fixed("kinesis-mock's iterator TTL is a fixed five minutes"),
                 garbage_iterator: GarbageIterator::ServerError,
+                ending_sequence: EndingSequence::Placeholder("9223372036854775807"),
+                foreign_sequence: ForeignSequence::NotFound,
             },
             tier: "kinesis_mock",
             clock: None,
@@ -116,23 +150,51 @@ impl Env {
         name
     }
 
-    async fn put(&self, stream: &str, keys: impl IntoIterator<Item = String>) -> Vec<(String, ShardId, SequenceNumber)> {
+    async fn put(
+        &self,
+        stream: &str,
+        keys: impl IntoIterator<Item = String>,
+    ) -> Vec<(String, ShardId, SequenceNumber)> {
         let records: Vec<PutRecord> = keys
             .into_iter()
-            .map(|k| PutRecord { data: Bytes::from(format!("data-{k}")), partition_key: k, explicit_hash_key: None })
+            .map(|k| PutRecord {
+                data: Bytes::from(format!("data-{k}")),
+                partition_key: k,
+                explicit_hash_key: None,
+            })
             .collect();
         let results = self.stream.put_records(stream, &records).await.unwrap();
         assert_eq!(results.len(), records.len());
-        records.into_iter().zip(results).map(|(r, p)| (r.partition_key, p.shard, p.sequence_number)).collect()
+        records
+            .into_iter()
+            .zip(results)
+            .map(|(r, p)| (r.partition_key, p.shard, p.sequence_number))
+            .collect()
     }
 
     async fn shard_map(&self, stream: &str) -> BTreeMap<ShardId, Shard> {
-        self.stream.list_shards(stream).await.unwrap().into_iter().map(|s| (s.id.clone(), s)).collect()
+        self.stream
+            .list_shards(stream)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect()
     }
 
     /// Reads a shard from `position` until it is caught up (or ends), a batch of `limit` at a time.
-    async fn read_all(&self, stream: &str, shard: &ShardId, position: IteratorPosition, limit: u32) -> (Vec<Record>, bool) {
-        let mut iterator = self.stream.get_shard_iterator(stream, shard, &position).await.unwrap();
+    async fn read_all(
+        &self,
+        stream: &str,
+        shard: &ShardId,
+        position: IteratorPosition,
+        limit: u32,
+    ) -> (Vec<Record>, bool) {
+        let mut iterator = self
+            .stream
+            .get_shard_iterator(stream, shard, &position)
+            .await
+            .unwrap();
         let mut out = Vec::new();
         let mut empty_polls = 0;
         loop {
@@ -169,7 +231,14 @@ mod cases {
         assert!(shards.iter().all(|s| s.is_open() && s.parent.is_none()));
         assert_eq!(ShardGraph::new(shards).check_coverage(), Ok(()));
         let summary = env.stream.describe_stream_summary(&stream).await.unwrap();
-        assert_eq!((summary.name.as_str(), summary.open_shard_count, summary.status.as_str()), (stream.as_str(), 4, "ACTIVE"));
+        assert_eq!(
+            (
+                summary.name.as_str(),
+                summary.open_shard_count,
+                summary.status.as_str()
+            ),
+            (stream.as_str(), 4, "ACTIVE")
+        );
     }
 
     pub async fn puts_route_by_the_md5_of_the_partition_key(env: Env) {
@@ -177,12 +246,24 @@ mod cases {
         let shards = env.shard_map(&stream).await;
         for (key, shard, _) in env.put(&stream, keys(200, "route")).await {
             let range = shards[&shard].hash_range;
-            assert!(range.contains(partition_key_hash(&key)), "{key} went to {shard} {range} on {}", env.tier);
+            assert!(
+                range.contains(partition_key_hash(&key)),
+                "{key} went to {shard} {range} on {}",
+                env.tier
+            );
         }
         // An explicit hash key overrides the partition key.
         let last = shards.values().last().unwrap();
-        let put = env.stream
-            .put_records(&stream, &[PutRecord { partition_key: "any".into(), explicit_hash_key: Some(u128::MAX), data: Bytes::from_static(b"x") }])
+        let put = env
+            .stream
+            .put_records(
+                &stream,
+                &[PutRecord {
+                    partition_key: "any".into(),
+                    explicit_hash_key: Some(u128::MAX),
+                    data: Bytes::from_static(b"x"),
+                }],
+            )
             .await
             .unwrap();
         assert_eq!(put[0].shard, last.id);
@@ -194,7 +275,9 @@ mod cases {
         let mut seen = 0;
         for shard in env.shard_map(&stream).await.keys() {
             let want: Vec<_> = put.iter().filter(|(_, s, _)| s == shard).collect();
-            let (got, ended) = env.read_all(&stream, shard, IteratorPosition::TrimHorizon, 7).await;
+            let (got, ended) = env
+                .read_all(&stream, shard, IteratorPosition::TrimHorizon, 7)
+                .await;
             assert!(!ended, "an open shard never ends");
             assert_eq!(got.len(), want.len(), "{shard} on {}", env.tier);
             for (record, (key, _, seq)) in got.iter().zip(&want) {
@@ -204,7 +287,10 @@ mod cases {
                 assert_eq!(record.sub_sequence_number, 0);
                 assert!(record.approximate_arrival.is_some());
             }
-            assert!(got.windows(2).all(|w| w[0].sequence_number < w[1].sequence_number));
+            assert!(
+                got.windows(2)
+                    .all(|w| w[0].sequence_number < w[1].sequence_number)
+            );
             seen += got.len();
         }
         assert_eq!(seen, 300);
@@ -214,13 +300,36 @@ mod cases {
         let stream = env.fresh(1).await;
         let shard = ShardId::from_index(0);
         let first = env.put(&stream, keys(5, "before")).await;
-        let latest = env.stream.get_shard_iterator(&stream, &shard, &IteratorPosition::Latest).await.unwrap();
+        let latest = env
+            .stream
+            .get_shard_iterator(&stream, &shard, &IteratorPosition::Latest)
+            .await
+            .unwrap();
         let third = first[2].2.clone();
 
-        let (at, _) = env.read_all(&stream, &shard, IteratorPosition::AtSequence(third.clone()), 100).await;
-        assert_eq!(at.first().map(|r| &r.sequence_number), Some(&third), "{}", env.tier);
+        let (at, _) = env
+            .read_all(
+                &stream,
+                &shard,
+                IteratorPosition::AtSequence(third.clone()),
+                100,
+            )
+            .await;
+        assert_eq!(
+            at.first().map(|r| &r.sequence_number),
+            Some(&third),
+            "{}",
+            env.tier
+        );
         assert_eq!(at.len(), 3);
-        let (after, _) = env.read_all(&stream, &shard, IteratorPosition::AfterSequence(third.clone()), 100).await;
+        let (after, _) = env
+            .read_all(
+                &stream,
+                &shard,
+                IteratorPosition::AfterSequence(third.clone()),
+                100,
+            )
+            .await;
         assert_eq!(after.len(), 2);
         assert!(after[0].sequence_number > third);
 
@@ -233,15 +342,37 @@ mod cases {
         let mut from_latest = batch.records;
         if from_latest.is_empty() {
             // Some servers need a second poll before new records show up.
-            from_latest = env.stream.get_records(&batch.next_iterator.unwrap(), 100).await.unwrap().records;
+            from_latest = env
+                .stream
+                .get_records(&batch.next_iterator.unwrap(), 100)
+                .await
+                .unwrap()
+                .records;
         }
-        let got: Vec<_> = from_latest.iter().map(|r| r.sequence_number.clone()).collect();
+        let got: Vec<_> = from_latest
+            .iter()
+            .map(|r| r.sequence_number.clone())
+            .collect();
         let want: Vec<_> = second.iter().map(|p| p.2.clone()).collect();
-        assert_eq!(got, want, "LATEST sees only what came after it on {}", env.tier);
+        assert_eq!(
+            got, want,
+            "LATEST sees only what came after it on {}",
+            env.tier
+        );
 
-        let (stamped, _) = env.read_all(&stream, &shard, IteratorPosition::AtTimestamp(since), 100).await;
-        assert_eq!(stamped.iter().map(|r| r.sequence_number.clone()).collect::<Vec<_>>(), want);
-        let (all, _) = env.read_all(&stream, &shard, IteratorPosition::TrimHorizon, 100).await;
+        let (stamped, _) = env
+            .read_all(&stream, &shard, IteratorPosition::AtTimestamp(since), 100)
+            .await;
+        assert_eq!(
+            stamped
+                .iter()
+                .map(|r| r.sequence_number.clone())
+                .collect::<Vec<_>>(),
+            want
+        );
+        let (all, _) = env
+            .read_all(&stream, &shard, IteratorPosition::TrimHorizon, 100)
+            .await;
         assert_eq!(all.len(), 8);
     }
 
@@ -256,24 +387,68 @@ mod cases {
         let shards = env.shard_map(&stream).await;
         assert_eq!(shards.len(), 4, "{}", env.tier);
         let closed = &shards[&parent];
-        let end = closed.sequence_range.end.clone().expect("the parent is closed");
-        let children: Vec<&Shard> = shards.values().filter(|s| s.parent.as_ref() == Some(&parent)).collect();
+        let end = closed
+            .sequence_range
+            .end
+            .clone()
+            .expect("the parent is closed");
+        let children: Vec<&Shard> = shards
+            .values()
+            .filter(|s| s.parent.as_ref() == Some(&parent))
+            .collect();
         assert_eq!(children.len(), 2);
         let mut ranges: Vec<HashKeyRange> = children.iter().map(|c| c.hash_range).collect();
         ranges.sort();
-        assert_eq!(ranges, [HashKeyRange { start: range.start, end: mid - 1 }, HashKeyRange { start: mid, end: range.end }]);
-        assert!(children.iter().all(|c| c.is_open() && c.adjacent_parent.is_none()));
-        assert_eq!(ShardGraph::new(shards.values().cloned()).check_coverage(), Ok(()));
+        assert_eq!(
+            ranges,
+            [
+                HashKeyRange {
+                    start: range.start,
+                    end: mid - 1
+                },
+                HashKeyRange {
+                    start: mid,
+                    end: range.end
+                }
+            ]
+        );
+        assert!(
+            children
+                .iter()
+                .all(|c| c.is_open() && c.adjacent_parent.is_none())
+        );
+        assert_eq!(
+            ShardGraph::new(shards.values().cloned()).check_coverage(),
+            Ok(())
+        );
 
         // Reading the parent ends, after every record it held.
-        let (got, ended) = env.read_all(&stream, &parent, IteratorPosition::TrimHorizon, 1000).await;
+        let (got, ended) = env
+            .read_all(&stream, &parent, IteratorPosition::TrimHorizon, 1000)
+            .await;
         assert!(ended, "a closed shard ends on {}", env.tier);
-        let want: Vec<_> = before.iter().filter(|(_, s, _)| *s == parent).map(|p| p.2.clone()).collect();
-        assert_eq!(got.iter().map(|r| r.sequence_number.clone()).collect::<Vec<_>>(), want);
-        assert!(got.iter().all(|r| r.sequence_number <= end));
+        let want: Vec<_> = before
+            .iter()
+            .filter(|(_, s, _)| *s == parent)
+            .map(|p| p.2.clone())
+            .collect();
+        assert_eq!(
+            got.iter()
+                .map(|r| r.sequence_number.clone())
+                .collect::<Vec<_>>(),
+            want
+        );
+        match env.expect.ending_sequence {
+            EndingSequence::Exact => assert!(got.iter().all(|r| r.sequence_number <= end)),
+            EndingSequence::Placeholder(text) => assert_eq!(end.as_str(), text, "{}", env.tier),
+        }
 
         // The last batch names the children where the server reports them.
-        let mut iterator = env.stream.get_shard_iterator(&stream, &parent, &IteratorPosition::TrimHorizon).await.unwrap();
+        let mut iterator = env
+            .stream
+            .get_shard_iterator(&stream, &parent, &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
         let last = loop {
             let batch = env.stream.get_records(&iterator, 10_000).await.unwrap();
             match batch.next_iterator.clone() {
@@ -282,19 +457,31 @@ mod cases {
             }
         };
         if env.expect.capabilities.child_shards_in_get_records {
-            let mut reported: Vec<ShardId> = last.child_shards.unwrap_or_default().into_iter().map(|c| c.id).collect();
+            let mut reported: Vec<ShardId> = last
+                .child_shards
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.id)
+                .collect();
             reported.sort();
             let mut want: Vec<ShardId> = children.iter().map(|c| c.id.clone()).collect();
             want.sort();
             assert_eq!(reported, want);
         } else {
-            assert!(last.child_shards.unwrap_or_default().is_empty(), "{} declared no ChildShards", env.tier);
+            assert!(
+                last.child_shards.unwrap_or_default().is_empty(),
+                "{} declared no ChildShards",
+                env.tier
+            );
         }
 
         // New records go to the children, by hash.
         for (key, shard, _) in env.put(&stream, keys(40, "post")).await {
             let s = &shards[&shard];
-            assert!(s.is_open() && s.hash_range.contains(partition_key_hash(&key)), "{key} -> {shard}");
+            assert!(
+                s.is_open() && s.hash_range.contains(partition_key_hash(&key)),
+                "{key} -> {shard}"
+            );
         }
     }
 
@@ -304,16 +491,32 @@ mod cases {
         env.put(&stream, keys(30, "m")).await;
         env.stream.merge_shards(&stream, &a, &b).await.unwrap();
         let shards = env.shard_map(&stream).await;
-        let child = shards.values().find(|s| s.parent.is_some()).expect("a merged child");
+        let child = shards
+            .values()
+            .find(|s| s.parent.is_some())
+            .expect("a merged child");
         let parents: HashSet<ShardId> = child.parents().cloned().collect();
-        assert_eq!(parents, HashSet::from([a.clone(), b.clone()]), "{}", env.tier);
+        assert_eq!(
+            parents,
+            HashSet::from([a.clone(), b.clone()]),
+            "{}",
+            env.tier
+        );
         assert!(!shards[&a].is_open() && !shards[&b].is_open() && child.is_open());
-        assert_eq!(child.hash_range, HashKeyRange { start: shards[&a].hash_range.start, end: shards[&b].hash_range.end });
+        assert_eq!(
+            child.hash_range,
+            HashKeyRange {
+                start: shards[&a].hash_range.start,
+                end: shards[&b].hash_range.end
+            }
+        );
         let graph = ShardGraph::new(shards.values().cloned());
         assert_eq!(graph.check_coverage(), Ok(()));
         assert_eq!(graph.children(&a), vec![child.id.clone()]);
         for parent in [&a, &b] {
-            let (_, ended) = env.read_all(&stream, parent, IteratorPosition::TrimHorizon, 1000).await;
+            let (_, ended) = env
+                .read_all(&stream, parent, IteratorPosition::TrimHorizon, 1000)
+                .await;
             assert!(ended);
         }
     }
@@ -323,7 +526,11 @@ mod cases {
         env.put(&stream, keys(20, "lag")).await;
         env.pause(Duration::from_millis(1500)).await;
         let shard = ShardId::from_index(0);
-        let iterator = env.stream.get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon).await.unwrap();
+        let iterator = env
+            .stream
+            .get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
         let first = env.stream.get_records(&iterator, 5).await.unwrap();
         let behind = first.millis_behind_latest.unwrap_or(0);
         if env.expect.capabilities.millis_behind_latest {
@@ -344,42 +551,118 @@ mod cases {
 
     pub async fn errors_are_typed(env: Env) {
         let err = env.stream.list_shards("no-such-stream").await.unwrap_err();
-        assert!(matches!(err, StreamError::NotFound { .. }), "{}: {err:?}", env.tier);
+        assert!(
+            matches!(err, StreamError::NotFound { .. }),
+            "{}: {err:?}",
+            env.tier
+        );
         let stream = env.fresh(1).await;
         let shard = ShardId::from_index(0);
-        let err = env.stream.get_shard_iterator(&stream, &ShardId::from_index(42), &IteratorPosition::TrimHorizon).await.unwrap_err();
-        assert!(matches!(err, StreamError::NotFound { .. } | StreamError::InvalidArgument { .. }), "{}: {err:?}", env.tier);
+        let err = env
+            .stream
+            .get_shard_iterator(
+                &stream,
+                &ShardId::from_index(42),
+                &IteratorPosition::TrimHorizon,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StreamError::NotFound { .. } | StreamError::InvalidArgument { .. }
+            ),
+            "{}: {err:?}",
+            env.tier
+        );
+        env.put(&stream, keys(2, "err")).await;
         let foreign = SequenceNumber::parse("1").unwrap();
-        let err = env.stream.get_shard_iterator(&stream, &shard, &IteratorPosition::AtSequence(foreign)).await.unwrap_err();
-        assert!(matches!(err, StreamError::InvalidArgument { .. }), "{}: {err:?}", env.tier);
+        let err = env
+            .stream
+            .get_shard_iterator(&stream, &shard, &IteratorPosition::AtSequence(foreign))
+            .await
+            .unwrap_err();
+        match env.expect.foreign_sequence {
+            ForeignSequence::InvalidArgument => assert!(
+                matches!(err, StreamError::InvalidArgument { .. }),
+                "{}: {err:?}",
+                env.tier
+            ),
+            ForeignSequence::NotFound => assert!(
+                matches!(err, StreamError::NotFound { .. }),
+                "{}: {err:?}",
+                env.tier
+            ),
+        }
 
         let garbage = flotilla_actors::backend::ShardIterator("not-an-iterator".into());
         let err = env.stream.get_records(&garbage, 10).await.unwrap_err();
         match env.expect.garbage_iterator {
-            GarbageIterator::InvalidArgument => assert!(matches!(err, StreamError::InvalidArgument { .. }), "{}: {err:?}", env.tier),
-            GarbageIterator::ServerError => assert!(matches!(err, StreamError::Other { .. } | StreamError::Transient { .. }), "{}: {err:?}", env.tier),
+            GarbageIterator::InvalidArgument => assert!(
+                matches!(err, StreamError::InvalidArgument { .. }),
+                "{}: {err:?}",
+                env.tier
+            ),
+            GarbageIterator::ServerError => assert!(
+                matches!(
+                    err,
+                    StreamError::Other { .. } | StreamError::Transient { .. }
+                ),
+                "{}: {err:?}",
+                env.tier
+            ),
         }
-        let err = env.stream.get_records(&env.stream.get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon).await.unwrap(), 0).await.unwrap_err();
-        assert!(matches!(err, StreamError::InvalidArgument { .. }), "{}: {err:?}", env.tier);
+        let err = env
+            .stream
+            .get_records(
+                &env.stream
+                    .get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon)
+                    .await
+                    .unwrap(),
+                0,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StreamError::InvalidArgument { .. }),
+            "{}: {err:?}",
+            env.tier
+        );
     }
 
     pub async fn iterators_expire(env: Env) {
         let stream = env.fresh(1).await;
         let shard = ShardId::from_index(0);
         env.put(&stream, keys(3, "exp")).await;
-        let iterator = env.stream.get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon).await.unwrap();
+        let iterator = env
+            .stream
+            .get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
         match env.expect.expiry {
             Expiry::Advance(d) => tokio::time::advance(d).await,
             Expiry::Sleep(d) => tokio::time::sleep(d).await,
             Expiry::Fixed(why) => {
                 // Declared, not skipped: the iterator must still work within its TTL.
                 eprintln!("{}: expiry not exercised: {why}", env.tier);
-                assert_eq!(env.stream.get_records(&iterator, 10).await.unwrap().records.len(), 3);
+                assert_eq!(
+                    env.stream
+                        .get_records(&iterator, 10)
+                        .await
+                        .unwrap()
+                        .records
+                        .len(),
+                    3
+                );
                 return;
             }
         }
         let err = env.stream.get_records(&iterator, 10).await.unwrap_err();
-        assert!(matches!(err, StreamError::IteratorExpired { .. }), "{}: {err:?}", env.tier);
+        assert!(
+            matches!(err, StreamError::IteratorExpired { .. }),
+            "{}: {err:?}",
+            env.tier
+        );
     }
 }
 
@@ -394,7 +677,9 @@ impl Env {
     }
 
     fn wall_now(&self) -> std::time::SystemTime {
-        self.clock.map(|c| c.wall()).unwrap_or_else(std::time::SystemTime::now)
+        self.clock
+            .map(|c| c.wall())
+            .unwrap_or_else(std::time::SystemTime::now)
     }
 }
 
@@ -425,17 +710,31 @@ macro_rules! suite {
     };
 }
 
-suite!(memory, Env::memory().await, tokio::test(start_paused = true));
-suite!(ferrokinesis, Env::ferrokinesis().await, tokio::test(flavor = "multi_thread", worker_threads = 2));
+suite!(
+    memory,
+    Env::memory().await,
+    tokio::test(start_paused = true)
+);
+suite!(
+    ferrokinesis,
+    Env::ferrokinesis().await,
+    tokio::test(flavor = "multi_thread", worker_threads = 2)
+);
 #[cfg(feature = "external-servers")]
-suite!(kinesis_mock, Env::kinesis_mock().await, tokio::test(flavor = "multi_thread", worker_threads = 2));
+suite!(
+    kinesis_mock,
+    Env::kinesis_mock().await,
+    tokio::test(flavor = "multi_thread", worker_threads = 2)
+);
 
 /// An unreachable Kinesis is an error that names the endpoint.
 #[tokio::test]
 async fn an_unreachable_endpoint_is_named_in_the_error() {
     let sdk = servers::sdk_config().await;
     let stream = KinesisStream::new(&sdk, Some("http://127.0.0.1:1"));
-    let err = flotilla_actors::backend::StreamClient::list_shards(&stream, "s").await.unwrap_err();
+    let err = flotilla_actors::backend::StreamClient::list_shards(&stream, "s")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("http://127.0.0.1:1"), "{err}");
     assert!(err.is_retryable(), "{err:?}");
 }

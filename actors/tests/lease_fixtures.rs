@@ -55,7 +55,10 @@ fn every_fixture_row_reads_as_a_lease() {
 
 #[test]
 fn the_split_reads_as_the_java_kcl_wrote_it() {
-    let leases: Vec<Lease> = items("fixture-app.after-split.json").iter().map(lease).collect();
+    let leases: Vec<Lease> = items("fixture-app.after-split.json")
+        .iter()
+        .map(lease)
+        .collect();
     let parent = by_key(&leases, "shardId-000000000000");
     assert_eq!(parent.checkpoint, Checkpoint::ShardEnd);
     let mut children = parent.child_shard_ids.clone();
@@ -63,21 +66,34 @@ fn the_split_reads_as_the_java_kcl_wrote_it() {
     assert_eq!(children, [ShardId::from_index(4), ShardId::from_index(5)]);
     assert_eq!(parent.counter, 11);
     let range = parent.hash_range.unwrap();
-    assert_eq!((range.start, range.end), (0, 85070591730234615865843651857942052862));
+    assert_eq!(
+        (range.start, range.end),
+        (0, 85070591730234615865843651857942052862)
+    );
 
     for child in ["shardId-000000000004", "shardId-000000000005"] {
-        assert_eq!(by_key(&leases, child).parent_shard_ids, [ShardId::from_index(0)]);
+        assert_eq!(
+            by_key(&leases, child).parent_shard_ids,
+            [ShardId::from_index(0)]
+        );
     }
     // Shard 3 has only a prepared (two-phase) checkpoint: it still starts at TRIM_HORIZON.
     let prepared = by_key(&leases, "shardId-000000000003");
     assert_eq!(prepared.checkpoint, Checkpoint::TrimHorizon);
     assert_eq!(
-        prepared.pending_checkpoint.as_ref().unwrap().sequence.as_str(),
+        prepared
+            .pending_checkpoint
+            .as_ref()
+            .unwrap()
+            .sequence
+            .as_str(),
         "49680458031214033458151125408336582481295989964940509234"
     );
     // 56-digit checkpoints are sequence numbers, compared numerically.
     let one = by_key(&leases, "shardId-000000000001");
-    let Checkpoint::At(at) = &one.checkpoint else { panic!("{:?}", one.checkpoint) };
+    let Checkpoint::At(at) = &one.checkpoint else {
+        panic!("{:?}", one.checkpoint)
+    };
     assert_eq!(at.sequence.as_str().len(), 56);
     assert_eq!(at.sub_sequence, 0);
 }
@@ -85,9 +101,19 @@ fn the_split_reads_as_the_java_kcl_wrote_it() {
 #[test]
 fn multi_stream_keys_name_their_shards() {
     let leases: Vec<Lease> = items("fixture-multi-app.json").iter().map(lease).collect();
-    let shards: BTreeSet<String> = leases.iter().map(|l| l.key.shard_id().to_string()).collect();
-    assert_eq!(shards, BTreeSet::from(["shardId-000000000000".into(), "shardId-000000000001".into()]));
-    assert!(leases.iter().all(|l| l.key.as_str().starts_with("123456789012:fixture-ms-")));
+    let shards: BTreeSet<String> = leases
+        .iter()
+        .map(|l| l.key.shard_id().to_string())
+        .collect();
+    assert_eq!(
+        shards,
+        BTreeSet::from(["shardId-000000000000".into(), "shardId-000000000001".into()])
+    );
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.key.as_str().starts_with("123456789012:fixture-ms-"))
+    );
 }
 
 /// What flotilla writes for a lease is what the other implementation wrote: same names,
@@ -99,7 +125,9 @@ fn flotilla_writes_the_same_attributes() {
         for item in items(file) {
             let ours = encode_lease(&lease(&item));
             for (name, value) in &ours {
-                let theirs = item.get(name).unwrap_or_else(|| panic!("{file}: we write {name}, they do not"));
+                let theirs = item
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{file}: we write {name}, they do not"));
                 assert_eq!(sorted(value), sorted(theirs), "{file}: {name}");
             }
             unwritten.extend(item.keys().filter(|k| !ours.contains_key(*k)).cloned());
@@ -107,7 +135,14 @@ fn flotilla_writes_the_same_attributes() {
     }
     // throughputKBps is KCL 3.x load data; streamName and shardId are multi-stream
     // extras. None of them is needed to resume from a checkpoint.
-    assert_eq!(unwritten, BTreeSet::from(["shardId".into(), "streamName".into(), "throughputKBps".into()]));
+    assert_eq!(
+        unwritten,
+        BTreeSet::from([
+            "shardId".into(),
+            "streamName".into(),
+            "throughputKBps".into()
+        ])
+    );
 }
 
 fn sorted(value: &AttrValue) -> AttrValue {
@@ -132,8 +167,14 @@ fn created_rows_in_the_operation_log_read_as_new_leases() {
         }
         let item: Item = serde_json::from_value(op["request"]["Item"].clone()).unwrap();
         let lease = lease(&item);
-        assert_eq!((lease.owner.as_ref(), lease.counter, &lease.checkpoint), (None, 0, &Checkpoint::TrimHorizon));
-        assert_eq!(op["request"]["Expected"]["leaseKey"]["Exists"], false, "creation is conditional");
+        assert_eq!(
+            (lease.owner.as_ref(), lease.counter, &lease.checkpoint),
+            (None, 0, &Checkpoint::TrimHorizon)
+        );
+        assert_eq!(
+            op["request"]["Expected"]["leaseKey"]["Exists"], false,
+            "creation is conditional"
+        );
         created += 1;
     }
     assert_eq!(created, 4);
@@ -159,7 +200,9 @@ fn every_java_kcl_attribute_is_accepted() {
         let kind = cells[2].split_whitespace().next().unwrap();
         let sample = match (name, kind) {
             ("leaseKey", _) => continue,
-            ("checkpoint" | "pendingCheckpoint", _) => AttrValue::S("49680458031169431967754064162084943116060673600470908946".into()),
+            ("checkpoint" | "pendingCheckpoint", _) => {
+                AttrValue::S("49680458031169431967754064162084943116060673600470908946".into())
+            }
             ("startingHashKey" | "endingHashKey", _) => AttrValue::S("12345".into()),
             ("entityType", _) => AttrValue::S("LEASE".into()),
             (_, "S") => AttrValue::S("worker-9".into()),
@@ -168,7 +211,12 @@ fn every_java_kcl_attribute_is_accepted() {
             (_, "B") => AttrValue::B("AAEC".into()),
             other => panic!("unknown attribute type in the README: {other:?}"),
         };
-        let mut row = encode_lease(&Lease::new(&ShardId::from_index(9), Checkpoint::Latest, vec![], None));
+        let mut row = encode_lease(&Lease::new(
+            &ShardId::from_index(9),
+            Checkpoint::Latest,
+            vec![],
+            None,
+        ));
         if name == "endingHashKey" {
             row.insert("startingHashKey".into(), AttrValue::S("1".into()));
         }
@@ -180,5 +228,8 @@ fn every_java_kcl_attribute_is_accepted() {
         assert_eq!(read.key, LeaseKey::new("shardId-000000000009"), "{name}");
         seen += 1;
     }
-    assert_eq!(seen, 17, "the README lists 18 attributes, leaseKey included");
+    assert_eq!(
+        seen, 17,
+        "the README lists 18 attributes, leaseKey included"
+    );
 }

@@ -167,7 +167,11 @@ impl<B> Faulty<B> {
                 Some(Fault::Timeout)
             } else {
                 plan.latency.map(|(lo, hi)| {
-                    Fault::Latency(if hi > lo { rng.random_range(lo..=hi) } else { lo })
+                    Fault::Latency(if hi > lo {
+                        rng.random_range(lo..=hi)
+                    } else {
+                        lo
+                    })
                 })
             }
         } else {
@@ -184,14 +188,21 @@ impl<B> Faulty<B> {
     }
 
     /// Runs `call` under whatever fault the plan picks for `op`.
-    async fn run<T, E: Injected>(&self, op: &'static str, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+    async fn run<T, E: Injected>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         match self.decide(op) {
             None => call.await,
             Some(Fault::Throttle) => Err(E::throttled(op)),
             Some(Fault::Transient) => Err(E::transient(op, "injected transient failure")),
             Some(Fault::LostResponse) => {
                 let _ = call.await;
-                Err(E::transient(op, "injected: the call took effect but its response was lost"))
+                Err(E::transient(
+                    op,
+                    "injected: the call took effect but its response was lost",
+                ))
             }
             Some(Fault::Latency(delay)) => {
                 tokio::time::sleep(delay).await;
@@ -200,7 +211,10 @@ impl<B> Faulty<B> {
             Some(Fault::Timeout) => {
                 let after = self.timeout_after();
                 tokio::time::sleep(after).await;
-                Err(E::transient(op, &format!("injected timeout after {after:?}")))
+                Err(E::transient(
+                    op,
+                    &format!("injected timeout after {after:?}"),
+                ))
             }
         }
     }
@@ -216,33 +230,55 @@ const ENDPOINT: &str = "fault injector";
 
 impl Injected for StreamError {
     fn throttled(op: &'static str) -> Self {
-        StreamError::Throttled { op, message: "injected throttle".into() }
+        StreamError::Throttled {
+            op,
+            message: "injected throttle".into(),
+        }
     }
     fn transient(op: &'static str, why: &str) -> Self {
-        StreamError::Transient { op, endpoint: ENDPOINT.into(), message: why.into() }
+        StreamError::Transient {
+            op,
+            endpoint: ENDPOINT.into(),
+            message: why.into(),
+        }
     }
 }
 
 impl Injected for LeaseError {
     fn throttled(op: &'static str) -> Self {
-        LeaseError::Throttled { op, message: "injected throttle".into() }
+        LeaseError::Throttled {
+            op,
+            message: "injected throttle".into(),
+        }
     }
     fn transient(op: &'static str, why: &str) -> Self {
-        LeaseError::Transient { op, endpoint: ENDPOINT.into(), message: why.into() }
+        LeaseError::Transient {
+            op,
+            endpoint: ENDPOINT.into(),
+            message: why.into(),
+        }
     }
 }
 
 impl Injected for MetricsError {
     fn throttled(_op: &'static str) -> Self {
-        MetricsError::Throttled { message: "injected throttle".into() }
+        MetricsError::Throttled {
+            message: "injected throttle".into(),
+        }
     }
     fn transient(_op: &'static str, why: &str) -> Self {
-        MetricsError::Transient { endpoint: ENDPOINT.into(), message: why.into() }
+        MetricsError::Transient {
+            endpoint: ENDPOINT.into(),
+            message: why.into(),
+        }
     }
 }
 
 impl<B: StreamClient> StreamClient for Faulty<B> {
-    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
+    fn list_shards<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
         Box::pin(self.run("ListShards", self.inner.list_shards(stream)))
     }
 
@@ -252,15 +288,28 @@ impl<B: StreamClient> StreamClient for Faulty<B> {
         shard: &'a ShardId,
         position: &'a IteratorPosition,
     ) -> BoxFuture<'a, Result<ShardIterator, StreamError>> {
-        Box::pin(self.run("GetShardIterator", self.inner.get_shard_iterator(stream, shard, position)))
+        Box::pin(self.run(
+            "GetShardIterator",
+            self.inner.get_shard_iterator(stream, shard, position),
+        ))
     }
 
-    fn get_records<'a>(&'a self, iterator: &'a ShardIterator, limit: u32) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
+    fn get_records<'a>(
+        &'a self,
+        iterator: &'a ShardIterator,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
         Box::pin(self.run("GetRecords", self.inner.get_records(iterator, limit)))
     }
 
-    fn describe_stream_summary<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
-        Box::pin(self.run("DescribeStreamSummary", self.inner.describe_stream_summary(stream)))
+    fn describe_stream_summary<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
+        Box::pin(self.run(
+            "DescribeStreamSummary",
+            self.inner.describe_stream_summary(stream),
+        ))
     }
 
     fn capabilities(&self) -> crate::backend::Capabilities {
@@ -269,7 +318,11 @@ impl<B: StreamClient> StreamClient for Faulty<B> {
 }
 
 impl<B: StreamAdmin> StreamAdmin for Faulty<B> {
-    fn create_stream<'a>(&'a self, stream: &'a str, shards: u32) -> BoxFuture<'a, Result<(), StreamError>> {
+    fn create_stream<'a>(
+        &'a self,
+        stream: &'a str,
+        shards: u32,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
         Box::pin(self.run("CreateStream", self.inner.create_stream(stream, shards)))
     }
 
@@ -277,16 +330,36 @@ impl<B: StreamAdmin> StreamAdmin for Faulty<B> {
         Box::pin(self.run("DeleteStream", self.inner.delete_stream(stream)))
     }
 
-    fn put_records<'a>(&'a self, stream: &'a str, records: &'a [PutRecord]) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
+    fn put_records<'a>(
+        &'a self,
+        stream: &'a str,
+        records: &'a [PutRecord],
+    ) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
         Box::pin(self.run("PutRecords", self.inner.put_records(stream, records)))
     }
 
-    fn split_shard<'a>(&'a self, stream: &'a str, shard: &'a ShardId, new_starting_hash_key: u128) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(self.run("SplitShard", self.inner.split_shard(stream, shard, new_starting_hash_key)))
+    fn split_shard<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        new_starting_hash_key: u128,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run(
+            "SplitShard",
+            self.inner.split_shard(stream, shard, new_starting_hash_key),
+        ))
     }
 
-    fn merge_shards<'a>(&'a self, stream: &'a str, shard: &'a ShardId, adjacent: &'a ShardId) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(self.run("MergeShards", self.inner.merge_shards(stream, shard, adjacent)))
+    fn merge_shards<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        adjacent: &'a ShardId,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run(
+            "MergeShards",
+            self.inner.merge_shards(stream, shard, adjacent),
+        ))
     }
 }
 
@@ -311,11 +384,20 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("create_if_absent", self.inner.create_if_absent(lease)))
     }
 
-    fn take<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence, new_owner: &'a WorkerId) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+    fn take<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
         Box::pin(self.run("take", self.inner.take(key, expected, new_owner)))
     }
 
-    fn release<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<u64, LeaseError>> {
+    fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
         Box::pin(self.run("release", self.inner.release(key, expected)))
     }
 
@@ -326,10 +408,17 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         checkpoint: &'a Checkpoint,
         children: &'a [ShardId],
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(self.run("checkpoint", self.inner.checkpoint(key, expected, checkpoint, children)))
+        Box::pin(self.run(
+            "checkpoint",
+            self.inner.checkpoint(key, expected, checkpoint, children),
+        ))
     }
 
-    fn delete<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn delete<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.run("delete", self.inner.delete(key, expected)))
     }
 
@@ -337,13 +426,20 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("heartbeat", self.inner.heartbeat(worker)))
     }
 
-    fn remove_heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn remove_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.run("remove_heartbeat", self.inner.remove_heartbeat(worker)))
     }
 }
 
 impl<B: MetricsSink> MetricsSink for Faulty<B> {
-    fn put<'a>(&'a self, namespace: &'a str, data: Vec<MetricDatum>) -> BoxFuture<'a, Result<(), MetricsError>> {
+    fn put<'a>(
+        &'a self,
+        namespace: &'a str,
+        data: Vec<MetricDatum>,
+    ) -> BoxFuture<'a, Result<(), MetricsError>> {
         Box::pin(self.run("PutMetricData", self.inner.put(namespace, data)))
     }
 }
@@ -380,7 +476,10 @@ mod tests {
         let (ra, rb) = (outcomes(&a).await, outcomes(&b).await);
         assert_eq!(ra, rb);
         let failures = ra.iter().filter(|ok| !**ok).count();
-        assert!((40..120).contains(&failures), "about 36% of 200 calls should fail, got {failures}");
+        assert!(
+            (40..120).contains(&failures),
+            "about 36% of 200 calls should fail, got {failures}"
+        );
         assert_eq!(a.injected(), b.injected());
     }
 
@@ -395,8 +494,14 @@ mod tests {
         let me = WorkerId::new("w");
         assert_eq!(table.heartbeat(&me).await, Ok(1));
         // The lost response took effect: the counter moved to 2 though the caller saw an error.
-        assert!(matches!(table.heartbeat(&me).await, Err(LeaseError::Transient { .. })));
-        assert!(matches!(table.heartbeat(&me).await, Err(LeaseError::Throttled { .. })));
+        assert!(matches!(
+            table.heartbeat(&me).await,
+            Err(LeaseError::Transient { .. })
+        ));
+        assert!(matches!(
+            table.heartbeat(&me).await,
+            Err(LeaseError::Throttled { .. })
+        ));
         assert_eq!(table.heartbeat(&me).await, Ok(3));
     }
 
@@ -404,15 +509,20 @@ mod tests {
     async fn timeouts_and_latency_use_tokio_time() {
         let db = MemoryDynamo::new();
         db.create_table("t", "leaseKey", "S");
-        let mut plan = FaultPlan::seeded(1)
-            .then(None, 0, Fault::Timeout)
-            .then(None, 1, Fault::Latency(Duration::from_millis(250)));
+        let mut plan = FaultPlan::seeded(1).then(None, 0, Fault::Timeout).then(
+            None,
+            1,
+            Fault::Latency(Duration::from_millis(250)),
+        );
         plan.timeout_after = Duration::from_secs(30);
         let table = Faulty::new(db.lease_table("t"), plan);
         let me = WorkerId::new("w");
         let start = tokio::time::Instant::now();
         let err = table.heartbeat(&me).await.unwrap_err();
-        assert!(err.to_string().contains("injected timeout after 30s"), "{err}");
+        assert!(
+            err.to_string().contains("injected timeout after 30s"),
+            "{err}"
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(30));
         assert_eq!(table.heartbeat(&me).await, Ok(1));
         assert_eq!(start.elapsed(), Duration::from_millis(30_250));

@@ -41,7 +41,9 @@ pub enum LeaseError {
     NotFound { op: &'static str, message: String },
     #[error(transparent)]
     Malformed(#[from] MalformedRow),
-    #[error("table {table} exists with key schema {found}; a lease table needs leaseKey (S) as its only hash key")]
+    #[error(
+        "table {table} exists with key schema {found}; a lease table needs leaseKey (S) as its only hash key"
+    )]
     WrongKeySchema { table: String, found: String },
     #[error("{op}: transient failure talking to {endpoint}: {message}")]
     Transient {
@@ -55,7 +57,10 @@ pub enum LeaseError {
 
 impl LeaseError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, LeaseError::Throttled { .. } | LeaseError::Transient { .. })
+        matches!(
+            self,
+            LeaseError::Throttled { .. } | LeaseError::Transient { .. }
+        )
     }
 }
 
@@ -103,7 +108,11 @@ pub trait LeaseTable: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Lease, LeaseError>>;
 
     /// Returns the new counter.
-    fn release<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<u64, LeaseError>>;
+    fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>>;
 
     fn checkpoint<'a>(
         &'a self,
@@ -113,10 +122,17 @@ pub trait LeaseTable: Send + Sync + 'static {
         children: &'a [ShardId],
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
 
-    fn delete<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<(), LeaseError>>;
+    fn delete<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<(), LeaseError>>;
 
     fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>>;
 
     /// Removes a worker's heartbeat row (a clean exit); absent is fine.
-    fn remove_heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<(), LeaseError>>;
+    fn remove_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>>;
 }

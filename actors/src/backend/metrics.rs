@@ -79,7 +79,9 @@ pub fn batches(data: Vec<MetricDatum>) -> Vec<Vec<MetricDatum>> {
     let mut bytes = 0;
     for datum in data {
         let size = estimated_bytes(&datum);
-        if !current.is_empty() && (current.len() == MAX_DATUMS_PER_CALL || bytes + size > MAX_BYTES_PER_CALL) {
+        if !current.is_empty()
+            && (current.len() == MAX_DATUMS_PER_CALL || bytes + size > MAX_BYTES_PER_CALL)
+        {
             out.push(std::mem::take(&mut current));
             bytes = 0;
         }
@@ -110,7 +112,11 @@ pub enum MetricsError {
 /// within the service limits ([`batches`]); a datum with more than [`MAX_DIMENSIONS`]
 /// dimensions or a non-finite value is `Invalid` and nothing is sent.
 pub trait MetricsSink: Send + Sync + 'static {
-    fn put<'a>(&'a self, namespace: &'a str, data: Vec<MetricDatum>) -> BoxFuture<'a, Result<(), MetricsError>>;
+    fn put<'a>(
+        &'a self,
+        namespace: &'a str,
+        data: Vec<MetricDatum>,
+    ) -> BoxFuture<'a, Result<(), MetricsError>>;
 }
 
 /// Checks what CloudWatch would refuse, before anything is sent.
@@ -128,9 +134,12 @@ pub fn validate(data: &[MetricDatum]) -> Result<(), MetricsError> {
         }
         let finite = match datum.value {
             MetricValue::Value(v) => v.is_finite(),
-            MetricValue::Statistics { count, sum, min, max } => {
-                [count, sum, min, max].iter().all(|v| v.is_finite())
-            }
+            MetricValue::Statistics {
+                count,
+                sum,
+                min,
+                max,
+            } => [count, sum, min, max].iter().all(|v| v.is_finite()),
         };
         if !finite {
             return Err(invalid("value is not a finite number".into()));
@@ -146,7 +155,9 @@ mod tests {
     fn datum(name: &str, dims: usize) -> MetricDatum {
         MetricDatum {
             name: name.into(),
-            dimensions: (0..dims).map(|i| (format!("d{i}"), "x".repeat(200))).collect(),
+            dimensions: (0..dims)
+                .map(|i| (format!("d{i}"), "x".repeat(200)))
+                .collect(),
             value: MetricValue::Value(1.0),
             unit: Unit::Count,
             timestamp: SystemTime::UNIX_EPOCH,
@@ -157,12 +168,18 @@ mod tests {
     fn batches_respect_count_and_size_and_keep_order() {
         let many: Vec<_> = (0..2500).map(|i| datum(&format!("m{i}"), 1)).collect();
         let split = batches(many);
-        assert_eq!(split.iter().map(Vec::len).collect::<Vec<_>>(), vec![1000, 1000, 500]);
+        assert_eq!(
+            split.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![1000, 1000, 500]
+        );
         assert_eq!(split[1][0].name, "m1000");
 
         let fat: Vec<_> = (0..1000).map(|i| datum(&format!("m{i}"), 30)).collect();
         let split = batches(fat);
-        assert!(split.len() > 1, "1000 datums of 30 long dimensions exceed 1 MB");
+        assert!(
+            split.len() > 1,
+            "1000 datums of 30 long dimensions exceed 1 MB"
+        );
         for batch in &split {
             assert!(batch.iter().map(estimated_bytes).sum::<usize>() <= MAX_BYTES_PER_CALL);
         }
@@ -173,9 +190,15 @@ mod tests {
     #[test]
     fn validation_names_the_metric_and_the_problem() {
         let err = validate(&[datum("Wide", 31)]).unwrap_err();
-        assert_eq!(err.to_string(), "metric Wide: 31 dimensions; CloudWatch allows at most 30");
+        assert_eq!(
+            err.to_string(),
+            "metric Wide: 31 dimensions; CloudWatch allows at most 30"
+        );
         let mut nan = datum("Nan", 0);
         nan.value = MetricValue::Value(f64::NAN);
-        assert_eq!(validate(&[nan]).unwrap_err().to_string(), "metric Nan: value is not a finite number");
+        assert_eq!(
+            validate(&[nan]).unwrap_err().to_string(),
+            "metric Nan: value is not a finite number"
+        );
     }
 }

@@ -138,14 +138,16 @@ impl StreamError {
 ///   `ExclusiveStartShardId` and the stream name until a page returns nothing new.
 ///   An unknown stream is `NotFound`.
 /// * `get_shard_iterator` with `AtSequence`/`AfterSequence` of a number that is not in
-///   the shard is `InvalidArgument`; an unknown shard is `NotFound`.
+///   the shard is `InvalidArgument` (kinesis-mock answers `NotFound`); an unknown shard
+///   is `NotFound`.
 /// * `get_records` returns at most `limit` records (1..=10,000), in increasing sequence
 ///   order, none twice across successive iterators. An iterator older than five minutes
 ///   is `IteratorExpired`; a garbage iterator is `InvalidArgument` (or `Other` where the
 ///   server answers with a bare 500). At the end of a closed shard `next_iterator` is
 ///   `None`.
 pub trait StreamClient: Send + Sync + 'static {
-    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>>;
+    fn list_shards<'a>(&'a self, stream: &'a str)
+    -> BoxFuture<'a, Result<Vec<Shard>, StreamError>>;
 
     fn get_shard_iterator<'a>(
         &'a self,
@@ -193,7 +195,11 @@ pub struct PutRecord {
 /// `merge_shards` return once the stream is ACTIVE again, with the parents closed (an
 /// ending sequence number) and the children open, naming their parents.
 pub trait StreamAdmin: StreamClient {
-    fn create_stream<'a>(&'a self, stream: &'a str, shards: u32) -> BoxFuture<'a, Result<(), StreamError>>;
+    fn create_stream<'a>(
+        &'a self,
+        stream: &'a str,
+        shards: u32,
+    ) -> BoxFuture<'a, Result<(), StreamError>>;
 
     fn delete_stream<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<(), StreamError>>;
 

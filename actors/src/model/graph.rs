@@ -108,7 +108,9 @@ impl ShardGraph {
                     }));
                 }
                 Some(want) if range.start < want => {
-                    let prev = previous.map(|p| p.id.clone()).unwrap_or_else(|| shard.id.clone());
+                    let prev = previous
+                        .map(|p| p.id.clone())
+                        .unwrap_or_else(|| shard.id.clone());
                     return Err(CoverageError::Overlap {
                         first: prev,
                         second: shard.id.clone(),
@@ -119,7 +121,9 @@ impl ShardGraph {
                     });
                 }
                 None => {
-                    let prev = previous.map(|p| p.id.clone()).unwrap_or_else(|| shard.id.clone());
+                    let prev = previous
+                        .map(|p| p.id.clone())
+                        .unwrap_or_else(|| shard.id.clone());
                     return Err(CoverageError::Overlap {
                         first: prev,
                         second: shard.id.clone(),
@@ -221,16 +225,31 @@ mod tests {
     #[test]
     fn coverage_reports_gaps_and_overlaps() {
         assert_eq!(split_then_merge().check_coverage(), Ok(()));
-        let gap = ShardGraph::new([shard(0, &[], (0, 10), true), shard(1, &[], (12, u128::MAX), true)]);
-        assert_eq!(gap.check_coverage(), Err(CoverageError::Gap(HashKeyRange { start: 11, end: 11 })));
+        let gap = ShardGraph::new([
+            shard(0, &[], (0, 10), true),
+            shard(1, &[], (12, u128::MAX), true),
+        ]);
+        assert_eq!(
+            gap.check_coverage(),
+            Err(CoverageError::Gap(HashKeyRange { start: 11, end: 11 }))
+        );
         let tail = ShardGraph::new([shard(0, &[], (0, 10), true)]);
         assert_eq!(
             tail.check_coverage(),
-            Err(CoverageError::Gap(HashKeyRange { start: 11, end: u128::MAX }))
+            Err(CoverageError::Gap(HashKeyRange {
+                start: 11,
+                end: u128::MAX
+            }))
         );
         let head = ShardGraph::new([shard(0, &[], (5, u128::MAX), true)]);
-        assert_eq!(head.check_coverage(), Err(CoverageError::Gap(HashKeyRange { start: 0, end: 4 })));
-        let overlap = ShardGraph::new([shard(0, &[], (0, 10), true), shard(1, &[], (8, u128::MAX), true)]);
+        assert_eq!(
+            head.check_coverage(),
+            Err(CoverageError::Gap(HashKeyRange { start: 0, end: 4 }))
+        );
+        let overlap = ShardGraph::new([
+            shard(0, &[], (0, 10), true),
+            shard(1, &[], (8, u128::MAX), true),
+        ]);
         assert_eq!(
             overlap.check_coverage(),
             Err(CoverageError::Overlap {
@@ -239,9 +258,18 @@ mod tests {
                 range: HashKeyRange { start: 8, end: 10 },
             })
         );
-        let twice = ShardGraph::new([shard(0, &[], (0, u128::MAX), true), shard(1, &[], (0, u128::MAX), true)]);
-        assert!(matches!(twice.check_coverage(), Err(CoverageError::Overlap { .. })));
-        assert!(matches!(ShardGraph::default().check_coverage(), Err(CoverageError::Gap(_))));
+        let twice = ShardGraph::new([
+            shard(0, &[], (0, u128::MAX), true),
+            shard(1, &[], (0, u128::MAX), true),
+        ]);
+        assert!(matches!(
+            twice.check_coverage(),
+            Err(CoverageError::Overlap { .. })
+        ));
+        assert!(matches!(
+            ShardGraph::default().check_coverage(),
+            Err(CoverageError::Gap(_))
+        ));
     }
 
     /// A random history of splits and merges over an 8-shard stream.

@@ -101,7 +101,10 @@ pub enum Row {
     Heartbeat(Heartbeat),
     /// A row another program keeps in the table (the KCL 3.x coordinator, worker
     /// metrics, migration state). Left alone.
-    Other { key: String, entity_type: String },
+    Other {
+        key: String,
+        entity_type: String,
+    },
 }
 
 struct Reader<'a> {
@@ -141,12 +144,10 @@ impl Reader<'_> {
     fn number(&self, attribute: &str) -> Result<Option<u64>, MalformedRow> {
         match self.item.get(attribute) {
             None => Ok(None),
-            Some(AttrValue::N(n)) => n.parse::<u64>().map(Some).map_err(|_| {
-                self.fail(
-                    attribute,
-                    format!("{n:?} is not a non-negative integer"),
-                )
-            }),
+            Some(AttrValue::N(n)) => n
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| self.fail(attribute, format!("{n:?} is not a non-negative integer"))),
             Some(other) => Err(self.wrong_type(attribute, "N", other)),
         }
     }
@@ -201,14 +202,26 @@ fn decode_lease(r: &Reader<'_>, key: String) -> Result<Lease, MalformedRow> {
             HashKeyRange::parse(start, end)
                 .map_err(|e| r.fail(attr::STARTING_HASH_KEY, e.to_string()))?,
         ),
-        (Some(_), None) => return Err(r.fail(attr::ENDING_HASH_KEY, "missing while startingHashKey is set")),
-        (None, Some(_)) => return Err(r.fail(attr::STARTING_HASH_KEY, "missing while endingHashKey is set")),
+        (Some(_), None) => {
+            return Err(r.fail(
+                attr::ENDING_HASH_KEY,
+                "missing while startingHashKey is set",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(r.fail(
+                attr::STARTING_HASH_KEY,
+                "missing while endingHashKey is set",
+            ));
+        }
     };
     let pending_checkpoint = match r.string(attr::PENDING_CHECKPOINT)? {
         None => None,
         Some(text) => Some(ExtendedSequenceNumber::new(
-            SequenceNumber::parse(text).map_err(|e| r.fail(attr::PENDING_CHECKPOINT, e.to_string()))?,
-            r.number(attr::PENDING_CHECKPOINT_SUB_SEQUENCE)?.unwrap_or(0),
+            SequenceNumber::parse(text)
+                .map_err(|e| r.fail(attr::PENDING_CHECKPOINT, e.to_string()))?,
+            r.number(attr::PENDING_CHECKPOINT_SUB_SEQUENCE)?
+                .unwrap_or(0),
         )),
     };
     Ok(Lease {
@@ -242,12 +255,21 @@ pub fn shard_set(ids: &[ShardId]) -> AttrValue {
 /// The whole row of a lease, as the create-if-absent put writes it.
 pub fn encode_lease(lease: &Lease) -> Item {
     let mut item = Item::new();
-    item.insert(attr::LEASE_KEY.into(), AttrValue::S(lease.key.as_str().into()));
+    item.insert(
+        attr::LEASE_KEY.into(),
+        AttrValue::S(lease.key.as_str().into()),
+    );
     item.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_LEASE.into()));
     if let Some(owner) = &lease.owner {
-        item.insert(attr::LEASE_OWNER.into(), AttrValue::S(owner.as_str().into()));
+        item.insert(
+            attr::LEASE_OWNER.into(),
+            AttrValue::S(owner.as_str().into()),
+        );
     }
-    item.insert(attr::LEASE_COUNTER.into(), AttrValue::N(lease.counter.to_string()));
+    item.insert(
+        attr::LEASE_COUNTER.into(),
+        AttrValue::N(lease.counter.to_string()),
+    );
     for (name, value) in checkpoint_attrs(&lease.checkpoint) {
         item.insert(name.into(), value);
     }
@@ -256,17 +278,32 @@ pub fn encode_lease(lease: &Lease) -> Item {
         AttrValue::N(lease.owner_switches_since_checkpoint.to_string()),
     );
     if !lease.parent_shard_ids.is_empty() {
-        item.insert(attr::PARENT_SHARD_IDS.into(), shard_set(&lease.parent_shard_ids));
+        item.insert(
+            attr::PARENT_SHARD_IDS.into(),
+            shard_set(&lease.parent_shard_ids),
+        );
     }
     if !lease.child_shard_ids.is_empty() {
-        item.insert(attr::CHILD_SHARD_IDS.into(), shard_set(&lease.child_shard_ids));
+        item.insert(
+            attr::CHILD_SHARD_IDS.into(),
+            shard_set(&lease.child_shard_ids),
+        );
     }
     if let Some(range) = lease.hash_range {
-        item.insert(attr::STARTING_HASH_KEY.into(), AttrValue::S(range.start.to_string()));
-        item.insert(attr::ENDING_HASH_KEY.into(), AttrValue::S(range.end.to_string()));
+        item.insert(
+            attr::STARTING_HASH_KEY.into(),
+            AttrValue::S(range.start.to_string()),
+        );
+        item.insert(
+            attr::ENDING_HASH_KEY.into(),
+            AttrValue::S(range.end.to_string()),
+        );
     }
     if let Some(pending) = &lease.pending_checkpoint {
-        item.insert(attr::PENDING_CHECKPOINT.into(), AttrValue::S(pending.sequence.as_str().into()));
+        item.insert(
+            attr::PENDING_CHECKPOINT.into(),
+            AttrValue::S(pending.sequence.as_str().into()),
+        );
         item.insert(
             attr::PENDING_CHECKPOINT_SUB_SEQUENCE.into(),
             AttrValue::N(pending.sub_sequence.to_string()),
@@ -281,10 +318,19 @@ pub fn encode_lease(lease: &Lease) -> Item {
 /// A heartbeat row.
 pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
     Item::from([
-        (attr::LEASE_KEY.into(), AttrValue::S(heartbeat_key(&heartbeat.worker))),
+        (
+            attr::LEASE_KEY.into(),
+            AttrValue::S(heartbeat_key(&heartbeat.worker)),
+        ),
         (attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_WORKER.into())),
-        (attr::LEASE_OWNER.into(), AttrValue::S(heartbeat.worker.as_str().into())),
-        (attr::LEASE_COUNTER.into(), AttrValue::N(heartbeat.counter.to_string())),
+        (
+            attr::LEASE_OWNER.into(),
+            AttrValue::S(heartbeat.worker.as_str().into()),
+        ),
+        (
+            attr::LEASE_COUNTER.into(),
+            AttrValue::N(heartbeat.counter.to_string()),
+        ),
     ])
 }
 
@@ -310,50 +356,86 @@ mod tests {
     fn a_lease_round_trips() {
         let mut lease = Lease::new(
             &ShardId::from_index(4),
-            Checkpoint::At(ExtendedSequenceNumber::new(SequenceNumber::from_u128(123), 2)),
+            Checkpoint::At(ExtendedSequenceNumber::new(
+                SequenceNumber::from_u128(123),
+                2,
+            )),
             vec![ShardId::from_index(0)],
             Some(HashKeyRange { start: 0, end: 99 }),
         );
         lease.owner = Some(WorkerId::new("w-1"));
         lease.counter = 7;
         lease.child_shard_ids = vec![ShardId::from_index(9)];
-        lease.pending_checkpoint = Some(ExtendedSequenceNumber::new(SequenceNumber::from_u128(200), 0));
-        assert_eq!(decode_row(&encode_lease(&lease)), Ok(Row::Lease(Box::new(lease))));
+        lease.pending_checkpoint = Some(ExtendedSequenceNumber::new(
+            SequenceNumber::from_u128(200),
+            0,
+        ));
+        assert_eq!(
+            decode_row(&encode_lease(&lease)),
+            Ok(Row::Lease(Box::new(lease)))
+        );
     }
 
     #[test]
     fn a_heartbeat_round_trips() {
-        let hb = Heartbeat { worker: WorkerId::new("w-1"), counter: 41 };
+        let hb = Heartbeat {
+            worker: WorkerId::new("w-1"),
+            counter: 41,
+        };
         assert_eq!(decode_row(&encode_heartbeat(&hb)), Ok(Row::Heartbeat(hb)));
     }
 
     #[test]
     fn malformed_rows_name_key_attribute_and_reason() {
         let table = [
-            (r#"{"checkpoint":{"S":"LATEST"},"leaseCounter":{"N":"1"}}"#,
-             "lease row (no leaseKey): attribute leaseKey: missing"),
-            (r#"{"leaseKey":{"N":"5"}}"#,
-             "lease row (no leaseKey): attribute leaseKey: expected type S, found N"),
-            (r#"{"leaseKey":{"S":"s-1"},"checkpoint":{"S":"LATEST"}}"#,
-             "lease row s-1: attribute leaseCounter: missing"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"S":"1"},"checkpoint":{"S":"LATEST"}}"#,
-             "lease row s-1: attribute leaseCounter: expected type N, found S"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"-3"},"checkpoint":{"S":"LATEST"}}"#,
-             "lease row s-1: attribute leaseCounter: \"-3\" is not a non-negative integer"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"}}"#,
-             "lease row s-1: attribute checkpoint: missing"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"12x"}}"#,
-             "lease row s-1: attribute checkpoint: not a sequence number"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"parentShardId":{"S":"shardId-0"}}"#,
-             "lease row s-1: attribute parentShardId: expected type SS, found S"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"leaseOwner":{"N":"1"}}"#,
-             "lease row s-1: attribute leaseOwner: expected type S, found N"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"startingHashKey":{"S":"1"}}"#,
-             "lease row s-1: attribute endingHashKey: missing while startingHashKey is set"),
-            (r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"startingHashKey":{"S":"x"},"endingHashKey":{"S":"1"}}"#,
-             "lease row s-1: attribute startingHashKey: hash key \"x\" is not a decimal integer"),
-            (r#"{"leaseKey":{"S":"flotilla-worker#w"},"entityType":{"S":"FLOTILLA_WORKER"}}"#,
-             "lease row flotilla-worker#w: attribute leaseOwner: missing"),
+            (
+                r#"{"checkpoint":{"S":"LATEST"},"leaseCounter":{"N":"1"}}"#,
+                "lease row (no leaseKey): attribute leaseKey: missing",
+            ),
+            (
+                r#"{"leaseKey":{"N":"5"}}"#,
+                "lease row (no leaseKey): attribute leaseKey: expected type S, found N",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"checkpoint":{"S":"LATEST"}}"#,
+                "lease row s-1: attribute leaseCounter: missing",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"S":"1"},"checkpoint":{"S":"LATEST"}}"#,
+                "lease row s-1: attribute leaseCounter: expected type N, found S",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"-3"},"checkpoint":{"S":"LATEST"}}"#,
+                "lease row s-1: attribute leaseCounter: \"-3\" is not a non-negative integer",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"}}"#,
+                "lease row s-1: attribute checkpoint: missing",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"12x"}}"#,
+                "lease row s-1: attribute checkpoint: not a sequence number",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"parentShardId":{"S":"shardId-0"}}"#,
+                "lease row s-1: attribute parentShardId: expected type SS, found S",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"leaseOwner":{"N":"1"}}"#,
+                "lease row s-1: attribute leaseOwner: expected type S, found N",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"startingHashKey":{"S":"1"}}"#,
+                "lease row s-1: attribute endingHashKey: missing while startingHashKey is set",
+            ),
+            (
+                r#"{"leaseKey":{"S":"s-1"},"leaseCounter":{"N":"1"},"checkpoint":{"S":"LATEST"},"startingHashKey":{"S":"x"},"endingHashKey":{"S":"1"}}"#,
+                "lease row s-1: attribute startingHashKey: hash key \"x\" is not a decimal integer",
+            ),
+            (
+                r#"{"leaseKey":{"S":"flotilla-worker#w"},"entityType":{"S":"FLOTILLA_WORKER"}}"#,
+                "lease row flotilla-worker#w: attribute leaseOwner: missing",
+            ),
         ];
         for (json, want) in table {
             let err = decode_row(&row(json)).expect_err(json).to_string();
@@ -363,10 +445,14 @@ mod tests {
 
     #[test]
     fn rows_of_other_entities_are_left_alone() {
-        let other = row(r#"{"leaseKey":{"S":"TableMigration3.5"},"entityType":{"S":"TABLE_MIGRATION"}}"#);
+        let other =
+            row(r#"{"leaseKey":{"S":"TableMigration3.5"},"entityType":{"S":"TABLE_MIGRATION"}}"#);
         assert_eq!(
             decode_row(&other),
-            Ok(Row::Other { key: "TableMigration3.5".into(), entity_type: "TABLE_MIGRATION".into() })
+            Ok(Row::Other {
+                key: "TableMigration3.5".into(),
+                entity_type: "TABLE_MIGRATION".into()
+            })
         );
     }
 }

@@ -228,7 +228,8 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trips_through_its_encoding() {
-        let seq = SequenceNumber::parse("49680458031169431967754064162084943116060673600470908946").unwrap();
+        let seq = SequenceNumber::parse("49680458031169431967754064162084943116060673600470908946")
+            .unwrap();
         for cp in [
             Checkpoint::TrimHorizon,
             Checkpoint::Latest,
@@ -241,7 +242,10 @@ mod tests {
             assert_eq!(Checkpoint::decode(text, sub), Ok(cp.clone()));
         }
         let err = Checkpoint::decode("SHARD-END", 0).unwrap_err();
-        assert!(err.contains("not a sequence number nor TRIM_HORIZON"), "{err}");
+        assert!(
+            err.contains("not a sequence number nor TRIM_HORIZON"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -255,6 +259,9 @@ mod tests {
     fn multi_stream_keys_name_their_shard() {
         let key = LeaseKey::new("123456789012:fixture-ms-a:1700000000:shardId-000000000001");
         assert_eq!(key.shard_id(), ShardId::from_index(1));
-        assert_eq!(LeaseKey::new("shardId-000000000004").shard_id(), ShardId::from_index(4));
+        assert_eq!(
+            LeaseKey::new("shardId-000000000004").shard_id(),
+            ShardId::from_index(4)
+        );
     }
 }

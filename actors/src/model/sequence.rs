@@ -28,8 +28,14 @@ pub enum SequenceNumberError {
     #[error("sequence number is empty")]
     Empty,
     #[error("sequence number {text:?} has a non-digit {found:?} at byte {at}")]
-    NotDecimal { text: String, found: char, at: usize },
-    #[error("sequence number {text:?} has {digits} significant digits; Kinesis allows at most {MAX_DIGITS}")]
+    NotDecimal {
+        text: String,
+        found: char,
+        at: usize,
+    },
+    #[error(
+        "sequence number {text:?} has {digits} significant digits; Kinesis allows at most {MAX_DIGITS}"
+    )]
     TooLong { text: String, digits: usize },
 }
 
@@ -201,7 +207,9 @@ mod tests {
             assert!(err.contains(want), "{text:?}: {err}");
         }
         let long = "1".repeat(MAX_DIGITS + 1);
-        let err = SequenceNumber::parse(&long).expect_err("too long").to_string();
+        let err = SequenceNumber::parse(&long)
+            .expect_err("too long")
+            .to_string();
         assert!(err.contains("130 significant digits"), "{err}");
         assert!(SequenceNumber::parse(&"9".repeat(MAX_DIGITS)).is_ok());
     }

@@ -92,7 +92,11 @@ impl HashKeyRange {
         (0..n)
             .map(|i| HashKeyRange {
                 start: i * size,
-                end: if i == n - 1 { u128::MAX } else { (i + 1) * size - 1 },
+                end: if i == n - 1 {
+                    u128::MAX
+                } else {
+                    (i + 1) * size - 1
+                },
             })
             .collect()
     }
@@ -170,12 +174,24 @@ mod tests {
 
     #[test]
     fn hash_keys_reject_garbage() {
-        for bad in ["", "-1", "1e5", "340282366920938463463374607431768211456", " 1"] {
+        for bad in [
+            "",
+            "-1",
+            "1e5",
+            "340282366920938463463374607431768211456",
+            " 1",
+        ] {
             let err = parse_hash_key(bad).expect_err(bad);
-            assert!(err.to_string().contains("is not a decimal integer"), "{err}");
+            assert!(
+                err.to_string().contains("is not a decimal integer"),
+                "{err}"
+            );
         }
         let err = HashKeyRange::parse("10", "9").expect_err("inverted");
-        assert_eq!(err.to_string(), "hash key range starts at 10 after it ends at 9");
+        assert_eq!(
+            err.to_string(),
+            "hash key range starts at 10 after it ends at 9"
+        );
     }
 
     proptest! {

@@ -8,6 +8,10 @@ mod cloudwatch;
 mod dynamodb;
 mod kinesis;
 
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+
 pub use cloudwatch::CloudWatchMetrics;
 pub use dynamodb::DynamoLeaseTable;
 pub use kinesis::KinesisStream;
@@ -33,7 +37,11 @@ pub async fn load_sdk_config(region: Option<String>) -> aws_config::SdkConfig {
 
 /// The URL a client talks to, for error messages: the override, or the AWS endpoint of
 /// the configured region.
-pub(crate) fn endpoint_name(sdk: &aws_config::SdkConfig, service: &str, custom: Option<&str>) -> String {
+pub(crate) fn endpoint_name(
+    sdk: &aws_config::SdkConfig,
+    service: &str,
+    custom: Option<&str>,
+) -> String {
     match custom {
         Some(url) => url.to_owned(),
         None => match sdk.region() {
@@ -41,4 +49,71 @@ pub(crate) fn endpoint_name(sdk: &aws_config::SdkConfig, service: &str, custom: 
             None => format!("{service} (no region configured)"),
         },
     }
+}
+
+/// Error codes the SDK's own retry classifier treats as throttling
+/// (`aws_runtime::retries::classifiers::THROTTLING_ERRORS`), so that "throttled" means
+/// the same here as in the SDK's retry decisions.
+pub(crate) const THROTTLING_CODES: &[&str] = &[
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "LimitExceededException",
+    "RequestThrottled",
+    "SlowDown",
+    "PriorRequestNotComplete",
+    "EC2ThrottledException",
+];
+
+/// What an SDK error says apart from the codes an adapter maps itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// A throttling code, or HTTP 429.
+    Throttled,
+    /// No answer, a timeout, or a 5xx (but [`Failure::Bare500`]).
+    Transient,
+    /// HTTP 500 without an error code.
+    Bare500,
+    Other,
+}
+
+pub(crate) fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Failure {
+    let code = err.code();
+    match (err, err.raw_response().map(|r| r.status().as_u16())) {
+        _ if code.is_some_and(|c| THROTTLING_CODES.contains(&c)) => Failure::Throttled,
+        (SdkError::DispatchFailure(_) | SdkError::TimeoutError(_), _) => Failure::Transient,
+        (_, Some(429)) => Failure::Throttled,
+        (_, Some(500)) if code.is_none() => Failure::Bare500,
+        (_, Some(500..=599)) => Failure::Transient,
+        _ => Failure::Other,
+    }
+}
+
+/// The error and its causes, `: `-separated (what `DisplayErrorContext` prints, without
+/// its trailing Debug dump of the whole response), and the HTTP status if there was one.
+pub(crate) fn error_text<E>(err: &SdkError<E, HttpResponse>) -> String
+where
+    E: std::error::Error + 'static,
+{
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        // Generated errors wrap a struct that displays the same text: say it once.
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    if let Some(response) = err.raw_response() {
+        text.push_str(&format!(" (HTTP {})", response.status().as_u16()));
+    }
+    text
 }

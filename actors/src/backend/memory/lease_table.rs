@@ -60,7 +60,9 @@ impl MemoryDynamo {
     /// Writes a raw row, as another program (or a corrupting hand) might.
     pub fn put_raw(&self, table: &str, item: Item) -> Result<(), LeaseError> {
         let mut tables = self.lock();
-        let t = tables.get_mut(table).ok_or_else(|| not_found("PutItem", table))?;
+        let t = tables
+            .get_mut(table)
+            .ok_or_else(|| not_found("PutItem", table))?;
         let key = match item.get(&t.key.0) {
             Some(AttrValue::S(k)) => k.clone(),
             Some(AttrValue::N(k)) => k.clone(),
@@ -114,7 +116,9 @@ impl MemoryLeaseTable {
         write: impl FnOnce(&mut Item) -> Result<T, LeaseError>,
     ) -> Result<T, LeaseError> {
         let mut tables = self.db.lock();
-        let table = tables.get_mut(&self.name).ok_or_else(|| not_found(op, &self.name))?;
+        let table = tables
+            .get_mut(&self.name)
+            .ok_or_else(|| not_found(op, &self.name))?;
         let Some(row) = table.items.get_mut(key.as_str()) else {
             return Err(LeaseError::ConditionFailed {
                 key: key.clone(),
@@ -162,7 +166,9 @@ impl LeaseTable for MemoryLeaseTable {
         Box::pin(async move {
             let mut tables = self.db.lock();
             match tables.get(&self.name) {
-                Some(table) if table.key == (attr::LEASE_KEY.to_owned(), "S".to_owned()) => Ok(TableState::Existed),
+                Some(table) if table.key == (attr::LEASE_KEY.to_owned(), "S".to_owned()) => {
+                    Ok(TableState::Existed)
+                }
                 Some(table) => Err(LeaseError::WrongKeySchema {
                     table: self.name.clone(),
                     found: format!("{} (HASH, {})", table.key.0, table.key.1),
@@ -185,7 +191,9 @@ impl LeaseTable for MemoryLeaseTable {
         Box::pin(async move {
             let items: Vec<Item> = {
                 let tables = self.db.lock();
-                let table = tables.get(&self.name).ok_or_else(|| not_found("Scan", &self.name))?;
+                let table = tables
+                    .get(&self.name)
+                    .ok_or_else(|| not_found("Scan", &self.name))?;
                 table.items.values().cloned().collect()
             };
             let mut out = ScanOutput::default();
@@ -204,7 +212,9 @@ impl LeaseTable for MemoryLeaseTable {
     fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
         Box::pin(async move {
             let tables = self.db.lock();
-            let table = tables.get(&self.name).ok_or_else(|| not_found("GetItem", &self.name))?;
+            let table = tables
+                .get(&self.name)
+                .ok_or_else(|| not_found("GetItem", &self.name))?;
             table.items.get(key.as_str()).map(Self::decode).transpose()
         })
     }
@@ -212,29 +222,48 @@ impl LeaseTable for MemoryLeaseTable {
     fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables.get_mut(&self.name).ok_or_else(|| not_found("PutItem", &self.name))?;
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("PutItem", &self.name))?;
             if table.items.contains_key(lease.key.as_str()) {
                 return Ok(false);
             }
-            table.items.insert(lease.key.as_str().to_owned(), encode_lease(lease));
+            table
+                .items
+                .insert(lease.key.as_str().to_owned(), encode_lease(lease));
             Ok(true)
         })
     }
 
-    fn take<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence, new_owner: &'a WorkerId) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+    fn take<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
         Box::pin(async move {
             self.conditional("UpdateItem", key, expected, |row| {
-                row.insert(attr::LEASE_OWNER.into(), AttrValue::S(new_owner.as_str().into()));
+                row.insert(
+                    attr::LEASE_OWNER.into(),
+                    AttrValue::S(new_owner.as_str().into()),
+                );
                 set_counter(row, expected.counter + 1);
                 let switches = number(row, attr::OWNER_SWITCHES).unwrap_or(0) + 1;
-                row.insert(attr::OWNER_SWITCHES.into(), AttrValue::N(switches.to_string()));
+                row.insert(
+                    attr::OWNER_SWITCHES.into(),
+                    AttrValue::N(switches.to_string()),
+                );
                 row.remove(attr::CHECKPOINT_OWNER);
                 Self::decode(row)
             })
         })
     }
 
-    fn release<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<u64, LeaseError>> {
+    fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
         Box::pin(async move {
             self.conditional("UpdateItem", key, expected, |row| {
                 row.remove(attr::LEASE_OWNER);
@@ -272,7 +301,11 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
-    fn delete<'a>(&'a self, key: &'a LeaseKey, expected: &'a Fence) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn delete<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(async move {
             self.conditional("DeleteItem", key, expected, |_| Ok(()))?;
             let mut tables = self.db.lock();
@@ -286,22 +319,32 @@ impl LeaseTable for MemoryLeaseTable {
     fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables.get_mut(&self.name).ok_or_else(|| not_found("UpdateItem", &self.name))?;
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("UpdateItem", &self.name))?;
             let key = heartbeat_key(worker);
             let row = table.items.entry(key.clone()).or_default();
             let counter = number(row, attr::LEASE_COUNTER).unwrap_or(0) + 1;
             row.insert(attr::LEASE_KEY.into(), AttrValue::S(key));
             row.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_WORKER.into()));
-            row.insert(attr::LEASE_OWNER.into(), AttrValue::S(worker.as_str().into()));
+            row.insert(
+                attr::LEASE_OWNER.into(),
+                AttrValue::S(worker.as_str().into()),
+            );
             set_counter(row, counter);
             Ok(counter)
         })
     }
 
-    fn remove_heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn remove_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables.get_mut(&self.name).ok_or_else(|| not_found("DeleteItem", &self.name))?;
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("DeleteItem", &self.name))?;
             table.items.remove(&item::heartbeat_key(worker));
             Ok(())
         })

@@ -70,7 +70,8 @@ pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
 /// path is exercised everywhere the memory backend is used.
 fn sequence_number(counter: u64) -> SequenceNumber {
     // Cannot fail: the text is 56 ASCII digits.
-    SequenceNumber::parse(&format!("49{counter:054}")).unwrap_or_else(|_| SequenceNumber::from_u128(u128::from(counter)))
+    SequenceNumber::parse(&format!("49{counter:054}"))
+        .unwrap_or_else(|_| SequenceNumber::from_u128(u128::from(counter)))
 }
 
 #[derive(Debug)]
@@ -142,7 +143,12 @@ struct StreamState {
 }
 
 impl StreamState {
-    fn shard_mut(&mut self, op: &'static str, stream: &str, id: &ShardId) -> Result<(usize, &mut ShardState), StreamError> {
+    fn shard_mut(
+        &mut self,
+        op: &'static str,
+        stream: &str,
+        id: &ShardId,
+    ) -> Result<(usize, &mut ShardState), StreamError> {
         self.shards
             .iter_mut()
             .enumerate()
@@ -166,11 +172,17 @@ impl State {
         self.next_counter
     }
 
-    fn stream_mut(&mut self, op: &'static str, name: &str) -> Result<&mut StreamState, StreamError> {
-        self.streams.get_mut(name).ok_or_else(|| StreamError::NotFound {
-            op,
-            message: format!("stream {name}"),
-        })
+    fn stream_mut(
+        &mut self,
+        op: &'static str,
+        name: &str,
+    ) -> Result<&mut StreamState, StreamError> {
+        self.streams
+            .get_mut(name)
+            .ok_or_else(|| StreamError::NotFound {
+                op,
+                message: format!("stream {name}"),
+            })
     }
 }
 
@@ -194,7 +206,10 @@ struct IteratorToken {
 
 impl IteratorToken {
     fn encode(&self) -> ShardIterator {
-        let text = format!("{}|{}|{}|{}", self.stream, self.shard, self.offset, self.issued_nanos);
+        let text = format!(
+            "{}|{}|{}|{}",
+            self.stream, self.shard, self.offset, self.issued_nanos
+        );
         ShardIterator(URL_SAFE_NO_PAD.encode(text))
     }
 
@@ -257,9 +272,17 @@ impl MemoryStreams {
         let mut list = Vec::new();
         for (i, range) in HashKeyRange::even_split(shards).into_iter().enumerate() {
             let start = state.allocate();
-            list.push(new_shard(ShardId::from_index(i as u64), None, None, range, start));
+            list.push(new_shard(
+                ShardId::from_index(i as u64),
+                None,
+                None,
+                range,
+                start,
+            ));
         }
-        state.streams.insert(name.to_owned(), StreamState { shards: list });
+        state
+            .streams
+            .insert(name.to_owned(), StreamState { shards: list });
         Ok(())
     }
 
@@ -324,16 +347,25 @@ impl MemoryStreams {
         Ok(out)
     }
 
-    fn iterator(&self, stream: &str, shard_id: &ShardId, position: &IteratorPosition) -> Result<ShardIterator, StreamError> {
+    fn iterator(
+        &self,
+        stream: &str,
+        shard_id: &ShardId,
+        position: &IteratorPosition,
+    ) -> Result<ShardIterator, StreamError> {
         const OP: &str = "GetShardIterator";
         let now = self.clock.now();
         let mut state = self.lock();
-        let (index, shard) = state.stream_mut(OP, stream)?.shard_mut(OP, stream, shard_id)?;
+        let (index, shard) = state
+            .stream_mut(OP, stream)?
+            .shard_mut(OP, stream, shard_id)?;
         shard.trim(now, self.config.retention);
         let in_range = |seq: &SequenceNumber| -> Result<u64, StreamError> {
             let invalid = || StreamError::InvalidArgument {
                 op: OP,
-                message: format!("sequence number {seq} is not in shard {shard_id} of stream {stream}"),
+                message: format!(
+                    "sequence number {seq} is not in shard {shard_id} of stream {stream}"
+                ),
             };
             let counter = seq
                 .as_str()
@@ -351,7 +383,9 @@ impl MemoryStreams {
             IteratorPosition::TrimHorizon => shard.trimmed,
             IteratorPosition::Latest => shard.total(),
             IteratorPosition::AtSequence(seq) => shard.offset_of(in_range(seq)?),
-            IteratorPosition::AfterSequence(seq) => shard.offset_of(in_range(seq)?.saturating_add(1)),
+            IteratorPosition::AfterSequence(seq) => {
+                shard.offset_of(in_range(seq)?.saturating_add(1))
+            }
             IteratorPosition::AtTimestamp(at) => {
                 shard.trimmed + shard.records.partition_point(|r| r.arrival < *at) as u64
             }
@@ -373,11 +407,16 @@ impl MemoryStreams {
                 message: format!("limit {limit} must be between 1 and {MAX_RECORDS_PER_CALL}"),
             });
         }
-        let token = IteratorToken::decode(iterator).ok_or_else(|| StreamError::InvalidArgument {
-            op: OP,
-            message: "shard iterator is not one this server issued".into(),
-        })?;
-        let age = self.clock.elapsed().as_nanos().saturating_sub(token.issued_nanos);
+        let token =
+            IteratorToken::decode(iterator).ok_or_else(|| StreamError::InvalidArgument {
+                op: OP,
+                message: "shard iterator is not one this server issued".into(),
+            })?;
+        let age = self
+            .clock
+            .elapsed()
+            .as_nanos()
+            .saturating_sub(token.issued_nanos);
         if age > self.config.iterator_ttl.as_nanos() {
             return Err(StreamError::IteratorExpired {
                 op: OP,
@@ -393,17 +432,26 @@ impl MemoryStreams {
         let mut state = self.lock();
         let stream = state.stream_mut(OP, &token.stream)?;
         let children: Vec<ChildShard> = {
-            let shard = stream.shards.get(token.shard).ok_or_else(|| StreamError::InvalidArgument {
-                op: OP,
-                message: "shard iterator names no shard of this stream".into(),
-            })?;
+            let shard =
+                stream
+                    .shards
+                    .get(token.shard)
+                    .ok_or_else(|| StreamError::InvalidArgument {
+                        op: OP,
+                        message: "shard iterator names no shard of this stream".into(),
+                    })?;
             shard
                 .children
                 .iter()
                 .filter_map(|c| stream.shards.iter().find(|s| &s.id == c))
                 .map(|c| ChildShard {
                     id: c.id.clone(),
-                    parents: c.parent.iter().chain(c.adjacent_parent.iter()).cloned().collect(),
+                    parents: c
+                        .parent
+                        .iter()
+                        .chain(c.adjacent_parent.iter())
+                        .cloned()
+                        .collect(),
                     hash_range: c.range,
                 })
                 .collect()
@@ -465,7 +513,11 @@ impl MemoryStreams {
             shard
                 .records
                 .get((next - shard.trimmed) as usize)
-                .map(|r| wall.duration_since(r.arrival).unwrap_or_default().as_millis() as u64)
+                .map(|r| {
+                    wall.duration_since(r.arrival)
+                        .unwrap_or_default()
+                        .as_millis() as u64
+                })
                 .unwrap_or(0)
         };
         let closed = shard.end_counter.is_some();
@@ -493,7 +545,12 @@ impl MemoryStreams {
         })
     }
 
-    fn close(state: &mut State, stream: &str, id: &ShardId, op: &'static str) -> Result<usize, StreamError> {
+    fn close(
+        state: &mut State,
+        stream: &str,
+        id: &ShardId,
+        op: &'static str,
+    ) -> Result<usize, StreamError> {
         let end = state.allocate();
         let (index, shard) = state.stream_mut(op, stream)?.shard_mut(op, stream, id)?;
         if shard.end_counter.is_some() {
@@ -522,15 +579,36 @@ impl MemoryStreams {
         if at <= range.start || at > range.end {
             return Err(StreamError::InvalidArgument {
                 op: OP,
-                message: format!("new starting hash key {at} is not inside ({}, {}] of shard {id}", range.start, range.end),
+                message: format!(
+                    "new starting hash key {at} is not inside ({}, {}] of shard {id}",
+                    range.start, range.end
+                ),
             });
         }
         let index = Self::close(&mut state, stream, id, OP)?;
         let (a, b) = (state.allocate(), state.allocate());
         let target = state.stream_mut(OP, stream)?;
         let next = target.shards.len() as u64;
-        let left = new_shard(ShardId::from_index(next), Some(id.clone()), None, HashKeyRange { start: range.start, end: at - 1 }, a);
-        let right = new_shard(ShardId::from_index(next + 1), Some(id.clone()), None, HashKeyRange { start: at, end: range.end }, b);
+        let left = new_shard(
+            ShardId::from_index(next),
+            Some(id.clone()),
+            None,
+            HashKeyRange {
+                start: range.start,
+                end: at - 1,
+            },
+            a,
+        );
+        let right = new_shard(
+            ShardId::from_index(next + 1),
+            Some(id.clone()),
+            None,
+            HashKeyRange {
+                start: at,
+                end: range.end,
+            },
+            b,
+        );
         target.shards[index].children = vec![left.id.clone(), right.id.clone()];
         target.shards[index].closed_at = Some(now);
         target.shards.push(left);
@@ -557,7 +635,8 @@ impl MemoryStreams {
                 message: format!("shards {first} and {second} must be two different open shards"),
             });
         }
-        let adjacent = a.end.checked_add(1) == Some(b.start) || b.end.checked_add(1) == Some(a.start);
+        let adjacent =
+            a.end.checked_add(1) == Some(b.start) || b.end.checked_add(1) == Some(a.start);
         if !adjacent {
             return Err(StreamError::InvalidArgument {
                 op: OP,
@@ -572,7 +651,10 @@ impl MemoryStreams {
             ShardId::from_index(target.shards.len() as u64),
             Some(first.clone()),
             Some(second.clone()),
-            HashKeyRange { start: a.start.min(b.start), end: a.end.max(b.end) },
+            HashKeyRange {
+                start: a.start.min(b.start),
+                end: a.end.max(b.end),
+            },
             start,
         );
         for i in [ia, ib] {
@@ -595,14 +677,23 @@ impl MemoryStreams {
             .iter_mut()
             .filter_map(|s| {
                 s.trim(now, retention);
-                let expired = s.closed_at.is_some_and(|at| now.duration_since(at) > retention) && s.records.is_empty();
+                let expired = s
+                    .closed_at
+                    .is_some_and(|at| now.duration_since(at) > retention)
+                    && s.records.is_empty();
                 (!expired).then(|| s.to_shard())
             })
             .collect())
     }
 }
 
-fn new_shard(id: ShardId, parent: Option<ShardId>, adjacent_parent: Option<ShardId>, range: HashKeyRange, start_counter: u64) -> ShardState {
+fn new_shard(
+    id: ShardId,
+    parent: Option<ShardId>,
+    adjacent_parent: Option<ShardId>,
+    range: HashKeyRange,
+    start_counter: u64,
+) -> ShardState {
     ShardState {
         id,
         parent,
@@ -619,7 +710,10 @@ fn new_shard(id: ShardId, parent: Option<ShardId>, adjacent_parent: Option<Shard
 }
 
 impl StreamClient for MemoryStreams {
-    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
+    fn list_shards<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
         Box::pin(async move { self.listing(stream) })
     }
 
@@ -632,11 +726,18 @@ impl StreamClient for MemoryStreams {
         Box::pin(async move { self.iterator(stream, shard, position) })
     }
 
-    fn get_records<'a>(&'a self, iterator: &'a ShardIterator, limit: u32) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
+    fn get_records<'a>(
+        &'a self,
+        iterator: &'a ShardIterator,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
         Box::pin(async move { self.read(iterator, limit) })
     }
 
-    fn describe_stream_summary<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
+    fn describe_stream_summary<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
         Box::pin(async move {
             let mut state = self.lock();
             let target = state.stream_mut("DescribeStreamSummary", stream)?;
@@ -644,7 +745,11 @@ impl StreamClient for MemoryStreams {
                 name: stream.to_owned(),
                 arn: format!("arn:aws:kinesis:us-east-1:000000000000:stream/{stream}"),
                 status: "ACTIVE".into(),
-                open_shard_count: target.shards.iter().filter(|s| s.end_counter.is_none()).count() as u32,
+                open_shard_count: target
+                    .shards
+                    .iter()
+                    .filter(|s| s.end_counter.is_none())
+                    .count() as u32,
                 retention_hours: (self.config.retention.as_secs() / 3600) as u32,
             })
         })
@@ -652,7 +757,11 @@ impl StreamClient for MemoryStreams {
 }
 
 impl StreamAdmin for MemoryStreams {
-    fn create_stream<'a>(&'a self, stream: &'a str, shards: u32) -> BoxFuture<'a, Result<(), StreamError>> {
+    fn create_stream<'a>(
+        &'a self,
+        stream: &'a str,
+        shards: u32,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
         Box::pin(async move { self.create(stream, shards) })
     }
 
@@ -669,15 +778,29 @@ impl StreamAdmin for MemoryStreams {
         })
     }
 
-    fn put_records<'a>(&'a self, stream: &'a str, records: &'a [PutRecord]) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
+    fn put_records<'a>(
+        &'a self,
+        stream: &'a str,
+        records: &'a [PutRecord],
+    ) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
         Box::pin(async move { self.put(stream, records) })
     }
 
-    fn split_shard<'a>(&'a self, stream: &'a str, shard: &'a ShardId, new_starting_hash_key: u128) -> BoxFuture<'a, Result<(), StreamError>> {
+    fn split_shard<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        new_starting_hash_key: u128,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
         Box::pin(async move { self.split(stream, shard, new_starting_hash_key) })
     }
 
-    fn merge_shards<'a>(&'a self, stream: &'a str, shard: &'a ShardId, adjacent: &'a ShardId) -> BoxFuture<'a, Result<(), StreamError>> {
+    fn merge_shards<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        adjacent: &'a ShardId,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
         Box::pin(async move { self.merge(stream, shard, adjacent) })
     }
 }
@@ -711,12 +834,17 @@ mod tests {
         streams.put_records("s", &small).await.unwrap();
         let batch = streams.get_records(&it, 10_000).await.unwrap();
         assert_eq!(batch.records.len(), 10_000);
-        let rest = streams.get_records(&batch.next_iterator.unwrap(), 10_000).await.unwrap();
+        let rest = streams
+            .get_records(&batch.next_iterator.unwrap(), 10_000)
+            .await
+            .unwrap();
         assert_eq!(rest.records.len(), 2_000);
         assert!(streams.get_records(&it, 10_001).await.is_err());
 
         let (streams, it) = one_shard(MemoryStreamsConfig::default()).await;
-        let big: Vec<_> = (0..15).map(|i| record(&format!("k{i}"), 1024 * 1024 - 8)).collect();
+        let big: Vec<_> = (0..15)
+            .map(|i| record(&format!("k{i}"), 1024 * 1024 - 8))
+            .collect();
         streams.put_records("s", &big).await.unwrap();
         let batch = streams.get_records(&it, 10_000).await.unwrap();
         assert_eq!(batch.records.len(), 10, "10 MB per call");
@@ -725,10 +853,25 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_record_over_one_megabyte_is_refused_by_name() {
         let (streams, _) = one_shard(MemoryStreamsConfig::default()).await;
-        assert!(streams.put_records("s", &[record("k", MAX_RECORD_BYTES - 1)]).await.is_ok());
-        let err = streams.put_records("s", &[record("big", MAX_RECORD_BYTES)]).await.unwrap_err();
-        assert!(err.to_string().contains("partition key \"big\" is 1048579 bytes"), "{err}");
-        let err = streams.put_records("s", &[record("", 1)]).await.unwrap_err();
+        assert!(
+            streams
+                .put_records("s", &[record("k", MAX_RECORD_BYTES - 1)])
+                .await
+                .is_ok()
+        );
+        let err = streams
+            .put_records("s", &[record("big", MAX_RECORD_BYTES)])
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("partition key \"big\" is 1048579 bytes"),
+            "{err}"
+        );
+        let err = streams
+            .put_records("s", &[record("", 1)])
+            .await
+            .unwrap_err();
         assert!(matches!(err, StreamError::InvalidArgument { .. }));
     }
 
@@ -740,19 +883,39 @@ mod tests {
         };
         let (streams, mut it) = one_shard(config).await;
         for _ in 0..5 {
-            it = streams.get_records(&it, 10).await.unwrap().next_iterator.unwrap();
+            it = streams
+                .get_records(&it, 10)
+                .await
+                .unwrap()
+                .next_iterator
+                .unwrap();
         }
         let err = streams.get_records(&it, 10).await.unwrap_err();
         assert!(matches!(err, StreamError::Throttled { .. }), "{err:?}");
         tokio::time::advance(Duration::from_secs(1)).await;
-        it = streams.get_records(&it, 10).await.unwrap().next_iterator.unwrap();
+        it = streams
+            .get_records(&it, 10)
+            .await
+            .unwrap()
+            .next_iterator
+            .unwrap();
 
         // Bytes: 3 MB in one call leaves no budget for the rest of that second.
-        let big: Vec<_> = (0..3).map(|i| record(&format!("k{i}"), 1024 * 1024 - 8)).collect();
+        let big: Vec<_> = (0..3)
+            .map(|i| record(&format!("k{i}"), 1024 * 1024 - 8))
+            .collect();
         streams.put_records("s", &big).await.unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
-        it = streams.get_records(&it, 10).await.unwrap().next_iterator.unwrap();
-        assert!(matches!(streams.get_records(&it, 10).await, Err(StreamError::Throttled { .. })));
+        it = streams
+            .get_records(&it, 10)
+            .await
+            .unwrap()
+            .next_iterator
+            .unwrap();
+        assert!(matches!(
+            streams.get_records(&it, 10).await,
+            Err(StreamError::Throttled { .. })
+        ));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(streams.get_records(&it, 10).await.is_ok());
     }
@@ -769,34 +932,77 @@ mod tests {
         streams.put_records("s", &[record("new", 1)]).await.unwrap();
         tokio::time::advance(Duration::from_secs(1801)).await;
         let shard = ShardId::from_index(0);
-        let it = streams.get_shard_iterator("s", &shard, &IteratorPosition::TrimHorizon).await.unwrap();
+        let it = streams
+            .get_shard_iterator("s", &shard, &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
         let got = streams.get_records(&it, 100).await.unwrap().records;
-        assert_eq!(got.iter().map(|r| r.partition_key.as_str()).collect::<Vec<_>>(), ["new"]);
+        assert_eq!(
+            got.iter()
+                .map(|r| r.partition_key.as_str())
+                .collect::<Vec<_>>(),
+            ["new"]
+        );
 
         streams.split_shard("s", &shard, 1 << 127).await.unwrap();
         assert_eq!(streams.list_shards("s").await.unwrap().len(), 3);
         tokio::time::advance(Duration::from_secs(3601)).await;
-        let listed: Vec<ShardId> = streams.list_shards("s").await.unwrap().into_iter().map(|s| s.id).collect();
-        assert_eq!(listed, [ShardId::from_index(1), ShardId::from_index(2)], "the parent aged out");
+        let listed: Vec<ShardId> = streams
+            .list_shards("s")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(
+            listed,
+            [ShardId::from_index(1), ShardId::from_index(2)],
+            "the parent aged out"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_shard_that_ends_empty_reports_its_children() {
         let (streams, it) = one_shard(MemoryStreamsConfig::default()).await;
-        streams.split_shard("s", &ShardId::from_index(0), 5).await.unwrap();
+        streams
+            .split_shard("s", &ShardId::from_index(0), 5)
+            .await
+            .unwrap();
         let end = streams.get_records(&it, 10).await.unwrap();
         assert!(end.is_shard_end());
-        let children: Vec<_> = end.child_shards.unwrap().into_iter().map(|c| (c.id, c.parents, c.hash_range)).collect();
+        let children: Vec<_> = end
+            .child_shards
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.id, c.parents, c.hash_range))
+            .collect();
         assert_eq!(
             children,
             [
-                (ShardId::from_index(1), vec![ShardId::from_index(0)], HashKeyRange { start: 0, end: 4 }),
-                (ShardId::from_index(2), vec![ShardId::from_index(0)], HashKeyRange { start: 5, end: u128::MAX }),
+                (
+                    ShardId::from_index(1),
+                    vec![ShardId::from_index(0)],
+                    HashKeyRange { start: 0, end: 4 }
+                ),
+                (
+                    ShardId::from_index(2),
+                    vec![ShardId::from_index(0)],
+                    HashKeyRange {
+                        start: 5,
+                        end: u128::MAX
+                    }
+                ),
             ]
         );
-        let err = streams.split_shard("s", &ShardId::from_index(0), 9).await.unwrap_err();
+        let err = streams
+            .split_shard("s", &ShardId::from_index(0), 9)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("is closed"), "{err}");
-        let err = streams.merge_shards("s", &ShardId::from_index(1), &ShardId::from_index(1)).await.unwrap_err();
+        let err = streams
+            .merge_shards("s", &ShardId::from_index(1), &ShardId::from_index(1))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StreamError::InvalidArgument { .. }));
     }
 }

@@ -1,0 +1,792 @@
+//! [`LeaseTable`] on aws-sdk-dynamodb.
+//!
+//! Rows are read and written through the shared codec in `model::item`; this file only
+//! converts its [`AttrValue`]s to the SDK's `AttributeValue`s and back, and writes the
+//! conditions. Every write that changes ownership or progress is a conditional
+//! UpdateItem/DeleteItem on the caller's [`Fence`]; a failed condition comes back as
+//! `ConditionFailed` with the row's current owner and counter, taken from the item the
+//! server returns (`ReturnValuesOnConditionCheckFailure = ALL_OLD`) or, when a server
+//! does not return it, from one strongly consistent GetItem.
+//!
+//! Retries are the SDK's (its retry config in the `SdkConfig`); this adapter adds none.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription, TableStatus,
+};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::Failure;
+
+use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
+use crate::model::item::{
+    AttrValue, ENTITY_WORKER, Item, MalformedRow, Row, attr, checkpoint_attrs, decode_row,
+    encode_lease, heartbeat_key, shard_set,
+};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId};
+
+/// How often and how long `ensure_table` polls for a new table to be ACTIVE.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+type SdkItem = HashMap<String, AttributeValue>;
+
+/// A KCL-compatible lease table in DynamoDB.
+#[derive(Debug, Clone)]
+pub struct DynamoLeaseTable {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+    /// Named in transient errors so an operator can tell which endpoint is unreachable.
+    endpoint: String,
+}
+
+/// Why a conditional write did not happen.
+enum WriteFailure {
+    /// The condition did not hold; the row as the server returned it, if it did.
+    Condition(Option<SdkItem>),
+    Error(LeaseError),
+}
+
+/// Expression attribute names and values of one request. DynamoDB rejects names or
+/// values an expression does not use, so each request collects only its own.
+#[derive(Default)]
+struct Placeholders {
+    names: HashMap<String, String>,
+    values: SdkItem,
+}
+
+impl Placeholders {
+    /// `#name` for an attribute (the KCL's names are plain alphanumerics).
+    fn name(&mut self, attribute: &str) -> String {
+        let placeholder = format!("#{attribute}");
+        self.names.insert(placeholder.clone(), attribute.to_owned());
+        placeholder
+    }
+
+    fn value(&mut self, tag: &str, value: AttributeValue) -> String {
+        let placeholder = format!(":{tag}");
+        self.values.insert(placeholder.clone(), value);
+        placeholder
+    }
+
+    fn names(&self) -> Option<HashMap<String, String>> {
+        (!self.names.is_empty()).then(|| self.names.clone())
+    }
+
+    fn values(&self) -> Option<SdkItem> {
+        (!self.values.is_empty()).then(|| self.values.clone())
+    }
+
+    /// The row exists and its owner and counter are the fence's. An owner of `None`
+    /// means the row must have no owner.
+    fn fence(&mut self, fence: &Fence) -> String {
+        let key = self.name(attr::LEASE_KEY);
+        let counter = self.name(attr::LEASE_COUNTER);
+        let expected = self.value("expected_counter", number(fence.counter));
+        let owner = self.name(attr::LEASE_OWNER);
+        match &fence.owner {
+            Some(o) => {
+                let expected_owner =
+                    self.value("expected_owner", AttributeValue::S(o.as_str().to_owned()));
+                format!(
+                    "attribute_exists({key}) AND {counter} = {expected} AND {owner} = {expected_owner}"
+                )
+            }
+            None => format!(
+                "attribute_exists({key}) AND {counter} = {expected} AND attribute_not_exists({owner})"
+            ),
+        }
+    }
+}
+
+fn number(n: u64) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+impl DynamoLeaseTable {
+    /// `endpoint` replaces the AWS endpoint (a local server in tests and demos).
+    pub fn new(
+        sdk: &aws_config::SdkConfig,
+        endpoint: Option<&str>,
+        table: impl Into<String>,
+    ) -> Self {
+        let mut config = aws_sdk_dynamodb::config::Builder::from(sdk);
+        if let Some(url) = endpoint {
+            config = config.endpoint_url(url);
+        }
+        Self {
+            client: aws_sdk_dynamodb::Client::from_conf(config.build()),
+            table: table.into(),
+            endpoint: super::endpoint_name(sdk, "dynamodb", endpoint),
+        }
+    }
+
+    fn classify<E>(&self, op: &'static str, err: SdkError<E, HttpResponse>) -> LeaseError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let message = format!("table {}: {}", self.table, super::error_text(&err));
+        match (err.code(), super::classify(&err)) {
+            (Some("ResourceNotFoundException"), _) => LeaseError::NotFound { op, message },
+            (_, Failure::Throttled) => LeaseError::Throttled { op, message },
+            (_, Failure::Transient | Failure::Bare500) => LeaseError::Transient {
+                op,
+                endpoint: self.endpoint.clone(),
+                message,
+            },
+            (_, Failure::Other) => LeaseError::Other { op, message },
+        }
+    }
+
+    fn key(key: &str) -> SdkItem {
+        HashMap::from([(
+            attr::LEASE_KEY.to_owned(),
+            AttributeValue::S(key.to_owned()),
+        )])
+    }
+
+    /// The `ConditionFailed` for `key`, with the owner and counter of `current` (the
+    /// row the server returned with the failure), or else of the row as it is now.
+    async fn condition_failed(
+        &self,
+        op: &'static str,
+        key: &LeaseKey,
+        current: Option<SdkItem>,
+    ) -> LeaseError {
+        let current = match current {
+            Some(item) => Some(item),
+            None => match self.get_item("GetItem", key.as_str()).await {
+                Ok(item) => item,
+                Err(err) => return err,
+            },
+        };
+        let Some(item) = current else {
+            return LeaseError::ConditionFailed {
+                key: key.clone(),
+                owner: None,
+                counter: None,
+            };
+        };
+        match decode_item(&item) {
+            Ok(Row::Lease(lease)) => LeaseError::ConditionFailed {
+                key: key.clone(),
+                owner: lease.owner,
+                counter: Some(lease.counter),
+            },
+            Ok(other) => not_a_lease(op, &self.table, &other),
+            Err(malformed) => LeaseError::Malformed(malformed),
+        }
+    }
+
+    /// A strongly consistent GetItem, raw.
+    async fn get_item(&self, op: &'static str, key: &str) -> Result<Option<SdkItem>, LeaseError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.classify(op, e))?;
+        Ok(output.item)
+    }
+
+    /// A conditional UpdateItem returning the new row (`ALL_NEW`).
+    async fn update(
+        &self,
+        key: &LeaseKey,
+        placeholders: &Placeholders,
+        update: String,
+        condition: String,
+    ) -> Result<Lease, LeaseError> {
+        const OP: &str = "UpdateItem";
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key.as_str())))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(placeholders.names())
+            .set_expression_attribute_values(placeholders.values())
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await
+            .map_err(|err| match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
+                    WriteFailure::Condition(e.item().cloned())
+                }
+                _ => WriteFailure::Error(self.classify(OP, err)),
+            });
+        let output = match result {
+            Ok(output) => output,
+            Err(WriteFailure::Condition(current)) => {
+                return Err(self.condition_failed(OP, key, current).await);
+            }
+            Err(WriteFailure::Error(err)) => return Err(err),
+        };
+        let item = output.attributes.ok_or_else(|| LeaseError::Other {
+            op: OP,
+            message: format!(
+                "table {}: lease {key}: no attributes returned (ReturnValues ALL_NEW)",
+                self.table
+            ),
+        })?;
+        match decode_item(&item)? {
+            Row::Lease(lease) => Ok(*lease),
+            other => Err(not_a_lease(OP, &self.table, &other)),
+        }
+    }
+
+    async fn ensure(&self) -> Result<TableState, LeaseError> {
+        let (state, mut table) = match self.describe().await? {
+            Some(table) => (TableState::Existed, Some(table)),
+            None => {
+                let created = self
+                    .client
+                    .create_table()
+                    .table_name(&self.table)
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name(attr::LEASE_KEY)
+                            .key_type(KeyType::Hash)
+                            .build()
+                            .map_err(|e| build_error("CreateTable", e))?,
+                    )
+                    .attribute_definitions(
+                        AttributeDefinition::builder()
+                            .attribute_name(attr::LEASE_KEY)
+                            .attribute_type(ScalarAttributeType::S)
+                            .build()
+                            .map_err(|e| build_error("CreateTable", e))?,
+                    )
+                    .billing_mode(BillingMode::PayPerRequest)
+                    .send()
+                    .await;
+                match created {
+                    Ok(output) => (TableState::Created, output.table_description),
+                    // Another worker created it between our describe and create.
+                    Err(err) if err.code() == Some("ResourceInUseException") => {
+                        (TableState::Existed, None)
+                    }
+                    Err(err) => return Err(self.classify("CreateTable", err)),
+                }
+            }
+        };
+        let deadline = Instant::now() + WAIT_LIMIT;
+        loop {
+            if let Some(table) = &table {
+                self.check_key_schema(table)?;
+                if table.table_status() != Some(&TableStatus::Creating) {
+                    return Ok(state);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(LeaseError::Other {
+                    op: "DescribeTable",
+                    message: format!(
+                        "table {} not ACTIVE after {WAIT_LIMIT:?} (status {:?})",
+                        self.table,
+                        table.as_ref().and_then(|t| t.table_status())
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+            table = self.describe().await?;
+        }
+    }
+
+    /// DescribeTable; `None` if there is no such table.
+    async fn describe(&self) -> Result<Option<TableDescription>, LeaseError> {
+        match self
+            .client
+            .describe_table()
+            .table_name(&self.table)
+            .send()
+            .await
+        {
+            Ok(output) => Ok(output.table),
+            Err(err) => match self.classify("DescribeTable", err) {
+                LeaseError::NotFound { .. } => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    fn check_key_schema(&self, table: &TableDescription) -> Result<(), LeaseError> {
+        let type_of = |name: &str| {
+            table
+                .attribute_definitions()
+                .iter()
+                .find(|d| d.attribute_name() == name)
+                .map_or("?", |d| d.attribute_type().as_str())
+        };
+        let schema = table.key_schema();
+        let right = matches!(schema, [only] if only.attribute_name() == attr::LEASE_KEY
+            && only.key_type() == &KeyType::Hash
+            && type_of(attr::LEASE_KEY) == ScalarAttributeType::S.as_str());
+        if right {
+            return Ok(());
+        }
+        Err(LeaseError::WrongKeySchema {
+            table: self.table.clone(),
+            found: schema
+                .iter()
+                .map(|k| {
+                    format!(
+                        "{} ({}, {})",
+                        k.attribute_name(),
+                        k.key_type().as_str(),
+                        type_of(k.attribute_name())
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    async fn scan_all(&self) -> Result<ScanOutput, LeaseError> {
+        let mut out = ScanOutput::default();
+        let mut start: Option<SdkItem> = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| self.classify("Scan", e))?;
+            for item in page.items() {
+                match decode_item(item) {
+                    Ok(Row::Lease(lease)) => out.leases.push(*lease),
+                    Ok(Row::Heartbeat(heartbeat)) => out.heartbeats.push(heartbeat),
+                    Ok(Row::Other { .. }) => out.other_rows += 1,
+                    Err(malformed) => out.malformed.push(malformed),
+                }
+            }
+            match page.last_evaluated_key {
+                Some(last) if !last.is_empty() => start = Some(last),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        const OP: &str = "GetItem";
+        let Some(item) = self.get_item(OP, key.as_str()).await? else {
+            return Ok(None);
+        };
+        match decode_item(&item)? {
+            Row::Lease(lease) => Ok(Some(*lease)),
+            other => Err(not_a_lease(OP, &self.table, &other)),
+        }
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<bool, LeaseError> {
+        const OP: &str = "PutItem";
+        let mut p = Placeholders::default();
+        let condition = format!("attribute_not_exists({})", p.name(attr::LEASE_KEY));
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item_to_sdk(OP, &encode_lease(lease))?))
+            .condition_expression(condition)
+            .set_expression_attribute_names(p.names())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.classify(OP, err)),
+            },
+        }
+    }
+
+    async fn take_lease(
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
+        new_owner: &WorkerId,
+    ) -> Result<Lease, LeaseError> {
+        let mut p = Placeholders::default();
+        let condition = p.fence(fence);
+        let (owner, counter) = (p.name(attr::LEASE_OWNER), p.name(attr::LEASE_COUNTER));
+        let (switches, checkpoint_owner) =
+            (p.name(attr::OWNER_SWITCHES), p.name(attr::CHECKPOINT_OWNER));
+        let me = p.value(
+            "new_owner",
+            AttributeValue::S(new_owner.as_str().to_owned()),
+        );
+        let one = p.value("one", number(1));
+        let update = format!(
+            "SET {owner} = {me}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {checkpoint_owner}"
+        );
+        self.update(key, &p, update, condition).await
+    }
+
+    async fn release_lease(&self, key: &LeaseKey, fence: &Fence) -> Result<u64, LeaseError> {
+        let mut p = Placeholders::default();
+        let condition = p.fence(fence);
+        let (owner, counter) = (p.name(attr::LEASE_OWNER), p.name(attr::LEASE_COUNTER));
+        let one = p.value("one", number(1));
+        let update = format!("SET {counter} = {counter} + {one} REMOVE {owner}");
+        Ok(self.update(key, &p, update, condition).await?.counter)
+    }
+
+    async fn write_checkpoint(
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        children: &[ShardId],
+    ) -> Result<(), LeaseError> {
+        const OP: &str = "UpdateItem";
+        let mut p = Placeholders::default();
+        let condition = p.fence(fence);
+        let mut set = Vec::new();
+        for (i, (name, value)) in checkpoint_attrs(checkpoint).into_iter().enumerate() {
+            let value = p.value(&format!("checkpoint{i}"), attr_to_sdk(OP, &value)?);
+            set.push(format!("{} = {value}", p.name(name)));
+        }
+        let zero = p.value("zero", number(0));
+        set.push(format!("{} = {zero}", p.name(attr::OWNER_SWITCHES)));
+        if !children.is_empty() {
+            let children = p.value("children", attr_to_sdk(OP, &shard_set(children))?);
+            set.push(format!("{} = {children}", p.name(attr::CHILD_SHARD_IDS)));
+        }
+        let remove = [
+            attr::PENDING_CHECKPOINT,
+            attr::PENDING_CHECKPOINT_SUB_SEQUENCE,
+            attr::PENDING_CHECKPOINT_STATE,
+        ]
+        .map(|name| p.name(name));
+        let update = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
+        self.update(key, &p, update, condition).await.map(drop)
+    }
+
+    async fn delete_lease(&self, key: &LeaseKey, fence: &Fence) -> Result<(), LeaseError> {
+        const OP: &str = "DeleteItem";
+        let mut p = Placeholders::default();
+        let condition = p.fence(fence);
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key.as_str())))
+            .condition_expression(condition)
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => match err.as_service_error() {
+                Some(DeleteItemError::ConditionalCheckFailedException(e)) => {
+                    let current = e.item().cloned();
+                    Err(self.condition_failed(OP, key, current).await)
+                }
+                _ => Err(self.classify(OP, err)),
+            },
+        }
+    }
+
+    async fn beat(&self, worker: &WorkerId) -> Result<u64, LeaseError> {
+        const OP: &str = "UpdateItem";
+        let key = heartbeat_key(worker);
+        let mut p = Placeholders::default();
+        let (entity, owner, counter) = (
+            p.name(attr::ENTITY_TYPE),
+            p.name(attr::LEASE_OWNER),
+            p.name(attr::LEASE_COUNTER),
+        );
+        let worker_type = p.value("worker_type", AttributeValue::S(ENTITY_WORKER.to_owned()));
+        let me = p.value("worker", AttributeValue::S(worker.as_str().to_owned()));
+        let one = p.value("one", number(1));
+        let output = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(&key)))
+            .update_expression(format!(
+                "SET {entity} = {worker_type}, {owner} = {me} ADD {counter} {one}"
+            ))
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values())
+            .return_values(ReturnValue::UpdatedNew)
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        // UPDATED_NEW returns the attributes the update named, not the key: add it
+        // back so the row reads through the codec like any other.
+        let mut item = output.attributes.unwrap_or_default();
+        item.insert(attr::LEASE_KEY.to_owned(), AttributeValue::S(key));
+        match decode_item(&item)? {
+            Row::Heartbeat(heartbeat) => Ok(heartbeat.counter),
+            other => Err(LeaseError::Other {
+                op: OP,
+                message: format!(
+                    "table {}: expected a heartbeat row, found {other}",
+                    self.table
+                ),
+            }),
+        }
+    }
+
+    async fn remove_beat(&self, worker: &WorkerId) -> Result<(), LeaseError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(&heartbeat_key(worker))))
+            .send()
+            .await
+            .map_err(|e| self.classify("DeleteItem", e))?;
+        Ok(())
+    }
+}
+
+fn not_a_lease(op: &'static str, table: &str, row: &Row) -> LeaseError {
+    LeaseError::Other {
+        op,
+        message: format!("table {table}: expected a lease row, found {row}"),
+    }
+}
+
+fn build_error(op: &'static str, err: aws_sdk_dynamodb::error::BuildError) -> LeaseError {
+    LeaseError::Other {
+        op,
+        message: err.to_string(),
+    }
+}
+
+/// Reads a row from the server through the codec. An attribute the codec has no type
+/// for makes the row malformed, like any other unreadable attribute.
+fn decode_item(item: &SdkItem) -> Result<Row, MalformedRow> {
+    decode_row(&item_from_sdk(item)?)
+}
+
+fn item_from_sdk(item: &SdkItem) -> Result<Item, MalformedRow> {
+    item.iter()
+        .map(|(name, value)| {
+            attr_from_sdk(value)
+                .map(|v| (name.clone(), v))
+                .map_err(|why| MalformedRow {
+                    key: match item.get(attr::LEASE_KEY) {
+                        Some(AttributeValue::S(key)) => Some(key.clone()),
+                        _ => None,
+                    },
+                    attribute: name.clone(),
+                    why,
+                })
+        })
+        .collect()
+}
+
+fn attr_from_sdk(value: &AttributeValue) -> Result<AttrValue, String> {
+    Ok(match value {
+        AttributeValue::S(s) => AttrValue::S(s.clone()),
+        AttributeValue::N(n) => AttrValue::N(n.clone()),
+        AttributeValue::B(b) => AttrValue::B(BASE64.encode(b.as_ref())),
+        AttributeValue::Ss(ss) => AttrValue::SS(ss.clone()),
+        AttributeValue::Ns(ns) => AttrValue::NS(ns.clone()),
+        AttributeValue::Bs(bs) => {
+            AttrValue::BS(bs.iter().map(|b| BASE64.encode(b.as_ref())).collect())
+        }
+        AttributeValue::Bool(b) => AttrValue::Bool(*b),
+        AttributeValue::Null(n) => AttrValue::Null(*n),
+        AttributeValue::L(list) => {
+            AttrValue::L(list.iter().map(attr_from_sdk).collect::<Result<_, _>>()?)
+        }
+        AttributeValue::M(map) => AttrValue::M(
+            map.iter()
+                .map(|(k, v)| attr_from_sdk(v).map(|v| (k.clone(), v)))
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => return Err("an attribute type this SDK does not know".to_owned()),
+    })
+}
+
+fn item_to_sdk(op: &'static str, item: &Item) -> Result<SdkItem, LeaseError> {
+    item.iter()
+        .map(|(name, value)| attr_to_sdk(op, value).map(|v| (name.clone(), v)))
+        .collect()
+}
+
+fn attr_to_sdk(op: &'static str, value: &AttrValue) -> Result<AttributeValue, LeaseError> {
+    let blob = |text: &str| {
+        BASE64
+            .decode(text)
+            .map(Blob::new)
+            .map_err(|e| LeaseError::Other {
+                op,
+                message: format!("binary attribute value is not base64: {e}"),
+            })
+    };
+    Ok(match value {
+        AttrValue::S(s) => AttributeValue::S(s.clone()),
+        AttrValue::N(n) => AttributeValue::N(n.clone()),
+        AttrValue::B(b) => AttributeValue::B(blob(b)?),
+        AttrValue::SS(ss) => AttributeValue::Ss(ss.clone()),
+        AttrValue::NS(ns) => AttributeValue::Ns(ns.clone()),
+        AttrValue::BS(bs) => {
+            AttributeValue::Bs(bs.iter().map(|b| blob(b)).collect::<Result<_, _>>()?)
+        }
+        AttrValue::Bool(b) => AttributeValue::Bool(*b),
+        AttrValue::Null(n) => AttributeValue::Null(*n),
+        AttrValue::L(list) => AttributeValue::L(
+            list.iter()
+                .map(|v| attr_to_sdk(op, v))
+                .collect::<Result<_, _>>()?,
+        ),
+        AttrValue::M(map) => AttributeValue::M(
+            map.iter()
+                .map(|(k, v)| attr_to_sdk(op, v).map(|v| (k.clone(), v)))
+                .collect::<Result<_, _>>()?,
+        ),
+    })
+}
+
+impl LeaseTable for DynamoLeaseTable {
+    fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
+        Box::pin(self.ensure())
+    }
+
+    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
+        Box::pin(self.scan_all())
+    }
+
+    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
+        Box::pin(self.get_lease(key))
+    }
+
+    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.create(lease))
+    }
+
+    fn take<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+        Box::pin(self.take_lease(key, expected, new_owner))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.release_lease(key, expected))
+    }
+
+    fn checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        checkpoint: &'a Checkpoint,
+        children: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.write_checkpoint(key, expected, checkpoint, children))
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.delete_lease(key, expected))
+    }
+
+    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.beat(worker))
+    }
+
+    fn remove_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.remove_beat(worker))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribute_values_round_trip_through_the_sdk_types() {
+        let value = AttrValue::M(
+            [
+                ("s".to_owned(), AttrValue::S("x".into())),
+                ("n".to_owned(), AttrValue::N("12".into())),
+                ("b".to_owned(), AttrValue::B(BASE64.encode([0u8, 1, 255]))),
+                ("ss".to_owned(), AttrValue::SS(vec!["a".into(), "b".into()])),
+                ("bs".to_owned(), AttrValue::BS(vec![BASE64.encode([7u8])])),
+                (
+                    "l".to_owned(),
+                    AttrValue::L(vec![AttrValue::Bool(true), AttrValue::Null(true)]),
+                ),
+                ("ns".to_owned(), AttrValue::NS(vec!["1".into()])),
+            ]
+            .into(),
+        );
+        let sdk = attr_to_sdk("test", &value).unwrap();
+        assert_eq!(attr_from_sdk(&sdk).unwrap(), value);
+    }
+
+    #[test]
+    fn binary_values_that_are_not_base64_are_an_error_not_a_panic() {
+        let err = attr_to_sdk("PutItem", &AttrValue::B("not base64!".into())).unwrap_err();
+        assert!(err.to_string().contains("not base64"), "{err}");
+    }
+
+    #[test]
+    fn fence_conditions_require_the_row_and_name_owner_or_its_absence() {
+        let mut p = Placeholders::default();
+        let owned = p.fence(&Fence {
+            owner: Some(WorkerId::new("w")),
+            counter: 3,
+        });
+        assert_eq!(
+            owned,
+            "attribute_exists(#leaseKey) AND #leaseCounter = :expected_counter AND #leaseOwner = :expected_owner"
+        );
+        assert_eq!(
+            p.values.get(":expected_counter"),
+            Some(&AttributeValue::N("3".into()))
+        );
+        let mut p = Placeholders::default();
+        let unowned = p.fence(&Fence {
+            owner: None,
+            counter: 0,
+        });
+        assert_eq!(
+            unowned,
+            "attribute_exists(#leaseKey) AND #leaseCounter = :expected_counter AND attribute_not_exists(#leaseOwner)"
+        );
+        assert!(!p.values.contains_key(":expected_owner"));
+    }
+}

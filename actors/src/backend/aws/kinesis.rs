@@ -1,0 +1,667 @@
+//! [`StreamClient`] and [`StreamAdmin`] on aws-sdk-kinesis.
+//!
+//! Streams are addressed by name, never by ARN (ferrokinesis fails on StreamARN), and
+//! ListShards pages with `ExclusiveStartShardId` + `StreamName`, never `NextToken`
+//! (ferrokinesis ignores it). Retries are the SDK's (its retry config in the
+//! `SdkConfig`); this adapter adds none.
+//!
+//! Error mapping, by the service's error code first and the HTTP status second:
+//! throttling codes -> `Throttled`; `ExpiredIteratorException` -> `IteratorExpired`;
+//! `ResourceNotFoundException` -> `NotFound`; `InvalidArgumentException` and
+//! `ValidationException` -> `InvalidArgument`; no answer, a timeout, or a 5xx that
+//! carries an error code (or a 501..=599 without one) -> `Transient`. An HTTP 500
+//! without any error code is `Other`: it is kinesis-mock's answer (empty body) to a
+//! garbage shard iterator, where the request itself is at fault and repeating it
+//! cannot help. Real Kinesis always names its 500s (`InternalFailure`).
+
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_types::DateTime;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::{Failure, THROTTLING_CODES, classify, error_text};
+
+use crate::backend::{
+    Capabilities, ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch,
+    ShardIterator, StreamAdmin, StreamClient, StreamError, StreamSummary,
+};
+use crate::model::{HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId};
+
+/// Kinesis' throttling code for its KMS calls, throttling on top of [`THROTTLING_CODES`].
+const KMS_THROTTLING: &str = "KMSThrottlingException";
+
+/// PutRecords limits: records per call, and bytes (data plus partition keys) per call.
+const MAX_PUT_RECORDS: usize = 500;
+const MAX_PUT_BYTES: usize = 5 * 1024 * 1024;
+
+/// How often and how long `create_stream`, `split_shard` and `merge_shards` poll for
+/// the stream to be ACTIVE again.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// A Kinesis stream client.
+#[derive(Debug, Clone)]
+pub struct KinesisStream {
+    client: aws_sdk_kinesis::Client,
+    /// Named in transient errors so an operator can tell which endpoint is unreachable.
+    endpoint: String,
+    capabilities: Capabilities,
+}
+
+impl KinesisStream {
+    /// `endpoint` replaces the AWS endpoint (a local server in tests and demos).
+    pub fn new(sdk: &aws_config::SdkConfig, endpoint: Option<&str>) -> Self {
+        let mut config = aws_sdk_kinesis::config::Builder::from(sdk);
+        if let Some(url) = endpoint {
+            config = config.endpoint_url(url);
+        }
+        Self {
+            client: aws_sdk_kinesis::Client::from_conf(config.build()),
+            endpoint: super::endpoint_name(sdk, "kinesis", endpoint),
+            capabilities: Capabilities::FULL,
+        }
+    }
+
+    /// Declares what the server behind this client reports (an emulator reports less
+    /// than [`Capabilities::FULL`], the default). It changes no call, only what
+    /// [`StreamClient::capabilities`] answers.
+    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    fn classify<E>(&self, op: &'static str, err: SdkError<E, HttpResponse>) -> StreamError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let message = error_text(&err);
+        match (err.code(), classify(&err)) {
+            (Some("ExpiredIteratorException"), _) => StreamError::IteratorExpired { op, message },
+            (Some("ResourceNotFoundException"), _) => StreamError::NotFound { op, message },
+            (Some("InvalidArgumentException" | "ValidationException"), _) => {
+                StreamError::InvalidArgument { op, message }
+            }
+            (Some(KMS_THROTTLING), _) | (_, Failure::Throttled) => {
+                StreamError::Throttled { op, message }
+            }
+            (_, Failure::Transient) => StreamError::Transient {
+                op,
+                endpoint: self.endpoint.clone(),
+                message,
+            },
+            (_, Failure::Bare500) => StreamError::Other {
+                op,
+                message: format!("HTTP 500 without an error code: {message}"),
+            },
+            (_, Failure::Other) => StreamError::Other { op, message },
+        }
+    }
+
+    async fn list(&self, stream: &str) -> Result<Vec<Shard>, StreamError> {
+        const OP: &str = "ListShards";
+        let mut shards: Vec<Shard> = Vec::new();
+        loop {
+            let mut request = self.client.list_shards().stream_name(stream);
+            if let Some(last) = shards.last() {
+                request = request.exclusive_start_shard_id(last.id.as_str());
+            }
+            let page = request.send().await.map_err(|e| self.classify(OP, e))?;
+            let before = shards.len();
+            for shard in page.shards() {
+                if !shards.iter().any(|s| s.id.as_str() == shard.shard_id()) {
+                    shards.push(shard_from_sdk(shard)?);
+                }
+            }
+            if shards.len() == before {
+                return Ok(shards);
+            }
+        }
+    }
+
+    async fn iterator(
+        &self,
+        stream: &str,
+        shard: &ShardId,
+        position: &IteratorPosition,
+    ) -> Result<ShardIterator, StreamError> {
+        const OP: &str = "GetShardIterator";
+        let request = self
+            .client
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.as_str());
+        let request = match position {
+            IteratorPosition::TrimHorizon => {
+                request.shard_iterator_type(ShardIteratorType::TrimHorizon)
+            }
+            IteratorPosition::Latest => request.shard_iterator_type(ShardIteratorType::Latest),
+            IteratorPosition::AtSequence(seq) => request
+                .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                .starting_sequence_number(seq.as_str()),
+            IteratorPosition::AfterSequence(seq) => request
+                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                .starting_sequence_number(seq.as_str()),
+            IteratorPosition::AtTimestamp(at) => request
+                .shard_iterator_type(ShardIteratorType::AtTimestamp)
+                .timestamp(DateTime::from(*at)),
+        };
+        let output = request.send().await.map_err(|e| self.classify(OP, e))?;
+        output
+            .shard_iterator()
+            .map(|it| ShardIterator(it.to_owned()))
+            .ok_or_else(|| StreamError::Other {
+                op: OP,
+                message: format!("no ShardIterator in the answer for {shard} of stream {stream}"),
+            })
+    }
+
+    async fn records(
+        &self,
+        iterator: &ShardIterator,
+        limit: u32,
+    ) -> Result<RecordBatch, StreamError> {
+        const OP: &str = "GetRecords";
+        let output = self
+            .client
+            .get_records()
+            .shard_iterator(&iterator.0)
+            .limit(i32::try_from(limit).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        let records = output
+            .records()
+            .iter()
+            .map(record_from_sdk)
+            .collect::<Result<Vec<_>, _>>()?;
+        let millis_behind_latest = output
+            .millis_behind_latest()
+            .map(|ms| {
+                u64::try_from(ms).map_err(|_| StreamError::Other {
+                    op: OP,
+                    message: format!("MillisBehindLatest {ms} is negative"),
+                })
+            })
+            .transpose()?;
+        let child_shards = output
+            .child_shards
+            .as_deref()
+            .map(|children| {
+                children
+                    .iter()
+                    .map(child_from_sdk)
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        Ok(RecordBatch {
+            records,
+            next_iterator: output
+                .next_shard_iterator()
+                .map(|it| ShardIterator(it.to_owned())),
+            millis_behind_latest,
+            child_shards,
+        })
+    }
+
+    async fn summary(&self, stream: &str) -> Result<StreamSummary, StreamError> {
+        const OP: &str = "DescribeStreamSummary";
+        let output = self
+            .client
+            .describe_stream_summary()
+            .stream_name(stream)
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        let summary = output
+            .stream_description_summary()
+            .ok_or_else(|| StreamError::Other {
+                op: OP,
+                message: format!("no StreamDescriptionSummary in the answer for stream {stream}"),
+            })?;
+        let count = |what: &str, value: i32| {
+            u32::try_from(value).map_err(|_| StreamError::Other {
+                op: OP,
+                message: format!("stream {stream}: {what} {value} is negative"),
+            })
+        };
+        Ok(StreamSummary {
+            name: summary.stream_name().to_owned(),
+            arn: summary.stream_arn().to_owned(),
+            status: summary.stream_status().as_str().to_owned(),
+            open_shard_count: count("OpenShardCount", summary.open_shard_count())?,
+            retention_hours: count("RetentionPeriodHours", summary.retention_period_hours())?,
+        })
+    }
+
+    /// Polls until the stream is ACTIVE and every shard in `closed` is closed.
+    /// `NotFound` is waited out only right after a create (AWS may not list a stream
+    /// it has just accepted).
+    async fn wait_until_active(
+        &self,
+        op: &'static str,
+        stream: &str,
+        closed: &[&ShardId],
+        tolerate_not_found: bool,
+    ) -> Result<(), StreamError> {
+        let deadline = Instant::now() + WAIT_LIMIT;
+        loop {
+            let status = match self.summary(stream).await {
+                Ok(summary) => summary.status,
+                Err(StreamError::NotFound { .. }) if tolerate_not_found => "not found".to_owned(),
+                Err(err) => return Err(err),
+            };
+            if status == StreamStatus::Active.as_str() {
+                if closed.is_empty() {
+                    return Ok(());
+                }
+                let shards = self.list(stream).await?;
+                let is_closed = |id: &ShardId| shards.iter().any(|s| &s.id == id && !s.is_open());
+                if closed.iter().all(|id| is_closed(id)) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(StreamError::Other {
+                    op,
+                    message: format!(
+                        "stream {stream} not ACTIVE with {closed:?} closed after {WAIT_LIMIT:?} (status {status})"
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    async fn create(&self, stream: &str, shards: u32) -> Result<(), StreamError> {
+        const OP: &str = "CreateStream";
+        self.client
+            .create_stream()
+            .stream_name(stream)
+            .shard_count(i32::try_from(shards).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        self.wait_until_active(OP, stream, &[], true).await
+    }
+
+    async fn delete(&self, stream: &str) -> Result<(), StreamError> {
+        self.client
+            .delete_stream()
+            .stream_name(stream)
+            .enforce_consumer_deletion(true)
+            .send()
+            .await
+            .map_err(|e| self.classify("DeleteStream", e))?;
+        Ok(())
+    }
+
+    async fn put(
+        &self,
+        stream: &str,
+        records: &[PutRecord],
+    ) -> Result<Vec<PutResult>, StreamError> {
+        let mut results = Vec::with_capacity(records.len());
+        let mut start = 0;
+        while start < records.len() {
+            let end = chunk_end(records, start);
+            results.extend(self.put_chunk(stream, &records[start..end], start).await?);
+            start = end;
+        }
+        Ok(results)
+    }
+
+    /// One PutRecords call. `offset` is the chunk's index in the caller's records, for
+    /// error messages. A refused entry fails the call; entries after it in the same
+    /// chunk may have been written (PutRecords is not atomic), earlier chunks were.
+    async fn put_chunk(
+        &self,
+        stream: &str,
+        chunk: &[PutRecord],
+        offset: usize,
+    ) -> Result<Vec<PutResult>, StreamError> {
+        const OP: &str = "PutRecords";
+        let entries = chunk
+            .iter()
+            .map(|record| {
+                PutRecordsRequestEntry::builder()
+                    .data(Blob::new(record.data.to_vec()))
+                    .partition_key(&record.partition_key)
+                    .set_explicit_hash_key(record.explicit_hash_key.map(|k| k.to_string()))
+                    .build()
+                    .map_err(|e| StreamError::InvalidArgument {
+                        op: OP,
+                        message: format!(
+                            "record with partition key {:?}: {e}",
+                            record.partition_key
+                        ),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let output = self
+            .client
+            .put_records()
+            .stream_name(stream)
+            .set_records(Some(entries))
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        if output.records().len() != chunk.len() {
+            return Err(StreamError::Other {
+                op: OP,
+                message: format!(
+                    "stream {stream}: {} results for {} records",
+                    output.records().len(),
+                    chunk.len()
+                ),
+            });
+        }
+        let refused = output
+            .records()
+            .iter()
+            .filter(|e| e.error_code().is_some())
+            .count();
+        let mut results = Vec::with_capacity(chunk.len());
+        for (i, (record, entry)) in chunk.iter().zip(output.records()).enumerate() {
+            let index = offset + i;
+            if let Some(code) = entry.error_code() {
+                let message = format!(
+                    "stream {stream}: record {index} (partition key {:?}) refused with {code}: {} ({refused} of {} refused in this call)",
+                    record.partition_key,
+                    entry.error_message().unwrap_or("no message"),
+                    chunk.len(),
+                );
+                return Err(
+                    if code == KMS_THROTTLING || THROTTLING_CODES.contains(&code) {
+                        StreamError::Throttled { op: OP, message }
+                    } else if code == "InternalFailure" {
+                        StreamError::Transient {
+                            op: OP,
+                            endpoint: self.endpoint.clone(),
+                            message,
+                        }
+                    } else {
+                        StreamError::Other { op: OP, message }
+                    },
+                );
+            }
+            let (Some(shard), Some(seq)) = (entry.shard_id(), entry.sequence_number()) else {
+                return Err(StreamError::Other {
+                    op: OP,
+                    message: format!(
+                        "stream {stream}: record {index} (partition key {:?}): no ShardId or SequenceNumber and no error code",
+                        record.partition_key
+                    ),
+                });
+            };
+            results.push(PutResult {
+                shard: ShardId::new(shard),
+                sequence_number: parse_sequence(OP, &format!("record {index}"), seq)?,
+            });
+        }
+        Ok(results)
+    }
+
+    async fn split(
+        &self,
+        stream: &str,
+        shard: &ShardId,
+        new_starting_hash_key: u128,
+    ) -> Result<(), StreamError> {
+        const OP: &str = "SplitShard";
+        self.client
+            .split_shard()
+            .stream_name(stream)
+            .shard_to_split(shard.as_str())
+            .new_starting_hash_key(new_starting_hash_key.to_string())
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        self.wait_until_active(OP, stream, &[shard], false).await
+    }
+
+    async fn merge(
+        &self,
+        stream: &str,
+        shard: &ShardId,
+        adjacent: &ShardId,
+    ) -> Result<(), StreamError> {
+        const OP: &str = "MergeShards";
+        self.client
+            .merge_shards()
+            .stream_name(stream)
+            .shard_to_merge(shard.as_str())
+            .adjacent_shard_to_merge(adjacent.as_str())
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        self.wait_until_active(OP, stream, &[shard, adjacent], false)
+            .await
+    }
+}
+
+/// The end (exclusive) of the PutRecords call starting at `start`: at most
+/// [`MAX_PUT_RECORDS`] records and [`MAX_PUT_BYTES`] bytes, and at least one record (an
+/// oversized record goes alone, for the service to refuse by name).
+fn chunk_end(records: &[PutRecord], start: usize) -> usize {
+    let mut end = start;
+    let mut bytes = 0;
+    while end < records.len() && end - start < MAX_PUT_RECORDS {
+        let size = records[end].data.len() + records[end].partition_key.len();
+        if end > start && bytes + size > MAX_PUT_BYTES {
+            break;
+        }
+        bytes += size;
+        end += 1;
+    }
+    end
+}
+
+fn parse_sequence(op: &'static str, what: &str, text: &str) -> Result<SequenceNumber, StreamError> {
+    SequenceNumber::parse(text).map_err(|e| StreamError::Other {
+        op,
+        message: format!("{what}: malformed sequence number from the server: {e}"),
+    })
+}
+
+fn parse_range(
+    op: &'static str,
+    what: &str,
+    range: Option<&aws_sdk_kinesis::types::HashKeyRange>,
+) -> Result<HashKeyRange, StreamError> {
+    let range = range.ok_or_else(|| StreamError::Other {
+        op,
+        message: format!("{what}: no HashKeyRange from the server"),
+    })?;
+    HashKeyRange::parse(range.starting_hash_key(), range.ending_hash_key()).map_err(|e| {
+        StreamError::Other {
+            op,
+            message: format!("{what}: malformed hash key range from the server: {e}"),
+        }
+    })
+}
+
+fn shard_from_sdk(shard: &aws_sdk_kinesis::types::Shard) -> Result<Shard, StreamError> {
+    const OP: &str = "ListShards";
+    let what = format!("shard {}", shard.shard_id());
+    let sequences = shard
+        .sequence_number_range()
+        .ok_or_else(|| StreamError::Other {
+            op: OP,
+            message: format!("{what}: no SequenceNumberRange from the server"),
+        })?;
+    Ok(Shard {
+        id: ShardId::new(shard.shard_id()),
+        parent: shard.parent_shard_id().map(ShardId::new),
+        adjacent_parent: shard.adjacent_parent_shard_id().map(ShardId::new),
+        hash_range: parse_range(OP, &what, shard.hash_key_range())?,
+        sequence_range: SequenceRange {
+            start: parse_sequence(OP, &what, sequences.starting_sequence_number())?,
+            end: sequences
+                .ending_sequence_number()
+                .map(|end| parse_sequence(OP, &what, end))
+                .transpose()?,
+        },
+    })
+}
+
+fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, StreamError> {
+    const OP: &str = "GetRecords";
+    let seq = record.sequence_number();
+    let what = format!("record {seq}");
+    let approximate_arrival = record
+        .approximate_arrival_timestamp()
+        .map(|at| {
+            SystemTime::try_from(*at).map_err(|e| StreamError::Other {
+                op: OP,
+                message: format!("{what}: ApproximateArrivalTimestamp {at} out of range: {e}"),
+            })
+        })
+        .transpose()?;
+    Ok(Record {
+        sequence_number: parse_sequence(OP, &what, seq)?,
+        sub_sequence_number: 0,
+        partition_key: record
+            .partition_key()
+            .ok_or_else(|| StreamError::Other {
+                op: OP,
+                message: format!("{what}: no PartitionKey from the server"),
+            })?
+            .to_owned(),
+        // GetRecords does not return the explicit hash key a producer gave.
+        explicit_hash_key: None,
+        data: Bytes::copy_from_slice(record.data().as_ref()),
+        approximate_arrival,
+    })
+}
+
+fn child_from_sdk(child: &aws_sdk_kinesis::types::ChildShard) -> Result<ChildShard, StreamError> {
+    const OP: &str = "GetRecords";
+    Ok(ChildShard {
+        id: ShardId::new(child.shard_id()),
+        parents: child
+            .parent_shards()
+            .iter()
+            .map(|p| ShardId::new(p.as_str()))
+            .collect(),
+        hash_range: parse_range(
+            OP,
+            &format!("child shard {}", child.shard_id()),
+            child.hash_key_range(),
+        )?,
+    })
+}
+
+impl StreamClient for KinesisStream {
+    fn list_shards<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
+        Box::pin(self.list(stream))
+    }
+
+    fn get_shard_iterator<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<ShardIterator, StreamError>> {
+        Box::pin(self.iterator(stream, shard, position))
+    }
+
+    fn get_records<'a>(
+        &'a self,
+        iterator: &'a ShardIterator,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
+        Box::pin(self.records(iterator, limit))
+    }
+
+    fn describe_stream_summary<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
+        Box::pin(self.summary(stream))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+}
+
+impl StreamAdmin for KinesisStream {
+    fn create_stream<'a>(
+        &'a self,
+        stream: &'a str,
+        shards: u32,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.create(stream, shards))
+    }
+
+    fn delete_stream<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.delete(stream))
+    }
+
+    fn put_records<'a>(
+        &'a self,
+        stream: &'a str,
+        records: &'a [PutRecord],
+    ) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
+        Box::pin(self.put(stream, records))
+    }
+
+    fn split_shard<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        new_starting_hash_key: u128,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.split(stream, shard, new_starting_hash_key))
+    }
+
+    fn merge_shards<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a ShardId,
+        adjacent: &'a ShardId,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.merge(stream, shard, adjacent))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(bytes: usize) -> PutRecord {
+        PutRecord {
+            partition_key: "k".into(),
+            explicit_hash_key: None,
+            data: Bytes::from(vec![0u8; bytes]),
+        }
+    }
+
+    #[test]
+    fn put_chunks_hold_at_most_500_records_and_5_mib() {
+        let small: Vec<_> = (0..1201).map(|_| record(1)).collect();
+        assert_eq!(chunk_end(&small, 0), 500);
+        assert_eq!(chunk_end(&small, 1000), 1201);
+        let big: Vec<_> = (0..6).map(|_| record(1024 * 1024)).collect();
+        assert_eq!(
+            chunk_end(&big, 0),
+            4,
+            "4 MiB + 4 keys fit, a fifth MiB does not"
+        );
+        let huge = vec![record(6 * 1024 * 1024), record(1)];
+        assert_eq!(
+            chunk_end(&huge, 0),
+            1,
+            "an oversized record still goes, alone"
+        );
+    }
+}
