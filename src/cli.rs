@@ -10,7 +10,11 @@ use flotilla_actors::backend::{LeaseTable, TableState};
 use flotilla_actors::model::{Checkpoint, Lease};
 
 #[derive(Debug, Parser)]
-#[command(name = "flotilla", version, about = "Consume Amazon Kinesis Data Streams with a self-balancing fleet of workers.")]
+#[command(
+    name = "flotilla",
+    version,
+    about = "Consume Amazon Kinesis Data Streams with a self-balancing fleet of workers."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -41,7 +45,11 @@ pub struct TableArgs {
 impl TableArgs {
     async fn open(&self) -> Arc<dyn LeaseTable> {
         let sdk = load_sdk_config(self.region.clone()).await;
-        Arc::new(DynamoLeaseTable::new(&sdk, self.dynamodb_endpoint.as_deref(), self.table.clone()))
+        Arc::new(DynamoLeaseTable::new(
+            &sdk,
+            self.dynamodb_endpoint.as_deref(),
+            self.table.clone(),
+        ))
     }
 }
 
@@ -79,7 +87,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!("skipped: {bad}");
             }
             if scan.other_rows > 0 {
-                eprintln!("ignored {} rows of other programs (KCL 3.x coordinator state)", scan.other_rows);
+                eprintln!(
+                    "ignored {} rows of other programs (KCL 3.x coordinator state)",
+                    scan.other_rows
+                );
             }
             Ok(())
         }

@@ -8,9 +8,9 @@ use flotilla_actors::backend::aws::DynamoLeaseTable;
 use flotilla_actors::model::{Checkpoint, Lease, ShardId, WorkerId};
 
 fn aws_sdk_dynamodb_credentials() -> aws_sdk_dynamodb::config::SharedCredentialsProvider {
-    aws_sdk_dynamodb::config::SharedCredentialsProvider::new(aws_sdk_dynamodb::config::Credentials::new(
-        "test", "test", None, None, "cli-test",
-    ))
+    aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+        aws_sdk_dynamodb::config::Credentials::new("test", "test", None, None, "cli-test"),
+    )
 }
 
 async fn dynoxide() -> String {
@@ -59,9 +59,17 @@ async fn init_then_leases_on_a_local_dynamodb() {
         .load()
         .await;
     let table = DynamoLeaseTable::new(&sdk, Some(&endpoint), "cli-app");
-    let lease = Lease::new(&ShardId::from_index(3), Checkpoint::TrimHorizon, vec![ShardId::from_index(1)], None);
+    let lease = Lease::new(
+        &ShardId::from_index(3),
+        Checkpoint::TrimHorizon,
+        vec![ShardId::from_index(1)],
+        None,
+    );
     table.create_if_absent(&lease).await.unwrap();
-    table.take(&lease.key, &lease.fence(), &WorkerId::new("w-1")).await.unwrap();
+    table
+        .take(&lease.key, &lease.fence(), &WorkerId::new("w-1"))
+        .await
+        .unwrap();
     table.heartbeat(&WorkerId::new("w-1")).await.unwrap();
 
     let leases = tokio::task::block_in_place(|| run(vec!["leases"]));
@@ -72,13 +80,26 @@ async fn init_then_leases_on_a_local_dynamodb() {
     assert_eq!(line["counter"], 1);
     assert_eq!(line["checkpoint"], "TRIM_HORIZON");
     assert_eq!(line["parents"], serde_json::json!(["shardId-000000000001"]));
-    assert!(text(&leases.stderr).contains("worker w-1: heartbeat 1"), "{}", text(&leases.stderr));
+    assert!(
+        text(&leases.stderr).contains("worker w-1: heartbeat 1"),
+        "{}",
+        text(&leases.stderr)
+    );
 }
 
 #[test]
 fn an_unreachable_endpoint_fails_naming_it() {
-    let out = flotilla(&["leases", "--table", "t", "--dynamodb-endpoint", "http://127.0.0.1:1"]);
+    let out = flotilla(&[
+        "leases",
+        "--table",
+        "t",
+        "--dynamodb-endpoint",
+        "http://127.0.0.1:1",
+    ]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("cannot read lease table t") && err.contains("http://127.0.0.1:1"), "{err}");
+    assert!(
+        err.contains("cannot read lease table t") && err.contains("http://127.0.0.1:1"),
+        "{err}"
+    );
 }
