@@ -104,7 +104,9 @@ impl Env {
         };
         Env {
             stream: Arc::new(
-                KinesisStream::new(&sdk, Some(&endpoint)).with_capabilities(capabilities),
+                KinesisStream::new(&sdk, Some(&endpoint))
+                    .with_capabilities(capabilities)
+                    .with_list_page_size(LIST_PAGE),
             ),
             expect: Expect {
                 capabilities,
@@ -129,7 +131,9 @@ impl Env {
         };
         Env {
             stream: Arc::new(
-                KinesisStream::new(&sdk, Some(&endpoint)).with_capabilities(capabilities),
+                KinesisStream::new(&sdk, Some(&endpoint))
+                    .with_capabilities(capabilities)
+                    .with_list_page_size(LIST_PAGE),
             ),
             expect: Expect {
                 capabilities,
@@ -217,6 +221,9 @@ impl Env {
     }
 }
 
+/// ListShards page size on the server tiers: small, so every listing paginates.
+const LIST_PAGE: i32 = 2;
+
 fn keys(n: usize, prefix: &str) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
@@ -238,6 +245,24 @@ mod cases {
                 summary.status.as_str()
             ),
             (stream.as_str(), 4, "ACTIVE")
+        );
+    }
+
+    pub async fn listing_pages_through_every_shard(env: Env) {
+        let stream = env.fresh(7).await;
+        let ids: Vec<ShardId> = env
+            .stream
+            .list_shards(&stream)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(
+            ids,
+            (0..7).map(ShardId::from_index).collect::<Vec<_>>(),
+            "{}",
+            env.tier
         );
     }
 
@@ -690,6 +715,7 @@ macro_rules! suite {
             use super::*;
             suite!(@cases [$test] $env;
                 a_new_stream_lists_open_shards_covering_every_key,
+                listing_pages_through_every_shard,
                 puts_route_by_the_md5_of_the_partition_key,
                 records_come_back_in_order_once_each,
                 iterator_positions,

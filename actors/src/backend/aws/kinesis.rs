@@ -14,6 +14,7 @@
 //! garbage shard iterator, where the request itself is at fault and repeating it
 //! cannot help. Real Kinesis always names its 500s (`InternalFailure`).
 
+use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
@@ -52,6 +53,7 @@ pub struct KinesisStream {
     /// Named in transient errors so an operator can tell which endpoint is unreachable.
     endpoint: String,
     capabilities: Capabilities,
+    list_page_size: Option<i32>,
 }
 
 impl KinesisStream {
@@ -65,7 +67,15 @@ impl KinesisStream {
             client: aws_sdk_kinesis::Client::from_conf(config.build()),
             endpoint: super::endpoint_name(sdk, "kinesis", endpoint),
             capabilities: Capabilities::FULL,
+            list_page_size: None,
         }
+    }
+
+    /// Asks ListShards for pages of at most `size` shards (the service default is
+    /// 1,000), so tests can make a small stream paginate.
+    pub fn with_list_page_size(mut self, size: i32) -> Self {
+        self.list_page_size = Some(size);
+        self
     }
 
     /// Declares what the server behind this client reports (an emulator reports less
@@ -106,19 +116,26 @@ impl KinesisStream {
     async fn list(&self, stream: &str) -> Result<Vec<Shard>, StreamError> {
         const OP: &str = "ListShards";
         let mut shards: Vec<Shard> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
         loop {
-            let mut request = self.client.list_shards().stream_name(stream);
+            let mut request = self
+                .client
+                .list_shards()
+                .stream_name(stream)
+                .set_max_results(self.list_page_size);
             if let Some(last) = shards.last() {
                 request = request.exclusive_start_shard_id(last.id.as_str());
             }
             let page = request.send().await.map_err(|e| self.classify(OP, e))?;
             let before = shards.len();
             for shard in page.shards() {
-                if !shards.iter().any(|s| s.id.as_str() == shard.shard_id()) {
+                if seen.insert(shard.shard_id().to_owned()) {
                     shards.push(shard_from_sdk(shard)?);
                 }
             }
-            if shards.len() == before {
+            // The last page carries no NextToken. A server that ignores paging and
+            // answers everything every time shows up as a page that adds nothing.
+            if page.next_token().is_none() || shards.len() == before {
                 return Ok(shards);
             }
         }
