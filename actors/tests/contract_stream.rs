@@ -94,57 +94,51 @@ impl Env {
         }
     }
 
-    async fn ferrokinesis() -> Env {
-        let endpoint = servers::start_ferrokinesis(4).await;
+    /// A tier behind the real Kinesis adapter, at `endpoint`.
+    async fn server(endpoint: &str, expect: Expect, tier: &'static str) -> Env {
         let sdk = servers::sdk_config().await;
-        // ferrokinesis never returns ChildShards and reports 0 ms behind on open shards.
-        let capabilities = Capabilities {
-            child_shards_in_get_records: false,
-            millis_behind_latest: false,
-        };
+        let stream = KinesisStream::new(&sdk, Some(endpoint))
+            .with_capabilities(expect.capabilities)
+            .with_list_page_size(LIST_PAGE);
         Env {
-            stream: Arc::new(
-                KinesisStream::new(&sdk, Some(&endpoint))
-                    .with_capabilities(capabilities)
-                    .with_list_page_size(LIST_PAGE),
-            ),
-            expect: Expect {
-                capabilities,
-                expiry: Expiry::Sleep(Duration::from_millis(4500)),
-                garbage_iterator: GarbageIterator::InvalidArgument,
-                ending_sequence: EndingSequence::Exact,
-                foreign_sequence: ForeignSequence::InvalidArgument,
-            },
-            tier: "ferrokinesis",
+            stream: Arc::new(stream),
+            expect,
+            tier,
             clock: None,
         }
+    }
+
+    async fn ferrokinesis() -> Env {
+        let endpoint = servers::start_ferrokinesis(4).await;
+        let expect = Expect {
+            // No ChildShards from GetRecords; 0 ms behind on open shards.
+            capabilities: Capabilities {
+                child_shards_in_get_records: false,
+                millis_behind_latest: false,
+            },
+            expiry: Expiry::Sleep(Duration::from_millis(4500)),
+            garbage_iterator: GarbageIterator::InvalidArgument,
+            ending_sequence: EndingSequence::Exact,
+            foreign_sequence: ForeignSequence::InvalidArgument,
+        };
+        Env::server(&endpoint, expect, "ferrokinesis").await
     }
 
     #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
     async fn kinesis_mock() -> Env {
         let endpoint = servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT");
-        let sdk = servers::sdk_config().await;
-        // kinesis-mock returns ChildShards but always reports 0 ms behind.
-        let capabilities = Capabilities {
-            child_shards_in_get_records: true,
-            millis_behind_latest: false,
-        };
-        Env {
-            stream: Arc::new(
-                KinesisStream::new(&sdk, Some(&endpoint))
-                    .with_capabilities(capabilities)
-                    .with_list_page_size(LIST_PAGE),
-            ),
-            expect: Expect {
-                capabilities,
-                expiry: Expiry::Fixed("kinesis-mock's iterator TTL is a fixed five minutes"),
-                garbage_iterator: GarbageIterator::ServerError,
-                ending_sequence: EndingSequence::Placeholder("9223372036854775807"),
-                foreign_sequence: ForeignSequence::NotFound,
+        let expect = Expect {
+            // ChildShards, yes; MillisBehindLatest is always 0.
+            capabilities: Capabilities {
+                child_shards_in_get_records: true,
+                millis_behind_latest: false,
             },
-            tier: "kinesis_mock",
-            clock: None,
-        }
+            expiry: Expiry::Fixed("kinesis-mock's iterator TTL is a fixed five minutes"),
+            garbage_iterator: GarbageIterator::ServerError,
+            ending_sequence: EndingSequence::Placeholder("9223372036854775807"),
+            foreign_sequence: ForeignSequence::NotFound,
+        };
+        Env::server(&endpoint, expect, "kinesis_mock").await
     }
 
     /// A fresh stream per test: kinesis-mock slows down past ~20k records in one stream.

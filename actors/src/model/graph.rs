@@ -107,30 +107,19 @@ impl ShardGraph {
                         end: range.start - 1,
                     }));
                 }
-                Some(want) if range.start < want => {
-                    let prev = previous
-                        .map(|p| p.id.clone())
-                        .unwrap_or_else(|| shard.id.clone());
+                Some(want) if range.start == want => {}
+                // Starts inside what is already covered (or after the end of the key space).
+                _ => {
+                    let covered_to = next.map_or(u128::MAX, |want| want - 1);
                     return Err(CoverageError::Overlap {
-                        first: prev,
+                        first: previous.map_or_else(|| shard.id.clone(), |p| p.id.clone()),
                         second: shard.id.clone(),
                         range: HashKeyRange {
                             start: range.start,
-                            end: (want - 1).min(range.end),
+                            end: covered_to.min(range.end),
                         },
                     });
                 }
-                None => {
-                    let prev = previous
-                        .map(|p| p.id.clone())
-                        .unwrap_or_else(|| shard.id.clone());
-                    return Err(CoverageError::Overlap {
-                        first: prev,
-                        second: shard.id.clone(),
-                        range,
-                    });
-                }
-                Some(_) => {}
             }
             next = range.end.checked_add(1);
             previous = Some(shard);
