@@ -94,6 +94,27 @@ struct State {
 }
 
 /// Wraps a backend `B`; implements whichever ports `B` implements. Clones share state.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty};
+/// use flotilla_actors::backend::memory::MemoryDynamo;
+/// use flotilla_actors::backend::{LeaseError, LeaseTable};
+/// use flotilla_actors::model::WorkerId;
+///
+/// // The second heartbeat is written, but its answer is "lost": the caller sees a
+/// // retryable error although the counter moved.
+/// let plan = FaultPlan::seeded(42).then(Some("heartbeat"), 1, Fault::LostResponse);
+/// let table = Faulty::new(MemoryDynamo::new().lease_table("my-app"), plan);
+/// table.ensure_table().await?;
+/// let me = WorkerId::new("w");
+/// assert_eq!(table.heartbeat(&me).await?, 1);
+/// assert!(matches!(table.heartbeat(&me).await, Err(LeaseError::Transient { .. })));
+/// assert_eq!(table.heartbeat(&me).await?, 3);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Faulty<B> {
     inner: B,

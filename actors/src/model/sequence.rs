@@ -14,6 +14,18 @@ use std::str::FromStr;
 pub const MAX_DIGITS: usize = 129;
 
 /// A Kinesis sequence number: ordered numerically, printed as it was given.
+///
+/// ```
+/// use flotilla_actors::model::SequenceNumber;
+///
+/// let a: SequenceNumber = "9".parse()?;
+/// let b: SequenceNumber = "10".parse()?;
+/// assert!(a < b); // as strings, "9" > "10"
+/// let real: SequenceNumber = "49680458031169431967754064162084943116060673600470908946".parse()?;
+/// assert!(real > b && real.to_u128().is_none()); // 56 digits: wider than 128 bits
+/// assert!("12ab".parse::<SequenceNumber>().is_err());
+/// # Ok::<(), flotilla_actors::model::SequenceNumberError>(())
+/// ```
 #[derive(Clone, Eq)]
 pub struct SequenceNumber {
     /// The text as received (returned unchanged to Kinesis and DynamoDB).

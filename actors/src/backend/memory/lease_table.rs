@@ -24,6 +24,28 @@ struct Table {
 }
 
 /// The tables of one in-memory DynamoDB. Clones share state.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use flotilla_actors::backend::memory::MemoryDynamo;
+/// use flotilla_actors::backend::{LeaseError, LeaseTable};
+/// use flotilla_actors::model::{Checkpoint, Lease, ShardId, WorkerId};
+///
+/// let table = MemoryDynamo::new().lease_table("my-app");
+/// table.ensure_table().await?;
+/// let lease = Lease::new(&ShardId::from_index(0), Checkpoint::TrimHorizon, vec![], None);
+/// table.create_if_absent(&lease).await?;
+///
+/// // Two workers race for the same unowned lease: the counter fences them.
+/// let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
+/// let won = table.take(&lease.key, &lease.fence(), &a).await?;
+/// let lost = table.take(&lease.key, &lease.fence(), &b).await;
+/// assert!(matches!(lost, Err(LeaseError::ConditionFailed { .. })));
+/// assert_eq!((won.owner, won.counter), (Some(a), 1));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemoryDynamo {
     tables: Arc<Mutex<HashMap<String, Table>>>,

@@ -187,6 +187,33 @@ impl State {
 }
 
 /// Any number of in-memory streams. Clones share state.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use bytes::Bytes;
+/// use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
+/// use flotilla_actors::backend::{IteratorPosition, PutRecord, StreamAdmin, StreamClient};
+///
+/// let streams = MemoryStreams::new(MemoryStreamsConfig::default());
+/// streams.create_stream("orders", 2).await?;
+/// let put = streams
+///     .put_records("orders", &[PutRecord {
+///         partition_key: "customer-7".into(),
+///         explicit_hash_key: None,
+///         data: Bytes::from_static(b"{\"total\": 12}"),
+///     }])
+///     .await?;
+/// // The record went to the shard whose hash-key range holds MD5("customer-7").
+/// let iterator = streams
+///     .get_shard_iterator("orders", &put[0].shard, &IteratorPosition::TrimHorizon)
+///     .await?;
+/// let batch = streams.get_records(&iterator, 100).await?;
+/// assert_eq!(batch.records[0].partition_key, "customer-7");
+/// assert_eq!(batch.records[0].sequence_number, put[0].sequence_number);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct MemoryStreams {
     state: Arc<Mutex<State>>,
