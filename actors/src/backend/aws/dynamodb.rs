@@ -291,8 +291,15 @@ impl DynamoLeaseTable {
         loop {
             if let Some(table) = &table {
                 self.check_key_schema(table)?;
-                if table.table_status() != Some(&TableStatus::Creating) {
-                    return Ok(state);
+                match table.table_status() {
+                    Some(TableStatus::Creating) => {}
+                    Some(TableStatus::Deleting) => {
+                        return Err(LeaseError::Other {
+                            op: "DescribeTable",
+                            message: format!("table {} is being deleted", self.table),
+                        });
+                    }
+                    _ => return Ok(state),
                 }
             }
             if Instant::now() >= deadline {
