@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
     ScalarAttributeType,
 };
-use flotilla_actors::backend::aws::DynamoLeaseTable;
+use flotilla_actors::backend::aws::{DynamoLeaseTable, item_from_sdk, item_to_sdk};
 use flotilla_actors::backend::memory::MemoryDynamo;
 use flotilla_actors::backend::{LeaseError, LeaseTable, TableState};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
@@ -47,7 +47,7 @@ impl Env {
     }
 
     async fn aws(endpoint: String, tier: &'static str) -> Env {
-        let sdk = servers::sdk_config().await;
+        let sdk = servers::sdk_config();
         let conf = aws_sdk_dynamodb::config::Builder::from(&sdk)
             .endpoint_url(&endpoint)
             .build();
@@ -97,7 +97,7 @@ impl Env {
                 client
                     .put_item()
                     .table_name(table)
-                    .set_item(Some(to_aws_item(&item)))
+                    .set_item(Some(item_to_sdk("PutItem", &item).unwrap()))
                     .send()
                     .await
                     .unwrap();
@@ -105,13 +105,10 @@ impl Env {
         }
     }
 
-    async fn get_raw(&self, table: &str, key: &str) -> Option<Item> {
-        match &self.raw {
-            Raw::Memory(_) => {
-                // The memory table has no raw read; the codec round-trip below is exact for
-                // every attribute it knows, and `put_raw` keeps the rest verbatim.
-                None
-            }
+    /// The row as stored, every attribute included.
+    async fn get_raw(&self, table: &str, key: &str) -> Item {
+        let row = match &self.raw {
+            Raw::Memory(db) => db.get_raw(table, key),
             Raw::Dynamo { client, .. } => client
                 .get_item()
                 .table_name(table)
@@ -121,8 +118,9 @@ impl Env {
                 .await
                 .unwrap()
                 .item
-                .map(|i| from_aws_item(&i)),
-        }
+                .map(|i| item_from_sdk(&i).unwrap()),
+        };
+        row.unwrap_or_else(|| panic!("{}: no row {key}", self.tier))
     }
 
     async fn create_foreign_table(&self, name: &str) {
@@ -153,52 +151,6 @@ impl Env {
             }
         }
     }
-}
-
-fn to_aws(value: &AttrValue) -> AttributeValue {
-    use base64::Engine as _;
-    match value {
-        AttrValue::S(s) => AttributeValue::S(s.clone()),
-        AttrValue::N(n) => AttributeValue::N(n.clone()),
-        AttrValue::B(b) => AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
-            base64::engine::general_purpose::STANDARD.decode(b).unwrap(),
-        )),
-        AttrValue::SS(v) => AttributeValue::Ss(v.clone()),
-        AttrValue::NS(v) => AttributeValue::Ns(v.clone()),
-        AttrValue::BS(_) => unreachable!("no binary sets in lease rows"),
-        AttrValue::Bool(b) => AttributeValue::Bool(*b),
-        AttrValue::Null(b) => AttributeValue::Null(*b),
-        AttrValue::L(l) => AttributeValue::L(l.iter().map(to_aws).collect()),
-        AttrValue::M(m) => {
-            AttributeValue::M(m.iter().map(|(k, v)| (k.clone(), to_aws(v))).collect())
-        }
-    }
-}
-
-fn to_aws_item(item: &Item) -> std::collections::HashMap<String, AttributeValue> {
-    item.iter().map(|(k, v)| (k.clone(), to_aws(v))).collect()
-}
-
-fn from_aws_item(item: &std::collections::HashMap<String, AttributeValue>) -> Item {
-    use base64::Engine as _;
-    item.iter()
-        .map(|(k, v)| {
-            let value = match v {
-                AttributeValue::S(s) => AttrValue::S(s.clone()),
-                AttributeValue::N(n) => AttrValue::N(n.clone()),
-                AttributeValue::B(b) => {
-                    AttrValue::B(base64::engine::general_purpose::STANDARD.encode(b.as_ref()))
-                }
-                AttributeValue::Ss(set) => {
-                    let mut v = set.clone();
-                    v.sort();
-                    AttrValue::SS(v)
-                }
-                other => panic!("unexpected attribute type {other:?}"),
-            };
-            (k.clone(), value)
-        })
-        .collect()
 }
 
 fn me() -> WorkerId {
@@ -501,13 +453,12 @@ mod cases {
         let after = table.get(&key).await.unwrap().unwrap();
         assert_eq!(after.pending_checkpoint, None);
         assert_eq!(after.checkpoint, seq(1));
-        if let Some(raw) = env.get_raw(table.table_name(), key.as_str()).await {
-            assert_eq!(
-                raw.get("throughputKBps"),
-                Some(&AttrValue::N("0.45817".into()))
-            );
-            assert!(!raw.contains_key("pendingCheckpointState"));
-        }
+        let raw = env.get_raw(table.table_name(), key.as_str()).await;
+        assert_eq!(
+            raw.get("throughputKBps"),
+            Some(&AttrValue::N("0.45817".into()))
+        );
+        assert!(!raw.contains_key("pendingCheckpointState"));
     }
 
     pub async fn delete_is_fenced(env: Env) {
@@ -670,7 +621,7 @@ suite!(dynamodb_local, Env::dynamodb_local().await);
 /// An unreachable DynamoDB is an error that names the endpoint, not a hang or a panic.
 #[tokio::test]
 async fn an_unreachable_endpoint_is_named_in_the_error() {
-    let sdk = servers::sdk_config().await;
+    let sdk = servers::sdk_config();
     let table = DynamoLeaseTable::new(&sdk, Some("http://127.0.0.1:1"), "leases");
     let err = table.scan().await.unwrap_err();
     assert!(err.to_string().contains("http://127.0.0.1:1"), "{err}");

@@ -14,16 +14,16 @@
 //!
 //! Both tiers report calls as [`RecordedCall`]s, so one assertion covers both.
 
+mod support;
+
 use std::borrow::Cow;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_config::SdkConfig;
 use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, Region, SdkConfig};
-use aws_sdk_cloudwatch::config::{Credentials, SharedCredentialsProvider};
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -36,6 +36,7 @@ use flotilla_actors::backend::{
     MAX_DATUMS_PER_CALL, MAX_DIMENSIONS, MetricDatum, MetricValue, MetricsError, MetricsSink, Unit,
     batches,
 };
+use support::servers;
 
 /// The PutMetricData path of the RPC-v2 protocol; CloudWatch's Smithy service shape is
 /// still named after its internal code name, Granite.
@@ -142,24 +143,13 @@ impl Tier for CaptureTier {
     }
 }
 
-/// Everything from code, nothing from the environment, and otherwise the SDK's defaults
-/// (request compression on, as in production). Retries are off so each `put` call is
-/// exactly one request and a failure shows at once; the connect timeout is short so an
-/// unreachable endpoint fails fast.
+/// The tests' shared configuration (nothing from the environment; request compression
+/// on, as in production), with retries off so each `put` call is exactly one request
+/// and a failure shows at once.
 fn sdk_config() -> SdkConfig {
-    SdkConfig::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
-            "test", "test", None, None, "test",
-        )))
+    servers::sdk_config()
+        .into_builder()
         .retry_config(RetryConfig::disabled())
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(1))
-                .operation_timeout(Duration::from_secs(30))
-                .build(),
-        )
         .build()
 }
 

@@ -96,7 +96,7 @@ impl Env {
 
     /// A tier behind the real Kinesis adapter, at `endpoint`.
     async fn server(endpoint: &str, expect: Expect, tier: &'static str) -> Env {
-        let sdk = servers::sdk_config().await;
+        let sdk = servers::sdk_config();
         let stream = KinesisStream::new(&sdk, Some(endpoint))
             .with_capabilities(expect.capabilities)
             .with_list_page_size(LIST_PAGE);
@@ -751,7 +751,7 @@ suite!(
 /// An unreachable Kinesis is an error that names the endpoint.
 #[tokio::test]
 async fn an_unreachable_endpoint_is_named_in_the_error() {
-    let sdk = servers::sdk_config().await;
+    let sdk = servers::sdk_config();
     let stream = KinesisStream::new(&sdk, Some("http://127.0.0.1:1"));
     let err = flotilla_actors::backend::StreamClient::list_shards(&stream, "s")
         .await

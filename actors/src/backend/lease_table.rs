@@ -2,7 +2,7 @@
 
 use futures::future::BoxFuture;
 
-use crate::model::item::MalformedRow;
+use crate::model::item::{MalformedRow, Row};
 use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId};
 
 /// Everything a scan found.
@@ -14,6 +14,18 @@ pub struct ScanOutput {
     pub malformed: Vec<MalformedRow>,
     /// Rows other programs keep in the table (KCL 3.x coordinator state and the like).
     pub other_rows: usize,
+}
+
+impl ScanOutput {
+    /// Files one row read by a scan where it belongs.
+    pub fn push(&mut self, row: Result<Row, MalformedRow>) {
+        match row {
+            Ok(Row::Lease(lease)) => self.leases.push(*lease),
+            Ok(Row::Heartbeat(heartbeat)) => self.heartbeats.push(heartbeat),
+            Ok(Row::Other { .. }) => self.other_rows += 1,
+            Err(malformed) => self.malformed.push(malformed),
+        }
+    }
 }
 
 /// Whether `ensure_table` found the table or made it.

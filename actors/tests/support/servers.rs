@@ -79,8 +79,9 @@ pub fn external_endpoint(var: &str) -> String {
 
 /// SDK configuration for tests: static credentials `test`/`test`, region us-east-1,
 /// standard retries (3 attempts), a 2 s connect timeout and a 30 s operation timeout.
-/// Reads no environment variable, profile file or instance metadata.
-pub async fn sdk_config() -> SdkConfig {
+/// Reads no environment variable, profile file or instance metadata. A test that needs
+/// one setting otherwise changes it through `into_builder()`.
+pub fn sdk_config() -> SdkConfig {
     let credentials = Credentials::new("test", "test", None, None, "flotilla-tests");
     SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())

@@ -380,12 +380,7 @@ impl DynamoLeaseTable {
                 .await
                 .map_err(|e| self.classify("Scan", e))?;
             for item in page.items() {
-                match decode_item(item) {
-                    Ok(Row::Lease(lease)) => out.leases.push(*lease),
-                    Ok(Row::Heartbeat(heartbeat)) => out.heartbeats.push(heartbeat),
-                    Ok(Row::Other { .. }) => out.other_rows += 1,
-                    Err(malformed) => out.malformed.push(malformed),
-                }
+                out.push(decode_item(item));
             }
             match page.last_evaluated_key {
                 Some(last) if !last.is_empty() => start = Some(last),
@@ -590,7 +585,9 @@ fn decode_item(item: &SdkItem) -> Result<Row, MalformedRow> {
     decode_row(&item_from_sdk(item)?)
 }
 
-fn item_from_sdk(item: &SdkItem) -> Result<Item, MalformedRow> {
+/// A row as the SDK gives it, in the codec's terms. Public so that tools and tests
+/// that write raw rows use the same translation as the adapter.
+pub fn item_from_sdk(item: &SdkItem) -> Result<Item, MalformedRow> {
     item.iter()
         .map(|(name, value)| {
             attr_from_sdk(value)
@@ -631,7 +628,8 @@ fn attr_from_sdk(value: &AttributeValue) -> Result<AttrValue, String> {
     })
 }
 
-fn item_to_sdk(op: &'static str, item: &Item) -> Result<SdkItem, LeaseError> {
+/// A row in the codec's terms, as the SDK takes it (`op` names the call in errors).
+pub fn item_to_sdk(op: &'static str, item: &Item) -> Result<SdkItem, LeaseError> {
     item.iter()
         .map(|(name, value)| attr_to_sdk(op, value).map(|v| (name.clone(), v)))
         .collect()

@@ -13,7 +13,7 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 pub use cloudwatch::CloudWatchMetrics;
-pub use dynamodb::DynamoLeaseTable;
+pub use dynamodb::{DynamoLeaseTable, item_from_sdk, item_to_sdk};
 pub use kinesis::KinesisStream;
 
 /// Endpoint URLs that replace the AWS ones (local servers). `None` means AWS.

@@ -79,6 +79,11 @@ impl MemoryDynamo {
         });
     }
 
+    /// Reads a row as it is stored, every attribute included.
+    pub fn get_raw(&self, table: &str, key: &str) -> Option<Item> {
+        self.lock().get(table)?.items.get(key).cloned()
+    }
+
     /// Writes a raw row, as another program (or a corrupting hand) might.
     pub fn put_raw(&self, table: &str, item: Item) -> Result<(), LeaseError> {
         let mut tables = self.lock();
@@ -141,22 +146,7 @@ impl MemoryLeaseTable {
         let table = tables
             .get_mut(&self.name)
             .ok_or_else(|| not_found(op, &self.name))?;
-        let Some(row) = table.items.get_mut(key.as_str()) else {
-            return Err(LeaseError::ConditionFailed {
-                key: key.clone(),
-                owner: None,
-                counter: None,
-            });
-        };
-        let owner = owner_of(row);
-        let counter = number(row, attr::LEASE_COUNTER);
-        if owner != fence.owner || counter != Some(fence.counter) {
-            return Err(LeaseError::ConditionFailed {
-                key: key.clone(),
-                owner,
-                counter,
-            });
-        }
+        let row = fenced(key, fence, table.items.get_mut(key.as_str()))?;
         // Work on a copy so a failed write leaves the row as it was.
         let mut updated = row.clone();
         let out = write(&mut updated)?;
@@ -173,6 +163,31 @@ impl MemoryLeaseTable {
             }),
         }
     }
+}
+
+/// The row, if it exists and matches the fence; else `ConditionFailed` with what is there.
+fn fenced<'a>(
+    key: &LeaseKey,
+    fence: &Fence,
+    row: Option<&'a mut Item>,
+) -> Result<&'a mut Item, LeaseError> {
+    let Some(row) = row else {
+        return Err(LeaseError::ConditionFailed {
+            key: key.clone(),
+            owner: None,
+            counter: None,
+        });
+    };
+    let owner = owner_of(row);
+    let counter = number(row, attr::LEASE_COUNTER);
+    if owner != fence.owner || counter != Some(fence.counter) {
+        return Err(LeaseError::ConditionFailed {
+            key: key.clone(),
+            owner,
+            counter,
+        });
+    }
+    Ok(row)
 }
 
 fn set_counter(item: &mut Item, value: u64) {
@@ -220,12 +235,7 @@ impl LeaseTable for MemoryLeaseTable {
             };
             let mut out = ScanOutput::default();
             for item in &items {
-                match decode_row(item) {
-                    Ok(Row::Lease(lease)) => out.leases.push(*lease),
-                    Ok(Row::Heartbeat(hb)) => out.heartbeats.push(hb),
-                    Ok(Row::Other { .. }) => out.other_rows += 1,
-                    Err(malformed) => out.malformed.push(malformed),
-                }
+                out.push(decode_row(item));
             }
             Ok(out)
         })
@@ -329,11 +339,12 @@ impl LeaseTable for MemoryLeaseTable {
         expected: &'a Fence,
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(async move {
-            self.conditional("DeleteItem", key, expected, |_| Ok(()))?;
             let mut tables = self.db.lock();
-            if let Some(table) = tables.get_mut(&self.name) {
-                table.items.remove(key.as_str());
-            }
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("DeleteItem", &self.name))?;
+            fenced(key, expected, table.items.get_mut(key.as_str()))?;
+            table.items.remove(key.as_str());
             Ok(())
         })
     }

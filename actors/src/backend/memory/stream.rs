@@ -74,6 +74,15 @@ fn sequence_number(counter: u64) -> SequenceNumber {
         .unwrap_or_else(|_| SequenceNumber::from_u128(u128::from(counter)))
 }
 
+/// The counter behind a sequence number this stream issued; `None` for any other.
+fn counter_of(sequence: &SequenceNumber) -> Option<u64> {
+    let text = sequence.as_str();
+    (text.len() == 56)
+        .then(|| text.strip_prefix("49"))
+        .flatten()
+        .and_then(|rest| rest.parse().ok())
+}
+
 #[derive(Debug)]
 struct StoredRecord {
     counter: u64,
@@ -394,12 +403,7 @@ impl MemoryStreams {
                     "sequence number {seq} is not in shard {shard_id} of stream {stream}"
                 ),
             };
-            let counter = seq
-                .as_str()
-                .strip_prefix("49")
-                .and_then(|rest| rest.parse::<u64>().ok())
-                .filter(|_| seq.as_str().len() == 56)
-                .ok_or_else(invalid)?;
+            let counter = counter_of(seq).ok_or_else(invalid)?;
             let last = shard.end_counter.unwrap_or(u64::MAX);
             if counter < shard.start_counter || counter > last {
                 return Err(invalid());
@@ -458,31 +462,6 @@ impl MemoryStreams {
         let wall = self.clock.wall();
         let mut state = self.lock();
         let stream = state.stream_mut(OP, &token.stream)?;
-        let children: Vec<ChildShard> = {
-            let shard =
-                stream
-                    .shards
-                    .get(token.shard)
-                    .ok_or_else(|| StreamError::InvalidArgument {
-                        op: OP,
-                        message: "shard iterator names no shard of this stream".into(),
-                    })?;
-            shard
-                .children
-                .iter()
-                .filter_map(|c| stream.shards.iter().find(|s| &s.id == c))
-                .map(|c| ChildShard {
-                    id: c.id.clone(),
-                    parents: c
-                        .parent
-                        .iter()
-                        .chain(c.adjacent_parent.iter())
-                        .cloned()
-                        .collect(),
-                    hash_range: c.range,
-                })
-                .collect()
-        };
         let Some(shard) = stream.shards.get_mut(token.shard) else {
             return Err(StreamError::InvalidArgument {
                 op: OP,
@@ -547,13 +526,28 @@ impl MemoryStreams {
                 })
                 .unwrap_or(0)
         };
-        let closed = shard.end_counter.is_some();
-        if at_end && closed {
+        if at_end && shard.end_counter.is_some() {
+            // SHARD_END: report the children, as GetRecords does with the last batch.
+            let children = shard.children.clone();
+            let child_shards = children
+                .iter()
+                .filter_map(|c| stream.shards.iter().find(|s| &s.id == c))
+                .map(|c| ChildShard {
+                    id: c.id.clone(),
+                    parents: c
+                        .parent
+                        .iter()
+                        .chain(c.adjacent_parent.iter())
+                        .cloned()
+                        .collect(),
+                    hash_range: c.range,
+                })
+                .collect();
             return Ok(RecordBatch {
                 records,
                 next_iterator: None,
                 millis_behind_latest: Some(0),
-                child_shards: Some(children),
+                child_shards: Some(child_shards),
             });
         }
         Ok(RecordBatch {
