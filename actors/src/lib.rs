@@ -10,3 +10,4 @@
 
 pub mod backend;
 pub mod model;
+pub mod settings;
