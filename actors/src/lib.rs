@@ -7,7 +7,10 @@
 //! * `backend`: the only place that talks to AWS. Three ports ([`backend::StreamClient`],
 //!   [`backend::LeaseTable`], [`backend::MetricsSink`]), their AWS adapters, in-memory
 //!   adapters that behave like the services, and a fault injector.
+//! * `kpl`: KPL aggregate de-aggregation (and aggregation, for tests and demos), matching
+//!   the Java KCL record for record. Pure: no I/O.
 
 pub mod backend;
+pub mod kpl;
 pub mod model;
 pub mod settings;
