@@ -7,6 +7,10 @@
 //! * `backend`: the only place that talks to AWS. Three ports ([`backend::StreamClient`],
 //!   [`backend::LeaseTable`], [`backend::MetricsSink`]), their AWS adapters, in-memory
 //!   adapters that behave like the services, and a fault injector.
+//! * `backoff`: [`backoff::Backoff`] (exponential, jittered retry delays) and
+//!   [`backoff::RestartIntensity`] (when a supervisor stops restarting a child). Pure:
+//!   the random draw and the current instant are parameters.
 
 pub mod backend;
+pub mod backoff;
 pub mod model;
