@@ -9,8 +9,12 @@
 //!   adapters that behave like the services, and a fault injector.
 //! * `kpl`: KPL aggregate de-aggregation (and aggregation, for tests and demos), matching
 //!   the Java KCL record for record. Pure: no I/O.
+//! * `backoff`: [`backoff::Backoff`] (exponential, jittered retry delays) and
+//!   [`backoff::RestartIntensity`] (when a supervisor stops restarting a child). Pure:
+//!   the random draw and the current instant are parameters.
 
 pub mod backend;
+pub mod backoff;
 pub mod kpl;
 pub mod model;
 pub mod settings;

@@ -5,12 +5,15 @@
 //! * `graph`: [`ShardGraph`], the lineage of splits and merges and read readiness.
 //! * `lease`: [`Lease`], [`Checkpoint`], [`Fence`], [`Heartbeat`].
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
+//! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
+//!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
 mod graph;
 pub mod item;
 mod lease;
 mod sequence;
 mod shard;
+mod watermark;
 
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
@@ -21,3 +24,4 @@ pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
 };
+pub use watermark::{AckError, AckWindow, BatchId, Watermark};
