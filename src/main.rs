@@ -8,6 +8,7 @@
 //! Errors end here as `anyhow` reports; the library's are typed.
 
 mod cli;
+mod settings;
 
 use std::process::ExitCode;
 

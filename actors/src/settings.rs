@@ -1,9 +1,16 @@
 //! Every tunable of a worker, with its default. `config/default.toml` at the project root
-//! repeats each one with a comment; a test keeps the two in step.
+//! repeats each one with a comment; a test in the binary (`src/settings.rs`) keeps the
+//! two in step, so a new field must be documented there.
 //!
 //! Durations are written as text ("10s", "250ms", "5min"), so a file says what it means.
+//!
+//! Serde checks each value's type; [`Settings::validate`] checks what a type cannot say:
+//! ranges AWS imposes, names AWS would reject, and relations between settings (a
+//! heartbeat slower than the failover time fences a healthy worker). A worker must not
+//! start on settings that fail it.
 
-use std::time::Duration;
+use std::fmt;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -253,6 +260,491 @@ pub struct AwsSettings {
     pub cloudwatch_endpoint: Option<String>,
 }
 
+/// A setting that cannot work. `key` is the dotted path as written in a file
+/// (`lease.failover_time`; `FLOTILLA__LEASE__FAILOVER_TIME` in the environment), so the
+/// message points at the line to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    #[error("settings: {key} = {value}: {why}")]
+    Invalid {
+        key: String,
+        /// The value as found, rendered as it would be written (`"text"`, `12s`, `(unset)`).
+        value: String,
+        why: String,
+    },
+}
+
+impl SettingsError {
+    /// The dotted key at fault.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Invalid { key, .. } => key,
+        }
+    }
+}
+
+/// The largest Kinesis record. A window must be able to admit one, or a reader waiting
+/// for room it can never have stalls its shard for good.
+pub const MIN_WINDOW_BYTES: u64 = 1024 * 1024;
+
+impl Settings {
+    /// Returns the first problem, in the order of `config/default.toml`, so each message
+    /// can say one thing and how to fix it; fixing it may reveal the next.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        self.worker.validate()?;
+        self.lease.validate()?;
+        self.reader.validate()?;
+        self.checkpoint.validate()?;
+        self.supervision.validate()?;
+        self.metrics.validate()?;
+        self.aws.validate()
+    }
+}
+
+impl InitialPosition {
+    /// The name used in files and by Kinesis.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TrimHorizon => "TRIM_HORIZON",
+            Self::Latest => "LATEST",
+            Self::AtTimestamp => "AT_TIMESTAMP",
+        }
+    }
+}
+
+impl WorkerSettings {
+    /// The start time for AT_TIMESTAMP, `None` when no timestamp is set. Kept as text in
+    /// the struct so a file round-trips as written; parsed here so the error names the key.
+    ///
+    /// Only UTC is accepted (`Z` or `+00:00`): a time without a zone would have to be
+    /// guessed, and a wrong guess moves the start of every new shard by hours.
+    pub fn initial_timestamp(&self) -> Result<Option<SystemTime>, SettingsError> {
+        let Some(text) = self.initial_timestamp.as_deref() else {
+            return Ok(None);
+        };
+        humantime::parse_rfc3339(text).map(Some).map_err(|e| {
+            invalid(
+                "worker.initial_timestamp",
+                quoted(text),
+                format!("not an RFC 3339 time in UTC ({e}); write e.g. \"2024-05-01T00:00:00Z\""),
+            )
+        })
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        let key = "worker.stream";
+        if self.stream.is_empty() {
+            return Err(invalid(
+                key,
+                quoted(&self.stream),
+                "must be set: it names the Kinesis stream to consume",
+            ));
+        }
+        if self.stream.starts_with("arn:") {
+            return Err(invalid(
+                key,
+                quoted(&self.stream),
+                "must be the stream's name, not its ARN",
+            ));
+        }
+        aws_name(
+            key,
+            &self.stream,
+            1..=128,
+            "Kinesis stream names are 1 to 128 characters of A-Z a-z 0-9 _ . -",
+        )?;
+
+        let key = "worker.application";
+        if self.application.is_empty() {
+            return Err(invalid(
+                key,
+                quoted(&self.application),
+                "must be set: it names the DynamoDB lease table, which every worker of \
+                 the application shares",
+            ));
+        }
+        aws_name(
+            key,
+            &self.application,
+            3..=255,
+            "the application name is the lease table's name, and DynamoDB table names are \
+             3 to 255 characters of A-Z a-z 0-9 _ . -",
+        )?;
+
+        if let Some(id) = &self.worker_id {
+            let key = "worker.worker_id";
+            if id.is_empty() {
+                return Err(invalid(
+                    key,
+                    quoted(id),
+                    "must not be empty; remove it to get a random id",
+                ));
+            }
+            if id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    key,
+                    quoted(id),
+                    "must not contain whitespace or control characters: the id is written \
+                     as the owner of every lease this worker holds and shown in logs, where \
+                     such characters cannot be seen",
+                ));
+            }
+        }
+
+        let key = "worker.initial_timestamp";
+        match (self.initial_position, &self.initial_timestamp) {
+            (InitialPosition::AtTimestamp, None) => Err(invalid(
+                key,
+                UNSET,
+                "required when worker.initial_position is AT_TIMESTAMP: it is where a shard \
+                 with no checkpoint starts",
+            )),
+            (InitialPosition::AtTimestamp, Some(_)) => self.initial_timestamp().map(drop),
+            (position, Some(text)) => Err(invalid(
+                key,
+                quoted(text),
+                format!(
+                    "only used when worker.initial_position is AT_TIMESTAMP, and it is {}: \
+                     set initial_position = \"AT_TIMESTAMP\" or remove the timestamp",
+                    position.as_str()
+                ),
+            )),
+            (_, None) => Ok(()),
+        }
+    }
+}
+
+impl LeaseSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        nonzero(
+            "lease.failover_time",
+            self.failover_time,
+            "it is how long a silent worker keeps its leases; zero would call every worker dead",
+        )?;
+        nonzero(
+            "lease.heartbeat_interval",
+            self.heartbeat_interval,
+            "it is the pause between two heartbeat writes",
+        )?;
+        nonzero(
+            "lease.fence_margin",
+            self.fence_margin,
+            "peers see a heartbeat only when they scan and time it on their own clocks; \
+             without a margin this worker could still be processing when another takes its \
+             lease",
+        )?;
+        if self.fence_margin >= self.failover_time {
+            return Err(invalid(
+                "lease.fence_margin",
+                duration(self.fence_margin),
+                format!(
+                    "must be below lease.failover_time ({}): a worker fences itself \
+                     failover_time - fence_margin after its last heartbeat write, so it would \
+                     stop at once",
+                    duration(self.failover_time)
+                ),
+            ));
+        }
+        let fence_after = self.failover_time - self.fence_margin;
+        if self.heartbeat_interval >= fence_after {
+            return Err(invalid(
+                "lease.heartbeat_interval",
+                duration(self.heartbeat_interval),
+                format!(
+                    "must be below lease.failover_time - lease.fence_margin ({}), or this \
+                     worker would fence itself, and peers declare it dead, between two \
+                     heartbeats",
+                    duration(fence_after)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ReaderSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        if !(1..=10_000).contains(&self.max_records) {
+            return Err(invalid(
+                "reader.max_records",
+                self.max_records,
+                "GetRecords takes a Limit of 1 to 10000",
+            ));
+        }
+        nonzero(
+            "reader.poll_interval",
+            self.poll_interval,
+            "Kinesis allows five GetRecords calls per second per shard, shared by every \
+             consumer; polling without a pause spends them all on throttling",
+        )?;
+        if self.idle_max < self.poll_interval {
+            return Err(invalid(
+                "reader.idle_max",
+                duration(self.idle_max),
+                format!(
+                    "must not be below reader.poll_interval ({}): an idle shard's pause starts \
+                     at poll_interval and doubles up to idle_max",
+                    duration(self.poll_interval)
+                ),
+            ));
+        }
+        // A GetRecords batch is delivered whole. A window below one batch would either be
+        // overrun by every batch or make the reader shrink its Limit below max_records;
+        // asking for both to move together keeps each setting meaning what it says.
+        if self.window_records < self.max_records {
+            return Err(invalid(
+                "reader.window_records",
+                self.window_records,
+                format!(
+                    "must be at least reader.max_records ({}): a batch is delivered whole, so \
+                     a smaller window could not hold one; lower max_records too to deliver \
+                     fewer records at a time",
+                    self.max_records
+                ),
+            ));
+        }
+        if self.window_bytes < MIN_WINDOW_BYTES {
+            return Err(invalid(
+                "reader.window_bytes",
+                self.window_bytes,
+                format!(
+                    "must be at least {MIN_WINDOW_BYTES} (1 MiB): one Kinesis record can be \
+                     that large, and a window that cannot admit it stalls the shard for good"
+                ),
+            ));
+        }
+        nonzero(
+            "reader.backoff_min",
+            self.backoff_min,
+            "a throttled call retried at once is throttled again",
+        )?;
+        if self.backoff_max < self.backoff_min {
+            return Err(invalid(
+                "reader.backoff_max",
+                duration(self.backoff_max),
+                format!(
+                    "must not be below reader.backoff_min ({})",
+                    duration(self.backoff_min)
+                ),
+            ));
+        }
+        nonzero(
+            "reader.processor_timeout",
+            self.processor_timeout,
+            "it is how long a processor may hold records without acking any; zero would call \
+             every processor stalled",
+        )?;
+        nonzero(
+            "reader.parent_poll_interval",
+            self.parent_poll_interval,
+            "a child shard waiting on its parents would read the lease table without pause",
+        )?;
+        nonzero(
+            "reader.shard_sync_interval",
+            self.shard_sync_interval,
+            "ListShards would be called without pause, and it is throttled per account",
+        )
+    }
+}
+
+impl CheckpointSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        nonzero(
+            "checkpoint.interval",
+            self.interval,
+            "it bounds checkpoint writes per shard; zero would write DynamoDB on every ack",
+        )
+    }
+}
+
+impl SupervisionSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        nonzero(
+            "supervision.restart_backoff_min",
+            self.restart_backoff_min,
+            "a restart at once repeats a failure from outside (a throttle, a network blip) \
+             before it can pass",
+        )?;
+        if self.restart_backoff_max < self.restart_backoff_min {
+            return Err(invalid(
+                "supervision.restart_backoff_max",
+                duration(self.restart_backoff_max),
+                format!(
+                    "must not be below supervision.restart_backoff_min ({})",
+                    duration(self.restart_backoff_min)
+                ),
+            ));
+        }
+        if self.shard_max_restarts == 0 {
+            return Err(invalid(
+                "supervision.shard_max_restarts",
+                self.shard_max_restarts,
+                "must be at least 1: with none allowed, every transient error would give the \
+                 shard's lease away and bounce it around the fleet",
+            ));
+        }
+        nonzero(
+            "supervision.shard_restart_window",
+            self.shard_restart_window,
+            "restarts are counted within this window; an empty one counts none, so a \
+             failing shard would restart forever",
+        )?;
+        nonzero(
+            "supervision.shard_cooldown",
+            self.shard_cooldown,
+            "a shard given up would be taken again at once, and fail again",
+        )?;
+        // core_max_restarts may be 0: stop the worker at the first core failure and let the
+        // process supervisor (systemd, Kubernetes) restart it.
+        nonzero(
+            "supervision.core_restart_window",
+            self.core_restart_window,
+            "restarts are counted within this window; an empty one counts none, so a \
+             failing core actor would restart forever",
+        )?;
+        nonzero(
+            "supervision.shutdown_timeout",
+            self.shutdown_timeout,
+            "processors need time to finish their batch and checkpoint, or the next owner \
+             processes those records again",
+        )
+    }
+}
+
+impl MetricsSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        let key = "metrics.namespace";
+        let ns = &self.namespace;
+        if ns.is_empty() {
+            return Err(invalid(
+                key,
+                quoted(ns),
+                "must be set: CloudWatch files every metric under a namespace",
+            ));
+        }
+        if ns.starts_with("AWS/") {
+            return Err(invalid(
+                key,
+                quoted(ns),
+                "must not start with \"AWS/\": CloudWatch keeps those namespaces for AWS \
+                 services and rejects PutMetricData to them",
+            ));
+        }
+        let allowed = |c: char| c.is_ascii_alphanumeric() || ".-_/#: ".contains(c);
+        if ns.len() > 255 || ns.starts_with(':') || !ns.chars().all(allowed) {
+            return Err(invalid(
+                key,
+                quoted(ns),
+                "CloudWatch namespaces are 1 to 255 characters of A-Z a-z 0-9 . - _ / # : and \
+                 space, not starting with ':'",
+            ));
+        }
+        if self.interval < Duration::from_secs(1) {
+            return Err(invalid(
+                "metrics.interval",
+                duration(self.interval),
+                "must be at least 1s: CloudWatch stores nothing finer than one second, so a \
+                 shorter interval only multiplies PutMetricData calls",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AwsSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        if let Some(region) = &self.region {
+            let ok = !region.is_empty()
+                && region
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if !ok {
+                return Err(invalid(
+                    "aws.region",
+                    quoted(region),
+                    "must be a region name such as \"eu-west-1\"; remove it to use the SDK's \
+                     default chain (AWS_REGION, the profile)",
+                ));
+            }
+        }
+        for (key, endpoint) in [
+            ("aws.kinesis_endpoint", &self.kinesis_endpoint),
+            ("aws.dynamodb_endpoint", &self.dynamodb_endpoint),
+            ("aws.cloudwatch_endpoint", &self.cloudwatch_endpoint),
+        ] {
+            if let Some(url) = endpoint
+                && !looks_like_url(url)
+            {
+                return Err(invalid(
+                    key,
+                    quoted(url),
+                    "must be an http:// or https:// URL such as \"http://127.0.0.1:4567\"; \
+                     remove it to use AWS's endpoint",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How an absent optional value is shown in an error.
+const UNSET: &str = "(unset)";
+
+fn invalid(key: &str, value: impl fmt::Display, why: impl Into<String>) -> SettingsError {
+    SettingsError::Invalid {
+        key: key.to_owned(),
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+fn nonzero(key: &str, value: Duration, why: &str) -> Result<(), SettingsError> {
+    if value.is_zero() {
+        return Err(invalid(
+            key,
+            duration(value),
+            format!("must be above zero: {why}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Kinesis stream and DynamoDB table names share one alphabet; only the lengths differ.
+fn aws_name(
+    key: &str,
+    name: &str,
+    len: std::ops::RangeInclusive<usize>,
+    rule: &str,
+) -> Result<(), SettingsError> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+    if !len.contains(&name.len()) || !name.chars().all(allowed) {
+        return Err(invalid(key, quoted(name), rule));
+    }
+    Ok(())
+}
+
+/// A scheme and something after it: enough to catch a bare host or a typo, which the SDK
+/// would otherwise report only at the first call, far from the setting.
+fn looks_like_url(text: &str) -> bool {
+    let rest = text
+        .strip_prefix("http://")
+        .or_else(|| text.strip_prefix("https://"));
+    match rest {
+        Some(rest) => {
+            !rest.is_empty() && !rest.starts_with('/') && !text.chars().any(char::is_whitespace)
+        }
+        None => false,
+    }
+}
+
+fn quoted(text: &str) -> String {
+    format!("{text:?}")
+}
+
+fn duration(value: Duration) -> String {
+    humantime::format_duration(value).to_string()
+}
+
 /// Durations as human text ("10s", "250ms") in files and environment variables.
 mod duration_text {
     use std::time::Duration;
@@ -270,5 +762,276 @@ mod duration_text {
                 "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"250ms\""
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults plus the two settings that have none.
+    fn valid() -> Settings {
+        let mut s = Settings::default();
+        s.worker.stream = "orders".to_owned();
+        s.worker.application = "orders-consumer".to_owned();
+        s
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn defaults_with_stream_and_application_are_valid() {
+        assert_eq!(valid().validate(), Ok(()));
+    }
+
+    #[test]
+    fn defaults_alone_ask_for_the_stream() {
+        let err = Settings::default().validate().unwrap_err();
+        assert_eq!(err.key(), "worker.stream");
+        assert!(err.to_string().contains("must be set"), "{err}");
+    }
+
+    #[test]
+    fn each_bad_value_names_its_key() {
+        type Case = (&'static str, fn(&mut Settings));
+        let cases: &[Case] = &[
+            ("worker.stream", |s| s.worker.stream.clear()),
+            ("worker.stream", |s| s.worker.stream = "my stream".into()),
+            ("worker.stream", |s| s.worker.stream = "x".repeat(129)),
+            ("worker.stream", |s| {
+                s.worker.stream = "arn:aws:kinesis:us-east-1:123456789012:stream/orders".into()
+            }),
+            ("worker.application", |s| s.worker.application.clear()),
+            ("worker.application", |s| s.worker.application = "ab".into()),
+            ("worker.application", |s| {
+                s.worker.application = "a".repeat(256)
+            }),
+            ("worker.application", |s| {
+                s.worker.application = "orders/consumer".into()
+            }),
+            ("worker.worker_id", |s| {
+                s.worker.worker_id = Some(String::new())
+            }),
+            ("worker.worker_id", |s| {
+                s.worker.worker_id = Some("worker a".into())
+            }),
+            ("worker.worker_id", |s| {
+                s.worker.worker_id = Some("worker-a\n".into())
+            }),
+            ("worker.initial_timestamp", |s| {
+                s.worker.initial_position = InitialPosition::AtTimestamp
+            }),
+            ("worker.initial_timestamp", |s| {
+                s.worker.initial_position = InitialPosition::AtTimestamp;
+                s.worker.initial_timestamp = Some("yesterday".into());
+            }),
+            ("worker.initial_timestamp", |s| {
+                s.worker.initial_position = InitialPosition::AtTimestamp;
+                s.worker.initial_timestamp = Some("2024-05-01T00:00:00+02:00".into());
+            }),
+            ("worker.initial_timestamp", |s| {
+                s.worker.initial_timestamp = Some("2024-05-01T00:00:00Z".into())
+            }),
+            ("lease.failover_time", |s| s.lease.failover_time = secs(0)),
+            ("lease.heartbeat_interval", |s| {
+                s.lease.heartbeat_interval = secs(0)
+            }),
+            ("lease.fence_margin", |s| s.lease.fence_margin = secs(0)),
+            ("lease.fence_margin", |s| s.lease.fence_margin = secs(10)),
+            ("lease.heartbeat_interval", |s| {
+                s.lease.heartbeat_interval = secs(7)
+            }),
+            ("reader.max_records", |s| s.reader.max_records = 0),
+            ("reader.max_records", |s| s.reader.max_records = 10_001),
+            ("reader.poll_interval", |s| s.reader.poll_interval = secs(0)),
+            ("reader.idle_max", |s| {
+                s.reader.idle_max = Duration::from_millis(100)
+            }),
+            ("reader.window_records", |s| s.reader.window_records = 0),
+            ("reader.window_records", |s| s.reader.window_records = 9_999),
+            ("reader.window_bytes", |s| {
+                s.reader.window_bytes = MIN_WINDOW_BYTES - 1
+            }),
+            ("reader.backoff_min", |s| s.reader.backoff_min = secs(0)),
+            ("reader.backoff_max", |s| {
+                s.reader.backoff_max = Duration::from_millis(50)
+            }),
+            ("reader.processor_timeout", |s| {
+                s.reader.processor_timeout = secs(0)
+            }),
+            ("reader.parent_poll_interval", |s| {
+                s.reader.parent_poll_interval = secs(0)
+            }),
+            ("reader.shard_sync_interval", |s| {
+                s.reader.shard_sync_interval = secs(0)
+            }),
+            ("checkpoint.interval", |s| s.checkpoint.interval = secs(0)),
+            ("supervision.restart_backoff_min", |s| {
+                s.supervision.restart_backoff_min = secs(0)
+            }),
+            ("supervision.restart_backoff_max", |s| {
+                s.supervision.restart_backoff_max = Duration::from_millis(10)
+            }),
+            ("supervision.shard_max_restarts", |s| {
+                s.supervision.shard_max_restarts = 0
+            }),
+            ("supervision.shard_restart_window", |s| {
+                s.supervision.shard_restart_window = secs(0)
+            }),
+            ("supervision.shard_cooldown", |s| {
+                s.supervision.shard_cooldown = secs(0)
+            }),
+            ("supervision.core_restart_window", |s| {
+                s.supervision.core_restart_window = secs(0)
+            }),
+            ("supervision.shutdown_timeout", |s| {
+                s.supervision.shutdown_timeout = secs(0)
+            }),
+            ("metrics.namespace", |s| s.metrics.namespace.clear()),
+            ("metrics.namespace", |s| {
+                s.metrics.namespace = "AWS/Kinesis".into()
+            }),
+            ("metrics.namespace", |s| s.metrics.namespace = ":app".into()),
+            ("metrics.namespace", |s| {
+                s.metrics.namespace = "app\u{e9}".into()
+            }),
+            ("metrics.namespace", |s| {
+                s.metrics.namespace = "n".repeat(256)
+            }),
+            ("metrics.interval", |s| {
+                s.metrics.interval = Duration::from_millis(999)
+            }),
+            ("aws.region", |s| s.aws.region = Some(String::new())),
+            ("aws.region", |s| s.aws.region = Some("US East 1".into())),
+            ("aws.kinesis_endpoint", |s| {
+                s.aws.kinesis_endpoint = Some("127.0.0.1:4567".into())
+            }),
+            ("aws.dynamodb_endpoint", |s| {
+                s.aws.dynamodb_endpoint = Some("http://".into())
+            }),
+            ("aws.cloudwatch_endpoint", |s| {
+                s.aws.cloudwatch_endpoint = Some("https:// example.com".into())
+            }),
+        ];
+        for (i, (key, spoil)) in cases.iter().enumerate() {
+            let mut settings = valid();
+            spoil(&mut settings);
+            let err = settings
+                .validate()
+                .expect_err(&format!("case {i} ({key}) passed validation"));
+            assert_eq!(err.key(), *key, "case {i}: {err}");
+            assert!(
+                err.to_string().starts_with(&format!("settings: {key} = ")),
+                "case {i}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn values_on_the_boundary_pass() {
+        let cases: &[fn(&mut Settings)] = &[
+            |s| s.worker.stream = "s".into(),
+            |s| s.worker.stream = "a.B_c-9".repeat(19)[..128].to_owned(),
+            |s| s.worker.application = "abc".into(),
+            |s| s.worker.application = "a".repeat(255),
+            |s| s.worker.worker_id = Some("i-0abc:worker/1".into()),
+            |s| {
+                s.worker.initial_position = InitialPosition::AtTimestamp;
+                s.worker.initial_timestamp = Some("2024-05-01T00:00:00Z".into());
+            },
+            |s| {
+                s.worker.initial_position = InitialPosition::AtTimestamp;
+                s.worker.initial_timestamp = Some("2024-05-01T00:00:00.250+00:00".into());
+            },
+            |s| {
+                s.lease.fence_margin = Duration::from_millis(9_999);
+                s.lease.heartbeat_interval = Duration::from_micros(999);
+            },
+            |s| s.lease.heartbeat_interval = Duration::from_millis(6_999),
+            |s| {
+                s.reader.max_records = 1;
+                s.reader.window_records = 1;
+            },
+            |s| s.reader.window_records = 10_000,
+            |s| s.reader.window_bytes = MIN_WINDOW_BYTES,
+            |s| s.reader.idle_max = s.reader.poll_interval,
+            |s| s.reader.backoff_max = s.reader.backoff_min,
+            |s| s.supervision.restart_backoff_max = s.supervision.restart_backoff_min,
+            |s| s.supervision.shard_max_restarts = 1,
+            |s| s.supervision.core_max_restarts = 0,
+            |s| s.lease.max_leases = 1,
+            |s| s.metrics.namespace = "My App/orders#1:x".into(),
+            |s| s.metrics.interval = secs(1),
+            |s| s.aws.region = Some("us-gov-west-1".into()),
+            |s| s.aws.kinesis_endpoint = Some("http://127.0.0.1:4567".into()),
+            |s| s.aws.dynamodb_endpoint = Some("https://dynamodb.eu-west-1.amazonaws.com/".into()),
+        ];
+        for (i, adjust) in cases.iter().enumerate() {
+            let mut settings = valid();
+            adjust(&mut settings);
+            assert_eq!(settings.validate(), Ok(()), "case {i}");
+        }
+    }
+
+    #[test]
+    fn heartbeat_error_says_why_with_the_numbers() {
+        let mut settings = valid();
+        settings.lease.heartbeat_interval = secs(12);
+        assert_eq!(
+            settings.validate().unwrap_err().to_string(),
+            "settings: lease.heartbeat_interval = 12s: must be below lease.failover_time - \
+             lease.fence_margin (7s), or this worker would fence itself, and peers declare it \
+             dead, between two heartbeats"
+        );
+    }
+
+    #[test]
+    fn strings_are_quoted_and_unset_values_say_so() {
+        let mut settings = valid();
+        settings.worker.stream = "my stream".into();
+        let text = settings.validate().unwrap_err().to_string();
+        assert!(
+            text.starts_with(r#"settings: worker.stream = "my stream": "#),
+            "{text}"
+        );
+
+        let mut settings = valid();
+        settings.worker.initial_position = InitialPosition::AtTimestamp;
+        let text = settings.validate().unwrap_err().to_string();
+        assert!(
+            text.starts_with("settings: worker.initial_timestamp = (unset): required when"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn initial_timestamp_parses_utc_rfc3339() {
+        let mut worker = valid().worker;
+        assert_eq!(worker.initial_timestamp(), Ok(None));
+
+        worker.initial_timestamp = Some("2024-05-01T00:00:10Z".into());
+        let expected = SystemTime::UNIX_EPOCH + secs(1_714_521_610);
+        assert_eq!(worker.initial_timestamp(), Ok(Some(expected)));
+
+        worker.initial_timestamp = Some("2024-05-01 00:00:10".into());
+        let err = worker.initial_timestamp().unwrap_err();
+        assert_eq!(err.key(), "worker.initial_timestamp");
+        assert!(err.to_string().contains("2024-05-01T00:00:00Z"), "{err}");
+    }
+
+    #[test]
+    fn initial_position_names_match_serde() {
+        for position in [
+            InitialPosition::TrimHorizon,
+            InitialPosition::Latest,
+            InitialPosition::AtTimestamp,
+        ] {
+            assert_eq!(
+                serde_json::to_value(position).unwrap(),
+                serde_json::Value::from(position.as_str())
+            );
+        }
     }
 }

@@ -1,0 +1,499 @@
+//! Loads a worker's settings in layers, each overriding the one before: the defaults
+//! built in from `config/default.toml`, the file given with `--config`, then environment
+//! variables `FLOTILLA__SECTION__KEY`. The result must pass [`Settings::validate`].
+//!
+//! The file and each variable are also read on their own before the merge, so an unknown
+//! key or a bad value is reported with where it came from (the file's path, the
+//! variable's name), not only with the key it reached.
+
+// Nothing outside the tests calls `load` until `flotilla run --config FILE` wires it in;
+// remove this then.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{Context as _, anyhow, bail};
+use config::{Config, ConfigBuilder, Environment, File, FileFormat, Map, builder::DefaultState};
+use flotilla_actors::settings::Settings;
+
+/// Built in, so the binary needs no file beside it and the documented defaults are the
+/// ones in force.
+const DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// `FLOTILLA__LEASE__FAILOVER_TIME` sets `lease.failover_time`. The double underscore
+/// separates levels because keys themselves contain single ones.
+const ENV_PREFIX: &str = "FLOTILLA";
+const ENV_SEPARATOR: &str = "__";
+
+/// The settings from the built-in defaults, `file` and the process environment.
+pub fn load(file: Option<&Path>) -> anyhow::Result<Settings> {
+    let mut env = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        // Names that are not UTF-8 cannot be ours, which are ASCII.
+        let Ok(name) = name.into_string() else {
+            continue;
+        };
+        if !is_ours(&name) {
+            continue;
+        }
+        let value = value
+            .into_string()
+            .map_err(|value| anyhow!("environment variable {name}: {value:?} is not UTF-8"))?;
+        env.push((name, value));
+    }
+    load_from(file, env)
+}
+
+/// [`load`] with the environment given, so tests need not touch the process's. Variables
+/// without the `FLOTILLA__` prefix are ignored.
+pub fn load_from(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<Settings> {
+    let settings = merge(file, env)?;
+    settings.validate()?;
+    Ok(settings)
+}
+
+/// The layers merged, not yet validated.
+fn merge(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<Settings> {
+    let mut layers = Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
+
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read settings file {}", path.display()))?;
+        let layer = File::from_str(&text, FileFormat::Toml);
+        deserialize(Config::builder().add_source(layer.clone()))
+            .with_context(|| format!("settings file {}", path.display()))?;
+        layers = layers.add_source(layer);
+    }
+
+    let env: Map<String, String> = env.into_iter().filter(|(name, _)| is_ours(name)).collect();
+    let keys = setting_keys()?;
+    for (name, value) in &env {
+        check_variable(&keys, name, value)?;
+    }
+    layers = layers.add_source(environment(env));
+
+    deserialize(layers).context("settings")
+}
+
+/// One variable on its own: it must name a setting and hold a value that setting accepts.
+fn check_variable(keys: &BTreeSet<String>, name: &str, value: &str) -> anyhow::Result<()> {
+    let key = env_key(name);
+    if !keys.contains(&key) {
+        let section = key.split('.').next().unwrap_or_default();
+        let known: Vec<&str> = keys
+            .iter()
+            .filter_map(|k| k.strip_prefix(section)?.strip_prefix('.'))
+            .collect();
+        if known.is_empty() {
+            let sections: BTreeSet<&str> =
+                keys.iter().filter_map(|k| k.split('.').next()).collect();
+            bail!(
+                "environment variable {name}: no setting {key}; the sections are {}",
+                Vec::from_iter(sections).join(", ")
+            );
+        }
+        bail!(
+            "environment variable {name}: no setting {key}; [{section}] has {}",
+            known.join(", ")
+        );
+    }
+    let one = Map::from_iter([(name.to_owned(), value.to_owned())]);
+    deserialize(Config::builder().add_source(environment(one)))
+        .with_context(|| format!("environment variable {name}={value:?}"))?;
+    Ok(())
+}
+
+fn is_ours(name: &str) -> bool {
+    // The config crate compares names case-insensitively; so does this filter.
+    let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+    name.len() > prefix.len()
+        && name.is_char_boundary(prefix.len())
+        && name[..prefix.len()].eq_ignore_ascii_case(&prefix)
+}
+
+/// The dotted key a variable sets, as the config crate derives it.
+fn env_key(name: &str) -> String {
+    let prefix_len = ENV_PREFIX.len() + ENV_SEPARATOR.len();
+    name.get(prefix_len..)
+        .unwrap_or_default()
+        .to_lowercase()
+        .replace(ENV_SEPARATOR, ".")
+}
+
+/// Values are left as text for serde to convert by the field's type: guessing types
+/// (`try_parsing`) would turn a worker id "007" into "7".
+fn environment(vars: Map<String, String>) -> Environment {
+    Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator(ENV_SEPARATOR)
+        .separator(ENV_SEPARATOR)
+        .source(Some(vars))
+}
+
+fn deserialize(layers: ConfigBuilder<DefaultState>) -> anyhow::Result<Settings> {
+    Ok(layers.build()?.try_deserialize()?)
+}
+
+/// Every dotted key `Settings` has, optional ones included: taken from the type itself,
+/// so a new field is known here (and must be documented in default.toml) at once.
+fn setting_keys() -> anyhow::Result<BTreeSet<String>> {
+    let tree = serde_json::to_value(Settings::default())
+        .context("cannot list the settings: serializing the defaults failed")?;
+    let mut keys = BTreeSet::new();
+    collect_keys("", &tree, &mut keys);
+    Ok(keys)
+}
+
+/// Leaves only: a section is not a setting. `None` serializes as null, so optional
+/// settings count as leaves too.
+fn collect_keys(prefix: &str, value: &serde_json::Value, keys: &mut BTreeSet<String>) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (name, value) in fields {
+                let key = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                collect_keys(&key, value, keys);
+            }
+        }
+        _ => {
+            keys.insert(prefix.to_owned());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use flotilla_actors::settings::{CheckpointMode, MetricsLevel, SettingsError};
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// The two settings without a default, from the environment.
+    const REQUIRED: &[(&str, &str)] = &[
+        ("FLOTILLA__WORKER__STREAM", "orders"),
+        ("FLOTILLA__WORKER__APPLICATION", "orders-billing"),
+    ];
+
+    fn with_required(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut all = vars(REQUIRED);
+        all.extend(vars(pairs));
+        all
+    }
+
+    /// A file in the temp directory, unique per test and process.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(name: &str, text: &str) -> Self {
+            let path = std::env::temp_dir().join(format!(
+                "flotilla-settings-{}-{name}.toml",
+                std::process::id()
+            ));
+            std::fs::write(&path, text).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn config_file(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("config")
+            .join(name)
+    }
+
+    fn error_text(result: anyhow::Result<Settings>) -> String {
+        format!("{:#}", result.unwrap_err())
+    }
+
+    /// `key = value` lines, and `# key = value` lines that are valid TOML once
+    /// uncommented (the optional settings), by dotted key.
+    fn documented_keys(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let (mut set, mut commented) = (BTreeSet::new(), BTreeSet::new());
+        let mut section = String::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_owned();
+            } else if let Some(rest) = line.strip_prefix("# ") {
+                if let Ok(table) = rest.parse::<toml::Table>() {
+                    for key in table.keys() {
+                        commented.insert(format!("{section}.{key}"));
+                    }
+                }
+            } else if let Ok(table) = line.parse::<toml::Table>() {
+                for key in table.keys() {
+                    set.insert(format!("{section}.{key}"));
+                }
+            }
+        }
+        (set, commented)
+    }
+
+    #[test]
+    fn default_toml_is_exactly_the_defaults() {
+        let parsed: Settings = toml::from_str(DEFAULTS).unwrap();
+        assert_eq!(parsed, Settings::default());
+        assert_eq!(merge(None, []).unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn default_toml_documents_every_setting() {
+        let keys = setting_keys().unwrap();
+        let (set, commented) = documented_keys(DEFAULTS);
+        assert!(set.is_disjoint(&commented), "{set:?} / {commented:?}");
+        let documented: BTreeSet<String> = set.union(&commented).cloned().collect();
+        assert_eq!(
+            documented, keys,
+            "default.toml against the fields of Settings"
+        );
+
+        // The keys the TOML parser sees are the ones the line scan found set.
+        let table: toml::Table = DEFAULTS.parse().unwrap();
+        let mut parsed = BTreeSet::new();
+        for (section, fields) in &table {
+            for key in fields.as_table().unwrap().keys() {
+                parsed.insert(format!("{section}.{key}"));
+            }
+        }
+        assert_eq!(parsed, set);
+
+        // Commented out means optional: exactly the settings whose default is None.
+        let defaults = serde_json::to_value(Settings::default()).unwrap();
+        let optional: BTreeSet<String> = keys
+            .iter()
+            .filter(|key| {
+                let pointer = format!("/{}", key.replace('.', "/"));
+                defaults.pointer(&pointer) == Some(&serde_json::Value::Null)
+            })
+            .cloned()
+            .collect();
+        assert_eq!(commented, optional);
+    }
+
+    #[test]
+    fn default_toml_examples_of_optional_settings_parse() {
+        let uncommented: String = DEFAULTS
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if rest.parse::<toml::Table>().is_ok() => rest,
+                _ => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let settings: Settings = toml::from_str(&uncommented).unwrap();
+        assert!(settings.worker.worker_id.is_some());
+        assert!(settings.worker.initial_timestamp.is_some());
+        assert!(settings.aws.region.is_some());
+        assert!(settings.aws.kinesis_endpoint.is_some());
+        assert!(settings.aws.dynamodb_endpoint.is_some());
+        assert!(settings.aws.cloudwatch_endpoint.is_some());
+        assert!(settings.worker.initial_timestamp().unwrap().is_some());
+    }
+
+    #[test]
+    fn default_toml_has_a_comment_over_every_setting() {
+        // A setting may share the comment of the setting just above it (a pair of bounds).
+        let is_setting = |line: &str| {
+            !line.is_empty() && !line.starts_with(['#', '[']) && line.parse::<toml::Table>().is_ok()
+        };
+        let mut previous = "";
+        for line in DEFAULTS.lines().map(str::trim) {
+            if is_setting(line) {
+                let covered = previous.starts_with('#') || is_setting(previous);
+                assert!(covered, "no comment above `{line}`");
+            }
+            previous = line;
+        }
+    }
+
+    #[test]
+    fn shipped_examples_load_and_validate() {
+        let local = load_from(Some(&config_file("local.toml")), []).unwrap();
+        assert_eq!(local.worker.stream, "flotilla-local");
+        assert_eq!(local.worker.application, "flotilla-local");
+        assert_eq!(local.aws.region.as_deref(), Some("us-east-1"));
+        assert_eq!(
+            local.aws.kinesis_endpoint.as_deref(),
+            Some("http://127.0.0.1:4567")
+        );
+        assert_eq!(
+            local.aws.dynamodb_endpoint.as_deref(),
+            Some("http://127.0.0.1:8000")
+        );
+        assert_eq!(local.aws.cloudwatch_endpoint, None);
+        assert_eq!(local.metrics.level, MetricsLevel::None);
+
+        let prod = load_from(Some(&config_file("example-prod.toml")), []).unwrap();
+        assert_eq!(prod.worker.stream, "orders");
+        assert_eq!(prod.checkpoint.mode, CheckpointMode::Watermark);
+    }
+
+    #[test]
+    fn no_file_and_no_environment_asks_for_the_stream() {
+        let err = load_from(None, []).unwrap_err();
+        let err = err.downcast_ref::<SettingsError>().unwrap();
+        assert_eq!(err.key(), "worker.stream");
+    }
+
+    #[test]
+    fn a_file_overrides_only_the_keys_it_sets() {
+        let file = TempFile::new(
+            "override",
+            "[worker]\nstream = \"orders\"\napplication = \"orders-billing\"\n\
+             [lease]\nfailover_time = \"30s\"\n",
+        );
+        let settings = load_from(Some(&file.0), []).unwrap();
+        assert_eq!(settings.worker.stream, "orders");
+        assert_eq!(settings.lease.failover_time, Duration::from_secs(30));
+        let defaults = Settings::default();
+        assert_eq!(settings.lease.fence_margin, defaults.lease.fence_margin);
+        assert_eq!(settings.reader, defaults.reader);
+    }
+
+    #[test]
+    fn the_environment_overrides_defaults_and_the_file() {
+        let file = TempFile::new(
+            "env-over-file",
+            "[lease]\nfailover_time = \"30s\"\n[reader]\nmax_records = 100\n",
+        );
+        let env = with_required(&[
+            ("FLOTILLA__LEASE__FAILOVER_TIME", "20s"),
+            ("FLOTILLA__READER__MAX_RECORDS", "500"),
+            ("FLOTILLA__WORKER__INITIAL_POSITION", "LATEST"),
+            ("FLOTILLA__CHECKPOINT__MODE", "manual"),
+            ("FLOTILLA__AWS__REGION", "eu-west-1"),
+            ("FLOTILLA_LOG", "debug"),
+            ("PATH", "/usr/bin"),
+        ]);
+        let settings = load_from(Some(&file.0), env).unwrap();
+        assert_eq!(settings.lease.failover_time, Duration::from_secs(20));
+        assert_eq!(settings.reader.max_records, 500);
+        assert_eq!(
+            settings.worker.initial_position,
+            flotilla_actors::settings::InitialPosition::Latest
+        );
+        assert_eq!(settings.checkpoint.mode, CheckpointMode::Manual);
+        assert_eq!(settings.aws.region.as_deref(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn environment_text_is_not_reinterpreted() {
+        let env = with_required(&[
+            ("FLOTILLA__WORKER__WORKER_ID", "007"),
+            ("FLOTILLA__METRICS__NAMESPACE", "1e3"),
+        ]);
+        let settings = load_from(None, env).unwrap();
+        assert_eq!(settings.worker.worker_id.as_deref(), Some("007"));
+        assert_eq!(settings.metrics.namespace, "1e3");
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let path = std::env::temp_dir().join("flotilla-settings-no-such-file.toml");
+        let text = error_text(load_from(Some(&path), vars(REQUIRED)));
+        assert!(text.contains("cannot read settings file"), "{text}");
+        assert!(
+            text.contains("flotilla-settings-no-such-file.toml"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn load_reads_the_file_first() {
+        // Independent of the process environment: the file is read before any variable.
+        let path = std::env::temp_dir().join("flotilla-settings-load-no-such-file.toml");
+        let text = format!("{:#}", load(Some(&path)).unwrap_err());
+        assert!(text.contains("cannot read settings file"), "{text}");
+    }
+
+    #[test]
+    fn an_unparseable_file_is_named() {
+        let file = TempFile::new("unparseable", "[lease\nfailover_time = 10s\n");
+        let text = error_text(load_from(Some(&file.0), vars(REQUIRED)));
+        assert!(text.contains(&file.0.display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_key_in_a_file_is_named() {
+        let file = TempFile::new("unknown-key", "[lease]\nfailover_tme = \"20s\"\n");
+        let text = error_text(load_from(Some(&file.0), vars(REQUIRED)));
+        assert!(text.contains(&file.0.display().to_string()), "{text}");
+        assert!(text.contains("failover_tme"), "{text}");
+
+        let file = TempFile::new("unknown-section", "[leases]\nfailover_time = \"20s\"\n");
+        let text = error_text(load_from(Some(&file.0), vars(REQUIRED)));
+        assert!(text.contains("leases"), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_environment_variable_is_named() {
+        let text = error_text(load_from(
+            None,
+            with_required(&[("FLOTILLA__LEASE__BOGUS", "1")]),
+        ));
+        assert!(text.contains("FLOTILLA__LEASE__BOGUS"), "{text}");
+        assert!(text.contains("lease.bogus"), "{text}");
+        assert!(text.contains("failover_time"), "{text}");
+
+        let text = error_text(load_from(None, with_required(&[("FLOTILLA__LEASES", "x")])));
+        assert!(text.contains("FLOTILLA__LEASES"), "{text}");
+        assert!(text.contains("the sections are"), "{text}");
+    }
+
+    #[test]
+    fn a_bad_duration_names_the_key_and_the_value() {
+        let file = TempFile::new("bad-duration", "[lease]\nfailover_time = \"soon\"\n");
+        let text = error_text(load_from(Some(&file.0), vars(REQUIRED)));
+        assert!(text.contains("failover_time"), "{text}");
+        assert!(text.contains("\"soon\""), "{text}");
+
+        let env = with_required(&[("FLOTILLA__LEASE__FAILOVER_TIME", "20")]);
+        let text = error_text(load_from(None, env));
+        assert!(text.contains("FLOTILLA__LEASE__FAILOVER_TIME"), "{text}");
+        assert!(text.contains("\"20\""), "{text}");
+    }
+
+    #[test]
+    fn a_bad_number_in_the_environment_is_named() {
+        let env = with_required(&[("FLOTILLA__READER__MAX_RECORDS", "lots")]);
+        let text = error_text(load_from(None, env));
+        assert!(text.contains("FLOTILLA__READER__MAX_RECORDS"), "{text}");
+        assert!(text.contains("lots"), "{text}");
+    }
+
+    #[test]
+    fn validation_failures_surface_with_their_key() {
+        let env = with_required(&[("FLOTILLA__LEASE__HEARTBEAT_INTERVAL", "12s")]);
+        let err = load_from(None, env).unwrap_err();
+        let settings_error = err.downcast_ref::<SettingsError>().unwrap();
+        assert_eq!(settings_error.key(), "lease.heartbeat_interval");
+        assert!(
+            err.to_string()
+                .starts_with("settings: lease.heartbeat_interval = 12s: must be below"),
+            "{err}"
+        );
+    }
+}
