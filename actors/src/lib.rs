@@ -13,8 +13,39 @@
 //!   [`backoff::RestartIntensity`] (when a supervisor stops restarting a child). Pure:
 //!   the random draw and the current instant are parameters.
 
+//! * `balance`: which leases to take and which are lost. Pure: time is a parameter.
+//! * `settings`: every tunable with its default and its validation.
+//! * The actors, one module each: `supervisor` (the root), `stream_watcher`,
+//!   `lease_keeper`, `shard_reader`, `processor` (the user's trait and its host),
+//!   `checkpoint_writer`, `metrics_reporter`. They reach the outside only through
+//!   `backend`.
+//! * `worker`: the embedding API; `status`: the snapshots it returns.
+
 pub mod backend;
 pub mod backoff;
+pub mod balance;
+mod checkpoint_writer;
 pub mod kpl;
+mod lease_keeper;
+pub mod metrics_reporter;
 pub mod model;
+mod processor;
 pub mod settings;
+mod shard_reader;
+pub mod status;
+mod stream_watcher;
+mod supervisor;
+mod worker;
+
+pub use backend::Record;
+pub use checkpoint_writer::CheckpointView;
+pub use lease_keeper::{KeeperStatus, ReleaseReport};
+pub use processor::{
+    AckToken, Batch, BoxedProcessor, CheckpointError, Checkpointer, Processor, ProcessorError,
+    ProcessorMsg, ShardInfo,
+};
+pub use settings::{CheckpointMode, InitialPosition, MetricsLevel, Settings};
+pub use shard_reader::ShardShutdown;
+pub use status::{ShardState, ShardStatus, ShutdownReport, WorkerStatus};
+pub use stream_watcher::WatcherStatus;
+pub use worker::{Backend, ProcessorActorFactory, Worker, WorkerBuilder, WorkerError};

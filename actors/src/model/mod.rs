@@ -11,6 +11,7 @@
 mod graph;
 pub mod item;
 mod lease;
+mod lease_plan;
 mod sequence;
 mod shard;
 mod watermark;
@@ -20,6 +21,7 @@ pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
     SHARD_END, TRIM_HORIZON, WorkerId,
 };
+pub use lease_plan::plan_new_leases;
 pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,

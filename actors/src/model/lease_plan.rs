@@ -1,0 +1,172 @@
+//! Which shards get a new lease row, and where each starts. Pure.
+//!
+//! The rule follows the KCL: a shard is leased when it is open, when one of its parents
+//! is (or is about to be) leased, or always when the application starts from the oldest
+//! records (TRIM_HORIZON / AT_TIMESTAMP). A shard whose parent is leased starts at
+//! TRIM_HORIZON whatever the initial position: its first records follow its parent's
+//! last ones, and skipping them would lose data. Other shards start at the initial
+//! position.
+
+use std::collections::HashSet;
+
+use super::{Checkpoint, Lease, Shard, ShardId};
+
+/// The new lease rows for `shards`, given the shards that already have one. Parents come
+/// before their children in the result.
+pub fn plan_new_leases(
+    shards: &[Shard],
+    leased: &HashSet<ShardId>,
+    initial: &Checkpoint,
+) -> Vec<Lease> {
+    let lease_everything = !matches!(initial, Checkpoint::Latest);
+    let listed: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+    // Leased already or planned now.
+    let mut known: HashSet<ShardId> = leased.clone();
+    // Known, or looked at and left without a lease.
+    let mut decided: HashSet<ShardId> = leased.clone();
+    let mut planned = Vec::new();
+    let mut pending: Vec<&Shard> = shards.iter().filter(|s| !leased.contains(&s.id)).collect();
+    // Passes until nothing changes: a shard is decided once every listed parent is.
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut rest = Vec::new();
+        for shard in pending {
+            if shard
+                .parents()
+                .any(|p| listed.contains(p) && !decided.contains(p))
+            {
+                rest.push(shard);
+                continue;
+            }
+            decided.insert(shard.id.clone());
+            let parent_leased = shard.parents().any(|p| known.contains(p));
+            if lease_everything || shard.is_open() || parent_leased {
+                let checkpoint = if parent_leased {
+                    Checkpoint::TrimHorizon
+                } else {
+                    initial.clone()
+                };
+                known.insert(shard.id.clone());
+                planned.push(lease_for(shard, checkpoint));
+            }
+        }
+        pending = rest;
+        if pending.len() == before {
+            // A parent cycle, impossible from Kinesis: lease plainly rather than lose data.
+            planned.extend(pending.drain(..).map(|s| lease_for(s, initial.clone())));
+        }
+    }
+    planned
+}
+
+fn lease_for(shard: &Shard, checkpoint: Checkpoint) -> Lease {
+    Lease::new(
+        &shard.id,
+        checkpoint,
+        shard.parents().cloned().collect(),
+        Some(shard.hash_range),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{HashKeyRange, SequenceNumber, SequenceRange};
+
+    fn shard(i: u64, parents: &[u64], open: bool) -> Shard {
+        Shard {
+            id: ShardId::from_index(i),
+            parent: parents.first().map(|p| ShardId::from_index(*p)),
+            adjacent_parent: parents.get(1).map(|p| ShardId::from_index(*p)),
+            hash_range: HashKeyRange {
+                start: 0,
+                end: u128::MAX,
+            },
+            sequence_range: SequenceRange {
+                start: SequenceNumber::parse("1").unwrap(),
+                end: if open {
+                    None
+                } else {
+                    Some(SequenceNumber::parse("9").unwrap())
+                },
+            },
+        }
+    }
+
+    fn plan(shards: &[Shard], leased: &[u64], initial: Checkpoint) -> Vec<(u64, Checkpoint)> {
+        let leased: HashSet<ShardId> = leased.iter().map(|i| ShardId::from_index(*i)).collect();
+        plan_new_leases(shards, &leased, &initial)
+            .into_iter()
+            .map(|l| {
+                let id = l.key.shard_id();
+                let index = (0..100).find(|i| ShardId::from_index(*i) == id).unwrap();
+                (index, l.checkpoint)
+            })
+            .collect()
+    }
+
+    /// 0 split into 1 and 2; 2 merged with 3 into 4. Open: 1 and 4.
+    fn history() -> Vec<Shard> {
+        vec![
+            shard(4, &[2, 3], true),
+            shard(1, &[0], true),
+            shard(0, &[], false),
+            shard(2, &[0], false),
+            shard(3, &[], false),
+        ]
+    }
+
+    #[test]
+    fn trim_horizon_leases_every_shard_and_children_start_at_their_beginning() {
+        let got = plan(&history(), &[], Checkpoint::TrimHorizon);
+        assert_eq!(
+            got,
+            vec![
+                (0, Checkpoint::TrimHorizon),
+                (3, Checkpoint::TrimHorizon),
+                (1, Checkpoint::TrimHorizon),
+                (2, Checkpoint::TrimHorizon),
+                (4, Checkpoint::TrimHorizon),
+            ]
+        );
+    }
+
+    #[test]
+    fn latest_leases_open_shards_only_at_latest() {
+        let got = plan(&history(), &[], Checkpoint::Latest);
+        assert_eq!(got, vec![(1, Checkpoint::Latest), (4, Checkpoint::Latest)]);
+    }
+
+    #[test]
+    fn a_new_child_of_a_leased_shard_starts_at_trim_horizon_even_at_latest() {
+        // 1 was leased at LATEST; it split into 5 and 6, and 5 already closed again.
+        let mut shards = vec![
+            shard(1, &[], false),
+            shard(5, &[1], false),
+            shard(6, &[1], true),
+        ];
+        shards.push(shard(7, &[5], true));
+        let got = plan(&shards, &[1], Checkpoint::Latest);
+        assert_eq!(
+            got,
+            vec![
+                (5, Checkpoint::TrimHorizon),
+                (6, Checkpoint::TrimHorizon),
+                (7, Checkpoint::TrimHorizon),
+            ]
+        );
+    }
+
+    #[test]
+    fn at_timestamp_roots_start_at_the_timestamp() {
+        let got = plan(&history(), &[0, 1, 2, 3], Checkpoint::AtTimestamp);
+        assert_eq!(got, vec![(4, Checkpoint::TrimHorizon)]);
+        let got = plan(&[shard(3, &[], true)], &[], Checkpoint::AtTimestamp);
+        assert_eq!(got, vec![(3, Checkpoint::AtTimestamp)]);
+    }
+
+    #[test]
+    fn leased_shards_are_not_planned_again() {
+        assert!(plan(&history(), &[0, 1, 2, 3, 4], Checkpoint::TrimHorizon).is_empty());
+    }
+}

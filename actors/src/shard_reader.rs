@@ -1,0 +1,951 @@
+//! One per held lease: gets an iterator from the checkpoint, polls GetRecords, hands
+//! batches to its processor actor (a child of the reader), tracks acks, and ends the
+//! shard.
+//!
+//! Driven by messages to itself (`Start`, `Acquire`, `Fetch`), never by a loop, so acks,
+//! status requests, lease loss and shutdown are handled between any two calls. The
+//! reader fetches the next batch while the processor works on the previous one, up to
+//! the un-acked window (records and bytes): the window is the backpressure and the
+//! memory budget.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::backend::{
+    ChildShard, IteratorPosition, LeaseTable, Record, ShardIterator, StreamClient, StreamError,
+};
+use crate::backoff::Backoff;
+use crate::checkpoint_writer::CheckpointMsg;
+use crate::kpl;
+use crate::lease_keeper::Liveness;
+use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
+use crate::model::{
+    AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId,
+    Watermark,
+};
+use crate::processor::{
+    AckToken, Batch, CheckpointError, Checkpointer, HostArgs, ProcessorHost, ProcessorMsg,
+    ShardInfo,
+};
+use crate::settings::{CheckpointMode, Settings};
+use crate::status::{ShardState, ShardStatus};
+use crate::supervisor::SupervisorMsg;
+use crate::worker::ProcessorSource;
+
+/// How long the reader waits on the checkpoint writer.
+const WRITER_TIMEOUT_MS: u64 = 30_000;
+
+/// Stop reasons the supervisor reads to tell a finished shard from a failed one.
+pub(crate) const STOP_SHARD_END: &str = "shard_end";
+pub(crate) const STOP_LEASE_LOST: &str = "lease_lost";
+pub(crate) const STOP_SHUTDOWN: &str = "shutdown";
+
+#[derive(Debug)]
+pub(crate) enum Acks {
+    Batch(BatchId),
+    Records(Vec<AckToken>),
+}
+
+/// What one shard's graceful stop achieved.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ShardShutdown {
+    pub shard_id: ShardId,
+    /// `shutdown_requested` returned Ok (or the processor had not started).
+    pub processor_ok: bool,
+    pub checkpoint_flushed: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) enum ReaderMsg {
+    Start,
+    Acquire,
+    Fetch,
+    Ack(Acks),
+    Checkpoint(
+        ExtendedSequenceNumber,
+        RpcReplyPort<Result<(), CheckpointError>>,
+    ),
+    Flush(RpcReplyPort<Result<(), CheckpointError>>),
+    LeaseLost,
+    Shutdown(RpcReplyPort<ShardShutdown>),
+    /// The processor answered `shard_ended` or `shutdown_requested`.
+    ProcessorDone(Result<(), String>),
+    /// The processor did not stop after a lease loss: stop regardless.
+    StopNow,
+    Status(RpcReplyPort<ShardStatus>),
+}
+
+pub(crate) struct ShardReader;
+
+pub(crate) struct ReaderArgs {
+    pub lease: Lease,
+    pub stream: String,
+    pub streams: Arc<dyn StreamClient>,
+    pub table: Arc<dyn LeaseTable>,
+    pub settings: Arc<Settings>,
+    pub initial_timestamp: Option<SystemTime>,
+    pub processor: ProcessorSource,
+    pub writer: ActorRef<CheckpointMsg>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub metrics: ActorRef<MetricsMsg>,
+    pub liveness: Liveness,
+    pub restarts: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    BlockedOnParent,
+    Reading,
+    /// The shard's last batch is delivered; waiting for every record to be acked.
+    Draining,
+    /// `shard_ended` sent to the processor.
+    Ending,
+    ShuttingDown,
+    LeaseLost,
+}
+
+struct InFlight {
+    batch: Batch,
+    bytes: u64,
+    delivered_at: Instant,
+}
+
+pub(crate) struct ReaderState {
+    args: ReaderArgs,
+    me: ActorRef<ReaderMsg>,
+    key: LeaseKey,
+    shard: ShardId,
+    fence: Fence,
+    mode: CheckpointMode,
+    phase: Phase,
+    processor: Option<ActorRef<ProcessorMsg>>,
+    revoked: Arc<AtomicBool>,
+    iterator: Option<ShardIterator>,
+    start_position: Option<IteratorPosition>,
+    /// After a restart inside an aggregate: records at or before this were processed.
+    skip_through: Option<ExtendedSequenceNumber>,
+    window: AckWindow,
+    in_flight: VecDeque<InFlight>,
+    last_delivered: Option<ExtendedSequenceNumber>,
+    checkpoint: Option<Checkpoint>,
+    fetch_scheduled: bool,
+    idle: Duration,
+    backoff: Backoff,
+    last_progress: Instant,
+    children: Option<Vec<ChildShard>>,
+    millis_behind: Option<u64>,
+    records_delivered: u64,
+    fenced: bool,
+    shutdown_reply: Option<RpcReplyPort<ShardShutdown>>,
+}
+
+impl Actor for ShardReader {
+    type Msg = ReaderMsg;
+    type State = ReaderState;
+    type Arguments = ReaderArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ReaderArgs,
+    ) -> Result<ReaderState, ActorProcessingErr> {
+        let key = args.lease.key.clone();
+        let shard = key.shard_id();
+        let fence = args.lease.fence();
+        let settings = &args.settings;
+        let backoff = Backoff::new(settings.reader.backoff_min, settings.reader.backoff_max);
+        let idle = settings.reader.poll_interval;
+        let mode = settings.checkpoint.mode;
+        let _ = myself.cast(ReaderMsg::Start);
+        Ok(ReaderState {
+            me: myself.clone(),
+            key,
+            shard,
+            fence,
+            mode,
+            phase: Phase::Starting,
+            processor: None,
+            revoked: Arc::new(AtomicBool::new(false)),
+            iterator: None,
+            start_position: None,
+            skip_through: None,
+            window: AckWindow::new(),
+            in_flight: VecDeque::new(),
+            last_delivered: None,
+            checkpoint: None,
+            fetch_scheduled: false,
+            idle,
+            backoff,
+            last_progress: Instant::now(),
+            children: None,
+            millis_behind: None,
+            records_delivered: 0,
+            fenced: false,
+            shutdown_reply: None,
+            args,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: ReaderMsg,
+        state: &mut ReaderState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ReaderMsg::Start => state.start(&myself).await?,
+            ReaderMsg::Acquire => state.acquire(&myself).await?,
+            ReaderMsg::Fetch => {
+                state.fetch_scheduled = false;
+                state.fetch(&myself).await?;
+            }
+            ReaderMsg::Ack(acks) => state.on_acks(&myself, acks)?,
+            ReaderMsg::Checkpoint(at, reply) => {
+                let _ = reply.send(state.manual_checkpoint(at));
+            }
+            ReaderMsg::Flush(reply) => {
+                let _ = reply.send(state.flush().await);
+            }
+            ReaderMsg::LeaseLost => state.lease_lost(&myself),
+            ReaderMsg::Shutdown(reply) => state.shutdown(&myself, reply),
+            ReaderMsg::ProcessorDone(result) => state.processor_done(&myself, result).await?,
+            ReaderMsg::StopNow => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+            ReaderMsg::Status(reply) => {
+                let _ = reply.send(state.status());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut ReaderState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(_, error) => match state.phase {
+                Phase::LeaseLost => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+                _ => {
+                    return Err(format!("shard {}: {error}", state.shard).into());
+                }
+            },
+            SupervisionEvent::ActorTerminated(_, _, reason) => match state.phase {
+                Phase::LeaseLost => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+                Phase::ShuttingDown | Phase::Ending => {}
+                _ => {
+                    return Err(format!(
+                        "shard {}: the processor stopped on its own ({})",
+                        state.shard,
+                        reason.unwrap_or_else(|| "no reason given".to_owned())
+                    )
+                    .into());
+                }
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl ReaderState {
+    fn settings(&self) -> &Settings {
+        &self.args.settings
+    }
+
+    fn report(&self, samples: Vec<Sample>) {
+        let _ = self.args.metrics.cast(MetricsMsg::Record(samples));
+    }
+
+    /// Reads the lease (after flushing what a previous incarnation acked), waits for the
+    /// parents, starts the processor.
+    async fn start(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
+        let key = self.key.clone();
+        match ractor::call_t!(
+            self.args.writer,
+            |reply| CheckpointMsg::Flush { key, reply },
+            WRITER_TIMEOUT_MS
+        ) {
+            Ok(Err(CheckpointError::LeaseLost { .. })) => {
+                myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("shard {}: checkpoint writer: {e}", self.shard).into()),
+        }
+        let lease = match self.args.table.get(&self.key).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+                return Ok(());
+            }
+            Err(error) if error.is_retryable() => {
+                myself.send_after(self.backoff.next_random(), || ReaderMsg::Start);
+                return Ok(());
+            }
+            Err(error) => {
+                return Err(format!("shard {}: reading its lease: {error}", self.shard).into());
+            }
+        };
+        if lease.fence() != self.fence {
+            info!(message = "Lease changed hands before reading started.", shard_id = %self.shard);
+            myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+            return Ok(());
+        }
+        if lease.checkpoint.is_shard_end() {
+            let _ = self.args.supervisor.cast(SupervisorMsg::ShardFinished {
+                key: self.key.clone(),
+                children: None,
+            });
+            myself.stop(Some(STOP_SHARD_END.to_owned()));
+            return Ok(());
+        }
+        for parent in &lease.parent_shard_ids {
+            match self
+                .args
+                .table
+                .get(&crate::model::LeaseKey::from(parent))
+                .await
+            {
+                Ok(Some(p)) if !p.checkpoint.is_shard_end() => {
+                    if self.phase != Phase::BlockedOnParent {
+                        info!(message = "Shard waits for its parent to finish.", shard_id = %self.shard, parent = %parent);
+                    }
+                    self.phase = Phase::BlockedOnParent;
+                    myself.send_after(self.settings().reader.parent_poll_interval, || {
+                        ReaderMsg::Start
+                    });
+                    return Ok(());
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    debug!(message = "Parent lease unreadable; retrying.", shard_id = %self.shard, %error);
+                    myself.send_after(self.backoff.next_random(), || ReaderMsg::Start);
+                    return Ok(());
+                }
+            }
+        }
+        self.backoff.reset();
+        self.checkpoint = Some(lease.checkpoint.clone());
+        let (position, skip) = match &lease.checkpoint {
+            Checkpoint::TrimHorizon => (IteratorPosition::TrimHorizon, None),
+            Checkpoint::Latest => (IteratorPosition::Latest, None),
+            Checkpoint::AtTimestamp => match self.args.initial_timestamp {
+                Some(at) => (IteratorPosition::AtTimestamp(at), None),
+                None => {
+                    return Err(format!(
+                        "shard {}: the lease says AT_TIMESTAMP but worker.initial_timestamp is not set",
+                        self.shard
+                    )
+                    .into());
+                }
+            },
+            // AT the checkpointed record, skipping it and anything before it: a
+            // checkpoint may fall inside an aggregate, whose rest must still be delivered.
+            Checkpoint::At(at) => (
+                IteratorPosition::AtSequence(at.sequence.clone()),
+                Some(at.clone()),
+            ),
+            Checkpoint::ShardEnd => return Ok(()),
+        };
+        self.start_position = Some(position);
+        self.skip_through = skip;
+        let info = ShardInfo {
+            shard_id: self.shard.clone(),
+            parents: lease.parent_shard_ids.clone(),
+            hash_range: lease.hash_range,
+            starting_at: lease.checkpoint.clone(),
+        };
+        self.args.lease = lease;
+        let processor = self.spawn_processor(myself, &info).await?;
+        processor.cast(ProcessorMsg::Initialize(info))?;
+        self.processor = Some(processor);
+        self.phase = Phase::Reading;
+        self.last_progress = Instant::now();
+        let _ = myself.cast(ReaderMsg::Acquire);
+        Ok(())
+    }
+
+    async fn spawn_processor(
+        &self,
+        myself: &ActorRef<ReaderMsg>,
+        info: &ShardInfo,
+    ) -> Result<ActorRef<ProcessorMsg>, ActorProcessingErr> {
+        match &self.args.processor {
+            ProcessorSource::Factory(factory) => {
+                let processor = factory(info);
+                let (actor, _) = Actor::spawn_linked(
+                    None,
+                    ProcessorHost,
+                    HostArgs {
+                        processor,
+                        mode: self.mode,
+                        revoked: self.revoked.clone(),
+                    },
+                    myself.get_cell(),
+                )
+                .await?;
+                Ok(actor)
+            }
+            ProcessorSource::Actor(factory) => {
+                let actor = factory(info.clone())
+                    .await
+                    .map_err(|e| format!("shard {}: processor actor factory: {e}", self.shard))?;
+                actor.link(myself.get_cell());
+                Ok(actor)
+            }
+        }
+    }
+
+    async fn acquire(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
+        if !matches!(self.phase, Phase::Reading) {
+            return Ok(());
+        }
+        let position = match &self.last_delivered {
+            Some(last) => IteratorPosition::AfterSequence(last.sequence.clone()),
+            None => match &self.start_position {
+                Some(p) => p.clone(),
+                None => return Ok(()),
+            },
+        };
+        match self
+            .args
+            .streams
+            .get_shard_iterator(&self.args.stream, &self.shard, &position)
+            .await
+        {
+            Ok(iterator) => {
+                self.iterator = Some(iterator);
+                self.backoff.reset();
+                self.schedule_fetch(myself, Duration::ZERO);
+            }
+            Err(error) if error.is_retryable() => {
+                self.count_failure(&error);
+                myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
+            }
+            Err(error) => {
+                return Err(format!("shard {}: GetShardIterator: {error}", self.shard).into());
+            }
+        }
+        Ok(())
+    }
+
+    fn schedule_fetch(&mut self, myself: &ActorRef<ReaderMsg>, delay: Duration) {
+        if self.fetch_scheduled {
+            return;
+        }
+        self.fetch_scheduled = true;
+        if delay.is_zero() {
+            let _ = myself.cast(ReaderMsg::Fetch);
+        } else {
+            myself.send_after(delay, || ReaderMsg::Fetch);
+        }
+    }
+
+    fn window_full(&self) -> bool {
+        let reader = &self.settings().reader;
+        self.window.in_flight_records() >= reader.window_records as usize
+            || self.window.in_flight_bytes() >= reader.window_bytes
+    }
+
+    /// Whether this worker's ownership is confirmed recently enough to keep delivering.
+    fn ownership_fresh(&self) -> bool {
+        let lease = &self.settings().lease;
+        let limit = lease.failover_time.saturating_sub(lease.fence_margin);
+        self.args.liveness.confirmed_within(limit)
+    }
+
+    async fn fetch(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
+        if self.phase != Phase::Reading {
+            return Ok(());
+        }
+        let poll = self.settings().reader.poll_interval;
+        let timeout = self.settings().reader.processor_timeout;
+        if !self.window.is_empty() && self.last_progress.elapsed() > timeout {
+            return Err(format!(
+                "shard {}: the processor has acked nothing for {} with {} records pending",
+                self.shard,
+                humantime::format_duration(timeout),
+                self.window.in_flight_records()
+            )
+            .into());
+        }
+        if !self.ownership_fresh() {
+            if !self.fenced {
+                warn!(message = "Heartbeat not confirmed recently; pausing delivery.", shard_id = %self.shard);
+            }
+            self.fenced = true;
+            self.schedule_fetch(myself, poll);
+            return Ok(());
+        }
+        self.fenced = false;
+        if self.window_full() {
+            // Re-checked on each ack, and periodically for the stall check above.
+            self.schedule_fetch(myself, poll);
+            return Ok(());
+        }
+        let Some(iterator) = self.iterator.clone() else {
+            let _ = myself.cast(ReaderMsg::Acquire);
+            return Ok(());
+        };
+        let limit = self.settings().reader.max_records;
+        match self.args.streams.get_records(&iterator, limit).await {
+            Ok(batch) => {
+                self.backoff.reset();
+                self.millis_behind = batch.millis_behind_latest;
+                if let Some(millis) = batch.millis_behind_latest {
+                    self.report(vec![Sample::shard(
+                        Metric::MillisBehindLatest,
+                        &self.shard,
+                        millis as f64,
+                    )]);
+                }
+                let got_records = !batch.records.is_empty();
+                let caught_up = batch.millis_behind_latest.unwrap_or(0) == 0;
+                let at_end = batch.next_iterator.is_none();
+                self.iterator = batch.next_iterator;
+                if at_end {
+                    self.children = batch.child_shards;
+                }
+                self.deliver(batch.records)?;
+                if at_end {
+                    info!(message = "Shard read to its end.", shard_id = %self.shard);
+                    self.phase = Phase::Draining;
+                    self.maybe_end_shard(myself);
+                    return Ok(());
+                }
+                let delay = if got_records || !caught_up {
+                    self.idle = poll;
+                    poll
+                } else {
+                    let delay = self.idle;
+                    self.idle = (self.idle * 2).min(self.settings().reader.idle_max);
+                    delay
+                };
+                self.schedule_fetch(myself, delay);
+            }
+            Err(StreamError::IteratorExpired { .. }) => {
+                debug!(message = "Shard iterator expired; acquiring a new one.", shard_id = %self.shard);
+                self.iterator = None;
+                let _ = myself.cast(ReaderMsg::Acquire);
+            }
+            Err(error) if error.is_retryable() => {
+                self.count_failure(&error);
+                let delay = self.backoff.next_random();
+                debug!(message = "GetRecords failed; backing off.", shard_id = %self.shard, %error, delay_ms = delay.as_millis() as u64);
+                self.schedule_fetch(myself, delay);
+            }
+            Err(error) => {
+                return Err(format!("shard {}: GetRecords: {error}", self.shard).into());
+            }
+        }
+        Ok(())
+    }
+
+    fn count_failure(&self, error: &StreamError) {
+        let metric = if matches!(error, StreamError::Throttled { .. }) {
+            Metric::Throttles
+        } else {
+            Metric::ApiErrors
+        };
+        self.report(vec![Sample::shard(metric, &self.shard, 1.0)]);
+    }
+
+    /// De-aggregates, drops what a checkpoint inside an aggregate already covers, and
+    /// sends one batch to the processor.
+    fn deliver(&mut self, raw: Vec<Record>) -> Result<(), ActorProcessingErr> {
+        if raw.is_empty() {
+            return Ok(());
+        }
+        let mut records = Vec::with_capacity(raw.len());
+        let range = self.args.lease.hash_range;
+        for record in raw {
+            kpl::deaggregate(record, range.as_ref(), &mut records);
+        }
+        if let Some(skip) = &self.skip_through {
+            records.retain(|r| {
+                (&r.sequence_number, r.sub_sequence_number) > (&skip.sequence, skip.sub_sequence)
+            });
+            if !records.is_empty() {
+                self.skip_through = None;
+            }
+        }
+        let Some(last) = records.last() else {
+            return Ok(());
+        };
+        self.last_delivered = Some(ExtendedSequenceNumber::new(
+            last.sequence_number.clone(),
+            last.sub_sequence_number,
+        ));
+        let bytes: u64 = records
+            .iter()
+            .map(|r| (r.data.len() + r.partition_key.len()) as u64)
+            .sum();
+        let len = records.len();
+        if self.window.is_empty() {
+            self.last_progress = Instant::now();
+        }
+        let id = self.window.deliver(len, bytes);
+        let batch = Batch {
+            shard: self.shard.clone(),
+            id,
+            records: Arc::from(records),
+            millis_behind_latest: self.millis_behind,
+        };
+        self.records_delivered += len as u64;
+        self.in_flight.push_back(InFlight {
+            batch: batch.clone(),
+            bytes,
+            delivered_at: Instant::now(),
+        });
+        if let Some(processor) = &self.processor {
+            processor.cast(ProcessorMsg::Process(batch, self.checkpointer()))?;
+        }
+        Ok(())
+    }
+
+    fn checkpointer(&self) -> Checkpointer {
+        Checkpointer {
+            shard: self.shard.clone(),
+            reader: self.me.clone(),
+            mode: self.mode,
+        }
+    }
+
+    fn on_acks(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+        acks: Acks,
+    ) -> Result<(), ActorProcessingErr> {
+        let mut moved: Option<Watermark> = None;
+        let mut acked_records = 0usize;
+        match acks {
+            Acks::Batch(id) => {
+                if let Some(f) = self.in_flight.iter().find(|f| f.batch.id == id) {
+                    acked_records = f.batch.len();
+                    let elapsed = f.delivered_at.elapsed().as_secs_f64() * 1000.0;
+                    self.report(vec![Sample::shard(
+                        Metric::ProcessingTime,
+                        &self.shard,
+                        elapsed,
+                    )]);
+                }
+                match self.window.ack_batch(id) {
+                    Ok(m) => moved = m,
+                    Err(error) => warn!(message = "Ack ignored.", shard_id = %self.shard, %error),
+                }
+            }
+            Acks::Records(tokens) => {
+                for token in tokens {
+                    match self.window.ack(token.batch, token.index) {
+                        Ok(Some(m)) => {
+                            acked_records += 1;
+                            moved = Some(m);
+                        }
+                        Ok(None) => acked_records += 1,
+                        Err(error) => {
+                            warn!(message = "Ack ignored.", shard_id = %self.shard, %error)
+                        }
+                    }
+                }
+            }
+        }
+        if acked_records > 0 {
+            self.last_progress = Instant::now();
+        }
+        if let Some(watermark) = moved {
+            self.advance(watermark);
+        }
+        match self.phase {
+            Phase::Draining => self.maybe_end_shard(myself),
+            Phase::Reading if !self.window_full() => self.schedule_fetch(myself, Duration::ZERO),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The contiguous acked prefix now ends at `watermark`: drop the batches it passed
+    /// and, unless the processor checkpoints itself, move the checkpoint there.
+    fn advance(&mut self, watermark: Watermark) {
+        let mut position = None;
+        let mut records = 0u64;
+        let mut bytes = 0u64;
+        while let Some(front) = self.in_flight.front() {
+            if front.batch.id < watermark.batch {
+                records += front.batch.len() as u64;
+                bytes += front.bytes;
+                let done = self.in_flight.pop_front();
+                if let Some(done) = done {
+                    position = done.batch.records.last().map(position_of);
+                }
+            } else if front.batch.id == watermark.batch {
+                position = front.batch.records.get(watermark.index).map(position_of);
+                if watermark.index + 1 >= front.batch.len() {
+                    records += front.batch.len() as u64;
+                    bytes += front.bytes;
+                    self.in_flight.pop_front();
+                }
+                break;
+            } else {
+                break;
+            }
+        }
+        if records > 0 {
+            self.report(vec![
+                Sample::shard(Metric::RecordsProcessed, &self.shard, records as f64),
+                Sample::shard(Metric::BytesProcessed, &self.shard, bytes as f64),
+            ]);
+        }
+        if self.mode == CheckpointMode::Manual {
+            return;
+        }
+        if let Some(at) = position {
+            self.send_advance(at);
+        }
+    }
+
+    fn send_advance(&mut self, at: ExtendedSequenceNumber) {
+        self.checkpoint = Some(Checkpoint::At(at.clone()));
+        let _ = self.args.writer.cast(CheckpointMsg::Advance {
+            key: self.key.clone(),
+            fence: self.fence.clone(),
+            at,
+        });
+    }
+
+    fn manual_checkpoint(&mut self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
+        if matches!(self.phase, Phase::LeaseLost) {
+            return Err(CheckpointError::LeaseLost {
+                shard: self.shard.clone(),
+            });
+        }
+        match &self.last_delivered {
+            Some(last) if at <= *last => {
+                self.send_advance(at);
+                Ok(())
+            }
+            last => Err(CheckpointError::BeyondDelivered {
+                shard: self.shard.clone(),
+                requested: at,
+                last: last
+                    .as_ref()
+                    .map(|l| l.to_string())
+                    .unwrap_or_else(|| "none".to_owned()),
+            }),
+        }
+    }
+
+    async fn flush(&self) -> Result<(), CheckpointError> {
+        let key = self.key.clone();
+        ractor::call_t!(
+            self.args.writer,
+            |reply| CheckpointMsg::Flush { key, reply },
+            WRITER_TIMEOUT_MS
+        )
+        .map_err(|e| CheckpointError::NotWritten {
+            shard: self.shard.clone(),
+            why: e.to_string(),
+        })?
+    }
+
+    fn maybe_end_shard(&mut self, myself: &ActorRef<ReaderMsg>) {
+        if self.phase != Phase::Draining || !self.window.is_empty() {
+            return;
+        }
+        self.phase = Phase::Ending;
+        self.ask_processor(myself, ProcessorMsg::ShardEnded);
+    }
+
+    /// Sends `shard_ended` or `shutdown_requested` and forwards the answer as
+    /// `ProcessorDone`, which queues behind any acks the processor sent before answering.
+    fn ask_processor(
+        &self,
+        myself: &ActorRef<ReaderMsg>,
+        message: fn(Checkpointer, RpcReplyPort<Result<(), String>>) -> ProcessorMsg,
+    ) {
+        let Some(processor) = &self.processor else {
+            let _ = myself.cast(ReaderMsg::ProcessorDone(Ok(())));
+            return;
+        };
+        let checkpointer = self.checkpointer();
+        let (tx, rx) = ractor::concurrency::oneshot();
+        if processor.cast(message(checkpointer, tx.into())).is_err() {
+            let _ = myself.cast(ReaderMsg::ProcessorDone(Err(
+                "the processor has stopped".to_owned()
+            )));
+            return;
+        }
+        let timeout = self.settings().supervision.shutdown_timeout;
+        let reader = myself.clone();
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err("the processor stopped without answering".to_owned()),
+                Err(_) => Err(format!(
+                    "the processor did not answer within {}",
+                    humantime::format_duration(timeout)
+                )),
+            };
+            let _ = reader.cast(ReaderMsg::ProcessorDone(result));
+        });
+    }
+
+    async fn processor_done(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+        result: Result<(), String>,
+    ) -> Result<(), ActorProcessingErr> {
+        match self.phase {
+            Phase::Ending => {
+                if let Err(error) = result {
+                    return Err(format!("shard {}: shard_ended failed: {error}", self.shard).into());
+                }
+                let children: Vec<ShardId> = self
+                    .children
+                    .iter()
+                    .flatten()
+                    .map(|c| c.id.clone())
+                    .collect();
+                let key = self.key.clone();
+                let fence = self.fence.clone();
+                let written = ractor::call_t!(
+                    self.args.writer,
+                    |reply| CheckpointMsg::ShardEnd {
+                        key,
+                        fence,
+                        children,
+                        reply
+                    },
+                    WRITER_TIMEOUT_MS
+                );
+                match written {
+                    Ok(Ok(())) => {
+                        self.checkpoint = Some(Checkpoint::ShardEnd);
+                        let _ = self.args.supervisor.cast(SupervisorMsg::ShardFinished {
+                            key: self.key.clone(),
+                            children: self.children.take(),
+                        });
+                        self.stop_processor().await;
+                        myself.stop(Some(STOP_SHARD_END.to_owned()));
+                    }
+                    Ok(Err(CheckpointError::LeaseLost { .. })) => {
+                        self.stop_processor().await;
+                        myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+                    }
+                    Ok(Err(error)) => {
+                        return Err(
+                            format!("shard {}: SHARD_END checkpoint: {error}", self.shard).into(),
+                        );
+                    }
+                    Err(error) => {
+                        return Err(
+                            format!("shard {}: SHARD_END checkpoint: {error}", self.shard).into(),
+                        );
+                    }
+                }
+            }
+            Phase::ShuttingDown => {
+                let flushed = self.flush().await;
+                let outcome = ShardShutdown {
+                    shard_id: self.shard.clone(),
+                    processor_ok: result.is_ok(),
+                    checkpoint_flushed: flushed.is_ok(),
+                    error: match (&result, &flushed) {
+                        (Err(e), _) => Some(format!("shutdown_requested: {e}")),
+                        (_, Err(e)) => Some(e.to_string()),
+                        _ => None,
+                    },
+                };
+                if let Some(reply) = self.shutdown_reply.take() {
+                    let _ = reply.send(outcome);
+                }
+                self.stop_processor().await;
+                myself.stop(Some(STOP_SHUTDOWN.to_owned()));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn stop_processor(&mut self) {
+        if let Some(processor) = self.processor.take() {
+            let _ = processor
+                .stop_and_wait(None, Some(Duration::from_secs(5)))
+                .await;
+        }
+    }
+
+    fn lease_lost(&mut self, myself: &ActorRef<ReaderMsg>) {
+        if matches!(self.phase, Phase::LeaseLost) {
+            return;
+        }
+        info!(message = "Lease lost; stopping the shard.", shard_id = %self.shard);
+        self.revoked.store(true, Ordering::Release);
+        self.phase = Phase::LeaseLost;
+        let _ = self
+            .args
+            .writer
+            .cast(CheckpointMsg::Forget(self.key.clone()));
+        match &self.processor {
+            Some(processor) if processor.cast(ProcessorMsg::LeaseLost).is_ok() => {
+                myself.send_after(self.settings().supervision.shutdown_timeout, || {
+                    ReaderMsg::StopNow
+                });
+            }
+            _ => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+        }
+    }
+
+    fn shutdown(&mut self, myself: &ActorRef<ReaderMsg>, reply: RpcReplyPort<ShardShutdown>) {
+        match self.phase {
+            Phase::LeaseLost | Phase::ShuttingDown | Phase::Ending => {
+                let _ = reply.send(ShardShutdown {
+                    shard_id: self.shard.clone(),
+                    processor_ok: true,
+                    checkpoint_flushed: false,
+                    error: Some(format!("the shard was already stopping ({:?})", self.phase)),
+                });
+            }
+            _ => {
+                self.phase = Phase::ShuttingDown;
+                self.shutdown_reply = Some(reply);
+                self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
+            }
+        }
+    }
+
+    fn status(&self) -> ShardStatus {
+        ShardStatus {
+            shard_id: self.shard.clone(),
+            state: match self.phase {
+                Phase::Starting => ShardState::Initializing,
+                Phase::BlockedOnParent => ShardState::BlockedOnParent,
+                Phase::Reading if self.fenced => ShardState::Fenced,
+                Phase::Reading => ShardState::Processing,
+                Phase::Draining | Phase::Ending => ShardState::ShardEnding,
+                Phase::ShuttingDown => ShardState::ShuttingDown,
+                Phase::LeaseLost => ShardState::LeaseLost,
+            },
+            lease_counter: self.fence.counter,
+            checkpoint: self.checkpoint.as_ref().map(|c| c.to_string()),
+            last_delivered: self.last_delivered.as_ref().map(|p| p.to_string()),
+            millis_behind_latest: self.millis_behind,
+            records_delivered: self.records_delivered,
+            in_flight_records: self.window.in_flight_records() as u64,
+            in_flight_bytes: self.window.in_flight_bytes(),
+            restarts: self.args.restarts,
+        }
+    }
+}
+
+fn position_of(record: &Record) -> ExtendedSequenceNumber {
+    ExtendedSequenceNumber::new(record.sequence_number.clone(), record.sub_sequence_number)
+}

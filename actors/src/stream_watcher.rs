@@ -1,0 +1,185 @@
+//! Lists the stream's shards (paginated ListShards, at a jittered interval), keeps the
+//! shard graph, and creates lease rows for shards that have none — with conditional
+//! puts, so two workers never clobber each other's rows.
+//!
+//! Children reported by a reader at SHARD_END get their rows at once, not at the next
+//! listing; a server that does not report children makes the watcher list now instead.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tracing::{debug, info, warn};
+
+use crate::backend::{ChildShard, LeaseTable, StreamClient};
+use crate::backoff::Backoff;
+use crate::lease_keeper::KeeperMsg;
+use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
+use crate::model::{Checkpoint, Lease, ShardGraph, ShardId, plan_new_leases};
+
+#[derive(Debug)]
+pub(crate) enum WatcherMsg {
+    Sync,
+    /// A reader reached SHARD_END; `None` when the server did not name the children.
+    ChildrenFound(Option<Vec<ChildShard>>),
+    Status(RpcReplyPort<WatcherStatus>),
+}
+
+/// The watcher's view, for status pages.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct WatcherStatus {
+    pub shards: usize,
+    pub open_shards: usize,
+    pub leases_created: u64,
+    pub last_error: Option<String>,
+}
+
+pub(crate) struct StreamWatcher;
+
+pub(crate) struct WatcherArgs {
+    pub streams: Arc<dyn StreamClient>,
+    pub table: Arc<dyn LeaseTable>,
+    pub stream: String,
+    /// Where a shard with no leased parent starts.
+    pub initial: Checkpoint,
+    pub interval: Duration,
+    pub keeper: ActorRef<KeeperMsg>,
+    pub metrics: ActorRef<MetricsMsg>,
+}
+
+pub(crate) struct WatcherState {
+    args: WatcherArgs,
+    graph: ShardGraph,
+    status: WatcherStatus,
+    backoff: Backoff,
+}
+
+impl Actor for StreamWatcher {
+    type Msg = WatcherMsg;
+    type State = WatcherState;
+    type Arguments = WatcherArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: WatcherArgs,
+    ) -> Result<WatcherState, ActorProcessingErr> {
+        let _ = myself.cast(WatcherMsg::Sync);
+        Ok(WatcherState {
+            args,
+            graph: ShardGraph::new([]),
+            status: WatcherStatus::default(),
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: WatcherMsg,
+        state: &mut WatcherState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            WatcherMsg::Sync => {
+                let next = match state.sync().await {
+                    Ok(()) => {
+                        state.backoff.reset();
+                        jittered(state.args.interval)
+                    }
+                    Err(error) => {
+                        warn!(message = "Shard sync failed.", stream = %state.args.stream, %error);
+                        state.status.last_error = Some(error);
+                        state.backoff.next_random()
+                    }
+                };
+                myself.send_after(next, || WatcherMsg::Sync);
+            }
+            WatcherMsg::ChildrenFound(Some(children)) => {
+                let mut created = 0;
+                for child in children {
+                    let lease = Lease::new(
+                        &child.id,
+                        Checkpoint::TrimHorizon,
+                        child.parents.clone(),
+                        Some(child.hash_range),
+                    );
+                    match state.args.table.create_if_absent(&lease).await {
+                        Ok(true) => created += 1,
+                        Ok(false) => {}
+                        Err(error) => {
+                            warn!(message = "Child lease not created; listing instead.", shard_id = %child.id, %error);
+                            let _ = myself.cast(WatcherMsg::Sync);
+                        }
+                    }
+                }
+                state.status.leases_created += created;
+                if created > 0 {
+                    let _ = state.args.keeper.cast(KeeperMsg::ScanNow);
+                }
+            }
+            WatcherMsg::ChildrenFound(None) => {
+                // Listing is the fallback; it creates the children's rows.
+                if let Err(error) = state.sync().await {
+                    warn!(message = "Shard sync failed.", stream = %state.args.stream, %error);
+                    state.status.last_error = Some(error);
+                }
+            }
+            WatcherMsg::Status(reply) => {
+                let _ = reply.send(state.status.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WatcherState {
+    async fn sync(&mut self) -> Result<(), String> {
+        let shards = self
+            .args
+            .streams
+            .list_shards(&self.args.stream)
+            .await
+            .map_err(|e| {
+                let metric = if e.is_retryable() {
+                    Metric::Throttles
+                } else {
+                    Metric::ApiErrors
+                };
+                let _ = self
+                    .args
+                    .metrics
+                    .cast(MetricsMsg::Record(vec![Sample::new(metric, 1.0)]));
+                e.to_string()
+            })?;
+        let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
+        let leased: HashSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
+        let planned = plan_new_leases(&shards, &leased, &self.args.initial);
+        let mut created = 0;
+        for lease in &planned {
+            match self.args.table.create_if_absent(lease).await {
+                Ok(true) => {
+                    created += 1;
+                    debug!(message = "Lease row created.", lease_key = %lease.key, checkpoint = %lease.checkpoint);
+                }
+                Ok(false) => {}
+                Err(error) => return Err(format!("creating the lease of {}: {error}", lease.key)),
+            }
+        }
+        if created > 0 {
+            info!(message = "Lease rows created for new shards.", count = created, stream = %self.args.stream);
+            self.status.leases_created += created;
+            let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
+        }
+        self.status.shards = shards.len();
+        self.status.open_shards = shards.iter().filter(|s| s.is_open()).count();
+        self.status.last_error = None;
+        self.graph = ShardGraph::new(shards);
+        Ok(())
+    }
+}
+
+/// The interval ±10%, so a fleet started together does not list in lockstep.
+fn jittered(interval: Duration) -> Duration {
+    interval.mul_f64(0.9 + rand::random::<f64>() * 0.2)
+}

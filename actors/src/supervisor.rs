@@ -1,0 +1,589 @@
+//! The root actor of a worker: spawns the core actors and one shard reader per held
+//! lease, restarts what fails, routes lease gains and losses, and runs the graceful
+//! shutdown.
+//!
+//! * A failed shard reader (or its processor) restarts from the last checkpoint after a
+//!   jittered exponential backoff. Past `shard_max_restarts` within
+//!   `shard_restart_window` its lease is released and the shard cooled down locally.
+//! * A failed core actor restarts the whole core (they hold references to each other)
+//!   and every shard reader; past `core_max_restarts` within `core_restart_window` the
+//!   worker stops with an error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::backend::clock::Clock;
+use crate::backend::{ChildShard, LeaseTable, MetricsSink, StreamClient};
+use crate::backoff::{Backoff, RestartIntensity, Verdict};
+use crate::checkpoint_writer::{CheckpointMsg, CheckpointWriter, WriterArgs};
+use crate::lease_keeper::{KeeperArgs, KeeperMsg, LeaseKeeper, Liveness, ReleaseReport};
+use crate::metrics_reporter::{Metric, MetricsArgs, MetricsMsg, MetricsReporter, Sample};
+use crate::model::{Checkpoint, Lease, LeaseKey, WorkerId};
+use crate::settings::Settings;
+use crate::shard_reader::{
+    ReaderArgs, ReaderMsg, STOP_LEASE_LOST, STOP_SHARD_END, STOP_SHUTDOWN, ShardReader,
+    ShardShutdown,
+};
+use crate::status::{CoreActorStatus, ShardState, ShardStatus, ShutdownReport, WorkerStatus};
+use crate::stream_watcher::{StreamWatcher, WatcherArgs, WatcherMsg};
+use crate::worker::ProcessorSource;
+
+/// How long a status request waits on each actor.
+const STATUS_TIMEOUT_MS: u64 = 2_000;
+
+#[derive(Debug)]
+pub(crate) enum SupervisorMsg {
+    LeaseGained(Lease),
+    LeaseLost(LeaseKey),
+    ShardFinished {
+        key: LeaseKey,
+        children: Option<Vec<ChildShard>>,
+    },
+    RestartShard(LeaseKey),
+    Status(RpcReplyPort<WorkerStatus>),
+    Shutdown(RpcReplyPort<ShutdownReport>),
+}
+
+/// Everything a worker is built from; shared by its actors.
+pub(crate) struct WorkerContext {
+    pub me: WorkerId,
+    pub application: String,
+    pub stream: String,
+    pub streams: Arc<dyn StreamClient>,
+    pub table: Arc<dyn LeaseTable>,
+    pub metrics_sink: Arc<dyn MetricsSink>,
+    pub settings: Arc<Settings>,
+    pub processor: ProcessorSource,
+    pub initial: Checkpoint,
+    pub initial_timestamp: Option<SystemTime>,
+    pub clock: Clock,
+    /// Why the worker stopped on its own, for `Worker::wait`.
+    pub fatal: Arc<Mutex<Option<String>>>,
+}
+
+pub(crate) struct Supervisor;
+
+struct Core {
+    metrics: ActorRef<MetricsMsg>,
+    keeper: ActorRef<KeeperMsg>,
+    writer: ActorRef<CheckpointMsg>,
+    watcher: ActorRef<WatcherMsg>,
+}
+
+impl Core {
+    fn cells(&self) -> [(&'static str, ActorCell); 4] {
+        [
+            ("stream_watcher", self.watcher.get_cell()),
+            ("lease_keeper", self.keeper.get_cell()),
+            ("checkpoint_writer", self.writer.get_cell()),
+            ("metrics_reporter", self.metrics.get_cell()),
+        ]
+    }
+}
+
+struct ShardEntry {
+    lease: Lease,
+    reader: Option<ActorRef<ReaderMsg>>,
+    intensity: RestartIntensity,
+    backoff: Backoff,
+    restarts: u32,
+}
+
+pub(crate) struct SupervisorState {
+    ctx: Arc<WorkerContext>,
+    core: Core,
+    liveness_tx: Arc<watch::Sender<Option<Instant>>>,
+    liveness: Liveness,
+    core_intensity: RestartIntensity,
+    core_restarts: u32,
+    shards: HashMap<LeaseKey, ShardEntry>,
+    by_actor: HashMap<ActorId, LeaseKey>,
+    shard_restarts: u64,
+    shutting_down: bool,
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = Arc<WorkerContext>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        ctx: Arc<WorkerContext>,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let (tx, liveness) = Liveness::channel();
+        let liveness_tx = Arc::new(tx);
+        let core = spawn_core(&myself, &ctx, &liveness_tx).await?;
+        let supervision = &ctx.settings.supervision;
+        Ok(SupervisorState {
+            core_intensity: RestartIntensity::new(
+                supervision.core_max_restarts,
+                supervision.core_restart_window,
+            ),
+            ctx,
+            core,
+            liveness_tx,
+            liveness,
+            core_restarts: 0,
+            shards: HashMap::new(),
+            by_actor: HashMap::new(),
+            shard_restarts: 0,
+            shutting_down: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMsg::LeaseGained(lease) => {
+                if state.shutting_down {
+                    return Ok(());
+                }
+                let key = lease.key.clone();
+                if let Some(old) = state.shards.remove(&key)
+                    && let Some(reader) = old.reader
+                {
+                    // Taken again under a new epoch while the old reader was stopping.
+                    state.by_actor.remove(&reader.get_id());
+                    reader.kill();
+                }
+                let supervision = &state.ctx.settings.supervision;
+                state.shards.insert(
+                    key.clone(),
+                    ShardEntry {
+                        lease,
+                        reader: None,
+                        intensity: RestartIntensity::new(
+                            supervision.shard_max_restarts,
+                            supervision.shard_restart_window,
+                        ),
+                        backoff: Backoff::new(
+                            supervision.restart_backoff_min,
+                            supervision.restart_backoff_max,
+                        ),
+                        restarts: 0,
+                    },
+                );
+                state.spawn_reader(&myself, &key).await;
+            }
+            SupervisorMsg::LeaseLost(key) => {
+                if let Some(entry) = state.shards.remove(&key)
+                    && let Some(reader) = entry.reader
+                {
+                    let _ = reader.cast(ReaderMsg::LeaseLost);
+                }
+                let _ = state.core.keeper.cast(KeeperMsg::Lost(key.clone()));
+                let _ = state.core.writer.cast(CheckpointMsg::Forget(key));
+            }
+            SupervisorMsg::ShardFinished { key, children } => {
+                info!(
+                    message = "Shard finished.",
+                    lease_key = %key,
+                    children = ?children.as_ref().map(|c| c.iter().map(|c| c.id.to_string()).collect::<Vec<_>>()),
+                );
+                let _ = state.core.watcher.cast(WatcherMsg::ChildrenFound(children));
+            }
+            SupervisorMsg::RestartShard(key) => {
+                if !state.shutting_down
+                    && state.shards.get(&key).is_some_and(|e| e.reader.is_none())
+                {
+                    state.spawn_reader(&myself, &key).await;
+                }
+            }
+            SupervisorMsg::Status(reply) => {
+                let status = state.status().await;
+                let _ = reply.send(status);
+            }
+            SupervisorMsg::Shutdown(reply) => {
+                state.shutting_down = true;
+                let report = state.shutdown().await;
+                let _ = reply.send(report);
+                myself.stop(Some(STOP_SHUTDOWN.to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.shutting_down {
+            return Ok(());
+        }
+        let (cell, failure) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, Some(error.to_string())),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => match reason.as_deref() {
+                Some(STOP_SHARD_END) | Some(STOP_LEASE_LOST) | Some(STOP_SHUTDOWN) => (cell, None),
+                other => (
+                    cell,
+                    Some(format!(
+                        "stopped unexpectedly ({})",
+                        other.unwrap_or("no reason given")
+                    )),
+                ),
+            },
+            _ => return Ok(()),
+        };
+        if let Some(key) = state.by_actor.remove(&cell.get_id()) {
+            state.reader_ended(&myself, key, failure);
+            return Ok(());
+        }
+        let core_name = state
+            .core
+            .cells()
+            .into_iter()
+            .find(|(_, c)| c.get_id() == cell.get_id())
+            .map(|(name, _)| name);
+        if let Some(name) = core_name {
+            let why = failure.unwrap_or_else(|| "stopped".to_owned());
+            state.core_failed(&myself, name, why).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn spawn_core(
+    myself: &ActorRef<SupervisorMsg>,
+    ctx: &Arc<WorkerContext>,
+    liveness: &Arc<watch::Sender<Option<Instant>>>,
+) -> Result<Core, ActorProcessingErr> {
+    let settings = &ctx.settings;
+    let (metrics, _) = Actor::spawn_linked(
+        None,
+        MetricsReporter,
+        MetricsArgs {
+            sink: ctx.metrics_sink.clone(),
+            settings: settings.metrics.clone(),
+            application: ctx.application.clone(),
+            stream: ctx.stream.clone(),
+            worker_id: ctx.me.to_string(),
+            clock: ctx.clock.clone(),
+        },
+        myself.get_cell(),
+    )
+    .await?;
+    let (keeper, _) = Actor::spawn_linked(
+        None,
+        LeaseKeeper,
+        KeeperArgs {
+            table: ctx.table.clone(),
+            me: ctx.me.clone(),
+            settings: settings.clone(),
+            supervisor: myself.clone(),
+            metrics: metrics.clone(),
+            liveness: liveness.clone(),
+        },
+        myself.get_cell(),
+    )
+    .await?;
+    let (writer, _) = Actor::spawn_linked(
+        None,
+        CheckpointWriter,
+        WriterArgs {
+            table: ctx.table.clone(),
+            interval: settings.checkpoint.interval,
+            supervisor: myself.clone(),
+            metrics: metrics.clone(),
+        },
+        myself.get_cell(),
+    )
+    .await?;
+    let (watcher, _) = Actor::spawn_linked(
+        None,
+        StreamWatcher,
+        WatcherArgs {
+            streams: ctx.streams.clone(),
+            table: ctx.table.clone(),
+            stream: ctx.stream.clone(),
+            initial: ctx.initial.clone(),
+            interval: settings.reader.shard_sync_interval,
+            keeper: keeper.clone(),
+            metrics: metrics.clone(),
+        },
+        myself.get_cell(),
+    )
+    .await?;
+    Ok(Core {
+        metrics,
+        keeper,
+        writer,
+        watcher,
+    })
+}
+
+impl SupervisorState {
+    async fn spawn_reader(&mut self, myself: &ActorRef<SupervisorMsg>, key: &LeaseKey) {
+        let Some(entry) = self.shards.get_mut(key) else {
+            return;
+        };
+        let args = ReaderArgs {
+            lease: entry.lease.clone(),
+            stream: self.ctx.stream.clone(),
+            streams: self.ctx.streams.clone(),
+            table: self.ctx.table.clone(),
+            settings: self.ctx.settings.clone(),
+            initial_timestamp: self.ctx.initial_timestamp,
+            processor: self.ctx.processor.clone(),
+            writer: self.core.writer.clone(),
+            supervisor: myself.clone(),
+            metrics: self.core.metrics.clone(),
+            liveness: self.liveness.clone(),
+            restarts: entry.restarts,
+        };
+        match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
+            Ok((reader, _)) => {
+                self.by_actor.insert(reader.get_id(), key.clone());
+                entry.reader = Some(reader);
+            }
+            Err(error) => {
+                warn!(message = "Shard reader did not start.", lease_key = %key, %error);
+                let delay = entry.backoff.next_random();
+                myself.send_after(delay, {
+                    let key = key.clone();
+                    move || SupervisorMsg::RestartShard(key)
+                });
+            }
+        }
+    }
+
+    fn reader_ended(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        key: LeaseKey,
+        failure: Option<String>,
+    ) {
+        let Some(failure) = failure else {
+            // Finished, lost or stopped on purpose: the lease keeper stops counting it.
+            if let Some(entry) = self.shards.get(&key)
+                && entry.reader.is_some()
+            {
+                self.shards.remove(&key);
+            }
+            let _ = self.core.keeper.cast(KeeperMsg::Finished(key));
+            return;
+        };
+        let Some(entry) = self.shards.get_mut(&key) else {
+            return;
+        };
+        entry.reader = None;
+        self.shard_restarts += 1;
+        let _ = self
+            .core
+            .metrics
+            .cast(MetricsMsg::Record(vec![Sample::shard(
+                Metric::ActorRestarts,
+                &key.shard_id(),
+                1.0,
+            )]));
+        match entry.intensity.record(Instant::now().into_std()) {
+            Verdict::Restart { attempt } => {
+                if attempt == 1 {
+                    entry.backoff.reset();
+                }
+                entry.restarts += 1;
+                let delay = entry.backoff.next_random();
+                warn!(
+                    message = "Shard failed; restarting from its last checkpoint.",
+                    lease_key = %key,
+                    error = %failure,
+                    attempt,
+                    delay_ms = delay.as_millis() as u64,
+                );
+                myself.send_after(delay, move || SupervisorMsg::RestartShard(key));
+            }
+            Verdict::GiveUp { restarts_in_window } => {
+                error!(
+                    message = "Shard failed too often; releasing its lease and cooling down.",
+                    lease_key = %key,
+                    error = %failure,
+                    restarts_in_window,
+                );
+                self.shards.remove(&key);
+                let _ = self.core.writer.cast(CheckpointMsg::Forget(key.clone()));
+                let _ = self.core.keeper.cast(KeeperMsg::GiveUp(key));
+            }
+        }
+    }
+
+    /// Restarts the core (and with it every shard), or stops the worker past the
+    /// restart intensity.
+    async fn core_failed(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        name: &'static str,
+        why: String,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = self.core.metrics.cast(MetricsMsg::Record(vec![Sample::new(
+            Metric::ActorRestarts,
+            1.0,
+        )]));
+        if let Verdict::GiveUp { restarts_in_window } =
+            self.core_intensity.record(Instant::now().into_std())
+        {
+            let reason = format!(
+                "the {name} failed {restarts_in_window} times within {}: {why}",
+                humantime::format_duration(self.ctx.settings.supervision.core_restart_window)
+            );
+            error!(message = "Worker stopping: a core actor keeps failing.", actor = name, error = %why);
+            if let Ok(mut fatal) = self.ctx.fatal.lock() {
+                *fatal = Some(reason.clone());
+            }
+            myself.stop(Some(reason));
+            return Ok(());
+        }
+        warn!(message = "Core actor failed; restarting the worker's actors.", actor = name, error = %why);
+        self.core_restarts += 1;
+        // Readers hold references to the old core: stop them all, then start afresh.
+        // The new lease keeper finds this worker's leases and takes them again.
+        let readers: Vec<ActorRef<ReaderMsg>> =
+            self.shards.drain().filter_map(|(_, e)| e.reader).collect();
+        self.by_actor.clear();
+        for reader in readers {
+            let _ = reader.kill_and_wait(Some(Duration::from_secs(5))).await;
+        }
+        for (_, cell) in self.core.cells() {
+            let _ = cell.kill_and_wait(Some(Duration::from_secs(5))).await;
+        }
+        self.core = spawn_core(myself, &self.ctx, &self.liveness_tx).await?;
+        Ok(())
+    }
+
+    async fn status(&self) -> WorkerStatus {
+        let mut shards = Vec::new();
+        let mut keys: Vec<&LeaseKey> = self.shards.keys().collect();
+        keys.sort();
+        for key in keys {
+            let Some(entry) = self.shards.get(key) else {
+                continue;
+            };
+            let fallback = ShardStatus {
+                shard_id: key.shard_id(),
+                state: ShardState::Restarting,
+                lease_counter: entry.lease.counter,
+                checkpoint: None,
+                last_delivered: None,
+                millis_behind_latest: None,
+                records_delivered: 0,
+                in_flight_records: 0,
+                in_flight_bytes: 0,
+                restarts: entry.restarts,
+            };
+            let status = match &entry.reader {
+                Some(reader) => ractor::call_t!(reader, ReaderMsg::Status, STATUS_TIMEOUT_MS)
+                    .unwrap_or(fallback),
+                None => fallback,
+            };
+            shards.push(status);
+        }
+        let checkpoints: BTreeMap<String, _> =
+            ractor::call_t!(self.core.writer, CheckpointMsg::Status, STATUS_TIMEOUT_MS)
+                .map(|m| m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                .unwrap_or_default();
+        WorkerStatus {
+            worker_id: self.ctx.me.to_string(),
+            application: self.ctx.application.clone(),
+            stream: self.ctx.stream.clone(),
+            shutting_down: self.shutting_down,
+            shards,
+            shard_restarts: self.shard_restarts,
+            core: self
+                .core
+                .cells()
+                .iter()
+                .map(|(name, _)| CoreActorStatus {
+                    name,
+                    restarts: self.core_restarts,
+                })
+                .collect(),
+            leases: ractor::call_t!(self.core.keeper, KeeperMsg::Status, STATUS_TIMEOUT_MS).ok(),
+            stream_watcher: ractor::call_t!(
+                self.core.watcher,
+                WatcherMsg::Status,
+                STATUS_TIMEOUT_MS
+            )
+            .ok(),
+            checkpoints,
+            metrics: ractor::call_t!(self.core.metrics, MetricsMsg::Snapshot, STATUS_TIMEOUT_MS)
+                .ok(),
+        }
+    }
+
+    /// Processors finish and checkpoint, checkpoints are flushed, leases released,
+    /// metrics published; then every child is stopped explicitly.
+    async fn shutdown(&mut self) -> ShutdownReport {
+        let settings = &self.ctx.settings;
+        let timeout = settings.supervision.shutdown_timeout;
+        let timeout_ms = timeout.as_millis() as u64;
+        let mut errors = Vec::new();
+        let readers: Vec<(LeaseKey, ActorRef<ReaderMsg>)> = self
+            .shards
+            .iter()
+            .filter_map(|(k, e)| e.reader.clone().map(|r| (k.clone(), r)))
+            .collect();
+        info!(message = "Worker shutting down.", worker_id = %self.ctx.me, shards = readers.len());
+        let asks = readers.iter().map(|(key, reader)| async move {
+            match ractor::call_t!(reader, ReaderMsg::Shutdown, timeout_ms) {
+                Ok(outcome) => outcome,
+                Err(error) => ShardShutdown {
+                    shard_id: key.shard_id(),
+                    processor_ok: false,
+                    checkpoint_flushed: false,
+                    error: Some(format!("no answer from the shard reader: {error}")),
+                },
+            }
+        });
+        let mut shards: Vec<ShardShutdown> = futures::future::join_all(asks).await;
+        shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+        for (_, reader) in &readers {
+            if reader.wait(Some(timeout)).await.is_err() {
+                reader.kill();
+            }
+        }
+        let checkpoint_failures =
+            match ractor::call_t!(self.core.writer, CheckpointMsg::FlushAll, timeout_ms) {
+                Ok(failures) => failures.into_iter().map(|e| e.to_string()).collect(),
+                Err(error) => vec![format!("checkpoint writer: {error}")],
+            };
+        let leases = match ractor::call_t!(self.core.keeper, KeeperMsg::ReleaseAll, timeout_ms) {
+            Ok(report) => report,
+            Err(error) => {
+                errors.push(format!("lease keeper: {error}"));
+                ReleaseReport::default()
+            }
+        };
+        match ractor::call_t!(self.core.metrics, MetricsMsg::Flush, timeout_ms) {
+            Ok(Ok(_)) => {}
+            // Metrics are not worth failing a shutdown over; they are reported.
+            Ok(Err(error)) => warn!(message = "Final metrics not published.", %error),
+            Err(error) => warn!(message = "Final metrics not published.", %error),
+        }
+        for (name, cell) in self.core.cells() {
+            if cell.stop_and_wait(None, Some(timeout)).await.is_err() {
+                errors.push(format!("{name} did not stop in time"));
+                cell.kill();
+            }
+        }
+        ShutdownReport {
+            shards,
+            checkpoint_failures,
+            leases,
+            errors,
+        }
+    }
+}
