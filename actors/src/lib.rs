@@ -9,5 +9,6 @@
 //!   adapters that behave like the services, and a fault injector.
 
 pub mod backend;
+pub mod metrics_reporter;
 pub mod model;
 pub mod settings;

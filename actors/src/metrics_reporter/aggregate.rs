@@ -1,0 +1,662 @@
+//! The pure half of the metrics reporter: samples in, CloudWatch datums out. No I/O and
+//! no clock; the actor passes the time in, so every rule here is tested without a
+//! runtime.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::SystemTime;
+
+use crate::backend::{MetricDatum, MetricValue, Unit};
+use crate::model::ShardId;
+use crate::settings::MetricsLevel;
+
+/// Dimension names, as the dashboards and alarms built on them expect.
+pub const APPLICATION_DIMENSION: &str = "Application";
+pub const STREAM_DIMENSION: &str = "StreamName";
+pub const SHARD_DIMENSION: &str = "ShardId";
+
+const METRIC_COUNT: usize = 12;
+
+/// Everything the actors of a worker measure. The set is closed so the aggregator can
+/// keep one fixed-size slot per metric and never hash a name on the hot path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Metric {
+    RecordsProcessed,
+    BytesProcessed,
+    MillisBehindLatest,
+    ProcessingTime,
+    LeasesHeld,
+    LeasesTaken,
+    LeasesLost,
+    CheckpointWrites,
+    CheckpointFailures,
+    Throttles,
+    ApiErrors,
+    ActorRestarts,
+}
+
+/// How a metric's running figure for the status snapshot is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Samples are amounts: the snapshot shows their sum since start.
+    Counter,
+    /// Samples are readings of a level: the snapshot shows the latest one, since a sum
+    /// of lags or of lease counts means nothing.
+    Gauge,
+}
+
+impl Metric {
+    /// In declaration order, which is also the order datums are published in.
+    pub const ALL: [Metric; METRIC_COUNT] = [
+        Metric::RecordsProcessed,
+        Metric::BytesProcessed,
+        Metric::MillisBehindLatest,
+        Metric::ProcessingTime,
+        Metric::LeasesHeld,
+        Metric::LeasesTaken,
+        Metric::LeasesLost,
+        Metric::CheckpointWrites,
+        Metric::CheckpointFailures,
+        Metric::Throttles,
+        Metric::ApiErrors,
+        Metric::ActorRestarts,
+    ];
+
+    /// The CloudWatch metric name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::RecordsProcessed => "RecordsProcessed",
+            Metric::BytesProcessed => "BytesProcessed",
+            Metric::MillisBehindLatest => "MillisBehindLatest",
+            Metric::ProcessingTime => "ProcessingTime",
+            Metric::LeasesHeld => "LeasesHeld",
+            Metric::LeasesTaken => "LeasesTaken",
+            Metric::LeasesLost => "LeasesLost",
+            Metric::CheckpointWrites => "CheckpointWrites",
+            Metric::CheckpointFailures => "CheckpointFailures",
+            Metric::Throttles => "Throttles",
+            Metric::ApiErrors => "ApiErrors",
+            Metric::ActorRestarts => "ActorRestarts",
+        }
+    }
+
+    pub fn unit(self) -> Unit {
+        match self {
+            Metric::BytesProcessed => Unit::Bytes,
+            Metric::MillisBehindLatest | Metric::ProcessingTime => Unit::Milliseconds,
+            Metric::RecordsProcessed
+            | Metric::LeasesHeld
+            | Metric::LeasesTaken
+            | Metric::LeasesLost
+            | Metric::CheckpointWrites
+            | Metric::CheckpointFailures
+            | Metric::Throttles
+            | Metric::ApiErrors
+            | Metric::ActorRestarts => Unit::Count,
+        }
+    }
+
+    pub fn kind(self) -> Kind {
+        match self {
+            Metric::MillisBehindLatest | Metric::LeasesHeld => Kind::Gauge,
+            _ => Kind::Counter,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One measurement. Senders batch them (one message per batch of records, never one per
+/// record), so a sample usually stands for many events: `RecordsProcessed` with the
+/// batch's record count, `ProcessingTime` with the time the batch took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub metric: Metric,
+    /// `None` for what belongs to the worker as a whole (leases held, restarts).
+    pub shard: Option<ShardId>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn new(metric: Metric, value: f64) -> Self {
+        Self {
+            metric,
+            shard: None,
+            value,
+        }
+    }
+
+    pub fn shard(metric: Metric, shard: &ShardId, value: f64) -> Self {
+        Self {
+            metric,
+            shard: Some(shard.clone()),
+            value,
+        }
+    }
+}
+
+/// Samples of one interval, as CloudWatch's StatisticSet wants them: one datum then
+/// carries a whole interval, whatever the number of samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Stats {
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stats {
+    fn add(&mut self, value: f64) {
+        if self.count == 0 {
+            self.min = value;
+            self.max = value;
+        } else {
+            self.min = self.min.min(value);
+            self.max = self.max.max(value);
+        }
+        self.count += 1;
+        self.sum += value;
+    }
+
+    fn merge(&mut self, other: &Stats) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = *other;
+            return;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+    }
+
+    fn value(&self) -> MetricValue {
+        MetricValue::Statistics {
+            count: self.count as f64,
+            sum: self.sum,
+            min: self.min,
+            max: self.max,
+        }
+    }
+}
+
+/// One metric of one shard (or of the worker): this interval, and since start.
+#[derive(Debug, Clone, Copy, Default)]
+struct Series {
+    interval: Stats,
+    total: f64,
+    last: Option<f64>,
+}
+
+impl Series {
+    fn add(&mut self, value: f64) {
+        self.interval.add(value);
+        self.total += value;
+        self.last = Some(value);
+    }
+
+    /// The snapshot's figure: the sum for a counter, the latest reading for a gauge.
+    fn figure(&self, kind: Kind) -> Option<f64> {
+        let last = self.last?;
+        Some(match kind {
+            Kind::Counter => self.total,
+            Kind::Gauge => last,
+        })
+    }
+}
+
+type Slots = [Series; METRIC_COUNT];
+
+/// Accumulates samples per (metric, shard) for the current interval and since start.
+///
+/// Recording is an array index plus, for a shard sample, one ordered-map lookup by the
+/// shard id the sample already owns: no allocation per sample.
+#[derive(Debug, Clone, Default)]
+pub struct Aggregator {
+    worker: Slots,
+    shards: BTreeMap<ShardId, Slots>,
+    rejected: u64,
+}
+
+impl Aggregator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A non-finite value is counted and ignored: CloudWatch refuses a whole call that
+    /// carries one, so it would hold every other datum hostage.
+    pub fn record(&mut self, sample: Sample) {
+        if !sample.value.is_finite() {
+            self.rejected += 1;
+            return;
+        }
+        let slots = match sample.shard {
+            None => &mut self.worker,
+            Some(shard) => self.shards.entry(shard).or_default(),
+        };
+        slots[sample.metric.index()].add(sample.value);
+    }
+
+    pub fn record_all(&mut self, samples: impl IntoIterator<Item = Sample>) {
+        for sample in samples {
+            self.record(sample);
+        }
+    }
+
+    /// Ends the interval: returns its datums for `level` and starts the next one empty.
+    ///
+    /// Summary: one datum per metric that had samples, dimensions [Application,
+    /// StreamName], statistics over every shard and the worker. Detailed: those, then
+    /// one datum per shard and metric with samples, with ShardId added. None: nothing
+    /// (the interval is still cleared; running totals are kept at every level).
+    pub fn drain(
+        &mut self,
+        level: MetricsLevel,
+        application: &str,
+        stream: &str,
+        timestamp: SystemTime,
+    ) -> Vec<MetricDatum> {
+        let mut out = Vec::new();
+        if level != MetricsLevel::None {
+            let base = vec![
+                (APPLICATION_DIMENSION.to_owned(), application.to_owned()),
+                (STREAM_DIMENSION.to_owned(), stream.to_owned()),
+            ];
+            for metric in Metric::ALL {
+                let mut all = self.worker[metric.index()].interval;
+                for slots in self.shards.values() {
+                    all.merge(&slots[metric.index()].interval);
+                }
+                if all.count > 0 {
+                    out.push(datum(metric, base.clone(), &all, timestamp));
+                }
+            }
+            if level == MetricsLevel::Detailed {
+                for (shard, slots) in &self.shards {
+                    for metric in Metric::ALL {
+                        let stats = &slots[metric.index()].interval;
+                        if stats.count > 0 {
+                            let mut dimensions = base.clone();
+                            dimensions.push((SHARD_DIMENSION.to_owned(), shard.to_string()));
+                            out.push(datum(metric, dimensions, stats, timestamp));
+                        }
+                    }
+                }
+            }
+        }
+        for series in self
+            .shards
+            .values_mut()
+            .flat_map(|slots| slots.iter_mut())
+            .chain(self.worker.iter_mut())
+        {
+            series.interval = Stats::default();
+        }
+        out
+    }
+
+    /// Per metric since start, every shard and the worker together: a counter's sum; a
+    /// gauge's highest current reading across shards (for MillisBehindLatest, the
+    /// worst lag), which for a worker-wide gauge is simply its latest reading.
+    pub fn totals(&self) -> BTreeMap<String, f64> {
+        let mut totals = BTreeMap::new();
+        for metric in Metric::ALL {
+            let kind = metric.kind();
+            let figures = std::iter::once(&self.worker)
+                .chain(self.shards.values())
+                .filter_map(|slots| slots[metric.index()].figure(kind));
+            let combined = match kind {
+                Kind::Counter => figures.reduce(|a, b| a + b),
+                Kind::Gauge => figures.reduce(f64::max),
+            };
+            if let Some(value) = combined {
+                totals.insert(metric.name().to_owned(), value);
+            }
+        }
+        totals
+    }
+
+    /// Per shard, per metric sampled on it: a counter's sum since start, a gauge's latest
+    /// reading.
+    pub fn per_shard(&self) -> BTreeMap<String, BTreeMap<String, f64>> {
+        self.shards
+            .iter()
+            .map(|(shard, slots)| {
+                let figures = Metric::ALL
+                    .iter()
+                    .filter_map(|m| {
+                        slots[m.index()]
+                            .figure(m.kind())
+                            .map(|v| (m.name().to_owned(), v))
+                    })
+                    .collect();
+                (shard.to_string(), figures)
+            })
+            .collect()
+    }
+
+    /// Samples ignored because their value was not a finite number.
+    pub fn rejected_samples(&self) -> u64 {
+        self.rejected
+    }
+}
+
+fn datum(
+    metric: Metric,
+    dimensions: Vec<(String, String)>,
+    stats: &Stats,
+    timestamp: SystemTime,
+) -> MetricDatum {
+    MetricDatum {
+        name: metric.name().to_owned(),
+        dimensions,
+        value: stats.value(),
+        unit: metric.unit(),
+        timestamp,
+    }
+}
+
+/// Datums drained but not yet accepted by CloudWatch, oldest first, so a failed publish
+/// loses nothing that a later one can still deliver.
+#[derive(Debug, Clone, Default)]
+pub struct Backlog {
+    datums: VecDeque<MetricDatum>,
+}
+
+impl Backlog {
+    /// A newly drained interval.
+    pub fn push_new(&mut self, data: Vec<MetricDatum>) {
+        self.datums.extend(data);
+    }
+
+    /// Datums a publish could not deliver: they are older than anything drained since,
+    /// so they go first and stay first to be dropped.
+    pub fn requeue(&mut self, data: Vec<MetricDatum>) {
+        for datum in data.into_iter().rev() {
+            self.datums.push_front(datum);
+        }
+    }
+
+    pub fn take(&mut self) -> Vec<MetricDatum> {
+        self.datums.drain(..).collect()
+    }
+
+    /// Drops datums stamped at or before `cutoff` and says how many went: keeps memory
+    /// bounded while CloudWatch is unreachable, at the cost of the oldest minutes.
+    pub fn expire(&mut self, cutoff: SystemTime) -> usize {
+        let before = self.datums.len();
+        self.datums.retain(|d| d.timestamp > cutoff);
+        before - self.datums.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.datums.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.datums.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const APP: &str = "orders-app";
+    const STREAM: &str = "orders";
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    fn shard(i: u64) -> ShardId {
+        ShardId::from_index(i)
+    }
+
+    fn stats(count: f64, sum: f64, min: f64, max: f64) -> MetricValue {
+        MetricValue::Statistics {
+            count,
+            sum,
+            min,
+            max,
+        }
+    }
+
+    fn dims(extra: Option<&ShardId>) -> Vec<(String, String)> {
+        let mut d = vec![
+            ("Application".to_owned(), APP.to_owned()),
+            ("StreamName".to_owned(), STREAM.to_owned()),
+        ];
+        if let Some(shard) = extra {
+            d.push(("ShardId".to_owned(), shard.to_string()));
+        }
+        d
+    }
+
+    /// Two shards reading, plus worker-wide lease figures.
+    fn busy() -> Aggregator {
+        let mut agg = Aggregator::new();
+        agg.record_all([
+            Sample::shard(Metric::RecordsProcessed, &shard(0), 100.0),
+            Sample::shard(Metric::RecordsProcessed, &shard(0), 50.0),
+            Sample::shard(Metric::RecordsProcessed, &shard(1), 10.0),
+            Sample::shard(Metric::MillisBehindLatest, &shard(0), 900.0),
+            Sample::shard(Metric::MillisBehindLatest, &shard(0), 300.0),
+            Sample::shard(Metric::MillisBehindLatest, &shard(1), 5000.0),
+            Sample::new(Metric::LeasesHeld, 1.0),
+            Sample::new(Metric::LeasesHeld, 2.0),
+            Sample::new(Metric::LeasesTaken, 2.0),
+        ]);
+        agg
+    }
+
+    #[test]
+    fn summary_is_one_datum_per_sampled_metric_across_all_shards() {
+        let mut agg = busy();
+        let data = agg.drain(MetricsLevel::Summary, APP, STREAM, at(60));
+        let got: Vec<_> = data
+            .iter()
+            .map(|d| (d.name.as_str(), d.dimensions.clone(), d.value, d.unit))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "RecordsProcessed",
+                    dims(None),
+                    stats(3.0, 160.0, 10.0, 100.0),
+                    Unit::Count
+                ),
+                (
+                    "MillisBehindLatest",
+                    dims(None),
+                    stats(3.0, 6200.0, 300.0, 5000.0),
+                    Unit::Milliseconds
+                ),
+                (
+                    "LeasesHeld",
+                    dims(None),
+                    stats(2.0, 3.0, 1.0, 2.0),
+                    Unit::Count
+                ),
+                (
+                    "LeasesTaken",
+                    dims(None),
+                    stats(1.0, 2.0, 2.0, 2.0),
+                    Unit::Count
+                ),
+            ]
+        );
+        assert!(data.iter().all(|d| d.timestamp == at(60)));
+    }
+
+    #[test]
+    fn detailed_adds_a_datum_per_shard_and_metric_and_none_for_worker_metrics() {
+        let mut agg = busy();
+        let data = agg.drain(MetricsLevel::Detailed, APP, STREAM, at(60));
+        assert_eq!(data.len(), 4 + 4, "4 summary datums, 2 metrics x 2 shards");
+        let per_shard: Vec<_> = data[4..]
+            .iter()
+            .map(|d| (d.name.as_str(), d.dimensions.clone(), d.value))
+            .collect();
+        assert_eq!(
+            per_shard,
+            vec![
+                (
+                    "RecordsProcessed",
+                    dims(Some(&shard(0))),
+                    stats(2.0, 150.0, 50.0, 100.0)
+                ),
+                (
+                    "MillisBehindLatest",
+                    dims(Some(&shard(0))),
+                    stats(2.0, 1200.0, 300.0, 900.0)
+                ),
+                (
+                    "RecordsProcessed",
+                    dims(Some(&shard(1))),
+                    stats(1.0, 10.0, 10.0, 10.0)
+                ),
+                (
+                    "MillisBehindLatest",
+                    dims(Some(&shard(1))),
+                    stats(1.0, 5000.0, 5000.0, 5000.0)
+                ),
+            ]
+        );
+        assert_eq!(
+            data[..4],
+            busy().drain(MetricsLevel::Summary, APP, STREAM, at(60))[..],
+            "detailed starts with exactly the summary"
+        );
+    }
+
+    #[test]
+    fn none_publishes_nothing_but_keeps_totals() {
+        let mut agg = busy();
+        assert!(
+            agg.drain(MetricsLevel::None, APP, STREAM, at(60))
+                .is_empty()
+        );
+        assert_eq!(agg.totals()["RecordsProcessed"], 160.0);
+        assert!(
+            agg.drain(MetricsLevel::Summary, APP, STREAM, at(120))
+                .is_empty(),
+            "the None drain still ended the interval"
+        );
+    }
+
+    #[test]
+    fn an_interval_without_samples_gives_no_datums_and_each_interval_starts_empty() {
+        let mut agg = Aggregator::new();
+        assert!(
+            agg.drain(MetricsLevel::Detailed, APP, STREAM, at(0))
+                .is_empty()
+        );
+        agg.record(Sample::shard(Metric::BytesProcessed, &shard(3), 4096.0));
+        assert_eq!(
+            agg.drain(MetricsLevel::Detailed, APP, STREAM, at(60)).len(),
+            2
+        );
+        agg.record(Sample::new(Metric::Throttles, 1.0));
+        let next = agg.drain(MetricsLevel::Detailed, APP, STREAM, at(120));
+        assert_eq!(
+            next.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+            ["Throttles"],
+            "shard 3 had no samples this interval: no datum for it"
+        );
+        assert_eq!(next[0].value, stats(1.0, 1.0, 1.0, 1.0));
+    }
+
+    #[test]
+    fn totals_sum_counters_and_keep_the_latest_reading_of_gauges() {
+        let mut agg = busy();
+        agg.drain(MetricsLevel::Summary, APP, STREAM, at(60));
+        agg.record_all([
+            Sample::shard(Metric::RecordsProcessed, &shard(1), 40.0),
+            Sample::shard(Metric::MillisBehindLatest, &shard(1), 0.0),
+            Sample::new(Metric::LeasesHeld, 2.0),
+        ]);
+        let totals = agg.totals();
+        assert_eq!(
+            totals,
+            BTreeMap::from([
+                ("RecordsProcessed".to_owned(), 200.0),
+                // Shard 1 caught up; shard 0 still reads 300.
+                ("MillisBehindLatest".to_owned(), 300.0),
+                ("LeasesHeld".to_owned(), 2.0),
+                ("LeasesTaken".to_owned(), 2.0),
+            ])
+        );
+        let per_shard = agg.per_shard();
+        assert_eq!(
+            per_shard[shard(0).as_str()],
+            BTreeMap::from([
+                ("RecordsProcessed".to_owned(), 150.0),
+                ("MillisBehindLatest".to_owned(), 300.0),
+            ])
+        );
+        assert_eq!(per_shard[shard(1).as_str()]["RecordsProcessed"], 50.0);
+        assert_eq!(per_shard[shard(1).as_str()]["MillisBehindLatest"], 0.0);
+        assert_eq!(per_shard.len(), 2, "worker-wide samples are no shard's");
+    }
+
+    #[test]
+    fn non_finite_samples_are_counted_and_kept_out() {
+        let mut agg = Aggregator::new();
+        agg.record_all([
+            Sample::new(Metric::ProcessingTime, f64::NAN),
+            Sample::new(Metric::ProcessingTime, f64::INFINITY),
+            Sample::new(Metric::ProcessingTime, 12.0),
+        ]);
+        assert_eq!(agg.rejected_samples(), 2);
+        let data = agg.drain(MetricsLevel::Summary, APP, STREAM, at(60));
+        assert_eq!(data[0].value, stats(1.0, 12.0, 12.0, 12.0));
+        assert_eq!(crate::backend::validate(&data), Ok(()));
+    }
+
+    #[test]
+    fn every_metric_has_a_distinct_name_a_unit_and_a_slot() {
+        let names: std::collections::BTreeSet<_> = Metric::ALL.iter().map(|m| m.name()).collect();
+        assert_eq!(names.len(), METRIC_COUNT);
+        for (i, metric) in Metric::ALL.iter().enumerate() {
+            assert_eq!(metric.index(), i, "{metric:?}");
+        }
+        assert_eq!(Metric::BytesProcessed.unit(), Unit::Bytes);
+        assert_eq!(Metric::ProcessingTime.unit(), Unit::Milliseconds);
+        assert_eq!(Metric::LeasesHeld.kind(), Kind::Gauge);
+        assert_eq!(Metric::MillisBehindLatest.kind(), Kind::Gauge);
+        assert_eq!(Metric::LeasesTaken.kind(), Kind::Counter);
+    }
+
+    fn named(name: &str, secs: u64) -> MetricDatum {
+        MetricDatum {
+            name: name.to_owned(),
+            dimensions: Vec::new(),
+            value: MetricValue::Value(1.0),
+            unit: Unit::Count,
+            timestamp: at(secs),
+        }
+    }
+
+    #[test]
+    fn the_backlog_puts_requeued_datums_first_and_expires_the_oldest() {
+        let mut backlog = Backlog::default();
+        backlog.push_new(vec![named("a", 60), named("b", 60)]);
+        let taken = backlog.take();
+        assert!(backlog.is_empty());
+        backlog.push_new(vec![named("c", 120)]);
+        backlog.requeue(taken);
+        let names = |b: &Backlog| b.datums.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&backlog), ["a", "b", "c"]);
+        assert_eq!(backlog.expire(at(59)), 0);
+        assert_eq!(backlog.expire(at(60)), 2, "the cutoff itself is dropped");
+        assert_eq!(names(&backlog), ["c"]);
+        assert_eq!(backlog.len(), 1);
+    }
+}
