@@ -76,7 +76,13 @@ impl Backend {
 
     /// AWS (or local servers at `endpoints`), with the default credential chain.
     pub async fn aws(region: Option<String>, endpoints: &Endpoints) -> Self {
-        let sdk = aws::load_sdk_config(region).await;
+        Self::from_sdk(&aws::load_sdk_config(region).await, endpoints)
+    }
+
+    /// AWS adapters from an SDK configuration the caller built (credentials, retries,
+    /// timeouts of its choosing).
+    pub fn from_sdk(sdk: &aws_config::SdkConfig, endpoints: &Endpoints) -> Self {
+        let sdk = sdk.clone();
         let dynamodb_endpoint = endpoints.dynamodb.clone();
         let table_sdk = sdk.clone();
         Self {

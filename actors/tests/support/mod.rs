@@ -1,3 +1,4 @@
 #![allow(dead_code)]
 
+pub mod probe;
 pub mod servers;

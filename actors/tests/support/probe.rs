@@ -1,0 +1,295 @@
+//! A processor that records what it was given, a producer of per-key sequences, and
+//! the check that nothing was lost or reordered. Shared by the worker tests of every
+//! backend tier.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use flotilla_actors::backend::{PutRecord, StreamAdmin};
+use flotilla_actors::model::ShardId;
+use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo};
+
+/// Settings for tests: short intervals, so paused-time runs take little virtual time and
+/// real-time runs little wall time.
+pub fn fast_settings(stream: &str, application: &str) -> Settings {
+    let mut s = Settings::default();
+    s.worker.stream = stream.to_owned();
+    s.worker.application = application.to_owned();
+    s.lease.failover_time = Duration::from_secs(6);
+    s.lease.heartbeat_interval = Duration::from_millis(500);
+    s.lease.fence_margin = Duration::from_secs(2);
+    s.reader.poll_interval = Duration::from_millis(20);
+    s.reader.idle_max = Duration::from_millis(200);
+    s.reader.parent_poll_interval = Duration::from_millis(200);
+    s.reader.shard_sync_interval = Duration::from_secs(2);
+    s.reader.backoff_min = Duration::from_millis(20);
+    s.reader.backoff_max = Duration::from_millis(500);
+    s.checkpoint.interval = Duration::from_millis(500);
+    s.supervision.restart_backoff_min = Duration::from_millis(20);
+    s.supervision.restart_backoff_max = Duration::from_millis(500);
+    s.supervision.shutdown_timeout = Duration::from_secs(10);
+    s
+}
+
+/// What every processor of a test saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Per partition key, the sequence numbers in the order they were processed.
+    pub by_key: HashMap<String, Vec<u64>>,
+    pub deliveries: u64,
+    pub initialized: Vec<ShardId>,
+    pub shard_ended: Vec<ShardId>,
+    pub shutdown_requested: Vec<ShardId>,
+    pub lease_lost: Vec<ShardId>,
+    /// Records that were not "key:seq" text (binary, large, aggregated payloads).
+    pub other: Vec<(String, usize)>,
+}
+
+/// The verdict on what was seen against what was produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub produced: u64,
+    pub processed: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub order_violations: u64,
+}
+
+impl Seen {
+    /// A record of a key is a duplicate if it was seen before; an order violation if it
+    /// arrives while an earlier record of its key has not been seen yet.
+    pub fn verdict(&self, produced: &BTreeMap<String, u64>) -> Verdict {
+        let mut v = Verdict {
+            produced: produced.values().sum(),
+            processed: 0,
+            lost: 0,
+            duplicates: 0,
+            order_violations: 0,
+        };
+        for (key, count) in produced {
+            let seqs = self.by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
+            let mut next = 0u64;
+            let mut distinct = std::collections::HashSet::new();
+            for &s in seqs {
+                if !distinct.insert(s) {
+                    v.duplicates += 1;
+                    continue;
+                }
+                if s == next {
+                    next += 1;
+                } else if s < next {
+                    // A replay that skipped some already-seen records: still a duplicate
+                    // run, counted above; first sighting below `next` can't happen.
+                } else {
+                    v.order_violations += 1;
+                    next = s + 1;
+                }
+            }
+            v.processed += distinct.len() as u64;
+            v.lost += count.saturating_sub(distinct.iter().filter(|s| **s < *count).count() as u64);
+        }
+        v
+    }
+
+    pub fn distinct(&self) -> u64 {
+        self.by_key
+            .values()
+            .map(|v| v.iter().collect::<std::collections::HashSet<_>>().len() as u64)
+            .sum()
+    }
+}
+
+/// How a probe misbehaves, to exercise restarts.
+#[derive(Debug, Clone, Default)]
+pub struct Misbehave {
+    /// Fail `process` this many times when it meets this record ("key:seq").
+    pub fail_on: Option<(String, u32)>,
+    /// Panic once when it meets this record.
+    pub panic_on: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Tripwires {
+    failures_left: u32,
+    panicked: bool,
+}
+
+/// Records everything into a shared [`Seen`].
+pub struct Probe {
+    seen: Arc<Mutex<Seen>>,
+    shard: ShardId,
+    misbehave: Misbehave,
+    trips: Arc<Mutex<Tripwires>>,
+}
+
+/// Makes probes for a worker; clones share what they see.
+#[derive(Clone)]
+pub struct ProbeFactory {
+    pub seen: Arc<Mutex<Seen>>,
+    misbehave: Misbehave,
+    trips: Arc<Mutex<Tripwires>>,
+}
+
+impl ProbeFactory {
+    pub fn new(misbehave: Misbehave) -> Self {
+        let failures_left = misbehave.fail_on.as_ref().map(|(_, n)| *n).unwrap_or(0);
+        Self {
+            seen: Arc::default(),
+            misbehave,
+            trips: Arc::new(Mutex::new(Tripwires {
+                failures_left,
+                panicked: false,
+            })),
+        }
+    }
+
+    pub fn make(&self, shard: &ShardInfo) -> Probe {
+        Probe {
+            seen: self.seen.clone(),
+            shard: shard.shard_id.clone(),
+            misbehave: self.misbehave.clone(),
+            trips: self.trips.clone(),
+        }
+    }
+}
+
+impl Processor for Probe {
+    async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
+        self.seen
+            .lock()
+            .unwrap()
+            .initialized
+            .push(shard.shard_id.clone());
+        Ok(())
+    }
+
+    async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        // Check the tripwires first: a failed batch must count as not processed.
+        for record in batch.records() {
+            let text = std::str::from_utf8(&record.data).unwrap_or("");
+            if let Some((key, _)) = &self.misbehave.fail_on
+                && text == key
+            {
+                let mut trips = self.trips.lock().unwrap();
+                if trips.failures_left > 0 {
+                    trips.failures_left -= 1;
+                    return Err(ProcessorError::msg(format!("probe refuses {text}")));
+                }
+            }
+            if let Some(key) = &self.misbehave.panic_on
+                && text == key
+            {
+                let mut trips = self.trips.lock().unwrap();
+                if !trips.panicked {
+                    trips.panicked = true;
+                    drop(trips);
+                    panic!("probe panics on {text}");
+                }
+            }
+        }
+        let mut seen = self.seen.lock().unwrap();
+        for record in batch.records() {
+            seen.deliveries += 1;
+            match std::str::from_utf8(&record.data)
+                .ok()
+                .and_then(parse_record)
+            {
+                Some((key, seq)) if key == record.partition_key => {
+                    seen.by_key.entry(key).or_default().push(seq)
+                }
+                _ => seen
+                    .other
+                    .push((record.partition_key.clone(), record.data.len())),
+            }
+        }
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.seen
+            .lock()
+            .unwrap()
+            .lease_lost
+            .push(self.shard.clone());
+    }
+
+    async fn shard_ended(&mut self, _: &Checkpointer) -> Result<(), ProcessorError> {
+        self.seen
+            .lock()
+            .unwrap()
+            .shard_ended
+            .push(self.shard.clone());
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, _: &Checkpointer) -> Result<(), ProcessorError> {
+        self.seen
+            .lock()
+            .unwrap()
+            .shutdown_requested
+            .push(self.shard.clone());
+        Ok(())
+    }
+}
+
+fn parse_record(text: &str) -> Option<(String, u64)> {
+    let (key, seq) = text.rsplit_once(':')?;
+    Some((key.to_owned(), seq.parse().ok()?))
+}
+
+/// Puts per-key sequences: each call puts the next `per_key` records of each of `keys`
+/// keys, interleaved, and remembers how many each key has.
+#[derive(Debug, Default)]
+pub struct Producer {
+    pub produced: BTreeMap<String, u64>,
+}
+
+impl Producer {
+    pub async fn put_round(
+        &mut self,
+        admin: &dyn StreamAdmin,
+        stream: &str,
+        keys: u32,
+        per_key: u32,
+    ) {
+        let mut records = Vec::with_capacity((keys * per_key) as usize);
+        for _ in 0..per_key {
+            for k in 0..keys {
+                let key = format!("key-{k}");
+                let next = self.produced.entry(key.clone()).or_insert(0);
+                records.push(PutRecord {
+                    partition_key: key.clone(),
+                    explicit_hash_key: None,
+                    data: Bytes::from(format!("{key}:{next}")),
+                });
+                *next += 1;
+            }
+        }
+        for chunk in records.chunks(500) {
+            admin.put_records(stream, chunk).await.unwrap();
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.produced.values().sum()
+    }
+}
+
+/// Waits (in the test's time, paused or not) until `done` holds, checking every
+/// `step`; panics with `what` after `limit`.
+pub async fn wait_until(
+    what: &str,
+    limit: Duration,
+    step: Duration,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = tokio::time::Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(step).await;
+    }
+}

@@ -1,0 +1,328 @@
+//! The worker end to end on the memory backend, in paused time: a whole stream through
+//! the actor tree to probe processors and back to fenced checkpoints.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use flotilla_actors::backend::memory::{
+    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
+};
+use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin, StreamClient};
+use flotilla_actors::model::{Checkpoint, Shard, ShardId};
+use flotilla_actors::{Backend, Settings, Worker};
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
+
+const STREAM: &str = "orders";
+const APP: &str = "orders-app";
+
+struct Rig {
+    streams: MemoryStreams,
+    dynamo: MemoryDynamo,
+    metrics: MemoryMetrics,
+}
+
+impl Rig {
+    async fn new(shards: u32, config: MemoryStreamsConfig) -> Self {
+        let streams = MemoryStreams::new(config);
+        streams.create_stream(STREAM, shards).await.unwrap();
+        Self {
+            streams,
+            dynamo: MemoryDynamo::new(),
+            metrics: MemoryMetrics::new(),
+        }
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::memory(
+            self.streams.clone(),
+            self.dynamo.clone(),
+            self.metrics.clone(),
+        )
+    }
+
+    async fn start(&self, probes: &ProbeFactory) -> Worker {
+        self.start_with(probes, fast_settings(STREAM, APP)).await
+    }
+
+    async fn start_with(&self, probes: &ProbeFactory, settings: Settings) -> Worker {
+        let f = probes.clone();
+        Worker::builder()
+            .settings(settings)
+            .backend(self.backend())
+            .processor(move |shard| f.make(shard))
+            .start()
+            .await
+            .unwrap()
+    }
+
+    fn table(&self) -> impl LeaseTable {
+        self.dynamo.lease_table(APP)
+    }
+
+    async fn shards(&self) -> Vec<Shard> {
+        self.streams.list_shards(STREAM).await.unwrap()
+    }
+}
+
+fn open(shards: &[Shard]) -> Vec<Shard> {
+    let mut open: Vec<Shard> = shards.iter().filter(|s| s.is_open()).cloned().collect();
+    open.sort_by_key(|s| s.hash_range.start);
+    open
+}
+
+async fn wait_all(probes: &ProbeFactory, total: u64) {
+    let seen = probes.seen.clone();
+    wait_until(
+        "every record",
+        Duration::from_secs(600),
+        Duration::from_millis(100),
+        || seen.lock().unwrap().distinct() >= total,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_record_in_order_across_a_split_and_a_merge() {
+    let rig = Rig::new(8, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    // Small reads and frequent listings: children are leased and readable while their
+    // parents still have a backlog, so only waiting for the parents keeps keys in order.
+    let mut settings = fast_settings(STREAM, APP);
+    settings.reader.max_records = 100;
+    settings.reader.window_records = 100;
+    settings.reader.shard_sync_interval = Duration::from_millis(100);
+    let worker = rig.start_with(&probes, settings).await;
+    let mut producer = Producer::default();
+
+    producer.put_round(&rig.streams, STREAM, 500, 40).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let first = open(&rig.shards().await)[0].clone();
+    let mid = first.hash_range.start + (first.hash_range.end - first.hash_range.start) / 2;
+    rig.streams
+        .split_shard(STREAM, &first.id, mid)
+        .await
+        .unwrap();
+    producer.put_round(&rig.streams, STREAM, 500, 40).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let now_open = open(&rig.shards().await);
+    let (a, b) = (now_open[4].clone(), now_open[5].clone());
+    assert_eq!(a.hash_range.end + 1, b.hash_range.start);
+    rig.streams
+        .merge_shards(STREAM, &a.id, &b.id)
+        .await
+        .unwrap();
+    producer.put_round(&rig.streams, STREAM, 500, 20).await;
+    assert_eq!(producer.total(), 50_000);
+
+    wait_all(&probes, producer.total()).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+
+    let seen = probes.seen.lock().unwrap();
+    let verdict = seen.verdict(&producer.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations, verdict.duplicates),
+        (0, 0, 0),
+        "{verdict:?}"
+    );
+    let closed: Vec<ShardId> = rig
+        .shards()
+        .await
+        .into_iter()
+        .filter(|s| !s.is_open())
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(closed.len(), 3);
+    let table = rig.table();
+    for shard in &closed {
+        let lease = table.get(&shard.into()).await.unwrap().unwrap();
+        assert_eq!(lease.checkpoint, Checkpoint::ShardEnd, "{shard}");
+        assert!(
+            seen.shard_ended.contains(shard),
+            "{shard} got no shard_ended"
+        );
+    }
+    let parent = table.get(&(&first.id).into()).await.unwrap().unwrap();
+    assert_eq!(
+        parent.child_shard_ids.len(),
+        2,
+        "children recorded on the split parent"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_and_panicking_processors_restart_from_the_checkpoint() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave {
+        fail_on: Some(("key-3:50".to_owned(), 2)),
+        panic_on: Some("key-6:70".to_owned()),
+    });
+    let worker = rig.start(&probes).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 10, 100).await;
+    wait_all(&probes, producer.total()).await;
+    let status = worker.status().await.unwrap();
+    assert!(
+        status.shard_restarts >= 3,
+        "restarts: {}",
+        status.shard_restarts
+    );
+    let restarts: u32 = status.shards.iter().map(|s| s.restarts).sum();
+    assert!(restarts >= 3, "{:#?}", status.shards);
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let verdict = probes.seen.lock().unwrap().verdict(&producer.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
+    let seqs = &probes.seen.lock().unwrap().by_key["key-3"];
+    assert!(
+        seqs.contains(&50),
+        "the refused record was processed after the restarts"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_worker_is_replaced_from_its_checkpoints() {
+    let rig = Rig::new(4, MemoryStreamsConfig::default()).await;
+    let probes_a = ProbeFactory::new(Misbehave::default());
+    let worker_a = rig.start(&probes_a).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 50, 100).await;
+    wait_all(&probes_a, producer.total()).await;
+    // More records, then crash before the next checkpoint write can cover them all.
+    producer.put_round(&rig.streams, STREAM, 50, 20).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker_a.abort();
+
+    // What the checkpoints cover at the crash: at most the rest can come twice.
+    let table = rig.table();
+    let mut after_checkpoints = 0u64;
+    for shard in rig.shards().await {
+        let lease = table.get(&(&shard.id).into()).await.unwrap().unwrap();
+        let position = match lease.checkpoint {
+            Checkpoint::At(at) => IteratorPosition::AfterSequence(at.sequence),
+            _ => IteratorPosition::TrimHorizon,
+        };
+        let it = rig
+            .streams
+            .get_shard_iterator(STREAM, &shard.id, &position)
+            .await
+            .unwrap();
+        after_checkpoints += rig
+            .streams
+            .get_records(&it, 10_000)
+            .await
+            .unwrap()
+            .records
+            .len() as u64;
+    }
+
+    let probes_b = ProbeFactory::new(Misbehave::default());
+    let worker_b = rig.start(&probes_b).await;
+    producer.put_round(&rig.streams, STREAM, 50, 10).await;
+    let all = probes_a.seen.clone();
+    let b_seen = probes_b.seen.clone();
+    let total = producer.total();
+    wait_until(
+        "worker b to finish",
+        Duration::from_secs(600),
+        Duration::from_millis(100),
+        || {
+            let a = all.lock().unwrap();
+            let b = b_seen.lock().unwrap();
+            let mut keys: HashMap<&String, std::collections::HashSet<u64>> = HashMap::new();
+            for (k, v) in a.by_key.iter().chain(b.by_key.iter()) {
+                keys.entry(k).or_default().extend(v.iter().copied());
+            }
+            keys.values().map(|s| s.len() as u64).sum::<u64>() >= total
+        },
+    )
+    .await;
+    let report = worker_b.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+
+    let a = probes_a.seen.lock().unwrap();
+    let b = probes_b.seen.lock().unwrap();
+    let mut duplicates = 0u64;
+    for (key, seqs) in &b.by_key {
+        let before: std::collections::HashSet<&u64> = a
+            .by_key
+            .get(key)
+            .map(|v| v.iter().collect())
+            .unwrap_or_default();
+        duplicates += seqs.iter().filter(|s| before.contains(s)).count() as u64;
+        // Worker b alone keeps each key in order from where it started.
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{key}: {seqs:?}");
+    }
+    assert!(
+        duplicates <= after_checkpoints,
+        "duplicates {duplicates} > records after the checkpoints {after_checkpoints}"
+    );
+    for (key, count) in &producer.produced {
+        let mut all: std::collections::HashSet<u64> = a
+            .by_key
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        all.extend(b.by_key.get(key).cloned().unwrap_or_default());
+        assert_eq!(all.len() as u64, *count, "{key}: records lost");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
+    let rig = Rig::new(4, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start(&probes).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 40, 50).await;
+    wait_all(&probes, producer.total()).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    assert_eq!(report.leases.released.len(), 4);
+
+    let seen = probes.seen.lock().unwrap();
+    let mut asked = seen.shutdown_requested.clone();
+    asked.sort();
+    let mut shard_ids: Vec<ShardId> = rig.shards().await.into_iter().map(|s| s.id).collect();
+    shard_ids.sort();
+    assert_eq!(asked, shard_ids, "every processor got shutdown_requested");
+    let table = rig.table();
+    for shard in rig.shards().await {
+        let lease = table.get(&(&shard.id).into()).await.unwrap().unwrap();
+        assert_eq!(lease.owner, None, "{} released", shard.id);
+        let it = rig
+            .streams
+            .get_shard_iterator(STREAM, &shard.id, &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
+        let last = rig
+            .streams
+            .get_records(&it, 10_000)
+            .await
+            .unwrap()
+            .records
+            .last()
+            .unwrap()
+            .sequence_number
+            .clone();
+        match lease.checkpoint {
+            Checkpoint::At(at) => {
+                assert_eq!(at.sequence, last, "{} flushed to its last record", shard.id)
+            }
+            other => panic!("{}: checkpoint {other:?}", shard.id),
+        }
+    }
+    let names: Vec<String> = rig.metrics.datums().into_iter().map(|d| d.name).collect();
+    assert!(
+        names.iter().any(|n| n == "RecordsProcessed"),
+        "metrics published at shutdown: {names:?}"
+    );
+}
