@@ -262,21 +262,21 @@ impl WorkerBuilder {
                 .unwrap_or_else(generated_worker_id),
         );
         let table = backend.lease_table(&application);
-        table
-            .ensure_table()
+        retrying(|| table.ensure_table(), LeaseError::is_retryable)
             .await
             .map_err(|source| WorkerError::LeaseTable {
                 table: application.clone(),
                 source,
             })?;
-        backend
-            .streams
-            .describe_stream_summary(&stream)
-            .await
-            .map_err(|source| WorkerError::Stream {
-                stream: stream.clone(),
-                source,
-            })?;
+        retrying(
+            || backend.streams.describe_stream_summary(&stream),
+            StreamError::is_retryable,
+        )
+        .await
+        .map_err(|source| WorkerError::Stream {
+            stream: stream.clone(),
+            source,
+        })?;
         let initial = match settings.worker.initial_position {
             InitialPosition::TrimHorizon => Checkpoint::TrimHorizon,
             InitialPosition::Latest => Checkpoint::Latest,
@@ -307,6 +307,30 @@ impl WorkerBuilder {
             join: Some(join),
             fatal,
         })
+    }
+}
+
+/// Start-up calls ride out throttling and brief outages (a fleet starting at once);
+/// anything else, or a lasting failure, is the caller's error.
+async fn retrying<T, E, F, Fut>(mut call: F, retryable: fn(&E) -> bool) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    const ATTEMPTS: u32 = 8;
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+    );
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Err(error) if retryable(&error) && attempt < ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(backoff.next_random()).await;
+            }
+            other => return other,
+        }
     }
 }
 

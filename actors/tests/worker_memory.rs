@@ -326,3 +326,242 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
         "metrics published at shutdown: {names:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
+    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
+    use std::sync::Arc;
+
+    // Iterators expire faster than the idle pause between polls of a caught-up shard.
+    let rig = Rig::new(
+        4,
+        MemoryStreamsConfig {
+            iterator_ttl: Duration::from_millis(100),
+            ..MemoryStreamsConfig::default()
+        },
+    )
+    .await;
+    let mut stream_plan = FaultPlan::seeded(7);
+    stream_plan.throttle = 0.2;
+    stream_plan.transient = 0.1;
+    let faulty_streams = Faulty::new(rig.streams.clone(), stream_plan);
+    let mut table_plan = FaultPlan::seeded(8);
+    table_plan.throttle = 0.05;
+    table_plan.transient = 0.05;
+    table_plan.lost_response = 0.02;
+    let faulty_table = Faulty::new(rig.dynamo.lease_table(APP), table_plan);
+    let table_for_backend = faulty_table.clone();
+    let backend = Backend::new(
+        Arc::new(faulty_streams.clone()),
+        move |_| Arc::new(table_for_backend.clone()),
+        Arc::new(rig.metrics.clone()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let f = probes.clone();
+    let worker = Worker::builder()
+        .settings(fast_settings(STREAM, APP))
+        .backend(backend)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let mut producer = Producer::default();
+    for _ in 0..4 {
+        producer.put_round(&rig.streams, STREAM, 50, 20).await;
+        wait_all(&probes, producer.total()).await;
+        // Idle long enough for every iterator to expire.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let report = worker.shutdown().await.unwrap();
+    let verdict = probes.seen.lock().unwrap().verdict(&producer.produced);
+    assert_eq!((verdict.lost, verdict.order_violations), (0, 0), "{verdict:?}");
+    let injected = faulty_streams.injected();
+    assert!(injected.iter().any(|(op, _)| *op == "GetRecords"), "faults were injected: {injected:?}");
+    assert!(!faulty_table.injected().is_empty());
+    // Released or not, every lease is accounted for in the report.
+    assert_eq!(report.leases.released.len() + report.leases.failed.len(), 4, "{report:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn large_binary_and_aggregated_records_arrive_intact() {
+    use bytes::Bytes;
+    use flotilla_actors::backend::PutRecord;
+    use flotilla_actors::kpl::{UserRecord, aggregate};
+
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let users: Vec<UserRecord> = (0..10)
+        .map(|i| UserRecord {
+            partition_key: "agg".to_owned(),
+            explicit_hash_key: None,
+            data: Bytes::from(format!("agg:{i}")),
+        })
+        .collect();
+    let good = aggregate(&users);
+    let mut bad = good.to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    let records = vec![
+        PutRecord { partition_key: "big".into(), explicit_hash_key: None, data: Bytes::from(vec![0xffu8; 1_000_000]) },
+        PutRecord { partition_key: "bin".into(), explicit_hash_key: None, data: Bytes::from_static(&[0xc3, 0x28]) },
+        PutRecord { partition_key: "agg".into(), explicit_hash_key: None, data: good },
+        PutRecord { partition_key: "agg-bad".into(), explicit_hash_key: None, data: Bytes::from(bad.clone()) },
+    ];
+    rig.streams.put_records(STREAM, &records).await.unwrap();
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start(&probes).await;
+    let seen = probes.seen.clone();
+    wait_until("the records", Duration::from_secs(60), Duration::from_millis(50), || {
+        seen.lock().unwrap().deliveries >= 13
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+    let seen = probes.seen.lock().unwrap();
+    assert_eq!(seen.by_key["agg"], (0..10).collect::<Vec<u64>>());
+    let mut other = seen.other.clone();
+    other.sort();
+    assert_eq!(
+        other,
+        vec![
+            ("agg-bad".to_owned(), bad.len()),
+            ("big".to_owned(), 1_000_000),
+            ("bin".to_owned(), 2)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_inside_an_aggregate_resumes_at_the_next_user_record() {
+    use bytes::Bytes;
+    use flotilla_actors::backend::PutRecord;
+    use flotilla_actors::kpl::{UserRecord, aggregate};
+    use flotilla_actors::model::{ExtendedSequenceNumber, Lease};
+
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let users: Vec<UserRecord> = (0..10)
+        .map(|i| UserRecord {
+            partition_key: "agg".to_owned(),
+            explicit_hash_key: None,
+            data: Bytes::from(format!("agg:{i}")),
+        })
+        .collect();
+    let put = rig
+        .streams
+        .put_records(STREAM, &[PutRecord { partition_key: "agg".into(), explicit_hash_key: None, data: aggregate(&users) }])
+        .await
+        .unwrap();
+    // A previous worker processed user records 0..=4 of the aggregate.
+    let table = rig.table();
+    table.ensure_table().await.unwrap();
+    let shard = rig.shards().await[0].clone();
+    let lease = Lease::new(
+        &shard.id,
+        Checkpoint::At(ExtendedSequenceNumber::new(put[0].sequence_number.clone(), 4)),
+        vec![],
+        Some(shard.hash_range),
+    );
+    assert!(table.create_if_absent(&lease).await.unwrap());
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start(&probes).await;
+    let seen = probes.seen.clone();
+    wait_until("the rest of the aggregate", Duration::from_secs(60), Duration::from_millis(50), || {
+        seen.lock().unwrap().deliveries >= 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(probes.seen.lock().unwrap().by_key["agg"], vec![5, 6, 7, 8, 9]);
+}
+
+mod watermark {
+    use std::sync::{Arc, Mutex};
+
+    use flotilla_actors::model::SequenceNumber;
+    use flotilla_actors::{AckToken, Batch, CheckpointMode, Checkpointer, Processor, ProcessorError};
+
+    use super::*;
+
+    /// Acks each batch in reverse order, except its first record, whose ack it holds
+    /// until the next batch (or the shutdown).
+    pub struct ReverseAcker {
+        pub seen: Arc<Mutex<Vec<String>>>,
+        pub held: Option<(AckToken, SequenceNumber)>,
+        pub holding: Arc<Mutex<HashMap<ShardId, SequenceNumber>>>,
+        pub shard: ShardId,
+    }
+
+    impl Processor for ReverseAcker {
+        async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+            if let Some((token, _)) = self.held.take() {
+                cp.ack(token);
+            }
+            let mut tokens: Vec<(AckToken, &flotilla_actors::Record)> = batch.iter_with_tokens().collect();
+            let (first_token, first) = tokens.remove(0);
+            for (token, record) in tokens.into_iter().rev() {
+                self.seen.lock().unwrap().push(String::from_utf8_lossy(&record.data).into_owned());
+                cp.ack(token);
+            }
+            self.seen.lock().unwrap().push(String::from_utf8_lossy(&first.data).into_owned());
+            self.held = Some((first_token, first.sequence_number.clone()));
+            self.holding.lock().unwrap().insert(self.shard.clone(), first.sequence_number.clone());
+            Ok(())
+        }
+
+        async fn shutdown_requested(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
+            if let Some((token, _)) = self.held.take() {
+                cp.ack(token);
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn out_of_order_acks_advance_the_checkpoint_over_the_acked_prefix_only() {
+        let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let holding = Arc::new(Mutex::new(HashMap::new()));
+        let mut settings = fast_settings(STREAM, APP);
+        settings.checkpoint.mode = CheckpointMode::Watermark;
+        settings.reader.max_records = 25;
+        let (s, h) = (seen.clone(), holding.clone());
+        let worker = Worker::builder()
+            .settings(settings)
+            .backend(rig.backend())
+            .processor(move |shard| ReverseAcker {
+                seen: s.clone(),
+                held: None,
+                holding: h.clone(),
+                shard: shard.shard_id.clone(),
+            })
+            .start()
+            .await
+            .unwrap();
+        let mut producer = Producer::default();
+        producer.put_round(&rig.streams, STREAM, 10, 30).await;
+        let total = producer.total() as usize;
+        let s = seen.clone();
+        wait_until("every record", Duration::from_secs(60), Duration::from_millis(50), || {
+            s.lock().unwrap().len() >= total
+        })
+        .await;
+        // Let the writer write what it has: the held record bounds every checkpoint.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let table = rig.table();
+        for (shard, held) in holding.lock().unwrap().iter() {
+            let lease = table.get(&shard.into()).await.unwrap().unwrap();
+            match lease.checkpoint {
+                Checkpoint::At(at) => assert!(at.sequence < *held, "{shard}: checkpoint {at} passed the un-acked {held}"),
+                Checkpoint::TrimHorizon => {}
+                other => panic!("{shard}: {other:?}"),
+            }
+        }
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+        // After the held acks arrive at shutdown, each shard's checkpoint is its last record.
+        for shard in rig.shards().await {
+            let it = rig.streams.get_shard_iterator(STREAM, &shard.id, &IteratorPosition::TrimHorizon).await.unwrap();
+            let last = rig.streams.get_records(&it, 10_000).await.unwrap().records.last().unwrap().sequence_number.clone();
+            let lease = table.get(&(&shard.id).into()).await.unwrap().unwrap();
+            assert_eq!(lease.checkpoint, Checkpoint::At(flotilla_actors::model::ExtendedSequenceNumber::new(last, 0)));
+        }
+    }
+}
