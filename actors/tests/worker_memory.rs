@@ -374,12 +374,23 @@ async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
     }
     let report = worker.shutdown().await.unwrap();
     let verdict = probes.seen.lock().unwrap().verdict(&producer.produced);
-    assert_eq!((verdict.lost, verdict.order_violations), (0, 0), "{verdict:?}");
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
     let injected = faulty_streams.injected();
-    assert!(injected.iter().any(|(op, _)| *op == "GetRecords"), "faults were injected: {injected:?}");
+    assert!(
+        injected.iter().any(|(op, _)| *op == "GetRecords"),
+        "faults were injected: {injected:?}"
+    );
     assert!(!faulty_table.injected().is_empty());
     // Released or not, every lease is accounted for in the report.
-    assert_eq!(report.leases.released.len() + report.leases.failed.len(), 4, "{report:#?}");
+    assert_eq!(
+        report.leases.released.len() + report.leases.failed.len(),
+        4,
+        "{report:#?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -401,18 +412,37 @@ async fn large_binary_and_aggregated_records_arrive_intact() {
     let last = bad.len() - 1;
     bad[last] ^= 0xff;
     let records = vec![
-        PutRecord { partition_key: "big".into(), explicit_hash_key: None, data: Bytes::from(vec![0xffu8; 1_000_000]) },
-        PutRecord { partition_key: "bin".into(), explicit_hash_key: None, data: Bytes::from_static(&[0xc3, 0x28]) },
-        PutRecord { partition_key: "agg".into(), explicit_hash_key: None, data: good },
-        PutRecord { partition_key: "agg-bad".into(), explicit_hash_key: None, data: Bytes::from(bad.clone()) },
+        PutRecord {
+            partition_key: "big".into(),
+            explicit_hash_key: None,
+            data: Bytes::from(vec![0xffu8; 1_000_000]),
+        },
+        PutRecord {
+            partition_key: "bin".into(),
+            explicit_hash_key: None,
+            data: Bytes::from_static(&[0xc3, 0x28]),
+        },
+        PutRecord {
+            partition_key: "agg".into(),
+            explicit_hash_key: None,
+            data: good,
+        },
+        PutRecord {
+            partition_key: "agg-bad".into(),
+            explicit_hash_key: None,
+            data: Bytes::from(bad.clone()),
+        },
     ];
     rig.streams.put_records(STREAM, &records).await.unwrap();
     let probes = ProbeFactory::new(Misbehave::default());
     let worker = rig.start(&probes).await;
     let seen = probes.seen.clone();
-    wait_until("the records", Duration::from_secs(60), Duration::from_millis(50), || {
-        seen.lock().unwrap().deliveries >= 13
-    })
+    wait_until(
+        "the records",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || seen.lock().unwrap().deliveries >= 13,
+    )
     .await;
     worker.shutdown().await.unwrap();
     let seen = probes.seen.lock().unwrap();
@@ -446,7 +476,14 @@ async fn a_checkpoint_inside_an_aggregate_resumes_at_the_next_user_record() {
         .collect();
     let put = rig
         .streams
-        .put_records(STREAM, &[PutRecord { partition_key: "agg".into(), explicit_hash_key: None, data: aggregate(&users) }])
+        .put_records(
+            STREAM,
+            &[PutRecord {
+                partition_key: "agg".into(),
+                explicit_hash_key: None,
+                data: aggregate(&users),
+            }],
+        )
         .await
         .unwrap();
     // A previous worker processed user records 0..=4 of the aggregate.
@@ -455,7 +492,10 @@ async fn a_checkpoint_inside_an_aggregate_resumes_at_the_next_user_record() {
     let shard = rig.shards().await[0].clone();
     let lease = Lease::new(
         &shard.id,
-        Checkpoint::At(ExtendedSequenceNumber::new(put[0].sequence_number.clone(), 4)),
+        Checkpoint::At(ExtendedSequenceNumber::new(
+            put[0].sequence_number.clone(),
+            4,
+        )),
         vec![],
         Some(shard.hash_range),
     );
@@ -463,20 +503,28 @@ async fn a_checkpoint_inside_an_aggregate_resumes_at_the_next_user_record() {
     let probes = ProbeFactory::new(Misbehave::default());
     let worker = rig.start(&probes).await;
     let seen = probes.seen.clone();
-    wait_until("the rest of the aggregate", Duration::from_secs(60), Duration::from_millis(50), || {
-        seen.lock().unwrap().deliveries >= 5
-    })
+    wait_until(
+        "the rest of the aggregate",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || seen.lock().unwrap().deliveries >= 5,
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     worker.shutdown().await.unwrap();
-    assert_eq!(probes.seen.lock().unwrap().by_key["agg"], vec![5, 6, 7, 8, 9]);
+    assert_eq!(
+        probes.seen.lock().unwrap().by_key["agg"],
+        vec![5, 6, 7, 8, 9]
+    );
 }
 
 mod watermark {
     use std::sync::{Arc, Mutex};
 
     use flotilla_actors::model::SequenceNumber;
-    use flotilla_actors::{AckToken, Batch, CheckpointMode, Checkpointer, Processor, ProcessorError};
+    use flotilla_actors::{
+        AckToken, Batch, CheckpointMode, Checkpointer, Processor, ProcessorError,
+    };
 
     use super::*;
 
@@ -490,19 +538,33 @@ mod watermark {
     }
 
     impl Processor for ReverseAcker {
-        async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        async fn process(
+            &mut self,
+            batch: &Batch,
+            cp: &Checkpointer,
+        ) -> Result<(), ProcessorError> {
             if let Some((token, _)) = self.held.take() {
                 cp.ack(token);
             }
-            let mut tokens: Vec<(AckToken, &flotilla_actors::Record)> = batch.iter_with_tokens().collect();
+            let mut tokens: Vec<(AckToken, &flotilla_actors::Record)> =
+                batch.iter_with_tokens().collect();
             let (first_token, first) = tokens.remove(0);
             for (token, record) in tokens.into_iter().rev() {
-                self.seen.lock().unwrap().push(String::from_utf8_lossy(&record.data).into_owned());
+                self.seen
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&record.data).into_owned());
                 cp.ack(token);
             }
-            self.seen.lock().unwrap().push(String::from_utf8_lossy(&first.data).into_owned());
+            self.seen
+                .lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&first.data).into_owned());
             self.held = Some((first_token, first.sequence_number.clone()));
-            self.holding.lock().unwrap().insert(self.shard.clone(), first.sequence_number.clone());
+            self.holding
+                .lock()
+                .unwrap()
+                .insert(self.shard.clone(), first.sequence_number.clone());
             Ok(())
         }
 
@@ -539,9 +601,12 @@ mod watermark {
         producer.put_round(&rig.streams, STREAM, 10, 30).await;
         let total = producer.total() as usize;
         let s = seen.clone();
-        wait_until("every record", Duration::from_secs(60), Duration::from_millis(50), || {
-            s.lock().unwrap().len() >= total
-        })
+        wait_until(
+            "every record",
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || s.lock().unwrap().len() >= total,
+        )
         .await;
         // Let the writer write what it has: the held record bounds every checkpoint.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -549,7 +614,10 @@ mod watermark {
         for (shard, held) in holding.lock().unwrap().iter() {
             let lease = table.get(&shard.into()).await.unwrap().unwrap();
             match lease.checkpoint {
-                Checkpoint::At(at) => assert!(at.sequence < *held, "{shard}: checkpoint {at} passed the un-acked {held}"),
+                Checkpoint::At(at) => assert!(
+                    at.sequence < *held,
+                    "{shard}: checkpoint {at} passed the un-acked {held}"
+                ),
                 Checkpoint::TrimHorizon => {}
                 other => panic!("{shard}: {other:?}"),
             }
@@ -558,10 +626,26 @@ mod watermark {
         assert!(report.clean(), "{report:#?}");
         // After the held acks arrive at shutdown, each shard's checkpoint is its last record.
         for shard in rig.shards().await {
-            let it = rig.streams.get_shard_iterator(STREAM, &shard.id, &IteratorPosition::TrimHorizon).await.unwrap();
-            let last = rig.streams.get_records(&it, 10_000).await.unwrap().records.last().unwrap().sequence_number.clone();
+            let it = rig
+                .streams
+                .get_shard_iterator(STREAM, &shard.id, &IteratorPosition::TrimHorizon)
+                .await
+                .unwrap();
+            let last = rig
+                .streams
+                .get_records(&it, 10_000)
+                .await
+                .unwrap()
+                .records
+                .last()
+                .unwrap()
+                .sequence_number
+                .clone();
             let lease = table.get(&(&shard.id).into()).await.unwrap().unwrap();
-            assert_eq!(lease.checkpoint, Checkpoint::At(flotilla_actors::model::ExtendedSequenceNumber::new(last, 0)));
+            assert_eq!(
+                lease.checkpoint,
+                Checkpoint::At(flotilla_actors::model::ExtendedSequenceNumber::new(last, 0))
+            );
         }
     }
 }

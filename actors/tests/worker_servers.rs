@@ -1,0 +1,234 @@
+//! The worker end to end against servers that speak the AWS wire protocols, through the
+//! real adapters: in-process dynoxide + ferrokinesis always; DynamoDB Local +
+//! kinesis-mock (started by scripts/test.sh) with the `external-servers` feature.
+//! Real time and real sockets: small streams, short intervals.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
+use flotilla_actors::backend::memory::MemoryMetrics;
+use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
+use flotilla_actors::model::{Checkpoint, Shard};
+use flotilla_actors::{Backend, Worker};
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
+use support::servers;
+
+struct Env {
+    kinesis: KinesisStream,
+    dynamodb_endpoint: String,
+    stream: String,
+    application: String,
+}
+
+impl Env {
+    async fn new(kinesis_endpoint: String, dynamodb_endpoint: String, shards: u32) -> Self {
+        let sdk = servers::sdk_config();
+        let kinesis = KinesisStream::new(&sdk, Some(&kinesis_endpoint));
+        let stream = servers::unique_name("worker");
+        kinesis.create_stream(&stream, shards).await.unwrap();
+        Self {
+            kinesis,
+            dynamodb_endpoint,
+            application: servers::unique_name("worker-app"),
+            stream,
+        }
+    }
+
+    fn table(&self) -> DynamoLeaseTable {
+        DynamoLeaseTable::new(
+            &servers::sdk_config(),
+            Some(&self.dynamodb_endpoint),
+            &self.application,
+        )
+    }
+
+    async fn start(&self, probes: &ProbeFactory) -> Worker {
+        let endpoint = self.dynamodb_endpoint.clone();
+        let backend = Backend::new(
+            Arc::new(self.kinesis.clone()),
+            move |name| {
+                Arc::new(DynamoLeaseTable::new(
+                    &servers::sdk_config(),
+                    Some(&endpoint),
+                    name,
+                ))
+            },
+            Arc::new(MemoryMetrics::new()),
+        );
+        let f = probes.clone();
+        Worker::builder()
+            .settings(fast_settings(&self.stream, &self.application))
+            .backend(backend)
+            .processor(move |shard| f.make(shard))
+            .start()
+            .await
+            .unwrap()
+    }
+
+    async fn open_shards(&self) -> Vec<Shard> {
+        let mut open: Vec<Shard> = self
+            .kinesis
+            .list_shards(&self.stream)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.is_open())
+            .collect();
+        open.sort_by_key(|s| s.hash_range.start);
+        open
+    }
+}
+
+async fn wait_all(probes: &ProbeFactory, total: u64) {
+    let seen = probes.seen.clone();
+    wait_until(
+        "every record",
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || seen.lock().unwrap().distinct() >= total,
+    )
+    .await;
+}
+
+mod scenarios {
+    use super::*;
+
+    pub async fn consumes_a_resharded_stream_in_order(kinesis: String, dynamodb: String) {
+        let env = Env::new(kinesis, dynamodb, 4).await;
+        let probes = ProbeFactory::new(Misbehave::default());
+        let worker = env.start(&probes).await;
+        let mut producer = Producer::default();
+        producer.put_round(&env.kinesis, &env.stream, 50, 10).await;
+        let first = env.open_shards().await[0].clone();
+        let mid = first.hash_range.start + (first.hash_range.end - first.hash_range.start) / 2;
+        env.kinesis
+            .split_shard(&env.stream, &first.id, mid)
+            .await
+            .unwrap();
+        producer.put_round(&env.kinesis, &env.stream, 50, 10).await;
+        let open = env.open_shards().await;
+        let (a, b) = (open[3].clone(), open[4].clone());
+        env.kinesis
+            .merge_shards(&env.stream, &a.id, &b.id)
+            .await
+            .unwrap();
+        producer.put_round(&env.kinesis, &env.stream, 50, 10).await;
+
+        wait_all(&probes, producer.total()).await;
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+        let seen = probes.seen.lock().unwrap();
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+        let table = env.table();
+        for id in [first.id.clone(), a.id.clone(), b.id.clone()] {
+            let lease = table.get(&(&id).into()).await.unwrap().unwrap();
+            assert_eq!(lease.checkpoint, Checkpoint::ShardEnd, "{id}");
+            assert!(seen.shard_ended.contains(&id), "{id} got no shard_ended");
+        }
+    }
+
+    pub async fn resumes_after_a_crash(kinesis: String, dynamodb: String) {
+        let env = Env::new(kinesis, dynamodb, 2).await;
+        let probes_a = ProbeFactory::new(Misbehave::default());
+        let worker_a = env.start(&probes_a).await;
+        let mut producer = Producer::default();
+        producer.put_round(&env.kinesis, &env.stream, 20, 20).await;
+        wait_all(&probes_a, producer.total()).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        worker_a.abort();
+        producer.put_round(&env.kinesis, &env.stream, 20, 10).await;
+
+        let probes_b = ProbeFactory::new(Misbehave::default());
+        let worker_b = env.start(&probes_b).await;
+        let b = probes_b.seen.clone();
+        let expected_new: u64 = 20 * 10;
+        wait_until(
+            "worker b to take over",
+            Duration::from_secs(180),
+            Duration::from_millis(200),
+            || {
+                b.lock()
+                    .unwrap()
+                    .by_key
+                    .values()
+                    .map(|v| v.iter().filter(|s| **s >= 20).count() as u64)
+                    .sum::<u64>()
+                    >= expected_new
+            },
+        )
+        .await;
+        let report = worker_b.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+        let a = probes_a.seen.lock().unwrap();
+        let b = probes_b.seen.lock().unwrap();
+        for (key, count) in &producer.produced {
+            let mut all: std::collections::HashSet<u64> = a
+                .by_key
+                .get(key)
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            all.extend(b.by_key.get(key).cloned().unwrap_or_default());
+            assert_eq!(all.len() as u64, *count, "{key}: records lost");
+            // Everything before the crash was checkpointed (the writer had a second):
+            // worker b starts after it, with no duplicates.
+            let replayed = b
+                .by_key
+                .get(key)
+                .map(|v| v.iter().filter(|s| **s < 20).count())
+                .unwrap_or(0);
+            assert_eq!(replayed, 0, "{key}: worker b replayed checkpointed records");
+        }
+        let table = env.table();
+        for lease in table.scan().await.unwrap().leases {
+            assert_eq!(lease.owner, None, "{} released", lease.key);
+            assert!(
+                lease.counter >= 3,
+                "{}: taken by a, taken by b, released: {}",
+                lease.key,
+                lease.counter
+            );
+        }
+    }
+}
+
+macro_rules! tier {
+    ($tier:ident, $(#[$attr:meta])* start: $start:expr) => {
+        $(#[$attr])*
+        mod $tier {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn consumes_a_resharded_stream_in_order() {
+                let (kinesis, dynamodb) = $start;
+                scenarios::consumes_a_resharded_stream_in_order(kinesis, dynamodb).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn resumes_after_a_crash() {
+                let (kinesis, dynamodb) = $start;
+                scenarios::resumes_after_a_crash(kinesis, dynamodb).await;
+            }
+        }
+    };
+}
+
+tier!(ferrokinesis_dynoxide, start: (servers::start_ferrokinesis(300).await, servers::start_dynoxide().await));
+
+tier!(
+    kinesis_mock_dynamodb_local,
+    #[cfg(feature = "external-servers")]
+    start: (
+        servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
+        servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT")
+    )
+);
