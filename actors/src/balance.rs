@@ -135,7 +135,7 @@ pub fn decide(
         }
     }
     decision.lost.sort();
-    let mut count = held.len() - decision.lost.len();
+    let still_held = held.len() - decision.lost.len();
     let mut candidates: Vec<&Lease> = leases
         .iter()
         .filter(|l| !l.checkpoint.is_shard_end())
@@ -155,13 +155,15 @@ pub fn decide(
             .cmp(&b.parent_shard_ids.len())
             .then_with(|| a.key.cmp(&b.key))
     });
-    for lease in candidates {
-        if limits.max_leases != 0 && count >= limits.max_leases {
-            break;
-        }
-        decision.take.push((lease.key.clone(), lease.fence()));
-        count += 1;
-    }
+    let room = match limits.max_leases {
+        0 => usize::MAX,
+        max => max.saturating_sub(still_held),
+    };
+    decision.take = candidates
+        .into_iter()
+        .take(room)
+        .map(|lease| (lease.key.clone(), lease.fence()))
+        .collect();
     decision
 }
 

@@ -290,7 +290,10 @@ impl KeeperState {
                     info!(message = "Lease taken.", lease_key = %key, previous_owner = ?fence.owner, counter = lease.counter);
                     self.held.insert(key, lease.fence());
                     self.report(vec![Sample::new(Metric::LeasesTaken, 1.0)]);
-                    let _ = self.args.supervisor.cast(SupervisorMsg::LeaseGained(lease));
+                    let _ = self
+                        .args
+                        .supervisor
+                        .cast(SupervisorMsg::LeaseGained(Box::new(lease)));
                 }
                 Err(LeaseError::ConditionFailed { .. }) => {
                     debug!(message = "Lease taken by another worker first.", lease_key = %key);

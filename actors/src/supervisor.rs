@@ -41,7 +41,7 @@ const STATUS_TIMEOUT_MS: u64 = 2_000;
 
 #[derive(Debug)]
 pub(crate) enum SupervisorMsg {
-    LeaseGained(Lease),
+    LeaseGained(Box<Lease>),
     LeaseLost(LeaseKey),
     ShardFinished {
         key: LeaseKey,
@@ -149,6 +149,7 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SupervisorMsg::LeaseGained(lease) => {
+                let lease = *lease;
                 if state.shutting_down {
                     return Ok(());
                 }
@@ -273,7 +274,7 @@ async fn spawn_core(
             application: ctx.application.clone(),
             stream: ctx.stream.clone(),
             worker_id: ctx.me.to_string(),
-            clock: ctx.clock.clone(),
+            clock: ctx.clock,
         },
         myself.get_cell(),
     )

@@ -30,11 +30,14 @@ pub(crate) enum ProcessorSource {
     Actor(ProcessorActorFactory),
 }
 
+/// Opens the lease table of an application by name.
+type OpenTable = Arc<dyn Fn(&str) -> Arc<dyn LeaseTable> + Send + Sync>;
+
 /// The three outside systems a worker talks to. Cheap to clone.
 #[derive(Clone)]
 pub struct Backend {
     streams: Arc<dyn StreamClient>,
-    tables: Arc<dyn Fn(&str) -> Arc<dyn LeaseTable> + Send + Sync>,
+    tables: OpenTable,
     metrics: Arc<dyn MetricsSink>,
     clock: Clock,
 }
@@ -294,7 +297,7 @@ impl WorkerBuilder {
             processor,
             initial,
             initial_timestamp,
-            clock: backend.clock.clone(),
+            clock: backend.clock,
             fatal: fatal.clone(),
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)

@@ -1,6 +1,8 @@
 //! The worker end to end on the memory backend, in paused time: a whole stream through
 //! the actor tree to probe processors and back to fenced checkpoints.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 mod support;
 
 use std::collections::HashMap;
@@ -120,7 +122,7 @@ async fn every_record_in_order_across_a_split_and_a_merge() {
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 
-    let seen = probes.seen.lock().unwrap();
+    let seen = probes.snapshot();
     let verdict = seen.verdict(&producer.produced);
     assert_eq!(
         (verdict.lost, verdict.order_violations, verdict.duplicates),
@@ -246,8 +248,8 @@ async fn a_crashed_worker_is_replaced_from_its_checkpoints() {
     let report = worker_b.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 
-    let a = probes_a.seen.lock().unwrap();
-    let b = probes_b.seen.lock().unwrap();
+    let a = probes_a.snapshot();
+    let b = probes_b.snapshot();
     let mut duplicates = 0u64;
     for (key, seqs) in &b.by_key {
         let before: std::collections::HashSet<&u64> = a
@@ -288,7 +290,7 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
     assert!(report.clean(), "{report:#?}");
     assert_eq!(report.leases.released.len(), 4);
 
-    let seen = probes.seen.lock().unwrap();
+    let seen = probes.snapshot();
     let mut asked = seen.shutdown_requested.clone();
     asked.sort();
     let mut shard_ids: Vec<ShardId> = rig.shards().await.into_iter().map(|s| s.id).collect();
@@ -445,7 +447,7 @@ async fn large_binary_and_aggregated_records_arrive_intact() {
     )
     .await;
     worker.shutdown().await.unwrap();
-    let seen = probes.seen.lock().unwrap();
+    let seen = probes.snapshot();
     assert_eq!(seen.by_key["agg"], (0..10).collect::<Vec<u64>>());
     let mut other = seen.other.clone();
     other.sort();
@@ -611,7 +613,8 @@ mod watermark {
         // Let the writer write what it has: the held record bounds every checkpoint.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let table = rig.table();
-        for (shard, held) in holding.lock().unwrap().iter() {
+        let holding = holding.lock().unwrap().clone();
+        for (shard, held) in holding.iter() {
             let lease = table.get(&shard.into()).await.unwrap().unwrap();
             match lease.checkpoint {
                 Checkpoint::At(at) => assert!(

@@ -3,6 +3,8 @@
 //! kinesis-mock (started by scripts/test.sh) with the `external-servers` feature.
 //! Real time and real sockets: small streams, short intervals.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 mod support;
 
 use std::sync::Arc;
@@ -120,7 +122,7 @@ mod scenarios {
         wait_all(&probes, producer.total()).await;
         let report = worker.shutdown().await.unwrap();
         assert!(report.clean(), "{report:#?}");
-        let seen = probes.seen.lock().unwrap();
+        let seen = probes.snapshot();
         let verdict = seen.verdict(&producer.produced);
         assert_eq!(
             (verdict.lost, verdict.order_violations),
@@ -167,8 +169,8 @@ mod scenarios {
         .await;
         let report = worker_b.shutdown().await.unwrap();
         assert!(report.clean(), "{report:#?}");
-        let a = probes_a.seen.lock().unwrap();
-        let b = probes_b.seen.lock().unwrap();
+        let a = probes_a.snapshot();
+        let b = probes_b.snapshot();
         for (key, count) in &producer.produced {
             let mut all: std::collections::HashSet<u64> = a
                 .by_key

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // test support: a poisoned lock is a failed test
 //! A processor that records what it was given, a producer of per-key sequences, and
 //! the check that nothing was lost or reordered. Shared by the worker tests of every
 //! backend tier.
@@ -34,7 +35,7 @@ pub fn fast_settings(stream: &str, application: &str) -> Settings {
 }
 
 /// What every processor of a test saw.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Seen {
     /// Per partition key, the sequence numbers in the order they were processed.
     pub by_key: HashMap<String, Vec<u64>>,
@@ -143,6 +144,11 @@ impl ProbeFactory {
                 panicked: false,
             })),
         }
+    }
+
+    /// A copy of what was seen so far (no lock held across the test's awaits).
+    pub fn snapshot(&self) -> Seen {
+        self.seen.lock().unwrap().clone()
     }
 
     pub fn make(&self, shard: &ShardInfo) -> Probe {
