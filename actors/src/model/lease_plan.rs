@@ -93,16 +93,28 @@ mod tests {
         }
     }
 
+    /// The plan as (shard index, checkpoint), sorted; checks on the way that every
+    /// planned parent comes before its children.
     fn plan(shards: &[Shard], leased: &[u64], initial: Checkpoint) -> Vec<(u64, Checkpoint)> {
         let leased: HashSet<ShardId> = leased.iter().map(|i| ShardId::from_index(*i)).collect();
-        plan_new_leases(shards, &leased, &initial)
+        let planned = plan_new_leases(shards, &leased, &initial);
+        for (i, lease) in planned.iter().enumerate() {
+            for parent in &lease.parent_shard_ids {
+                if let Some(p) = planned.iter().position(|l| l.key.shard_id() == *parent) {
+                    assert!(p < i, "parent {parent} planned after its child {}", lease.key);
+                }
+            }
+        }
+        let mut got: Vec<(u64, Checkpoint)> = planned
             .into_iter()
             .map(|l| {
                 let id = l.key.shard_id();
                 let index = (0..100).find(|i| ShardId::from_index(*i) == id).unwrap();
                 (index, l.checkpoint)
             })
-            .collect()
+            .collect();
+        got.sort_by_key(|(i, _)| *i);
+        got
     }
 
     /// 0 split into 1 and 2; 2 merged with 3 into 4. Open: 1 and 4.
@@ -123,9 +135,9 @@ mod tests {
             got,
             vec![
                 (0, Checkpoint::TrimHorizon),
-                (3, Checkpoint::TrimHorizon),
                 (1, Checkpoint::TrimHorizon),
                 (2, Checkpoint::TrimHorizon),
+                (3, Checkpoint::TrimHorizon),
                 (4, Checkpoint::TrimHorizon),
             ]
         );
