@@ -366,7 +366,7 @@ fi
 status=0
 wait "${GROUP_PGID[tests]}" || status=$?
 
-# How many tests ran on each tier of the contract suites (test names start with
+# How many tests ran on each tier of the contract and worker suites (test names start with
 # the tier), so a tier that silently ran nothing would show.
 if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
     log "contract tests per tier:"
@@ -374,7 +374,7 @@ if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
         /^test [a-z_]+::[a-z_0-9]+ \.\.\. / {
             split($2, path, "::")
             tier = path[1]
-            if (tier ~ /^(memory|dynoxide|dynamodb_local|ferrokinesis|kinesis_mock|cloudwatch_capture)$/) {
+            if (tier ~ /^(memory|dynoxide|dynamodb_local|ferrokinesis|kinesis_mock|cloudwatch_capture|ferrokinesis_dynoxide|kinesis_mock_dynamodb_local)$/) {
                 if ($4 == "ok") passed[tier]++; else failed[tier]++
                 seen[tier] = 1
             }
