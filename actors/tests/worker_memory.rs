@@ -652,3 +652,66 @@ mod watermark {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_cannot_heartbeat_stops_delivering_until_it_can() {
+    use flotilla_actors::ShardState;
+    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
+    use std::sync::Arc;
+
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
+    let for_backend = table.clone();
+    let backend = Backend::new(
+        Arc::new(rig.streams.clone()),
+        move |_| Arc::new(for_backend.clone()),
+        Arc::new(rig.metrics.clone()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let f = probes.clone();
+    let settings = fast_settings(STREAM, APP);
+    let fenced_after = settings.lease.failover_time - settings.lease.fence_margin;
+    let worker = Worker::builder()
+        .settings(settings)
+        .backend(backend)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 10, 10).await;
+    wait_all(&probes, producer.total()).await;
+
+    // DynamoDB refuses every heartbeat from now on.
+    let mut outage = FaultPlan::seeded(2);
+    outage.throttle = 1.0;
+    outage.only_ops = vec!["heartbeat"];
+    table.set_plan(outage);
+    tokio::time::sleep(fenced_after + Duration::from_secs(1)).await;
+    let before = probes.snapshot().deliveries;
+    producer.put_round(&rig.streams, STREAM, 10, 10).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = worker.status().await.unwrap();
+    assert!(
+        status.shards.iter().all(|s| s.state == ShardState::Fenced),
+        "{:#?}",
+        status.shards
+    );
+    assert_eq!(
+        probes.snapshot().deliveries,
+        before,
+        "nothing delivered while fenced"
+    );
+
+    // Heartbeats succeed again: delivery resumes, nothing lost.
+    table.set_plan(FaultPlan::seeded(3));
+    wait_all(&probes, producer.total()).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let verdict = probes.snapshot().verdict(&producer.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
+}
