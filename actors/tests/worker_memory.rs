@@ -160,6 +160,7 @@ async fn failing_and_panicking_processors_restart_from_the_checkpoint() {
     let probes = ProbeFactory::new(Misbehave {
         fail_on: Some(("key-3:50".to_owned(), 2)),
         panic_on: Some("key-6:70".to_owned()),
+        stall_on: None,
     });
     let worker = rig.start(&probes).await;
     let mut producer = Producer::default();
@@ -706,6 +707,31 @@ async fn a_worker_that_cannot_heartbeat_stops_delivering_until_it_can() {
     // Heartbeats succeed again: delivery resumes, nothing lost.
     table.set_plan(FaultPlan::seeded(3));
     wait_all(&probes, producer.total()).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let verdict = probes.snapshot().verdict(&producer.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_processor_is_restarted() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave {
+        stall_on: Some("key-2:5".to_owned()),
+        ..Misbehave::default()
+    });
+    let mut settings = fast_settings(STREAM, APP);
+    settings.reader.processor_timeout = Duration::from_secs(5);
+    let worker = rig.start_with(&probes, settings).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 5, 10).await;
+    wait_all(&probes, producer.total()).await;
+    let status = worker.status().await.unwrap();
+    assert_eq!(status.shard_restarts, 1, "{:#?}", status.shards);
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
     let verdict = probes.snapshot().verdict(&producer.produced);

@@ -109,12 +109,15 @@ pub struct Misbehave {
     pub fail_on: Option<(String, u32)>,
     /// Panic once when it meets this record.
     pub panic_on: Option<String>,
+    /// Hang (an hour) once when it meets this record.
+    pub stall_on: Option<String>,
 }
 
 #[derive(Debug, Default)]
 struct Tripwires {
     failures_left: u32,
     panicked: bool,
+    stalled: bool,
 }
 
 /// Records everything into a shared [`Seen`].
@@ -142,6 +145,7 @@ impl ProbeFactory {
             trips: Arc::new(Mutex::new(Tripwires {
                 failures_left,
                 panicked: false,
+                stalled: false,
             })),
         }
     }
@@ -182,6 +186,17 @@ impl Processor for Probe {
                 if trips.failures_left > 0 {
                     trips.failures_left -= 1;
                     return Err(ProcessorError::msg(format!("probe refuses {text}")));
+                }
+            }
+            if let Some(key) = &self.misbehave.stall_on
+                && text == key
+            {
+                let first = {
+                    let mut trips = self.trips.lock().unwrap();
+                    !std::mem::replace(&mut trips.stalled, true)
+                };
+                if first {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
                 }
             }
             if let Some(key) = &self.misbehave.panic_on
