@@ -1,5 +1,9 @@
 //! `flotilla`: the service binary.
 //!
+//! * `flotilla demo`: a worker on an in-memory stream with a checking producer and
+//!   processor (`demo`); no AWS needed.
+//! * `flotilla run`: a worker on a Kinesis stream with the built-in stdout processor
+//!   (`stdout_processor`), settings from `settings`, until Ctrl-C or SIGTERM.
 //! * `flotilla init`: makes sure the lease table exists (PAY_PER_REQUEST, keyed by
 //!   `leaseKey`), refusing a table of the same name with another key schema.
 //! * `flotilla leases`: prints the lease table, one JSON object per lease on stdout,
@@ -8,7 +12,9 @@
 //! Errors end here as `anyhow` reports; the library's are typed.
 
 mod cli;
+mod demo;
 mod settings;
+mod stdout_processor;
 
 use std::process::ExitCode;
 
@@ -17,11 +23,13 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    let default_filter = args.default_log_filter();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .init();
     match cli::run(args).await {

@@ -6,10 +6,6 @@
 //! key or a bad value is reported with where it came from (the file's path, the
 //! variable's name), not only with the key it reached.
 
-// Nothing outside the tests calls `load` until `flotilla run --config FILE` wires it in;
-// remove this then.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::BTreeSet;
 use std::path::Path;
 

@@ -103,3 +103,194 @@ fn an_unreachable_endpoint_fails_naming_it() {
         "{err}"
     );
 }
+
+/// A settings file in the temp directory, removed on drop.
+struct ConfigFile(std::path::PathBuf);
+
+impl ConfigFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("flotilla-cli-{}-{name}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn run_with_an_unknown_key_fails_naming_it_and_the_file() {
+    let file = ConfigFile::new(
+        "unknown-key",
+        "[worker]\nstream = \"s\"\napplication = \"app\"\n[lease]\nfailover_tme = \"20s\"\n",
+    );
+    let out = flotilla(&["run", "--config", file.path()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("failover_tme"), "{err}");
+    assert!(err.contains(file.path()), "{err}");
+}
+
+#[test]
+fn run_with_an_invalid_value_fails_naming_the_key() {
+    let file = ConfigFile::new(
+        "invalid",
+        "[worker]\nstream = \"s\"\napplication = \"app\"\n[lease]\nheartbeat_interval = \"12s\"\n",
+    );
+    let out = flotilla(&["run", "--config", file.path()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("lease.heartbeat_interval = 12s"), "{err}");
+}
+
+#[test]
+fn run_without_a_stream_asks_for_one() {
+    let out = flotilla(&["run"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("worker.stream"), "{err}");
+}
+
+async fn ferrokinesis() -> String {
+    let options = ferrokinesis::store::StoreOptions {
+        create_stream_ms: 10,
+        delete_stream_ms: 10,
+        update_stream_ms: 10,
+        ..ferrokinesis::store::StoreOptions::default()
+    };
+    let (app, _store) = ferrokinesis::create_app(options);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// `flotilla run` end to end on loopback servers: records out as JSON lines, then
+/// SIGTERM, a clean shutdown, and the leases released at their checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_prints_records_as_json_lines_and_stops_cleanly_on_sigterm() {
+    use std::io::BufRead as _;
+
+    use flotilla_actors::backend::aws::KinesisStream;
+    use flotilla_actors::backend::{PutRecord, StreamAdmin as _};
+
+    let dynamodb = dynoxide().await;
+    let kinesis = ferrokinesis().await;
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb_credentials())
+        .load()
+        .await;
+    let stream = KinesisStream::new(&sdk, Some(&kinesis));
+    stream.create_stream("cli-run", 2).await.unwrap();
+    let mut records: Vec<PutRecord> = (0..20)
+        .map(|i| PutRecord {
+            partition_key: format!("key-{i}"),
+            explicit_hash_key: None,
+            data: format!("record {i}").into_bytes().into(),
+        })
+        .collect();
+    records.push(PutRecord {
+        partition_key: "binary".into(),
+        explicit_hash_key: None,
+        data: vec![0xff, 0x00, 0x80].into(),
+    });
+    stream.put_records("cli-run", &records).await.unwrap();
+
+    let config = ConfigFile::new(
+        "run",
+        &format!(
+            "[worker]\nstream = \"cli-run\"\napplication = \"cli-run-app\"\n\
+             [reader]\npoll_interval = \"50ms\"\nidle_max = \"200ms\"\n\
+             [checkpoint]\ninterval = \"1s\"\n\
+             [metrics]\nlevel = \"none\"\n\
+             [aws]\nregion = \"us-east-1\"\nkinesis_endpoint = \"{kinesis}\"\n\
+             dynamodb_endpoint = \"{dynamodb}\"\n"
+        ),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "--config", config.path()])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Lines until every record has been printed, on a thread: reading blocks.
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = std::collections::BTreeMap::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while seen.len() < records.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = match lines_rx.recv_timeout(left) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!("{e}: saw {seen:?}\nstderr: {}", text(&out.stderr));
+            }
+        };
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let key = value["partition_key"].as_str().unwrap().to_owned();
+        seen.insert(key, value);
+    }
+
+    let record = &seen["key-7"];
+    assert_eq!(record["data"], "record 7");
+    assert!(record.get("data_encoding").is_none(), "{record}");
+    assert!(record["shard_id"].as_str().unwrap().starts_with("shardId-"));
+    assert!(record["sequence_number"].is_string(), "{record}");
+    assert_eq!(record["sub_sequence_number"], 0);
+    assert!(
+        record["approximate_arrival"]
+            .as_str()
+            .is_some_and(humantime_like),
+        "{record}"
+    );
+    let binary = &seen["binary"];
+    assert_eq!(binary["data"], "/wCA");
+    assert_eq!(binary["data_encoding"], "base64");
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = tokio::task::block_in_place(|| child.wait_with_output()).unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(err.contains("shutdown clean: 2 shards stopped"), "{err}");
+
+    // Released, each at a checkpoint past TRIM_HORIZON: the next worker starts there.
+    let table = DynamoLeaseTable::new(&sdk, Some(&dynamodb), "cli-run-app");
+    let scan = table.scan().await.unwrap();
+    assert_eq!(scan.leases.len(), 2);
+    for lease in &scan.leases {
+        assert_eq!(lease.owner, None, "{lease:?}");
+        assert!(matches!(lease.checkpoint, Checkpoint::At(_)), "{lease:?}");
+    }
+}
+
+/// `2024-05-01T00:00:00.123Z`: RFC 3339 in UTC with milliseconds.
+fn humantime_like(text: &str) -> bool {
+    text.len() == 24 && text.ends_with('Z') && text.as_bytes()[10] == b'T'
+}

@@ -1,0 +1,819 @@
+//! `flotilla demo`: a worker against the in-memory services, fed by a built-in producer,
+//! checked by a built-in processor. No AWS account and no server needed.
+//!
+//! * The producer puts `--rate` records a second round-robin over [`KEYS`] partition
+//!   keys; a record's data is `key-17:42`, its key and its place in that key's sequence.
+//! * At a third of the run a shard is split, at two thirds two adjacent shards are
+//!   merged, so records of a key cross from parents to children mid-run.
+//! * Every delivery goes through [`OrderCheck`], which counts distinct records,
+//!   duplicates (replays, which at-least-once allows) and order violations (a key's
+//!   records out of order, which it does not).
+//! * Once the producer stops the worker is given [`CATCH_UP`] to process what is left,
+//!   then shut down gracefully. The last line on stdout is the [`Summary`]; the command
+//!   fails unless every record arrived, in order per key, and the shutdown was clean.
+//!
+//! Progress goes to stderr once a second; library logs are at `warn` unless
+//! `FLOTILLA_LOG` says otherwise.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use clap::Args;
+use flotilla_actors::backend::memory::{
+    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
+};
+use flotilla_actors::backend::{PutRecord, StreamAdmin as _, StreamClient as _};
+use flotilla_actors::model::Shard;
+use flotilla_actors::settings::MetricsLevel;
+use flotilla_actors::{
+    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, Worker, WorkerStatus,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+const STREAM: &str = "flotilla-demo";
+const APPLICATION: &str = "flotilla-demo";
+/// Distinct partition keys: enough that every shard, and both halves of a split, get some.
+const KEYS: usize = 100;
+/// How long the worker may take to process what is left once the producer stops.
+const CATCH_UP: Duration = Duration::from_secs(30);
+/// When the split and the merge happen in a run without an end (`--duration 0`).
+const OPEN_ENDED_SPLIT: Duration = Duration::from_secs(10);
+const OPEN_ENDED_MERGE: Duration = Duration::from_secs(20);
+/// The producer's pace: it tops up to the target rate this often.
+const PRODUCER_TICK: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How long the producer runs, in seconds; 0 runs until Ctrl-C.
+    #[arg(long, default_value_t = 20)]
+    pub duration: u64,
+    /// Shards of the in-memory stream at the start.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub shards: u32,
+    /// Records put per second.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub rate: u32,
+}
+
+/// Tuned for a run of seconds rather than days: frequent checkpoints and shard
+/// listings, short polls. Metrics stay in the worker (they feed the progress line).
+fn demo_settings() -> Settings {
+    let mut settings = Settings::default();
+    settings.worker.stream = STREAM.to_owned();
+    settings.worker.application = APPLICATION.to_owned();
+    settings.worker.worker_id = Some("demo-worker".to_owned());
+    settings.checkpoint.interval = Duration::from_secs(1);
+    settings.reader.poll_interval = Duration::from_millis(50);
+    settings.reader.idle_max = Duration::from_millis(200);
+    settings.reader.parent_poll_interval = Duration::from_millis(200);
+    settings.reader.shard_sync_interval = Duration::from_secs(2);
+    settings.metrics.level = MetricsLevel::None;
+    settings
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let streams = MemoryStreams::new(MemoryStreamsConfig::default());
+    streams
+        .create_stream(STREAM, args.shards)
+        .await
+        .context("cannot create the in-memory stream")?;
+
+    let check = SharedCheck::default();
+    let for_processors = check.clone();
+    let worker = Worker::builder()
+        .settings(demo_settings())
+        .backend(Backend::memory(
+            streams.clone(),
+            MemoryDynamo::new(),
+            MemoryMetrics::new(),
+        ))
+        .processor(move |_shard| CheckingProcessor {
+            check: for_processors.clone(),
+        })
+        .start()
+        .await
+        .context("cannot start the worker")?;
+
+    let duration = (args.duration > 0).then(|| Duration::from_secs(args.duration));
+    eprintln!(
+        "demo: {} shards, {} records/s, {}",
+        args.shards,
+        args.rate,
+        match duration {
+            Some(d) => format!("for {}", humantime::format_duration(d)),
+            None => "until Ctrl-C".to_owned(),
+        }
+    );
+
+    let (stop, stopped) = watch::channel(false);
+    let producer = Producer::new(args.rate);
+    let produced_so_far = producer.counter();
+    let producing = tokio::spawn(producer.run(streams.clone(), stopped));
+    let (split_at, merge_at) = match duration {
+        Some(d) => (d / 3, d * 2 / 3),
+        None => (OPEN_ENDED_SPLIT, OPEN_ENDED_MERGE),
+    };
+    let resharding = tokio::spawn(reshard(streams, split_at, merge_at));
+
+    let started = Instant::now();
+    let mut progress = Progress::new(started);
+    let mut ticks =
+        tokio::time::interval_at(started + Duration::from_secs(1), Duration::from_secs(1));
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Only polled when there is a duration (see the `if` below).
+    let end = tokio::time::sleep(duration.unwrap_or(Duration::ZERO));
+    tokio::pin!(end);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            () = &mut end, if duration.is_some() => break,
+            result = &mut ctrl_c => {
+                result.context("cannot listen for Ctrl-C")?;
+                eprintln!("demo: interrupted; stopping the producer (Ctrl-C again to stop waiting)");
+                break;
+            }
+            _ = ticks.tick() => {
+                let status = worker.status().await.context("the worker stopped")?;
+                eprintln!("{}", progress.line(&status, produced_so_far.load(Ordering::Relaxed), &check));
+            }
+        }
+    }
+
+    // Stop producing before resharding is looked at: a reshard still pending is dropped.
+    let _ = stop.send(true);
+    let produced = producing
+        .await
+        .context("the producer task failed")?
+        .context("the producer failed")?;
+    if !resharding.is_finished() {
+        resharding.abort();
+    }
+    match resharding.await {
+        Ok(result) => result.context("resharding failed")?,
+        Err(e) if e.is_cancelled() => eprintln!("demo: stopped before the split or the merge"),
+        Err(e) => return Err(e).context("the resharding task failed"),
+    }
+
+    let total = produced.total();
+    eprintln!(
+        "demo: producer stopped after {total} records; waiting up to {} for the worker to catch up",
+        humantime::format_duration(CATCH_UP)
+    );
+    let deadline = Instant::now() + CATCH_UP;
+    // A fresh listener: the first may have fired already.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        if check.lock().processed() >= total {
+            break;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "demo: the worker did not catch up within {}",
+                humantime::format_duration(CATCH_UP)
+            );
+            break;
+        }
+        tokio::select! {
+            result = &mut ctrl_c => {
+                result.context("cannot listen for Ctrl-C")?;
+                eprintln!("demo: interrupted; not waiting for the worker (Ctrl-C again to stop at once)");
+                break;
+            }
+            _ = ticks.tick() => {
+                let status = worker.status().await.context("the worker stopped")?;
+                eprintln!("{}", progress.line(&status, total, &check));
+            }
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+
+    eprintln!("demo: shutting the worker down");
+    // The summary is printed whatever the shutdown did: what was delivered is known.
+    let shutdown = tokio::select! {
+        result = worker.shutdown() => Some(result),
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("demo: interrupted; stopping the worker at once");
+            None
+        }
+    };
+    let summary = check.lock().summary(&produced);
+    println!("{summary}");
+
+    let mut failures = Vec::new();
+    if summary.lost > 0 {
+        failures.push(format!("{} records lost", summary.lost));
+    }
+    if summary.order_violations > 0 {
+        failures.push(format!("{} order violations", summary.order_violations));
+    }
+    if summary.malformed > 0 {
+        failures.push(format!(
+            "{} deliveries were not records the producer wrote",
+            summary.malformed
+        ));
+    }
+    match shutdown {
+        Some(Ok(report)) if report.clean() => {}
+        Some(Ok(report)) => {
+            let json = serde_json::to_string(&report).unwrap_or_else(|e| e.to_string());
+            failures.push(format!("the shutdown was not clean: {json}"));
+        }
+        Some(Err(e)) => failures.push(format!("the worker did not shut down: {e}")),
+        None => failures.push("the shutdown was interrupted".to_owned()),
+    }
+    if !failures.is_empty() {
+        bail!("demo failed: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+/// The one-line-a-second progress report.
+struct Progress {
+    last_at: Instant,
+    last_deliveries: u64,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(started: Instant) -> Self {
+        Self {
+            last_at: started,
+            last_deliveries: 0,
+            started,
+        }
+    }
+
+    fn line(&mut self, status: &WorkerStatus, produced: u64, check: &SharedCheck) -> String {
+        let now = Instant::now();
+        let (deliveries, processed) = {
+            let check = check.lock();
+            (check.deliveries(), check.processed())
+        };
+        let seconds = now.duration_since(self.last_at).as_secs_f64();
+        let rate = if seconds > 0.0 {
+            (deliveries - self.last_deliveries) as f64 / seconds
+        } else {
+            0.0
+        };
+        self.last_at = now;
+        self.last_deliveries = deliveries;
+
+        let lag = status
+            .shards
+            .iter()
+            .filter_map(|s| s.millis_behind_latest)
+            .max()
+            .map_or_else(|| "-".to_owned(), |ms| format!("{ms}ms"));
+        let leases = status
+            .leases
+            .as_ref()
+            .map_or(status.shards.len(), |l| l.held.len());
+        let checkpoints: u64 = match status
+            .metrics
+            .as_ref()
+            .and_then(|m| m.totals.get("CheckpointWrites"))
+        {
+            Some(&writes) => writes as u64,
+            None => status.checkpoints.values().map(|c| c.writes).sum(),
+        };
+        format!(
+            "demo: {:>3}s produced={produced} processed={processed} records/s={rate:.0} \
+             lag={lag} leases={leases} checkpoints={checkpoints}",
+            now.duration_since(self.started).as_secs()
+        )
+    }
+}
+
+/// The processor of the demo: every record through the shared [`OrderCheck`].
+struct CheckingProcessor {
+    check: SharedCheck,
+}
+
+impl Processor for CheckingProcessor {
+    async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        let mut check = self.check.lock();
+        for record in batch.records() {
+            check.observe(&record.partition_key, &record.data);
+        }
+        Ok(())
+    }
+}
+
+/// One check shared by the processors of every shard: a key moves between shards when
+/// they are split or merged, so its order can only be judged across all of them.
+#[derive(Debug, Clone, Default)]
+struct SharedCheck(Arc<Mutex<OrderCheck>>);
+
+impl SharedCheck {
+    fn lock(&self) -> MutexGuard<'_, OrderCheck> {
+        // A processor that panicked mid-batch leaves counts that are still counts.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What one delivery was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// The first delivery of the key's next record.
+    InOrder,
+    /// A record delivered before.
+    Duplicate,
+    /// A first delivery, but not of the key's next record: an earlier one is missing
+    /// (a gap), or a later one was already seen (a late arrival).
+    OutOfOrder,
+    /// Data that is not `key:sequence` for the record's partition key.
+    Malformed,
+}
+
+/// Verifies per-key order of deliveries. Pure: no I/O, no clock.
+///
+/// Each key's records are numbered 0, 1, 2, ... by the producer. A first delivery is in
+/// order exactly when it is the key's next number and no later number has been seen;
+/// anything else first seen is an order violation. A delivery of a number already seen
+/// is a duplicate, whatever came in between: at-least-once delivery replays records
+/// after a restart or a lease change, and a replay is not a reordering.
+#[derive(Debug, Default)]
+pub struct OrderCheck {
+    keys: HashMap<String, KeyProgress>,
+    deliveries: u64,
+    distinct: u64,
+    duplicates: u64,
+    violations: u64,
+    malformed: u64,
+}
+
+#[derive(Debug, Default)]
+struct KeyProgress {
+    /// Every number below this has been seen.
+    next: u64,
+    /// Numbers above `next` seen already; empty unless the order was broken.
+    ahead: BTreeSet<u64>,
+}
+
+impl KeyProgress {
+    fn seen_below(&self, limit: u64) -> u64 {
+        self.next.min(limit) + self.ahead.range(..limit).count() as u64
+    }
+}
+
+impl OrderCheck {
+    /// A delivered record: its partition key and its data (`key:sequence`).
+    pub fn observe(&mut self, partition_key: &str, data: &[u8]) -> Seen {
+        match parse_data(data) {
+            Some((key, number)) if key == partition_key => self.observe_number(key, number),
+            _ => {
+                self.deliveries += 1;
+                self.malformed += 1;
+                Seen::Malformed
+            }
+        }
+    }
+
+    /// The `number`-th record of `key` was delivered.
+    pub fn observe_number(&mut self, key: &str, number: u64) -> Seen {
+        self.deliveries += 1;
+        let progress = match self.keys.get_mut(key) {
+            Some(progress) => progress,
+            None => self.keys.entry(key.to_owned()).or_default(),
+        };
+        let seen = if number < progress.next || progress.ahead.contains(&number) {
+            Seen::Duplicate
+        } else if number == progress.next && progress.ahead.is_empty() {
+            progress.next += 1;
+            Seen::InOrder
+        } else {
+            progress.ahead.insert(number);
+            while progress.ahead.remove(&progress.next) {
+                progress.next += 1;
+            }
+            Seen::OutOfOrder
+        };
+        match seen {
+            Seen::InOrder => self.distinct += 1,
+            Seen::Duplicate => self.duplicates += 1,
+            Seen::OutOfOrder => {
+                self.distinct += 1;
+                self.violations += 1;
+            }
+            Seen::Malformed => {}
+        }
+        seen
+    }
+
+    /// Every delivery, duplicates included.
+    pub fn deliveries(&self) -> u64 {
+        self.deliveries
+    }
+
+    /// Distinct records delivered.
+    pub fn processed(&self) -> u64 {
+        self.distinct
+    }
+
+    /// The verdict, given how many records of each key were produced.
+    pub fn summary(&self, produced: &Produced) -> Summary {
+        let lost: u64 = produced
+            .per_key
+            .iter()
+            .map(|(key, &count)| {
+                let seen = self.keys.get(key).map_or(0, |p| p.seen_below(count));
+                count - seen
+            })
+            .sum();
+        let produced_total = produced.total();
+        // Distinct records beyond what was produced cannot come from the producer.
+        let unproduced = (self.distinct + lost).saturating_sub(produced_total);
+        Summary {
+            produced: produced_total,
+            processed: self.distinct,
+            lost,
+            duplicates: self.duplicates,
+            order_violations: self.violations,
+            malformed: self.malformed + unproduced,
+        }
+    }
+}
+
+/// `key-17:42` → ("key-17", 42).
+fn parse_data(data: &[u8]) -> Option<(&str, u64)> {
+    let text = std::str::from_utf8(data).ok()?;
+    let (key, number) = text.rsplit_once(':')?;
+    Some((key, number.parse().ok()?))
+}
+
+/// The demo's verdict. Its `Display` is the summary line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub produced: u64,
+    pub processed: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub order_violations: u64,
+    /// Deliveries that are not records the producer wrote; shown only when there are some.
+    pub malformed: u64,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "demo: produced={} processed={} lost={} duplicates={} order_violations={}",
+            self.produced, self.processed, self.lost, self.duplicates, self.order_violations
+        )?;
+        if self.malformed > 0 {
+            write!(f, " malformed={}", self.malformed)?;
+        }
+        Ok(())
+    }
+}
+
+/// How many records of each key were put.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Produced {
+    per_key: HashMap<String, u64>,
+}
+
+impl Produced {
+    pub fn total(&self) -> u64 {
+        self.per_key.values().sum()
+    }
+}
+
+/// Puts records at a steady rate until told to stop.
+struct Producer {
+    rate: u32,
+    keys: Vec<String>,
+    /// Per key, the number of the next record.
+    next: Vec<u64>,
+    cursor: usize,
+    total: Arc<AtomicU64>,
+}
+
+impl Producer {
+    fn new(rate: u32) -> Self {
+        Self {
+            rate,
+            keys: (0..KEYS).map(|k| format!("key-{k}")).collect(),
+            next: vec![0; KEYS],
+            cursor: 0,
+            total: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Records put so far, for the progress line.
+    fn counter(&self) -> Arc<AtomicU64> {
+        self.total.clone()
+    }
+
+    async fn run(
+        mut self,
+        streams: MemoryStreams,
+        mut stop: watch::Receiver<bool>,
+    ) -> anyhow::Result<Produced> {
+        let started = Instant::now();
+        let mut ticks = tokio::time::interval(PRODUCER_TICK);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut put: u64 = 0;
+        loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                _ = ticks.tick() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+            let due = (started.elapsed().as_secs_f64() * f64::from(self.rate)) as u64;
+            let count = due.saturating_sub(put);
+            if count == 0 {
+                continue;
+            }
+            let records = self.next_records(count);
+            streams
+                .put_records(STREAM, &records)
+                .await
+                .with_context(|| format!("cannot put {} records", records.len()))?;
+            // Counted only once the put succeeded: a refused record was never produced.
+            for record in &records {
+                if let Some(index) = key_index(&record.partition_key) {
+                    self.next[index] += 1;
+                }
+            }
+            put += count;
+            self.total.store(put, Ordering::Relaxed);
+        }
+        Ok(Produced {
+            per_key: self
+                .keys
+                .iter()
+                .cloned()
+                .zip(self.next.iter().copied())
+                .filter(|&(_, count)| count > 0)
+                .collect(),
+        })
+    }
+
+    /// The next `count` records, keys round-robin.
+    fn next_records(&mut self, count: u64) -> Vec<PutRecord> {
+        let mut pending = self.next.clone();
+        (0..count)
+            .map(|_| {
+                let index = self.cursor % self.keys.len();
+                self.cursor += 1;
+                let number = pending[index];
+                pending[index] += 1;
+                let key = &self.keys[index];
+                PutRecord {
+                    partition_key: key.clone(),
+                    explicit_hash_key: None,
+                    data: Bytes::from(format!("{key}:{number}")),
+                }
+            })
+            .collect()
+    }
+}
+
+fn key_index(key: &str) -> Option<usize> {
+    key.strip_prefix("key-")?.parse().ok()
+}
+
+/// Splits a shard at `split_at` and merges two at `merge_at` (from now).
+async fn reshard(
+    streams: MemoryStreams,
+    split_at: Duration,
+    merge_at: Duration,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    tokio::time::sleep_until(start + split_at).await;
+    let shards = open_shards(&streams).await?;
+    let Some((parent, at)) = split_point(&shards) else {
+        bail!("no open shard is wide enough to split");
+    };
+    streams
+        .split_shard(STREAM, &parent.id, at)
+        .await
+        .with_context(|| format!("cannot split {}", parent.id))?;
+    eprintln!("demo: split {} at hash key {at}", parent.id);
+
+    tokio::time::sleep_until(start + merge_at).await;
+    let shards = open_shards(&streams).await?;
+    let Some((a, b)) = adjacent_pair(&shards) else {
+        bail!("no two open shards are adjacent");
+    };
+    streams
+        .merge_shards(STREAM, &a.id, &b.id)
+        .await
+        .with_context(|| format!("cannot merge {} and {}", a.id, b.id))?;
+    eprintln!("demo: merged {} and {}", a.id, b.id);
+    Ok(())
+}
+
+/// Open shards, by hash-key range.
+async fn open_shards(streams: &MemoryStreams) -> anyhow::Result<Vec<Shard>> {
+    let mut shards: Vec<Shard> = streams
+        .list_shards(STREAM)
+        .await
+        .context("cannot list shards")?
+        .into_iter()
+        .filter(Shard::is_open)
+        .collect();
+    shards.sort_by_key(|s| s.hash_range.start);
+    Ok(shards)
+}
+
+/// The first shard (by hash key) with room to split, and the midpoint of its range: the
+/// new starting hash key of the upper child.
+fn split_point(open: &[Shard]) -> Option<(&Shard, u128)> {
+    open.iter().find_map(|shard| {
+        let range = shard.hash_range;
+        (range.end > range.start).then(|| (shard, range.start + (range.end - range.start) / 2 + 1))
+    })
+}
+
+/// The first two open shards (by hash key) whose ranges touch.
+fn adjacent_pair(open: &[Shard]) -> Option<(&Shard, &Shard)> {
+    open.windows(2).find_map(|pair| match pair {
+        [a, b] if a.hash_range.end.checked_add(1) == Some(b.hash_range.start) => Some((a, b)),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla_actors::model::{HashKeyRange, SequenceNumber, SequenceRange, ShardId};
+
+    use super::*;
+
+    fn observe_all(check: &mut OrderCheck, numbers: &[u64]) -> Vec<Seen> {
+        numbers
+            .iter()
+            .map(|&n| check.observe_number("key-1", n))
+            .collect()
+    }
+
+    fn produced(pairs: &[(&str, u64)]) -> Produced {
+        Produced {
+            per_key: pairs.iter().map(|&(k, n)| (k.to_owned(), n)).collect(),
+        }
+    }
+
+    use Seen::{Duplicate, InOrder, OutOfOrder};
+
+    #[test]
+    fn in_order_deliveries_pass() {
+        let mut check = OrderCheck::default();
+        assert_eq!(observe_all(&mut check, &[0, 1, 2]), [InOrder; 3]);
+        assert_eq!(check.observe_number("key-2", 0), InOrder);
+        let summary = check.summary(&produced(&[("key-1", 3), ("key-2", 1)]));
+        assert_eq!(
+            summary.to_string(),
+            "demo: produced=4 processed=4 lost=0 duplicates=0 order_violations=0"
+        );
+    }
+
+    #[test]
+    fn a_replay_is_a_duplicate_not_a_violation() {
+        // A restart from a checkpoint at 1 replays 2 and 3, then goes on.
+        let mut check = OrderCheck::default();
+        let seen = observe_all(&mut check, &[0, 1, 2, 3, 2, 3, 4]);
+        assert_eq!(
+            seen,
+            [
+                InOrder, InOrder, InOrder, InOrder, Duplicate, Duplicate, InOrder
+            ]
+        );
+        let summary = check.summary(&produced(&[("key-1", 5)]));
+        assert_eq!((summary.processed, summary.duplicates), (5, 2));
+        assert_eq!((summary.lost, summary.order_violations), (0, 0));
+        assert_eq!(check.deliveries(), 7);
+    }
+
+    #[test]
+    fn a_gap_and_the_late_record_are_violations() {
+        // 1 arrives after 2: a child shard read before its parent was finished.
+        let mut check = OrderCheck::default();
+        let seen = observe_all(&mut check, &[0, 2, 1, 3]);
+        assert_eq!(seen, [InOrder, OutOfOrder, OutOfOrder, InOrder]);
+        let summary = check.summary(&produced(&[("key-1", 4)]));
+        assert_eq!(summary.order_violations, 2);
+        assert_eq!(
+            (summary.processed, summary.lost, summary.duplicates),
+            (4, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_replay_of_out_of_order_records_is_still_a_duplicate() {
+        let mut check = OrderCheck::default();
+        let seen = observe_all(&mut check, &[0, 3, 3, 1, 1]);
+        assert_eq!(
+            seen,
+            [InOrder, OutOfOrder, Duplicate, OutOfOrder, Duplicate]
+        );
+        let summary = check.summary(&produced(&[("key-1", 4)]));
+        assert_eq!(summary.lost, 1, "2 never came");
+        assert_eq!((summary.processed, summary.duplicates), (3, 2));
+    }
+
+    #[test]
+    fn records_never_delivered_are_lost() {
+        let mut check = OrderCheck::default();
+        observe_all(&mut check, &[0, 1]);
+        let summary = check.summary(&produced(&[("key-1", 4), ("key-9", 2)]));
+        assert_eq!(summary.lost, 4);
+        assert_eq!(
+            summary.to_string(),
+            "demo: produced=6 processed=2 lost=4 duplicates=0 order_violations=0"
+        );
+    }
+
+    #[test]
+    fn data_must_name_the_partition_key_and_a_number() {
+        let mut check = OrderCheck::default();
+        assert_eq!(check.observe("key-1", b"key-1:0"), InOrder);
+        assert_eq!(check.observe("key-1", b"key-2:1"), Seen::Malformed);
+        assert_eq!(check.observe("key-1", b"key-1:x"), Seen::Malformed);
+        assert_eq!(check.observe("key-1", &[0xff]), Seen::Malformed);
+        assert_eq!(check.observe("key-1", b"key-1:1"), InOrder);
+        let summary = check.summary(&produced(&[("key-1", 2)]));
+        assert_eq!(summary.malformed, 3);
+        assert!(summary.to_string().ends_with(" malformed=3"), "{summary}");
+    }
+
+    #[test]
+    fn records_the_producer_did_not_write_are_malformed() {
+        let mut check = OrderCheck::default();
+        observe_all(&mut check, &[0, 1, 2]);
+        let summary = check.summary(&produced(&[("key-1", 2)]));
+        assert_eq!((summary.lost, summary.malformed), (0, 1));
+    }
+
+    #[test]
+    fn the_producer_numbers_each_key_from_zero() {
+        let records = |count| {
+            let mut producer = Producer {
+                rate: 1,
+                keys: vec!["key-0".into(), "key-1".into()],
+                next: vec![0, 5],
+                cursor: 0,
+                total: Arc::default(),
+            };
+            producer
+                .next_records(count)
+                .into_iter()
+                .map(|r| String::from_utf8(r.data.to_vec()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            records(5),
+            ["key-0:0", "key-1:5", "key-0:1", "key-1:6", "key-0:2"]
+        );
+    }
+
+    fn shard(index: u64, start: u128, end: u128, open: bool) -> Shard {
+        Shard {
+            id: ShardId::from_index(index),
+            parent: None,
+            adjacent_parent: None,
+            hash_range: HashKeyRange::new(start, end).unwrap(),
+            sequence_range: SequenceRange {
+                start: SequenceNumber::from_u128(1),
+                end: (!open).then(|| SequenceNumber::from_u128(9)),
+            },
+        }
+    }
+
+    #[test]
+    fn the_split_takes_the_midpoint_of_the_first_wide_shard() {
+        let shards = [shard(0, 5, 5, true), shard(1, 6, 9, true)];
+        let (parent, at) = split_point(&shards).unwrap();
+        assert_eq!((parent.id.as_str(), at), ("shardId-000000000001", 8));
+        assert!(split_point(&shards[..1]).is_none());
+        let full = [shard(0, 0, u128::MAX, true)];
+        assert_eq!(split_point(&full).unwrap().1, u128::MAX / 2 + 1);
+    }
+
+    #[test]
+    fn the_merge_takes_two_touching_shards() {
+        let shards = [
+            shard(0, 0, 9, true),
+            shard(3, 20, 29, true),
+            shard(4, 30, u128::MAX, true),
+        ];
+        let (a, b) = adjacent_pair(&shards).unwrap();
+        assert_eq!(
+            (a.id.as_str(), b.id.as_str()),
+            ("shardId-000000000003", "shardId-000000000004")
+        );
+        assert!(adjacent_pair(&shards[..2]).is_none());
+    }
+}

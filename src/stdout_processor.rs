@@ -1,0 +1,144 @@
+//! The built-in `stdout` processor of `flotilla run`: one JSON object per record on
+//! stdout, so a worker can feed a shell pipeline (`flotilla run ... | jq ...`).
+//!
+//! Each line holds `shard_id`, `sequence_number` (a string: Kinesis sequence numbers do
+//! not fit a JSON number), `sub_sequence_number`, `partition_key`, `approximate_arrival`
+//! (RFC 3339 with milliseconds, or null) and `data`: the payload as text when it is
+//! UTF-8, else base64 with `"data_encoding":"base64"` beside it.
+
+use std::io::Write as _;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use flotilla_actors::model::ShardId;
+use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Record};
+use serde::Serialize;
+
+/// Writes each batch to stdout, whole, and flushes before the batch is acked: a record
+/// is checkpointed only once its line has left the process.
+#[derive(Debug)]
+pub struct StdoutProcessor {
+    shard: ShardId,
+}
+
+impl StdoutProcessor {
+    pub fn new(shard: ShardId) -> Self {
+        Self { shard }
+    }
+}
+
+impl Processor for StdoutProcessor {
+    async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        // The lock is held for the whole batch, so lines of two shards never interleave
+        // mid-line; the buffer makes it one write per batch rather than one per record.
+        let stdout = std::io::stdout().lock();
+        let mut out = std::io::BufWriter::new(stdout);
+        for record in batch.records() {
+            serde_json::to_writer(&mut out, &RecordLine::new(&self.shard, record))?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// One output line. Field order is the order written.
+#[derive(Debug, Serialize)]
+struct RecordLine<'a> {
+    shard_id: &'a str,
+    sequence_number: &'a str,
+    sub_sequence_number: u64,
+    partition_key: &'a str,
+    approximate_arrival: Option<String>,
+    data: std::borrow::Cow<'a, str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_encoding: Option<&'static str>,
+}
+
+impl<'a> RecordLine<'a> {
+    fn new(shard: &'a ShardId, record: &'a Record) -> Self {
+        let (data, data_encoding) = match std::str::from_utf8(&record.data) {
+            Ok(text) => (text.into(), None),
+            Err(_) => (STANDARD.encode(&record.data).into(), Some("base64")),
+        };
+        Self {
+            shard_id: shard.as_str(),
+            sequence_number: record.sequence_number.as_str(),
+            sub_sequence_number: record.sub_sequence_number,
+            partition_key: &record.partition_key,
+            approximate_arrival: record
+                .approximate_arrival
+                .map(|at| humantime::format_rfc3339_millis(at).to_string()),
+            data,
+            data_encoding,
+        }
+    }
+}
+
+/// The line for one record, without the newline.
+#[cfg(test)]
+fn line(shard: &ShardId, record: &Record) -> String {
+    serde_json::to_string(&RecordLine::new(shard, record)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::{Duration, SystemTime};
+
+    use bytes::Bytes;
+    use flotilla_actors::model::SequenceNumber;
+
+    use super::*;
+
+    fn record(data: &'static [u8], arrival: Option<SystemTime>) -> Record {
+        Record {
+            sequence_number: SequenceNumber::parse(
+                "49590338271490256608559692538361571095921575989136588898",
+            )
+            .unwrap(),
+            sub_sequence_number: 3,
+            partition_key: "customer-7".to_owned(),
+            explicit_hash_key: None,
+            data: Bytes::from_static(data),
+            approximate_arrival: arrival,
+        }
+    }
+
+    fn shard() -> ShardId {
+        ShardId::from_index(4)
+    }
+
+    #[test]
+    fn utf8_data_is_written_as_text_in_a_fixed_field_order() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_714_521_600_123);
+        let text = line(&shard(), &record("héllo \"world\"".as_bytes(), Some(at)));
+        assert_eq!(
+            text,
+            r#"{"shard_id":"shardId-000000000004","sequence_number":"49590338271490256608559692538361571095921575989136588898","sub_sequence_number":3,"partition_key":"customer-7","approximate_arrival":"2024-05-01T00:00:00.123Z","data":"héllo \"world\""}"#
+        );
+    }
+
+    #[test]
+    fn non_utf8_data_is_base64_and_says_so() {
+        let text = line(&shard(), &record(&[0xff, 0x00, 0xfe, b'a'], None));
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["data"], "/wD+YQ==");
+        assert_eq!(value["data_encoding"], "base64");
+        assert_eq!(
+            STANDARD.decode(value["data"].as_str().unwrap()).unwrap(),
+            [0xff, 0x00, 0xfe, b'a']
+        );
+    }
+
+    #[test]
+    fn a_missing_arrival_is_null_and_empty_data_is_text() {
+        let text = line(&shard(), &record(b"", None));
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["approximate_arrival"], serde_json::Value::Null);
+        assert_eq!(value["data"], "");
+        assert!(value.get("data_encoding").is_none(), "{text}");
+        assert!(!text.contains('\n'));
+    }
+}
