@@ -73,7 +73,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .settings(settings)
         .stream("orders")
         .application("order-counter")
-        .backend(Backend::memory(streams, MemoryDynamo::new(), MemoryMetrics::new()))
+        .backend(Backend::memory(
+            streams,
+            MemoryDynamo::new(),
+            MemoryMetrics::new(),
+        ))
         .processor(move |shard: &ShardInfo| OrderCounter {
             shard: shard.shard_id.to_string(),
             totals: shared.clone(),
@@ -94,6 +98,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let report = worker.shutdown().await?;
     let counted: u64 = totals.lock().map(|t| t.values().sum()).unwrap_or(0);
-    println!("counted {counted} orders; clean shutdown: {}", report.clean());
+    println!(
+        "counted {counted} orders; clean shutdown: {}",
+        report.clean()
+    );
     Ok(())
 }

@@ -121,13 +121,13 @@ pub enum WorkerError {
     Settings(#[from] SettingsError),
     #[error("worker: {0} is required (call WorkerBuilder::{0})")]
     Missing(&'static str),
-    #[error("stream {stream}: {source}")]
+    #[error("stream {stream}")]
     Stream {
         stream: String,
         #[source]
         source: StreamError,
     },
-    #[error("lease table {table}: {source}")]
+    #[error("lease table {table}")]
     LeaseTable {
         table: String,
         #[source]

@@ -101,7 +101,11 @@ mod tests {
         for (i, lease) in planned.iter().enumerate() {
             for parent in &lease.parent_shard_ids {
                 if let Some(p) = planned.iter().position(|l| l.key.shard_id() == *parent) {
-                    assert!(p < i, "parent {parent} planned after its child {}", lease.key);
+                    assert!(
+                        p < i,
+                        "parent {parent} planned after its child {}",
+                        lease.key
+                    );
                 }
             }
         }
