@@ -272,7 +272,7 @@ impl WriterState {
                     let _ = self
                         .args
                         .supervisor
-                        .cast(SupervisorMsg::LeaseLost(key.clone()));
+                        .cast(SupervisorMsg::LeaseLost(key.clone(), fence.clone()));
                     return Err(CheckpointError::LeaseLost { shard: shard_id });
                 }
                 Err(LeaseError::NotFound { .. }) => {
@@ -280,7 +280,7 @@ impl WriterState {
                     let _ = self
                         .args
                         .supervisor
-                        .cast(SupervisorMsg::LeaseLost(key.clone()));
+                        .cast(SupervisorMsg::LeaseLost(key.clone(), fence.clone()));
                     return Err(CheckpointError::LeaseLost { shard: shard_id });
                 }
                 Err(error) => {

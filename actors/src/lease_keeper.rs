@@ -47,10 +47,10 @@ pub(crate) enum KeeperMsg {
     Tick,
     /// Scan now (new lease rows were created).
     ScanNow,
-    /// The supervisor learned the lease is lost (a refused checkpoint).
-    Lost(LeaseKey),
-    /// The shard reached SHARD_END; it no longer counts as held.
-    Finished(LeaseKey),
+    /// The supervisor learned the lease is lost (a refused checkpoint) under this fence.
+    Lost(LeaseKey, Fence),
+    /// The shard reached SHARD_END under this fence; it no longer counts as held.
+    Finished(LeaseKey, Fence),
     /// The shard failed too often here: release it and leave it alone for a while.
     GiveUp(LeaseKey),
     ReleaseAll(RpcReplyPort<ReleaseReport>),
@@ -139,13 +139,18 @@ impl Actor for LeaseKeeper {
                     state.scan_and_take().await;
                 }
             }
-            KeeperMsg::Lost(key) => {
-                if state.held.remove(&key).is_some() {
+            // Both name the epoch they are about: news of an old epoch must not drop a
+            // lease taken again since.
+            KeeperMsg::Lost(key, fence) => {
+                if state.held.get(&key) == Some(&fence) {
+                    state.held.remove(&key);
                     state.report(vec![Sample::new(Metric::LeasesLost, 1.0)]);
                 }
             }
-            KeeperMsg::Finished(key) => {
-                state.held.remove(&key);
+            KeeperMsg::Finished(key, fence) => {
+                if state.held.get(&key) == Some(&fence) {
+                    state.held.remove(&key);
+                }
             }
             KeeperMsg::GiveUp(key) => {
                 let until = Instant::now() + state.args.settings.supervision.shard_cooldown;
@@ -278,10 +283,13 @@ impl KeeperState {
             &cooling,
         );
         for key in decision.lost {
-            if self.held.remove(&key).is_some() {
+            if let Some(fence) = self.held.remove(&key) {
                 info!(message = "Lease lost to another worker.", lease_key = %key);
                 self.report(vec![Sample::new(Metric::LeasesLost, 1.0)]);
-                let _ = self.args.supervisor.cast(SupervisorMsg::LeaseLost(key));
+                let _ = self
+                    .args
+                    .supervisor
+                    .cast(SupervisorMsg::LeaseLost(key, fence));
             }
         }
         for (key, fence) in decision.take {

@@ -26,7 +26,7 @@ use crate::backoff::{Backoff, RestartIntensity, Verdict};
 use crate::checkpoint_writer::{CheckpointMsg, CheckpointWriter, WriterArgs};
 use crate::lease_keeper::{KeeperArgs, KeeperMsg, LeaseKeeper, Liveness, ReleaseReport};
 use crate::metrics_reporter::{Metric, MetricsArgs, MetricsMsg, MetricsReporter, Sample};
-use crate::model::{Checkpoint, Lease, LeaseKey, WorkerId};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, WorkerId};
 use crate::settings::Settings;
 use crate::shard_reader::{
     ReaderArgs, ReaderMsg, STOP_LEASE_LOST, STOP_SHARD_END, STOP_SHUTDOWN, ShardReader,
@@ -42,7 +42,8 @@ const STATUS_TIMEOUT_MS: u64 = 2_000;
 #[derive(Debug)]
 pub(crate) enum SupervisorMsg {
     LeaseGained(Box<Lease>),
-    LeaseLost(LeaseKey),
+    /// The lease was lost under this fence (a newer epoch of it is left alone).
+    LeaseLost(LeaseKey, Fence),
     ShardFinished {
         key: LeaseKey,
         children: Option<Vec<ChildShard>>,
@@ -70,6 +71,14 @@ pub(crate) struct WorkerContext {
 }
 
 pub(crate) struct Supervisor;
+
+/// How a shard reader ended, from its stop reason.
+enum ReaderEnd {
+    ShardEnd,
+    LeaseLost,
+    Shutdown,
+    Failed(String),
+}
 
 struct Core {
     metrics: ActorRef<MetricsMsg>,
@@ -180,13 +189,17 @@ impl Actor for Supervisor {
                 );
                 state.spawn_reader(&myself, &key).await;
             }
-            SupervisorMsg::LeaseLost(key) => {
+            SupervisorMsg::LeaseLost(key, fence) => {
+                if state.shards.get(&key).map(|e| e.lease.fence()) != Some(fence.clone()) {
+                    return Ok(());
+                }
                 if let Some(entry) = state.shards.remove(&key)
                     && let Some(reader) = entry.reader
                 {
+                    state.by_actor.remove(&reader.get_id());
                     let _ = reader.cast(ReaderMsg::LeaseLost);
                 }
-                let _ = state.core.keeper.cast(KeeperMsg::Lost(key.clone()));
+                let _ = state.core.keeper.cast(KeeperMsg::Lost(key.clone(), fence));
                 let _ = state.core.writer.cast(CheckpointMsg::Forget(key));
             }
             SupervisorMsg::ShardFinished { key, children } => {
@@ -227,13 +240,17 @@ impl Actor for Supervisor {
         if state.shutting_down {
             return Ok(());
         }
-        let (cell, failure) = match event {
-            SupervisionEvent::ActorFailed(cell, error) => (cell, Some(error.to_string())),
+        let (cell, ended) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => {
+                (cell, ReaderEnd::Failed(error.to_string()))
+            }
             SupervisionEvent::ActorTerminated(cell, _, reason) => match reason.as_deref() {
-                Some(STOP_SHARD_END) | Some(STOP_LEASE_LOST) | Some(STOP_SHUTDOWN) => (cell, None),
+                Some(STOP_SHARD_END) => (cell, ReaderEnd::ShardEnd),
+                Some(STOP_LEASE_LOST) => (cell, ReaderEnd::LeaseLost),
+                Some(STOP_SHUTDOWN) => (cell, ReaderEnd::Shutdown),
                 other => (
                     cell,
-                    Some(format!(
+                    ReaderEnd::Failed(format!(
                         "stopped unexpectedly ({})",
                         other.unwrap_or("no reason given")
                     )),
@@ -242,9 +259,13 @@ impl Actor for Supervisor {
             _ => return Ok(()),
         };
         if let Some(key) = state.by_actor.remove(&cell.get_id()) {
-            state.reader_ended(&myself, key, failure);
+            state.reader_ended(&myself, key, cell.get_id(), ended);
             return Ok(());
         }
+        let failure = match ended {
+            ReaderEnd::Failed(why) => Some(why),
+            _ => None,
+        };
         let core_name = state
             .core
             .cells()
@@ -367,17 +388,30 @@ impl SupervisorState {
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         key: LeaseKey,
-        failure: Option<String>,
+        actor: ActorId,
+        ended: ReaderEnd,
     ) {
-        let Some(failure) = failure else {
-            // Finished, lost or stopped on purpose: the lease keeper stops counting it.
-            if let Some(entry) = self.shards.get(&key)
-                && entry.reader.is_some()
-            {
-                self.shards.remove(&key);
-            }
-            let _ = self.core.keeper.cast(KeeperMsg::Finished(key));
+        // Only the shard's current reader speaks for it: a reader of an earlier epoch
+        // ending late must not remove the entry of the lease as taken again since.
+        let current = self
+            .shards
+            .get(&key)
+            .is_some_and(|e| e.reader.as_ref().map(|r| r.get_id()) == Some(actor));
+        if !current {
             return;
+        }
+        let failure = match ended {
+            ReaderEnd::Failed(why) => why,
+            ReaderEnd::ShardEnd | ReaderEnd::LeaseLost | ReaderEnd::Shutdown => {
+                if let Some(entry) = self.shards.remove(&key) {
+                    let fence = entry.lease.fence();
+                    let _ = self.core.keeper.cast(match ended {
+                        ReaderEnd::ShardEnd => KeeperMsg::Finished(key, fence),
+                        _ => KeeperMsg::Lost(key, fence),
+                    });
+                }
+                return;
+            }
         };
         let Some(entry) = self.shards.get_mut(&key) else {
             return;
