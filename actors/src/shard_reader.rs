@@ -79,6 +79,9 @@ pub(crate) enum ReaderMsg {
     ProcessorDone(Result<(), String>),
     /// The processor did not stop after a lease loss: stop regardless.
     StopNow,
+    /// The processor failed. Sent to itself, so that it queues behind the acks the
+    /// processor sent before failing (supervision events overtake messages).
+    ProcessorFailed(String),
     Status(RpcReplyPort<ShardStatus>),
 }
 
@@ -110,6 +113,8 @@ enum Phase {
     Ending,
     ShuttingDown,
     LeaseLost,
+    /// The processor failed; the reader fails after counting the acks already sent.
+    Failing,
 }
 
 struct InFlight {
@@ -218,6 +223,9 @@ impl Actor for ShardReader {
             ReaderMsg::Shutdown(reply) => state.shutdown(&myself, reply),
             ReaderMsg::ProcessorDone(result) => state.processor_done(&myself, result).await?,
             ReaderMsg::StopNow => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+            ReaderMsg::ProcessorFailed(error) => {
+                return Err(format!("shard {}: {error}", state.shard).into());
+            }
             ReaderMsg::Status(reply) => {
                 let _ = reply.send(state.status());
             }
@@ -235,7 +243,10 @@ impl Actor for ShardReader {
             SupervisionEvent::ActorFailed(_, error) => match state.phase {
                 Phase::LeaseLost => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
                 _ => {
-                    return Err(format!("shard {}: {error}", state.shard).into());
+                    // Stop fetching now; fail once the acks already sent are counted.
+                    state.revoked.store(true, Ordering::Release);
+                    state.phase = Phase::Failing;
+                    let _ = myself.cast(ReaderMsg::ProcessorFailed(error.to_string()));
                 }
             },
             SupervisionEvent::ActorTerminated(_, _, reason) => match state.phase {
@@ -933,6 +944,7 @@ impl ReaderState {
                 Phase::Draining | Phase::Ending => ShardState::ShardEnding,
                 Phase::ShuttingDown => ShardState::ShuttingDown,
                 Phase::LeaseLost => ShardState::LeaseLost,
+                Phase::Failing => ShardState::Restarting,
             },
             lease_counter: self.fence.counter,
             checkpoint: self.checkpoint.as_ref().map(|c| c.to_string()),

@@ -8,65 +8,12 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use flotilla_actors::backend::memory::{
-    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
-};
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, Shard, ShardId};
-use flotilla_actors::{Backend, Settings, Worker};
+use flotilla_actors::{Backend, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
-
-const STREAM: &str = "orders";
-const APP: &str = "orders-app";
-
-struct Rig {
-    streams: MemoryStreams,
-    dynamo: MemoryDynamo,
-    metrics: MemoryMetrics,
-}
-
-impl Rig {
-    async fn new(shards: u32, config: MemoryStreamsConfig) -> Self {
-        let streams = MemoryStreams::new(config);
-        streams.create_stream(STREAM, shards).await.unwrap();
-        Self {
-            streams,
-            dynamo: MemoryDynamo::new(),
-            metrics: MemoryMetrics::new(),
-        }
-    }
-
-    fn backend(&self) -> Backend {
-        Backend::memory(
-            self.streams.clone(),
-            self.dynamo.clone(),
-            self.metrics.clone(),
-        )
-    }
-
-    async fn start(&self, probes: &ProbeFactory) -> Worker {
-        self.start_with(probes, fast_settings(STREAM, APP)).await
-    }
-
-    async fn start_with(&self, probes: &ProbeFactory, settings: Settings) -> Worker {
-        let f = probes.clone();
-        Worker::builder()
-            .settings(settings)
-            .backend(self.backend())
-            .processor(move |shard| f.make(shard))
-            .start()
-            .await
-            .unwrap()
-    }
-
-    fn table(&self) -> impl LeaseTable {
-        self.dynamo.lease_table(APP)
-    }
-
-    async fn shards(&self) -> Vec<Shard> {
-        self.streams.list_shards(STREAM).await.unwrap()
-    }
-}
+use support::rig::{APP, Rig, STREAM};
 
 fn open(shards: &[Shard]) -> Vec<Shard> {
     let mut open: Vec<Shard> = shards.iter().filter(|s| s.is_open()).cloned().collect();

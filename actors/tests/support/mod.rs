@@ -1,4 +1,5 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod probe;
+pub mod rig;
 pub mod servers;
