@@ -152,6 +152,14 @@ impl WatcherState {
                     .cast(MetricsMsg::Record(vec![Sample::new(metric, 1.0)]));
                 e.to_string()
             })?;
+        let graph = ShardGraph::new(shards.iter().cloned());
+        if let Err(problem) = graph.check_coverage() {
+            // A listing taken in the middle of a reshard; list again before acting on it.
+            return Err(format!(
+                "the shard listing is not consistent yet: {problem}"
+            ));
+        }
+        self.graph = graph;
         let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
         let leased: HashSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
         let planned = plan_new_leases(&shards, &leased, &self.args.initial);
@@ -171,10 +179,9 @@ impl WatcherState {
             self.status.leases_created += created;
             let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
         }
-        self.status.shards = shards.len();
-        self.status.open_shards = shards.iter().filter(|s| s.is_open()).count();
+        self.status.shards = self.graph.len();
+        self.status.open_shards = self.graph.shards().filter(|s| s.is_open()).count();
         self.status.last_error = None;
-        self.graph = ShardGraph::new(shards);
         Ok(())
     }
 }

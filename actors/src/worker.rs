@@ -286,6 +286,7 @@ impl WorkerBuilder {
             InitialPosition::AtTimestamp => Checkpoint::AtTimestamp,
         };
         let fatal = Arc::new(Mutex::new(None));
+        let shutdown_timeout = settings.supervision.shutdown_timeout;
         let ctx = Arc::new(WorkerContext {
             me: me.clone(),
             application,
@@ -309,6 +310,7 @@ impl WorkerBuilder {
             supervisor,
             join: Some(join),
             fatal,
+            shutdown_timeout,
         })
     }
 }
@@ -350,6 +352,7 @@ pub struct Worker {
     supervisor: ActorRef<SupervisorMsg>,
     join: Option<JoinHandle<()>>,
     fatal: Arc<Mutex<Option<String>>>,
+    shutdown_timeout: std::time::Duration,
 }
 
 impl fmt::Debug for Worker {
@@ -379,7 +382,9 @@ impl Worker {
     /// are flushed, leases released. Returns when all of that is done; the report says
     /// honestly what did not succeed (see [`ShutdownReport::clean`]).
     pub async fn shutdown(mut self) -> Result<ShutdownReport, WorkerError> {
-        let timeout = 4 * 30_000 + 10_000;
+        // Readers, the final flush, the release and the metrics each get the shutdown
+        // timeout; the supervisor's own bookkeeping gets a little more.
+        let timeout = 4 * self.shutdown_timeout.as_millis() as u64 + 10_000;
         let result = ractor::call_t!(self.supervisor, SupervisorMsg::Shutdown, timeout)
             .map_err(|e| self.stopped_or(e.to_string()));
         if let Some(join) = self.join.take() {

@@ -324,3 +324,68 @@ async fn after_a_failure_records_acked_before_it_are_not_delivered_again() {
     let expected: Vec<String> = (0..50).map(|i| format!("key-0:{i}")).collect();
     assert_eq!(*seen.lock().unwrap(), expected, "in order, none twice");
 }
+
+#[tokio::test(start_paused = true)]
+async fn latest_starts_at_the_tip_and_at_timestamp_at_the_instant() {
+    use flotilla_actors::InitialPosition;
+
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 4, 10).await; // key-N:0..9, before any worker
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let instant = rig.streams.clock().wall();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    producer.put_round(&rig.streams, STREAM, 4, 10).await; // key-N:10..19, after `instant`
+
+    // AT_TIMESTAMP: from the instant on.
+    let mut settings = fast_settings(STREAM, "at-timestamp-app");
+    settings.worker.initial_position = InitialPosition::AtTimestamp;
+    settings.worker.initial_timestamp = Some(humantime::format_rfc3339_millis(instant).to_string());
+    let at_ts = ProbeFactory::new(Default::default());
+    let worker = rig.start_with(&at_ts, settings).await;
+    wait_until(
+        "the later records",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || at_ts.snapshot().distinct() >= 40,
+    )
+    .await;
+    worker.shutdown().await.unwrap();
+    for k in 0..4 {
+        assert_eq!(
+            at_ts.snapshot().by_key[&format!("key-{k}")],
+            (10..20).collect::<Vec<u64>>()
+        );
+    }
+
+    // LATEST: nothing already in the stream, only what comes after the start.
+    let mut settings = fast_settings(STREAM, "latest-app");
+    settings.worker.initial_position = InitialPosition::Latest;
+    let latest = ProbeFactory::new(Default::default());
+    let worker = rig.start_with(&latest, settings).await;
+    let table = rig.dynamo.lease_table("latest-app");
+    wait_until(
+        "leases at LATEST",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || latest.snapshot().initialized.len() == 2,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    producer.put_round(&rig.streams, STREAM, 4, 10).await; // key-N:20..29
+    wait_until(
+        "the new records",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || latest.snapshot().distinct() >= 40,
+    )
+    .await;
+    worker.shutdown().await.unwrap();
+    for k in 0..4 {
+        assert_eq!(
+            latest.snapshot().by_key[&format!("key-{k}")],
+            (20..30).collect::<Vec<u64>>()
+        );
+    }
+    assert_eq!(table.scan().await.unwrap().leases.len(), 2);
+}

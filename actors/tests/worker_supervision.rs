@@ -6,7 +6,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreamsConfig};
@@ -67,11 +67,13 @@ async fn a_shard_that_keeps_failing_is_released_cooled_down_and_taken_again() {
     );
 }
 
-/// A lease table whose scans panic once armed: a bug in a core actor's path.
+/// A lease table whose scans panic once armed (`panics_left` times, or for good when
+/// it is `u32::MAX`): a bug in a core actor's path.
 #[derive(Clone)]
 struct PanickyScan {
     inner: MemoryLeaseTable,
     armed: Arc<AtomicBool>,
+    panics_left: Arc<AtomicU32>,
 }
 
 impl LeaseTable for PanickyScan {
@@ -83,7 +85,13 @@ impl LeaseTable for PanickyScan {
     }
     fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
         if self.armed.load(Ordering::SeqCst) {
-            panic!("scan exploded");
+            let left = self.panics_left.load(Ordering::SeqCst);
+            if left > 0 {
+                if left != u32::MAX {
+                    self.panics_left.store(left - 1, Ordering::SeqCst);
+                }
+                panic!("scan exploded");
+            }
         }
         self.inner.scan()
     }
@@ -141,6 +149,7 @@ async fn a_core_actor_that_keeps_failing_stops_the_worker_with_an_error() {
     let table = PanickyScan {
         inner: rig.dynamo.lease_table(APP),
         armed: Arc::new(AtomicBool::new(false)),
+        panics_left: Arc::new(AtomicU32::new(u32::MAX)),
     };
     let for_backend = table.clone();
     let backend = Backend::new(
@@ -182,4 +191,69 @@ async fn a_core_actor_that_keeps_failing_stops_the_worker_with_an_error() {
         worker.status().await,
         Err(WorkerError::Stopped(_))
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let table = PanickyScan {
+        inner: rig.dynamo.lease_table(APP),
+        armed: Arc::new(AtomicBool::new(false)),
+        panics_left: Arc::new(AtomicU32::new(1)),
+    };
+    let for_backend = table.clone();
+    let backend = Backend::new(
+        Arc::new(rig.streams.clone()),
+        move |_| Arc::new(for_backend.clone()),
+        Arc::new(rig.metrics.clone()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let f = probes.clone();
+    let worker = Worker::builder()
+        .settings(fast_settings(STREAM, APP))
+        .backend(backend)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 5, 5).await;
+    let seen = probes.seen.clone();
+    wait_until(
+        "records",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || seen.lock().unwrap().distinct() >= 25,
+    )
+    .await;
+    table.armed.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    producer.put_round(&rig.streams, STREAM, 5, 5).await;
+    wait_until(
+        "records after the restart",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || seen.lock().unwrap().distinct() >= 50,
+    )
+    .await;
+    let status = worker.status().await.unwrap();
+    assert!(
+        status.core.iter().all(|c| c.restarts == 1),
+        "{:?}",
+        status.core
+    );
+    assert_eq!(
+        status.shards.len(),
+        2,
+        "leases taken again: {:#?}",
+        status.shards
+    );
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let verdict = probes.snapshot().verdict(&producer.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
 }
