@@ -257,3 +257,65 @@ async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
         "{verdict:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start(&probes).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 3, 10).await;
+    wait_until(
+        "records",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || probes.snapshot().distinct() >= 30,
+    )
+    .await;
+
+    // Another worker takes the lease (fenced on what it read) and keeps heartbeating.
+    let table = rig.table();
+    let shard = rig.shards().await[0].id.clone();
+    let key: LeaseKey = (&shard).into();
+    let lease = table.get(&key).await.unwrap().unwrap();
+    let thief = WorkerId::new("thief");
+    let stolen = table.take(&key, &lease.fence(), &thief).await.unwrap();
+    for _ in 0..10 {
+        table.heartbeat(&thief).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        probes.snapshot().lease_lost,
+        vec![shard.clone()],
+        "the processor was told"
+    );
+    let status = worker.status().await.unwrap();
+    assert!(status.shards.is_empty(), "{:#?}", status.shards);
+    // Records put now are not read by this worker while the thief lives.
+    producer.put_round(&rig.streams, STREAM, 3, 10).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(probes.snapshot().distinct(), 30);
+    let row = table.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (row.owner.as_ref(), row.counter),
+        (Some(&thief), stolen.counter),
+        "nothing overwrote the thief's lease"
+    );
+
+    // The thief stops heartbeating: after the failover time the lease comes back.
+    wait_until(
+        "the lease back",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || probes.snapshot().distinct() >= 60,
+    )
+    .await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let verdict = probes.snapshot().verdict(&producer.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
+}
