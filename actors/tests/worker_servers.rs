@@ -203,6 +203,109 @@ mod scenarios {
     }
 }
 
+mod more_scenarios {
+    use super::*;
+    use bytes::Bytes;
+    use flotilla_actors::backend::PutRecord;
+    use flotilla_actors::kpl::{UserRecord, aggregate};
+
+    pub async fn special_records_arrive_intact(kinesis: String, dynamodb: String) {
+        let env = Env::new(kinesis, dynamodb, 1).await;
+        let users: Vec<UserRecord> = (0..10)
+            .map(|i| UserRecord {
+                partition_key: "agg".to_owned(),
+                explicit_hash_key: None,
+                data: Bytes::from(format!("agg:{i}")),
+            })
+            .collect();
+        let good = aggregate(&users);
+        let mut bad = good.to_vec();
+        let last = bad.len() - 1;
+        bad[last] ^= 0xff;
+        let records = vec![
+            PutRecord {
+                partition_key: "big".into(),
+                explicit_hash_key: None,
+                data: Bytes::from(vec![0xffu8; 1_000_000]),
+            },
+            PutRecord {
+                partition_key: "bin".into(),
+                explicit_hash_key: None,
+                data: Bytes::from_static(&[0xc3, 0x28]),
+            },
+            PutRecord {
+                partition_key: "agg".into(),
+                explicit_hash_key: None,
+                data: good,
+            },
+            PutRecord {
+                partition_key: "agg-bad".into(),
+                explicit_hash_key: None,
+                data: Bytes::from(bad.clone()),
+            },
+        ];
+        for record in &records {
+            env.kinesis
+                .put_records(&env.stream, std::slice::from_ref(record))
+                .await
+                .unwrap();
+        }
+        let probes = ProbeFactory::new(Misbehave::default());
+        let worker = env.start(&probes).await;
+        wait_until(
+            "the records",
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || probes.snapshot().deliveries >= 13,
+        )
+        .await;
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+        let seen = probes.snapshot();
+        assert_eq!(seen.by_key["agg"], (0..10).collect::<Vec<u64>>());
+        let mut other = seen.other.clone();
+        other.sort();
+        assert_eq!(
+            other,
+            vec![
+                ("agg-bad".to_owned(), bad.len()),
+                ("big".to_owned(), 1_000_000),
+                ("bin".to_owned(), 2)
+            ]
+        );
+    }
+
+    pub async fn a_failing_processor_restarts_from_the_checkpoint(
+        kinesis: String,
+        dynamodb: String,
+    ) {
+        let env = Env::new(kinesis, dynamodb, 2).await;
+        let probes = ProbeFactory::new(Misbehave {
+            fail_on: Some(("key-1:30".to_owned(), 2)),
+            panic_on: Some("key-4:40".to_owned()),
+            stall_on: None,
+        });
+        let worker = env.start(&probes).await;
+        let mut producer = Producer::default();
+        producer.put_round(&env.kinesis, &env.stream, 6, 60).await;
+        wait_all(&probes, producer.total()).await;
+        let status = worker.status().await.unwrap();
+        assert!(
+            status.shard_restarts >= 3,
+            "restarts: {}",
+            status.shard_restarts
+        );
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+        let verdict = probes.snapshot().verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+}
+
 macro_rules! tier {
     ($tier:ident, $(#[$attr:meta])* start: $start:expr) => {
         $(#[$attr])*
@@ -213,6 +316,19 @@ macro_rules! tier {
             async fn consumes_a_resharded_stream_in_order() {
                 let (kinesis, dynamodb) = $start;
                 scenarios::consumes_a_resharded_stream_in_order(kinesis, dynamodb).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn special_records_arrive_intact() {
+                let (kinesis, dynamodb) = $start;
+                more_scenarios::special_records_arrive_intact(kinesis, dynamodb).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_failing_processor_restarts_from_the_checkpoint() {
+                let (kinesis, dynamodb) = $start;
+                more_scenarios::a_failing_processor_restarts_from_the_checkpoint(kinesis, dynamodb)
+                    .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
