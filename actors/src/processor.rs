@@ -10,11 +10,13 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::backend::Record;
+use crate::lease_keeper::Liveness;
 use crate::model::{BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId};
 use crate::settings::CheckpointMode;
 use crate::shard_reader::{Acks, ReaderMsg};
@@ -378,12 +380,22 @@ pub(crate) struct HostArgs {
     pub processor: BoxedProcessor,
     pub mode: CheckpointMode,
     pub revoked: Arc<AtomicBool>,
+    pub fence: HostFence,
+}
+
+/// When the host may hand a batch to its processor: while this worker's heartbeat was
+/// confirmed within `fresh_for` (failover time minus the fence margin).
+pub(crate) struct HostFence {
+    pub liveness: Liveness,
+    pub fresh_for: Duration,
+    pub recheck: Duration,
 }
 
 pub(crate) struct HostState {
     processor: BoxedProcessor,
     mode: CheckpointMode,
     revoked: Arc<AtomicBool>,
+    fence: HostFence,
     finished: bool,
 }
 
@@ -401,6 +413,7 @@ impl Actor for ProcessorHost {
             processor: args.processor,
             mode: args.mode,
             revoked: args.revoked,
+            fence: args.fence,
             finished: false,
         })
     }
@@ -421,6 +434,16 @@ impl Actor for ProcessorHost {
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
             ProcessorMsg::Process(batch, checkpointer) => {
+                // Batches already queued here when the heartbeat went stale must wait
+                // too (self-fencing): another worker may take the lease once the
+                // failover time passes. Blocking the mailbox is the point; revocation
+                // is seen through the shared flag, not a message.
+                while !state.fence.liveness.confirmed_within(state.fence.fresh_for) {
+                    if state.revoked.load(Ordering::Acquire) {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(state.fence.recheck).await;
+                }
                 if state.finished || state.revoked.load(Ordering::Acquire) {
                     return Ok(());
                 }

@@ -30,8 +30,8 @@ use crate::model::{
     Watermark,
 };
 use crate::processor::{
-    AckToken, Batch, CheckpointError, Checkpointer, HostArgs, ProcessorHost, ProcessorMsg,
-    ShardInfo,
+    AckToken, Batch, CheckpointError, Checkpointer, HostArgs, HostFence, ProcessorHost,
+    ProcessorMsg, ShardInfo,
 };
 use crate::settings::{CheckpointMode, Settings};
 use crate::status::{ShardState, ShardStatus};
@@ -400,6 +400,11 @@ impl ReaderState {
                         processor,
                         mode: self.mode,
                         revoked: self.revoked.clone(),
+                        fence: HostFence {
+                            liveness: self.args.liveness.clone(),
+                            fresh_for: self.fresh_for(),
+                            recheck: self.settings().reader.poll_interval,
+                        },
                     },
                     myself.get_cell(),
                 )
@@ -469,9 +474,13 @@ impl ReaderState {
 
     /// Whether this worker's ownership is confirmed recently enough to keep delivering.
     fn ownership_fresh(&self) -> bool {
+        self.args.liveness.confirmed_within(self.fresh_for())
+    }
+
+    /// How long after the last confirmed heartbeat this worker may still deliver.
+    fn fresh_for(&self) -> Duration {
         let lease = &self.settings().lease;
-        let limit = lease.failover_time.saturating_sub(lease.fence_margin);
-        self.args.liveness.confirmed_within(limit)
+        lease.failover_time.saturating_sub(lease.fence_margin)
     }
 
     async fn fetch(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {

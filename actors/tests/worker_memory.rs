@@ -108,6 +108,7 @@ async fn failing_and_panicking_processors_restart_from_the_checkpoint() {
         fail_on: Some(("key-3:50".to_owned(), 2)),
         panic_on: Some("key-6:70".to_owned()),
         stall_on: None,
+        slow: None,
     });
     let worker = rig.start(&probes).await;
     let mut producer = Producer::default();
@@ -687,4 +688,63 @@ async fn a_stalled_processor_is_restarted() {
         (0, 0),
         "{verdict:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn batches_already_queued_wait_while_the_worker_is_fenced() {
+    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
+    use std::sync::Arc;
+
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
+    let for_backend = table.clone();
+    let backend = Backend::new(
+        Arc::new(rig.streams.clone()),
+        move |_| Arc::new(for_backend.clone()),
+        Arc::new(rig.metrics.clone()),
+    );
+    // A slow processor with a deep window: many batches wait in its mailbox.
+    let probes = ProbeFactory::new(Misbehave {
+        slow: Some(Duration::from_secs(1)),
+        ..Misbehave::default()
+    });
+    let f = probes.clone();
+    let mut settings = fast_settings(STREAM, APP);
+    settings.reader.max_records = 10;
+    let fenced_after = settings.lease.failover_time - settings.lease.fence_margin;
+    let worker = Worker::builder()
+        .settings(settings)
+        .backend(backend)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 1, 200).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = worker.status().await.unwrap();
+    assert!(
+        status.shards[0].in_flight_records >= 100,
+        "{:#?}",
+        status.shards
+    );
+
+    let mut outage = FaultPlan::seeded(2);
+    outage.throttle = 1.0;
+    outage.only_ops = vec!["heartbeat"];
+    table.set_plan(outage);
+    tokio::time::sleep(fenced_after + Duration::from_secs(2)).await;
+    let fenced_at = probes.snapshot().deliveries;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        probes.snapshot().deliveries,
+        fenced_at,
+        "queued batches waited"
+    );
+    assert!(fenced_at < 200);
+
+    table.set_plan(FaultPlan::seeded(3));
+    wait_all(&probes, producer.total()).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
 }

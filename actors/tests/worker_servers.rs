@@ -284,6 +284,8 @@ mod more_scenarios {
             fail_on: Some(("key-1:30".to_owned(), 2)),
             panic_on: Some("key-4:40".to_owned()),
             stall_on: None,
+            slow: None,
+            slow: None,
         });
         let worker = env.start(&probes).await;
         let mut producer = Producer::default();

@@ -111,6 +111,8 @@ pub struct Misbehave {
     pub panic_on: Option<String>,
     /// Hang (an hour) once when it meets this record.
     pub stall_on: Option<String>,
+    /// Take this long over every batch.
+    pub slow: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -176,6 +178,9 @@ impl Processor for Probe {
     }
 
     async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        if let Some(pause) = self.misbehave.slow {
+            tokio::time::sleep(pause).await;
+        }
         // Check the tripwires first: a failed batch must count as not processed.
         for record in batch.records() {
             let text = std::str::from_utf8(&record.data).unwrap_or("");
