@@ -285,7 +285,6 @@ mod more_scenarios {
             panic_on: Some("key-4:40".to_owned()),
             stall_on: None,
             slow: None,
-            slow: None,
         });
         let worker = env.start(&probes).await;
         let mut producer = Producer::default();
