@@ -8,12 +8,15 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use flotilla_actors::backend::faults::{FaultPlan, Faulty};
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
-use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin, StreamClient};
+use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin};
 use flotilla_actors::model::{Checkpoint, Shard, ShardId};
 use flotilla_actors::{Backend, Worker};
-use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
-use support::rig::{APP, Rig, STREAM};
+use support::probe::{
+    Misbehave, ProbeFactory, Producer, aggregate_of_ten, fast_settings, special_records, wait_until,
+};
+use support::rig::{APP, Rig, STREAM, heartbeat_outage};
 
 fn open(shards: &[Shard]) -> Vec<Shard> {
     let mut open: Vec<Shard> = shards.iter().filter(|s| s.is_open()).cloned().collect();
@@ -21,16 +24,8 @@ fn open(shards: &[Shard]) -> Vec<Shard> {
     open
 }
 
-async fn wait_all(probes: &ProbeFactory, total: u64) {
-    let seen = probes.seen.clone();
-    wait_until(
-        "every record",
-        Duration::from_secs(600),
-        Duration::from_millis(100),
-        || seen.lock().unwrap().distinct() >= total,
-    )
-    .await;
-}
+/// How long a paused-time test waits for records (virtual time: it costs nothing).
+const PATIENCE: Duration = Duration::from_secs(600);
 
 #[tokio::test(start_paused = true)]
 async fn every_record_in_order_across_a_split_and_a_merge() {
@@ -65,7 +60,7 @@ async fn every_record_in_order_across_a_split_and_a_merge() {
     producer.put_round(&rig.streams, STREAM, 500, 20).await;
     assert_eq!(producer.total(), 50_000);
 
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 
@@ -113,7 +108,7 @@ async fn failing_and_panicking_processors_restart_from_the_checkpoint() {
     let worker = rig.start(&probes).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 10, 100).await;
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
     let status = worker.status().await.unwrap();
     assert!(
         status.shard_restarts >= 3,
@@ -124,12 +119,7 @@ async fn failing_and_panicking_processors_restart_from_the_checkpoint() {
     assert!(restarts >= 3, "{:#?}", status.shards);
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let verdict = probes.seen.lock().unwrap().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
     let seqs = &probes.seen.lock().unwrap().by_key["key-3"];
     assert!(
         seqs.contains(&50),
@@ -144,7 +134,7 @@ async fn a_crashed_worker_is_replaced_from_its_checkpoints() {
     let worker_a = rig.start(&probes_a).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 50, 100).await;
-    wait_all(&probes_a, producer.total()).await;
+    probes_a.wait_distinct(producer.total(), PATIENCE).await;
     // More records, then crash before the next checkpoint write can cover them all.
     producer.put_round(&rig.streams, STREAM, 50, 20).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -159,18 +149,7 @@ async fn a_crashed_worker_is_replaced_from_its_checkpoints() {
             Checkpoint::At(at) => IteratorPosition::AfterSequence(at.sequence),
             _ => IteratorPosition::TrimHorizon,
         };
-        let it = rig
-            .streams
-            .get_shard_iterator(STREAM, &shard.id, &position)
-            .await
-            .unwrap();
-        after_checkpoints += rig
-            .streams
-            .get_records(&it, 10_000)
-            .await
-            .unwrap()
-            .records
-            .len() as u64;
+        after_checkpoints += rig.records_from(&shard.id, &position).await.len() as u64;
     }
 
     let probes_b = ProbeFactory::new(Misbehave::default());
@@ -234,7 +213,7 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
     let worker = rig.start(&probes).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 40, 50).await;
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
     assert_eq!(report.leases.released.len(), 4);
@@ -249,21 +228,8 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
     for shard in rig.shards().await {
         let lease = table.get(&(&shard.id).into()).await.unwrap().unwrap();
         assert_eq!(lease.owner, None, "{} released", shard.id);
-        let it = rig
-            .streams
-            .get_shard_iterator(STREAM, &shard.id, &IteratorPosition::TrimHorizon)
-            .await
-            .unwrap();
-        let last = rig
-            .streams
-            .get_records(&it, 10_000)
-            .await
-            .unwrap()
-            .records
-            .last()
-            .unwrap()
-            .sequence_number
-            .clone();
+        let records = rig.records(&shard.id).await;
+        let last = records.last().unwrap().sequence_number.clone();
         match lease.checkpoint {
             Checkpoint::At(at) => {
                 assert_eq!(at.sequence, last, "{} flushed to its last record", shard.id)
@@ -280,7 +246,6 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
 
 #[tokio::test(start_paused = true)]
 async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
-    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
     use std::sync::Arc;
 
     // Iterators expire faster than the idle pause between polls of a caught-up shard.
@@ -300,7 +265,8 @@ async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
     table_plan.throttle = 0.05;
     table_plan.transient = 0.05;
     table_plan.lost_response = 0.02;
-    let faulty_table = Faulty::new(rig.dynamo.lease_table(APP), table_plan);
+    let faulty_table = rig.faulty_table();
+    faulty_table.set_plan(table_plan);
     let table_for_backend = faulty_table.clone();
     let backend = Backend::new(
         Arc::new(faulty_streams.clone()),
@@ -308,28 +274,18 @@ async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
         Arc::new(rig.metrics.clone()),
     );
     let probes = ProbeFactory::new(Misbehave::default());
-    let f = probes.clone();
-    let worker = Worker::builder()
-        .settings(fast_settings(STREAM, APP))
-        .backend(backend)
-        .processor(move |shard| f.make(shard))
-        .start()
-        .await
-        .unwrap();
+    let worker = rig
+        .start_on(backend, &probes, fast_settings(STREAM, APP))
+        .await;
     let mut producer = Producer::default();
     for _ in 0..4 {
         producer.put_round(&rig.streams, STREAM, 50, 20).await;
-        wait_all(&probes, producer.total()).await;
+        probes.wait_distinct(producer.total(), PATIENCE).await;
         // Idle long enough for every iterator to expire.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let report = worker.shutdown().await.unwrap();
-    let verdict = probes.seen.lock().unwrap().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
     let injected = faulty_streams.injected();
     assert!(
         injected.iter().any(|(op, _)| *op == "GetRecords"),
@@ -346,44 +302,8 @@ async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn large_binary_and_aggregated_records_arrive_intact() {
-    use bytes::Bytes;
-    use flotilla_actors::backend::PutRecord;
-    use flotilla_actors::kpl::{UserRecord, aggregate};
-
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
-    let users: Vec<UserRecord> = (0..10)
-        .map(|i| UserRecord {
-            partition_key: "agg".to_owned(),
-            explicit_hash_key: None,
-            data: Bytes::from(format!("agg:{i}")),
-        })
-        .collect();
-    let good = aggregate(&users);
-    let mut bad = good.to_vec();
-    let last = bad.len() - 1;
-    bad[last] ^= 0xff;
-    let records = vec![
-        PutRecord {
-            partition_key: "big".into(),
-            explicit_hash_key: None,
-            data: Bytes::from(vec![0xffu8; 1_000_000]),
-        },
-        PutRecord {
-            partition_key: "bin".into(),
-            explicit_hash_key: None,
-            data: Bytes::from_static(&[0xc3, 0x28]),
-        },
-        PutRecord {
-            partition_key: "agg".into(),
-            explicit_hash_key: None,
-            data: good,
-        },
-        PutRecord {
-            partition_key: "agg-bad".into(),
-            explicit_hash_key: None,
-            data: Bytes::from(bad.clone()),
-        },
-    ];
+    let (records, expected_other) = special_records();
     rig.streams.put_records(STREAM, &records).await.unwrap();
     let probes = ProbeFactory::new(Misbehave::default());
     let worker = rig.start(&probes).await;
@@ -400,31 +320,15 @@ async fn large_binary_and_aggregated_records_arrive_intact() {
     assert_eq!(seen.by_key["agg"], (0..10).collect::<Vec<u64>>());
     let mut other = seen.other.clone();
     other.sort();
-    assert_eq!(
-        other,
-        vec![
-            ("agg-bad".to_owned(), bad.len()),
-            ("big".to_owned(), 1_000_000),
-            ("bin".to_owned(), 2)
-        ]
-    );
+    assert_eq!(other, expected_other);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_checkpoint_inside_an_aggregate_resumes_at_the_next_user_record() {
-    use bytes::Bytes;
     use flotilla_actors::backend::PutRecord;
-    use flotilla_actors::kpl::{UserRecord, aggregate};
     use flotilla_actors::model::{ExtendedSequenceNumber, Lease};
 
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
-    let users: Vec<UserRecord> = (0..10)
-        .map(|i| UserRecord {
-            partition_key: "agg".to_owned(),
-            explicit_hash_key: None,
-            data: Bytes::from(format!("agg:{i}")),
-        })
-        .collect();
     let put = rig
         .streams
         .put_records(
@@ -432,7 +336,7 @@ async fn a_checkpoint_inside_an_aggregate_resumes_at_the_next_user_record() {
             &[PutRecord {
                 partition_key: "agg".into(),
                 explicit_hash_key: None,
-                data: aggregate(&users),
+                data: aggregate_of_ten(),
             }],
         )
         .await
@@ -578,21 +482,8 @@ mod watermark {
         assert!(report.clean(), "{report:#?}");
         // After the held acks arrive at shutdown, each shard's checkpoint is its last record.
         for shard in rig.shards().await {
-            let it = rig
-                .streams
-                .get_shard_iterator(STREAM, &shard.id, &IteratorPosition::TrimHorizon)
-                .await
-                .unwrap();
-            let last = rig
-                .streams
-                .get_records(&it, 10_000)
-                .await
-                .unwrap()
-                .records
-                .last()
-                .unwrap()
-                .sequence_number
-                .clone();
+            let records = rig.records(&shard.id).await;
+            let last = records.last().unwrap().sequence_number.clone();
             let lease = table.get(&(&shard.id).into()).await.unwrap().unwrap();
             assert_eq!(
                 lease.checkpoint,
@@ -605,37 +496,20 @@ mod watermark {
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_cannot_heartbeat_stops_delivering_until_it_can() {
     use flotilla_actors::ShardState;
-    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
-    use std::sync::Arc;
 
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
-    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
-    let for_backend = table.clone();
-    let backend = Backend::new(
-        Arc::new(rig.streams.clone()),
-        move |_| Arc::new(for_backend.clone()),
-        Arc::new(rig.metrics.clone()),
-    );
+    let table = rig.faulty_table();
+    let backend = rig.backend_with_table(table.clone());
     let probes = ProbeFactory::new(Misbehave::default());
-    let f = probes.clone();
     let settings = fast_settings(STREAM, APP);
     let fenced_after = settings.lease.failover_time - settings.lease.fence_margin;
-    let worker = Worker::builder()
-        .settings(settings)
-        .backend(backend)
-        .processor(move |shard| f.make(shard))
-        .start()
-        .await
-        .unwrap();
+    let worker = rig.start_on(backend, &probes, settings).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 10, 10).await;
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
 
     // DynamoDB refuses every heartbeat from now on.
-    let mut outage = FaultPlan::seeded(2);
-    outage.throttle = 1.0;
-    outage.only_ops = vec!["heartbeat"];
-    table.set_plan(outage);
+    table.set_plan(heartbeat_outage());
     tokio::time::sleep(fenced_after + Duration::from_secs(1)).await;
     let before = probes.snapshot().deliveries;
     producer.put_round(&rig.streams, STREAM, 10, 10).await;
@@ -654,15 +528,10 @@ async fn a_worker_that_cannot_heartbeat_stops_delivering_until_it_can() {
 
     // Heartbeats succeed again: delivery resumes, nothing lost.
     table.set_plan(FaultPlan::seeded(3));
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let verdict = probes.snapshot().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
 }
 
 #[tokio::test(start_paused = true)]
@@ -677,48 +546,28 @@ async fn a_stalled_processor_is_restarted() {
     let worker = rig.start_with(&probes, settings).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 5, 10).await;
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
     let status = worker.status().await.unwrap();
     assert_eq!(status.shard_restarts, 1, "{:#?}", status.shards);
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let verdict = probes.snapshot().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
 }
 
 #[tokio::test(start_paused = true)]
 async fn batches_already_queued_wait_while_the_worker_is_fenced() {
-    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
-    use std::sync::Arc;
-
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
-    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
-    let for_backend = table.clone();
-    let backend = Backend::new(
-        Arc::new(rig.streams.clone()),
-        move |_| Arc::new(for_backend.clone()),
-        Arc::new(rig.metrics.clone()),
-    );
+    let table = rig.faulty_table();
+    let backend = rig.backend_with_table(table.clone());
     // A slow processor with a deep window: many batches wait in its mailbox.
     let probes = ProbeFactory::new(Misbehave {
         slow: Some(Duration::from_secs(1)),
         ..Misbehave::default()
     });
-    let f = probes.clone();
     let mut settings = fast_settings(STREAM, APP);
     settings.reader.max_records = 10;
     let fenced_after = settings.lease.failover_time - settings.lease.fence_margin;
-    let worker = Worker::builder()
-        .settings(settings)
-        .backend(backend)
-        .processor(move |shard| f.make(shard))
-        .start()
-        .await
-        .unwrap();
+    let worker = rig.start_on(backend, &probes, settings).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 1, 200).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -729,10 +578,7 @@ async fn batches_already_queued_wait_while_the_worker_is_fenced() {
         status.shards
     );
 
-    let mut outage = FaultPlan::seeded(2);
-    outage.throttle = 1.0;
-    outage.only_ops = vec!["heartbeat"];
-    table.set_plan(outage);
+    table.set_plan(heartbeat_outage());
     tokio::time::sleep(fenced_after + Duration::from_secs(2)).await;
     let fenced_at = probes.snapshot().deliveries;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -744,7 +590,7 @@ async fn batches_already_queued_wait_while_the_worker_is_fenced() {
     assert!(fenced_at < 200);
 
     table.set_plan(FaultPlan::seeded(3));
-    wait_all(&probes, producer.total()).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 }

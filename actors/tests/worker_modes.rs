@@ -13,8 +13,8 @@ use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::model::{Checkpoint, ExtendedSequenceNumber, SequenceNumber};
 use flotilla_actors::{
-    AckToken, Batch, CheckpointError, CheckpointMode, Checkpointer, Processor, ProcessorError,
-    ProcessorMsg, Record, Worker,
+    AckToken, Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, ProcessorMsg, Record,
+    Worker,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use support::probe::{ProbeFactory, Producer, fast_settings, wait_until};
@@ -112,8 +112,8 @@ impl Processor for ManualAt54 {
     async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
         let beyond = ExtendedSequenceNumber::new(SequenceNumber::parse(&"9".repeat(60))?, 0);
         if let Err(e) = cp.checkpoint(beyond).await {
+            // Checked by the test (a panic here would only restart the shard).
             self.refused.lock().unwrap().push(e.to_string());
-            assert!(matches!(e, CheckpointError::BeyondDelivered { .. }));
         }
         if let Some(record) = batch.records().iter().find(|r| &r.data[..] == b"key-0:54") {
             cp.checkpoint_record(record).await?;
@@ -163,13 +163,7 @@ async fn manual_checkpoints_are_where_the_processor_puts_them() {
     // The next worker starts right after it.
     let probes = ProbeFactory::new(Default::default());
     let next = rig.start(&probes).await;
-    wait_until(
-        "the rest",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || probes.snapshot().distinct() >= 45,
-    )
-    .await;
+    probes.wait_distinct(45, Duration::from_secs(120)).await;
     next.shutdown().await.unwrap();
     assert_eq!(
         probes.snapshot().by_key["key-0"],
@@ -182,15 +176,9 @@ async fn manual_checkpoints_are_where_the_processor_puts_them() {
     );
 }
 
+/// Every record of the rig's only shard.
 async fn read_all(rig: &Rig) -> Vec<Record> {
-    use flotilla_actors::backend::{IteratorPosition, StreamClient};
-    let shard = rig.shards().await[0].id.clone();
-    let it = rig
-        .streams
-        .get_shard_iterator(STREAM, &shard, &IteratorPosition::TrimHorizon)
-        .await
-        .unwrap();
-    rig.streams.get_records(&it, 10_000).await.unwrap().records
+    rig.records(&rig.shards().await[0].id).await
 }
 
 /// Watermark mode, acking nothing by itself: the test acks from outside.
@@ -343,13 +331,7 @@ async fn latest_starts_at_the_tip_and_at_timestamp_at_the_instant() {
     settings.worker.initial_timestamp = Some(humantime::format_rfc3339_millis(instant).to_string());
     let at_ts = ProbeFactory::new(Default::default());
     let worker = rig.start_with(&at_ts, settings).await;
-    wait_until(
-        "the later records",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || at_ts.snapshot().distinct() >= 40,
-    )
-    .await;
+    at_ts.wait_distinct(40, Duration::from_secs(60)).await;
     worker.shutdown().await.unwrap();
     for k in 0..4 {
         assert_eq!(
@@ -373,13 +355,7 @@ async fn latest_starts_at_the_tip_and_at_timestamp_at_the_instant() {
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     producer.put_round(&rig.streams, STREAM, 4, 10).await; // key-N:20..29
-    wait_until(
-        "the new records",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || latest.snapshot().distinct() >= 40,
-    )
-    .await;
+    latest.wait_distinct(40, Duration::from_secs(60)).await;
     worker.shutdown().await.unwrap();
     for k in 0..4 {
         assert_eq!(

@@ -84,16 +84,8 @@ impl Env {
     }
 }
 
-async fn wait_all(probes: &ProbeFactory, total: u64) {
-    let seen = probes.seen.clone();
-    wait_until(
-        "every record",
-        Duration::from_secs(180),
-        Duration::from_millis(200),
-        || seen.lock().unwrap().distinct() >= total,
-    )
-    .await;
-}
+/// How long a real-time test waits for records.
+const PATIENCE: Duration = Duration::from_secs(180);
 
 mod scenarios {
     use super::*;
@@ -119,16 +111,11 @@ mod scenarios {
             .unwrap();
         producer.put_round(&env.kinesis, &env.stream, 50, 10).await;
 
-        wait_all(&probes, producer.total()).await;
+        probes.wait_distinct(producer.total(), PATIENCE).await;
         let report = worker.shutdown().await.unwrap();
         assert!(report.clean(), "{report:#?}");
+        probes.assert_nothing_lost(&producer);
         let seen = probes.snapshot();
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
         let table = env.table();
         for id in [first.id.clone(), a.id.clone(), b.id.clone()] {
             let lease = table.get(&(&id).into()).await.unwrap().unwrap();
@@ -143,7 +130,7 @@ mod scenarios {
         let worker_a = env.start(&probes_a).await;
         let mut producer = Producer::default();
         producer.put_round(&env.kinesis, &env.stream, 20, 20).await;
-        wait_all(&probes_a, producer.total()).await;
+        probes_a.wait_distinct(producer.total(), PATIENCE).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         worker_a.abort();
         producer.put_round(&env.kinesis, &env.stream, 20, 10).await;
@@ -205,45 +192,11 @@ mod scenarios {
 
 mod more_scenarios {
     use super::*;
-    use bytes::Bytes;
-    use flotilla_actors::backend::PutRecord;
-    use flotilla_actors::kpl::{UserRecord, aggregate};
+    use support::probe::special_records;
 
     pub async fn special_records_arrive_intact(kinesis: String, dynamodb: String) {
         let env = Env::new(kinesis, dynamodb, 1).await;
-        let users: Vec<UserRecord> = (0..10)
-            .map(|i| UserRecord {
-                partition_key: "agg".to_owned(),
-                explicit_hash_key: None,
-                data: Bytes::from(format!("agg:{i}")),
-            })
-            .collect();
-        let good = aggregate(&users);
-        let mut bad = good.to_vec();
-        let last = bad.len() - 1;
-        bad[last] ^= 0xff;
-        let records = vec![
-            PutRecord {
-                partition_key: "big".into(),
-                explicit_hash_key: None,
-                data: Bytes::from(vec![0xffu8; 1_000_000]),
-            },
-            PutRecord {
-                partition_key: "bin".into(),
-                explicit_hash_key: None,
-                data: Bytes::from_static(&[0xc3, 0x28]),
-            },
-            PutRecord {
-                partition_key: "agg".into(),
-                explicit_hash_key: None,
-                data: good,
-            },
-            PutRecord {
-                partition_key: "agg-bad".into(),
-                explicit_hash_key: None,
-                data: Bytes::from(bad.clone()),
-            },
-        ];
+        let (records, expected_other) = special_records();
         for record in &records {
             env.kinesis
                 .put_records(&env.stream, std::slice::from_ref(record))
@@ -265,14 +218,7 @@ mod more_scenarios {
         assert_eq!(seen.by_key["agg"], (0..10).collect::<Vec<u64>>());
         let mut other = seen.other.clone();
         other.sort();
-        assert_eq!(
-            other,
-            vec![
-                ("agg-bad".to_owned(), bad.len()),
-                ("big".to_owned(), 1_000_000),
-                ("bin".to_owned(), 2)
-            ]
-        );
+        assert_eq!(other, expected_other);
     }
 
     pub async fn a_failing_processor_restarts_from_the_checkpoint(
@@ -289,7 +235,7 @@ mod more_scenarios {
         let worker = env.start(&probes).await;
         let mut producer = Producer::default();
         producer.put_round(&env.kinesis, &env.stream, 6, 60).await;
-        wait_all(&probes, producer.total()).await;
+        probes.wait_distinct(producer.total(), PATIENCE).await;
         let status = worker.status().await.unwrap();
         assert!(
             status.shard_restarts >= 3,
@@ -298,12 +244,7 @@ mod more_scenarios {
         );
         let report = worker.shutdown().await.unwrap();
         assert!(report.clean(), "{report:#?}");
-        let verdict = probes.snapshot().verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(&producer);
     }
 }
 

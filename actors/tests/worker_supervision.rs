@@ -5,16 +5,14 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreamsConfig};
-use flotilla_actors::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
-use flotilla_actors::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId};
-use flotilla_actors::{Backend, Worker, WorkerError};
-use futures::future::BoxFuture;
-use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
+use flotilla_actors::WorkerError;
+use flotilla_actors::backend::LeaseTable;
+use flotilla_actors::backend::faults::{Fault, FaultPlan};
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::model::{LeaseKey, WorkerId};
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM};
 
 #[tokio::test(start_paused = true)]
@@ -53,12 +51,7 @@ async fn a_shard_that_keeps_failing_is_released_cooled_down_and_taken_again() {
     assert!(saw_released, "the lease was released");
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let verdict = probes.snapshot().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
     let lease = table.get(&(&shard).into()).await.unwrap().unwrap();
     assert!(
         lease.counter >= 4,
@@ -67,124 +60,32 @@ async fn a_shard_that_keeps_failing_is_released_cooled_down_and_taken_again() {
     );
 }
 
-/// A lease table whose scans panic once armed (`panics_left` times, or for good when
-/// it is `u32::MAX`): a bug in a core actor's path.
-#[derive(Clone)]
-struct PanickyScan {
-    inner: MemoryLeaseTable,
-    armed: Arc<AtomicBool>,
-    panics_left: Arc<AtomicU32>,
-}
-
-impl LeaseTable for PanickyScan {
-    fn table_name(&self) -> &str {
-        self.inner.table_name()
-    }
-    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
-        self.inner.ensure_table()
-    }
-    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
-        if self.armed.load(Ordering::SeqCst) {
-            let left = self.panics_left.load(Ordering::SeqCst);
-            if left > 0 {
-                if left != u32::MAX {
-                    self.panics_left.store(left - 1, Ordering::SeqCst);
-                }
-                panic!("scan exploded");
-            }
-        }
-        self.inner.scan()
-    }
-    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
-        self.inner.get(key)
-    }
-    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.create_if_absent(lease)
-    }
-    fn take<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        new_owner: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
-        self.inner.take(key, expected, new_owner)
-    }
-    fn release<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        self.inner.release(key, expected)
-    }
-    fn checkpoint<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        checkpoint: &'a Checkpoint,
-        children: &'a [ShardId],
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.checkpoint(key, expected, checkpoint, children)
-    }
-    fn delete<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.delete(key, expected)
-    }
-    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        self.inner.heartbeat(worker)
-    }
-    fn remove_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.remove_heartbeat(worker)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_core_actor_that_keeps_failing_stops_the_worker_with_an_error() {
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
-    let table = PanickyScan {
-        inner: rig.dynamo.lease_table(APP),
-        armed: Arc::new(AtomicBool::new(false)),
-        panics_left: Arc::new(AtomicU32::new(u32::MAX)),
-    };
-    let for_backend = table.clone();
-    let backend = Backend::new(
-        Arc::new(rig.streams.clone()),
-        move |_| Arc::new(for_backend.clone()),
-        Arc::new(rig.metrics.clone()),
-    );
+    let table = rig.faulty_table();
     let probes = ProbeFactory::new(Misbehave::default());
-    let f = probes.clone();
     let mut settings = fast_settings(STREAM, APP);
     settings.supervision.core_max_restarts = 1;
-    let mut worker = Worker::builder()
-        .settings(settings)
-        .backend(backend)
-        .processor(move |shard| f.make(shard))
-        .start()
-        .await
-        .unwrap();
+    let mut worker = rig
+        .start_on(rig.backend_with_table(table.clone()), &probes, settings)
+        .await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
-    let seen = probes.seen.clone();
-    wait_until(
-        "records",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || seen.lock().unwrap().distinct() >= 25,
-    )
-    .await;
+    probes.wait_distinct(25, Duration::from_secs(60)).await;
 
-    table.armed.store(true, Ordering::SeqCst);
+    // Every lease-table scan panics from now on: a bug on the core actors' path.
+    let mut broken = FaultPlan::seeded(2);
+    broken.panic = 1.0;
+    broken.only_ops = vec!["scan"];
+    table.set_plan(broken);
     let ended = tokio::time::timeout(Duration::from_secs(60), worker.wait())
         .await
         .unwrap();
     match ended {
-        Err(WorkerError::Stopped(reason)) => assert!(reason.contains("scan exploded"), "{reason}"),
+        Err(WorkerError::Stopped(reason)) => {
+            assert!(reason.contains("injected panic in scan"), "{reason}")
+        }
         other => panic!("expected the worker to stop with an error, got {other:?}"),
     }
     assert!(matches!(
@@ -196,46 +97,24 @@ async fn a_core_actor_that_keeps_failing_stops_the_worker_with_an_error() {
 #[tokio::test(start_paused = true)]
 async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
-    let table = PanickyScan {
-        inner: rig.dynamo.lease_table(APP),
-        armed: Arc::new(AtomicBool::new(false)),
-        panics_left: Arc::new(AtomicU32::new(1)),
-    };
-    let for_backend = table.clone();
-    let backend = Backend::new(
-        Arc::new(rig.streams.clone()),
-        move |_| Arc::new(for_backend.clone()),
-        Arc::new(rig.metrics.clone()),
-    );
+    let table = rig.faulty_table();
     let probes = ProbeFactory::new(Misbehave::default());
-    let f = probes.clone();
-    let worker = Worker::builder()
-        .settings(fast_settings(STREAM, APP))
-        .backend(backend)
-        .processor(move |shard| f.make(shard))
-        .start()
-        .await
-        .unwrap();
+    let worker = rig
+        .start_on(
+            rig.backend_with_table(table.clone()),
+            &probes,
+            fast_settings(STREAM, APP),
+        )
+        .await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
-    let seen = probes.seen.clone();
-    wait_until(
-        "records",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || seen.lock().unwrap().distinct() >= 25,
-    )
-    .await;
-    table.armed.store(true, Ordering::SeqCst);
+    probes.wait_distinct(25, Duration::from_secs(60)).await;
+    // The next lease-table scan panics, once.
+    let next = table.calls("scan");
+    table.set_plan(FaultPlan::seeded(2).then(Some("scan"), next, Fault::Panic));
     tokio::time::sleep(Duration::from_secs(2)).await;
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
-    wait_until(
-        "records after the restart",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || seen.lock().unwrap().distinct() >= 50,
-    )
-    .await;
+    probes.wait_distinct(50, Duration::from_secs(60)).await;
     let status = worker.status().await.unwrap();
     assert!(
         status.core.iter().all(|c| c.restarts == 1),
@@ -250,12 +129,7 @@ async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
     );
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let verdict = probes.snapshot().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
 }
 
 #[tokio::test(start_paused = true)]
@@ -265,13 +139,7 @@ async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
     let worker = rig.start(&probes).await;
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 3, 10).await;
-    wait_until(
-        "records",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || probes.snapshot().distinct() >= 30,
-    )
-    .await;
+    probes.wait_distinct(30, Duration::from_secs(60)).await;
 
     // Another worker takes the lease (fenced on what it read) and keeps heartbeating.
     let table = rig.table();
@@ -303,19 +171,8 @@ async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
     );
 
     // The thief stops heartbeating: after the failover time the lease comes back.
-    wait_until(
-        "the lease back",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || probes.snapshot().distinct() >= 60,
-    )
-    .await;
+    probes.wait_distinct(60, Duration::from_secs(120)).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let verdict = probes.snapshot().verdict(&producer.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&producer);
 }

@@ -34,6 +34,9 @@ pub enum Fault {
     Latency(Duration),
     /// The call hangs for the plan's `timeout`, then fails as transient, without effect.
     Timeout,
+    /// The call panics, without effect: a bug on the caller's path, which its actor's
+    /// supervisor must survive.
+    Panic,
 }
 
 /// A fault for the `nth` call (counting from 0) of `op` (`None`: any operation).
@@ -45,7 +48,8 @@ pub struct Scheduled {
 }
 
 /// What to inject. Probabilities are per call, drawn in this order: throttle,
-/// transient, lost response, timeout; latency is added to calls that are not refused.
+/// transient, lost response, timeout, panic; latency is added to calls that are not
+/// refused.
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
     pub seed: u64,
@@ -53,6 +57,7 @@ pub struct FaultPlan {
     pub transient: f64,
     pub lost_response: f64,
     pub timeout: f64,
+    pub panic: f64,
     /// How long a timed-out call hangs before failing.
     pub timeout_after: Duration,
     /// A uniformly random delay in this range on every call that runs.
@@ -72,6 +77,7 @@ impl FaultPlan {
             transient: 0.0,
             lost_response: 0.0,
             timeout: 0.0,
+            panic: 0.0,
             timeout_after: Duration::from_secs(10),
             latency: None,
             only_ops: Vec::new(),
@@ -148,6 +154,12 @@ impl<B> Faulty<B> {
         self.lock().injected.clone()
     }
 
+    /// How many calls of `op` have been made so far: the `nth` of the next one, for a
+    /// schedule set with [`Faulty::set_plan`].
+    pub fn calls(&self, op: &'static str) -> u64 {
+        self.lock().calls.get(op).copied().unwrap_or(0)
+    }
+
     /// Replaces the plan (keeping the call counts), e.g. to stop injecting.
     pub fn set_plan(&self, plan: FaultPlan) {
         let mut state = self.lock();
@@ -186,6 +198,8 @@ impl<B> Faulty<B> {
                 Some(Fault::LostResponse)
             } else if draw(plan.timeout) {
                 Some(Fault::Timeout)
+            } else if draw(plan.panic) {
+                Some(Fault::Panic)
             } else {
                 plan.latency.map(|(lo, hi)| {
                     Fault::Latency(if hi > lo {
@@ -229,6 +243,7 @@ impl<B> Faulty<B> {
                 tokio::time::sleep(delay).await;
                 call.await
             }
+            Some(Fault::Panic) => panic!("injected panic in {op}"),
             Some(Fault::Timeout) => {
                 let after = self.timeout_after();
                 tokio::time::sleep(after).await;
@@ -524,6 +539,29 @@ mod tests {
             Err(LeaseError::Throttled { .. })
         ));
         assert_eq!(table.heartbeat(&me).await, Ok(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_scheduled_panic_panics_that_call_only_without_effect() {
+        use futures::FutureExt;
+
+        let db = MemoryDynamo::new();
+        db.create_table("t", "leaseKey", "S");
+        let table = Faulty::new(db.lease_table("t"), FaultPlan::seeded(1));
+        let me = WorkerId::new("w");
+        assert_eq!(table.heartbeat(&me).await, Ok(1));
+        let next = table.calls("heartbeat");
+        table.set_plan(FaultPlan::seeded(2).then(Some("heartbeat"), next, Fault::Panic));
+        let caught = std::panic::AssertUnwindSafe(table.heartbeat(&me))
+            .catch_unwind()
+            .await;
+        assert!(caught.is_err(), "the call panicked");
+        assert_eq!(
+            table.heartbeat(&me).await,
+            Ok(2),
+            "the panicked call had no effect"
+        );
+        assert_eq!(table.injected(), vec![("heartbeat", Fault::Panic)]);
     }
 
     #[tokio::test(start_paused = true)]

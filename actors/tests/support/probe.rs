@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flotilla_actors::backend::{PutRecord, StreamAdmin};
+use flotilla_actors::kpl::{UserRecord, aggregate};
 use flotilla_actors::model::ShardId;
 use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo};
 
@@ -155,6 +156,25 @@ impl ProbeFactory {
     /// A copy of what was seen so far (no lock held across the test's awaits).
     pub fn snapshot(&self) -> Seen {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until `count` distinct records of the producer's keys have been processed.
+    pub async fn wait_distinct(&self, count: u64, limit: Duration) {
+        wait_until("every record", limit, Duration::from_millis(100), || {
+            self.seen.lock().unwrap().distinct() >= count
+        })
+        .await;
+    }
+
+    /// Asserts that every produced record was processed, each key in order.
+    pub fn assert_nothing_lost(&self, producer: &Producer) -> Verdict {
+        let verdict = self.snapshot().verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+        verdict
     }
 
     pub fn make(&self, shard: &ShardInfo) -> Probe {
@@ -318,4 +338,43 @@ pub async fn wait_until(
         }
         tokio::time::sleep(step).await;
     }
+}
+
+/// Records that are not plain text: a 1 MB one, invalid UTF-8, a KPL aggregate of
+/// "agg:0".."agg:9" and a corrupt copy of it (delivered whole, as a plain record). With
+/// the (partition key, length) each of the three non-text ones must arrive with, sorted.
+pub fn special_records() -> (Vec<PutRecord>, Vec<(String, usize)>) {
+    let good = aggregate_of_ten();
+    let mut bad = good.to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    let expected_other = vec![
+        ("agg-bad".to_owned(), bad.len()),
+        ("big".to_owned(), 1_000_000),
+        ("bin".to_owned(), 2),
+    ];
+    let record = |key: &str, data: Bytes| PutRecord {
+        partition_key: key.into(),
+        explicit_hash_key: None,
+        data,
+    };
+    let records = vec![
+        record("big", Bytes::from(vec![0xffu8; 1_000_000])),
+        record("bin", Bytes::from_static(&[0xc3, 0x28])),
+        record("agg", good),
+        record("agg-bad", Bytes::from(bad)),
+    ];
+    (records, expected_other)
+}
+
+/// A KPL aggregate of ten user records "agg:0".."agg:9", partition key "agg".
+pub fn aggregate_of_ten() -> Bytes {
+    let users: Vec<UserRecord> = (0..10)
+        .map(|i| UserRecord {
+            partition_key: "agg".to_owned(),
+            explicit_hash_key: None,
+            data: Bytes::from(format!("agg:{i}")),
+        })
+        .collect();
+    aggregate(&users)
 }

@@ -1,10 +1,13 @@
 //! A memory-backend stream, lease table and metrics sink, and workers started on them.
 
+use std::sync::Arc;
+
+use flotilla_actors::backend::faults::{FaultPlan, Faulty};
 use flotilla_actors::backend::memory::{
-    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
+    MemoryDynamo, MemoryLeaseTable, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
-use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
-use flotilla_actors::model::Shard;
+use flotilla_actors::backend::{IteratorPosition, LeaseTable, Record, StreamAdmin, StreamClient};
+use flotilla_actors::model::{Shard, ShardId};
 use flotilla_actors::{Backend, Settings, Worker};
 
 use super::probe::{ProbeFactory, fast_settings};
@@ -42,14 +45,53 @@ impl Rig {
     }
 
     pub async fn start_with(&self, probes: &ProbeFactory, settings: Settings) -> Worker {
+        self.start_on(self.backend(), probes, settings).await
+    }
+
+    pub async fn start_on(
+        &self,
+        backend: Backend,
+        probes: &ProbeFactory,
+        settings: Settings,
+    ) -> Worker {
         let f = probes.clone();
         Worker::builder()
             .settings(settings)
-            .backend(self.backend())
+            .backend(backend)
             .processor(move |shard| f.make(shard))
             .start()
             .await
             .unwrap()
+    }
+
+    /// The application's lease table behind a fault injector, injecting nothing until
+    /// a plan is set.
+    pub fn faulty_table(&self) -> Faulty<MemoryLeaseTable> {
+        Faulty::new(self.dynamo.lease_table(APP), FaultPlan::seeded(1))
+    }
+
+    /// The memory services, with `table` as the lease table.
+    pub fn backend_with_table<T: LeaseTable + Clone>(&self, table: T) -> Backend {
+        Backend::new(
+            Arc::new(self.streams.clone()),
+            move |_| Arc::new(table.clone()),
+            Arc::new(self.metrics.clone()),
+        )
+    }
+
+    /// Every record of a shard, oldest first.
+    pub async fn records(&self, shard: &ShardId) -> Vec<Record> {
+        self.records_from(shard, &IteratorPosition::TrimHorizon)
+            .await
+    }
+
+    pub async fn records_from(&self, shard: &ShardId, position: &IteratorPosition) -> Vec<Record> {
+        let it = self
+            .streams
+            .get_shard_iterator(STREAM, shard, position)
+            .await
+            .unwrap();
+        self.streams.get_records(&it, 10_000).await.unwrap().records
     }
 
     pub fn table(&self) -> impl LeaseTable {
@@ -59,4 +101,12 @@ impl Rig {
     pub async fn shards(&self) -> Vec<Shard> {
         self.streams.list_shards(STREAM).await.unwrap()
     }
+}
+
+/// Every heartbeat refused as throttled; the other calls go through.
+pub fn heartbeat_outage() -> FaultPlan {
+    let mut outage = FaultPlan::seeded(2);
+    outage.throttle = 1.0;
+    outage.only_ops = vec!["heartbeat"];
+    outage
 }
