@@ -244,8 +244,8 @@ impl WriterState {
                             1.0,
                         )]));
                     if let Some(entry) = self.shards.get_mut(key) {
-                        if entry.pending.as_ref().map(|p| Checkpoint::At(p.clone()))
-                            == Some(checkpoint.clone())
+                        // Written exactly what was pending: nothing newer has come since.
+                        if matches!((&entry.pending, checkpoint), (Some(p), Checkpoint::At(c)) if p == c)
                         {
                             entry.pending = None;
                         }

@@ -41,8 +41,8 @@ pub use backend::Record;
 pub use checkpoint_writer::CheckpointView;
 pub use lease_keeper::{KeeperStatus, ReleaseReport};
 pub use processor::{
-    AckToken, Batch, BoxedProcessor, CheckpointError, Checkpointer, Processor, ProcessorError,
-    ProcessorMsg, ShardInfo,
+    AckToken, Batch, CheckpointError, Checkpointer, Processor, ProcessorError, ProcessorMsg,
+    ShardInfo,
 };
 pub use settings::{CheckpointMode, InitialPosition, MetricsLevel, Settings};
 pub use shard_reader::ShardShutdown;

@@ -357,13 +357,13 @@ pub enum ProcessorMsg {
 }
 
 /// Creates the processor for a shard. Called again after each restart.
-pub type ProcessorFactory = Arc<dyn Fn(&ShardInfo) -> BoxedProcessor + Send + Sync>;
+pub(crate) type ProcessorFactory = Arc<dyn Fn(&ShardInfo) -> BoxedProcessor + Send + Sync>;
 
 /// A user processor behind the object-safe interface.
-pub struct BoxedProcessor(Box<dyn DynProcessor>);
+pub(crate) struct BoxedProcessor(Box<dyn DynProcessor>);
 
 impl BoxedProcessor {
-    pub fn new<P: Processor>(processor: P) -> Self {
+    pub(crate) fn new<P: Processor>(processor: P) -> Self {
         Self(Box::new(processor))
     }
 }

@@ -2,11 +2,11 @@
 //! batches to its processor actor (a child of the reader), tracks acks, and ends the
 //! shard.
 //!
-//! Driven by messages to itself (`Start`, `Acquire`, `Fetch`), never by a loop, so acks,
-//! status requests, lease loss and shutdown are handled between any two calls. The
-//! reader fetches the next batch while the processor works on the previous one, up to
-//! the un-acked window (records and bytes): the window is the backpressure and the
-//! memory budget.
+//! Driven by messages to itself (`Start`, `WaitParents`, `Acquire`, `Fetch`), never by a
+//! loop, so acks, status requests, lease loss and shutdown are handled between any two
+//! calls. The reader fetches the next batch while the processor works on the previous
+//! one, up to the un-acked window (records and bytes): the window is the backpressure
+//! and the memory budget.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -65,6 +65,7 @@ pub struct ShardShutdown {
 #[derive(Debug)]
 pub(crate) enum ReaderMsg {
     Start,
+    WaitParents,
     Acquire,
     Fetch,
     Ack(Acks),
@@ -134,6 +135,8 @@ pub(crate) struct ReaderState {
     processor: Option<ActorRef<ProcessorMsg>>,
     revoked: Arc<AtomicBool>,
     iterator: Option<ShardIterator>,
+    /// Parents not yet seen at SHARD_END.
+    waiting_on: Vec<ShardId>,
     start_position: Option<IteratorPosition>,
     /// After a restart inside an aggregate: records at or before this were processed.
     skip_through: Option<ExtendedSequenceNumber>,
@@ -180,6 +183,7 @@ impl Actor for ShardReader {
             processor: None,
             revoked: Arc::new(AtomicBool::new(false)),
             iterator: None,
+            waiting_on: Vec::new(),
             start_position: None,
             skip_through: None,
             window: AckWindow::new(),
@@ -207,6 +211,7 @@ impl Actor for ShardReader {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ReaderMsg::Start => state.start(&myself).await?,
+            ReaderMsg::WaitParents => state.wait_parents(&myself).await?,
             ReaderMsg::Acquire => state.acquire(&myself).await?,
             ReaderMsg::Fetch => {
                 state.fetch_scheduled = false;
@@ -319,31 +324,47 @@ impl ReaderState {
             myself.stop(Some(STOP_SHARD_END.to_owned()));
             return Ok(());
         }
-        for parent in &lease.parent_shard_ids {
-            match self
-                .args
-                .table
-                .get(&crate::model::LeaseKey::from(parent))
-                .await
-            {
+        self.waiting_on = lease.parent_shard_ids.clone();
+        self.args.lease = lease;
+        let _ = myself.cast(ReaderMsg::WaitParents);
+        Ok(())
+    }
+
+    /// Polls the parents not yet seen finished (only those: the reader's own lease was
+    /// read once, in `start`), then begins reading.
+    async fn wait_parents(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+    ) -> Result<(), ActorProcessingErr> {
+        while let Some(parent) = self.waiting_on.first().cloned() {
+            match self.args.table.get(&LeaseKey::from(&parent)).await {
                 Ok(Some(p)) if !p.checkpoint.is_shard_end() => {
                     if self.phase != Phase::BlockedOnParent {
                         info!(message = "Shard waits for its parent to finish.", shard_id = %self.shard, parent = %parent);
                     }
                     self.phase = Phase::BlockedOnParent;
                     myself.send_after(self.settings().reader.parent_poll_interval, || {
-                        ReaderMsg::Start
+                        ReaderMsg::WaitParents
                     });
                     return Ok(());
                 }
-                Ok(_) => {}
+                // Finished, or its row is gone (cleaned up after it finished).
+                Ok(_) => {
+                    self.waiting_on.remove(0);
+                }
                 Err(error) => {
                     debug!(message = "Parent lease unreadable; retrying.", shard_id = %self.shard, %error);
-                    myself.send_after(self.backoff.next_random(), || ReaderMsg::Start);
+                    myself.send_after(self.backoff.next_random(), || ReaderMsg::WaitParents);
                     return Ok(());
                 }
             }
         }
+        self.begin(myself).await
+    }
+
+    /// Spawns the processor and starts reading from the lease's checkpoint.
+    async fn begin(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
+        let lease = &self.args.lease;
         self.backoff.reset();
         self.checkpoint = Some(lease.checkpoint.clone());
         let (position, skip) = match &lease.checkpoint {
@@ -367,15 +388,14 @@ impl ReaderState {
             ),
             Checkpoint::ShardEnd => return Ok(()),
         };
-        self.start_position = Some(position);
-        self.skip_through = skip;
         let info = ShardInfo {
             shard_id: self.shard.clone(),
             parents: lease.parent_shard_ids.clone(),
             hash_range: lease.hash_range,
             starting_at: lease.checkpoint.clone(),
         };
-        self.args.lease = lease;
+        self.start_position = Some(position);
+        self.skip_through = skip;
         let processor = self.spawn_processor(myself, &info).await?;
         processor.cast(ProcessorMsg::Initialize(info))?;
         self.processor = Some(processor);

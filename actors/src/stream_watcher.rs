@@ -50,7 +50,6 @@ pub(crate) struct WatcherArgs {
 
 pub(crate) struct WatcherState {
     args: WatcherArgs,
-    graph: ShardGraph,
     status: WatcherStatus,
     backoff: Backoff,
 }
@@ -68,7 +67,6 @@ impl Actor for StreamWatcher {
         let _ = myself.cast(WatcherMsg::Sync);
         Ok(WatcherState {
             args,
-            graph: ShardGraph::new([]),
             status: WatcherStatus::default(),
             backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
         })
@@ -95,32 +93,14 @@ impl Actor for StreamWatcher {
                 };
                 myself.send_after(next, || WatcherMsg::Sync);
             }
-            WatcherMsg::ChildrenFound(Some(children)) => {
-                let mut created = 0;
-                for child in children {
-                    let lease = Lease::new(
-                        &child.id,
-                        Checkpoint::TrimHorizon,
-                        child.parents.clone(),
-                        Some(child.hash_range),
-                    );
-                    match state.args.table.create_if_absent(&lease).await {
-                        Ok(true) => created += 1,
-                        Ok(false) => {}
-                        Err(error) => {
-                            warn!(message = "Child lease not created; listing instead.", shard_id = %child.id, %error);
-                            let _ = myself.cast(WatcherMsg::Sync);
-                        }
-                    }
-                }
-                state.status.leases_created += created;
-                if created > 0 {
-                    let _ = state.args.keeper.cast(KeeperMsg::ScanNow);
-                }
-            }
-            WatcherMsg::ChildrenFound(None) => {
-                // Listing is the fallback; it creates the children's rows.
-                if let Err(error) = state.sync().await {
+            WatcherMsg::ChildrenFound(children) => {
+                let created = match children {
+                    Some(children) => state.create_children(children).await,
+                    None => false,
+                };
+                // Listing is the fallback (and it does not re-arm the periodic timer):
+                // it creates whatever rows are still missing.
+                if !created && let Err(error) = state.sync().await {
                     warn!(message = "Shard sync failed.", stream = %state.args.stream, %error);
                     state.status.last_error = Some(error);
                 }
@@ -134,6 +114,35 @@ impl Actor for StreamWatcher {
 }
 
 impl WatcherState {
+    /// Rows for the children a reader reported at SHARD_END. False when one could not
+    /// be written, so that the caller lists instead.
+    async fn create_children(&mut self, children: Vec<ChildShard>) -> bool {
+        let mut created = 0;
+        let mut complete = true;
+        for child in children {
+            let lease = Lease::new(
+                &child.id,
+                Checkpoint::TrimHorizon,
+                child.parents,
+                Some(child.hash_range),
+            );
+            match self.args.table.create_if_absent(&lease).await {
+                Ok(true) => created += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    warn!(message = "Child lease not created; listing instead.", shard_id = %child.id, %error);
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        self.status.leases_created += created;
+        if created > 0 {
+            let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
+        }
+        complete
+    }
+
     async fn sync(&mut self) -> Result<(), String> {
         let shards = self
             .args
@@ -159,7 +168,6 @@ impl WatcherState {
                 "the shard listing is not consistent yet: {problem}"
             ));
         }
-        self.graph = graph;
         let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
         let leased: HashSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
         let planned = plan_new_leases(&shards, &leased, &self.args.initial);
@@ -179,8 +187,8 @@ impl WatcherState {
             self.status.leases_created += created;
             let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
         }
-        self.status.shards = self.graph.len();
-        self.status.open_shards = self.graph.shards().filter(|s| s.is_open()).count();
+        self.status.shards = graph.len();
+        self.status.open_shards = graph.shards().filter(|s| s.is_open()).count();
         self.status.last_error = None;
         Ok(())
     }

@@ -500,13 +500,11 @@ impl SupervisorState {
     }
 
     async fn status(&self) -> WorkerStatus {
-        let mut shards = Vec::new();
         let mut keys: Vec<&LeaseKey> = self.shards.keys().collect();
         keys.sort();
-        for key in keys {
-            let Some(entry) = self.shards.get(key) else {
-                continue;
-            };
+        // Readers answer concurrently: one slow reader costs one timeout, not one each.
+        let asks = keys.into_iter().filter_map(|key| {
+            let entry = self.shards.get(key)?;
             let fallback = ShardStatus {
                 shard_id: key.shard_id(),
                 state: ShardState::Restarting,
@@ -519,13 +517,16 @@ impl SupervisorState {
                 in_flight_bytes: 0,
                 restarts: entry.restarts,
             };
-            let status = match &entry.reader {
-                Some(reader) => ractor::call_t!(reader, ReaderMsg::Status, STATUS_TIMEOUT_MS)
-                    .unwrap_or(fallback),
-                None => fallback,
-            };
-            shards.push(status);
-        }
+            let reader = entry.reader.clone();
+            Some(async move {
+                match reader {
+                    Some(reader) => ractor::call_t!(reader, ReaderMsg::Status, STATUS_TIMEOUT_MS)
+                        .unwrap_or(fallback),
+                    None => fallback,
+                }
+            })
+        });
+        let shards = futures::future::join_all(asks).await;
         let checkpoints: BTreeMap<String, _> =
             ractor::call_t!(self.core.writer, CheckpointMsg::Status, STATUS_TIMEOUT_MS)
                 .map(|m| m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
