@@ -31,7 +31,8 @@ use flotilla_actors::backend::{PutRecord, StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
 use flotilla_actors::settings::MetricsLevel;
 use flotilla_actors::{
-    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, Worker, WorkerStatus,
+    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShutdownReport, Worker,
+    WorkerError, WorkerStatus,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -207,28 +208,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let summary = check.lock().summary(&produced);
     println!("{summary}");
 
-    let mut failures = Vec::new();
-    if summary.lost > 0 {
-        failures.push(format!("{} records lost", summary.lost));
-    }
-    if summary.order_violations > 0 {
-        failures.push(format!("{} order violations", summary.order_violations));
-    }
-    if summary.malformed > 0 {
-        failures.push(format!(
-            "{} deliveries were not records the producer wrote",
-            summary.malformed
-        ));
-    }
-    match shutdown {
-        Some(Ok(report)) if report.clean() => {}
-        Some(Ok(report)) => {
-            let json = serde_json::to_string(&report).unwrap_or_else(|e| e.to_string());
-            failures.push(format!("the shutdown was not clean: {json}"));
-        }
-        Some(Err(e)) => failures.push(format!("the worker did not shut down: {e}")),
-        None => failures.push("the shutdown was interrupted".to_owned()),
-    }
+    let failures = failures(&summary, shutdown.as_ref());
     if !failures.is_empty() {
         bail!("demo failed: {}", failures.join("; "));
     }
@@ -449,6 +429,37 @@ fn parse_data(data: &[u8]) -> Option<(&str, u64)> {
     Some((key, number.parse().ok()?))
 }
 
+/// Why a run fails the check (nothing when it passes): a record lost, a key out of
+/// order, a delivery the producer never wrote, or a shutdown that was not clean.
+fn failures(
+    summary: &Summary,
+    shutdown: Option<&Result<ShutdownReport, WorkerError>>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    if summary.lost > 0 {
+        failures.push(format!("{} records lost", summary.lost));
+    }
+    if summary.order_violations > 0 {
+        failures.push(format!("{} order violations", summary.order_violations));
+    }
+    if summary.malformed > 0 {
+        failures.push(format!(
+            "{} deliveries were not records the producer wrote",
+            summary.malformed
+        ));
+    }
+    match shutdown {
+        Some(Ok(report)) if report.clean() => {}
+        Some(Ok(report)) => {
+            let json = serde_json::to_string(report).unwrap_or_else(|e| e.to_string());
+            failures.push(format!("the shutdown was not clean: {json}"));
+        }
+        Some(Err(e)) => failures.push(format!("the worker did not shut down: {e}")),
+        None => failures.push("the shutdown was interrupted".to_owned()),
+    }
+    failures
+}
+
 /// The demo's verdict. Its `Display` is the summary line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
@@ -667,6 +678,48 @@ mod tests {
     }
 
     use Seen::{Duplicate, InOrder, OutOfOrder};
+
+    #[test]
+    fn the_run_fails_on_a_loss_a_violation_or_an_unclean_shutdown() {
+        let passing = Summary {
+            produced: 10,
+            processed: 10,
+            lost: 0,
+            duplicates: 3,
+            order_violations: 0,
+            malformed: 0,
+        };
+        let clean = ShutdownReport {
+            shards: vec![],
+            checkpoint_failures: vec![],
+            leases: Default::default(),
+            errors: vec![],
+        };
+        assert!(failures(&passing, Some(&Ok(clean.clone()))).is_empty());
+        let lost = Summary {
+            lost: 1,
+            processed: 9,
+            ..passing.clone()
+        };
+        assert_eq!(
+            failures(&lost, Some(&Ok(clean.clone()))),
+            ["1 records lost"]
+        );
+        let unordered = Summary {
+            order_violations: 2,
+            ..passing.clone()
+        };
+        assert_eq!(
+            failures(&unordered, Some(&Ok(clean.clone()))),
+            ["2 order violations"]
+        );
+        let unclean = ShutdownReport {
+            errors: vec!["lease keeper did not stop in time".to_owned()],
+            ..clean
+        };
+        assert_eq!(failures(&passing, Some(&Ok(unclean))).len(), 1);
+        assert_eq!(failures(&passing, None), ["the shutdown was interrupted"]);
+    }
 
     #[test]
     fn in_order_deliveries_pass() {
