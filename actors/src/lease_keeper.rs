@@ -74,6 +74,13 @@ pub struct KeeperStatus {
     pub heartbeat_age_ms: Option<u64>,
     pub malformed_rows: Vec<String>,
     pub cooling: Vec<String>,
+    /// Leases this worker gained, counted by how: `new` (never owned before), `released`
+    /// (let go by its last owner), `expired` (its owner died), `handed_off` (given to
+    /// this worker on request), `resumed` (already this worker's by name).
+    pub gained: std::collections::BTreeMap<String, u64>,
+    /// Leases this worker gave up, counted by why: `handed_off`, `released`,
+    /// `shard_ended`, `lost` (taken by another worker or refused a write).
+    pub given: std::collections::BTreeMap<String, u64>,
 }
 
 pub(crate) struct LeaseKeeper;
@@ -213,6 +220,8 @@ impl Actor for LeaseKeeper {
                         .map(|at| now.saturating_duration_since(at).as_millis() as u64),
                     malformed_rows: state.malformed.clone(),
                     cooling,
+                    gained: Default::default(),
+                    given: Default::default(),
                 });
             }
         }
