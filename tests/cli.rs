@@ -70,7 +70,10 @@ async fn init_then_leases_on_a_local_dynamodb() {
         .take(&lease.key, &lease.fence(), &WorkerId::new("w-1"))
         .await
         .unwrap();
-    table.heartbeat(&WorkerId::new("w-1")).await.unwrap();
+    table
+        .heartbeat(&WorkerId::new("w-1"), &Default::default())
+        .await
+        .unwrap();
 
     let leases = tokio::task::block_in_place(|| run(vec!["leases"]));
     assert!(leases.status.success(), "{}", text(&leases.stderr));

@@ -1,30 +1,52 @@
-//! Which leases to take, and which held leases are lost: a pure function of a lease-table
-//! scan, what this worker has seen of other workers' heartbeats, and the time.
+//! Which leases a worker takes, asks for, hands over and has lost: a pure function of a
+//! lease-table scan, what this worker has seen of the others' heartbeats, and the time.
 //!
 //! Liveness is judged on the observer's own monotonic clock: a worker is dead when its
 //! heartbeat counter has not moved for `failover_time` since this worker first saw that
 //! value. No clock synchronisation between workers is needed.
 //!
-//! This is the single-worker rule set (take what is unowned or whose owner is dead, up to
-//! `max_leases`); fair shares and stealing build on the same inputs.
+//! Balance is a plan every worker computes alike from the same scan, so the fleet
+//! agrees on who takes what without talking: the processable leases (not finished,
+//! parents finished) are shared out as `floor` or `ceil` of leases / live workers, the
+//! extra ones going to the workers that already hold the most (fewest moves). Leases
+//! with no live owner are dealt out first, round-robin over the workers below their
+//! share; then the leases of draining workers; then the surplus of workers above their
+//! share. A move goes only from a worker above its share to one below it, which holds
+//! two more than the other at least: every move lowers the sum of squared loads, so the
+//! fleet settles and nothing goes back and forth.
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::model::{Fence, Heartbeat, Lease, LeaseKey, WorkerId};
+use crate::model::{Fence, Heartbeat, Lease, LeaseKey, WorkerId, WorkerLoad};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Seen {
     counter: Option<u64>,
     since: Instant,
+    load: WorkerLoad,
 }
 
 /// Heartbeat counters as this worker observed them, with when each last changed.
 #[derive(Debug, Clone, Default)]
 pub struct Observations {
     seen: HashMap<WorkerId, Seen>,
+}
+
+/// One worker as this worker sees it, for status pages.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Peer {
+    pub worker: WorkerId,
+    pub alive: bool,
+    /// False for an owner that never wrote a heartbeat row (a crashed worker's leftover
+    /// name, or a Java KCL worker).
+    pub has_heartbeat: bool,
+    pub load: WorkerLoad,
+    /// How long its heartbeat counter has stood still, on this worker's clock.
+    pub silent_ms: u64,
 }
 
 impl Observations {
@@ -47,12 +69,12 @@ impl Observations {
             let seen = self.seen.entry(heartbeat.worker.clone()).or_insert(Seen {
                 counter: Some(heartbeat.counter),
                 since: now,
+                load: heartbeat.load,
             });
+            seen.load = heartbeat.load;
             if seen.counter != Some(heartbeat.counter) {
-                *seen = Seen {
-                    counter: Some(heartbeat.counter),
-                    since: now,
-                };
+                seen.counter = Some(heartbeat.counter);
+                seen.since = now;
             }
         }
         let mut owners_seen: HashSet<WorkerId> = HashSet::new();
@@ -64,12 +86,14 @@ impl Observations {
             let seen = self.seen.entry(owner.clone()).or_insert(Seen {
                 counter: None,
                 since: now,
+                load: WorkerLoad::default(),
             });
             if seen.counter.is_some() {
                 // Its heartbeat row vanished: watch it afresh.
                 *seen = Seen {
                     counter: None,
                     since: now,
+                    load: WorkerLoad::default(),
                 };
             }
         }
@@ -85,7 +109,12 @@ impl Observations {
         }
     }
 
-    /// Workers currently judged alive (for status and for fair shares).
+    /// Whether `worker`'s last heartbeat said it is shutting down.
+    pub fn is_draining(&self, worker: &WorkerId) -> bool {
+        self.seen.get(worker).is_some_and(|s| s.load.draining)
+    }
+
+    /// Workers with a live heartbeat row (draining ones included).
     pub fn alive(&self, now: Instant, failover_time: Duration) -> Vec<WorkerId> {
         let mut alive: Vec<WorkerId> = self
             .seen
@@ -98,13 +127,96 @@ impl Observations {
         alive.sort();
         alive
     }
+
+    /// The workers that share the leases: live, not draining; `me` included unless it
+    /// drains.
+    pub fn members(
+        &self,
+        me: &WorkerId,
+        me_draining: bool,
+        now: Instant,
+        failover_time: Duration,
+    ) -> BTreeSet<WorkerId> {
+        let mut members: BTreeSet<WorkerId> = self
+            .alive(now, failover_time)
+            .into_iter()
+            .filter(|w| !self.is_draining(w))
+            .collect();
+        if me_draining {
+            members.remove(me);
+        } else {
+            members.insert(me.clone());
+        }
+        members
+    }
+
+    /// Every worker seen, for status pages.
+    pub fn peers(&self, now: Instant, failover_time: Duration) -> Vec<Peer> {
+        let mut peers: Vec<Peer> = self
+            .seen
+            .iter()
+            .map(|(worker, seen)| {
+                let silent = now.saturating_duration_since(seen.since);
+                Peer {
+                    worker: worker.clone(),
+                    alive: silent < failover_time,
+                    has_heartbeat: seen.counter.is_some(),
+                    load: seen.load,
+                    silent_ms: silent.as_millis() as u64,
+                }
+            })
+            .collect();
+        peers.sort_by(|a, b| a.worker.cmp(&b.worker));
+        peers
+    }
+}
+
+/// How a lease came to this worker; logged and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Gain {
+    /// Never owned before.
+    New,
+    /// Let go by its last owner (a shutdown, a give-up).
+    Released,
+    /// Its owner's heartbeat stood still for the failover time.
+    Expired,
+    /// Its owner handed it over at this worker's request.
+    HandedOff,
+    /// Already this worker's by name (a previous life of this worker id).
+    Resumed,
+}
+
+impl Gain {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gain::New => "new",
+            Gain::Released => "released",
+            Gain::Expired => "expired",
+            Gain::HandedOff => "handed_off",
+            Gain::Resumed => "resumed",
+        }
+    }
+}
+
+/// A lease to take, with the fence the take must match.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Take {
+    pub key: LeaseKey,
+    pub fence: Fence,
+    pub why: Gain,
 }
 
 /// What the lease keeper should do after a scan.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decision {
-    /// Leases to take, each with the fence the take must match.
-    pub take: Vec<(LeaseKey, Fence)>,
+    /// Leases with no live owner (or ours by name) to take.
+    pub take: Vec<Take>,
+    /// Leases of live workers to ask for (a steal), each with the fence of the ask.
+    pub request: Vec<(LeaseKey, Fence)>,
+    /// Held leases a live worker asked for: finish, checkpoint and hand over.
+    pub hand_off: Vec<(LeaseKey, Fence, WorkerId)>,
+    /// Requests on held leases from workers that are dead or draining: cleared.
+    pub turn_down: Vec<(LeaseKey, WorkerId)>,
     /// Held leases that now belong to someone else (or were deleted).
     pub lost: Vec<LeaseKey>,
 }
@@ -115,17 +227,67 @@ pub struct Limits {
     pub failover_time: Duration,
     /// 0 means no limit.
     pub max_leases: usize,
+    /// Requests to live, non-draining workers per round.
+    pub max_moves_per_round: usize,
 }
 
-pub fn decide(
-    leases: &[Lease],
-    held: &HashMap<LeaseKey, Fence>,
-    observations: &Observations,
-    me: &WorkerId,
-    now: Instant,
-    limits: &Limits,
-    cooling: &HashSet<LeaseKey>,
-) -> Decision {
+/// One round's view, as this worker has it.
+#[derive(Debug, Clone, Copy)]
+pub struct Round<'a> {
+    pub leases: &'a [Lease],
+    pub held: &'a HashMap<LeaseKey, Fence>,
+    pub observations: &'a Observations,
+    pub me: &'a WorkerId,
+    pub now: Instant,
+    /// Leases this worker gave up on lately; it leaves them to others.
+    pub cooling: &'a HashSet<LeaseKey>,
+    /// Held leases already being handed over.
+    pub handing_off: &'a HashSet<LeaseKey>,
+    /// This worker is shutting down: it takes and asks for nothing.
+    pub draining: bool,
+}
+
+/// A lease can be processed now: not finished, and every parent finished (or its row
+/// gone, which happens only after it finished). Only these count toward fair shares;
+/// a child waits unowned until its parents end, then goes to whoever is below share.
+pub fn processable(lease: &Lease, by_key: &HashMap<&LeaseKey, &Lease>) -> bool {
+    !lease.checkpoint.is_shard_end()
+        && lease.parent_shard_ids.iter().all(|parent| {
+            by_key
+                .get(&LeaseKey::from(parent))
+                .is_none_or(|p| p.checkpoint.is_shard_end())
+        })
+}
+
+/// How many processable leases each member should hold: `floor` or `ceil` of the
+/// total over the members, the extra ones to those holding the most (then by id).
+pub fn targets(loads: &BTreeMap<WorkerId, usize>, total: usize) -> BTreeMap<WorkerId, usize> {
+    let n = loads.len();
+    if n == 0 {
+        return BTreeMap::new();
+    }
+    let (q, r) = (total / n, total % n);
+    let mut order: Vec<(&WorkerId, usize)> = loads.iter().map(|(w, l)| (w, *l)).collect();
+    order.sort_by_key(|(w, l)| (Reverse(*l), (*w).clone()));
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(i, (w, _))| (w.clone(), q + usize::from(i < r)))
+        .collect()
+}
+
+pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
+    let Round {
+        leases,
+        held,
+        observations: obs,
+        me,
+        now,
+        cooling,
+        handing_off,
+        draining,
+    } = *round;
+    let failover = limits.failover_time;
     let mut decision = Decision::default();
     let by_key: HashMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
     for (key, fence) in held {
@@ -135,35 +297,176 @@ pub fn decide(
         }
     }
     decision.lost.sort();
-    let still_held = held.len() - decision.lost.len();
-    let mut candidates: Vec<&Lease> = leases
-        .iter()
-        .filter(|l| !l.checkpoint.is_shard_end())
-        .filter(|l| !held.contains_key(&l.key) && !cooling.contains(&l.key))
-        .filter(|l| match &l.owner {
-            None => true,
-            // Ours by name but not held: a previous life of this worker id.
-            Some(owner) if owner == me => true,
-            Some(owner) => !observations.is_alive(owner, now, limits.failover_time),
-        })
+    let members = obs.members(me, draining, now, failover);
+
+    // Requests on leases this worker holds.
+    let mut asked: Vec<&Lease> = held
+        .keys()
+        .filter_map(|k| by_key.get(k).copied())
+        .filter(|l| Some(&l.fence()) == held.get(&l.key))
+        .filter(|l| l.handoff_to.is_some() && !handing_off.contains(&l.key))
         .collect();
-    // Parents before children (fewer parents first, then by key) so a child is never
-    // taken while its parent is left for later.
-    candidates.sort_by(|a, b| {
-        a.parent_shard_ids
-            .len()
-            .cmp(&b.parent_shard_ids.len())
-            .then_with(|| a.key.cmp(&b.key))
+    asked.sort_by(|a, b| a.key.cmp(&b.key));
+    for lease in asked {
+        let Some(to) = &lease.handoff_to else {
+            continue;
+        };
+        if to != me && members.contains(to) {
+            decision
+                .hand_off
+                .push((lease.key.clone(), lease.fence(), to.clone()));
+        } else {
+            decision.turn_down.push((lease.key.clone(), to.clone()));
+        }
+    }
+    if draining {
+        return decision;
+    }
+
+    // Who holds what, among the processable leases.
+    let mut loads: BTreeMap<WorkerId, Vec<&Lease>> =
+        members.iter().map(|w| (w.clone(), Vec::new())).collect();
+    let mut free: Vec<&Lease> = Vec::new();
+    let mut from_draining: Vec<&Lease> = Vec::new();
+    for lease in leases.iter().filter(|l| processable(l, &by_key)) {
+        match &lease.owner {
+            None => free.push(lease),
+            Some(owner) => {
+                if let Some(held_by) = loads.get_mut(owner) {
+                    held_by.push(lease);
+                } else if !obs.is_alive(owner, now, failover) {
+                    free.push(lease);
+                } else if obs.is_draining(owner) {
+                    from_draining.push(lease);
+                }
+                // Otherwise alive but not a member: an owner seen without a heartbeat
+                // row, within its grace. Left alone until it proves dead.
+            }
+        }
+    }
+    // Parents before children, then by key, so every worker deals in the same order.
+    free.sort_by(|a, b| {
+        (a.parent_shard_ids.len(), &a.key).cmp(&(b.parent_shard_ids.len(), &b.key))
     });
+    from_draining.sort_by(|a, b| a.key.cmp(&b.key));
+    let counts: BTreeMap<WorkerId, usize> =
+        loads.iter().map(|(w, l)| (w.clone(), l.len())).collect();
+    let total = counts.values().sum::<usize>() + free.len() + from_draining.len();
+    let target = targets(&counts, total);
+
+    let mut need: BTreeMap<&WorkerId, usize> = BTreeMap::new();
+    let mut surplus: Vec<&Lease> = Vec::new();
+    for (worker, held_by) in &loads {
+        let want = target.get(worker).copied().unwrap_or(0);
+        if held_by.len() < want {
+            need.insert(worker, want - held_by.len());
+        } else if held_by.len() > want {
+            // The ones already asked for go first, then the highest keys: the same
+            // choice every round while nothing changes.
+            let mut mine = held_by.clone();
+            mine.sort_by(|a, b| {
+                (a.handoff_to.is_none(), Reverse(&a.key))
+                    .cmp(&(b.handoff_to.is_none(), Reverse(&b.key)))
+            });
+            surplus.extend(mine.into_iter().take(held_by.len() - want));
+        }
+    }
+
+    let mut plan: Vec<(&Lease, &WorkerId)> = Vec::new();
+    // A request already made is kept to, if its maker still needs leases.
+    let mut rest: Vec<&Lease> = Vec::new();
+    for lease in free.iter().chain(&from_draining).chain(&surplus).copied() {
+        let asker = lease
+            .handoff_to
+            .as_ref()
+            .and_then(|w| need.get_key_value(w).map(|(k, n)| (*k, *n)));
+        match asker {
+            Some((asker, n)) if n > 0 && lease.owner.is_some() => {
+                plan.push((lease, asker));
+                need.insert(asker, n - 1);
+            }
+            _ => rest.push(lease),
+        }
+    }
+    // Round-robin over the workers below their share, neediest first.
+    let mut order: Vec<&WorkerId> = need.keys().copied().collect();
+    order.sort_by_key(|w| (Reverse(need.get(w).copied().unwrap_or(0)), *w));
+    let mut turn = 0;
+    for lease in rest {
+        if order.is_empty() {
+            break;
+        }
+        let start = turn;
+        loop {
+            let w = order[turn % order.len()];
+            turn += 1;
+            if let Some(n) = need.get_mut(w)
+                && *n > 0
+            {
+                *n -= 1;
+                plan.push((lease, w));
+                break;
+            }
+            if turn - start >= order.len() {
+                break;
+            }
+        }
+    }
+
+    // This worker's part of the plan.
     let room = match limits.max_leases {
         0 => usize::MAX,
-        max => max.saturating_sub(still_held),
+        max => max.saturating_sub(held.len() - decision.lost.len()),
     };
-    decision.take = candidates
+    let mut moves = 0;
+    let mut mine: Vec<&Lease> = plan
         .into_iter()
-        .take(room)
-        .map(|lease| (lease.key.clone(), lease.fence()))
+        .filter(|(_, w)| *w == me)
+        .map(|(l, _)| l)
         .collect();
+    // Ours by name but not held: a previous life of this worker id, or a lease just
+    // handed to it.
+    mine.extend(
+        loads
+            .get(me)
+            .into_iter()
+            .flatten()
+            .filter(|l| !held.contains_key(&l.key))
+            .copied(),
+    );
+    for lease in mine {
+        if cooling.contains(&lease.key) || decision.take.len() >= room {
+            continue;
+        }
+        let owner_alive = lease
+            .owner
+            .as_ref()
+            .is_some_and(|o| o != me && obs.is_alive(o, now, failover));
+        if !owner_alive {
+            let why = match &lease.owner {
+                None if lease.counter == 0 => Gain::New,
+                None => Gain::Released,
+                Some(o) if o == me => Gain::Resumed,
+                Some(_) => Gain::Expired,
+            };
+            decision.take.push(Take {
+                key: lease.key.clone(),
+                fence: lease.fence(),
+                why,
+            });
+            continue;
+        }
+        let owner_draining = lease.owner.as_ref().is_some_and(|o| obs.is_draining(o));
+        if !owner_draining {
+            if moves >= limits.max_moves_per_round {
+                continue;
+            }
+            moves += 1;
+        }
+        if lease.handoff_to.as_ref() != Some(me) {
+            decision.request.push((lease.key.clone(), lease.fence()));
+        }
+    }
     decision
 }
 
@@ -188,6 +491,7 @@ mod tests {
         Heartbeat {
             worker: WorkerId::new(worker),
             counter,
+            load: WorkerLoad::default(),
         }
     }
 
@@ -197,7 +501,35 @@ mod tests {
         Limits {
             failover_time: FAILOVER,
             max_leases: max,
+            max_moves_per_round: 10,
         }
+    }
+
+    fn run(
+        leases: &[Lease],
+        held: &HashMap<LeaseKey, Fence>,
+        obs: &Observations,
+        me: &WorkerId,
+        now: Instant,
+        limits: &Limits,
+    ) -> Decision {
+        decide(
+            &Round {
+                leases,
+                held,
+                observations: obs,
+                me,
+                now,
+                cooling: &HashSet::new(),
+                handing_off: &HashSet::new(),
+                draining: false,
+            },
+            limits,
+        )
+    }
+
+    fn taken(d: &Decision) -> Vec<&LeaseKey> {
+        d.take.iter().map(|t| &t.key).collect()
     }
 
     #[test]
@@ -226,78 +558,101 @@ mod tests {
     }
 
     #[test]
-    fn table_of_decisions() {
+    fn a_lone_worker_takes_what_has_no_live_owner_and_notices_what_it_lost() {
         let t0 = Instant::now();
         let me = WorkerId::new("me");
         let mut obs = Observations::new();
         let leases = vec![
-            lease(0, None, 0),          // unowned: take
-            lease(1, Some("live"), 3),  // live owner: leave
-            lease(2, Some("dead"), 4),  // dead owner: take
-            lease(3, Some("me"), 7),    // mine by name, not held: take
-            lease(4, Some("me"), 2),    // held: keep
-            lease(5, Some("other"), 9), // held by me before, now someone else's: lost
+            lease(0, None, 0),         // unowned: take
+            lease(2, Some("dead"), 4), // dead owner: take
+            lease(3, Some("me"), 7),   // mine by name, not held: take
+            lease(4, Some("me"), 2),   // held: keep
+            lease(5, Some("dead"), 9), // held by me before, now someone else's: lost
+            lease(6, None, 3),         // released by someone: take
         ];
-        obs.observe(
-            &[hb("live", 1), hb("dead", 1)],
-            leases.iter().filter_map(|l| l.owner.as_ref()),
-            t0,
-        );
+        let owners = || leases.iter().filter_map(|l| l.owner.as_ref());
+        obs.observe(&[hb("dead", 1)], owners(), t0);
         let later = t0 + FAILOVER;
-        obs.observe(
-            &[hb("live", 2), hb("dead", 1)],
-            leases.iter().filter_map(|l| l.owner.as_ref()),
-            later,
-        );
+        obs.observe(&[hb("dead", 1)], owners(), later);
         let mut held = HashMap::new();
-        held.insert(leases[4].key.clone(), leases[4].fence());
+        held.insert(leases[3].key.clone(), leases[3].fence());
         held.insert(
-            leases[5].key.clone(),
+            leases[4].key.clone(),
             Fence {
                 owner: Some(me.clone()),
                 counter: 8,
             },
         );
-        let d = decide(
-            &leases,
-            &held,
-            &obs,
-            &me,
-            later,
-            &limits(0),
-            &HashSet::new(),
+        let d = run(&leases, &held, &obs, &me, later, &limits(0));
+        assert_eq!(
+            taken(&d),
+            // Free ones by key (the lost one's owner is dead too), then its own.
+            vec![
+                &leases[0].key,
+                &leases[1].key,
+                &leases[4].key,
+                &leases[5].key,
+                &leases[2].key
+            ]
         );
-        let taken: Vec<&LeaseKey> = d.take.iter().map(|(k, _)| k).collect();
-        assert_eq!(taken, vec![&leases[0].key, &leases[2].key, &leases[3].key]);
-        assert_eq!(d.take[1].1, leases[2].fence());
-        assert_eq!(d.lost, vec![leases[5].key.clone()]);
+        let why: BTreeMap<&LeaseKey, Gain> = d.take.iter().map(|t| (&t.key, t.why)).collect();
+        assert_eq!(why[&leases[0].key], Gain::New);
+        assert_eq!(why[&leases[1].key], Gain::Expired);
+        assert_eq!(why[&leases[2].key], Gain::Resumed);
+        assert_eq!(why[&leases[5].key], Gain::Released);
+        assert_eq!(d.lost, vec![leases[4].key.clone()]);
+        assert!(d.request.is_empty() && d.hand_off.is_empty());
     }
 
     #[test]
-    fn finished_cooling_and_limited_leases_are_not_taken() {
+    fn finished_cooling_blocked_and_limited_leases_are_not_taken() {
         let t0 = Instant::now();
         let me = WorkerId::new("me");
         let mut done = lease(0, None, 0);
         done.checkpoint = Checkpoint::ShardEnd;
+        let mut blocked = lease(9, None, 0);
+        blocked.parent_shard_ids = vec![ShardId::from_index(1)];
         let leases = vec![
             done,
             lease(1, None, 0),
             lease(2, None, 0),
             lease(3, None, 0),
+            blocked,
         ];
         let obs = Observations::new();
         let cooling: HashSet<LeaseKey> = [leases[1].key.clone()].into();
         let d = decide(
-            &leases,
-            &HashMap::new(),
-            &obs,
-            &me,
-            t0,
+            &Round {
+                leases: &leases,
+                held: &HashMap::new(),
+                observations: &obs,
+                me: &me,
+                now: t0,
+                cooling: &cooling,
+                handing_off: &HashSet::new(),
+                draining: false,
+            },
             &limits(1),
-            &cooling,
         );
-        assert_eq!(d.take.len(), 1);
-        assert_eq!(d.take[0].0, leases[2].key);
+        assert_eq!(taken(&d), vec![&leases[2].key]);
+    }
+
+    #[test]
+    fn a_child_is_taken_once_its_parents_have_ended_or_are_gone() {
+        let me = WorkerId::new("me");
+        let mut parent = lease(1, None, 0);
+        parent.checkpoint = Checkpoint::ShardEnd;
+        let mut child = lease(5, None, 0);
+        child.parent_shard_ids = vec![ShardId::from_index(1), ShardId::from_index(2)];
+        let d = run(
+            &[parent, child.clone()],
+            &HashMap::new(),
+            &Observations::new(),
+            &me,
+            Instant::now(),
+            &limits(0),
+        );
+        assert_eq!(taken(&d), vec![&child.key]);
     }
 
     #[test]
@@ -305,33 +660,414 @@ mod tests {
         let me = WorkerId::new("me");
         let gone = lease(9, Some("me"), 1);
         let held: HashMap<LeaseKey, Fence> = [(gone.key.clone(), gone.fence())].into();
-        let d = decide(
+        let d = run(
             &[],
             &held,
             &Observations::new(),
             &me,
             Instant::now(),
             &limits(0),
-            &HashSet::new(),
         );
         assert_eq!(d.lost, vec![gone.key]);
     }
 
     #[test]
-    fn parents_are_taken_before_children() {
-        let me = WorkerId::new("me");
-        let mut child = lease(5, None, 0);
-        child.parent_shard_ids = vec![ShardId::from_index(1)];
-        let parent = lease(1, None, 0);
-        let d = decide(
-            &[child.clone(), parent.clone()],
-            &HashMap::new(),
-            &Observations::new(),
-            &me,
-            Instant::now(),
-            &limits(1),
-            &HashSet::new(),
+    fn targets_give_the_extra_leases_to_those_holding_most() {
+        let loads: BTreeMap<WorkerId, usize> = [
+            (WorkerId::new("a"), 1),
+            (WorkerId::new("b"), 5),
+            (WorkerId::new("c"), 5),
+        ]
+        .into();
+        let t = targets(&loads, 11);
+        assert_eq!(
+            t.values().copied().collect::<Vec<_>>(),
+            vec![3, 4, 4],
+            "{t:?}"
         );
-        assert_eq!(d.take, vec![(parent.key.clone(), parent.fence())]);
+    }
+
+    #[test]
+    fn a_joining_worker_asks_the_most_loaded_and_the_owner_hands_over() {
+        let t0 = Instant::now();
+        let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
+        let mut leases: Vec<Lease> = (0..4).map(|i| lease(i, Some("a"), 1)).collect();
+        let mut obs = Observations::new();
+        obs.observe(&[hb("a", 1), hb("b", 1)], [], t0);
+        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &limits(0));
+        assert!(d.take.is_empty());
+        let asked: Vec<&LeaseKey> = d.request.iter().map(|(k, _)| k).collect();
+        assert_eq!(asked, vec![&leases[3].key, &leases[2].key]);
+        // The owner sees the requests and hands those leases over.
+        leases[3].handoff_to = Some(b.clone());
+        leases[2].handoff_to = Some(b.clone());
+        let held: HashMap<LeaseKey, Fence> =
+            leases.iter().map(|l| (l.key.clone(), l.fence())).collect();
+        let d = run(&leases, &held, &obs, &a, t0, &limits(0));
+        let handing: Vec<(&LeaseKey, &WorkerId)> =
+            d.hand_off.iter().map(|(k, _, w)| (k, w)).collect();
+        assert_eq!(handing, vec![(&leases[2].key, &b), (&leases[3].key, &b)]);
+        assert!(d.request.is_empty() && d.take.is_empty());
+        // Asked already: the requester does not ask again.
+        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &limits(0));
+        assert!(d.request.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn requests_from_dead_or_draining_workers_are_turned_down() {
+        let t0 = Instant::now();
+        let a = WorkerId::new("a");
+        let mut x = lease(0, Some("a"), 1);
+        x.handoff_to = Some(WorkerId::new("gone"));
+        let mut y = lease(1, Some("a"), 1);
+        y.handoff_to = Some(WorkerId::new("leaving"));
+        let leases = vec![x.clone(), y.clone()];
+        let mut obs = Observations::new();
+        let mut leaving = hb("leaving", 1);
+        leaving.load.draining = true;
+        obs.observe(&[hb("gone", 1), leaving.clone()], [], t0);
+        let later = t0 + FAILOVER;
+        leaving.counter = 2;
+        obs.observe(&[hb("gone", 1), leaving], [], later);
+        let held: HashMap<LeaseKey, Fence> =
+            leases.iter().map(|l| (l.key.clone(), l.fence())).collect();
+        let d = run(&leases, &held, &obs, &a, later, &limits(0));
+        assert_eq!(
+            d.turn_down,
+            vec![
+                (x.key.clone(), WorkerId::new("gone")),
+                (y.key.clone(), WorkerId::new("leaving"))
+            ]
+        );
+        assert!(d.hand_off.is_empty());
+    }
+
+    #[test]
+    fn a_draining_worker_takes_nothing_and_its_leases_are_asked_for_without_limit() {
+        let t0 = Instant::now();
+        let b = WorkerId::new("b");
+        let leases: Vec<Lease> = (0..6).map(|i| lease(i, Some("a"), 1)).collect();
+        let mut obs = Observations::new();
+        let mut a = hb("a", 1);
+        a.load.draining = true;
+        obs.observe(&[a, hb("b", 1)], [], t0);
+        let mut one_move = limits(0);
+        one_move.max_moves_per_round = 1;
+        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &one_move);
+        assert_eq!(d.request.len(), 6, "{d:?}");
+        // And the draining worker itself takes nothing.
+        let mut free = leases.clone();
+        free.push(lease(7, None, 0));
+        let d = decide(
+            &Round {
+                leases: &free,
+                held: &HashMap::new(),
+                observations: &obs,
+                me: &WorkerId::new("a"),
+                now: t0,
+                cooling: &HashSet::new(),
+                handing_off: &HashSet::new(),
+                draining: true,
+            },
+            &limits(0),
+        );
+        assert!(d.take.is_empty() && d.request.is_empty());
+    }
+
+    /// A fleet run in rounds, every worker deciding from the same scan, with the table's
+    /// conditional writes applied in a seeded order.
+    mod fleet {
+        use super::*;
+        use proptest::prelude::*;
+
+        pub struct Sim {
+            pub leases: Vec<Lease>,
+            pub workers: BTreeSet<WorkerId>,
+            /// Draining workers (still alive, shutting down).
+            pub draining: BTreeSet<WorkerId>,
+            /// Crashed workers: their heartbeat rows stay, frozen.
+            pub crashed: BTreeSet<WorkerId>,
+            pub obs: Observations,
+            pub now: Instant,
+            pub limits: Limits,
+            /// Owner changes per lease.
+            pub moves: Vec<u32>,
+            counters: HashMap<WorkerId, u64>,
+        }
+
+        impl Sim {
+            pub fn new(n_leases: usize, workers: usize, start: &[usize]) -> Self {
+                let workers: BTreeSet<WorkerId> = (0..workers)
+                    .map(|i| WorkerId::new(format!("w{i:02}")))
+                    .collect();
+                let list: Vec<&WorkerId> = workers.iter().collect();
+                let leases = (0..n_leases)
+                    .map(|i| {
+                        let owner = start
+                            .get(i)
+                            .and_then(|&w| (w < list.len()).then(|| list[w].as_str()));
+                        lease(i as u64, owner, 1)
+                    })
+                    .collect();
+                let mut sim = Sim {
+                    leases,
+                    workers,
+                    draining: BTreeSet::new(),
+                    crashed: BTreeSet::new(),
+                    obs: Observations::new(),
+                    now: Instant::now(),
+                    limits: Limits {
+                        failover_time: FAILOVER,
+                        max_leases: 0,
+                        max_moves_per_round: 10,
+                    },
+                    moves: vec![0; n_leases],
+                    counters: HashMap::new(),
+                };
+                sim.beat();
+                sim
+            }
+
+            fn beat(&mut self) {
+                let mut hbs = Vec::new();
+                for w in &self.workers {
+                    let c = self.counters.entry(w.clone()).or_insert(0);
+                    *c += 1;
+                    let mut h = hb(w.as_str(), *c);
+                    h.load.draining = self.draining.contains(w);
+                    hbs.push(h);
+                }
+                for w in &self.crashed {
+                    hbs.push(hb(w.as_str(), self.counters.get(w).copied().unwrap_or(0)));
+                }
+                let owners: Vec<WorkerId> =
+                    self.leases.iter().filter_map(|l| l.owner.clone()).collect();
+                self.obs.observe(&hbs, owners.iter(), self.now);
+            }
+
+            pub fn held_by(&self, w: &WorkerId) -> HashMap<LeaseKey, Fence> {
+                self.leases
+                    .iter()
+                    .filter(|l| l.owner.as_ref() == Some(w))
+                    .map(|l| (l.key.clone(), l.fence()))
+                    .collect()
+            }
+
+            /// One round: every live worker decides on the same scan; then the writes
+            /// land, first come first served by the fences.
+            pub fn round(&mut self) -> Vec<(WorkerId, Decision)> {
+                self.now += Duration::from_secs(1);
+                self.beat();
+                let snapshot = self.leases.clone();
+                let mut decisions = Vec::new();
+                for w in &self.workers {
+                    let held = self.held_by(w);
+                    let d = decide(
+                        &Round {
+                            leases: &snapshot,
+                            held: &held,
+                            observations: &self.obs,
+                            me: w,
+                            now: self.now,
+                            cooling: &HashSet::new(),
+                            handing_off: &HashSet::new(),
+                            draining: self.draining.contains(w),
+                        },
+                        &self.limits,
+                    );
+                    decisions.push((w.clone(), d));
+                }
+                for (w, d) in &decisions {
+                    for (key, fence, to) in &d.hand_off {
+                        let i = self.index(key);
+                        let l = &mut self.leases[i];
+                        if l.fence() == *fence && l.handoff_to.as_ref() == Some(to) {
+                            l.owner = Some(to.clone());
+                            l.counter += 1;
+                            l.handoff_to = None;
+                            self.moves[i] += 1;
+                        }
+                    }
+                    for (key, asker) in &d.turn_down {
+                        let i = self.index(key);
+                        if self.leases[i].handoff_to.as_ref() == Some(asker) {
+                            self.leases[i].handoff_to = None;
+                        }
+                    }
+                    for t in &d.take {
+                        let i = self.index(&t.key);
+                        let l = &mut self.leases[i];
+                        if l.fence() == t.fence {
+                            if l.owner.as_ref() != Some(w) && l.owner.is_some() {
+                                self.moves[i] += 1;
+                            }
+                            l.owner = Some(w.clone());
+                            l.counter += 1;
+                            l.handoff_to = None;
+                        }
+                    }
+                    for (key, fence) in &d.request {
+                        let i = self.index(key);
+                        let l = &mut self.leases[i];
+                        if l.fence() == *fence && l.handoff_to.as_ref().is_none_or(|h| h == w) {
+                            l.handoff_to = Some(w.clone());
+                        }
+                    }
+                }
+                decisions
+            }
+
+            fn index(&self, key: &LeaseKey) -> usize {
+                self.leases
+                    .iter()
+                    .position(|l| &l.key == key)
+                    .unwrap_or_else(|| panic!("no lease {key}"))
+            }
+
+            /// Max minus min leases over the live, non-draining workers; unowned
+            /// leases count as a spread that is not settled.
+            pub fn spread(&self) -> usize {
+                let members: Vec<&WorkerId> = self
+                    .workers
+                    .iter()
+                    .filter(|w| !self.draining.contains(*w))
+                    .collect();
+                let counts: Vec<usize> = members
+                    .iter()
+                    .map(|w| {
+                        self.leases
+                            .iter()
+                            .filter(|l| l.owner.as_ref() == Some(*w))
+                            .count()
+                    })
+                    .collect();
+                let unowned = self
+                    .leases
+                    .iter()
+                    .filter(|l| {
+                        l.owner
+                            .as_ref()
+                            .is_none_or(|o| !members.contains(&o) || self.draining.contains(o))
+                    })
+                    .count();
+                let (max, min) = (
+                    counts.iter().copied().max().unwrap_or(0),
+                    counts.iter().copied().min().unwrap_or(0),
+                );
+                max - min + unowned * 1000
+            }
+
+            pub fn settle(&mut self, max_rounds: usize) -> Option<usize> {
+                for r in 0..max_rounds {
+                    if self.spread() <= 1 && self.leases.iter().all(|l| l.handoff_to.is_none()) {
+                        return Some(r);
+                    }
+                    self.round();
+                }
+                None
+            }
+
+            /// A crash: the worker stops beating; after the failover time it is dead.
+            pub fn crash(&mut self, w: &WorkerId) {
+                self.workers.remove(w);
+                self.draining.remove(w);
+                self.crashed.insert(w.clone());
+                self.now += FAILOVER;
+                self.beat();
+            }
+        }
+
+        fn start() -> impl Strategy<Value = (usize, usize, Vec<usize>)> {
+            (1usize..=50, 0usize..=1000).prop_flat_map(|(workers, leases)| {
+                // Owners: a worker index, or one past the end for "unowned".
+                let owner = 0..=workers;
+                (
+                    Just(workers),
+                    Just(leases),
+                    proptest::collection::vec(owner, leases),
+                )
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+
+            #[test]
+            fn any_start_settles_to_a_spread_of_one_in_bounded_rounds(
+                (workers, leases, owners) in start(),
+            ) {
+                let mut sim = Sim::new(leases, workers, &owners);
+                // Each worker gets at most max_moves leases from live peers per round,
+                // and a steal lands the round after it is asked: the bound is the
+                // largest shortfall over the move limit, twice, plus a few rounds.
+                let share = leases.div_ceil(workers.max(1));
+                let bound = 2 * share.div_ceil(sim.limits.max_moves_per_round) + 4;
+                let rounds = sim.settle(bound);
+                prop_assert!(rounds.is_some(), "not settled in {} rounds: spread {}", bound, sim.spread());
+            }
+
+            #[test]
+            fn a_settled_fleet_moves_nothing(
+                (workers, leases, owners) in start(),
+            ) {
+                let mut sim = Sim::new(leases, workers, &owners);
+                prop_assume!(sim.settle(500).is_some());
+                for (_, d) in (0..3).flat_map(|_| sim.round()) {
+                    prop_assert!(d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty(), "{:?}", d);
+                }
+            }
+
+            #[test]
+            fn a_join_or_a_leave_moves_each_lease_at_most_once(
+                (workers, leases, owners) in start(),
+                change in 0u8..3,
+            ) {
+                let mut sim = Sim::new(leases, workers, &owners);
+                prop_assume!(sim.settle(500).is_some());
+                sim.moves.iter_mut().for_each(|m| *m = 0);
+                let first = sim.workers.iter().next().cloned();
+                match (change, first) {
+                    (0, _) => {
+                        sim.workers.insert(WorkerId::new("joiner"));
+                    }
+                    (1, Some(w)) if sim.workers.len() > 1 => sim.crash(&w),
+                    (2, Some(w)) if sim.workers.len() > 1 => {
+                        sim.draining.insert(w);
+                    }
+                    _ => return Ok(()),
+                }
+                let rounds = sim.settle(500);
+                prop_assert!(rounds.is_some(), "did not settle: spread {}", sim.spread());
+                let worst = sim.moves.iter().copied().max().unwrap_or(0);
+                prop_assert!(worst <= 1, "a lease moved {} times", worst);
+            }
+
+            #[test]
+            fn no_two_workers_take_one_lease_in_a_round(
+                (workers, leases, owners) in start(),
+            ) {
+                let mut sim = Sim::new(leases, workers, &owners);
+                for _ in 0..6 {
+                    let snapshot = sim.leases.clone();
+                    let decisions = sim.round();
+                    let mut claimed: HashSet<&LeaseKey> = HashSet::new();
+                    for (_, d) in &decisions {
+                        for key in d.take.iter().map(|t| &t.key).chain(d.request.iter().map(|(k, _)| k)) {
+                            prop_assert!(claimed.insert(key), "{} claimed twice", key);
+                        }
+                    }
+                    // Nobody takes a lease from a live worker other than itself.
+                    for (taker, d) in &decisions {
+                        for t in &d.take {
+                            let l = snapshot.iter().find(|l| l.key == t.key).unwrap();
+                            if let Some(o) = &l.owner {
+                                prop_assert!(o == taker || !sim.workers.contains(o),
+                                    "{} taken by {} from live {}", t.key, taker, o);
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

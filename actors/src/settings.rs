@@ -81,6 +81,19 @@ pub struct LeaseSettings {
     pub fence_margin: Duration,
     /// The most leases this worker holds; 0 means no limit.
     pub max_leases: u32,
+    /// The most leases this worker asks live workers to hand over in one round (leases
+    /// of dead or draining workers do not count): bounds how much moves at once when
+    /// views of the fleet disagree for a moment.
+    pub max_moves_per_round: u32,
+    /// A handoff request the owner has not honoured for this long, although it is
+    /// alive, is withdrawn (and logged); the balance is tried again next round.
+    #[serde(with = "duration_text")]
+    pub handoff_timeout: Duration,
+    /// While a handoff is under way, how often the lease row is read (by the requester,
+    /// to start as soon as the lease is its own) and the table scanned by a draining
+    /// worker (to hand over as soon as someone asks). Sets the handoff gap.
+    #[serde(with = "duration_text")]
+    pub handoff_poll_interval: Duration,
 }
 
 impl Default for LeaseSettings {
@@ -90,6 +103,9 @@ impl Default for LeaseSettings {
             heartbeat_interval: Duration::from_secs(2),
             fence_margin: Duration::from_secs(3),
             max_leases: 0,
+            max_moves_per_round: 10,
+            handoff_timeout: Duration::from_secs(10),
+            handoff_poll_interval: Duration::from_millis(200),
         }
     }
 }
@@ -414,6 +430,17 @@ impl WorkerSettings {
     }
 }
 
+impl Settings {
+    /// The longest a graceful shutdown spends handing leases to peers: two scans for
+    /// them to notice and ask, a poll, and the handoffs in flight finishing.
+    pub fn drain_limit(&self) -> Duration {
+        self.lease.heartbeat_interval * 2
+            + self.lease.handoff_poll_interval
+            + self.supervision.shutdown_timeout
+            + Duration::from_secs(1)
+    }
+}
+
 impl LeaseSettings {
     fn validate(&self) -> Result<(), SettingsError> {
         nonzero(
@@ -455,6 +482,29 @@ impl LeaseSettings {
                      worker would fence itself, and peers declare it dead, between two \
                      heartbeats",
                     duration(fence_after)
+                ),
+            ));
+        }
+        if self.max_moves_per_round == 0 {
+            return Err(invalid(
+                "lease.max_moves_per_round",
+                0,
+                "must be at least 1, or a worker that joins would never get a share",
+            ));
+        }
+        nonzero(
+            "lease.handoff_poll_interval",
+            self.handoff_poll_interval,
+            "it is the pause between two reads of a lease being handed over",
+        )?;
+        if self.handoff_timeout <= self.handoff_poll_interval {
+            return Err(invalid(
+                "lease.handoff_timeout",
+                duration(self.handoff_timeout),
+                format!(
+                    "must be above lease.handoff_poll_interval ({}): a request is read at \
+                     least once before it is given up",
+                    duration(self.handoff_poll_interval)
                 ),
             ));
         }
@@ -839,6 +889,15 @@ mod tests {
                 s.lease.heartbeat_interval = secs(0)
             }),
             ("lease.fence_margin", |s| s.lease.fence_margin = secs(0)),
+            ("lease.max_moves_per_round", |s| {
+                s.lease.max_moves_per_round = 0
+            }),
+            ("lease.handoff_poll_interval", |s| {
+                s.lease.handoff_poll_interval = secs(0)
+            }),
+            ("lease.handoff_timeout", |s| {
+                s.lease.handoff_timeout = s.lease.handoff_poll_interval
+            }),
             ("lease.fence_margin", |s| s.lease.fence_margin = secs(10)),
             ("lease.heartbeat_interval", |s| {
                 s.lease.heartbeat_interval = secs(7)
@@ -962,6 +1021,8 @@ mod tests {
             |s| s.supervision.shard_max_restarts = 1,
             |s| s.supervision.core_max_restarts = 0,
             |s| s.lease.max_leases = 1,
+            |s| s.lease.max_moves_per_round = 1,
+            |s| s.lease.handoff_timeout = s.lease.handoff_poll_interval + Duration::from_millis(1),
             |s| s.metrics.namespace = "My App/orders#1:x".into(),
             |s| s.metrics.interval = secs(1),
             |s| s.aws.region = Some("us-gov-west-1".into()),

@@ -101,6 +101,8 @@ pub(crate) struct ReaderArgs {
     pub metrics: ActorRef<MetricsMsg>,
     pub liveness: Liveness,
     pub restarts: u32,
+    /// The worker's delivered-records count, shared with the lease keeper.
+    pub delivered: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -641,6 +643,9 @@ impl ReaderState {
             millis_behind_latest: self.millis_behind,
         };
         self.records_delivered += len as u64;
+        self.args
+            .delivered
+            .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
         self.in_flight.push_back(InFlight {
             batch: batch.clone(),
             bytes,

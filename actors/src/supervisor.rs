@@ -49,6 +49,16 @@ pub(crate) enum SupervisorMsg {
         children: Option<Vec<ChildShard>>,
     },
     RestartShard(LeaseKey),
+    /// A live worker asked for this lease: stop its reader gracefully, flush, and let
+    /// the keeper pass it on.
+    HandOff {
+        key: LeaseKey,
+        fence: Fence,
+        to: WorkerId,
+    },
+    /// The keeper has handed over what peers asked for (or the drain timed out): finish
+    /// the shutdown.
+    DrainDone,
     Status(RpcReplyPort<WorkerStatus>),
     Shutdown(RpcReplyPort<ShutdownReport>),
 }
@@ -68,6 +78,8 @@ pub(crate) struct WorkerContext {
     pub clock: Clock,
     /// Why the worker stopped on its own, for `Worker::wait`.
     pub fatal: Arc<Mutex<Option<String>>>,
+    /// Records delivered to processors, all shards; the keeper reports the rate.
+    pub delivered: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub(crate) struct Supervisor;
@@ -104,6 +116,8 @@ struct ShardEntry {
     intensity: RestartIntensity,
     backoff: Backoff,
     restarts: u32,
+    /// Being handed over to this worker: its end is the handoff task's to report.
+    handing_off: Option<WorkerId>,
 }
 
 pub(crate) struct SupervisorState {
@@ -117,6 +131,8 @@ pub(crate) struct SupervisorState {
     by_actor: HashMap<ActorId, LeaseKey>,
     shard_restarts: u64,
     shutting_down: bool,
+    /// Set while the keeper drains; answered when the drain is done.
+    shutdown_reply: Option<RpcReplyPort<ShutdownReport>>,
 }
 
 impl Actor for Supervisor {
@@ -147,6 +163,7 @@ impl Actor for Supervisor {
             by_actor: HashMap::new(),
             shard_restarts: 0,
             shutting_down: false,
+            shutdown_reply: None,
         })
     }
 
@@ -159,7 +176,7 @@ impl Actor for Supervisor {
         match message {
             SupervisorMsg::LeaseGained(lease) => {
                 let lease = *lease;
-                if state.shutting_down {
+                if state.shutting_down || state.shutdown_reply.is_some() {
                     return Ok(());
                 }
                 let key = lease.key.clone();
@@ -185,6 +202,7 @@ impl Actor for Supervisor {
                             supervision.restart_backoff_max,
                         ),
                         restarts: 0,
+                        handing_off: None,
                     },
                 );
                 state.spawn_reader(&myself, &key).await;
@@ -217,11 +235,28 @@ impl Actor for Supervisor {
                     state.spawn_reader(&myself, &key).await;
                 }
             }
+            SupervisorMsg::HandOff { key, fence, to } => state.hand_off(key, fence, to),
             SupervisorMsg::Status(reply) => {
                 let status = state.status().await;
                 let _ = reply.send(status);
             }
             SupervisorMsg::Shutdown(reply) => {
+                if state.shutting_down || state.shutdown_reply.is_some() {
+                    // A second request: answered by the first one's report only.
+                    return Ok(());
+                }
+                // Drain first: readers keep going while peers ask for their leases, so a
+                // planned stop costs each shard one handoff, not a failover.
+                state.shutdown_reply = Some(reply);
+                let _ = state.core.keeper.cast(KeeperMsg::Drain);
+                myself.send_after(state.ctx.settings.drain_limit(), || {
+                    SupervisorMsg::DrainDone
+                });
+            }
+            SupervisorMsg::DrainDone => {
+                let Some(reply) = state.shutdown_reply.take() else {
+                    return Ok(());
+                };
                 state.shutting_down = true;
                 let report = state.shutdown().await;
                 let _ = reply.send(report);
@@ -310,6 +345,7 @@ async fn spawn_core(
             supervisor: myself.clone(),
             metrics: metrics.clone(),
             liveness: liveness.clone(),
+            delivered: ctx.delivered.clone(),
         },
         myself.get_cell(),
     )
@@ -367,6 +403,7 @@ impl SupervisorState {
             metrics: self.core.metrics.clone(),
             liveness: self.liveness.clone(),
             restarts: entry.restarts,
+            delivered: self.ctx.delivered.clone(),
         };
         match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
             Ok((reader, _)) => {
@@ -398,6 +435,26 @@ impl SupervisorState {
             .get(&key)
             .is_some_and(|e| e.reader.as_ref().map(|r| r.get_id()) == Some(actor));
         if !current {
+            return;
+        }
+        if self
+            .shards
+            .get(&key)
+            .is_some_and(|e| e.handing_off.is_some())
+        {
+            if let Some(entry) = self.shards.remove(&key) {
+                let fence = entry.lease.fence();
+                match ended {
+                    ReaderEnd::ShardEnd => {
+                        let _ = self.core.keeper.cast(KeeperMsg::Finished(key, fence));
+                    }
+                    ReaderEnd::LeaseLost => {
+                        let _ = self.core.keeper.cast(KeeperMsg::Lost(key, fence));
+                    }
+                    // The handoff task reports the rest to the keeper.
+                    ReaderEnd::Shutdown | ReaderEnd::Failed(_) => {}
+                }
+            }
             return;
         }
         let failure = match ended {
@@ -454,6 +511,68 @@ impl SupervisorState {
                 let _ = self.core.keeper.cast(KeeperMsg::GiveUp(key));
             }
         }
+    }
+
+    /// Stops the shard's reader the way a shutdown does (the processor finishes its
+    /// batch and may checkpoint), flushes, and asks the keeper to pass the lease on. The
+    /// waiting happens in a task, so the supervisor goes on serving meanwhile.
+    fn hand_off(&mut self, key: LeaseKey, fence: Fence, to: WorkerId) {
+        let reader = match self.shards.get_mut(&key) {
+            Some(entry) if entry.lease.fence() == fence && entry.handing_off.is_none() => {
+                entry.handing_off = Some(to.clone());
+                entry.reader.clone()
+            }
+            Some(_) => return,
+            None => None,
+        };
+        if reader.is_none() {
+            // Between restarts: nothing to stop.
+            self.shards.remove(&key);
+        }
+        let timeout = self.ctx.settings.supervision.shutdown_timeout;
+        let timeout_ms = timeout.as_millis() as u64;
+        let writer = self.core.writer.clone();
+        let keeper = self.core.keeper.clone();
+        tokio::spawn(async move {
+            let mut outcome = ShardShutdown {
+                shard_id: key.shard_id(),
+                processor_ok: true,
+                checkpoint_flushed: true,
+                error: None,
+            };
+            if let Some(reader) = reader {
+                outcome = match ractor::call_t!(reader, ReaderMsg::Shutdown, timeout_ms) {
+                    Ok(outcome) => outcome,
+                    Err(error) => ShardShutdown {
+                        shard_id: key.shard_id(),
+                        processor_ok: false,
+                        checkpoint_flushed: false,
+                        error: Some(format!("no answer from the shard reader: {error}")),
+                    },
+                };
+                if reader.wait(Some(timeout)).await.is_err() {
+                    reader.kill();
+                }
+            }
+            let flushed = ractor::call_t!(
+                writer,
+                |reply| CheckpointMsg::Flush {
+                    key: key.clone(),
+                    reply
+                },
+                timeout_ms
+            );
+            if !matches!(flushed, Ok(Ok(()))) {
+                outcome.checkpoint_flushed = false;
+            }
+            let _ = writer.cast(CheckpointMsg::Forget(key.clone()));
+            let _ = keeper.cast(KeeperMsg::Transfer {
+                key,
+                fence,
+                to,
+                outcome,
+            });
+        });
     }
 
     /// Restarts the core (and with it every shard), or stops the worker past the
@@ -596,13 +715,16 @@ impl SupervisorState {
                 Ok(failures) => failures.into_iter().map(|e| e.to_string()).collect(),
                 Err(error) => vec![format!("checkpoint writer: {error}")],
             };
-        let leases = match ractor::call_t!(self.core.keeper, KeeperMsg::ReleaseAll, timeout_ms) {
+        let mut leases = match ractor::call_t!(self.core.keeper, KeeperMsg::ReleaseAll, timeout_ms)
+        {
             Ok(report) => report,
             Err(error) => {
                 errors.push(format!("lease keeper: {error}"));
                 ReleaseReport::default()
             }
         };
+        shards.append(&mut leases.handed_off_shards);
+        shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
         match ractor::call_t!(self.core.metrics, MetricsMsg::Flush, timeout_ms) {
             Ok(Ok(_)) => {}
             // Metrics are not worth failing a shutdown over; they are reported.

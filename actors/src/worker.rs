@@ -287,6 +287,7 @@ impl WorkerBuilder {
         };
         let fatal = Arc::new(Mutex::new(None));
         let shutdown_timeout = settings.supervision.shutdown_timeout;
+        let drain_limit = settings.drain_limit();
         let ctx = Arc::new(WorkerContext {
             me: me.clone(),
             application,
@@ -300,6 +301,7 @@ impl WorkerBuilder {
             initial_timestamp,
             clock: backend.clock,
             fatal: fatal.clone(),
+            delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
             .await
@@ -311,6 +313,7 @@ impl WorkerBuilder {
             join: Some(join),
             fatal,
             shutdown_timeout,
+            drain_limit,
         })
     }
 }
@@ -353,6 +356,7 @@ pub struct Worker {
     join: Option<JoinHandle<()>>,
     fatal: Arc<Mutex<Option<String>>>,
     shutdown_timeout: std::time::Duration,
+    drain_limit: std::time::Duration,
 }
 
 impl fmt::Debug for Worker {
@@ -382,9 +386,10 @@ impl Worker {
     /// are flushed, leases released. Returns when all of that is done; the report says
     /// honestly what did not succeed (see [`ShutdownReport::clean`]).
     pub async fn shutdown(mut self) -> Result<ShutdownReport, WorkerError> {
-        // Readers, the final flush, the release and the metrics each get the shutdown
-        // timeout; the supervisor's own bookkeeping gets a little more.
-        let timeout = 4 * self.shutdown_timeout.as_millis() as u64 + 10_000;
+        // The drain (handing leases to peers that ask), then readers, the final flush,
+        // the release and the metrics each get the shutdown timeout; the supervisor's
+        // own bookkeeping gets a little more.
+        let timeout = (self.drain_limit + 4 * self.shutdown_timeout).as_millis() as u64 + 10_000;
         let result = ractor::call_t!(self.supervisor, SupervisorMsg::Shutdown, timeout)
             .map_err(|e| self.stopped_or(e.to_string()));
         if let Some(join) = self.join.take() {

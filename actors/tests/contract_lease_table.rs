@@ -18,7 +18,7 @@ use flotilla_actors::backend::{LeaseError, LeaseTable, TableState};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, SequenceNumber,
-    ShardId, WorkerId,
+    ShardId, WorkerId, WorkerLoad,
 };
 use support::servers;
 
@@ -475,17 +475,23 @@ mod cases {
 
     pub async fn heartbeats_count_up_and_show_in_the_scan(env: Env) {
         let table = env.fresh().await;
-        assert_eq!(table.heartbeat(&me()).await.unwrap(), 1);
-        assert_eq!(table.heartbeat(&me()).await.unwrap(), 2);
-        assert_eq!(table.heartbeat(&other()).await.unwrap(), 1);
+        let idle = WorkerLoad::default();
+        let busy = WorkerLoad {
+            leases: 7,
+            records_per_second: 1500,
+            draining: true,
+        };
+        assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 1);
+        assert_eq!(table.heartbeat(&me(), &busy).await.unwrap(), 2);
+        assert_eq!(table.heartbeat(&other(), &idle).await.unwrap(), 1);
         let mut beats = table.scan().await.unwrap().heartbeats;
         beats.sort_by(|a, b| a.worker.cmp(&b.worker));
         assert_eq!(
             beats
                 .iter()
-                .map(|h| (h.worker.as_str(), h.counter))
+                .map(|h| (h.worker.as_str(), h.counter, h.load))
                 .collect::<Vec<_>>(),
-            [("worker-a", 2), ("worker-b", 1)]
+            [("worker-a", 2, busy), ("worker-b", 1, idle)]
         );
         table.remove_heartbeat(&me()).await.unwrap();
         table.remove_heartbeat(&me()).await.unwrap();
@@ -495,6 +501,125 @@ mod cases {
             table.scan().await.unwrap().leases.is_empty(),
             "heartbeats are not leases"
         );
+    }
+
+    pub async fn a_handoff_request_leaves_the_counter_and_only_its_asker_gets_the_lease(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(8);
+        table.create_if_absent(&lease).await.unwrap();
+        let held = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        let third = WorkerId::new("worker-c");
+        // A request against a stale fence is refused.
+        assert!(matches!(
+            table
+                .request_handoff(&lease.key, &unowned(0), &other())
+                .await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        table
+            .request_handoff(&lease.key, &held.fence(), &other())
+            .await
+            .unwrap();
+        // Asking again is fine; a second asker is refused.
+        table
+            .request_handoff(&lease.key, &held.fence(), &other())
+            .await
+            .unwrap();
+        assert!(matches!(
+            table
+                .request_handoff(&lease.key, &held.fence(), &third)
+                .await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        let asked = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(asked.handoff_to, Some(other()));
+        assert_eq!(asked.fence(), held.fence(), "a request moves no counter");
+        // The owner's checkpoints go on while the request waits.
+        table
+            .checkpoint(&lease.key, &held.fence(), &seq(5), &[])
+            .await
+            .unwrap();
+        // Only the asker can be the target of the transfer.
+        assert!(matches!(
+            table.transfer(&lease.key, &held.fence(), &third).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        let counter = table
+            .transfer(&lease.key, &held.fence(), &other())
+            .await
+            .unwrap();
+        assert_eq!(counter, held.counter + 1);
+        let moved = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(moved.owner, Some(other()));
+        assert_eq!(moved.handoff_to, None);
+        assert_eq!(
+            moved.checkpoint,
+            seq(5),
+            "the new owner starts at the checkpoint"
+        );
+        assert_eq!(moved.owner_switches_since_checkpoint, 1);
+        // The old fence is dead: no more checkpoints or transfers from the old owner.
+        assert!(matches!(
+            table
+                .checkpoint(&lease.key, &held.fence(), &seq(6), &[])
+                .await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+    }
+
+    pub async fn a_request_is_cleared_by_its_asker_or_by_a_take_or_release(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(9);
+        table.create_if_absent(&lease).await.unwrap();
+        let held = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        table
+            .request_handoff(&lease.key, &held.fence(), &other())
+            .await
+            .unwrap();
+        // Only the request's own asker is cleared.
+        assert!(matches!(
+            table.clear_handoff(&lease.key, &me()).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        table.clear_handoff(&lease.key, &other()).await.unwrap();
+        let cleared = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(cleared.handoff_to, None);
+        assert_eq!(cleared.fence(), held.fence());
+        // A transfer without a request is refused.
+        assert!(matches!(
+            table.transfer(&lease.key, &held.fence(), &other()).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        // Release and take drop a pending request.
+        table
+            .request_handoff(&lease.key, &held.fence(), &other())
+            .await
+            .unwrap();
+        let counter = table.release(&lease.key, &held.fence()).await.unwrap();
+        assert_eq!(
+            table.get(&lease.key).await.unwrap().unwrap().handoff_to,
+            None
+        );
+        let retaken = table
+            .take(&lease.key, &unowned(counter), &me())
+            .await
+            .unwrap();
+        table
+            .request_handoff(&lease.key, &retaken.fence(), &other())
+            .await
+            .unwrap();
+        let taken = table
+            .take(&lease.key, &retaken.fence(), &WorkerId::new("worker-c"))
+            .await
+            .unwrap();
+        assert_eq!(taken.handoff_to, None);
+        // Clearing a missing row is a condition failure, not a new row.
+        let ghost = LeaseKey::new("shardId-000000000999");
+        assert!(matches!(
+            table.clear_handoff(&ghost, &other()).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        assert_eq!(table.get(&ghost).await.unwrap(), None);
     }
 
     pub async fn scan_reports_malformed_rows_and_goes_on(env: Env) {
@@ -597,6 +722,8 @@ macro_rules! suite {
                 checkpoint_leaves_foreign_attributes_and_clears_pending,
                 delete_is_fenced,
                 heartbeats_count_up_and_show_in_the_scan,
+                a_handoff_request_leaves_the_counter_and_only_its_asker_gets_the_lease,
+                a_request_is_cleared_by_its_asker_or_by_a_take_or_release,
                 scan_reports_malformed_rows_and_goes_on,
                 scan_paginates_past_one_megabyte,
                 reads_rows_written_by_another_kcl,

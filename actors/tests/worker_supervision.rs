@@ -149,7 +149,7 @@ async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
     let thief = WorkerId::new("thief");
     let stolen = table.take(&key, &lease.fence(), &thief).await.unwrap();
     for _ in 0..10 {
-        table.heartbeat(&thief).await.unwrap();
+        table.heartbeat(&thief, &Default::default()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(

@@ -18,7 +18,7 @@ use crate::backend::{
     PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
     StreamSummary, TableState,
 };
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
 
 /// One injected misbehaviour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +107,7 @@ struct State {
 /// use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty};
 /// use flotilla_actors::backend::memory::MemoryDynamo;
 /// use flotilla_actors::backend::{LeaseError, LeaseTable};
-/// use flotilla_actors::model::WorkerId;
+/// use flotilla_actors::model::{WorkerId, WorkerLoad};
 ///
 /// // The second heartbeat is written, but its answer is "lost": the caller sees a
 /// // retryable error although the counter moved.
@@ -115,9 +115,9 @@ struct State {
 /// let table = Faulty::new(MemoryDynamo::new().lease_table("my-app"), plan);
 /// table.ensure_table().await?;
 /// let me = WorkerId::new("w");
-/// assert_eq!(table.heartbeat(&me).await?, 1);
-/// assert!(matches!(table.heartbeat(&me).await, Err(LeaseError::Transient { .. })));
-/// assert_eq!(table.heartbeat(&me).await?, 3);
+/// assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await?, 1);
+/// assert!(matches!(table.heartbeat(&me, &WorkerLoad::default()).await, Err(LeaseError::Transient { .. })));
+/// assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await?, 3);
 /// # Ok(())
 /// # }
 /// ```
@@ -458,8 +458,41 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("delete", self.inner.delete(key, expected)))
     }
 
-    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(self.run("heartbeat", self.inner.heartbeat(worker)))
+    fn request_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run(
+            "request_handoff",
+            self.inner.request_handoff(key, expected, requester),
+        ))
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        to: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.run("transfer", self.inner.transfer(key, expected, to)))
+    }
+
+    fn clear_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run("clear_handoff", self.inner.clear_handoff(key, requester)))
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        load: &'a WorkerLoad,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.run("heartbeat", self.inner.heartbeat(worker, load)))
     }
 
     fn remove_heartbeat<'a>(
@@ -496,7 +529,7 @@ mod tests {
         let me = WorkerId::new("w");
         let mut out = Vec::new();
         for _ in 0..200 {
-            out.push(table.heartbeat(&me).await.is_ok());
+            out.push(table.heartbeat(&me, &WorkerLoad::default()).await.is_ok());
         }
         out
     }
@@ -528,17 +561,17 @@ mod tests {
             .then(Some("heartbeat"), 2, Fault::Throttle);
         let table = Faulty::new(db.lease_table("t"), plan);
         let me = WorkerId::new("w");
-        assert_eq!(table.heartbeat(&me).await, Ok(1));
+        assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await, Ok(1));
         // The lost response took effect: the counter moved to 2 though the caller saw an error.
         assert!(matches!(
-            table.heartbeat(&me).await,
+            table.heartbeat(&me, &WorkerLoad::default()).await,
             Err(LeaseError::Transient { .. })
         ));
         assert!(matches!(
-            table.heartbeat(&me).await,
+            table.heartbeat(&me, &WorkerLoad::default()).await,
             Err(LeaseError::Throttled { .. })
         ));
-        assert_eq!(table.heartbeat(&me).await, Ok(3));
+        assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await, Ok(3));
     }
 
     #[tokio::test(start_paused = true)]
@@ -549,15 +582,15 @@ mod tests {
         db.create_table("t", "leaseKey", "S");
         let table = Faulty::new(db.lease_table("t"), FaultPlan::seeded(1));
         let me = WorkerId::new("w");
-        assert_eq!(table.heartbeat(&me).await, Ok(1));
+        assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await, Ok(1));
         let next = table.calls("heartbeat");
         table.set_plan(FaultPlan::seeded(2).then(Some("heartbeat"), next, Fault::Panic));
-        let caught = std::panic::AssertUnwindSafe(table.heartbeat(&me))
+        let caught = std::panic::AssertUnwindSafe(table.heartbeat(&me, &WorkerLoad::default()))
             .catch_unwind()
             .await;
         assert!(caught.is_err(), "the call panicked");
         assert_eq!(
-            table.heartbeat(&me).await,
+            table.heartbeat(&me, &WorkerLoad::default()).await,
             Ok(2),
             "the panicked call had no effect"
         );
@@ -577,13 +610,16 @@ mod tests {
         let table = Faulty::new(db.lease_table("t"), plan);
         let me = WorkerId::new("w");
         let start = tokio::time::Instant::now();
-        let err = table.heartbeat(&me).await.unwrap_err();
+        let err = table
+            .heartbeat(&me, &WorkerLoad::default())
+            .await
+            .unwrap_err();
         assert!(
             err.to_string().contains("injected timeout after 30s"),
             "{err}"
         );
         assert_eq!(start.elapsed(), Duration::from_secs(30));
-        assert_eq!(table.heartbeat(&me).await, Ok(1));
+        assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await, Ok(1));
         assert_eq!(start.elapsed(), Duration::from_millis(30_250));
     }
 }

@@ -3,7 +3,7 @@
 use futures::future::BoxFuture;
 
 use crate::model::item::{MalformedRow, Row};
-use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId};
+use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 
 /// Everything a scan found.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -90,13 +90,21 @@ impl LeaseError {
 /// * `scan` returns every row, paginated; a malformed row is reported in
 ///   `ScanOutput::malformed` and the scan goes on.
 /// * `create_if_absent` never overwrites: it returns `false` if the key exists.
-/// * `take(key, fence, me)`: owner := me, counter + 1, ownerSwitchesSinceCheckpoint + 1.
-/// * `release(key, fence)`: owner removed, counter + 1.
+/// * `take(key, fence, me)`: owner := me, counter + 1, ownerSwitchesSinceCheckpoint + 1,
+///   any handoff request removed.
+/// * `release(key, fence)`: owner removed, counter + 1, any handoff request removed.
+/// * `request_handoff(key, fence, me)`: handoff request := me, unless another worker's
+///   request is there (`ConditionFailed`); counter unchanged. Asking again is fine.
+/// * `transfer(key, fence, to)`: only while the request names `to`: owner := to,
+///   counter + 1, ownerSwitchesSinceCheckpoint + 1, the request removed.
+/// * `clear_handoff(key, requester)`: the request removed if it names `requester`
+///   (`ConditionFailed` otherwise); owner and counter unchanged.
 /// * `checkpoint(key, fence, cp, children)`: checkpoint set, ownerSwitchesSinceCheckpoint
 ///   := 0, any pending (two-phase) checkpoint removed, `childShardIds` set when given;
 ///   the counter does not change.
 /// * `delete(key, fence)`: the row is removed.
-/// * `heartbeat(me)`: the worker's heartbeat counter + 1 (created at 1), returned.
+/// * `heartbeat(me, load)`: the worker's heartbeat counter + 1 (created at 1), returned;
+///   the load attributes replaced.
 /// * Attributes a write does not name are left as they are (a Java KCL's extras survive).
 pub trait LeaseTable: Send + Sync + 'static {
     /// The table's name, for logs and errors.
@@ -140,7 +148,34 @@ pub trait LeaseTable: Send + Sync + 'static {
         expected: &'a Fence,
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
 
-    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>>;
+    /// Asks the owner (alive, not answering to a fence of ours) to hand the lease over.
+    fn request_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    /// The owner's answer to a request: the lease passes to `to`. Returns the new counter.
+    fn transfer<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        to: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>>;
+
+    /// Withdraws a request (by the requester) or turns down a stale one (by the owner).
+    fn clear_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    fn heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        load: &'a WorkerLoad,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>>;
 
     /// Removes a worker's heartbeat row (a clean exit); absent is fine.
     fn remove_heartbeat<'a>(

@@ -14,7 +14,7 @@ pub const APPLICATION_DIMENSION: &str = "Application";
 pub const STREAM_DIMENSION: &str = "StreamName";
 pub const SHARD_DIMENSION: &str = "ShardId";
 
-const METRIC_COUNT: usize = 12;
+const METRIC_COUNT: usize = 17;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -32,6 +32,13 @@ pub enum Metric {
     Throttles,
     ApiErrors,
     ActorRestarts,
+    /// Lease movements by reason: taken from a dead owner, handed over to this worker
+    /// at its request, handed over by it, released by it, finished by it at SHARD_END.
+    LeasesExpired,
+    LeasesStolen,
+    LeasesHandedOff,
+    LeasesReleased,
+    LeasesEnded,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -59,6 +66,11 @@ impl Metric {
         Metric::Throttles,
         Metric::ApiErrors,
         Metric::ActorRestarts,
+        Metric::LeasesExpired,
+        Metric::LeasesStolen,
+        Metric::LeasesHandedOff,
+        Metric::LeasesReleased,
+        Metric::LeasesEnded,
     ];
 
     /// The CloudWatch metric name.
@@ -76,6 +88,11 @@ impl Metric {
             Metric::Throttles => "Throttles",
             Metric::ApiErrors => "ApiErrors",
             Metric::ActorRestarts => "ActorRestarts",
+            Metric::LeasesExpired => "LeasesExpired",
+            Metric::LeasesStolen => "LeasesStolen",
+            Metric::LeasesHandedOff => "LeasesHandedOff",
+            Metric::LeasesReleased => "LeasesReleased",
+            Metric::LeasesEnded => "LeasesEnded",
         }
     }
 
@@ -91,7 +108,12 @@ impl Metric {
             | Metric::CheckpointFailures
             | Metric::Throttles
             | Metric::ApiErrors
-            | Metric::ActorRestarts => Unit::Count,
+            | Metric::ActorRestarts
+            | Metric::LeasesExpired
+            | Metric::LeasesStolen
+            | Metric::LeasesHandedOff
+            | Metric::LeasesReleased
+            | Metric::LeasesEnded => Unit::Count,
         }
     }
 

@@ -10,7 +10,7 @@ use std::fmt;
 
 use super::{
     Checkpoint, ExtendedSequenceNumber, HashKeyRange, Heartbeat, Lease, LeaseKey, SequenceNumber,
-    ShardId, WorkerId,
+    ShardId, WorkerId, WorkerLoad,
 };
 
 /// A DynamoDB attribute value, serialised the way DynamoDB JSON writes it (`{"S": ".."}`).
@@ -70,6 +70,11 @@ pub mod attr {
     pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
     pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
     pub const ENTITY_TYPE: &str = "entityType";
+    /// flotilla's own attributes; the Java KCL ignores attributes it does not know.
+    pub const HANDOFF_TO: &str = "flotillaHandoffTo";
+    pub const WORKER_LEASES: &str = "flotillaLeaseCount";
+    pub const WORKER_RECORDS_PER_SECOND: &str = "flotillaRecordsPerSecond";
+    pub const WORKER_DRAINING: &str = "flotillaDraining";
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
@@ -152,6 +157,14 @@ impl Reader<'_> {
         }
     }
 
+    fn boolean(&self, attribute: &str) -> Result<Option<bool>, MalformedRow> {
+        match self.item.get(attribute) {
+            None => Ok(None),
+            Some(AttrValue::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(self.wrong_type(attribute, "BOOL", other)),
+        }
+    }
+
     fn string_set(&self, attribute: &str) -> Result<Vec<ShardId>, MalformedRow> {
         match self.item.get(attribute) {
             None => Ok(Vec::new()),
@@ -176,6 +189,11 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
             Ok(Row::Heartbeat(Heartbeat {
                 worker: WorkerId::new(worker),
                 counter,
+                load: WorkerLoad {
+                    leases: r.number(attr::WORKER_LEASES)?.unwrap_or(0),
+                    records_per_second: r.number(attr::WORKER_RECORDS_PER_SECOND)?.unwrap_or(0),
+                    draining: r.boolean(attr::WORKER_DRAINING)?.unwrap_or(false),
+                },
             }))
         }
         Some(other) => Ok(Row::Other {
@@ -235,6 +253,7 @@ fn decode_lease(r: &Reader<'_>, key: String) -> Result<Lease, MalformedRow> {
         hash_range,
         pending_checkpoint,
         checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
+        handoff_to: r.string(attr::HANDOFF_TO)?.map(WorkerId::new),
     })
 }
 
@@ -312,6 +331,9 @@ pub fn encode_lease(lease: &Lease) -> Item {
     if let Some(owner) = &lease.checkpoint_owner {
         item.insert(attr::CHECKPOINT_OWNER.into(), AttrValue::S(owner.clone()));
     }
+    if let Some(to) = &lease.handoff_to {
+        item.insert(attr::HANDOFF_TO.into(), AttrValue::S(to.as_str().into()));
+    }
     item
 }
 
@@ -332,6 +354,24 @@ pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
             AttrValue::N(heartbeat.counter.to_string()),
         ),
     ])
+    .into_iter()
+    .chain(load_attrs(&heartbeat.load))
+    .collect()
+}
+
+/// The load attributes a heartbeat write sets.
+pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 3] {
+    [
+        (
+            attr::WORKER_LEASES.into(),
+            AttrValue::N(load.leases.to_string()),
+        ),
+        (
+            attr::WORKER_RECORDS_PER_SECOND.into(),
+            AttrValue::N(load.records_per_second.to_string()),
+        ),
+        (attr::WORKER_DRAINING.into(), AttrValue::Bool(load.draining)),
+    ]
 }
 
 impl fmt::Display for Row {
@@ -370,6 +410,7 @@ mod tests {
             SequenceNumber::from_u128(200),
             0,
         ));
+        lease.handoff_to = Some(WorkerId::new("w-2"));
         assert_eq!(
             decode_row(&encode_lease(&lease)),
             Ok(Row::Lease(Box::new(lease)))
@@ -381,6 +422,11 @@ mod tests {
         let hb = Heartbeat {
             worker: WorkerId::new("w-1"),
             counter: 41,
+            load: WorkerLoad {
+                leases: 3,
+                records_per_second: 1200,
+                draining: true,
+            },
         };
         assert_eq!(decode_row(&encode_heartbeat(&hb)), Ok(Row::Heartbeat(hb)));
     }

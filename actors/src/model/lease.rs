@@ -173,6 +173,10 @@ pub struct Lease {
     pub pending_checkpoint: Option<ExtendedSequenceNumber>,
     /// KCL 3.x graceful hand-off marker; read, never written.
     pub checkpoint_owner: Option<String>,
+    /// A live worker's request that the owner hand this lease over to it (a steal).
+    /// Written by the requester, honoured or cleared by the owner; never changes the
+    /// counter, so the owner's checkpoints go on succeeding until it hands over.
+    pub handoff_to: Option<WorkerId>,
 }
 
 impl Lease {
@@ -194,6 +198,7 @@ impl Lease {
             hash_range,
             pending_checkpoint: None,
             checkpoint_owner: None,
+            handoff_to: None,
         }
     }
 
@@ -220,6 +225,19 @@ pub struct Fence {
 pub struct Heartbeat {
     pub worker: WorkerId,
     pub counter: u64,
+    pub load: WorkerLoad,
+}
+
+/// What a worker tells the fleet with each heartbeat, for balancing and status pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerLoad {
+    /// Leases held when the heartbeat was written.
+    pub leases: u64,
+    /// Records delivered to processors per second since the previous heartbeat.
+    pub records_per_second: u64,
+    /// The worker is shutting down: it takes nothing and hands its leases to whoever
+    /// asks. Others leave it out of fair shares.
+    pub draining: bool,
 }
 
 #[cfg(test)]

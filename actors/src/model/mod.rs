@@ -19,7 +19,7 @@ mod watermark;
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
-    SHARD_END, TRIM_HORIZON, WorkerId,
+    SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
 };
 pub use lease_plan::plan_new_leases;
 pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};

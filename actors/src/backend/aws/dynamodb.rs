@@ -33,9 +33,9 @@ use super::Failure;
 use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
 use crate::model::item::{
     AttrValue, ENTITY_WORKER, Item, MalformedRow, Row, attr, checkpoint_attrs, decode_row,
-    encode_lease, heartbeat_key, shard_set,
+    encode_lease, heartbeat_key, load_attrs, shard_set,
 };
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 
 /// How often and how long `ensure_table` polls for a new table to be ACTIVE.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -438,10 +438,61 @@ impl DynamoLeaseTable {
             AttributeValue::S(new_owner.as_str().to_owned()),
         );
         let one = p.value("one", number(1));
+        let handoff = p.name(attr::HANDOFF_TO);
         let update = format!(
-            "SET {owner} = {me}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {checkpoint_owner}"
+            "SET {owner} = {me}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {checkpoint_owner}, {handoff}"
         );
         self.update(key, &p, update, condition).await
+    }
+
+    async fn request(
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
+        requester: &WorkerId,
+    ) -> Result<(), LeaseError> {
+        let mut p = Placeholders::default();
+        let fenced = p.fence(fence);
+        let handoff = p.name(attr::HANDOFF_TO);
+        let me = p.value(
+            "requester",
+            AttributeValue::S(requester.as_str().to_owned()),
+        );
+        let condition =
+            format!("{fenced} AND (attribute_not_exists({handoff}) OR {handoff} = {me})");
+        let update = format!("SET {handoff} = {me}");
+        self.update(key, &p, update, condition).await.map(drop)
+    }
+
+    async fn transfer_lease(
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
+        to: &WorkerId,
+    ) -> Result<u64, LeaseError> {
+        let mut p = Placeholders::default();
+        let fenced = p.fence(fence);
+        let (owner, counter) = (p.name(attr::LEASE_OWNER), p.name(attr::LEASE_COUNTER));
+        let (switches, handoff) = (p.name(attr::OWNER_SWITCHES), p.name(attr::HANDOFF_TO));
+        let to = p.value("to", AttributeValue::S(to.as_str().to_owned()));
+        let one = p.value("one", number(1));
+        let condition = format!("{fenced} AND {handoff} = {to}");
+        let update = format!(
+            "SET {owner} = {to}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {handoff}"
+        );
+        Ok(self.update(key, &p, update, condition).await?.counter)
+    }
+
+    async fn clear_request(&self, key: &LeaseKey, requester: &WorkerId) -> Result<(), LeaseError> {
+        let mut p = Placeholders::default();
+        let handoff = p.name(attr::HANDOFF_TO);
+        let requester = p.value(
+            "requester",
+            AttributeValue::S(requester.as_str().to_owned()),
+        );
+        let condition = format!("{handoff} = {requester}");
+        let update = format!("REMOVE {handoff}");
+        self.update(key, &p, update, condition).await.map(drop)
     }
 
     async fn release_lease(&self, key: &LeaseKey, fence: &Fence) -> Result<u64, LeaseError> {
@@ -449,7 +500,8 @@ impl DynamoLeaseTable {
         let condition = p.fence(fence);
         let (owner, counter) = (p.name(attr::LEASE_OWNER), p.name(attr::LEASE_COUNTER));
         let one = p.value("one", number(1));
-        let update = format!("SET {counter} = {counter} + {one} REMOVE {owner}");
+        let handoff = p.name(attr::HANDOFF_TO);
+        let update = format!("SET {counter} = {counter} + {one} REMOVE {owner}, {handoff}");
         Ok(self.update(key, &p, update, condition).await?.counter)
     }
 
@@ -511,7 +563,7 @@ impl DynamoLeaseTable {
         }
     }
 
-    async fn beat(&self, worker: &WorkerId) -> Result<u64, LeaseError> {
+    async fn beat(&self, worker: &WorkerId, load: &WorkerLoad) -> Result<u64, LeaseError> {
         const OP: &str = "UpdateItem";
         let key = heartbeat_key(worker);
         let mut p = Placeholders::default();
@@ -523,14 +575,20 @@ impl DynamoLeaseTable {
         let worker_type = p.value("worker_type", AttributeValue::S(ENTITY_WORKER.to_owned()));
         let me = p.value("worker", AttributeValue::S(worker.as_str().to_owned()));
         let one = p.value("one", number(1));
+        let mut set = vec![
+            format!("{entity} = {worker_type}"),
+            format!("{owner} = {me}"),
+        ];
+        for (i, (name, value)) in load_attrs(load).iter().enumerate() {
+            let value = p.value(&format!("load{i}"), attr_to_sdk(OP, value)?);
+            set.push(format!("{} = {value}", p.name(name)));
+        }
         let output = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::key(&key)))
-            .update_expression(format!(
-                "SET {entity} = {worker_type}, {owner} = {me} ADD {counter} {one}"
-            ))
+            .update_expression(format!("SET {} ADD {counter} {one}", set.join(", ")))
             .set_expression_attribute_names(p.names())
             .set_expression_attribute_values(p.values())
             .return_values(ReturnValue::UpdatedNew)
@@ -725,8 +783,38 @@ impl LeaseTable for DynamoLeaseTable {
         Box::pin(self.delete_lease(key, expected))
     }
 
-    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(self.beat(worker))
+    fn request_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.request(key, expected, requester))
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        to: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.transfer_lease(key, expected, to))
+    }
+
+    fn clear_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.clear_request(key, requester))
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        load: &'a WorkerLoad,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.beat(worker, load))
     }
 
     fn remove_heartbeat<'a>(

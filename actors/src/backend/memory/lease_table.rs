@@ -12,9 +12,9 @@ use futures::future::BoxFuture;
 use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
 use crate::model::item::{
     self, AttrValue, ENTITY_WORKER, Item, Row, attr, checkpoint_attrs, decode_row, encode_lease,
-    heartbeat_key, shard_set,
+    heartbeat_key, load_attrs, shard_set,
 };
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId};
+use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 
 #[derive(Debug)]
 struct Table {
@@ -190,6 +190,23 @@ fn fenced<'a>(
     Ok(row)
 }
 
+fn handoff_of(item: &Item) -> Option<WorkerId> {
+    match item.get(attr::HANDOFF_TO) {
+        Some(AttrValue::S(o)) => Some(WorkerId::new(o.as_str())),
+        _ => None,
+    }
+}
+
+/// The condition failure a write refused for its handoff request reports: the row's
+/// owner and counter as they are.
+fn refused(key: &LeaseKey, row: &Item) -> LeaseError {
+    LeaseError::ConditionFailed {
+        key: key.clone(),
+        owner: owner_of(row),
+        counter: number(row, attr::LEASE_COUNTER),
+    }
+}
+
 fn set_counter(item: &mut Item, value: u64) {
     item.insert(attr::LEASE_COUNTER.into(), AttrValue::N(value.to_string()));
 }
@@ -286,6 +303,7 @@ impl LeaseTable for MemoryLeaseTable {
                     AttrValue::N(switches.to_string()),
                 );
                 row.remove(attr::CHECKPOINT_OWNER);
+                row.remove(attr::HANDOFF_TO);
                 Self::decode(row)
             })
         })
@@ -299,9 +317,80 @@ impl LeaseTable for MemoryLeaseTable {
         Box::pin(async move {
             self.conditional("UpdateItem", key, expected, |row| {
                 row.remove(attr::LEASE_OWNER);
+                row.remove(attr::HANDOFF_TO);
                 set_counter(row, expected.counter + 1);
                 Ok(expected.counter + 1)
             })
+        })
+    }
+
+    fn request_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                match handoff_of(row) {
+                    Some(other) if &other != requester => return Err(refused(key, row)),
+                    _ => {}
+                }
+                row.insert(
+                    attr::HANDOFF_TO.into(),
+                    AttrValue::S(requester.as_str().into()),
+                );
+                Ok(())
+            })
+        })
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        to: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                if handoff_of(row).as_ref() != Some(to) {
+                    return Err(refused(key, row));
+                }
+                row.insert(attr::LEASE_OWNER.into(), AttrValue::S(to.as_str().into()));
+                set_counter(row, expected.counter + 1);
+                let switches = number(row, attr::OWNER_SWITCHES).unwrap_or(0) + 1;
+                row.insert(
+                    attr::OWNER_SWITCHES.into(),
+                    AttrValue::N(switches.to_string()),
+                );
+                row.remove(attr::HANDOFF_TO);
+                Ok(expected.counter + 1)
+            })
+        })
+    }
+
+    fn clear_handoff<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        requester: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("UpdateItem", &self.name))?;
+            let Some(row) = table.items.get_mut(key.as_str()) else {
+                return Err(LeaseError::ConditionFailed {
+                    key: key.clone(),
+                    owner: None,
+                    counter: None,
+                });
+            };
+            if handoff_of(row).as_ref() != Some(requester) {
+                return Err(refused(key, row));
+            }
+            row.remove(attr::HANDOFF_TO);
+            Ok(())
         })
     }
 
@@ -349,7 +438,11 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
-    fn heartbeat<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Result<u64, LeaseError>> {
+    fn heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        load: &'a WorkerLoad,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
             let table = tables
@@ -365,6 +458,7 @@ impl LeaseTable for MemoryLeaseTable {
                 AttrValue::S(worker.as_str().into()),
             );
             set_counter(row, counter);
+            row.extend(load_attrs(load));
             Ok(counter)
         })
     }
