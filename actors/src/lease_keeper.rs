@@ -672,6 +672,8 @@ impl KeeperState {
             deadline: now + wait,
             done: false,
         });
+        // The shutdown report covers leaving, not the handoffs of the worker's life.
+        self.report = ReleaseReport::default();
         for key in std::mem::take(&mut self.requested).into_keys() {
             let _ = self.args.table.clear_handoff(&key, &self.args.me).await;
         }

@@ -1,0 +1,193 @@
+//! Two workers on the memory backend, paused time: a join balances by graceful handoff,
+//! a graceful shutdown hands every lease to the live peer, a crash is taken over after
+//! the failover time. Handoffs cost no duplicates; nothing is ever lost.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::{KeeperStatus, Settings, Worker};
+use tokio::sync::Mutex;
+
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
+use support::rig::{APP, Rig, STREAM};
+
+const SHARDS: u32 = 8;
+
+fn settings(id: &str) -> Settings {
+    let mut s = fast_settings(STREAM, APP);
+    s.worker.worker_id = Some(id.to_owned());
+    s
+}
+
+/// Puts a round of records every 100 ms until stopped.
+struct Feed {
+    producer: Arc<Mutex<Producer>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Feed {
+    fn start(streams: MemoryStreams) -> Feed {
+        let producer = Arc::new(Mutex::new(Producer::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let (producer, stop) = (producer.clone(), stop.clone());
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    producer
+                        .lock()
+                        .await
+                        .put_round(&streams, STREAM, 16, 2)
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        Feed {
+            producer,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) -> Producer {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        Arc::try_unwrap(self.producer).unwrap().into_inner()
+    }
+}
+
+async fn keeper(worker: &Worker) -> KeeperStatus {
+    worker.status().await.unwrap().leases.unwrap()
+}
+
+/// Waits until each worker holds the given number of leases.
+async fn wait_held(workers: &[&Worker], want: &[usize], limit: Duration) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let mut held = Vec::new();
+        for w in workers {
+            held.push(keeper(w).await.held.len());
+        }
+        if held == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "after {limit:?} the workers hold {held:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn count(map: &std::collections::BTreeMap<String, u64>, key: &str) -> u64 {
+    map.get(key).copied().unwrap_or(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_joining_worker_gets_its_share_by_handoff_without_duplicates() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let feed = Feed::start(rig.streams.clone());
+    let a = rig.start_with(&probes, settings("a")).await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    probes.wait_distinct(500, Duration::from_secs(30)).await;
+
+    let b = rig.start_with(&probes, settings("b")).await;
+    // Two scans to see each other, one to ask, a poll to answer: a few seconds.
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    let (ka, kb) = (keeper(&a).await, keeper(&b).await);
+    assert_eq!(count(&ka.given, "handed_off"), 4, "{ka:#?}");
+    assert_eq!(count(&kb.gained, "handed_off"), 4, "{kb:#?}");
+    assert!(ka.held.iter().all(|k| !kb.held.contains(k)));
+
+    // Balanced: nothing more moves.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(count(&keeper(&a).await.given, "handed_off"), 4);
+    assert_eq!(keeper(&b).await.gained.values().sum::<u64>(), 4);
+
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    let verdict = probes.assert_nothing_lost(&producer);
+    assert_eq!(verdict.duplicates, 0, "a handoff redelivers nothing");
+    for w in [a, b] {
+        let report = w.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_shutdown_hands_every_lease_to_the_live_peer() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let feed = Feed::start(rig.streams.clone());
+    let a = rig.start_with(&probes, settings("a")).await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    let b = rig.start_with(&probes, settings("b")).await;
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    probes.wait_distinct(500, Duration::from_secs(30)).await;
+
+    let started = tokio::time::Instant::now();
+    let report = a.shutdown().await.unwrap();
+    let took = started.elapsed();
+    assert!(report.clean(), "{report:#?}");
+    assert_eq!(report.leases.handed_off.len(), 4, "{report:#?}");
+    assert!(report.leases.released.is_empty(), "{report:#?}");
+    assert_eq!(
+        report.shards.len(),
+        4,
+        "every processor finished: {report:#?}"
+    );
+    // The peer sees the draining heartbeat within one scan and asks at once; the drain
+    // never waits for its time limit when everything is asked for.
+    let limit = settings("a").drain_limit();
+    assert!(took < limit, "drain took {took:?}, limit {limit:?}");
+    wait_held(&[&b], &[8], Duration::from_secs(2)).await;
+    assert_eq!(count(&keeper(&b).await.gained, "handed_off"), 8);
+
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    let verdict = probes.assert_nothing_lost(&producer);
+    assert_eq!(verdict.duplicates, 0, "a handoff redelivers nothing");
+    let report = b.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    assert_eq!(report.leases.released.len(), 8, "no peer left to ask");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_workers_leases_are_taken_after_the_failover_time() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let feed = Feed::start(rig.streams.clone());
+    let a = rig.start_with(&probes, settings("a")).await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    let b = rig.start_with(&probes, settings("b")).await;
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    probes.wait_distinct(500, Duration::from_secs(30)).await;
+
+    a.abort();
+    let failover = settings("b").lease.failover_time;
+    // Not before the failover time...
+    tokio::time::sleep(failover - Duration::from_secs(1)).await;
+    assert_eq!(keeper(&b).await.held.len(), 4);
+    // ...and within a heartbeat interval or two after it.
+    wait_held(&[&b], &[8], Duration::from_secs(3)).await;
+    assert_eq!(count(&keeper(&b).await.gained, "expired"), 4);
+
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    probes.assert_nothing_lost(&producer);
+    let report = b.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+}
