@@ -4,6 +4,10 @@
 //!
 //! Children reported by a reader at SHARD_END get their rows at once, not at the next
 //! listing; a server that does not report children makes the watcher list now instead.
+//!
+//! Rows of finished shards gone past retention are deleted (conditionally) once all
+//! their children have started; until then the parent's SHARD_END is what lets a child
+//! begin.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,7 +20,7 @@ use crate::backend::{ChildShard, LeaseTable, StreamClient};
 use crate::backoff::Backoff;
 use crate::lease_keeper::KeeperMsg;
 use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
-use crate::model::{Checkpoint, Lease, ShardGraph, ShardId, plan_new_leases};
+use crate::model::{Checkpoint, Lease, ShardGraph, ShardId, plan_cleanup, plan_new_leases};
 
 #[derive(Debug)]
 pub(crate) enum WatcherMsg {
@@ -32,6 +36,8 @@ pub struct WatcherStatus {
     pub shards: usize,
     pub open_shards: usize,
     pub leases_created: u64,
+    /// Rows of finished shards deleted after their children started.
+    pub leases_deleted: u64,
     pub last_error: Option<String>,
 }
 
@@ -186,6 +192,18 @@ impl WatcherState {
             info!(message = "Lease rows created for new shards.", count = created, stream = %self.args.stream);
             self.status.leases_created += created;
             let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
+        }
+        for lease in plan_cleanup(&shards, &scan.leases) {
+            match self.args.table.delete(&lease.key, &lease.fence()).await {
+                Ok(()) => {
+                    info!(message = "Lease of a finished shard deleted; its children have started.", event = "lease_deleted", lease_key = %lease.key);
+                    self.status.leases_deleted += 1;
+                }
+                // Another worker deleted it first, or it changed: next listing decides.
+                Err(error) => {
+                    debug!(message = "Finished lease not deleted.", lease_key = %lease.key, %error)
+                }
+            }
         }
         self.status.shards = graph.len();
         self.status.open_shards = graph.shards().filter(|s| s.is_open()).count();

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::backend::{LeaseTable, StreamAdmin};
 use flotilla_actors::{KeeperStatus, Settings, Worker};
 use tokio::sync::Mutex;
 
@@ -189,5 +190,55 @@ async fn a_crashed_workers_leases_are_taken_after_the_failover_time() {
         .await;
     probes.assert_nothing_lost(&producer);
     let report = b.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_parents_row_is_deleted_past_retention_once_its_children_started() {
+    let config = MemoryStreamsConfig {
+        retention: Duration::from_secs(60),
+        ..MemoryStreamsConfig::default()
+    };
+    let rig = Rig::new(2, config).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let mut s = settings("a");
+    s.reader.shard_sync_interval = Duration::from_millis(500);
+    let a = rig.start_with(&probes, s).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 16, 20).await;
+    let parent = rig.shards().await[0].clone();
+    let mid = parent.hash_range.start + (parent.hash_range.end - parent.hash_range.start) / 2;
+    rig.streams
+        .split_shard(STREAM, &parent.id, mid)
+        .await
+        .unwrap();
+    producer.put_round(&rig.streams, STREAM, 16, 20).await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    let table = rig.table();
+    let key = flotilla_actors::model::LeaseKey::from(&parent.id);
+    let row = table.get(&key).await.unwrap().unwrap();
+    assert!(row.checkpoint.is_shard_end(), "{row:?}");
+
+    // Past retention the parent leaves the listing; its children have started, so its
+    // row goes. The children keep theirs, and nothing is read again.
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    assert!(rig.shards().await.iter().all(|s| s.id != parent.id));
+    assert_eq!(table.get(&key).await.unwrap(), None, "parent row deleted");
+    let status = a.status().await.unwrap();
+    assert_eq!(status.stream_watcher.unwrap().leases_deleted, 1);
+    assert_eq!(
+        table.scan().await.unwrap().leases.len(),
+        3,
+        "two children and shard 1"
+    );
+    producer.put_round(&rig.streams, STREAM, 16, 5).await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    let verdict = probes.assert_nothing_lost(&producer);
+    assert_eq!(verdict.duplicates, 0, "the parent was not leased again");
+    let report = a.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 }

@@ -6,6 +6,10 @@
 //! TRIM_HORIZON whatever the initial position: its first records follow its parent's
 //! last ones, and skipping them would lose data. Other shards start at the initial
 //! position.
+//!
+//! A closed shard with no row whose child has one is finished: its row was deleted
+//! after it ended and its children started. It is never leased again (reading it anew
+//! would redeliver what was processed long ago).
 
 use std::collections::HashSet;
 
@@ -20,6 +24,24 @@ pub fn plan_new_leases(
 ) -> Vec<Lease> {
     let lease_everything = !matches!(initial, Checkpoint::Latest);
     let listed: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+    let mut leased = leased.clone();
+    loop {
+        let finished: Vec<ShardId> = shards
+            .iter()
+            .filter(|s| !s.is_open() && !leased.contains(&s.id))
+            .filter(|s| {
+                shards
+                    .iter()
+                    .any(|c| c.parents().any(|p| p == &s.id) && leased.contains(&c.id))
+            })
+            .map(|s| s.id.clone())
+            .collect();
+        if finished.is_empty() {
+            break;
+        }
+        leased.extend(finished);
+    }
+    let leased = &leased;
     // Leased already or planned now.
     let mut known: HashSet<ShardId> = leased.clone();
     // Known, or looked at and left without a lease.
@@ -59,6 +81,34 @@ pub fn plan_new_leases(
     planned
 }
 
+/// The rows that may be deleted: finished (SHARD_END), their shard gone from the
+/// listing (past retention), and every child's row present and started (owned at least
+/// once, or past its first record). Until then a parent's row is what tells a child
+/// that it may start.
+pub fn plan_cleanup<'a>(shards: &[Shard], leases: &'a [Lease]) -> Vec<&'a Lease> {
+    let listed: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+    let started = |l: &Lease| {
+        l.counter > 0 || matches!(l.checkpoint, Checkpoint::At(_) | Checkpoint::ShardEnd)
+    };
+    leases
+        .iter()
+        .filter(|l| l.checkpoint.is_shard_end() && !listed.contains(&l.key.shard_id()))
+        .filter(|parent| {
+            let shard = parent.key.shard_id();
+            let mut children: Vec<&Lease> = leases
+                .iter()
+                .filter(|c| c.parent_shard_ids.contains(&shard))
+                .collect();
+            let named_missing = parent
+                .child_shard_ids
+                .iter()
+                .any(|id| !children.iter().any(|c| &c.key.shard_id() == id));
+            children.dedup_by(|a, b| a.key == b.key);
+            !children.is_empty() && !named_missing && children.iter().all(|c| started(c))
+        })
+        .collect()
+}
+
 fn lease_for(shard: &Shard, checkpoint: Checkpoint) -> Lease {
     Lease::new(
         &shard.id,
@@ -71,7 +121,7 @@ fn lease_for(shard: &Shard, checkpoint: Checkpoint) -> Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{HashKeyRange, SequenceNumber, SequenceRange};
+    use crate::model::{HashKeyRange, LeaseKey, SequenceNumber, SequenceRange};
 
     fn shard(i: u64, parents: &[u64], open: bool) -> Shard {
         Shard {
@@ -179,6 +229,57 @@ mod tests {
         assert_eq!(got, vec![(4, Checkpoint::TrimHorizon)]);
         let got = plan(&[shard(3, &[], true)], &[], Checkpoint::AtTimestamp);
         assert_eq!(got, vec![(3, Checkpoint::AtTimestamp)]);
+    }
+
+    #[test]
+    fn a_finished_parent_whose_row_was_cleaned_up_is_not_leased_again() {
+        // 0 and 2 finished and their rows were deleted; 1 and 4 are leased.
+        assert!(plan(&history(), &[1, 3, 4], Checkpoint::TrimHorizon).is_empty());
+        // 3 is done too once 4 is leased, even with no row of its own.
+        assert!(plan(&history(), &[1, 4], Checkpoint::TrimHorizon).is_empty());
+    }
+
+    #[test]
+    fn a_finished_row_is_cleaned_up_only_when_gone_from_the_listing_and_its_children_started() {
+        let row = |i: u64, parents: &[u64], cp: Checkpoint, counter: u64| {
+            let mut l = Lease::new(
+                &ShardId::from_index(i),
+                cp,
+                parents.iter().map(|p| ShardId::from_index(*p)).collect(),
+                None,
+            );
+            l.counter = counter;
+            l
+        };
+        let mut parent = row(0, &[], Checkpoint::ShardEnd, 3);
+        parent.child_shard_ids = vec![ShardId::from_index(1), ShardId::from_index(2)];
+        let listed_children = [shard(1, &[0], true), shard(2, &[0], true)];
+        let one_started = vec![
+            parent.clone(),
+            row(1, &[0], Checkpoint::TrimHorizon, 1),
+            row(2, &[0], Checkpoint::TrimHorizon, 0),
+        ];
+        assert!(plan_cleanup(&listed_children, &one_started).is_empty());
+        let both_started = vec![
+            parent.clone(),
+            row(1, &[0], Checkpoint::TrimHorizon, 1),
+            row(2, &[0], Checkpoint::TrimHorizon, 2),
+        ];
+        let cleaned: Vec<&LeaseKey> = plan_cleanup(&listed_children, &both_started)
+            .iter()
+            .map(|l| &l.key)
+            .collect();
+        assert_eq!(cleaned, vec![&parent.key]);
+        // Still listed: kept.
+        let mut with_parent = listed_children.to_vec();
+        with_parent.push(shard(0, &[], false));
+        assert!(plan_cleanup(&with_parent, &both_started).is_empty());
+        // A named child without a row: kept.
+        assert!(plan_cleanup(&listed_children, &both_started[..2]).is_empty());
+        // Not finished: kept, whatever the listing says.
+        let mut open_parent = both_started.clone();
+        open_parent[0].checkpoint = Checkpoint::TrimHorizon;
+        assert!(plan_cleanup(&listed_children, &open_parent).is_empty());
     }
 
     #[test]
