@@ -126,7 +126,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 writeln!(out, "{}", lease_json(lease))?;
             }
             for hb in &scan.heartbeats {
-                eprintln!("worker {}: heartbeat {}", hb.worker, hb.counter);
+                eprintln!(
+                    "worker {}: heartbeat {}, {} leases, {} records/s{}",
+                    hb.worker,
+                    hb.counter,
+                    hb.load.leases,
+                    hb.load.records_per_second,
+                    if hb.load.draining { ", draining" } else { "" }
+                );
             }
             for bad in &scan.malformed {
                 eprintln!("skipped: {bad}");
@@ -240,5 +247,6 @@ fn lease_json(lease: &Lease) -> serde_json::Value {
         "parents": lease.parent_shard_ids.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "children": lease.child_shard_ids.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "hash_range": lease.hash_range.map(|r| [r.start.to_string(), r.end.to_string()]),
+        "handoff_to": lease.handoff_to.as_ref().map(|w| w.as_str()),
     })
 }
