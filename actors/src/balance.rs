@@ -34,6 +34,8 @@ struct Seen {
 #[derive(Debug, Clone, Default)]
 pub struct Observations {
     seen: HashMap<WorkerId, Seen>,
+    /// Leases with no live owner, since when this worker has seen them so.
+    free_since: HashMap<LeaseKey, Instant>,
 }
 
 /// One worker as this worker sees it, for status pages.
@@ -99,6 +101,32 @@ impl Observations {
         }
         self.seen
             .retain(|worker, _| present.contains(worker) || owners_seen.contains(worker));
+    }
+
+    /// Records which leases have no live owner (after [`Observations::observe`] of the
+    /// same scan), so that a lease the plan deals to a worker that does not take it (its
+    /// `max_leases`, its cooldown) is not left unprocessed: past `failover_time` free,
+    /// anyone takes it.
+    pub fn observe_leases(&mut self, leases: &[Lease], now: Instant, failover_time: Duration) {
+        let mut free: HashSet<&LeaseKey> = HashSet::new();
+        for lease in leases {
+            let unowned = lease
+                .owner
+                .as_ref()
+                .is_none_or(|o| !self.is_alive(o, now, failover_time));
+            if unowned && !lease.checkpoint.is_shard_end() {
+                free.insert(&lease.key);
+                self.free_since.entry(lease.key.clone()).or_insert(now);
+            }
+        }
+        self.free_since.retain(|key, _| free.contains(key));
+    }
+
+    /// Whether the lease has had no live owner for `failover_time` or longer.
+    pub fn long_free(&self, key: &LeaseKey, now: Instant, failover_time: Duration) -> bool {
+        self.free_since
+            .get(key)
+            .is_some_and(|since| now.saturating_duration_since(*since) >= failover_time)
     }
 
     /// Whether `worker` has shown a sign of life within `failover_time` of `now`.
@@ -420,10 +448,17 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     };
     let mut moves = 0;
     let mut mine: Vec<&Lease> = plan
-        .into_iter()
+        .iter()
         .filter(|(_, w)| *w == me)
-        .map(|(l, _)| l)
+        .map(|(l, _)| *l)
         .collect();
+    // Dealt to a worker that has not taken it for a failover time: anyone's.
+    mine.extend(
+        free.iter()
+            .filter(|l| obs.long_free(&l.key, now, failover))
+            .filter(|l| !plan.iter().any(|(p, w)| p.key == l.key && *w == me))
+            .copied(),
+    );
     // Ours by name but not held: a previous life of this worker id, or a lease just
     // handed to it.
     mine.extend(
@@ -740,6 +775,31 @@ mod tests {
             ]
         );
         assert!(d.hand_off.is_empty());
+    }
+
+    #[test]
+    fn a_lease_dealt_to_a_worker_that_does_not_take_it_is_anyones_after_the_failover_time() {
+        let t0 = Instant::now();
+        let a = WorkerId::new("a");
+        // b is at its max_leases (1), below its share: the free lease is dealt to it.
+        let mut leases: Vec<Lease> = (0..3).map(|i| lease(i, Some("a"), 1)).collect();
+        leases.push(lease(3, Some("b"), 1));
+        leases.push(lease(4, None, 0));
+        let held: HashMap<LeaseKey, Fence> = leases[..3]
+            .iter()
+            .map(|l| (l.key.clone(), l.fence()))
+            .collect();
+        let mut obs = Observations::new();
+        let owners: Vec<WorkerId> = leases.iter().filter_map(|l| l.owner.clone()).collect();
+        obs.observe(&[hb("a", 1), hb("b", 1)], owners.iter(), t0);
+        obs.observe_leases(&leases, t0, FAILOVER);
+        let d = run(&leases, &held, &obs, &a, t0, &limits(0));
+        assert!(d.take.is_empty(), "b's to take: {d:?}");
+        let later = t0 + FAILOVER;
+        obs.observe(&[hb("a", 2), hb("b", 2)], owners.iter(), later);
+        obs.observe_leases(&leases, later, FAILOVER);
+        let d = run(&leases, &held, &obs, &a, later, &limits(0));
+        assert_eq!(taken(&d), vec![&leases[4].key]);
     }
 
     #[test]

@@ -455,6 +455,8 @@ impl KeeperState {
             scan.leases.iter().filter_map(|l| l.owner.as_ref()),
             now,
         );
+        self.observations
+            .observe_leases(&scan.leases, now, self.settings().failover_time);
         let cooling: HashSet<LeaseKey> = self.cooling.keys().cloned().collect();
         let handing_off: HashSet<LeaseKey> = self.handing_off.keys().cloned().collect();
         let settings = self.settings();
