@@ -256,7 +256,7 @@ impl Actor for LeaseKeeper {
                 outcome,
             } => {
                 state.transfer(key, fence, to, outcome).await;
-                state.check_drained(&myself);
+                state.check_drained();
             }
             KeeperMsg::Drain => {
                 state.start_drain(&myself).await;
@@ -487,22 +487,16 @@ impl KeeperState {
                 l.handoff_to.as_ref() == Some(&me) || l.owner.as_ref() == Some(&me)
             })
         });
-        self.act(myself, decision, &by_key).await;
+        self.act(decision, &by_key).await;
         self.report(vec![Sample::new(
             Metric::LeasesHeld,
             self.held.len() as f64,
         )]);
-        self.check_drained(myself);
+        self.check_drained();
         self.arm_poll(myself);
     }
 
-    async fn act(
-        &mut self,
-        myself: &ActorRef<KeeperMsg>,
-        decision: Decision,
-        by_key: &HashMap<&LeaseKey, &Lease>,
-    ) {
-        let _ = myself;
+    async fn act(&mut self, decision: Decision, by_key: &HashMap<&LeaseKey, &Lease>) {
         for key in decision.lost {
             if let Some(fence) = self.held.remove(&key) {
                 let thief = by_key.get(&key).and_then(|l| l.owner.clone());
@@ -680,35 +674,35 @@ impl KeeperState {
             let _ = self.args.table.clear_handoff(&key, &self.args.me).await;
         }
         self.heartbeat().await;
-        let failover = self.settings().failover_time;
-        let others = self
-            .observations
-            .members(&self.args.me, true, now, failover)
-            .len();
         info!(
             message = "Draining: handing leases to whoever asks.",
-            held = self.held.len(),
-            live_peers = others
+            held = self.held.len()
         );
-        if (others == 0 || self.held.is_empty())
-            && let Some(drain) = &mut self.drain
-        {
-            drain.deadline = now;
-        }
-        self.check_drained(myself);
+        self.check_drained();
         self.arm_poll(myself);
     }
 
     /// Tells the supervisor the drain is over once nothing is held but what nobody
     /// asked for in time, and no handoff is still in flight.
-    fn check_drained(&mut self, _myself: &ActorRef<KeeperMsg>) {
+    fn check_drained(&mut self) {
         let Some(drain) = &mut self.drain else {
             return;
         };
         if drain.done || !self.handing_off.is_empty() {
             return;
         }
-        if self.held.is_empty() || Instant::now() >= drain.deadline {
+        let now = Instant::now();
+        // Every peer is draining too (a whole fleet stopping): nobody will ask.
+        let nobody_left = self
+            .observations
+            .members(
+                &self.args.me,
+                true,
+                now,
+                self.args.settings.lease.failover_time,
+            )
+            .is_empty();
+        if self.held.is_empty() || nobody_left || now >= drain.deadline {
             drain.done = true;
             let _ = self.args.supervisor.cast(SupervisorMsg::DrainDone);
         }
