@@ -242,3 +242,25 @@ async fn a_finished_parents_row_is_deleted_past_retention_once_its_children_star
     let report = a.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_fleet_stopping_at_once_releases_without_waiting_for_askers() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, settings("a")).await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    let b = rig.start_with(&probes, settings("b")).await;
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+
+    let started = tokio::time::Instant::now();
+    let (ra, rb) = tokio::join!(a.shutdown(), b.shutdown());
+    let took = started.elapsed();
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(ra.clean() && rb.clean(), "{ra:#?} {rb:#?}");
+    assert_eq!(ra.leases.released.len() + rb.leases.released.len(), 8);
+    // Each sees the other draining at its next scan and stops waiting: well before the
+    // drain's own limit of two heartbeat intervals and a poll.
+    let s = settings("a");
+    let patience = s.lease.heartbeat_interval * 2 + s.lease.handoff_poll_interval;
+    assert!(took < patience, "took {took:?}");
+}
