@@ -30,13 +30,15 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a worker on an in-memory stream and check its output (no AWS needed).
+    /// Run a fleet of workers on an in-memory stream and check its output (no AWS needed).
     ///
     /// A built-in producer writes records numbered per partition key; a shard is split
-    /// at a third of the run and two are merged at two thirds; a built-in processor
-    /// checks that every record arrives, in order per key. Progress goes to stderr once
-    /// a second; the last line on stdout is the summary. Exits non-zero if a record was
-    /// lost or out of order.
+    /// at a third of the run and two are merged at two thirds; in between, a worker is
+    /// killed without a shutdown and the others must take over its leases. A built-in
+    /// processor checks that every record arrives, in order per key. Progress goes to
+    /// stderr once a second; the last line on stdout is the summary. Exits non-zero if a
+    /// record was lost or out of order, a survivor did not shut down cleanly, or a record
+    /// was delivered twice without a crash.
     Demo(DemoArgs),
     /// Run a worker on a Kinesis stream, printing each record as a JSON line.
     ///

@@ -1,16 +1,21 @@
-//! `flotilla demo`: a worker against the in-memory services, fed by a built-in producer,
-//! checked by a built-in processor. No AWS account and no server needed.
+//! `flotilla demo`: a fleet of workers against the in-memory services, fed by a built-in
+//! producer, checked by a built-in processor. No AWS account and no server needed.
 //!
+//! * `--workers` workers run in this process but share nothing except what separate
+//!   processes would: the stream and the lease table. Each has its own id, heartbeat and
+//!   leases; they find each other only through the table.
 //! * The producer puts `--rate` records a second round-robin over [`KEYS`] partition
 //!   keys; a record's data is `key-17:42`, its key and its place in that key's sequence.
 //! * At a third of the run a shard is split, at two thirds two adjacent shards are
-//!   merged, so records of a key cross from parents to children mid-run.
-//! * Every delivery goes through [`OrderCheck`], which counts distinct records,
-//!   duplicates (replays, which at-least-once allows) and order violations (a key's
-//!   records out of order, which it does not).
-//! * Once the producer stops the worker is given [`CATCH_UP`] to process what is left,
-//!   then shut down gracefully. The last line on stdout is the [`Summary`]; the command
-//!   fails unless every record arrived, in order per key, and the shutdown was clean.
+//!   merged, so records of a key cross from parents to children mid-run. Between the
+//!   two, `--crashes` workers are killed without a shutdown (the one holding the most
+//!   leases first), and the survivors must take over their leases once they expire.
+//! * Every delivery of every worker goes through one [`OrderCheck`], which counts
+//!   distinct records, duplicates (replays, which at-least-once allows after a crash)
+//!   and order violations (a key's records out of order, which it never allows).
+//! * Once the producer stops the fleet is given [`CATCH_UP`] to process what is left,
+//!   then every survivor is shut down gracefully. The last line on stdout is the
+//!   [`Summary`]; [`failures`] decides whether the run passed.
 //!
 //! Progress goes to stderr once a second; library logs are at `warn` unless
 //! `FLOTILLA_LOG` says otherwise.
@@ -31,23 +36,27 @@ use flotilla_actors::backend::{PutRecord, StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
 use flotilla_actors::settings::MetricsLevel;
 use flotilla_actors::{
-    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShutdownReport, Worker,
-    WorkerError, WorkerStatus,
+    Backend, Batch, Checkpointer, KeeperStatus, Processor, ProcessorError, Settings,
+    ShutdownReport, Worker, WorkerStatus,
 };
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 const STREAM: &str = "flotilla-demo";
 const APPLICATION: &str = "flotilla-demo";
 /// Distinct partition keys: enough that every shard, and both halves of a split, get some.
 const KEYS: usize = 100;
-/// How long the worker may take to process what is left once the producer stops.
+/// How long the fleet may take to process what is left once the producer stops.
 const CATCH_UP: Duration = Duration::from_secs(30);
 /// When the split and the merge happen in a run without an end (`--duration 0`).
 const OPEN_ENDED_SPLIT: Duration = Duration::from_secs(10);
 const OPEN_ENDED_MERGE: Duration = Duration::from_secs(20);
 /// The producer's pace: it tops up to the target rate this often.
 const PRODUCER_TICK: Duration = Duration::from_millis(20);
+/// The `gained` reasons of [`KeeperStatus`] that mean a lease changed owner, as opposed
+/// to a worker taking a brand-new lease or resuming one already in its name.
+const MOVED: [&str; 3] = ["expired", "handed_off", "released"];
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -60,15 +69,42 @@ pub struct DemoArgs {
     /// Records put per second.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub rate: u32,
+    /// Workers in the fleet, all in this process, sharing the stream and the lease table.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub workers: u32,
+    /// Workers killed mid-run without a shutdown; their leases must fail over to the
+    /// survivors. Must be below --workers. Default: 1 with two or more workers, else 0.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=99))]
+    pub crashes: Option<u32>,
+}
+
+impl DemoArgs {
+    /// How many workers to crash. A fleet with no survivor could not finish the run, so
+    /// at least one worker is always left.
+    fn crashes(&self) -> anyhow::Result<u32> {
+        match self.crashes {
+            None => Ok(u32::from(self.workers > 1)),
+            Some(crashes) if crashes < self.workers => Ok(crashes),
+            Some(crashes) => bail!(
+                "--crashes {crashes} needs more than {crashes} workers (--workers is {}): \
+                 at least one worker must survive to finish the run",
+                self.workers
+            ),
+        }
+    }
 }
 
 /// Tuned for a run of seconds rather than days: frequent checkpoints and shard
-/// listings, short polls. Metrics stay in the worker (they feed the progress line).
-fn demo_settings() -> Settings {
+/// listings, short polls, and lease timings short enough that a crashed worker's leases
+/// fail over within the run. Metrics stay in the worker (they feed the progress line).
+fn demo_settings(worker_id: String) -> Settings {
     let mut settings = Settings::default();
     settings.worker.stream = STREAM.to_owned();
     settings.worker.application = APPLICATION.to_owned();
-    settings.worker.worker_id = Some("demo-worker".to_owned());
+    settings.worker.worker_id = Some(worker_id);
+    settings.lease.failover_time = Duration::from_secs(3);
+    settings.lease.heartbeat_interval = Duration::from_millis(500);
+    settings.lease.fence_margin = Duration::from_secs(1);
     settings.checkpoint.interval = Duration::from_secs(1);
     settings.reader.poll_interval = Duration::from_millis(50);
     settings.reader.idle_max = Duration::from_millis(200);
@@ -79,6 +115,7 @@ fn demo_settings() -> Settings {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let crashes = args.crashes()?;
     let streams = MemoryStreams::new(MemoryStreamsConfig::default());
     streams
         .create_stream(STREAM, args.shards)
@@ -86,26 +123,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .context("cannot create the in-memory stream")?;
 
     let check = SharedCheck::default();
-    let for_processors = check.clone();
-    let worker = Worker::builder()
-        .settings(demo_settings())
-        .backend(Backend::memory(
-            streams.clone(),
-            MemoryDynamo::new(),
-            MemoryMetrics::new(),
-        ))
-        .processor(move |_shard| CheckingProcessor {
-            check: for_processors.clone(),
-        })
-        .start()
-        .await
-        .context("cannot start the worker")?;
+    // One backend for all: the workers meet in its lease table, as processes would in
+    // DynamoDB.
+    let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
+    let mut fleet = Fleet::start(args.workers, &backend, &check).await?;
 
     let duration = (args.duration > 0).then(|| Duration::from_secs(args.duration));
     eprintln!(
-        "demo: {} shards, {} records/s, {}",
+        "demo: {} shards, {} records/s, {} workers, {crashes} to crash, {}",
         args.shards,
         args.rate,
+        args.workers,
         match duration {
             Some(d) => format!("for {}", humantime::format_duration(d)),
             None => "until Ctrl-C".to_owned(),
@@ -123,6 +151,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let resharding = tokio::spawn(reshard(streams, split_at, merge_at));
 
     let started = Instant::now();
+    let mut crash_schedule = crash_times(split_at, merge_at, crashes).into_iter();
+    let mut next_crash = crash_schedule.next();
+    let crash_timer = tokio::time::sleep_until(started + next_crash.unwrap_or_default());
+    tokio::pin!(crash_timer);
     let mut progress = Progress::new(started);
     let mut ticks =
         tokio::time::interval_at(started + Duration::from_secs(1), Duration::from_secs(1));
@@ -140,9 +172,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 eprintln!("demo: interrupted; stopping the producer (Ctrl-C again to stop waiting)");
                 break;
             }
+            () = &mut crash_timer, if next_crash.is_some() => {
+                fleet.crash_one().await?;
+                next_crash = crash_schedule.next();
+                if let Some(at) = next_crash {
+                    crash_timer.as_mut().reset(started + at);
+                }
+            }
             _ = ticks.tick() => {
-                let status = worker.status().await.context("the worker stopped")?;
-                eprintln!("{}", progress.line(&status, produced_so_far.load(Ordering::Relaxed), &check));
+                let statuses = fleet.statuses().await?;
+                eprintln!("{}", progress.line(&fleet, &statuses, produced_so_far.load(Ordering::Relaxed), &check));
             }
         }
     }
@@ -164,7 +203,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     let total = produced.total();
     eprintln!(
-        "demo: producer stopped after {total} records; waiting up to {} for the worker to catch up",
+        "demo: producer stopped after {total} records; waiting up to {} for the fleet to catch up",
         humantime::format_duration(CATCH_UP)
     );
     let deadline = Instant::now() + CATCH_UP;
@@ -177,7 +216,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         if Instant::now() >= deadline {
             eprintln!(
-                "demo: the worker did not catch up within {}",
+                "demo: the fleet did not catch up within {}",
                 humantime::format_duration(CATCH_UP)
             );
             break;
@@ -185,34 +224,216 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         tokio::select! {
             result = &mut ctrl_c => {
                 result.context("cannot listen for Ctrl-C")?;
-                eprintln!("demo: interrupted; not waiting for the worker (Ctrl-C again to stop at once)");
+                eprintln!("demo: interrupted; not waiting for the fleet (Ctrl-C again to stop at once)");
                 break;
             }
             _ = ticks.tick() => {
-                let status = worker.status().await.context("the worker stopped")?;
-                eprintln!("{}", progress.line(&status, total, &check));
+                let statuses = fleet.statuses().await?;
+                eprintln!("{}", progress.line(&fleet, &statuses, total, &check));
             }
             () = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
     }
 
-    eprintln!("demo: shutting the worker down");
-    // The summary is printed whatever the shutdown did: what was delivered is known.
-    let shutdown = tokio::select! {
-        result = worker.shutdown() => Some(result),
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("demo: interrupted; stopping the worker at once");
-            None
-        }
-    };
-    let summary = check.lock().summary(&produced);
+    // The survivors' lease counts as they stand before shutting down: releasing at
+    // shutdown is not a move, nobody takes those leases.
+    let final_statuses = fleet.statuses().await?;
+    eprintln!("{}", progress.line(&fleet, &final_statuses, total, &check));
+    let figures = fleet.figures();
+    eprintln!("demo: shutting down {}", fleet.alive().join(" "));
+    // The summary is printed whatever the shutdowns did: what was delivered is known.
+    let shutdowns = fleet.shutdown().await;
+    let summary = check.lock().summary(&produced, figures);
     println!("{summary}");
 
-    let failures = failures(&summary, shutdown.as_ref());
+    let failures = failures(&summary, &shutdowns);
     if !failures.is_empty() {
         bail!("demo failed: {}", failures.join("; "));
     }
     Ok(())
+}
+
+/// When each crash happens, from the start: spread evenly between the split and the
+/// merge, so a crash hits a stream that has just changed shape, and its leases (children
+/// blocked on their parents among them) fail over while the merge adds more.
+fn crash_times(split_at: Duration, merge_at: Duration, crashes: u32) -> Vec<Duration> {
+    let gap = merge_at.saturating_sub(split_at);
+    (1..=crashes)
+        .map(|k| split_at + gap * k / (crashes + 1))
+        .collect()
+}
+
+/// One worker of the fleet and what was last seen of its leases.
+struct Member {
+    id: String,
+    /// `None` once crashed or handed to the shutdown.
+    worker: Option<Worker>,
+    /// From the last status it answered; a crashed worker's stays as it was just before.
+    leases: Option<KeeperStatus>,
+}
+
+/// The demo's workers, by id.
+struct Fleet {
+    members: Vec<Member>,
+    crashes: u32,
+}
+
+/// What the summary reports about the fleet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FleetFigures {
+    pub workers: u32,
+    pub crashes: u32,
+    /// Leases that changed owner: taken after their owner died, handed off, or taken
+    /// after a release, summed over every worker (the crashed ones as last seen).
+    pub lease_moves: u64,
+}
+
+/// How one worker's graceful shutdown ended.
+#[derive(Debug)]
+enum Shutdown {
+    Report(ShutdownReport),
+    Failed(String),
+    /// Ctrl-C came first; the worker was stopped abruptly.
+    Interrupted,
+}
+
+impl Fleet {
+    /// Starts the workers one after another, each with its own id and processors that
+    /// all feed `check`.
+    async fn start(workers: u32, backend: &Backend, check: &SharedCheck) -> anyhow::Result<Self> {
+        let mut members = Vec::new();
+        for n in 1..=workers {
+            let id = format!("demo-{n}");
+            let for_processors = check.clone();
+            let worker = Worker::builder()
+                .settings(demo_settings(id.clone()))
+                .backend(backend.clone())
+                .processor(move |_shard| CheckingProcessor {
+                    check: for_processors.clone(),
+                })
+                .start()
+                .await
+                .with_context(|| format!("cannot start worker {id}"))?;
+            members.push(Member {
+                id,
+                worker: Some(worker),
+                leases: None,
+            });
+        }
+        Ok(Self {
+            members,
+            crashes: 0,
+        })
+    }
+
+    /// The ids of the workers not crashed.
+    fn alive(&self) -> Vec<&str> {
+        self.members
+            .iter()
+            .filter(|m| m.worker.is_some())
+            .map(|m| m.id.as_str())
+            .collect()
+    }
+
+    /// Asks every live worker for its status and remembers its leases. A worker that
+    /// does not answer has stopped on its own, which ends the demo.
+    async fn statuses(&mut self) -> anyhow::Result<Vec<WorkerStatus>> {
+        let mut statuses = Vec::new();
+        for member in &mut self.members {
+            let Some(worker) = &member.worker else {
+                continue;
+            };
+            let status = worker
+                .status()
+                .await
+                .with_context(|| format!("worker {} stopped", member.id))?;
+            member.leases = status.leases.clone();
+            statuses.push(status);
+        }
+        Ok(statuses)
+    }
+
+    /// Kills the live worker holding the most leases (the first such by id), so the
+    /// crash strands as many shards as it can. Always leaves one worker alive.
+    async fn crash_one(&mut self) -> anyhow::Result<()> {
+        if self.alive().len() <= 1 {
+            return Ok(());
+        }
+        // Fresh counts: the last progress line may be a second old.
+        self.statuses().await?;
+        let held = |m: &Member| m.leases.as_ref().map_or(0, |l| l.held.len());
+        let mut victim: Option<&mut Member> = None;
+        for member in self.members.iter_mut().filter(|m| m.worker.is_some()) {
+            if victim.as_ref().is_none_or(|v| held(member) > held(v)) {
+                victim = Some(member);
+            }
+        }
+        if let Some(member) = victim
+            && let Some(worker) = member.worker.take()
+        {
+            worker.abort();
+            self.crashes += 1;
+            eprintln!(
+                "demo: crashed {} holding {} leases",
+                member.id,
+                member.leases.as_ref().map_or(0, |l| l.held.len())
+            );
+        }
+        Ok(())
+    }
+
+    fn figures(&self) -> FleetFigures {
+        let lease_moves = self
+            .members
+            .iter()
+            .filter_map(|m| m.leases.as_ref())
+            .flat_map(|l| MOVED.iter().filter_map(|reason| l.gained.get(*reason)))
+            .sum();
+        FleetFigures {
+            workers: self.members.len() as u32,
+            crashes: self.crashes,
+            lease_moves,
+        }
+    }
+
+    /// Shuts every live worker down at once, as a fleet being stopped would; Ctrl-C
+    /// stops the ones not done yet abruptly. Returns each worker's outcome by id.
+    async fn shutdown(&mut self) -> Vec<(String, Shutdown)> {
+        let mut outcomes: Vec<(String, Shutdown)> = Vec::new();
+        let mut running = JoinSet::new();
+        let mut index_of = HashMap::new();
+        for member in &mut self.members {
+            if let Some(worker) = member.worker.take() {
+                let task = running.spawn(worker.shutdown());
+                index_of.insert(task.id(), outcomes.len());
+                outcomes.push((member.id.clone(), Shutdown::Interrupted));
+            }
+        }
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        loop {
+            tokio::select! {
+                joined = running.join_next_with_id() => {
+                    let (id, outcome) = match joined {
+                        None => break,
+                        Some(Ok((id, Ok(report)))) => (id, Shutdown::Report(report)),
+                        Some(Ok((id, Err(e)))) => (id, Shutdown::Failed(e.to_string())),
+                        Some(Err(e)) => (e.id(), Shutdown::Failed(format!("the shutdown task failed: {e}"))),
+                    };
+                    if let Some(&index) = index_of.get(&id) {
+                        outcomes[index].1 = outcome;
+                    }
+                }
+                _ = &mut ctrl_c => {
+                    eprintln!("demo: interrupted; stopping the remaining workers at once");
+                    // Dropping a shutdown midway drops its worker, which kills it.
+                    running.abort_all();
+                    break;
+                }
+            }
+        }
+        outcomes
+    }
 }
 
 /// The one-line-a-second progress report.
@@ -231,7 +452,13 @@ impl Progress {
         }
     }
 
-    fn line(&mut self, status: &WorkerStatus, produced: u64, check: &SharedCheck) -> String {
+    fn line(
+        &mut self,
+        fleet: &Fleet,
+        statuses: &[WorkerStatus],
+        produced: u64,
+        check: &SharedCheck,
+    ) -> String {
         let now = Instant::now();
         let (deliveries, processed) = {
             let check = check.lock();
@@ -246,29 +473,39 @@ impl Progress {
         self.last_at = now;
         self.last_deliveries = deliveries;
 
-        let lag = status
-            .shards
+        let lag = statuses
             .iter()
+            .flat_map(|s| &s.shards)
             .filter_map(|s| s.millis_behind_latest)
             .max()
             .map_or_else(|| "-".to_owned(), |ms| format!("{ms}ms"));
-        let leases = status
-            .leases
-            .as_ref()
-            .map_or(status.shards.len(), |l| l.held.len());
-        let checkpoints: u64 = match status
-            .metrics
-            .as_ref()
-            .and_then(|m| m.totals.get("CheckpointWrites"))
-        {
-            Some(&writes) => writes as u64,
-            None => status.checkpoints.values().map(|c| c.writes).sum(),
-        };
+        let checkpoints: u64 = statuses.iter().map(checkpoint_writes).sum();
+        let workers: Vec<String> = fleet
+            .members
+            .iter()
+            .map(|m| match (&m.worker, &m.leases) {
+                (None, _) => format!("{}=(crashed)", m.id),
+                (Some(_), Some(leases)) => format!("{}={}", m.id, leases.held.len()),
+                (Some(_), None) => format!("{}=-", m.id),
+            })
+            .collect();
         format!(
             "demo: {:>3}s produced={produced} processed={processed} records/s={rate:.0} \
-             lag={lag} leases={leases} checkpoints={checkpoints}",
-            now.duration_since(self.started).as_secs()
+             lag={lag} checkpoints={checkpoints} workers: {}",
+            now.duration_since(self.started).as_secs(),
+            workers.join(" ")
         )
+    }
+}
+
+fn checkpoint_writes(status: &WorkerStatus) -> u64 {
+    match status
+        .metrics
+        .as_ref()
+        .and_then(|m| m.totals.get("CheckpointWrites"))
+    {
+        Some(&writes) => writes as u64,
+        None => status.checkpoints.values().map(|c| c.writes).sum(),
     }
 }
 
@@ -398,8 +635,9 @@ impl OrderCheck {
         self.distinct
     }
 
-    /// The verdict, given how many records of each key were produced.
-    pub fn summary(&self, produced: &Produced) -> Summary {
+    /// The verdict, given how many records of each key were produced and what the
+    /// fleet went through.
+    pub fn summary(&self, produced: &Produced, fleet: FleetFigures) -> Summary {
         let lost: u64 = produced
             .per_key
             .iter()
@@ -417,6 +655,7 @@ impl OrderCheck {
             lost,
             duplicates: self.duplicates,
             order_violations: self.violations,
+            fleet,
             malformed: self.malformed + unproduced,
         }
     }
@@ -430,11 +669,11 @@ fn parse_data(data: &[u8]) -> Option<(&str, u64)> {
 }
 
 /// Why a run fails the check (nothing when it passes): a record lost, a key out of
-/// order, a delivery the producer never wrote, or a shutdown that was not clean.
-fn failures(
-    summary: &Summary,
-    shutdown: Option<&Result<ShutdownReport, WorkerError>>,
-) -> Vec<String> {
+/// order, a delivery the producer never wrote, a worker whose shutdown was not clean, or
+/// a duplicate without a crash. A crash loses what was processed since the last
+/// checkpoint, so its successor replays it: at-least-once. Without one, leases only
+/// move with a flushed checkpoint, so a replay means a checkpoint went missing.
+fn failures(summary: &Summary, shutdowns: &[(String, Shutdown)]) -> Vec<String> {
     let mut failures = Vec::new();
     if summary.lost > 0 {
         failures.push(format!("{} records lost", summary.lost));
@@ -448,14 +687,21 @@ fn failures(
             summary.malformed
         ));
     }
-    match shutdown {
-        Some(Ok(report)) if report.clean() => {}
-        Some(Ok(report)) => {
-            let json = serde_json::to_string(report).unwrap_or_else(|e| e.to_string());
-            failures.push(format!("the shutdown was not clean: {json}"));
+    if summary.duplicates > 0 && summary.fleet.crashes == 0 {
+        failures.push(format!("{} duplicates without a crash", summary.duplicates));
+    }
+    for (worker, shutdown) in shutdowns {
+        match shutdown {
+            Shutdown::Report(report) if report.clean() => {}
+            Shutdown::Report(report) => {
+                let json = serde_json::to_string(report).unwrap_or_else(|e| e.to_string());
+                failures.push(format!("{worker}: the shutdown was not clean: {json}"));
+            }
+            Shutdown::Failed(e) => failures.push(format!("{worker} did not shut down: {e}")),
+            Shutdown::Interrupted => {
+                failures.push(format!("{worker}: the shutdown was interrupted"));
+            }
         }
-        Some(Err(e)) => failures.push(format!("the worker did not shut down: {e}")),
-        None => failures.push("the shutdown was interrupted".to_owned()),
     }
     failures
 }
@@ -468,6 +714,7 @@ pub struct Summary {
     pub lost: u64,
     pub duplicates: u64,
     pub order_violations: u64,
+    pub fleet: FleetFigures,
     /// Deliveries that are not records the producer wrote; shown only when there are some.
     pub malformed: u64,
 }
@@ -476,8 +723,16 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "demo: produced={} processed={} lost={} duplicates={} order_violations={}",
-            self.produced, self.processed, self.lost, self.duplicates, self.order_violations
+            "demo: produced={} processed={} lost={} duplicates={} order_violations={} \
+             workers={} crashes={} lease_moves={}",
+            self.produced,
+            self.processed,
+            self.lost,
+            self.duplicates,
+            self.order_violations,
+            self.fleet.workers,
+            self.fleet.crashes,
+            self.fleet.lease_moves,
         )?;
         if self.malformed > 0 {
             write!(f, " malformed={}", self.malformed)?;
@@ -679,46 +934,147 @@ mod tests {
 
     use Seen::{Duplicate, InOrder, OutOfOrder};
 
-    #[test]
-    fn the_run_fails_on_a_loss_a_violation_or_an_unclean_shutdown() {
-        let passing = Summary {
-            produced: 10,
-            processed: 10,
-            lost: 0,
-            duplicates: 3,
-            order_violations: 0,
-            malformed: 0,
-        };
-        let clean = ShutdownReport {
+    /// A lone worker that never crashed.
+    const ONE: FleetFigures = FleetFigures {
+        workers: 1,
+        crashes: 0,
+        lease_moves: 0,
+    };
+
+    fn clean_report() -> ShutdownReport {
+        ShutdownReport {
             shards: vec![],
             checkpoint_failures: vec![],
             leases: Default::default(),
             errors: vec![],
-        };
-        assert!(failures(&passing, Some(&Ok(clean.clone()))).is_empty());
+        }
+    }
+
+    fn clean(workers: &[&str]) -> Vec<(String, Shutdown)> {
+        workers
+            .iter()
+            .map(|w| ((*w).to_owned(), Shutdown::Report(clean_report())))
+            .collect()
+    }
+
+    fn passing() -> Summary {
+        Summary {
+            produced: 10,
+            processed: 10,
+            lost: 0,
+            duplicates: 0,
+            order_violations: 0,
+            fleet: FleetFigures {
+                workers: 3,
+                crashes: 1,
+                lease_moves: 4,
+            },
+            malformed: 0,
+        }
+    }
+
+    #[test]
+    fn the_run_fails_on_a_loss_a_violation_or_a_stray_delivery() {
+        let survivors = clean(&["demo-1", "demo-2"]);
+        assert!(failures(&passing(), &survivors).is_empty());
         let lost = Summary {
             lost: 1,
             processed: 9,
-            ..passing.clone()
+            ..passing()
         };
-        assert_eq!(
-            failures(&lost, Some(&Ok(clean.clone()))),
-            ["1 records lost"]
-        );
+        assert_eq!(failures(&lost, &survivors), ["1 records lost"]);
         let unordered = Summary {
             order_violations: 2,
-            ..passing.clone()
+            ..passing()
+        };
+        assert_eq!(failures(&unordered, &survivors), ["2 order violations"]);
+        let stray = Summary {
+            malformed: 1,
+            ..passing()
+        };
+        assert_eq!(failures(&stray, &survivors).len(), 1);
+    }
+
+    #[test]
+    fn duplicates_pass_only_after_a_crash() {
+        let replayed = Summary {
+            duplicates: 3,
+            ..passing()
+        };
+        assert!(failures(&replayed, &clean(&["demo-1", "demo-2"])).is_empty());
+        let uncrashed = Summary {
+            fleet: FleetFigures {
+                crashes: 0,
+                ..replayed.fleet
+            },
+            ..replayed
         };
         assert_eq!(
-            failures(&unordered, Some(&Ok(clean.clone()))),
-            ["2 order violations"]
+            failures(&uncrashed, &clean(&["demo-1", "demo-2", "demo-3"])),
+            ["3 duplicates without a crash"]
         );
+    }
+
+    #[test]
+    fn every_survivor_must_shut_down_cleanly() {
         let unclean = ShutdownReport {
             errors: vec!["lease keeper did not stop in time".to_owned()],
-            ..clean
+            ..clean_report()
         };
-        assert_eq!(failures(&passing, Some(&Ok(unclean))).len(), 1);
-        assert_eq!(failures(&passing, None), ["the shutdown was interrupted"]);
+        let mut shutdowns = clean(&["demo-1", "demo-3"]);
+        shutdowns[1].1 = Shutdown::Report(unclean);
+        let found = failures(&passing(), &shutdowns);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("demo-3: the shutdown was not clean"),
+            "{found:?}"
+        );
+
+        shutdowns[1].1 = Shutdown::Failed("worker did not answer: timeout".to_owned());
+        assert_eq!(
+            failures(&passing(), &shutdowns),
+            ["demo-3 did not shut down: worker did not answer: timeout"]
+        );
+        shutdowns[0].1 = Shutdown::Interrupted;
+        assert_eq!(failures(&passing(), &shutdowns).len(), 2);
+    }
+
+    #[test]
+    fn the_summary_line_ends_with_the_fleet() {
+        let summary = Summary {
+            duplicates: 7,
+            ..passing()
+        };
+        assert_eq!(
+            summary.to_string(),
+            "demo: produced=10 processed=10 lost=0 duplicates=7 order_violations=0 \
+             workers=3 crashes=1 lease_moves=4"
+        );
+    }
+
+    #[test]
+    fn crashes_fall_between_the_split_and_the_merge() {
+        let secs = Duration::from_secs;
+        assert_eq!(crash_times(secs(10), secs(20), 1), [secs(15)]);
+        assert_eq!(crash_times(secs(3), secs(6), 2), [secs(4), secs(5)]);
+        assert!(crash_times(secs(3), secs(6), 0).is_empty());
+    }
+
+    #[test]
+    fn one_worker_is_never_crashed_and_one_always_survives() {
+        let args = |workers, crashes| DemoArgs {
+            duration: 10,
+            shards: 8,
+            rate: 2000,
+            workers,
+            crashes,
+        };
+        assert_eq!(args(1, None).crashes().unwrap(), 0);
+        assert_eq!(args(3, None).crashes().unwrap(), 1);
+        assert_eq!(args(3, Some(2)).crashes().unwrap(), 2);
+        assert_eq!(args(3, Some(0)).crashes().unwrap(), 0);
+        let refused = args(3, Some(3)).crashes().unwrap_err().to_string();
+        assert!(refused.contains("--crashes 3"), "{refused}");
     }
 
     #[test]
@@ -726,10 +1082,11 @@ mod tests {
         let mut check = OrderCheck::default();
         assert_eq!(observe_all(&mut check, &[0, 1, 2]), [InOrder; 3]);
         assert_eq!(check.observe_number("key-2", 0), InOrder);
-        let summary = check.summary(&produced(&[("key-1", 3), ("key-2", 1)]));
+        let summary = check.summary(&produced(&[("key-1", 3), ("key-2", 1)]), ONE);
         assert_eq!(
             summary.to_string(),
-            "demo: produced=4 processed=4 lost=0 duplicates=0 order_violations=0"
+            "demo: produced=4 processed=4 lost=0 duplicates=0 order_violations=0 \
+             workers=1 crashes=0 lease_moves=0"
         );
     }
 
@@ -744,7 +1101,7 @@ mod tests {
                 InOrder, InOrder, InOrder, InOrder, Duplicate, Duplicate, InOrder
             ]
         );
-        let summary = check.summary(&produced(&[("key-1", 5)]));
+        let summary = check.summary(&produced(&[("key-1", 5)]), ONE);
         assert_eq!((summary.processed, summary.duplicates), (5, 2));
         assert_eq!((summary.lost, summary.order_violations), (0, 0));
         assert_eq!(check.deliveries(), 7);
@@ -756,7 +1113,7 @@ mod tests {
         let mut check = OrderCheck::default();
         let seen = observe_all(&mut check, &[0, 2, 1, 3]);
         assert_eq!(seen, [InOrder, OutOfOrder, OutOfOrder, InOrder]);
-        let summary = check.summary(&produced(&[("key-1", 4)]));
+        let summary = check.summary(&produced(&[("key-1", 4)]), ONE);
         assert_eq!(summary.order_violations, 2);
         assert_eq!(
             (summary.processed, summary.lost, summary.duplicates),
@@ -772,7 +1129,7 @@ mod tests {
             seen,
             [InOrder, OutOfOrder, Duplicate, OutOfOrder, Duplicate]
         );
-        let summary = check.summary(&produced(&[("key-1", 4)]));
+        let summary = check.summary(&produced(&[("key-1", 4)]), ONE);
         assert_eq!(summary.lost, 1, "2 never came");
         assert_eq!((summary.processed, summary.duplicates), (3, 2));
     }
@@ -781,11 +1138,12 @@ mod tests {
     fn records_never_delivered_are_lost() {
         let mut check = OrderCheck::default();
         observe_all(&mut check, &[0, 1]);
-        let summary = check.summary(&produced(&[("key-1", 4), ("key-9", 2)]));
+        let summary = check.summary(&produced(&[("key-1", 4), ("key-9", 2)]), ONE);
         assert_eq!(summary.lost, 4);
         assert_eq!(
             summary.to_string(),
-            "demo: produced=6 processed=2 lost=4 duplicates=0 order_violations=0"
+            "demo: produced=6 processed=2 lost=4 duplicates=0 order_violations=0 \
+             workers=1 crashes=0 lease_moves=0"
         );
     }
 
@@ -797,7 +1155,7 @@ mod tests {
         assert_eq!(check.observe("key-1", b"key-1:x"), Seen::Malformed);
         assert_eq!(check.observe("key-1", &[0xff]), Seen::Malformed);
         assert_eq!(check.observe("key-1", b"key-1:1"), InOrder);
-        let summary = check.summary(&produced(&[("key-1", 2)]));
+        let summary = check.summary(&produced(&[("key-1", 2)]), ONE);
         assert_eq!(summary.malformed, 3);
         assert!(summary.to_string().ends_with(" malformed=3"), "{summary}");
     }
@@ -806,7 +1164,7 @@ mod tests {
     fn records_the_producer_did_not_write_are_malformed() {
         let mut check = OrderCheck::default();
         observe_all(&mut check, &[0, 1, 2]);
-        let summary = check.summary(&produced(&[("key-1", 2)]));
+        let summary = check.summary(&produced(&[("key-1", 2)]), ONE);
         assert_eq!((summary.lost, summary.malformed), (0, 1));
     }
 

@@ -2,10 +2,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::process::Command;
+use std::process::{Command, Output};
 
-/// `demo: produced=N processed=N lost=0 duplicates=D order_violations=0` as numbers by
-/// name, in order.
+/// The fields every summary line starts with, in this order; more may follow.
+const LEADING: [&str; 8] = [
+    "produced",
+    "processed",
+    "lost",
+    "duplicates",
+    "order_violations",
+    "workers",
+    "crashes",
+    "lease_moves",
+];
+
+/// `demo: produced=N processed=N lost=0 duplicates=D order_violations=0 workers=W ...` as
+/// numbers by name, in order.
 fn summary_fields(line: &str) -> Vec<(String, u64)> {
     let rest = line
         .strip_prefix("demo: ")
@@ -23,31 +35,27 @@ fn summary_fields(line: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-#[test]
-fn the_demo_processes_every_record_in_order_across_a_split_and_a_merge() {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["demo", "--duration", "10"])
+fn demo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg("demo")
+        .args(args)
         .env_remove("FLOTILLA_LOG")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs the demo, asserts it passed and every record arrived in order, and returns the
+/// summary's counts and stderr.
+fn passing_run(args: &[&str]) -> (HashMap<String, u64>, String) {
+    let out = demo(args);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
 
     let last = stdout.lines().last().unwrap_or_default();
     let fields = summary_fields(last);
     let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "produced",
-            "processed",
-            "lost",
-            "duplicates",
-            "order_violations"
-        ],
-        "{last}"
-    );
+    assert!(names.starts_with(&LEADING), "{last}");
     let counts: HashMap<String, u64> = fields.into_iter().collect();
     assert!(counts["produced"] > 0, "{last}");
     assert_eq!(counts["processed"], counts["produced"], "{last}");
@@ -58,15 +66,44 @@ fn the_demo_processes_every_record_in_order_across_a_split_and_a_merge() {
     assert!(stderr.contains("demo: split shardId-"), "{stderr}");
     assert!(stderr.contains("demo: merged shardId-"), "{stderr}");
     assert!(stderr.contains("records/s="), "{stderr}");
+    (counts, stderr)
+}
+
+#[test]
+fn a_fleet_survives_a_crash_across_a_split_and_a_merge() {
+    let (counts, stderr) = passing_run(&["--duration", "10", "--workers", "3"]);
+    assert_eq!((counts["workers"], counts["crashes"]), (3, 1), "{counts:?}");
+    assert!(stderr.contains("demo: crashed demo-"), "{stderr}");
+    assert!(stderr.contains("=(crashed)"), "{stderr}");
+    for id in ["demo-1=", "demo-2=", "demo-3="] {
+        assert!(
+            stderr.contains(id),
+            "{id} missing from the progress: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_lone_worker_delivers_every_record_exactly_once() {
+    let (counts, stderr) = passing_run(&["--duration", "10", "--workers", "1"]);
+    assert_eq!(
+        (counts["workers"], counts["crashes"], counts["duplicates"]),
+        (1, 0, 0),
+        "{counts:?}"
+    );
+    assert!(!stderr.contains("demo: crashed"), "{stderr}");
 }
 
 #[test]
 fn bad_demo_flags_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["demo", "--shards", "0"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--shards"), "{stderr}");
+    for (args, named) in [
+        (&["--shards", "0"][..], "--shards"),
+        (&["--workers", "0"], "--workers"),
+        (&["--workers", "2", "--crashes", "2"], "--crashes"),
+    ] {
+        let out = demo(args);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
 }
