@@ -7,9 +7,9 @@
 //! * [`Fleet`]: worker processes, each `flotilla run --config FILE` with its own worker
 //!   id. A thread per process reads its stdout line by line as it arrives, stamps each
 //!   line with `Instant::now()` and files it as a [`Delivery`]. Stderr goes to a log file
-//!   per worker under `CARGO_TARGET_TMPDIR`. Dropping the fleet kills every process
-//!   still running (a failed test leaves no stray workers) and, when the test is
-//!   panicking, prints the end of each worker's log.
+//!   per worker under `CARGO_TARGET_TMPDIR`, kept when the test fails. Dropping the
+//!   fleet kills every process still running (a failed test leaves no stray workers)
+//!   and, when the test is panicking, prints the end of each worker's log.
 //! * [`Producer`]: writes per-key sequences (`k7:123` is the 124th record of key `k7`)
 //!   with PutRecords while the test runs. Each key has a fixed explicit hash key, spread
 //!   evenly over the key space, so every shard (and every child of a split) gets keys.
@@ -241,6 +241,15 @@ impl Env {
         let path = self.dir.join(format!("{id}.toml"));
         std::fs::write(&path, text).unwrap();
         path
+    }
+}
+
+/// Worker logs are kept for a failed test only.
+impl Drop for Env {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
