@@ -45,6 +45,8 @@ const KILL_GAP_LIMIT: Duration = Duration::from_secs(3 * FAILOVER_SECS);
 const BALANCE_LIMIT: Duration = Duration::from_secs(5 * FAILOVER_SECS);
 /// (b) How long the balanced state must then hold.
 const BALANCE_STABLE_FOR: Duration = Duration::from_secs(3);
+/// (b) How long no lease may change owner before the join, to start from a still fleet.
+const SETTLED_FOR: Duration = Duration::from_secs(3);
 /// (b) 12 shards over 4 workers.
 const LEASES_PER_WORKER: usize = 3;
 /// (b) Owner changes per lease while the fleet rebalances.
@@ -354,8 +356,30 @@ async fn a_joining_worker_gets_its_share_and_sigterm_hands_off() {
     let mut checks = Checks::new(TAG);
     wait_steady(&env, &fleet, TAG).await;
 
+    // The first workers' own moves (a balancing fleet evens out 3 ways first) must not
+    // count against the join: wait until no lease has changed owner for a while.
+    let mut before = env.leases().await;
+    let mut unchanged_since = Instant::now();
+    let settle_start = Instant::now();
+    while unchanged_since.elapsed() < SETTLED_FOR && settle_start.elapsed() < BALANCE_LIMIT {
+        tokio::time::sleep(TABLE_POLL).await;
+        let now = env.leases().await;
+        if now.open != before.open {
+            unchanged_since = Instant::now();
+        }
+        before = now;
+    }
+    report(
+        TAG,
+        &format!(
+            "owners unchanged for {} before the join (waited {}); leases per worker {:?}",
+            ms(unchanged_since.elapsed()),
+            ms(settle_start.elapsed()),
+            before.counts()
+        ),
+    );
+
     // (b) A fourth worker joins.
-    let before = env.leases().await;
     let mut owners: std::collections::BTreeMap<String, String> = before
         .open
         .iter()
