@@ -382,6 +382,13 @@ if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
         END {
             for (t in seen) printf "test.sh:   %-20s %d passed, %d failed\n", t, passed[t], failed[t]
         }' "$LOG_DIR/cargo-test.log" | sort >&2
+    # The fleet tests' measurements (tests/fleet_processes.rs: gaps, duplicates, balance
+    # times and each check), which they print past libtest's capture.
+    # Matched anywhere in a line: libtest may have begun a `test NAME ... ` line.
+    if grep -q 'fleet\[[a-z]*\]: ' "$LOG_DIR/cargo-test.log"; then
+        log "fleet measurements:"
+        grep -o 'fleet\[[a-z]*\]: .*' "$LOG_DIR/cargo-test.log" | sed 's/^/test.sh:   /' >&2
+    fi
     # The closing line: every test binary's results added up (cargo's own last
     # line is the doc-test run's, which may count none).
     awk '/^test result: / { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \
