@@ -207,8 +207,9 @@ fn shutdown_summary(report: &ShutdownReport) -> String {
         .filter(|s| s.checkpoint_flushed)
         .count();
     let mut text = format!(
-        "shutdown {}: {shards} shards stopped, {flushed} checkpoints flushed, {} leases released",
+        "shutdown {}: {shards} shards stopped, {flushed} checkpoints flushed, {} leases handed off, {} released",
         if report.clean() { "clean" } else { "NOT clean" },
+        report.leases.handed_off.len(),
         report.leases.released.len(),
     );
     for shard in &report.shards {
