@@ -375,13 +375,15 @@ impl fmt::Debug for BoxedProcessor {
 }
 
 /// Hosts one user processor. It stops delivering batches the moment its lease is
-/// revoked, even those already queued in its mailbox.
+/// revoked or its shard starts stopping, even those already queued in its mailbox.
 pub(crate) struct ProcessorHost;
 
 pub(crate) struct HostArgs {
     pub processor: BoxedProcessor,
     pub mode: CheckpointMode,
     pub revoked: Arc<AtomicBool>,
+    /// The shard is stopping (shutdown, handoff): queued batches are skipped.
+    pub stopping: Arc<AtomicBool>,
     pub fence: HostFence,
 }
 
@@ -397,6 +399,7 @@ pub(crate) struct HostState {
     processor: BoxedProcessor,
     mode: CheckpointMode,
     revoked: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
     fence: HostFence,
     finished: bool,
 }
@@ -415,6 +418,7 @@ impl Actor for ProcessorHost {
             processor: args.processor,
             mode: args.mode,
             revoked: args.revoked,
+            stopping: args.stopping,
             fence: args.fence,
             finished: false,
         })
@@ -446,7 +450,13 @@ impl Actor for ProcessorHost {
                     }
                     tokio::time::sleep(state.fence.recheck).await;
                 }
-                if state.finished || state.revoked.load(Ordering::Acquire) {
+                // Stopping: the batch in hand was finished; the ones queued behind it
+                // are left unacked for the next owner, so a handoff waits for one
+                // batch, not a mailbox full.
+                if state.finished
+                    || state.revoked.load(Ordering::Acquire)
+                    || state.stopping.load(Ordering::Acquire)
+                {
                     return Ok(());
                 }
                 state

@@ -136,6 +136,10 @@ pub(crate) struct ReaderState {
     phase: Phase,
     processor: Option<ActorRef<ProcessorMsg>>,
     revoked: Arc<AtomicBool>,
+    /// Set when the shard stops for a shutdown or a handoff: the host finishes the
+    /// batch in hand and skips those queued behind it (they are not acked, so the next
+    /// owner starts with them: nothing lost, nothing done twice).
+    stopping: Arc<AtomicBool>,
     iterator: Option<ShardIterator>,
     /// Parents not yet seen at SHARD_END.
     waiting_on: Vec<ShardId>,
@@ -184,6 +188,7 @@ impl Actor for ShardReader {
             phase: Phase::Starting,
             processor: None,
             revoked: Arc::new(AtomicBool::new(false)),
+            stopping: Arc::new(AtomicBool::new(false)),
             iterator: None,
             waiting_on: Vec::new(),
             start_position: None,
@@ -422,6 +427,7 @@ impl ReaderState {
                         processor,
                         mode: self.mode,
                         revoked: self.revoked.clone(),
+                        stopping: self.stopping.clone(),
                         fence: HostFence {
                             liveness: self.args.liveness.clone(),
                             fresh_for: self.fresh_for(),
@@ -961,6 +967,7 @@ impl ReaderState {
             }
             _ => {
                 self.phase = Phase::ShuttingDown;
+                self.stopping.store(true, Ordering::Release);
                 self.shutdown_reply = Some(reply);
                 self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
             }

@@ -25,6 +25,9 @@ pub enum ShardState {
     /// Read to its end; waiting for the last acks and the SHARD_END checkpoint.
     ShardEnding,
     ShuttingDown,
+    /// Finishing its batch and checkpoint before passing the lease to the worker that
+    /// asked for it.
+    HandingOff,
     LeaseLost,
     /// Failed; restarting after a backoff.
     Restarting,

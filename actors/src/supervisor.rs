@@ -637,12 +637,17 @@ impl SupervisorState {
                 restarts: entry.restarts,
             };
             let reader = entry.reader.clone();
+            let handing_off = entry.handing_off.is_some();
             Some(async move {
-                match reader {
+                let mut status = match reader {
                     Some(reader) => ractor::call_t!(reader, ReaderMsg::Status, STATUS_TIMEOUT_MS)
                         .unwrap_or(fallback),
                     None => fallback,
+                };
+                if handing_off {
+                    status.state = ShardState::HandingOff;
                 }
+                status
             })
         });
         let shards = futures::future::join_all(asks).await;

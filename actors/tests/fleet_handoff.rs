@@ -264,3 +264,50 @@ async fn a_whole_fleet_stopping_at_once_releases_without_waiting_for_askers() {
     let patience = s.lease.heartbeat_interval * 2 + s.lease.handoff_poll_interval;
     assert!(took < patience, "took {took:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_being_handed_over_shows_as_handing_off_until_its_batch_is_done() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    // Every batch takes 3 s: the owner is mid-batch when the request comes.
+    let probes = ProbeFactory::new(Misbehave {
+        slow: Some(Duration::from_secs(3)),
+        ..Misbehave::default()
+    });
+    let feed = Feed::start(rig.streams.clone());
+    let a = rig.start_with(&probes, settings("a")).await;
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    probes.wait_distinct(1, Duration::from_secs(30)).await;
+    let b = rig.start_with(&probes, settings("b")).await;
+    let mut seen_handing_off = false;
+    for _ in 0..100 {
+        let status = a.status().await.unwrap();
+        if status
+            .shards
+            .iter()
+            .any(|s| s.state == flotilla_actors::ShardState::HandingOff)
+        {
+            seen_handing_off = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen_handing_off, "no shard of a was ever handing off");
+    // The handoff waits for the batch in hand only; the queued ones go to the next owner
+    // unprocessed. A handoff that waited for the whole queue (3 s a batch) would take
+    // far longer than the shutdown timeout and the report would say so.
+    wait_held(&[&a, &b], &[1, 1], Duration::from_secs(30)).await;
+    assert_eq!(count(&keeper(&a).await.given, "handed_off"), 1);
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(3600))
+        .await;
+    let verdict = probes.assert_nothing_lost(&producer);
+    assert_eq!(
+        verdict.duplicates, 0,
+        "skipped batches were not processed twice"
+    );
+    for w in [a, b] {
+        let report = w.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
+}
