@@ -11,8 +11,8 @@ mod support;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use flotilla_actors::backend::StreamAdmin;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::backend::{IteratorPosition, StreamAdmin};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId,
 };
@@ -31,8 +31,10 @@ const KEYS: u32 = 1_000;
 /// After each step: this many producer rounds, one per `ROUND_PAUSE`.
 const ROUNDS_PER_STEP: u32 = 4;
 const ROUND_PAUSE: Duration = Duration::from_millis(500);
-/// How long the fleet is left alone before the balance is judged (virtual time).
+/// How long the fleet is left alone, at most, to balance itself (virtual time).
 const SETTLE: Duration = Duration::from_secs(60);
+/// How often the balance is looked at while settling.
+const BALANCE_POLL: Duration = Duration::from_secs(2);
 /// How long the final drain may take (virtual time: it costs nothing).
 const PATIENCE: Duration = Duration::from_secs(600);
 /// How long each `process()` call takes: two overlapping callers would be seen.
@@ -143,6 +145,7 @@ struct Run {
     /// Each worker's lease keeper as last seen (for the gained/given counts).
     last_status: BTreeMap<String, KeeperStatus>,
     checkpoints: HashMap<LeaseKey, Checkpoint>,
+    progress: Progress,
     steps: BTreeMap<Step, u32>,
     /// The schedule so far, for failure messages.
     history: Vec<String>,
@@ -163,6 +166,7 @@ async fn run(seed: u64) {
         joined: 0,
         last_status: BTreeMap::new(),
         checkpoints: HashMap::new(),
+        progress: Progress::default(),
         steps: BTreeMap::new(),
         history: Vec::new(),
     };
@@ -180,20 +184,20 @@ async fn run(seed: u64) {
         let offset = Duration::from_millis(run.rng.below(500) as u64);
         tokio::time::sleep(offset).await;
         let step = run.step().await;
-        let t = std::time::Instant::now();
         run.settle().await;
-        let t1 = t.elapsed();
         run.check(&format!("step {n} ({step})")).await;
-        eprintln!(
-            "step {n} {step}: settle {t1:?} check {:?}",
-            t.elapsed() - t1
-        );
     }
 
-    // Left alone (no records, no churn), the fleet should spread the leases evenly.
-    tokio::time::sleep(SETTLE).await;
+    // Left alone (no records, no churn), the fleet should spread the leases evenly
+    // within `SETTLE`.
+    let settling = tokio::time::Instant::now();
+    let mut balance = run.balance().await;
+    while !balance.is_fair() && settling.elapsed() < SETTLE {
+        tokio::time::sleep(BALANCE_POLL).await;
+        balance = run.balance().await;
+    }
+    let settled_in = settling.elapsed();
     run.check("settled").await;
-    let balance = run.balance().await;
     let live_at_end = run.live.len();
 
     // Drain: everything produced is processed, then every worker leaves gracefully.
@@ -237,7 +241,7 @@ async fn run(seed: u64) {
         "seed {seed}: {STEPS} steps ({}), {} workers at the end, {} leases, {} records, \
          {} duplicates, {} process() calls, {} processors made, lease moves gained {gained} \
          given {given}, balance {}/{} processable over {live_at_end} workers (want {floor}..={ceil}, \
-         {} unheld): {:?}, virtual {:.0?}, wall {:.1?}",
+         {} unheld) after {settled_in:.0?}: {:?}, virtual {:.0?}, wall {:.1?}",
         steps.join(", "),
         live_at_end,
         rows.len(),
@@ -254,7 +258,7 @@ async fn run(seed: u64) {
     );
     assert!(
         balance.is_fair(),
-        "seed {seed}: not balanced after {SETTLE:?} settling: {} processable leases over {} \
+        "seed {seed}: not balanced after {settled_in:.0?} settling: {} processable leases over {} \
          workers, each should hold {floor} or {ceil}: {:?}",
         balance.processable,
         balance.held.len(),
@@ -425,17 +429,21 @@ impl Run {
         }
         self.checkpoints = now;
 
-        // Each shard's records as they are in the stream, oldest first.
-        let mut shards = Vec::new();
+        // Each shard's records as they are in the stream, oldest first (only the new
+        // ones are read).
         for shard in self.rig.shards().await {
-            let records = self.rig.records(&shard.id).await;
-            assert!(records.len() < 10_000, "{ctx}: {} read whole", shard.id);
-            let sequences: Vec<SequenceNumber> =
-                records.into_iter().map(|r| r.sequence_number).collect();
-            shards.push((shard.id, sequences));
+            let known = self.progress.records.entry(shard.id.clone()).or_default();
+            let position = match known.last() {
+                Some(last) => IteratorPosition::AfterSequence(last.clone()),
+                None => IteratorPosition::TrimHorizon,
+            };
+            let new = self.rig.records_from(&shard.id, &position).await;
+            assert!(new.len() < 10_000, "{ctx}: {} read whole", shard.id);
+            known.extend(new.into_iter().map(|r| r.sequence_number));
         }
+        let progress = &mut self.progress;
         self.fleet
-            .with(|log| nothing_jumped(&ctx, log, &shards, &rows));
+            .with(|log| progress.nothing_jumped(&ctx, log, &rows));
 
         // Each key in order; a redelivery after a crash is a duplicate, not a violation.
         let verdict = self
@@ -484,74 +492,103 @@ impl Run {
     }
 }
 
-/// Per shard, what was delivered is a prefix of the shard; each processor started right
-/// after the checkpoint it was given and went on record by record; and every checkpoint
-/// names a record that was delivered.
-fn nothing_jumped(
-    ctx: &str,
-    log: &FleetLog,
-    shards: &[(ShardId, Vec<SequenceNumber>)],
-    rows: &[Lease],
-) {
-    let empty = Default::default();
-    let mut index: HashMap<&ShardId, HashMap<&SequenceNumber, usize>> = HashMap::new();
-    for (shard, sequences) in shards {
-        let delivered = log.delivered.get(shard).unwrap_or(&empty);
-        assert!(
-            delivered.len() <= sequences.len(),
-            "{ctx}: {shard} delivered records it does not hold"
-        );
-        for (i, sequence) in sequences.iter().enumerate().take(delivered.len()) {
+/// What the no-jump check has verified so far: the log only grows, so each check looks
+/// at what is new since the last one.
+#[derive(Default)]
+struct Progress {
+    /// Per shard, its sequence numbers in stream order.
+    records: HashMap<ShardId, Vec<SequenceNumber>>,
+    /// Per shard, how many leading records are known to have been delivered.
+    prefix: HashMap<ShardId, usize>,
+    /// Per processor, how many of the records it was given were checked.
+    tenures: Vec<usize>,
+}
+
+impl Progress {
+    /// Per shard, what was delivered is a prefix of the shard; each processor started
+    /// right after the checkpoint it was given and went on record by record; and every
+    /// checkpoint names a record that was delivered.
+    fn nothing_jumped(&mut self, ctx: &str, log: &FleetLog, rows: &[Lease]) {
+        let empty = Default::default();
+        for (shard, sequences) in &self.records {
+            let delivered = log.delivered.get(shard).unwrap_or(&empty);
             assert!(
-                delivered.contains(sequence),
-                "{ctx}: {shard} record #{i} {sequence} was never delivered, yet {} later ones were",
-                delivered.len() - i
+                delivered.len() <= sequences.len(),
+                "{ctx}: {shard} delivered records it does not hold"
             );
+            let checked = self.prefix.entry(shard.clone()).or_default();
+            for (i, sequence) in sequences
+                .iter()
+                .enumerate()
+                .take(delivered.len())
+                .skip(*checked)
+            {
+                assert!(
+                    delivered.contains(sequence),
+                    "{ctx}: {shard} record #{i} {sequence} was never delivered, yet {} later \
+                     ones were",
+                    delivered.len() - i
+                );
+            }
+            *checked = delivered.len();
         }
-        index.insert(
-            shard,
-            sequences.iter().enumerate().map(|(i, s)| (s, i)).collect(),
-        );
-    }
-    for lease in rows {
-        if let Checkpoint::At(at) = &lease.checkpoint {
-            let shard = lease.key.shard_id();
-            let delivered = log.delivered.get(&shard).unwrap_or(&empty);
-            assert!(
-                delivered.contains(&at.sequence),
-                "{ctx}: {} checkpointed at {at}, which no processor was given",
-                lease.key
-            );
+        for lease in rows {
+            if let Checkpoint::At(at) = &lease.checkpoint {
+                let shard = lease.key.shard_id();
+                let delivered = log.delivered.get(&shard).unwrap_or(&empty);
+                assert!(
+                    delivered.contains(&at.sequence),
+                    "{ctx}: {} checkpointed at {at}, which no processor was given",
+                    lease.key
+                );
+            }
         }
-    }
-    for (n, tenure) in log.tenures.iter().enumerate() {
-        let Some(first) = tenure.sequences.first() else {
-            continue;
-        };
-        let index = &index[&tenure.shard];
-        let expected = match &tenure.starting_at {
-            Checkpoint::TrimHorizon => 0,
-            Checkpoint::At(at) => index[&at.sequence] + 1,
-            other => panic!(
-                "{ctx}: {} on {} (processor {n}) started at {other} and was given records",
-                tenure.shard, tenure.worker
-            ),
-        };
-        assert_eq!(
-            index[first], expected,
-            "{ctx}: {} on {} (processor {n}) started at {} but was first given record #{}",
-            tenure.shard, tenure.worker, tenure.starting_at, index[first]
-        );
-        for pair in tenure.sequences.windows(2) {
-            assert_eq!(
-                index[&pair[1]],
-                index[&pair[0]] + 1,
-                "{ctx}: {} on {} (processor {n}) jumped from {} to {}",
-                tenure.shard,
-                tenure.worker,
-                pair[0],
-                pair[1]
-            );
+        self.tenures.resize(log.tenures.len(), 0);
+        for (n, tenure) in log.tenures.iter().enumerate() {
+            let checked = self.tenures[n];
+            if checked == tenure.sequences.len() {
+                continue;
+            }
+            let sequences = &self.records[&tenure.shard];
+            // Records are in sequence order: a binary search finds a record's place.
+            let index = |sequence: &SequenceNumber| match sequences.binary_search(sequence) {
+                Ok(i) => i,
+                Err(_) => panic!(
+                    "{ctx}: {} on {} (processor {n}) was given {sequence}, not a record of \
+                     the shard",
+                    tenure.shard, tenure.worker
+                ),
+            };
+            if checked == 0 {
+                let expected = match &tenure.starting_at {
+                    Checkpoint::TrimHorizon => 0,
+                    Checkpoint::At(at) => index(&at.sequence) + 1,
+                    other => panic!(
+                        "{ctx}: {} on {} (processor {n}) started at {other} and was given \
+                         records",
+                        tenure.shard, tenure.worker
+                    ),
+                };
+                let first = index(&tenure.sequences[0]);
+                assert_eq!(
+                    first, expected,
+                    "{ctx}: {} on {} (processor {n}) started at {} but was first given \
+                     record #{first}",
+                    tenure.shard, tenure.worker, tenure.starting_at
+                );
+            }
+            for pair in tenure.sequences[checked.saturating_sub(1)..].windows(2) {
+                assert_eq!(
+                    index(&pair[1]),
+                    index(&pair[0]) + 1,
+                    "{ctx}: {} on {} (processor {n}) jumped from {} to {}",
+                    tenure.shard,
+                    tenure.worker,
+                    pair[0],
+                    pair[1]
+                );
+            }
+            self.tenures[n] = tenure.sequences.len();
         }
     }
 }
