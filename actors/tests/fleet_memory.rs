@@ -20,7 +20,7 @@ use flotilla_actors::{KeeperStatus, Settings, Worker};
 use support::probe::{Fleet, FleetLog, Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM};
 
-/// The schedules: one run per seed, each its own test.
+/// Shards at the start, so as many leases; splits and merges add more.
 const SHARDS: u32 = 200;
 const START_WORKERS: usize = 10;
 const MIN_LIVE: usize = 3;
@@ -240,7 +240,7 @@ async fn run(seed: u64) {
     println!(
         "seed {seed}: {STEPS} steps ({}), {} workers at the end, {} leases, {} records, \
          {} duplicates, {} process() calls, {} processors made, lease moves gained {gained} \
-         given {given}, balance {}/{} processable over {live_at_end} workers (want {floor}..={ceil}, \
+         given {given}, {} of {} processable leases held by {live_at_end} workers (want {floor}..={ceil}, \
          {} unheld) after {settled_in:.0?}: {:?}, virtual {:.0?}, wall {:.1?}",
         steps.join(", "),
         live_at_end,
