@@ -3,14 +3,14 @@
 //! the check that nothing was lost or reordered. Shared by the worker tests of every
 //! backend tier.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use flotilla_actors::backend::{PutRecord, StreamAdmin};
 use flotilla_actors::kpl::{UserRecord, aggregate};
-use flotilla_actors::model::ShardId;
+use flotilla_actors::model::{Checkpoint, SequenceNumber, ShardId};
 use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo};
 
 /// Settings for tests: short intervals, so paused-time runs take little virtual time and
@@ -129,6 +129,8 @@ pub struct Probe {
     shard: ShardId,
     misbehave: Misbehave,
     trips: Arc<Mutex<Tripwires>>,
+    /// Set when the probe works for one worker of a [`Fleet`].
+    seat: Option<Seat>,
 }
 
 /// Makes probes for a worker; clones share what they see.
@@ -137,6 +139,8 @@ pub struct ProbeFactory {
     pub seen: Arc<Mutex<Seen>>,
     misbehave: Misbehave,
     trips: Arc<Mutex<Tripwires>>,
+    /// The fleet and the worker id this factory's probes report to, if any.
+    fleet: Option<(Fleet, String)>,
 }
 
 impl ProbeFactory {
@@ -150,6 +154,17 @@ impl ProbeFactory {
                 panicked: false,
                 stalled: false,
             })),
+            fleet: None,
+        }
+    }
+
+    /// A factory for worker `worker` of `fleet`: it shares what this one has seen, and
+    /// its probes also tell the fleet when they are inside `process()` and what they were
+    /// given.
+    pub fn in_fleet(&self, fleet: &Fleet, worker: &str) -> Self {
+        Self {
+            fleet: Some((fleet.clone(), worker.to_owned())),
+            ..self.clone()
         }
     }
 
@@ -183,6 +198,10 @@ impl ProbeFactory {
             shard: shard.shard_id.clone(),
             misbehave: self.misbehave.clone(),
             trips: self.trips.clone(),
+            seat: self
+                .fleet
+                .as_ref()
+                .map(|(fleet, worker)| fleet.seat(shard, worker)),
         }
     }
 }
@@ -198,6 +217,13 @@ impl Processor for Probe {
     }
 
     async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        // Inside `process()` from here until this returns or is dropped (a crash).
+        let _inside = self.seat.as_ref().map(Seat::enter);
+        if let Some(seat) = &self.seat
+            && !seat.fleet.dwell.is_zero()
+        {
+            tokio::time::sleep(seat.fleet.dwell).await;
+        }
         if let Some(pause) = self.misbehave.slow {
             tokio::time::sleep(pause).await;
         }
@@ -249,6 +275,10 @@ impl Processor for Probe {
                     .other
                     .push((record.partition_key.clone(), record.data.len())),
             }
+        }
+        drop(seen);
+        if let Some(seat) = &self.seat {
+            seat.delivered(batch.records());
         }
         Ok(())
     }
@@ -377,4 +407,141 @@ pub fn aggregate_of_ten() -> Bytes {
         })
         .collect();
     aggregate(&users)
+}
+
+/// What the processors of a fleet of workers did: who was inside `process()` for which
+/// shard, and which records each processor (one per lease tenure) was given. Clones
+/// share the log.
+#[derive(Clone)]
+pub struct Fleet {
+    log: Arc<Mutex<FleetLog>>,
+    /// How long each `process()` call takes, so that two callers for one shard at once
+    /// would overlap for long enough to be seen.
+    pub dwell: Duration,
+}
+
+/// The fleet's log. `overlaps` is the one that must stay empty.
+#[derive(Debug, Clone, Default)]
+pub struct FleetLog {
+    /// Per shard, the (worker, tenure) pairs inside `process()` right now.
+    inside: HashMap<ShardId, Vec<(String, usize)>>,
+    /// A line per time a processor entered `process()` for a shard another processor was
+    /// inside of.
+    pub overlaps: Vec<String>,
+    /// Per shard, every sequence number delivered by any worker.
+    pub delivered: HashMap<ShardId, BTreeSet<SequenceNumber>>,
+    /// One per processor made, indexed by the `usize` of `inside`.
+    pub tenures: Vec<Tenure>,
+    pub process_calls: u64,
+}
+
+/// One processor's life on one worker: where it was told reading starts, and the
+/// sequence numbers it was given, in order.
+#[derive(Debug, Clone)]
+pub struct Tenure {
+    pub shard: ShardId,
+    pub worker: String,
+    pub starting_at: Checkpoint,
+    pub sequences: Vec<SequenceNumber>,
+}
+
+impl Fleet {
+    pub fn new(dwell: Duration) -> Self {
+        Self {
+            log: Arc::default(),
+            dwell,
+        }
+    }
+
+    /// A copy of the log (no lock held across the test's awaits).
+    pub fn snapshot(&self) -> FleetLog {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Runs `look` on the log under its lock: no copy of a large log (`look` must not
+    /// wait on the workers).
+    pub fn with<R>(&self, look: impl FnOnce(&FleetLog) -> R) -> R {
+        look(&self.log.lock().unwrap())
+    }
+
+    fn seat(&self, shard: &ShardInfo, worker: &str) -> Seat {
+        let mut log = self.log.lock().unwrap();
+        log.tenures.push(Tenure {
+            shard: shard.shard_id.clone(),
+            worker: worker.to_owned(),
+            starting_at: shard.starting_at.clone(),
+            sequences: Vec::new(),
+        });
+        Seat {
+            fleet: self.clone(),
+            shard: shard.shard_id.clone(),
+            worker: worker.to_owned(),
+            tenure: log.tenures.len() - 1,
+        }
+    }
+}
+
+/// A probe's place in the fleet.
+struct Seat {
+    fleet: Fleet,
+    shard: ShardId,
+    worker: String,
+    tenure: usize,
+}
+
+impl Seat {
+    fn enter(&self) -> Inside {
+        let mut log = self.fleet.log.lock().unwrap();
+        log.process_calls += 1;
+        let now = tokio::time::Instant::now();
+        let inside = log.inside.entry(self.shard.clone()).or_default();
+        let others: Vec<String> = inside
+            .iter()
+            .map(|(w, t)| format!("{w} (tenure {t})"))
+            .collect();
+        inside.push((self.worker.clone(), self.tenure));
+        if !others.is_empty() {
+            let line = format!(
+                "{}: {} (tenure {}) entered process() at {now:?} while {} inside",
+                self.shard,
+                self.worker,
+                self.tenure,
+                others.join(", ")
+            );
+            log.overlaps.push(line);
+        }
+        Inside {
+            log: self.fleet.log.clone(),
+            shard: self.shard.clone(),
+            tenure: self.tenure,
+        }
+    }
+
+    fn delivered(&self, records: &[flotilla_actors::Record]) {
+        let mut log = self.fleet.log.lock().unwrap();
+        let seqs: Vec<SequenceNumber> = records.iter().map(|r| r.sequence_number.clone()).collect();
+        log.delivered
+            .entry(self.shard.clone())
+            .or_default()
+            .extend(seqs.iter().cloned());
+        log.tenures[self.tenure].sequences.extend(seqs);
+    }
+}
+
+/// Leaves `process()` when dropped: on return, and when the call is cancelled (a crash).
+struct Inside {
+    log: Arc<Mutex<FleetLog>>,
+    shard: ShardId,
+    tenure: usize,
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        // A poisoned lock means a test already failed; don't panic again in a drop.
+        if let Ok(mut log) = self.log.lock()
+            && let Some(inside) = log.inside.get_mut(&self.shard)
+        {
+            inside.retain(|(_, t)| *t != self.tenure);
+        }
+    }
 }

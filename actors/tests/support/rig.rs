@@ -7,7 +7,7 @@ use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryLeaseTable, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, Record, StreamAdmin, StreamClient};
-use flotilla_actors::model::{Shard, ShardId};
+use flotilla_actors::model::{Lease, Shard, ShardId};
 use flotilla_actors::{Backend, Settings, Worker};
 
 use super::probe::{ProbeFactory, fast_settings};
@@ -100,6 +100,25 @@ impl Rig {
 
     pub async fn shards(&self) -> Vec<Shard> {
         self.streams.list_shards(STREAM).await.unwrap()
+    }
+
+    /// The open shards, in hash key order: neighbours in the list can be merged.
+    pub async fn open_shards(&self) -> Vec<Shard> {
+        let mut open: Vec<Shard> = self
+            .shards()
+            .await
+            .into_iter()
+            .filter(Shard::is_open)
+            .collect();
+        open.sort_by_key(|s| s.hash_range.start);
+        open
+    }
+
+    /// Every lease row of the application's table (heartbeat rows left out).
+    pub async fn lease_rows(&self) -> Vec<Lease> {
+        let scan = self.table().scan().await.unwrap();
+        assert!(scan.malformed.is_empty(), "{:?}", scan.malformed);
+        scan.leases
     }
 }
 
