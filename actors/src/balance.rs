@@ -247,6 +247,9 @@ pub struct Decision {
     pub turn_down: Vec<(LeaseKey, WorkerId)>,
     /// Held leases that now belong to someone else (or were deleted).
     pub lost: Vec<LeaseKey>,
+    /// A draining worker's leases by name that it does not hold (one handed to it just
+    /// as it began to drain): released, so nobody waits a failover time for them.
+    pub release: Vec<(LeaseKey, Fence)>,
 }
 
 /// The inputs of [`decide`] that are settings rather than observations.
@@ -348,6 +351,12 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         }
     }
     if draining {
+        decision.release = leases
+            .iter()
+            .filter(|l| l.owner.as_ref() == Some(me) && !held.contains_key(&l.key))
+            .filter(|l| !l.checkpoint.is_shard_end())
+            .map(|l| (l.key.clone(), l.fence()))
+            .collect();
         return decision;
     }
 
@@ -832,6 +841,25 @@ mod tests {
             &limits(0),
         );
         assert!(d.take.is_empty() && d.request.is_empty());
+        // What it owns by name but does not hold (handed to it as it began to drain)
+        // it lets go.
+        let mut late = lease(8, Some("a"), 4);
+        late.handoff_to = None;
+        free.push(late.clone());
+        let d = decide(
+            &Round {
+                leases: &free,
+                held: &leases.iter().map(|l| (l.key.clone(), l.fence())).collect(),
+                observations: &obs,
+                me: &WorkerId::new("a"),
+                now: t0,
+                cooling: &HashSet::new(),
+                handing_off: &HashSet::new(),
+                draining: true,
+            },
+            &limits(0),
+        );
+        assert_eq!(d.release, vec![(late.key.clone(), late.fence())]);
     }
 
     /// A fleet run in rounds, every worker deciding from the same scan, with the table's

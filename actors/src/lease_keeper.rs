@@ -280,6 +280,18 @@ impl Actor for LeaseKeeper {
                 for key in std::mem::take(&mut state.requested).into_keys() {
                     let _ = state.args.table.clear_handoff(&key, &state.args.me).await;
                 }
+                // A lease handed to this worker as it stopped is in no held set: find
+                // it by name, so nobody waits a failover time for it.
+                if let Ok(scan) = state.args.table.scan().await {
+                    let me = state.args.me.clone();
+                    for lease in scan
+                        .leases
+                        .iter()
+                        .filter(|l| l.owner.as_ref() == Some(&me) && !l.checkpoint.is_shard_end())
+                    {
+                        state.release_unheld(&lease.key, &lease.fence()).await;
+                    }
+                }
                 if let Err(error) = state.args.table.remove_heartbeat(&state.args.me).await {
                     warn!(message = "Heartbeat row could not be removed.", %error);
                 }
@@ -497,6 +509,9 @@ impl KeeperState {
     }
 
     async fn act(&mut self, decision: Decision, by_key: &HashMap<&LeaseKey, &Lease>) {
+        for (key, fence) in decision.release {
+            self.release_unheld(&key, &fence).await;
+        }
         for key in decision.lost {
             if let Some(fence) = self.held.remove(&key) {
                 let thief = by_key.get(&key).and_then(|l| l.owner.clone());
@@ -553,6 +568,19 @@ impl KeeperState {
                 Err(error) => {
                     warn!(message = "Handoff request not written.", lease_key = %key, %error);
                 }
+            }
+        }
+    }
+
+    /// Lets go of a lease this worker owns by name but does not process.
+    async fn release_unheld(&mut self, key: &LeaseKey, fence: &Fence) {
+        match self.args.table.release(key, fence).await {
+            Ok(_) => {
+                self.moved_away(key, "released", None);
+                self.report.released.push(key.to_string());
+            }
+            Err(error) => {
+                debug!(message = "Lease owned by name not released.", lease_key = %key, %error)
             }
         }
     }
