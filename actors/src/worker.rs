@@ -382,9 +382,13 @@ impl Worker {
             .map_err(|e| self.stopped_or(e.to_string()))
     }
 
-    /// Stops gracefully: processors get `shutdown_requested` and finish, checkpoints
-    /// are flushed, leases released. Returns when all of that is done; the report says
-    /// honestly what did not succeed (see [`ShutdownReport::clean`]).
+    /// Stops gracefully. First the worker drains: it tells the fleet (its heartbeat says
+    /// `draining`), and each lease a live peer asks for is handed over — the processor
+    /// finishes the batch in hand, gets `shutdown_requested`, the checkpoint is flushed,
+    /// and the peer starts exactly there. It waits at most two heartbeat intervals for
+    /// askers (not at all when no peer is alive); the leases nobody asked for are then
+    /// stopped the same way and released. Returns when all of that is done; the report
+    /// says honestly what did not succeed (see [`ShutdownReport::clean`]).
     pub async fn shutdown(mut self) -> Result<ShutdownReport, WorkerError> {
         // The drain (handing leases to peers that ask), then readers, the final flush,
         // the release and the metrics each get the shutdown timeout; the supervisor's
