@@ -107,6 +107,18 @@ async fn a_joining_worker_gets_its_share_by_handoff_without_duplicates() {
     assert_eq!(count(&kb.gained, "handed_off"), 4, "{kb:#?}");
     assert!(ka.held.iter().all(|k| !kb.held.contains(k)));
 
+    // The moves are in the metrics too, by reason.
+    let metric = |status: &flotilla_actors::WorkerStatus, name: &str| {
+        status
+            .metrics
+            .as_ref()
+            .and_then(|m| m.totals.get(name).copied())
+            .unwrap_or(0.0)
+    };
+    let (sa, sb) = (a.status().await.unwrap(), b.status().await.unwrap());
+    assert_eq!(metric(&sa, "LeasesHandedOff"), 4.0);
+    assert_eq!(metric(&sb, "LeasesStolen"), 4.0);
+    assert_eq!(metric(&sb, "LeasesTaken"), 4.0);
     // Balanced: nothing more moves.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(count(&keeper(&a).await.given, "handed_off"), 4);
