@@ -25,6 +25,7 @@ pub struct Settings {
     pub checkpoint: CheckpointSettings,
     pub supervision: SupervisionSettings,
     pub metrics: MetricsSettings,
+    pub status: StatusSettings,
     pub aws: AwsSettings,
 }
 
@@ -265,6 +266,40 @@ impl Default for MetricsSettings {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusSettings {
+    /// Serve the read-only status endpoint (`/status`, `/fleet`, `/fleet.html`,
+    /// `/healthz`, `/readyz`, `/metrics`).
+    pub enabled: bool,
+    /// Where it listens. Loopback unless you mean otherwise: it is read-only and shows
+    /// nothing secret, but it is not meant for the internet. Port 0 picks a free port
+    /// (`Worker::status_addr` tells which).
+    pub bind: String,
+}
+
+impl Default for StatusSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bind: "127.0.0.1:9797".to_owned(),
+        }
+    }
+}
+
+impl StatusSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        if self.enabled && self.bind.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "status.bind",
+                quoted(&self.bind),
+                "must be an IP address and port, e.g. \"127.0.0.1:9797\" or \"0.0.0.0:9797\"",
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AwsSettings {
@@ -309,6 +344,7 @@ impl Settings {
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.worker.validate()?;
         self.lease.validate()?;
+        self.status.validate()?;
         self.reader.validate()?;
         self.checkpoint.validate()?;
         self.supervision.validate()?;
@@ -1022,6 +1058,11 @@ mod tests {
             |s| s.supervision.core_max_restarts = 0,
             |s| s.lease.max_leases = 1,
             |s| s.lease.max_moves_per_round = 1,
+            |s| s.status.bind = "[::1]:0".into(),
+            |s| {
+                s.status.enabled = false;
+                s.status.bind = "not parsed when disabled".into();
+            },
             |s| s.lease.handoff_timeout = s.lease.handoff_poll_interval + Duration::from_millis(1),
             |s| s.metrics.namespace = "My App/orders#1:x".into(),
             |s| s.metrics.interval = secs(1),

@@ -157,6 +157,14 @@ pub(crate) struct ReaderState {
     children: Option<Vec<ChildShard>>,
     millis_behind: Option<u64>,
     records_delivered: u64,
+    bytes_delivered: u64,
+    rate: RateMeter,
+    /// The last call that failed, for the status page.
+    last_error: Option<String>,
+    /// The last GetRecords was throttled; cleared by the next success.
+    throttled: bool,
+    /// The last GetRecords returned nothing and said the shard is at its tip.
+    caught_up: bool,
     fenced: bool,
     shutdown_reply: Option<RpcReplyPort<ShardShutdown>>,
 }
@@ -204,6 +212,11 @@ impl Actor for ShardReader {
             children: None,
             millis_behind: None,
             records_delivered: 0,
+            bytes_delivered: 0,
+            rate: RateMeter::new(),
+            last_error: None,
+            throttled: false,
+            caught_up: false,
             fenced: false,
             shutdown_reply: None,
             args,
@@ -548,6 +561,9 @@ impl ReaderState {
         match self.args.streams.get_records(&iterator, limit).await {
             Ok(batch) => {
                 self.backoff.reset();
+                self.throttled = false;
+                self.caught_up =
+                    batch.records.is_empty() && batch.millis_behind_latest.unwrap_or(0) == 0;
                 self.millis_behind = batch.millis_behind_latest;
                 if let Some(millis) = batch.millis_behind_latest {
                     self.report(vec![Sample::shard(
@@ -598,7 +614,9 @@ impl ReaderState {
         Ok(())
     }
 
-    fn count_failure(&self, error: &StreamError) {
+    fn count_failure(&mut self, error: &StreamError) {
+        self.throttled = matches!(error, StreamError::Throttled { .. });
+        self.last_error = Some(error.to_string());
         let metric = if matches!(error, StreamError::Throttled { .. }) {
             Metric::Throttles
         } else {
@@ -649,6 +667,8 @@ impl ReaderState {
             millis_behind_latest: self.millis_behind,
         };
         self.records_delivered += len as u64;
+        self.bytes_delivered += bytes;
+        self.rate.add(len as u64, bytes);
         self.args
             .delivered
             .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
@@ -981,6 +1001,8 @@ impl ReaderState {
                 Phase::Starting => ShardState::Initializing,
                 Phase::BlockedOnParent => ShardState::BlockedOnParent,
                 Phase::Reading if self.fenced => ShardState::Fenced,
+                Phase::Reading if self.throttled => ShardState::Throttled,
+                Phase::Reading if self.caught_up => ShardState::CaughtUp,
                 Phase::Reading => ShardState::Processing,
                 Phase::Draining | Phase::Ending => ShardState::ShardEnding,
                 Phase::ShuttingDown => ShardState::ShuttingDown,
@@ -992,9 +1014,55 @@ impl ReaderState {
             last_delivered: self.last_delivered.as_ref().map(|p| p.to_string()),
             millis_behind_latest: self.millis_behind,
             records_delivered: self.records_delivered,
+            bytes_delivered: self.bytes_delivered,
+            records_per_second: self.rate.per_second().0,
+            bytes_per_second: self.rate.per_second().1,
+            last_error: self.last_error.clone(),
             in_flight_records: self.window.in_flight_records() as u64,
             in_flight_bytes: self.window.in_flight_bytes(),
             restarts: self.args.restarts,
+        }
+    }
+}
+
+/// Records and bytes per second over the last full second (or, after a pause, since
+/// the last delivery), for the status page.
+struct RateMeter {
+    since: Instant,
+    records: u64,
+    bytes: u64,
+    last: (f64, f64),
+}
+
+impl RateMeter {
+    fn new() -> Self {
+        Self {
+            since: Instant::now(),
+            records: 0,
+            bytes: 0,
+            last: (0.0, 0.0),
+        }
+    }
+
+    fn add(&mut self, records: u64, bytes: u64) {
+        self.records += records;
+        self.bytes += bytes;
+        let secs = self.since.elapsed().as_secs_f64();
+        if secs >= 1.0 {
+            self.last = (self.records as f64 / secs, self.bytes as f64 / secs);
+            *self = Self {
+                last: self.last,
+                ..Self::new()
+            };
+        }
+    }
+
+    fn per_second(&self) -> (f64, f64) {
+        let secs = self.since.elapsed().as_secs_f64();
+        if secs >= 2.0 {
+            (self.records as f64 / secs, self.bytes as f64 / secs)
+        } else {
+            self.last
         }
     }
 }

@@ -20,6 +20,10 @@ pub enum ShardState {
     /// Waiting for its parents to reach SHARD_END (per-key order across reshards).
     BlockedOnParent,
     Processing,
+    /// Reading, and the last read found nothing new: at the tip of the shard.
+    CaughtUp,
+    /// Reading, and the last read was throttled: backing off.
+    Throttled,
     /// Delivery paused: this worker's heartbeat has not been confirmed recently.
     Fenced,
     /// Read to its end; waiting for the last acks and the SHARD_END checkpoint.
@@ -44,6 +48,11 @@ pub struct ShardStatus {
     pub last_delivered: Option<String>,
     pub millis_behind_latest: Option<u64>,
     pub records_delivered: u64,
+    pub bytes_delivered: u64,
+    pub records_per_second: f64,
+    pub bytes_per_second: f64,
+    /// The last failed call (throttling, an expired iterator, a transient error).
+    pub last_error: Option<String>,
     pub in_flight_records: u64,
     pub in_flight_bytes: u64,
     /// Restarts of this shard's reader and processor on this worker.
@@ -62,6 +71,9 @@ pub struct WorkerStatus {
     pub worker_id: String,
     pub application: String,
     pub stream: String,
+    /// `running`, `draining` (handing leases over before it stops) or `stopping`.
+    pub state: &'static str,
+    pub uptime_ms: u64,
     pub shutting_down: bool,
     pub shards: Vec<ShardStatus>,
     /// Restarts of shard readers and processors since the worker started.
@@ -93,4 +105,70 @@ impl ShutdownReport {
                 .iter()
                 .all(|s| s.processor_ok && s.checkpoint_flushed && s.error.is_none())
     }
+}
+
+/// The whole fleet as one worker sees it from its last lease-table scan: every worker
+/// that has a heartbeat row or owns a lease, and every lease. Served as `GET /fleet`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FleetView {
+    pub application: String,
+    pub stream: String,
+    /// The worker whose view this is.
+    pub observer: String,
+    /// Milliseconds since that worker's last scan.
+    pub scanned_ms_ago: u64,
+    pub workers: Vec<FleetWorker>,
+    pub leases: Vec<FleetLease>,
+    /// Processable leases with no live owner.
+    pub unassigned: Vec<String>,
+    /// Leases waiting for a parent to finish.
+    pub blocked: Vec<String>,
+    pub malformed_rows: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetWorker {
+    pub worker_id: String,
+    /// Its heartbeat moved within the failover time, on the observer's clock.
+    pub alive: bool,
+    pub draining: bool,
+    /// False for an owner that never wrote a heartbeat row.
+    pub has_heartbeat: bool,
+    /// Leases it owns in the table (not finished).
+    pub leases: u64,
+    /// Records per second it delivered, from its heartbeat.
+    pub records_per_second: u64,
+    /// How long its heartbeat has stood still.
+    pub silent_ms: u64,
+}
+
+/// A lease's place in the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetLeaseState {
+    /// Owned by a live worker.
+    Held,
+    /// A live worker asked for it; the owner is handing it over.
+    HandingOff,
+    /// Processable, no live owner: the next scan deals it to someone.
+    Unassigned,
+    /// Waiting for a parent shard to finish.
+    Blocked,
+    /// SHARD_END.
+    Finished,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetLease {
+    pub lease_key: String,
+    pub shard_id: String,
+    pub owner: Option<String>,
+    pub state: FleetLeaseState,
+    pub checkpoint: String,
+    pub counter: u64,
+    pub handoff_to: Option<String>,
+    pub parents: Vec<String>,
+    pub children: Vec<String>,
+    /// The owner's last reported MillisBehindLatest for it (from its heartbeat).
+    pub millis_behind_latest: Option<u64>,
 }

@@ -133,6 +133,7 @@ pub(crate) struct SupervisorState {
     shutting_down: bool,
     /// Set while the keeper drains; answered when the drain is done.
     shutdown_reply: Option<RpcReplyPort<ShutdownReport>>,
+    started: Instant,
 }
 
 impl Actor for Supervisor {
@@ -164,6 +165,7 @@ impl Actor for Supervisor {
             shard_restarts: 0,
             shutting_down: false,
             shutdown_reply: None,
+            started: Instant::now(),
         })
     }
 
@@ -632,6 +634,10 @@ impl SupervisorState {
                 last_delivered: None,
                 millis_behind_latest: None,
                 records_delivered: 0,
+                bytes_delivered: 0,
+                records_per_second: 0.0,
+                bytes_per_second: 0.0,
+                last_error: None,
                 in_flight_records: 0,
                 in_flight_bytes: 0,
                 restarts: entry.restarts,
@@ -659,6 +665,14 @@ impl SupervisorState {
             worker_id: self.ctx.me.to_string(),
             application: self.ctx.application.clone(),
             stream: self.ctx.stream.clone(),
+            state: if self.shutting_down {
+                "stopping"
+            } else if self.shutdown_reply.is_some() {
+                "draining"
+            } else {
+                "running"
+            },
+            uptime_ms: self.started.elapsed().as_millis() as u64,
             shutting_down: self.shutting_down,
             shards,
             shard_restarts: self.shard_restarts,
