@@ -1,0 +1,345 @@
+//! The fleet page (actors/src/fleet.html, served as `GET /fleet.html`) in headless
+//! Chromium: it must fetch `GET /fleet` and render the fleet with its own script.
+//!
+//! * `the_page_renders_a_fleet_view`: a fixture server answers `/fleet` with a
+//!   hand-written view (only when asked with `Accept: application/json`); the dumped
+//!   DOM must hold a row per worker and per lease, the states, the lists and the
+//!   lineage, and text that looks like markup must stay text.
+//! * `a_failed_fetch_shows_an_error_and_keeps_the_last_data`: the fixture answers once,
+//!   then 503: the page shows the error and keeps the rows of the first answer.
+//!
+//! Chromium is `$FLOTILLA_TEST_CHROMIUM` (scripts/test.sh installs Debian's `chromium`
+//! and sets it). Built only with the `flotilla-actors/external-servers` feature, as
+//! scripts/test.sh runs it; with the feature on and the variable unset the tests fail.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+
+const CHROMIUM_VAR: &str = "FLOTILLA_TEST_CHROMIUM";
+/// The page as the status endpoint embeds it.
+const PAGE: &str = include_str!("../actors/src/fleet.html");
+/// Virtual time Chromium gives the page before dumping its DOM: the first fetch and
+/// about 3 more polls (one every 2 s).
+const VIRTUAL_TIME_MS: u32 = 8000;
+/// Wall time for one Chromium run.
+const CHROMIUM_LIMIT: Duration = Duration::from_secs(90);
+
+fn chromium() -> PathBuf {
+    match std::env::var_os(CHROMIUM_VAR) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => panic!(
+            "{CHROMIUM_VAR} is not set: it must name a Chromium binary (scripts/test.sh \
+             installs Debian's `chromium` and sets it to /usr/bin/chromium)"
+        ),
+    }
+}
+
+/// A fresh folder, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("flotilla-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Loads `url` in headless Chromium with a fresh profile and returns the DOM after
+/// [`VIRTUAL_TIME_MS`] of virtual time, i.e. after the page's script has run.
+fn dump_dom(url: &str) -> String {
+    let chromium = chromium();
+    let dir = TempDir::new("chromium");
+    let (out_path, err_path) = (dir.0.join("dom.html"), dir.0.join("stderr.log"));
+    let mut child = Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.0.join("profile").display()
+        ))
+        .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
+        .arg("--dump-dom")
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{CHROMIUM_VAR}={}: cannot start it: {e}",
+                chromium.display()
+            )
+        });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > CHROMIUM_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let dom = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let tail: Vec<&str> = stderr
+        .lines()
+        .rev()
+        .take(20)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    match status {
+        Some(s) if s.success() && dom.contains("</html>") => dom,
+        Some(s) => panic!(
+            "chromium exited with {s} on {url}; DOM: {dom}\nstderr:\n{}",
+            tail.join("\n")
+        ),
+        None => panic!(
+            "chromium did not finish within {CHROMIUM_LIMIT:?} on {url}\nstderr:\n{}",
+            tail.join("\n")
+        ),
+    }
+}
+
+/// The `<tr ...>` start tags of class `class` in a dumped DOM, e.g. all lease rows.
+fn rows<'a>(dom: &'a str, class: &str) -> Vec<&'a str> {
+    let prefix = format!("<tr class=\"{class}");
+    dom.match_indices(&prefix)
+        .map(|(at, _)| &dom[at..at + dom[at..].find('>').unwrap()])
+        .collect()
+}
+
+/// The value of `data-refreshes` on the page's `<main>`: successful fetches so far.
+fn refreshes(dom: &str) -> u64 {
+    let at = dom
+        .find("data-refreshes=\"")
+        .expect("no data-refreshes in the DOM")
+        + 16;
+    dom[at..at + dom[at..].find('"').unwrap()].parse().unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// The fixture server
+// ---------------------------------------------------------------------------
+
+const WORKERS: [&str; 3] = ["demo-1", "demo-2", "demo-3"];
+const SHARDS: [&str; 4] = [
+    "shardId-000000000000",
+    "shardId-000000000001",
+    "shardId-000000000002",
+    "shardId-000000000003",
+];
+/// Would add an `<img>` element if the page ever inserted data as markup.
+const INJECTED: &str = "<img id=\"injected\" src=\"x\">";
+
+fn fixture_view() -> serde_json::Value {
+    let worker = |id: &str, alive: bool, draining: bool, leases: u64, rps: u64| {
+        serde_json::json!({
+            "worker_id": id, "alive": alive, "draining": draining, "has_heartbeat": true,
+            "leases": leases, "records_per_second": rps, "silent_ms": if alive { 300 } else { 15_000 },
+        })
+    };
+    let lease = |shard: &str,
+                 owner: Option<&str>,
+                 state: &str,
+                 parents: &[&str],
+                 children: &[&str]| {
+        serde_json::json!({
+            "lease_key": shard, "shard_id": shard, "owner": owner, "state": state,
+            "checkpoint": "49650000000000000000000000000000000000000000000000000123",
+            "counter": 7, "handoff_to": if state == "handing_off" { Some("demo-3") } else { None },
+            "parents": parents, "children": children, "millis_behind_latest": 1500,
+        })
+    };
+    serde_json::json!({
+        "application": "demo-app",
+        "stream": "demo-stream",
+        "observer": "demo-1",
+        "scanned_ms_ago": 420,
+        "workers": [
+            worker(WORKERS[0], true, false, 2, 250),
+            worker(WORKERS[1], false, false, 1, 0),
+            worker(WORKERS[2], true, true, 0, 40),
+        ],
+        "leases": [
+            lease(SHARDS[0], Some(WORKERS[0]), "held", &[], &[SHARDS[2], SHARDS[3]]),
+            lease(SHARDS[1], Some(WORKERS[0]), "handing_off", &[], &[]),
+            lease(SHARDS[2], Some(WORKERS[1]), "unassigned", &[SHARDS[0]], &[]),
+            lease(SHARDS[3], None, "blocked", &[SHARDS[0]], &[]),
+        ],
+        "unassigned": [SHARDS[2]],
+        "blocked": [SHARDS[3]],
+        "malformed_rows": [INJECTED],
+    })
+}
+
+/// Serves the page and the fixture view on a free loopback port; `/fleet` answers 503
+/// after `ok_answers` answers, and 406 to a request that does not accept JSON.
+/// Returns the page's URL; the server lives as long as the test's runtime.
+async fn fixture_server(ok_answers: usize) -> String {
+    let answered = Arc::new(AtomicUsize::new(0));
+    let fleet = move |headers: HeaderMap| {
+        let answered = Arc::clone(&answered);
+        async move {
+            let accept = headers
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if !accept.contains("application/json") {
+                return (StatusCode::NOT_ACCEPTABLE, "ask for application/json").into_response();
+            }
+            if answered.fetch_add(1, Ordering::SeqCst) >= ok_answers {
+                return (StatusCode::SERVICE_UNAVAILABLE, "fixture: gone").into_response();
+            }
+            axum::Json(fixture_view()).into_response()
+        }
+    };
+    let app = Router::new()
+        .route("/fleet.html", get(|| async { Html(PAGE) }))
+        .route("/fleet", get(fleet));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/fleet.html")
+}
+
+async fn dump_dom_async(url: String) -> String {
+    tokio::task::spawn_blocking(move || dump_dom(&url))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_renders_a_fleet_view() {
+    // The page as served holds no data: whatever rows the DOM has, its script made.
+    assert!(!PAGE.contains("data-worker=\"") && !PAGE.contains("data-shard=\""));
+
+    let url = fixture_server(usize::MAX).await;
+    let dom = dump_dom_async(url).await;
+
+    assert!(refreshes(&dom) >= 2, "the page did not poll again: {dom}");
+    let workers = rows(&dom, "worker");
+    assert_eq!(workers.len(), WORKERS.len(), "{workers:?}");
+    for w in WORKERS {
+        assert!(
+            workers
+                .iter()
+                .any(|r| r.contains(&format!("data-worker=\"{w}\""))),
+            "no row for {w}: {workers:?}"
+        );
+    }
+    assert!(
+        workers[1].starts_with("<tr class=\"worker dead"),
+        "{workers:?}"
+    );
+    assert!(workers[2].contains("draining"), "{workers:?}");
+
+    let leases = rows(&dom, "lease");
+    assert_eq!(leases.len(), SHARDS.len(), "{leases:?}");
+    for (shard, state) in SHARDS
+        .iter()
+        .zip(["held", "handing_off", "unassigned", "blocked"])
+    {
+        let row = format!("<tr class=\"lease\" data-shard=\"{shard}\" data-state=\"{state}\"");
+        assert!(leases.contains(&row.as_str()), "no {row}: {leases:?}");
+        assert!(
+            dom.contains(&format!("class=\"state state-{state}\"")),
+            "no state badge {state}"
+        );
+    }
+    for expected in [
+        "id=\"application\">demo-app<",
+        "id=\"stream\">demo-stream<",
+        "id=\"observer\">demo-1<",
+        "id=\"scan-age\">420 ms ago<",
+        "2/3 workers alive; 4 leases",
+        "class=\"rps\">250 records/s<",
+        "496500…000123<",    // the checkpoint, shortened
+        "1.5 s<",            // the lag
+        ">demo-3</td></tr>", // the handoff target
+        &format!(
+            "<ul id=\"unassigned\"><li class=\"shard mono\" data-shard=\"{}\"",
+            SHARDS[2]
+        ),
+        &format!(
+            "<ul id=\"blocked\"><li class=\"shard mono\" data-shard=\"{}\"",
+            SHARDS[3]
+        ),
+        &format!("<li class=\"lineage mono\" data-shard=\"{}\">", SHARDS[0]),
+    ] {
+        assert!(
+            dom.contains(expected),
+            "{expected:?} is not in the DOM: {dom}"
+        );
+    }
+    // The malformed row is shown as text, not parsed into an element.
+    assert!(!dom.contains("<img"), "data was inserted as markup: {dom}");
+    assert!(
+        dom.contains("&lt;img id=\"injected\""),
+        "the malformed row is missing: {dom}"
+    );
+    assert!(!dom.contains("class=\"shown\""), "an error is shown: {dom}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fetch_shows_an_error_and_keeps_the_last_data() {
+    let url = fixture_server(1).await;
+    let dom = dump_dom_async(url).await;
+
+    assert_eq!(refreshes(&dom), 1, "{dom}");
+    assert!(
+        dom.contains("<div id=\"error\" role=\"alert\" class=\"shown\">"),
+        "no error shown: {dom}"
+    );
+    assert!(
+        dom.contains("Could not load the fleet view (HTTP 503)"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("<main id=\"fleet\" data-refreshes=\"1\" class=\"stale\">"),
+        "{dom}"
+    );
+    assert_eq!(
+        rows(&dom, "worker").len(),
+        WORKERS.len(),
+        "the last data is gone: {dom}"
+    );
+    assert_eq!(
+        rows(&dom, "lease").len(),
+        SHARDS.len(),
+        "the last data is gone: {dom}"
+    );
+}
