@@ -3,19 +3,22 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use flotilla_actors::backend::aws::{DynamoLeaseTable, Endpoints, load_sdk_config};
-use flotilla_actors::backend::{LeaseTable, TableState};
+use flotilla_actors::backend::aws::{DynamoLeaseTable, Endpoints, KinesisStream, load_sdk_config};
+use flotilla_actors::backend::{
+    LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
+};
 use flotilla_actors::model::{Checkpoint, Lease};
 use flotilla_actors::{Backend, ShutdownReport, Worker};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
 use crate::demo::{self, DemoArgs};
-use crate::settings;
 use crate::stdout_processor::StdoutProcessor;
+use crate::{ops, settings, status_client};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +42,7 @@ pub enum Command {
     /// stderr once a second; the last line on stdout is the summary. Exits non-zero if a
     /// record was lost or out of order, a survivor did not shut down cleanly, or a record
     /// was delivered twice without a crash.
+    #[command(after_help = "Examples:\n  flotilla demo\n  flotilla demo --help")]
     Demo(DemoArgs),
     /// Run a worker on a Kinesis stream, printing each record as a JSON line.
     ///
@@ -46,11 +50,144 @@ pub enum Command {
     /// sub_sequence_number, partition_key, approximate_arrival, data; binary data is
     /// base64 with "data_encoding":"base64"). Runs until Ctrl-C or SIGTERM, then
     /// checkpoints, releases its leases and exits; non-zero if that was not clean.
+    #[command(after_help = "Examples:\n  \
+        flotilla run --config worker.toml\n  \
+        FLOTILLA__WORKER__STREAM=orders FLOTILLA__WORKER__APPLICATION=orders-audit flotilla run")]
     Run(RunArgs),
     /// Create the lease table if it does not exist (PAY_PER_REQUEST, hash key leaseKey).
-    Init(TableArgs),
+    ///
+    /// An existing lease table is fine. With --stream, also create a Kinesis stream, on a
+    /// local Kinesis only (--kinesis-endpoint on loopback): for development and tests.
+    #[command(after_help = "Examples:\n  \
+        flotilla init --table orders-audit --region eu-west-1\n  \
+        flotilla init --table dev-app --dynamodb-endpoint http://127.0.0.1:8000 \\\n      \
+        --stream dev --shards 4 --kinesis-endpoint http://127.0.0.1:4567")]
+    Init(InitArgs),
     /// Print every lease as one JSON object per line; heartbeats and malformed rows go to stderr.
+    #[command(after_help = "Examples:\n  \
+        flotilla leases --table orders-audit\n  \
+        flotilla leases --table orders-audit | jq -r 'select(.owner == null) | .shard_id'")]
     Leases(TableArgs),
+    /// Show a running worker's shards, or the whole fleet as it sees it.
+    ///
+    /// Reads the worker's status endpoint (GET /status, or GET /fleet with --fleet;
+    /// served at the worker's status.bind, 127.0.0.1:9797 by default) and prints tables.
+    #[command(after_help = "Examples:\n  \
+        flotilla status\n  \
+        flotilla status --fleet\n  \
+        flotilla status --url http://10.0.3.7:9797 --json | jq '.shards[] | select(.last_error)'")]
+    Status(StatusArgs),
+    /// Set the checkpoint of every unfinished lease to TRIM_HORIZON, LATEST or a time.
+    ///
+    /// For replaying a stream (or skipping a backlog): stop the workers, rewind, start
+    /// them. Finished shards (SHARD_END) are left as they are, so their records are not
+    /// replayed. Refuses while live workers hold leases (a live worker would write its own
+    /// checkpoint over the new one), naming them; the check watches the owners' heartbeats
+    /// for up to --failover-time.
+    ///
+    /// A lease cannot hold a time: --to TIME writes the KCL's AT_TIMESTAMP sentinel, and
+    /// the workers must then run with worker.initial_position = "AT_TIMESTAMP" and
+    /// worker.initial_timestamp = TIME (the command says so again when it is done).
+    #[command(after_help = "Examples:\n  \
+        flotilla rewind --table orders-audit --to trim-horizon\n  \
+        flotilla rewind --table orders-audit --to latest\n  \
+        flotilla rewind --table orders-audit --to 2024-05-01T00:00:00Z\n  \
+        flotilla rewind --table orders-audit --to trim-horizon --force   # owners known dead")]
+    Rewind(RewindArgs),
+    /// Save every shard's checkpoint as JSON, or restore them from it.
+    #[command(subcommand)]
+    Position(PositionCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PositionCommand {
+    /// Print every lease's checkpoint as a JSON token on stdout.
+    ///
+    /// {"version":1,"application":APP,"exported_at":TIME,"shards":{LEASE_KEY:
+    /// {"checkpoint":SEQUENCE_OR_SENTINEL,"sub_sequence":N}}}. Lease keys are shard ids
+    /// for a single-stream application.
+    #[command(after_help = "Examples:\n  \
+        flotilla position export --table orders-audit > positions.json")]
+    Export(TableArgs),
+    /// Set each lease's checkpoint to the one a token saved.
+    ///
+    /// Leases the token does not name are left as they are; shards the token names that
+    /// have no lease row are reported, not created. Refuses a token of another
+    /// application, and refuses while live workers hold leases, unless --force.
+    #[command(after_help = "Examples:\n  \
+        flotilla position import --table orders-audit positions.json\n  \
+        flotilla position export --table old-app | flotilla position import --table new-app --force -")]
+    Import(ImportArgs),
+}
+
+/// `flotilla init`.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// Also create this Kinesis stream (local Kinesis only); an existing one is fine.
+    #[arg(long, requires = "kinesis_endpoint")]
+    pub stream: Option<String>,
+    /// The new stream's shard count.
+    #[arg(long, default_value_t = 1, requires = "stream", value_parser = clap::value_parser!(u32).range(1..))]
+    pub shards: u32,
+    /// The local Kinesis to create --stream on (loopback only).
+    #[arg(long, env = "FLOTILLA__AWS__KINESIS_ENDPOINT")]
+    pub kinesis_endpoint: Option<String>,
+}
+
+/// `flotilla status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The worker's status endpoint: http://HOST:PORT of its status.bind.
+    #[arg(long, env = "FLOTILLA_STATUS_URL", default_value = status_client::DEFAULT_URL)]
+    pub url: String,
+    /// The fleet as the worker sees it (GET /fleet) instead of its own shards.
+    #[arg(long)]
+    pub fleet: bool,
+    /// Print the endpoint's JSON as it is.
+    #[arg(long)]
+    pub json: bool,
+    /// How long to wait for the answer.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `flotilla rewind`.
+#[derive(Debug, Args)]
+pub struct RewindArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// trim-horizon, latest, or an RFC 3339 time in UTC (2024-05-01T00:00:00Z).
+    #[arg(long, value_name = "POSITION", value_parser = ops::parse_target)]
+    pub to: ops::Target,
+    #[command(flatten)]
+    pub liveness: Liveness,
+}
+
+/// `flotilla position import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// The token `position export` wrote; - reads stdin.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub liveness: Liveness,
+}
+
+/// How rewrites of checkpoints make sure no worker is processing.
+#[derive(Debug, Args)]
+pub struct Liveness {
+    /// Write even if workers look alive (and, for import, a token of another
+    /// application): only for workers you know are dead.
+    #[arg(long)]
+    pub force: bool,
+    /// How long an owner's heartbeat may stand still before it counts as dead: the
+    /// workers' lease.failover_time.
+    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub failover_time: Duration,
 }
 
 /// Where a worker's settings come from.
@@ -77,10 +214,18 @@ pub struct TableArgs {
 }
 
 impl TableArgs {
+    async fn sdk(&self) -> aws_config::SdkConfig {
+        load_sdk_config(self.region.clone()).await
+    }
+
     async fn open(&self) -> Arc<dyn LeaseTable> {
-        let sdk = load_sdk_config(self.region.clone()).await;
+        let sdk = self.sdk().await;
+        self.open_with(&sdk)
+    }
+
+    fn open_with(&self, sdk: &aws_config::SdkConfig) -> Arc<dyn LeaseTable> {
         Arc::new(DynamoLeaseTable::new(
-            &sdk,
+            sdk,
             self.dynamodb_endpoint.as_deref(),
             self.table.clone(),
         ))
@@ -102,24 +247,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(args) => demo::run(args).await,
         Command::Run(args) => run_worker(args).await,
-        Command::Init(args) => {
-            let table = args.open().await;
-            let state = table
-                .ensure_table()
-                .await
-                .with_context(|| format!("cannot make lease table {}", args.table))?;
-            let what = match state {
-                TableState::Created => "created",
-                TableState::Existed => "already exists",
-            };
-            println!("lease table {}: {what}", args.table);
-            Ok(())
-        }
+        Command::Init(args) => init(args).await,
         Command::Leases(args) => {
             let table = args.open().await;
             let scan = table
                 .scan()
                 .await
+                .map_err(|e| ops::explain(e, &args.table))
                 .with_context(|| format!("cannot read lease table {}", args.table))?;
             let mut out = std::io::stdout().lock();
             let mut leases = scan.leases;
@@ -148,7 +282,116 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Status(args) => {
+            let path = if args.fleet { "/fleet" } else { "/status" };
+            let value = status_client::fetch(&args.url, path, args.timeout).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else if args.fleet {
+                print!("{}", status_client::render_fleet(&value));
+            } else {
+                print!("{}", status_client::render_status(&value));
+            }
+            Ok(())
+        }
+        Command::Rewind(args) => {
+            let table = args.table.open().await;
+            ops::rewind(
+                table.as_ref(),
+                &args.to,
+                args.liveness.force,
+                args.liveness.failover_time,
+            )
+            .await
+        }
+        Command::Position(PositionCommand::Export(args)) => {
+            let table = args.open().await;
+            let token = ops::export(table.as_ref()).await?;
+            println!("{}", serde_json::to_string_pretty(&token)?);
+            eprintln!(
+                "flotilla: {} shard positions of {} exported",
+                token.shards.len(),
+                token.application
+            );
+            Ok(())
+        }
+        Command::Position(PositionCommand::Import(args)) => {
+            let table = args.table.open().await;
+            ops::import(
+                table.as_ref(),
+                &args.file,
+                args.liveness.force,
+                args.liveness.failover_time,
+            )
+            .await
+        }
     }
+}
+
+/// `flotilla init`: the lease table, and a local stream if asked.
+async fn init(args: InitArgs) -> anyhow::Result<()> {
+    // Checked before anything is created: a refusal must leave nothing half done.
+    let kinesis = match (&args.stream, &args.kinesis_endpoint) {
+        (Some(stream), Some(endpoint)) if !ops::is_local_endpoint(endpoint) => bail!(
+            "--stream creates streams on a local Kinesis only, and {endpoint} is not on \
+             loopback. On AWS, create stream {stream} with your infrastructure code or \
+             `aws kinesis create-stream --stream-name {stream} --shard-count {}`",
+            args.shards
+        ),
+        (Some(stream), Some(endpoint)) => Some((stream.clone(), endpoint.clone())),
+        _ => None,
+    };
+    let sdk = args.table.sdk().await;
+    let table = args.table.open_with(&sdk);
+    let name = &args.table.table;
+    let state = table
+        .ensure_table()
+        .await
+        .map_err(|e| ops::explain(e, name))
+        .with_context(|| format!("cannot make lease table {name}"))?;
+    let what = match state {
+        TableState::Created => "created",
+        TableState::Existed => "already exists",
+    };
+    println!("lease table {name}: {what}");
+    if let Some((stream, endpoint)) = kinesis {
+        let client = KinesisStream::new(&sdk, Some(&endpoint));
+        let existing = match client.describe_stream_summary(&stream).await {
+            Ok(summary) => Some(summary),
+            Err(StreamError::NotFound { .. }) => None,
+            Err(error) => {
+                return Err(anyhow::Error::new(error))
+                    .with_context(|| format!("cannot look up stream {stream} at {endpoint}"));
+            }
+        };
+        let summary = match existing {
+            Some(summary) => summary,
+            None => {
+                match client.create_stream(&stream, args.shards).await {
+                    Ok(()) => {}
+                    // Created by someone else since the look-up: as good.
+                    Err(error) if error.to_string().contains("ResourceInUse") => {}
+                    Err(error) => {
+                        return Err(anyhow::Error::new(error)).with_context(|| {
+                            format!("cannot create stream {stream} at {endpoint}")
+                        });
+                    }
+                }
+                println!("stream {stream}: created with {} shards", args.shards);
+                return Ok(());
+            }
+        };
+        let note = if summary.open_shard_count == args.shards {
+            String::new()
+        } else {
+            format!(" (not {} as --shards asked; left as it is)", args.shards)
+        };
+        println!(
+            "stream {stream}: already exists, {} open shards{note}",
+            summary.open_shard_count
+        );
+    }
+    Ok(())
 }
 
 /// `flotilla run`: the stdout processor on the stream the settings name.

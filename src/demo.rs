@@ -76,6 +76,10 @@ pub struct DemoArgs {
     /// survivors. Must be below --workers. Default: 1 with two or more workers, else 0.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=99))]
     pub crashes: Option<u32>,
+    /// Where the first worker's status endpoint listens; the others take the next
+    /// ports. Port 0 gives every worker a free port. Each prints its URL at start.
+    #[arg(long, default_value = "127.0.0.1:9797", value_name = "ADDR")]
+    pub status_bind: std::net::SocketAddr,
 }
 
 impl DemoArgs {
@@ -97,8 +101,9 @@ impl DemoArgs {
 /// Tuned for a run of seconds rather than days: frequent checkpoints and shard
 /// listings, short polls, and lease timings short enough that a crashed worker's leases
 /// fail over within the run. Metrics stay in the worker (they feed the progress line).
-fn demo_settings(worker_id: String) -> Settings {
+fn demo_settings(worker_id: String, status_bind: std::net::SocketAddr) -> Settings {
     let mut settings = Settings::default();
+    settings.status.bind = status_bind.to_string();
     settings.worker.stream = STREAM.to_owned();
     settings.worker.application = APPLICATION.to_owned();
     settings.worker.worker_id = Some(worker_id);
@@ -126,7 +131,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // One backend for all: the workers meet in its lease table, as processes would in
     // DynamoDB.
     let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
-    let mut fleet = Fleet::start(args.workers, &backend, &check).await?;
+    let mut fleet = Fleet::start(args.workers, &backend, &check, args.status_bind).await?;
 
     let duration = (args.duration > 0).then(|| Duration::from_secs(args.duration));
     eprintln!(
@@ -300,13 +305,25 @@ enum Shutdown {
 impl Fleet {
     /// Starts the workers one after another, each with its own id and processors that
     /// all feed `check`.
-    async fn start(workers: u32, backend: &Backend, check: &SharedCheck) -> anyhow::Result<Self> {
+    async fn start(
+        workers: u32,
+        backend: &Backend,
+        check: &SharedCheck,
+        status_bind: std::net::SocketAddr,
+    ) -> anyhow::Result<Self> {
         let mut members = Vec::new();
         for n in 1..=workers {
             let id = format!("demo-{n}");
             let for_processors = check.clone();
+            let mut bind = status_bind;
+            if bind.port() != 0 {
+                let port = u16::try_from(u32::from(bind.port()) + n - 1).with_context(|| {
+                    format!("--status-bind {status_bind}: no port left for worker {id}")
+                })?;
+                bind.set_port(port);
+            }
             let worker = Worker::builder()
-                .settings(demo_settings(id.clone()))
+                .settings(demo_settings(id.clone(), bind))
                 .backend(backend.clone())
                 .processor(move |_shard| CheckingProcessor {
                     check: for_processors.clone(),
@@ -314,6 +331,12 @@ impl Fleet {
                 .start()
                 .await
                 .with_context(|| format!("cannot start worker {id}"))?;
+            if let Some(addr) = worker.status_addr() {
+                if n == 1 {
+                    eprintln!("fleet page: http://{addr}/fleet.html");
+                }
+                eprintln!("status: {id} http://{addr}/status");
+            }
             members.push(Member {
                 id,
                 worker: Some(worker),
@@ -1068,6 +1091,7 @@ mod tests {
             rate: 2000,
             workers,
             crashes,
+            status_bind: ([127, 0, 0, 1], 0).into(),
         };
         assert_eq!(args(1, None).crashes().unwrap(), 0);
         assert_eq!(args(3, None).crashes().unwrap(), 1);

@@ -8,12 +8,17 @@
 //!   `leaseKey`), refusing a table of the same name with another key schema.
 //! * `flotilla leases`: prints the lease table, one JSON object per lease on stdout,
 //!   with heartbeats and malformed rows reported on stderr.
+//! * `flotilla status`: a running worker's status endpoint as tables (`status_client`).
+//! * `flotilla rewind`, `flotilla position export|import`: rewrite or save checkpoints,
+//!   refusing while live workers hold leases (`ops`).
 //!
 //! Errors end here as `anyhow` reports; the library's are typed.
 
 mod cli;
 mod demo;
+mod ops;
 mod settings;
+mod status_client;
 mod stdout_processor;
 
 use std::process::ExitCode;

@@ -215,6 +215,7 @@ async fn run_prints_records_as_json_lines_and_stops_cleanly_on_sigterm() {
              [reader]\npoll_interval = \"50ms\"\nidle_max = \"200ms\"\n\
              [checkpoint]\ninterval = \"1s\"\n\
              [metrics]\nlevel = \"none\"\n\
+             [status]\nbind = \"127.0.0.1:0\"\n\
              [aws]\nregion = \"us-east-1\"\nkinesis_endpoint = \"{kinesis}\"\n\
              dynamodb_endpoint = \"{dynamodb}\"\n"
         ),

@@ -38,6 +38,8 @@ fn summary_fields(line: &str) -> Vec<(String, u64)> {
 fn demo(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .arg("demo")
+        // Tests run side by side: every worker on a free port.
+        .args(["--status-bind", "127.0.0.1:0"])
         .args(args)
         .env_remove("FLOTILLA_LOG")
         .output()
@@ -79,6 +81,14 @@ fn a_fleet_survives_a_crash_across_a_split_and_a_merge() {
         assert!(
             stderr.contains(id),
             "{id} missing from the progress: {stderr}"
+        );
+    }
+    // Every worker serves its status endpoint and says where.
+    assert!(stderr.contains("fleet page: http://127.0.0.1:"), "{stderr}");
+    for id in ["demo-1", "demo-2", "demo-3"] {
+        assert!(
+            stderr.contains(&format!("status: {id} http://127.0.0.1:")),
+            "{id}'s status URL missing: {stderr}"
         );
     }
 }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::model::{Fence, Heartbeat, Lease, LeaseKey, WorkerId, WorkerLoad};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     counter: Option<u64>,
     since: Instant,
@@ -71,9 +71,9 @@ impl Observations {
             let seen = self.seen.entry(heartbeat.worker.clone()).or_insert(Seen {
                 counter: Some(heartbeat.counter),
                 since: now,
-                load: heartbeat.load,
+                load: heartbeat.load.clone(),
             });
-            seen.load = heartbeat.load;
+            seen.load = heartbeat.load.clone();
             if seen.counter != Some(heartbeat.counter) {
                 seen.counter = Some(heartbeat.counter);
                 seen.since = now;
@@ -137,6 +137,11 @@ impl Observations {
         }
     }
 
+    /// What `worker` last reported in its heartbeat.
+    pub fn load_of(&self, worker: &WorkerId) -> Option<&WorkerLoad> {
+        self.seen.get(worker).map(|s| &s.load)
+    }
+
     /// Whether `worker`'s last heartbeat said it is shutting down.
     pub fn is_draining(&self, worker: &WorkerId) -> bool {
         self.seen.get(worker).is_some_and(|s| s.load.draining)
@@ -189,7 +194,7 @@ impl Observations {
                     worker: worker.clone(),
                     alive: silent < failover_time,
                     has_heartbeat: seen.counter.is_some(),
-                    load: seen.load,
+                    load: seen.load.clone(),
                     silent_ms: silent.as_millis() as u64,
                 }
             })

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::shard_reader::ShardShutdown;
+use crate::status::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
 
 use crate::backend::{LeaseError, LeaseTable};
 use crate::balance::{self, Decision, Gain, Limits, Observations, Peer, Round};
@@ -128,6 +129,11 @@ pub(crate) struct KeeperArgs {
     pub liveness: Arc<watch::Sender<Option<Instant>>>,
     /// Records delivered by this worker's readers, for the load in the heartbeat.
     pub delivered: Arc<AtomicU64>,
+    pub lags: crate::status::LagBoard,
+    /// Where each scan's view of the fleet is published, for the status endpoint.
+    pub fleet: crate::status::FleetBoard,
+    pub application: String,
+    pub stream: String,
 }
 
 struct Drain {
@@ -405,10 +411,13 @@ impl KeeperState {
             0
         };
         self.last_rate = (delivered, now);
+        let mut lag_ms = self.args.lags.snapshot();
+        lag_ms.retain(|shard, _| self.held.contains_key(&LeaseKey::new(shard.as_str())));
         WorkerLoad {
             leases: self.held.len() as u64,
             records_per_second: rate,
             draining: self.drain.is_some(),
+            lag_ms,
         }
     }
 
@@ -499,6 +508,8 @@ impl KeeperState {
                 l.handoff_to.as_ref() == Some(&me) || l.owner.as_ref() == Some(&me)
             })
         });
+        let view = self.fleet_view(&scan.leases, &by_key, now);
+        self.args.fleet.send_replace(Some(Arc::new((view, now))));
         self.act(decision, &by_key).await;
         self.report(vec![Sample::new(
             Metric::LeasesHeld,
@@ -570,6 +581,95 @@ impl KeeperState {
                 }
             }
         }
+    }
+
+    /// The fleet as this scan shows it: workers with their liveness on this worker's
+    /// clock, every lease with its state and its owner's last reported lag.
+    fn fleet_view(
+        &self,
+        leases: &[Lease],
+        by_key: &HashMap<&LeaseKey, &Lease>,
+        now: Instant,
+    ) -> FleetView {
+        let failover = self.settings().failover_time;
+        let obs = &self.observations;
+        let mut view = FleetView {
+            application: self.args.application.clone(),
+            stream: self.args.stream.clone(),
+            observer: self.args.me.to_string(),
+            malformed_rows: self.malformed.clone(),
+            ..FleetView::default()
+        };
+        let mut owned: HashMap<&WorkerId, u64> = HashMap::new();
+        let mut sorted: Vec<&Lease> = leases.iter().collect();
+        sorted.sort_by(|a, b| a.key.cmp(&b.key));
+        for lease in sorted {
+            let shard = lease.key.shard_id();
+            let owner_alive = lease
+                .owner
+                .as_ref()
+                .is_some_and(|o| obs.is_alive(o, now, failover));
+            let state = if lease.checkpoint.is_shard_end() {
+                FleetLeaseState::Finished
+            } else if !balance::processable(lease, by_key) {
+                FleetLeaseState::Blocked
+            } else if !owner_alive {
+                FleetLeaseState::Unassigned
+            } else if lease.handoff_to.is_some() {
+                FleetLeaseState::HandingOff
+            } else {
+                FleetLeaseState::Held
+            };
+            match state {
+                FleetLeaseState::Unassigned => view.unassigned.push(lease.key.to_string()),
+                FleetLeaseState::Blocked => view.blocked.push(lease.key.to_string()),
+                _ => {}
+            }
+            if let Some(owner) = &lease.owner
+                && !lease.checkpoint.is_shard_end()
+            {
+                *owned.entry(owner).or_default() += 1;
+            }
+            let lag = lease
+                .owner
+                .as_ref()
+                .and_then(|o| obs.load_of(o))
+                .and_then(|load| load.lag_ms.get(shard.as_str()).copied());
+            view.leases.push(FleetLease {
+                lease_key: lease.key.to_string(),
+                shard_id: shard.to_string(),
+                owner: lease.owner.as_ref().map(|o| o.to_string()),
+                state,
+                checkpoint: lease.checkpoint.to_string(),
+                counter: lease.counter,
+                handoff_to: lease.handoff_to.as_ref().map(|w| w.to_string()),
+                parents: lease
+                    .parent_shard_ids
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                children: lease
+                    .child_shard_ids
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
+            });
+        }
+        view.workers = obs
+            .peers(now, failover)
+            .into_iter()
+            .map(|peer| FleetWorker {
+                leases: owned.get(&peer.worker).copied().unwrap_or(0),
+                worker_id: peer.worker.to_string(),
+                alive: peer.alive,
+                draining: peer.load.draining,
+                has_heartbeat: peer.has_heartbeat,
+                records_per_second: peer.load.records_per_second,
+                silent_ms: peer.silent_ms,
+            })
+            .collect();
+        view
     }
 
     /// Lets go of a lease this worker owns by name but does not process.

@@ -33,6 +33,7 @@ mod processor;
 pub mod settings;
 mod shard_reader;
 pub mod status;
+mod status_server;
 mod stream_watcher;
 mod supervisor;
 mod worker;

@@ -103,6 +103,8 @@ pub(crate) struct ReaderArgs {
     pub restarts: u32,
     /// The worker's delivered-records count, shared with the lease keeper.
     pub delivered: Arc<std::sync::atomic::AtomicU64>,
+    /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
+    pub lags: crate::status::LagBoard,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,6 +257,15 @@ impl Actor for ShardReader {
                 let _ = reply.send(state.status());
             }
         }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut ReaderState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.args.lags.remove(&state.shard);
         Ok(())
     }
 
@@ -566,6 +577,7 @@ impl ReaderState {
                     batch.records.is_empty() && batch.millis_behind_latest.unwrap_or(0) == 0;
                 self.millis_behind = batch.millis_behind_latest;
                 if let Some(millis) = batch.millis_behind_latest {
+                    self.args.lags.set(&self.shard, millis);
                     self.report(vec![Sample::shard(
                         Metric::MillisBehindLatest,
                         &self.shard,

@@ -2,6 +2,7 @@
 //! endpoint serves them. Plain data: no credentials, no endpoints with secrets.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -172,3 +173,31 @@ pub struct FleetLease {
     /// The owner's last reported MillisBehindLatest for it (from its heartbeat).
     pub millis_behind_latest: Option<u64>,
 }
+
+/// MillisBehindLatest of the shards this worker reads, written by readers as they
+/// fetch and read by the lease keeper for its heartbeat: the fleet page shows every
+/// shard's lag from the table alone.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LagBoard(Arc<Mutex<BTreeMap<String, u64>>>);
+
+impl LagBoard {
+    pub fn set(&self, shard: &ShardId, millis: u64) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(shard.as_str().to_owned(), millis);
+        }
+    }
+
+    pub fn remove(&self, shard: &ShardId) {
+        if let Ok(mut map) = self.0.lock() {
+            map.remove(shard.as_str());
+        }
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.0.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+/// The keeper's latest fleet view and when its scan was taken.
+pub(crate) type FleetBoard =
+    Arc<tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>>;

@@ -33,6 +33,7 @@ use crate::shard_reader::{
     ShardShutdown,
 };
 use crate::status::{CoreActorStatus, ShardState, ShardStatus, ShutdownReport, WorkerStatus};
+use crate::status_server::{StatusArgs, StatusMsg, StatusServer};
 use crate::stream_watcher::{StreamWatcher, WatcherArgs, WatcherMsg};
 use crate::worker::ProcessorSource;
 
@@ -80,6 +81,12 @@ pub(crate) struct WorkerContext {
     pub fatal: Arc<Mutex<Option<String>>>,
     /// Records delivered to processors, all shards; the keeper reports the rate.
     pub delivered: Arc<std::sync::atomic::AtomicU64>,
+    /// Per-shard lag, from the readers to the keeper's heartbeat.
+    pub lags: crate::status::LagBoard,
+    /// The keeper's latest view of the fleet, for the status endpoint.
+    pub fleet: crate::status::FleetBoard,
+    /// Where the status endpoint listens, once it does.
+    pub status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
 
 pub(crate) struct Supervisor;
@@ -134,6 +141,8 @@ pub(crate) struct SupervisorState {
     /// Set while the keeper drains; answered when the drain is done.
     shutdown_reply: Option<RpcReplyPort<ShutdownReport>>,
     started: Instant,
+    /// The HTTP status endpoint, when enabled. Outside the core: it restarts alone.
+    status_server: Option<ActorRef<StatusMsg>>,
 }
 
 impl Actor for Supervisor {
@@ -149,6 +158,7 @@ impl Actor for Supervisor {
         let (tx, liveness) = Liveness::channel();
         let liveness_tx = Arc::new(tx);
         let core = spawn_core(&myself, &ctx, &liveness_tx).await?;
+        let status_server = spawn_status_server(&myself, &ctx).await?;
         let supervision = &ctx.settings.supervision;
         Ok(SupervisorState {
             core_intensity: RestartIntensity::new(
@@ -166,6 +176,7 @@ impl Actor for Supervisor {
             shutting_down: false,
             shutdown_reply: None,
             started: Instant::now(),
+            status_server,
         })
     }
 
@@ -299,6 +310,20 @@ impl Actor for Supervisor {
             state.reader_ended(&myself, key, cell.get_id(), ended);
             return Ok(());
         }
+        if state
+            .status_server
+            .as_ref()
+            .is_some_and(|s| s.get_id() == cell.get_id())
+        {
+            // Read-only and stateless: start it again; the worker goes on either way.
+            warn!(message = "Status endpoint stopped; starting it again.");
+            state.status_server = None;
+            match spawn_status_server(&myself, &state.ctx).await {
+                Ok(server) => state.status_server = server,
+                Err(error) => error!(message = "Status endpoint could not restart.", %error),
+            }
+            return Ok(());
+        }
         let failure = match ended {
             ReaderEnd::Failed(why) => Some(why),
             _ => None,
@@ -315,6 +340,36 @@ impl Actor for Supervisor {
         }
         Ok(())
     }
+}
+
+async fn spawn_status_server(
+    myself: &ActorRef<SupervisorMsg>,
+    ctx: &Arc<WorkerContext>,
+) -> Result<Option<ActorRef<StatusMsg>>, ActorProcessingErr> {
+    let status = &ctx.settings.status;
+    if !status.enabled {
+        return Ok(None);
+    }
+    let bind: std::net::SocketAddr = status
+        .bind
+        .parse()
+        .map_err(|e| format!("status.bind = {:?}: {e}", status.bind))?;
+    // Bound again after a restart: the port the first one got, so the URL stays.
+    let bind = ctx.status_addr.get().copied().unwrap_or(bind);
+    let (server, _) = Actor::spawn_linked(
+        None,
+        StatusServer,
+        StatusArgs {
+            bind,
+            supervisor: myself.clone(),
+            fleet: ctx.fleet.clone(),
+            settings: ctx.settings.clone(),
+            bound: ctx.status_addr.clone(),
+        },
+        myself.get_cell(),
+    )
+    .await?;
+    Ok(Some(server))
 }
 
 async fn spawn_core(
@@ -348,6 +403,10 @@ async fn spawn_core(
             metrics: metrics.clone(),
             liveness: liveness.clone(),
             delivered: ctx.delivered.clone(),
+            lags: ctx.lags.clone(),
+            fleet: ctx.fleet.clone(),
+            application: ctx.application.clone(),
+            stream: ctx.stream.clone(),
         },
         myself.get_cell(),
     )
@@ -406,6 +465,7 @@ impl SupervisorState {
             liveness: self.liveness.clone(),
             restarts: entry.restarts,
             delivered: self.ctx.delivered.clone(),
+            lags: self.ctx.lags.clone(),
         };
         match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
             Ok((reader, _)) => {
@@ -755,6 +815,11 @@ impl SupervisorState {
                 errors.push(format!("{name} did not stop in time"));
                 cell.kill();
             }
+        }
+        if let Some(server) = self.status_server.take()
+            && server.stop_and_wait(None, Some(timeout)).await.is_err()
+        {
+            server.kill();
         }
         ShutdownReport {
             shards,

@@ -288,6 +288,7 @@ impl WorkerBuilder {
         let fatal = Arc::new(Mutex::new(None));
         let shutdown_timeout = settings.supervision.shutdown_timeout;
         let drain_limit = settings.drain_limit();
+        let status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
         let ctx = Arc::new(WorkerContext {
             me: me.clone(),
             application,
@@ -302,6 +303,9 @@ impl WorkerBuilder {
             clock: backend.clock,
             fatal: fatal.clone(),
             delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            lags: Default::default(),
+            fleet: Arc::new(tokio::sync::watch::channel(None).0),
+            status_addr: status_addr.clone(),
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
             .await
@@ -314,6 +318,7 @@ impl WorkerBuilder {
             fatal,
             shutdown_timeout,
             drain_limit,
+            status_addr: status_addr.get().copied(),
         })
     }
 }
@@ -357,6 +362,7 @@ pub struct Worker {
     fatal: Arc<Mutex<Option<String>>>,
     shutdown_timeout: std::time::Duration,
     drain_limit: std::time::Duration,
+    status_addr: Option<std::net::SocketAddr>,
 }
 
 impl fmt::Debug for Worker {
@@ -375,6 +381,12 @@ impl Worker {
 
     pub fn id(&self) -> &WorkerId {
         &self.id
+    }
+
+    /// Where the status endpoint listens (`status.bind`, with the port the system
+    /// picked when it was 0); `None` when `status.enabled` is false.
+    pub fn status_addr(&self) -> Option<std::net::SocketAddr> {
+        self.status_addr
     }
 
     pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {

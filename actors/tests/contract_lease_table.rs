@@ -480,6 +480,11 @@ mod cases {
             leases: 7,
             records_per_second: 1500,
             draining: true,
+            lag_ms: [
+                ("shardId-000000000001".to_owned(), 0),
+                ("shardId-000000000002".to_owned(), 86_400_000),
+            ]
+            .into(),
         };
         assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 1);
         assert_eq!(table.heartbeat(&me(), &busy).await.unwrap(), 2);
@@ -489,7 +494,7 @@ mod cases {
         assert_eq!(
             beats
                 .iter()
-                .map(|h| (h.worker.as_str(), h.counter, h.load))
+                .map(|h| (h.worker.as_str(), h.counter, h.load.clone()))
                 .collect::<Vec<_>>(),
             [("worker-a", 2, busy), ("worker-b", 1, idle)]
         );

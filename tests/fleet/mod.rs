@@ -228,6 +228,8 @@ impl Env {
              shutdown_timeout = \"{shutdown}s\"\n\
              [metrics]\n\
              level = \"none\"\n\
+             [status]\n\
+             bind = \"127.0.0.1:0\"\n\
              [aws]\n\
              region = \"us-east-1\"\n\
              kinesis_endpoint = \"{kinesis}\"\n\

@@ -75,6 +75,7 @@ pub mod attr {
     pub const WORKER_LEASES: &str = "flotillaLeaseCount";
     pub const WORKER_RECORDS_PER_SECOND: &str = "flotillaRecordsPerSecond";
     pub const WORKER_DRAINING: &str = "flotillaDraining";
+    pub const WORKER_LAG: &str = "flotillaLagMs";
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
@@ -157,6 +158,25 @@ impl Reader<'_> {
         }
     }
 
+    fn number_map(&self, attribute: &str) -> Result<BTreeMap<String, u64>, MalformedRow> {
+        match self.item.get(attribute) {
+            None => Ok(BTreeMap::new()),
+            Some(AttrValue::M(map)) => map
+                .iter()
+                .map(|(k, v)| match v {
+                    AttrValue::N(n) => n.parse::<u64>().map(|n| (k.clone(), n)).map_err(|_| {
+                        self.fail(
+                            attribute,
+                            format!("{k}: {n:?} is not a non-negative integer"),
+                        )
+                    }),
+                    other => Err(self.wrong_type(attribute, "M of N", other)),
+                })
+                .collect(),
+            Some(other) => Err(self.wrong_type(attribute, "M", other)),
+        }
+    }
+
     fn boolean(&self, attribute: &str) -> Result<Option<bool>, MalformedRow> {
         match self.item.get(attribute) {
             None => Ok(None),
@@ -193,6 +213,7 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
                     leases: r.number(attr::WORKER_LEASES)?.unwrap_or(0),
                     records_per_second: r.number(attr::WORKER_RECORDS_PER_SECOND)?.unwrap_or(0),
                     draining: r.boolean(attr::WORKER_DRAINING)?.unwrap_or(false),
+                    lag_ms: r.number_map(attr::WORKER_LAG)?,
                 },
             }))
         }
@@ -360,8 +381,17 @@ pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
 }
 
 /// The load attributes a heartbeat write sets.
-pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 3] {
+pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 4] {
     [
+        (
+            attr::WORKER_LAG.into(),
+            AttrValue::M(
+                load.lag_ms
+                    .iter()
+                    .map(|(k, v)| (k.clone(), AttrValue::N(v.to_string())))
+                    .collect(),
+            ),
+        ),
         (
             attr::WORKER_LEASES.into(),
             AttrValue::N(load.leases.to_string()),
@@ -426,6 +456,7 @@ mod tests {
                 leases: 3,
                 records_per_second: 1200,
                 draining: true,
+                lag_ms: [("shardId-000000000001".to_owned(), 250)].into(),
             },
         };
         assert_eq!(decode_row(&encode_heartbeat(&hb)), Ok(Row::Heartbeat(hb)));

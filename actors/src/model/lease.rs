@@ -229,7 +229,7 @@ pub struct Heartbeat {
 }
 
 /// What a worker tells the fleet with each heartbeat, for balancing and status pages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WorkerLoad {
     /// Leases held when the heartbeat was written.
     pub leases: u64,
@@ -238,6 +238,9 @@ pub struct WorkerLoad {
     /// The worker is shutting down: it takes nothing and hands its leases to whoever
     /// asks. Others leave it out of fair shares.
     pub draining: bool,
+    /// MillisBehindLatest per shard it reads (shard id → ms), so any worker can show the
+    /// whole fleet's lag without reading the stream.
+    pub lag_ms: std::collections::BTreeMap<String, u64>,
 }
 
 #[cfg(test)]

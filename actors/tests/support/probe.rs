@@ -32,6 +32,8 @@ pub fn fast_settings(stream: &str, application: &str) -> Settings {
     s.supervision.restart_backoff_min = Duration::from_millis(20);
     s.supervision.restart_backoff_max = Duration::from_millis(500);
     s.supervision.shutdown_timeout = Duration::from_secs(10);
+    // Many workers per test process: each gets a free port.
+    s.status.bind = "127.0.0.1:0".to_owned();
     s
 }
 

@@ -1,0 +1,358 @@
+//! The read-only HTTP status endpoint, an actor in the worker's tree.
+//!
+//! Requests never wait on a busy actor: once a second this actor asks the supervisor
+//! for the worker's status and keeps the answer; the lease keeper publishes its fleet
+//! view after every scan. Handlers only read those snapshots.
+//!
+//! * `GET /status` — this worker (JSON).
+//! * `GET /fleet` — every worker and lease, from the last lease-table scan (JSON, or the
+//!   page when the client asks for HTML); `GET /fleet.html` — the page.
+//! * `GET /healthz` — liveness: the supervisor runs and answers.
+//! * `GET /readyz` — readiness: the lease table and the stream answer, leases are
+//!   served.
+//! * `GET /metrics` — the numbers the MetricsReporter sends to CloudWatch, in the
+//!   Prometheus text format.
+//!
+//! Nothing here shows credentials or endpoints: the snapshots hold none.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, ActorStatus};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::metrics_reporter::{Kind, Metric};
+use crate::settings::Settings;
+use crate::status::{FleetBoard, WorkerStatus};
+use crate::supervisor::SupervisorMsg;
+
+/// How often the worker's status is collected.
+const COLLECT_EVERY: Duration = Duration::from_secs(1);
+/// How long collecting may take before the snapshot is left as it was.
+const COLLECT_TIMEOUT_MS: u64 = 5_000;
+/// A snapshot older than this means the supervisor has stopped answering: not alive.
+const STALE_AFTER: Duration = Duration::from_secs(15);
+
+const FLEET_PAGE: &str = include_str!("fleet.html");
+
+pub(crate) enum StatusMsg {
+    Collect,
+    Collected,
+}
+
+pub(crate) struct StatusServer;
+
+pub(crate) struct StatusArgs {
+    pub bind: SocketAddr,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub fleet: FleetBoard,
+    pub settings: Arc<Settings>,
+    /// Where the server really listens (port 0 picks one), for `Worker::status_addr`.
+    pub bound: Arc<OnceLock<SocketAddr>>,
+}
+
+pub(crate) struct StatusState {
+    supervisor: ActorRef<SupervisorMsg>,
+    snapshot: watch::Sender<Option<Arc<(WorkerStatus, Instant)>>>,
+    server: JoinHandle<()>,
+    collecting: bool,
+}
+
+/// What the handlers read.
+#[derive(Clone)]
+struct Shared {
+    worker: watch::Receiver<Option<Arc<(WorkerStatus, Instant)>>>,
+    fleet: watch::Receiver<Option<Arc<(crate::status::FleetView, Instant)>>>,
+    supervisor: ActorCell,
+    settings: Arc<Settings>,
+}
+
+impl Actor for StatusServer {
+    type Msg = StatusMsg;
+    type State = StatusState;
+    type Arguments = StatusArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: StatusArgs,
+    ) -> Result<StatusState, ActorProcessingErr> {
+        let listener = tokio::net::TcpListener::bind(args.bind)
+            .await
+            .map_err(|e| {
+                format!(
+                    "status.bind = {}: cannot listen: {e}; set status.bind to a free address \
+                     (port 0 picks one) or status.enabled = false",
+                    args.bind
+                )
+            })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("status endpoint: no local address: {e}"))?;
+        let _ = args.bound.set(local);
+        let (snapshot, worker) = watch::channel(None);
+        let shared = Shared {
+            worker,
+            fleet: args.fleet.subscribe(),
+            supervisor: args.supervisor.get_cell(),
+            settings: args.settings.clone(),
+        };
+        let app = router(shared);
+        let server = tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::error!(message = "Status endpoint stopped.", %error);
+            }
+        });
+        info!(message = "Status endpoint listening.", url = %format!("http://{local}/status"));
+        let _ = myself.cast(StatusMsg::Collect);
+        myself.send_interval(COLLECT_EVERY, || StatusMsg::Collect);
+        Ok(StatusState {
+            supervisor: args.supervisor,
+            snapshot,
+            server,
+            collecting: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: StatusMsg,
+        state: &mut StatusState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            StatusMsg::Collect => {
+                if state.collecting {
+                    return Ok(());
+                }
+                // Collected in a task, so a slow supervisor never blocks this actor.
+                state.collecting = true;
+                let supervisor = state.supervisor.clone();
+                let snapshot = state.snapshot.clone();
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    match ractor::call_t!(supervisor, SupervisorMsg::Status, COLLECT_TIMEOUT_MS) {
+                        Ok(status) => {
+                            snapshot.send_replace(Some(Arc::new((status, Instant::now()))));
+                        }
+                        Err(error) => debug!(message = "Status not collected.", %error),
+                    }
+                    let _ = me.cast(StatusMsg::Collected);
+                });
+            }
+            StatusMsg::Collected => state.collecting = false,
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut StatusState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.server.abort();
+        Ok(())
+    }
+}
+
+fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/status", get(status))
+        .route("/fleet", get(fleet))
+        .route("/fleet.html", get(fleet_page))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(shared)
+}
+
+fn unavailable(why: &str) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response()
+}
+
+async fn status(State(shared): State<Shared>) -> Response {
+    let snapshot = shared.worker.borrow().clone();
+    match snapshot {
+        Some(snapshot) => axum::Json(&snapshot.0).into_response(),
+        None => unavailable("no status collected yet"),
+    }
+}
+
+async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
+    let wants_html = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/html"));
+    if wants_html {
+        return Html(FLEET_PAGE).into_response();
+    }
+    let view = shared.fleet.borrow().clone();
+    match view {
+        Some(view) => {
+            let mut fleet = view.0.clone();
+            fleet.scanned_ms_ago = view.1.elapsed().as_millis() as u64;
+            axum::Json(fleet).into_response()
+        }
+        None => unavailable("no lease-table scan yet"),
+    }
+}
+
+async fn fleet_page() -> Html<&'static str> {
+    Html(FLEET_PAGE)
+}
+
+/// Alive while the supervisor runs and has answered lately.
+async fn healthz(State(shared): State<Shared>) -> Response {
+    if shared.supervisor.get_status() != ActorStatus::Running {
+        return unavailable("the supervisor is not running");
+    }
+    let fresh = shared
+        .worker
+        .borrow()
+        .as_ref()
+        .is_none_or(|s| s.1.elapsed() < STALE_AFTER);
+    if !fresh {
+        return unavailable("the supervisor has not answered a status request lately");
+    }
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+/// Ready while the heartbeat is being written (the lease table answers), the last shard
+/// listing succeeded (the stream answers), and the worker is not stopping.
+async fn readyz(State(shared): State<Shared>) -> Response {
+    let snapshot = shared.worker.borrow().clone();
+    let Some(snapshot) = snapshot else {
+        return unavailable("not ready: no status collected yet");
+    };
+    let status = &snapshot.0;
+    let lease = &shared.settings.lease;
+    let mut problems = Vec::new();
+    if status.state != "running" {
+        problems.push(format!("the worker is {}", status.state));
+    }
+    match status.leases.as_ref().and_then(|k| k.heartbeat_age_ms) {
+        Some(age) if u128::from(age) < (lease.failover_time - lease.fence_margin).as_millis() => {}
+        Some(age) => problems.push(format!(
+            "the heartbeat was last written {age} ms ago: the lease table is not answering"
+        )),
+        None => problems.push("no heartbeat written yet".to_owned()),
+    }
+    match &status.stream_watcher {
+        Some(w) if w.last_error.is_none() && w.shards > 0 => {}
+        Some(w) => problems.push(match &w.last_error {
+            Some(error) => format!("listing the stream failed: {error}"),
+            None => "the stream has not been listed yet".to_owned(),
+        }),
+        None => problems.push("the stream watcher did not answer".to_owned()),
+    }
+    if problems.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        unavailable(&format!("not ready: {}", problems.join("; ")))
+    }
+}
+
+async fn metrics(State(shared): State<Shared>) -> Response {
+    let snapshot = shared.worker.borrow().clone();
+    let Some(snapshot) = snapshot else {
+        return unavailable("no status collected yet");
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        prometheus_text(&snapshot.0),
+    )
+        .into_response()
+}
+
+/// `RecordsProcessed` → `records_processed`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The MetricsReporter's totals (worker-wide and per shard) as Prometheus text:
+/// counters as `flotilla_<name>_total`, gauges as `flotilla_<name>`.
+pub(crate) fn prometheus_text(status: &WorkerStatus) -> String {
+    let base = format!(
+        "application=\"{}\",stream=\"{}\",worker=\"{}\"",
+        label(&status.application),
+        label(&status.stream),
+        label(&status.worker_id)
+    );
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP flotilla_up 1 while the worker runs.");
+    let _ = writeln!(out, "# TYPE flotilla_up gauge");
+    let _ = writeln!(out, "flotilla_up{{{base}}} 1");
+    let _ = writeln!(
+        out,
+        "# HELP flotilla_uptime_seconds Seconds since the worker started."
+    );
+    let _ = writeln!(out, "# TYPE flotilla_uptime_seconds gauge");
+    let _ = writeln!(
+        out,
+        "flotilla_uptime_seconds{{{base}}} {}",
+        status.uptime_ms as f64 / 1000.0
+    );
+    let Some(metrics) = &status.metrics else {
+        return out;
+    };
+    for metric in Metric::ALL {
+        let name = metric.name();
+        let (prom, kind) = match metric.kind() {
+            Kind::Counter => (format!("flotilla_{}_total", snake_case(name)), "counter"),
+            Kind::Gauge => (format!("flotilla_{}", snake_case(name)), "gauge"),
+        };
+        let _ = writeln!(out, "# HELP {prom} {name}, as sent to CloudWatch.");
+        let _ = writeln!(out, "# TYPE {prom} {kind}");
+        let total = metrics.totals.get(name).copied().unwrap_or(0.0);
+        let _ = writeln!(out, "{prom}{{{base}}} {total}");
+        for (shard, values) in &metrics.per_shard {
+            if let Some(value) = values.get(name) {
+                let _ = writeln!(out, "{prom}{{{base},shard=\"{}\"}} {value}", label(shard));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_names_become_prometheus_names() {
+        assert_eq!(snake_case("RecordsProcessed"), "records_processed");
+        assert_eq!(snake_case("MillisBehindLatest"), "millis_behind_latest");
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,242 @@
+//! The status endpoint of running workers, over real HTTP: every route, the fleet
+//! view of two workers, Prometheus text, readiness, a taken port, and no credentials in
+//! any output.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::{Backend, Settings, Worker, WorkerError};
+use serde_json::Value;
+
+use support::http::get;
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
+use support::rig::{APP, Rig, STREAM};
+
+fn settings(id: &str) -> Settings {
+    let mut s = fast_settings(STREAM, APP);
+    s.worker.worker_id = Some(id.to_owned());
+    s
+}
+
+fn url(worker: &Worker, path: &str) -> String {
+    format!("http://{}{path}", worker.status_addr().unwrap())
+}
+
+/// Polls `GET path` until `done` holds for the JSON body.
+async fn json_until(
+    worker: &Worker,
+    path: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    for _ in 0..100 {
+        let (code, _, body) = get(&url(worker, path), "application/json").await;
+        if code == 200 {
+            let value: Value = serde_json::from_str(&body).unwrap();
+            if done(&value) {
+                return value;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{path}: never {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_with_live_data() {
+    let rig = Rig::new(4, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, settings("status-a")).await;
+    let b = rig.start_with(&probes, settings("status-b")).await;
+    assert!(a.status_addr().unwrap().ip().is_loopback());
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 8, 10).await;
+    probes.wait_distinct(80, Duration::from_secs(20)).await;
+
+    // /status: this worker, its shards and its actors.
+    let status = json_until(&a, "/status", "shows two shards processing", |s| {
+        s["shards"]
+            .as_array()
+            .is_some_and(|shards| shards.len() == 2)
+    })
+    .await;
+    assert_eq!(status["worker_id"], "status-a");
+    assert_eq!(status["application"], APP);
+    assert_eq!(status["state"], "running");
+    assert!(status["uptime_ms"].as_u64().unwrap() > 0);
+    let shard = &status["shards"][0];
+    for field in [
+        "shard_id",
+        "state",
+        "checkpoint",
+        "millis_behind_latest",
+        "records_delivered",
+        "bytes_delivered",
+        "records_per_second",
+        "in_flight_records",
+        "restarts",
+        "last_error",
+    ] {
+        assert!(
+            shard.get(field).is_some(),
+            "shard status lacks {field}: {shard}"
+        );
+    }
+    let core: Vec<&str> = status["core"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(core.contains(&"lease_keeper"), "{core:?}");
+
+    // /fleet: both workers and all four leases, from either worker.
+    let fleet = json_until(&b, "/fleet", "shows both workers holding two leases", |f| {
+        f["workers"].as_array().is_some_and(|w| {
+            w.len() == 2 && w.iter().all(|w| w["leases"] == 2 && w["alive"] == true)
+        })
+    })
+    .await;
+    assert_eq!(fleet["observer"], "status-b");
+    let leases = fleet["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 4);
+    assert!(leases.iter().all(|l| l["state"] == "held"), "{leases:?}");
+    assert!(fleet["unassigned"].as_array().unwrap().is_empty());
+    // Lags reach the fleet view through the owners' heartbeats.
+    json_until(&b, "/fleet", "shows every lease's lag", |f| {
+        f["leases"]
+            .as_array()
+            .is_some_and(|l| l.iter().all(|l| l["millis_behind_latest"].is_u64()))
+    })
+    .await;
+
+    // The page: by content negotiation and by name.
+    let (code, content_type, page) = get(&url(&a, "/fleet"), "text/html").await;
+    assert_eq!(code, 200);
+    assert!(content_type.starts_with("text/html"), "{content_type}");
+    assert!(page.contains("<script>") && page.contains("fleet"));
+    let (code, _, same) = get(&url(&a, "/fleet.html"), "*/*").await;
+    assert_eq!((code, same), (200, page));
+
+    // Liveness and readiness.
+    let (code, _, body) = get(&url(&a, "/healthz"), "*/*").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let mut ready = String::new();
+    for _ in 0..50 {
+        let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
+        ready = body;
+        if code == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ready, "ready\n");
+
+    // Prometheus text: the MetricsReporter's numbers, per worker and per shard.
+    let (code, content_type, text) = get(&url(&a, "/metrics"), "text/plain").await;
+    assert_eq!(code, 200);
+    assert!(content_type.starts_with("text/plain; version=0.0.4"));
+    assert!(text.contains("# TYPE flotilla_records_processed_total counter"));
+    assert!(text.contains("# TYPE flotilla_millis_behind_latest gauge"));
+    let processed: f64 = text
+        .lines()
+        .find(|l| l.starts_with("flotilla_records_processed_total{") && !l.contains("shard="))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(processed > 0.0, "{text}");
+    assert!(text.contains("worker=\"status-a\""));
+    assert!(text.contains("shard=\"shardId-"));
+
+    // An unknown path is a 404, not a page.
+    let (code, _, _) = get(&url(&a, "/admin"), "*/*").await;
+    assert_eq!(code, 404);
+
+    for w in [a, b] {
+        assert!(w.shutdown().await.unwrap().clean());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_port_stops_the_start_with_a_clear_error() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let first = rig.start_with(&probes, settings("port-a")).await;
+    let mut clash = settings("port-b");
+    clash.status.bind = first.status_addr().unwrap().to_string();
+    let f = probes.clone();
+    let err = Worker::builder()
+        .settings(clash)
+        .backend(rig.backend())
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .err()
+        .unwrap();
+    let text = err.to_string();
+    assert!(matches!(err, WorkerError::Spawn(_)), "{err:?}");
+    assert!(
+        text.contains("status.bind") && text.contains("status.enabled = false"),
+        "{text}"
+    );
+    // Disabled: no endpoint, the worker runs.
+    let mut off = settings("port-c");
+    off.status.enabled = false;
+    let worker = rig.start_with(&probes, off).await;
+    assert_eq!(worker.status_addr(), None);
+    assert!(worker.shutdown().await.unwrap().clean());
+    assert!(first.shutdown().await.unwrap().clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_output_shows_credentials() {
+    use support::servers;
+    let kinesis = servers::start_ferrokinesis(300).await;
+    let dynamo = servers::start_dynoxide().await;
+    // Distinctive credentials, to look for in every output.
+    let key_id = "AKIAFLOTILLASTATUSTEST";
+    let secret = "s3cr3t/flotilla+status-endpoint-test";
+    let sdk = servers::sdk_config()
+        .to_builder()
+        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+            aws_sdk_dynamodb::config::Credentials::new(key_id, secret, None, None, "test"),
+        ))
+        .build();
+    let streams = flotilla_actors::backend::aws::KinesisStream::new(&sdk, Some(&kinesis));
+    use flotilla_actors::backend::StreamAdmin;
+    streams.create_stream("secrets", 1).await.unwrap();
+    let endpoints = flotilla_actors::backend::aws::Endpoints {
+        kinesis: Some(kinesis.clone()),
+        dynamodb: Some(dynamo.clone()),
+        cloudwatch: None,
+    };
+    let backend = Backend::from_sdk(&sdk, &endpoints);
+    let mut s = settings("secrets-a");
+    s.worker.stream = "secrets".into();
+    s.metrics.level = flotilla_actors::MetricsLevel::None;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let f = probes.clone();
+    let worker = Worker::builder()
+        .settings(s)
+        .backend(backend)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let fleet = json_until(&worker, "/fleet", "shows the lease", |f| {
+        f["leases"].as_array().is_some_and(|l| !l.is_empty())
+    })
+    .await;
+    assert_eq!(fleet["workers"][0]["worker_id"], "secrets-a");
+    for path in ["/status", "/fleet", "/metrics", "/readyz", "/healthz"] {
+        let (_, _, body) = get(&url(&worker, path), "application/json").await;
+        for needle in [secret, key_id] {
+            assert!(!body.contains(needle), "{path} shows {needle:?}:\n{body}");
+        }
+    }
+    assert!(worker.shutdown().await.unwrap().clean());
+}

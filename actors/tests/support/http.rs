@@ -1,0 +1,32 @@
+//! A GET through hyper's client, for tests of the status endpoint.
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Status code, content type and body of `GET url` with an `Accept` header.
+pub async fn get(url: &str, accept: &str) -> (u16, String, String) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let request = hyper::Request::get(url)
+        .header("accept", accept)
+        .body(Empty::new())
+        .unwrap();
+    let response = client
+        .request(request)
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        content_type,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}

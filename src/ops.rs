@@ -1,0 +1,621 @@
+//! Operator commands on the lease table: `init` (and a local stream), `rewind`,
+//! `position export` and `position import`.
+//!
+//! # Liveness
+//!
+//! `rewind` and `position import` rewrite checkpoints, which only works while no worker
+//! processes the shards: a live owner keeps its position in memory and writes it over
+//! the new one at its next checkpoint (checkpoints do not change the lease counter, so
+//! the fence does not stop it). Before writing, the owners of unfinished leases are
+//! watched for up to `lease.failover_time`, as the workers themselves judge liveness: an
+//! owner is alive if its heartbeat row's counter moves, or (a Java KCL worker, which
+//! renews leases instead) a lease it owns has its counter raised; a worker that takes a
+//! lease meanwhile is alive too. Owners that show no sign of life are dead (crashed
+//! workers' names left on their leases). `--force` skips the check.
+//!
+//! # Rewinding to a time
+//!
+//! A KCL 2.x lease row cannot carry a timestamp: its `checkpoint` holds the sentinel
+//! `AT_TIMESTAMP` and the worker takes the time from its own `worker.initial_timestamp`
+//! (as the Java KCL takes it from its configuration). A checkpoint just before the first
+//! record at or after the time cannot be written either: a checkpoint names the last
+//! processed record, Kinesis cannot be read backwards to find the one before, and no
+//! made-up sequence number is safe to start from. So `rewind --to TIME` writes
+//! `AT_TIMESTAMP`, and the workers must then run with `worker.initial_position =
+//! "AT_TIMESTAMP"` and `worker.initial_timestamp = TIME`; a worker without a timestamp
+//! refuses to read such a shard (the shard restarts, failing, and says why) rather than
+//! start anywhere else.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context as _, anyhow, bail};
+use flotilla_actors::backend::{LeaseError, LeaseTable, ScanOutput};
+use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, WorkerId};
+use serde::{Deserialize, Serialize};
+
+/// What a liveness check found against one owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveOwner {
+    pub worker: WorkerId,
+    /// What showed it alive.
+    pub sign: String,
+    /// The unfinished leases it holds, as last scanned.
+    pub leases: Vec<LeaseKey>,
+}
+
+impl fmt::Display for LiveOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys: Vec<&str> = self.leases.iter().map(LeaseKey::as_str).collect();
+        write!(f, "{} ({}", self.worker, self.sign)?;
+        if !keys.is_empty() {
+            write!(f, "; holds {}", keys.join(", "))?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// The owners of unfinished leases in `first` that show a sign of life within
+/// `failover_time` (see the module docs), and the last scan made. Returns at once when
+/// no lease is owned, and as soon as every owner has shown itself alive.
+pub async fn live_owners(
+    table: &dyn LeaseTable,
+    first: ScanOutput,
+    failover_time: Duration,
+) -> Result<(Vec<LiveOwner>, ScanOutput), LeaseError> {
+    let holdings = |scan: &ScanOutput| -> BTreeMap<WorkerId, Vec<LeaseKey>> {
+        let mut held: BTreeMap<WorkerId, Vec<LeaseKey>> = BTreeMap::new();
+        for lease in &scan.leases {
+            if let (Some(owner), false) = (&lease.owner, lease.checkpoint.is_shard_end()) {
+                held.entry(owner.clone())
+                    .or_default()
+                    .push(lease.key.clone());
+            }
+        }
+        held
+    };
+    let mut pending: BTreeSet<WorkerId> = holdings(&first).into_keys().collect();
+    if pending.is_empty() {
+        return Ok((Vec::new(), first));
+    }
+    let heartbeats = |scan: &ScanOutput| -> HashMap<WorkerId, u64> {
+        scan.heartbeats
+            .iter()
+            .map(|h| (h.worker.clone(), h.counter))
+            .collect()
+    };
+    let leases = |scan: &ScanOutput| -> HashMap<LeaseKey, (Option<WorkerId>, u64)> {
+        scan.leases
+            .iter()
+            .map(|l| (l.key.clone(), (l.owner.clone(), l.counter)))
+            .collect()
+    };
+    let first_heartbeats = heartbeats(&first);
+    let first_leases = leases(&first);
+    eprintln!(
+        "flotilla: checking whether the owners of the leases are alive: {} (up to {}, \
+         lease.failover_time; --force skips this)",
+        pending
+            .iter()
+            .map(WorkerId::as_str)
+            .collect::<Vec<_>>()
+            .join(", "),
+        humantime::format_duration(failover_time)
+    );
+
+    let poll = (failover_time / 5).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let deadline = tokio::time::Instant::now() + failover_time;
+    let mut signs: BTreeMap<WorkerId, String> = BTreeMap::new();
+    let mut last = first;
+    while !pending.is_empty() {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(poll.min(deadline - now)).await;
+        last = table.scan().await?;
+        let beats = heartbeats(&last);
+        for (worker, counter) in &beats {
+            if first_heartbeats.get(worker) != Some(counter) {
+                signs
+                    .entry(worker.clone())
+                    .or_insert_with(|| format!("heartbeat moved to {counter}"));
+            }
+        }
+        for lease in &last.leases {
+            let Some(owner) = &lease.owner else { continue };
+            match first_leases.get(&lease.key) {
+                Some((Some(was), counter)) if was == owner => {
+                    if lease.counter != *counter {
+                        signs
+                            .entry(owner.clone())
+                            .or_insert_with(|| format!("renewed lease {}", lease.key));
+                    }
+                }
+                _ => {
+                    signs
+                        .entry(owner.clone())
+                        .or_insert_with(|| format!("took lease {}", lease.key));
+                }
+            }
+        }
+        pending.retain(|w| !signs.contains_key(w));
+    }
+    // Only the workers that hold something now matter; report what they hold now.
+    let held = holdings(&last);
+    let live = signs
+        .into_iter()
+        .filter_map(|(worker, sign)| {
+            let leases = held.get(&worker)?.clone();
+            Some(LiveOwner {
+                worker,
+                sign,
+                leases,
+            })
+        })
+        .collect();
+    Ok((live, last))
+}
+
+/// Where `rewind` puts every unfinished lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    TrimHorizon,
+    Latest,
+    /// The time, and as the operator wrote it (for the settings to copy).
+    AtTimestamp(SystemTime, String),
+}
+
+impl Target {
+    pub fn checkpoint(&self) -> Checkpoint {
+        match self {
+            Target::TrimHorizon => Checkpoint::TrimHorizon,
+            Target::Latest => Checkpoint::Latest,
+            Target::AtTimestamp(..) => Checkpoint::AtTimestamp,
+        }
+    }
+}
+
+/// `--to`: `trim-horizon`, `latest` (either spelling, any case) or an RFC 3339 time in
+/// UTC, as `worker.initial_timestamp` takes it.
+pub fn parse_target(text: &str) -> Result<Target, String> {
+    match text.to_ascii_lowercase().replace('_', "-").as_str() {
+        "trim-horizon" => return Ok(Target::TrimHorizon),
+        "latest" => return Ok(Target::Latest),
+        _ => {}
+    }
+    let at = humantime::parse_rfc3339(text).map_err(|e| {
+        format!(
+            "{text:?} is neither trim-horizon, latest nor an RFC 3339 time in UTC ({e}); \
+             write e.g. 2024-05-01T00:00:00Z"
+        )
+    })?;
+    if at > SystemTime::now() {
+        return Err(format!(
+            "{text} is in the future; to skip everything up to now use --to latest"
+        ));
+    }
+    Ok(Target::AtTimestamp(at, text.to_owned()))
+}
+
+/// What a batch of checkpoint writes did, printed one lease per line.
+#[derive(Debug, Default)]
+struct Writes {
+    written: usize,
+    unchanged: usize,
+    skipped: usize,
+    failed: Vec<String>,
+}
+
+impl Writes {
+    async fn apply(&mut self, table: &dyn LeaseTable, lease: &Lease, to: &Checkpoint) {
+        let key = lease.key.as_str();
+        if &lease.checkpoint == to {
+            self.unchanged += 1;
+            println!("{key}: {to}, unchanged");
+            return;
+        }
+        match table.checkpoint(&lease.key, &lease.fence(), to, &[]).await {
+            Ok(()) => {
+                self.written += 1;
+                println!("{key}: {} -> {to}", lease.checkpoint);
+            }
+            Err(LeaseError::ConditionFailed { owner, counter, .. }) => {
+                let now = match (owner, counter) {
+                    (_, None) => "its row is gone".to_owned(),
+                    (Some(owner), Some(c)) => format!("{owner} owns it now (counter {c})"),
+                    (None, Some(c)) => format!("nobody owns it now (counter {c})"),
+                };
+                self.failed.push(format!(
+                    "{key}: changed since it was read ({now}; owner was {}, counter {})",
+                    lease.owner.as_ref().map_or("nobody", WorkerId::as_str),
+                    lease.counter
+                ));
+            }
+            Err(other) => self.failed.push(format!("{key}: {other}")),
+        }
+    }
+
+    fn finish(self, what: &str) -> anyhow::Result<()> {
+        if self.failed.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "{} of the leases were not {what} (the others were):\n  {}\nA worker may have \
+             taken them meanwhile; stop the workers and run the command again",
+            self.failed.len(),
+            self.failed.join("\n  ")
+        )
+    }
+}
+
+/// Reads the whole table, naming it (and what to do) on failure.
+pub async fn scan(table: &dyn LeaseTable) -> anyhow::Result<ScanOutput> {
+    let scan = table
+        .scan()
+        .await
+        .map_err(|e| explain(e, table.table_name()))
+        .with_context(|| format!("cannot read lease table {}", table.table_name()))?;
+    for bad in &scan.malformed {
+        eprintln!("flotilla: skipped a malformed row, left as is: {bad}");
+    }
+    Ok(scan)
+}
+
+/// The liveness check unless forced: an error naming the live workers.
+async fn refuse_while_alive(
+    table: &dyn LeaseTable,
+    scan: ScanOutput,
+    force: bool,
+    failover_time: Duration,
+    doing: &str,
+) -> anyhow::Result<ScanOutput> {
+    if force {
+        return Ok(scan);
+    }
+    let (live, scan) = live_owners(table, scan, failover_time)
+        .await
+        .map_err(|e| explain(e, table.table_name()))
+        .with_context(|| format!("cannot read lease table {}", table.table_name()))?;
+    if !live.is_empty() {
+        let names: Vec<String> = live.iter().map(ToString::to_string).collect();
+        bail!(
+            "refusing to {doing} while live workers hold leases: {}.\nStop them first (a \
+             clean stop releases their leases) and run this again. --force writes anyway: \
+             only for workers you know are dead, as a live one writes its own checkpoint \
+             over the new one",
+            names.join(", ")
+        );
+    }
+    Ok(scan)
+}
+
+/// `flotilla rewind`.
+pub async fn rewind(
+    table: &dyn LeaseTable,
+    target: &Target,
+    force: bool,
+    failover_time: Duration,
+) -> anyhow::Result<()> {
+    let scan = scan(table).await?;
+    if scan.leases.is_empty() {
+        bail!(
+            "lease table {} has no leases: nothing to rewind. Workers create the leases when \
+             they first start; to start a new application elsewhere, set \
+             worker.initial_position instead",
+            table.table_name()
+        );
+    }
+    let mut scan = refuse_while_alive(table, scan, force, failover_time, "rewind").await?;
+    scan.leases.sort_by(|a, b| a.key.cmp(&b.key));
+    let to = target.checkpoint();
+    let mut writes = Writes::default();
+    for lease in &scan.leases {
+        if lease.checkpoint.is_shard_end() {
+            writes.skipped += 1;
+            println!("{}: SHARD_END, finished, left as is", lease.key);
+            continue;
+        }
+        writes.apply(table, lease, &to).await;
+    }
+    eprintln!(
+        "flotilla: {} leases set to {to}, {} already there, {} finished left as is{}",
+        writes.written,
+        writes.unchanged,
+        writes.skipped,
+        if writes.failed.is_empty() {
+            String::new()
+        } else {
+            format!(", {} failed", writes.failed.len())
+        }
+    );
+    if let Target::AtTimestamp(_, text) = target {
+        eprintln!(
+            "flotilla: a lease cannot hold the time itself: start every worker with\n  \
+             [worker]\n  initial_position = \"AT_TIMESTAMP\"\n  initial_timestamp = \"{text}\"\n\
+             (or FLOTILLA__WORKER__INITIAL_POSITION=AT_TIMESTAMP \
+             FLOTILLA__WORKER__INITIAL_TIMESTAMP={text}); a worker without it stops on these \
+             shards and says why"
+        );
+    }
+    writes.finish("rewound")
+}
+
+/// The JSON `position export` writes and `position import` reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PositionToken {
+    /// [`TOKEN_VERSION`]; a reader refuses others.
+    pub version: u32,
+    /// The application (lease table) the positions were read from.
+    pub application: String,
+    /// When, RFC 3339 in UTC; informational.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exported_at: Option<String>,
+    /// By lease key (the shard id, for a single-stream application).
+    pub shards: BTreeMap<String, ShardPosition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPosition {
+    /// A sequence number, or TRIM_HORIZON, LATEST, AT_TIMESTAMP or SHARD_END.
+    pub checkpoint: String,
+    #[serde(default)]
+    pub sub_sequence: u64,
+}
+
+pub const TOKEN_VERSION: u32 = 1;
+
+/// `flotilla position export`: every lease's checkpoint.
+pub async fn export(table: &dyn LeaseTable) -> anyhow::Result<PositionToken> {
+    let scan = scan(table).await?;
+    let shards = scan
+        .leases
+        .iter()
+        .map(|lease| {
+            let (checkpoint, sub_sequence) = lease.checkpoint.encode();
+            (
+                lease.key.as_str().to_owned(),
+                ShardPosition {
+                    checkpoint: checkpoint.to_owned(),
+                    sub_sequence,
+                },
+            )
+        })
+        .collect();
+    Ok(PositionToken {
+        version: TOKEN_VERSION,
+        application: table.table_name().to_owned(),
+        exported_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+        shards,
+    })
+}
+
+/// Reads a token from a file, or stdin for `-`, checking its version and checkpoints.
+pub fn read_token(path: &Path) -> anyhow::Result<(PositionToken, BTreeMap<String, Checkpoint>)> {
+    let text = if path == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("cannot read the token from stdin")?
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read position token {}", path.display()))?
+    };
+    let what = || format!("position token {}", path.display());
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not JSON; `flotilla position export` writes one",
+            what()
+        )
+    })?;
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(TOKEN_VERSION) => {}
+        Some(v) => bail!(
+            "{} is version {v}; this flotilla reads version {TOKEN_VERSION} only",
+            what()
+        ),
+        None => bail!(
+            "{} has no \"version\": not written by `flotilla position export`",
+            what()
+        ),
+    }
+    let token: PositionToken = serde_json::from_value(value).with_context(what)?;
+    let mut checkpoints = BTreeMap::new();
+    for (key, position) in &token.shards {
+        let checkpoint = Checkpoint::decode(&position.checkpoint, position.sub_sequence)
+            .map_err(|e| anyhow!("{}: shard {key}: {e}", what()))?;
+        checkpoints.insert(key.clone(), checkpoint);
+    }
+    Ok((token, checkpoints))
+}
+
+/// `flotilla position import`.
+pub async fn import(
+    table: &dyn LeaseTable,
+    path: &Path,
+    force: bool,
+    failover_time: Duration,
+) -> anyhow::Result<()> {
+    let (token, checkpoints) = read_token(path)?;
+    let application = table.table_name();
+    if token.application != application {
+        if !force {
+            bail!(
+                "position token {} is for application {}, not {application}; pass --force to \
+                 apply it anyway (e.g. to start a renamed application where the old one was)",
+                path.display(),
+                token.application
+            );
+        }
+        eprintln!(
+            "flotilla: applying a token of application {} to {application} (--force)",
+            token.application
+        );
+    }
+    let scan = scan(table).await?;
+    let mut scan =
+        refuse_while_alive(table, scan, force, failover_time, "import positions").await?;
+    scan.leases.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut writes = Writes::default();
+    for lease in &scan.leases {
+        match checkpoints.get(lease.key.as_str()) {
+            Some(to) => writes.apply(table, lease, to).await,
+            None => {
+                writes.skipped += 1;
+                println!(
+                    "{}: not in the token, left at {}",
+                    lease.key, lease.checkpoint
+                );
+            }
+        }
+    }
+    let rows: BTreeSet<&str> = scan.leases.iter().map(|l| l.key.as_str()).collect();
+    let missing: Vec<&str> = checkpoints
+        .keys()
+        .map(String::as_str)
+        .filter(|key| !rows.contains(key))
+        .collect();
+    eprintln!(
+        "flotilla: {} leases set, {} already there, {} not in the token left as is{}",
+        writes.written,
+        writes.unchanged,
+        writes.skipped,
+        if writes.failed.is_empty() {
+            String::new()
+        } else {
+            format!(", {} failed", writes.failed.len())
+        }
+    );
+    if !missing.is_empty() {
+        eprintln!(
+            "flotilla: {} shards in the token have no lease row in table {application}, not \
+             applied: {}. Workers create a shard's lease when they first see the shard (start \
+             one, stop it, then import again), or the shard's lease was cleaned up after it \
+             finished",
+            missing.len(),
+            missing.join(", ")
+        );
+    }
+    writes.finish("set")
+}
+
+/// Adds what to do to the lease-table errors an operator can fix.
+pub fn explain(error: LeaseError, table: &str) -> anyhow::Error {
+    let text = error.to_string();
+    let hint = match &error {
+        LeaseError::WrongKeySchema { .. } => Some(format!(
+            "table {table} is not a lease table. Pick another application name (--table), \
+             or, if {table} is a lease table of an old program you no longer need, delete it \
+             and run flotilla init again"
+        )),
+        LeaseError::NotFound { .. } => Some(format!(
+            "there is no table {table} in this region: create it with `flotilla init --table \
+             {table}`, or check --region / AWS_REGION and --dynamodb-endpoint"
+        )),
+        _ if is_access_denied(&text) => Some(format!(
+            "the AWS credentials in use may not do this. Grant them dynamodb:DescribeTable, \
+             CreateTable, Scan, GetItem, PutItem, UpdateItem and DeleteItem on \
+             arn:aws:dynamodb:REGION:ACCOUNT:table/{table}, or use other credentials \
+             (AWS_PROFILE); `aws sts get-caller-identity` shows whose they are"
+        )),
+        _ => None,
+    };
+    match hint {
+        Some(hint) => anyhow!(error).context(hint),
+        None => anyhow!(error),
+    }
+}
+
+fn is_access_denied(text: &str) -> bool {
+    [
+        "AccessDenied",
+        "not authorized",
+        "UnrecognizedClientException",
+        "security token included in the request is invalid",
+        "InvalidSignatureException",
+        "ExpiredToken",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+/// Whether `url` names a server on this machine (loopback address or `localhost`).
+pub fn is_local_endpoint(url: &str) -> bool {
+    let Ok(uri) = url.parse::<hyper::Uri>() else {
+        return false;
+    };
+    let Some(host) = uri.host() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_in_either_spelling() {
+        for text in ["trim-horizon", "TRIM_HORIZON", "Trim_Horizon"] {
+            assert_eq!(parse_target(text), Ok(Target::TrimHorizon));
+        }
+        assert_eq!(parse_target("LATEST"), Ok(Target::Latest));
+        let Ok(Target::AtTimestamp(_, text)) = parse_target("2024-05-01T00:00:00Z") else {
+            panic!("not a time");
+        };
+        assert_eq!(text, "2024-05-01T00:00:00Z");
+        let err = parse_target("yesterday").unwrap_err();
+        assert!(err.contains("2024-05-01T00:00:00Z"), "{err}");
+        let err = parse_target("2999-01-01T00:00:00Z").unwrap_err();
+        assert!(err.contains("--to latest"), "{err}");
+    }
+
+    #[test]
+    fn only_loopback_endpoints_are_local() {
+        for url in [
+            "http://127.0.0.1:4567",
+            "http://localhost:4567",
+            "http://[::1]:4567",
+            "https://127.0.0.2",
+        ] {
+            assert!(is_local_endpoint(url), "{url}");
+        }
+        for url in [
+            "https://kinesis.us-east-1.amazonaws.com",
+            "http://10.0.0.1:4567",
+            "not a url",
+        ] {
+            assert!(!is_local_endpoint(url), "{url}");
+        }
+    }
+
+    #[test]
+    fn access_denied_and_key_schema_errors_say_what_to_do() {
+        let denied = LeaseError::Other {
+            op: "DescribeTable",
+            message:
+                "table app: service error: AccessDeniedException: User: arn:aws:iam::1:user/x \
+                      is not authorized to perform: dynamodb:DescribeTable (HTTP 400)"
+                    .into(),
+        };
+        let text = format!("{:#}", explain(denied, "app"));
+        assert!(
+            text.contains("dynamodb:DescribeTable, CreateTable"),
+            "{text}"
+        );
+        assert!(text.contains("table/app"), "{text}");
+        let schema = LeaseError::WrongKeySchema {
+            table: "app".into(),
+            found: "id (HASH)".into(),
+        };
+        let text = format!("{:#}", explain(schema, "app"));
+        assert!(
+            text.contains("not a lease table") && text.contains("--table"),
+            "{text}"
+        );
+        assert!(text.contains("id (HASH)"), "{text}");
+    }
+}

@@ -1,0 +1,334 @@
+//! `flotilla status`: reads a worker's status endpoint (`GET /status`, `GET /fleet`) and
+//! renders it as tables.
+//!
+//! The JSON is read as a `serde_json::Value`, field by field, so a field added to the
+//! endpoint's output does not break an older CLI, and a missing one shows as `-`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// Where a worker serves its status by default (`status.bind` in config/default.toml).
+pub const DEFAULT_URL: &str = "http://127.0.0.1:9797";
+
+/// `GET {base}{path}`, parsed as JSON. Errors name the URL and say what to try.
+pub async fn fetch(base: &str, path: &str, timeout: Duration) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let uri: hyper::Uri = url
+        .parse()
+        .with_context(|| format!("--url {base:?} is not a URL; write e.g. {DEFAULT_URL}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => bail!(
+            "--url {base}: only http:// is supported (the status endpoint serves plain HTTP), not {other}://"
+        ),
+        None => bail!("--url {base}: give the scheme too, e.g. http://{base}"),
+    }
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let response = match tokio::time::timeout(timeout, client.get(uri)).await {
+        Err(_) => bail!(
+            "no answer from {url} within {}; is that a flotilla worker's status endpoint?",
+            humantime::format_duration(timeout)
+        ),
+        Ok(Err(error)) if error.is_connect() => {
+            return Err(anyhow!(error).context(format!(
+                "cannot connect to {url}: is a worker running there? Pass --url with the \
+                 address the worker serves its status on: its status.bind setting \
+                 (FLOTILLA__STATUS__BIND) may differ from {DEFAULT_URL}, and status.enabled \
+                 may be false"
+            )));
+        }
+        Ok(Err(error)) => return Err(anyhow!(error).context(format!("GET {url} failed"))),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    let body = tokio::time::timeout(timeout, response.into_body().collect())
+        .await
+        .map_err(|_| anyhow!("GET {url}: the body did not arrive within {timeout:?}"))?
+        .with_context(|| format!("GET {url}: cannot read the body"))?
+        .to_bytes();
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body);
+        let shown: String = text.chars().take(200).collect();
+        bail!("GET {url}: HTTP {status}: {shown}");
+    }
+    serde_json::from_slice(&body).with_context(|| {
+        format!("GET {url}: the answer is not JSON; is that a flotilla worker's status endpoint?")
+    })
+}
+
+/// The worker's own status (`GET /status`): a header line, then one row per shard.
+pub fn render_status(status: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "worker {}  application {}  stream {}  state {}  up {}  shards {}  shard restarts {}",
+        text(&status["worker_id"]),
+        text(&status["application"]),
+        text(&status["stream"]),
+        text(&status["state"]),
+        millis_as_duration(&status["uptime_ms"]),
+        status["shards"].as_array().map_or(0, Vec::len),
+        text(&status["shard_restarts"]),
+    );
+    let mut shards: Vec<&Value> = status["shards"]
+        .as_array()
+        .map(|s| s.iter().collect())
+        .unwrap_or_default();
+    shards.sort_by(|a, b| text(&a["shard_id"]).cmp(&text(&b["shard_id"])));
+    if shards.is_empty() {
+        out.push_str("(no shards held)\n");
+        return out;
+    }
+    let rows = shards
+        .iter()
+        .map(|shard| {
+            vec![
+                text(&shard["shard_id"]),
+                text(&shard["state"]),
+                checkpoint(&shard["checkpoint"]),
+                text(&shard["millis_behind_latest"]),
+                text(&shard["records_delivered"]),
+                rate(&shard["records_per_second"]),
+                text(&shard["in_flight_records"]),
+                text(&shard["restarts"]),
+                text(&shard["last_error"]),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "SHARD",
+            "STATE",
+            "CHECKPOINT",
+            "LAG MS",
+            "RECORDS",
+            "REC/S",
+            "IN FLIGHT",
+            "RESTARTS",
+            "LAST ERROR",
+        ],
+        rows,
+    ));
+    out
+}
+
+/// The fleet as the worker sees it (`GET /fleet`): its workers, then its leases.
+pub fn render_fleet(fleet: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "application {}  stream {}  seen by {} {} ago",
+        text(&fleet["application"]),
+        text(&fleet["stream"]),
+        text(&fleet["observer"]),
+        millis_as_duration(&fleet["scanned_ms_ago"]),
+    );
+    let workers: Vec<Vec<String>> = items(&fleet["workers"], "worker_id")
+        .iter()
+        .map(|worker| {
+            vec![
+                text(&worker["worker_id"]),
+                match worker["alive"].as_bool() {
+                    Some(true) => "alive".to_owned(),
+                    Some(false) => "dead".to_owned(),
+                    None => "-".to_owned(),
+                },
+                yes_no(&worker["draining"]),
+                text(&worker["leases"]),
+                text(&worker["records_per_second"]),
+                millis_as_duration(&worker["silent_ms"]),
+                match worker["has_heartbeat"].as_bool() {
+                    Some(false) => "no heartbeat row".to_owned(),
+                    _ => String::new(),
+                },
+            ]
+        })
+        .collect();
+    out.push('\n');
+    if workers.is_empty() {
+        out.push_str("(no workers)\n");
+    } else {
+        out.push_str(&table(
+            &[
+                "WORKER", "ALIVE", "DRAINING", "LEASES", "REC/S", "SILENT", "NOTE",
+            ],
+            workers,
+        ));
+    }
+    let leases: Vec<Vec<String>> = items(&fleet["leases"], "lease_key")
+        .iter()
+        .map(|lease| {
+            let mut state = text(&lease["state"]);
+            if let Some(to) = lease["handoff_to"].as_str() {
+                state.push_str(&format!(" -> {to}"));
+            }
+            vec![
+                text(&lease["lease_key"]),
+                text(&lease["owner"]),
+                state,
+                checkpoint(&lease["checkpoint"]),
+                text(&lease["millis_behind_latest"]),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    if leases.is_empty() {
+        out.push_str("(no leases)\n");
+    } else {
+        out.push_str(&table(
+            &["SHARD", "OWNER", "STATE", "CHECKPOINT", "LAG MS"],
+            leases,
+        ));
+    }
+    for (name, what) in [
+        ("unassigned", "unassigned (no live owner)"),
+        ("blocked", "blocked on a parent"),
+        ("malformed_rows", "malformed rows"),
+    ] {
+        let list: Vec<String> = fleet[name]
+            .as_array()
+            .map(|l| l.iter().map(text).collect())
+            .unwrap_or_default();
+        if !list.is_empty() {
+            let _ = writeln!(out, "{what}: {}", list.join(", "));
+        }
+    }
+    out
+}
+
+/// The array at `value`, sorted by the text of `key`.
+fn items<'a>(value: &'a Value, key: &str) -> Vec<&'a Value> {
+    let mut items: Vec<&Value> = value
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    items.sort_by_key(|item| text(&item[key]));
+    items
+}
+
+/// A cell: strings bare, null or missing as `-`, anything else as JSON. Control
+/// characters (an error message's newline) become spaces, so a row stays one line.
+fn text(value: &Value) -> String {
+    let raw = match value {
+        Value::Null => return "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    raw.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+fn yes_no(value: &Value) -> String {
+    match value.as_bool() {
+        Some(true) => "yes".to_owned(),
+        Some(false) => "no".to_owned(),
+        None => "-".to_owned(),
+    }
+}
+
+fn rate(value: &Value) -> String {
+    match value.as_f64() {
+        Some(r) if r >= 100.0 => format!("{r:.0}"),
+        Some(r) => format!("{r:.1}"),
+        None => text(value),
+    }
+}
+
+fn millis_as_duration(value: &Value) -> String {
+    match value.as_u64() {
+        // Whole seconds past a minute: milliseconds there are noise.
+        Some(ms) if ms >= 60_000 => {
+            humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+        }
+        Some(ms) => humantime::format_duration(Duration::from_millis(ms)).to_string(),
+        None => text(value),
+    }
+}
+
+/// A checkpoint cell: sentinels as they are, a 56-digit sequence number shortened to
+/// its ends (`--json` shows it whole).
+fn checkpoint(value: &Value) -> String {
+    let full = text(value);
+    let chars: Vec<char> = full.chars().collect();
+    if chars.len() <= 24 {
+        return full;
+    }
+    let head: String = chars[..8].iter().collect();
+    let tail: String = chars[chars.len() - 12..].iter().collect();
+    format!("{head}…{tail}")
+}
+
+/// Columns padded to their widest cell, two spaces apart; the last is not padded.
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_pads_columns_to_the_widest_cell() {
+        let got = table(
+            &["A", "BB"],
+            vec![
+                vec!["long".into(), "x".into()],
+                vec!["s".into(), "y".into()],
+            ],
+        );
+        assert_eq!(got, "A     BB\nlong  x\ns     y\n");
+    }
+
+    #[test]
+    fn long_sequence_numbers_are_shortened_and_sentinels_kept() {
+        let seq = Value::from("49680458031169431967754064162084943116060673600470908946");
+        assert_eq!(checkpoint(&seq), "49680458…600470908946");
+        assert_eq!(checkpoint(&Value::from("TRIM_HORIZON")), "TRIM_HORIZON");
+        assert_eq!(checkpoint(&Value::Null), "-");
+    }
+
+    #[test]
+    fn missing_fields_show_as_dashes() {
+        let got = render_status(&serde_json::json!({"shards": [{"shard_id": "s-1"}]}));
+        assert!(got.contains("worker -"), "{got}");
+        assert!(
+            got.lines()
+                .nth(2)
+                .is_some_and(|l| l.starts_with("s-1    -")),
+            "{got}"
+        );
+    }
+}

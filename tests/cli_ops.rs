@@ -1,0 +1,646 @@
+//! The operator commands of the `flotilla` binary (status, init --stream, rewind,
+//! position export/import) against in-process servers on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[allow(dead_code)]
+#[path = "../actors/tests/support/servers.rs"]
+mod servers;
+
+use std::collections::BTreeMap;
+use std::process::Output;
+use std::time::Duration;
+
+use flotilla_actors::backend::LeaseTable;
+use flotilla_actors::backend::aws::DynamoLeaseTable;
+use flotilla_actors::model::{
+    Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
+};
+
+const SEQ: &str = "49680458031169431967754064162084943116060673600470908946";
+
+async fn flotilla(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("FLOTILLA__LEASE__FAILOVER_TIME")
+        .env_remove("FLOTILLA__AWS__KINESIS_ENDPOINT")
+        .env_remove("FLOTILLA_STATUS_URL")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[track_caller]
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// A lease table on a fresh dynoxide, with the binary's flags to reach it.
+struct Fixture {
+    endpoint: String,
+    app: String,
+    table: DynamoLeaseTable,
+}
+
+impl Fixture {
+    async fn new(app: &str) -> Self {
+        let endpoint = servers::start_dynoxide().await;
+        Self::on(endpoint, app).await
+    }
+
+    async fn on(endpoint: String, app: &str) -> Self {
+        let table = DynamoLeaseTable::new(&servers::sdk_config(), Some(&endpoint), app);
+        table.ensure_table().await.unwrap();
+        Self {
+            endpoint,
+            app: app.to_owned(),
+            table,
+        }
+    }
+
+    /// `flotilla <command...> --table APP --dynamodb-endpoint URL <extra...>`.
+    async fn run(&self, command: &[&str], extra: &[&str]) -> Output {
+        let mut args = command.to_vec();
+        args.extend(["--table", &self.app, "--dynamodb-endpoint", &self.endpoint]);
+        args.extend(extra);
+        flotilla(&args).await
+    }
+
+    async fn lease(&self, index: u64, checkpoint: Checkpoint) -> Lease {
+        let lease = Lease::new(
+            &ShardId::from_index(index),
+            Checkpoint::TrimHorizon,
+            vec![],
+            None,
+        );
+        assert!(self.table.create_if_absent(&lease).await.unwrap());
+        if checkpoint != Checkpoint::TrimHorizon {
+            self.table
+                .checkpoint(&lease.key, &lease.fence(), &checkpoint, &[])
+                .await
+                .unwrap();
+        }
+        self.get(index).await
+    }
+
+    async fn get(&self, index: u64) -> Lease {
+        let key = LeaseKey::from(&ShardId::from_index(index));
+        self.table.get(&key).await.unwrap().unwrap()
+    }
+
+    async fn checkpoints(&self) -> BTreeMap<String, Checkpoint> {
+        let scan = self.table.scan().await.unwrap();
+        scan.leases
+            .into_iter()
+            .map(|l| (l.key.as_str().to_owned(), l.checkpoint))
+            .collect()
+    }
+}
+
+fn at(sub: u64) -> Checkpoint {
+    Checkpoint::At(ExtendedSequenceNumber::new(
+        SequenceNumber::parse(SEQ).unwrap(),
+        sub,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_sets_every_unfinished_lease_and_leaves_shard_end_ones() {
+    let fx = Fixture::new("rewind-app").await;
+    fx.lease(0, at(0)).await;
+    fx.lease(1, Checkpoint::ShardEnd).await;
+    fx.lease(2, Checkpoint::Latest).await;
+    fx.lease(3, at(7)).await;
+
+    let out = fx.run(&["rewind"], &["--to", "trim-horizon"]).await;
+    assert_ok(&out);
+    let cps = fx.checkpoints().await;
+    assert_eq!(cps["shardId-000000000000"], Checkpoint::TrimHorizon);
+    assert_eq!(cps["shardId-000000000001"], Checkpoint::ShardEnd);
+    assert_eq!(cps["shardId-000000000002"], Checkpoint::TrimHorizon);
+    assert_eq!(cps["shardId-000000000003"], Checkpoint::TrimHorizon);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("shardId-000000000001: SHARD_END, finished, left as is"),
+        "{stdout}"
+    );
+    assert!(
+        text(&out.stderr).contains("3 leases set to TRIM_HORIZON"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = fx.run(&["rewind"], &["--to", "LATEST"]).await;
+    assert_ok(&out);
+    let cps = fx.checkpoints().await;
+    assert_eq!(cps["shardId-000000000001"], Checkpoint::ShardEnd);
+    for shard in [0, 2, 3] {
+        assert_eq!(
+            cps[&format!("shardId-00000000000{shard}")],
+            Checkpoint::Latest
+        );
+    }
+
+    // A time writes the KCL sentinel and says what the workers need to know it.
+    let out = fx.run(&["rewind"], &["--to", "2024-05-01T00:00:00Z"]).await;
+    assert_ok(&out);
+    assert_eq!(fx.get(0).await.checkpoint, Checkpoint::AtTimestamp);
+    assert_eq!(fx.get(1).await.checkpoint, Checkpoint::ShardEnd);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("initial_timestamp = \"2024-05-01T00:00:00Z\""),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_refuses_while_a_live_worker_holds_leases_and_force_overrides() {
+    let fx = Fixture::new("rewind-live").await;
+    let lease = fx.lease(0, at(0)).await;
+    let live = WorkerId::new("w-live");
+    fx.table
+        .take(&lease.key, &lease.fence(), &live)
+        .await
+        .unwrap();
+    fx.lease(1, at(1)).await;
+
+    // The worker's heartbeat moves every 100 ms while the command runs.
+    let table = DynamoLeaseTable::new(&servers::sdk_config(), Some(&fx.endpoint), &fx.app);
+    let beating = tokio::spawn(async move {
+        loop {
+            table.heartbeat(&live, &Default::default()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+
+    let started = std::time::Instant::now();
+    let out = fx
+        .run(
+            &["rewind"],
+            &["--to", "trim-horizon", "--failover-time", "5s"],
+        )
+        .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to rewind while live workers hold leases: w-live"),
+        "{err}"
+    );
+    assert!(err.contains("shardId-000000000000"), "{err}");
+    assert!(err.contains("--force"), "{err}");
+    // Refused as soon as the heartbeat moved, not after the whole failover time.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(fx.get(0).await.checkpoint, at(0));
+    assert_eq!(fx.get(1).await.checkpoint, at(1));
+
+    let out = fx
+        .run(&["rewind"], &["--to", "trim-horizon", "--force"])
+        .await;
+    assert_ok(&out);
+    beating.abort();
+    assert_eq!(fx.get(0).await.checkpoint, Checkpoint::TrimHorizon);
+    // The owner and its fence are as they were: only the checkpoint moved.
+    let after = fx.get(0).await;
+    assert_eq!(after.owner, Some(WorkerId::new("w-live")));
+    assert_eq!(after.counter, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_goes_ahead_when_the_owners_heartbeat_stands_still() {
+    let fx = Fixture::new("rewind-dead").await;
+    let lease = fx.lease(0, at(0)).await;
+    let dead = WorkerId::new("w-crashed");
+    fx.table
+        .take(&lease.key, &lease.fence(), &dead)
+        .await
+        .unwrap();
+    fx.table
+        .heartbeat(&dead, &Default::default())
+        .await
+        .unwrap();
+
+    let out = fx
+        .run(&["rewind"], &["--to", "latest", "--failover-time", "600ms"])
+        .await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stderr).contains("w-crashed"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(fx.get(0).await.checkpoint, Checkpoint::Latest);
+}
+
+/// A file in the temp directory, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &[u8]) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "flotilla-cli-ops-{}-{name}.json",
+            std::process::id()
+        ));
+        std::fs::write(&path, contents).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_then_import_restores_every_checkpoint() {
+    let fx = Fixture::new("positions-app").await;
+    fx.lease(0, at(0)).await;
+    fx.lease(1, at(5)).await;
+    fx.lease(2, Checkpoint::ShardEnd).await;
+    fx.lease(3, Checkpoint::Latest).await;
+    let before = fx.checkpoints().await;
+
+    let out = fx.run(&["position", "export"], &[]).await;
+    assert_ok(&out);
+    let token: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(token["version"], 1);
+    assert_eq!(token["application"], "positions-app");
+    assert_eq!(
+        token["shards"]["shardId-000000000001"],
+        serde_json::json!({"checkpoint": SEQ, "sub_sequence": 5})
+    );
+    assert_eq!(
+        token["shards"]["shardId-000000000002"]["checkpoint"],
+        "SHARD_END"
+    );
+
+    // Something moves them all; the import brings them back.
+    let out = fx.run(&["rewind"], &["--to", "trim-horizon"]).await;
+    assert_ok(&out);
+    assert_ne!(fx.checkpoints().await, before);
+
+    // A shard the table has no row for is reported, not created.
+    let mut token = token;
+    token["shards"]["shardId-000000000009"] = serde_json::json!({"checkpoint": "LATEST"});
+    let file = TempFile::new("round-trip", token.to_string().as_bytes());
+    let out = fx.run(&["position", "import"], &[file.path()]).await;
+    assert_ok(&out);
+    assert_eq!(fx.checkpoints().await, before);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("1 shards in the token have no lease row")
+            && err.contains("shardId-000000000009"),
+        "{err}"
+    );
+    assert!(err.contains("3 leases set, 1 already there"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_refuses_another_applications_token_unless_forced() {
+    let source = Fixture::new("app-a").await;
+    source.lease(0, at(3)).await;
+    let target = Fixture::on(source.endpoint.clone(), "app-b").await;
+    target.lease(0, Checkpoint::TrimHorizon).await;
+
+    let out = source.run(&["position", "export"], &[]).await;
+    assert_ok(&out);
+    let file = TempFile::new("other-app", &out.stdout);
+
+    let out = target.run(&["position", "import"], &[file.path()]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is for application app-a, not app-b") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(target.get(0).await.checkpoint, Checkpoint::TrimHorizon);
+
+    let out = target
+        .run(&["position", "import"], &[file.path(), "--force"])
+        .await;
+    assert_ok(&out);
+    assert_eq!(target.get(0).await.checkpoint, at(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_refuses_while_a_live_worker_holds_leases() {
+    let fx = Fixture::new("import-live").await;
+    let lease = fx.lease(0, at(0)).await;
+    let out = fx.run(&["position", "export"], &[]).await;
+    assert_ok(&out);
+    let file = TempFile::new("live", &out.stdout);
+    let live = WorkerId::new("w-busy");
+    fx.table
+        .take(&lease.key, &lease.fence(), &live)
+        .await
+        .unwrap();
+    let table = DynamoLeaseTable::new(&servers::sdk_config(), Some(&fx.endpoint), &fx.app);
+    let beating = tokio::spawn(async move {
+        loop {
+            table.heartbeat(&live, &Default::default()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let out = fx
+        .run(
+            &["position", "import"],
+            &[file.path(), "--failover-time", "5s"],
+        )
+        .await;
+    beating.abort();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("refusing to import positions"), "{err}");
+    assert!(err.contains("w-busy"), "{err}");
+}
+
+/// A status endpoint serving `GET /status` and `GET /fleet` built from the real types.
+async fn status_server() -> String {
+    use flotilla_actors::status::{
+        FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus, WorkerStatus,
+    };
+
+    let shard = |index: u64, state: ShardState, error: Option<&str>| ShardStatus {
+        shard_id: ShardId::from_index(index),
+        state,
+        lease_counter: 3,
+        checkpoint: Some(SEQ.to_owned()),
+        last_delivered: Some(SEQ.to_owned()),
+        millis_behind_latest: Some(1200),
+        records_delivered: 4521,
+        bytes_delivered: 1_000_000,
+        records_per_second: 12.5,
+        bytes_per_second: 2000.0,
+        last_error: error.map(str::to_owned),
+        in_flight_records: 7,
+        in_flight_bytes: 700,
+        restarts: 1,
+    };
+    let status = WorkerStatus {
+        worker_id: "w-1".into(),
+        application: "orders-audit".into(),
+        stream: "orders".into(),
+        state: "running",
+        uptime_ms: 3_723_000,
+        shutting_down: false,
+        shards: vec![
+            shard(
+                1,
+                ShardState::Throttled,
+                Some("GetRecords: throttled by Kinesis"),
+            ),
+            shard(0, ShardState::CaughtUp, None),
+        ],
+        shard_restarts: 1,
+        core: vec![],
+        leases: None,
+        stream_watcher: None,
+        checkpoints: BTreeMap::new(),
+        metrics: None,
+    };
+    let fleet = FleetView {
+        application: "orders-audit".into(),
+        stream: "orders".into(),
+        observer: "w-1".into(),
+        scanned_ms_ago: 800,
+        workers: vec![
+            FleetWorker {
+                worker_id: "w-1".into(),
+                alive: true,
+                draining: false,
+                has_heartbeat: true,
+                leases: 2,
+                records_per_second: 25,
+                silent_ms: 100,
+            },
+            FleetWorker {
+                worker_id: "w-2".into(),
+                alive: false,
+                draining: false,
+                has_heartbeat: true,
+                leases: 1,
+                records_per_second: 0,
+                silent_ms: 42_000,
+            },
+        ],
+        leases: vec![
+            FleetLease {
+                lease_key: "shardId-000000000000".into(),
+                shard_id: "shardId-000000000000".into(),
+                owner: Some("w-1".into()),
+                state: FleetLeaseState::Held,
+                checkpoint: SEQ.into(),
+                counter: 3,
+                handoff_to: None,
+                parents: vec![],
+                children: vec![],
+                millis_behind_latest: Some(1200),
+            },
+            FleetLease {
+                lease_key: "shardId-000000000002".into(),
+                shard_id: "shardId-000000000002".into(),
+                owner: Some("w-2".into()),
+                state: FleetLeaseState::Unassigned,
+                checkpoint: "TRIM_HORIZON".into(),
+                counter: 1,
+                handoff_to: None,
+                parents: vec![],
+                children: vec![],
+                millis_behind_latest: None,
+            },
+        ],
+        unassigned: vec!["shardId-000000000002".into()],
+        blocked: vec![],
+        malformed_rows: vec![],
+    };
+    let status = serde_json::to_value(&status).unwrap();
+    let fleet = serde_json::to_value(&fleet).unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/status",
+            axum::routing::get(move || async move { axum::Json(status) }),
+        )
+        .route(
+            "/fleet",
+            axum::routing::get(move || async move { axum::Json(fleet) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
+    let url = status_server().await;
+
+    let out = flotilla(&["status", "--url", &url]).await;
+    assert_ok(&out);
+    let table = text(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with(
+            "worker w-1  application orders-audit  stream orders  state running  up 1h 2m 3s"
+        ),
+        "{table}"
+    );
+    assert!(lines[1].starts_with("SHARD "), "{table}");
+    assert!(
+        lines[2].starts_with("shardId-000000000000  caught_up  49680458…600470908946  1200"),
+        "{table}"
+    );
+    assert!(
+        lines[3].starts_with("shardId-000000000001  throttled"),
+        "{table}"
+    );
+    assert!(
+        lines[3].ends_with("GetRecords: throttled by Kinesis"),
+        "{table}"
+    );
+
+    let out = flotilla(&["status", "--url", &format!("{url}/"), "--fleet"]).await;
+    assert_ok(&out);
+    let table = text(&out.stdout);
+    assert!(table.contains("seen by w-1 800ms ago"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("w-2") && l.contains(" dead ") && l.contains("42s")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("shardId-000000000002  w-2    unassigned  TRIM_HORIZON")),
+        "{table}"
+    );
+    assert!(
+        table.contains("unassigned (no live owner): shardId-000000000002"),
+        "{table}"
+    );
+
+    let out = flotilla(&["status", "--url", &url, "--json"]).await;
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["shards"][0]["shard_id"], "shardId-000000000001");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_on_a_closed_port_names_the_url_and_what_to_try() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let out = flotilla(&["status", "--url", &url]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("{url}/status")), "{err}");
+    assert!(
+        err.contains("--url") && err.contains("status.bind"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_creates_a_local_stream_once_and_refuses_a_remote_one() {
+    let dynamodb = servers::start_dynoxide().await;
+    let kinesis = servers::start_ferrokinesis(300).await;
+    let init = |extra: Vec<String>| {
+        let dynamodb = dynamodb.clone();
+        async move {
+            let mut args = vec![
+                "init".to_owned(),
+                "--table".into(),
+                "init-app".into(),
+                "--dynamodb-endpoint".into(),
+                dynamodb,
+                "--stream".into(),
+                "dev".into(),
+                "--shards".into(),
+                "3".into(),
+            ];
+            args.extend(extra);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            flotilla(&args).await
+        }
+    };
+    let out = init(vec!["--kinesis-endpoint".into(), kinesis.clone()]).await;
+    assert_ok(&out);
+    assert_eq!(
+        text(&out.stdout),
+        "lease table init-app: created\nstream dev: created with 3 shards\n"
+    );
+    let out = init(vec!["--kinesis-endpoint".into(), kinesis.clone()]).await;
+    assert_ok(&out);
+    assert_eq!(
+        text(&out.stdout),
+        "lease table init-app: already exists\nstream dev: already exists, 3 open shards\n"
+    );
+
+    let out = init(vec![
+        "--kinesis-endpoint".into(),
+        "https://kinesis.us-east-1.amazonaws.com".into(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("local Kinesis only") && err.contains("aws kinesis create-stream"),
+        "{err}"
+    );
+
+    let out = init(vec![]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--kinesis-endpoint"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn every_subcommand_has_help_with_an_example() {
+    for command in [
+        vec!["demo"],
+        vec!["run"],
+        vec!["init"],
+        vec!["leases"],
+        vec!["status"],
+        vec!["rewind"],
+        vec!["position", "export"],
+        vec!["position", "import"],
+    ] {
+        let mut args = command.clone();
+        args.push("--help");
+        let out = flotilla(&args).await;
+        assert_ok(&out);
+        let help = text(&out.stdout);
+        assert!(
+            help.contains("Examples:") && help.contains(&format!("flotilla {}", command.join(" "))),
+            "{command:?}: {help}"
+        );
+    }
+    let out = flotilla(&["position", "--help"]).await;
+    assert_ok(&out);
+    assert!(text(&out.stdout).contains("export"));
+}
