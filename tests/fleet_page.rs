@@ -7,6 +7,10 @@
 //!   lineage, and text that looks like markup must stay text.
 //! * `a_failed_fetch_shows_an_error_and_keeps_the_last_data`: the fixture answers once,
 //!   then 503: the page shows the error and keeps the rows of the first answer.
+//! * `the_page_shows_the_live_demo_fleet_and_its_crash`: `flotilla demo --status-bind
+//!   127.0.0.1:0`; the page at the `fleet page:` URL it prints must show its three
+//!   workers and every lease before the crash, and a survivor's page the crashed worker
+//!   as dead after it. The demo must still pass.
 //!
 //! Chromium is `$FLOTILLA_TEST_CHROMIUM` (scripts/test.sh installs Debian's `chromium`
 //! and sets it). Built only with the `flotilla-actors/external-servers` feature, as
@@ -15,10 +19,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
 use std::fs::File;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -342,4 +348,241 @@ async fn a_failed_fetch_shows_an_error_and_keeps_the_last_data() {
         SHARDS.len(),
         "the last data is gone: {dom}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// `flotilla demo`
+// ---------------------------------------------------------------------------
+
+/// A running `flotilla demo`, its stderr lines as they arrive. Dropping it kills the
+/// process; when the test is panicking it also prints the last lines of its stderr.
+struct Demo {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Demo {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .arg("demo")
+            .args(args)
+            .env_remove("FLOTILLA_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (send, lines) = mpsc::channel();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen_by_reader = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                seen_by_reader.lock().unwrap().push(line.clone());
+                let _ = send.send(line);
+            }
+        });
+        Self { child, lines, seen }
+    }
+
+    /// The next stderr line starting with `prefix`, without it; panics after `limit`.
+    fn line_after(&self, prefix: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.to_owned();
+                    }
+                }
+                Err(e) => panic!("no stderr line {prefix:?} within {limit:?} ({e})"),
+            }
+        }
+    }
+
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the demo did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let seen = self.seen.lock().unwrap();
+            let tail = &seen[seen.len().saturating_sub(30)..];
+            eprintln!(
+                "--- last lines of the demo's stderr ---\n{}",
+                tail.join("\n")
+            );
+        }
+    }
+}
+
+/// `GET {base}/fleet` as JSON, or `None` when it does not answer 200 with JSON.
+fn fleet_json(base: &str) -> Option<serde_json::Value> {
+    let host = base.strip_prefix("http://")?;
+    let mut stream = TcpStream::connect(host).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET /fleet HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then_some(())?;
+    serde_json::from_str(body).ok()
+}
+
+/// Polls `GET {base}/fleet` until `done` holds for the view; panics after `limit`.
+fn fleet_until(
+    base: &str,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    while Instant::now() < deadline {
+        if let Some(view) = fleet_json(base) {
+            if done(&view) {
+                return view;
+            }
+            last = Some(view);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{base}/fleet never {what} within {limit:?}; last view: {last:?}")
+}
+
+/// The worker ids of a view, with whether each is alive.
+fn view_workers(view: &serde_json::Value) -> Vec<(String, bool)> {
+    view["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["worker_id"].as_str().unwrap().to_owned(),
+                w["alive"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The `data-shard` values of a dumped DOM's lease rows.
+fn lease_shards(dom: &str) -> Vec<String> {
+    rows(dom, "lease")
+        .iter()
+        .map(|row| {
+            let at = row.find("data-shard=\"").unwrap() + 12;
+            row[at..at + row[at..].find('"').unwrap()].to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn the_page_shows_the_live_demo_fleet_and_its_crash() {
+    let _ = chromium(); // fail before starting anything when it is not set
+    let mut demo = Demo::start(&["--duration", "20", "--status-bind", "127.0.0.1:0"]);
+    let page = demo.line_after("fleet page: ", Duration::from_secs(30));
+    let base = page
+        .strip_suffix("/fleet.html")
+        .expect("a URL ending in /fleet.html")
+        .to_owned();
+    let mut status_urls = Vec::new();
+    for _ in 0..3 {
+        let rest = demo.line_after("status: ", Duration::from_secs(10));
+        let (id, url) = rest.split_once(' ').unwrap();
+        status_urls.push((
+            id.to_owned(),
+            url.strip_suffix("/status").unwrap().to_owned(),
+        ));
+    }
+
+    // Before the crash (a third of the way in): all three workers, every shard leased.
+    let before = fleet_until(
+        &base,
+        "showed 3 live workers and every lease held",
+        Duration::from_secs(6),
+        |v| {
+            view_workers(v).iter().filter(|(_, alive)| *alive).count() == 3
+                && v["leases"].as_array().is_some_and(|l| !l.is_empty())
+                && v["unassigned"].as_array().is_some_and(Vec::is_empty)
+        },
+    );
+    let dom = dump_dom(&page);
+    assert!(refreshes(&dom) >= 1, "{dom}");
+    assert!(
+        !dom.contains("class=\"shown\""),
+        "the page shows an error: {dom}"
+    );
+    for (id, _) in view_workers(&before) {
+        let row = format!("<tr class=\"worker alive\" data-worker=\"{id}\"");
+        assert!(dom.contains(&row), "no {row} in the DOM: {dom}");
+    }
+    let shown = lease_shards(&dom);
+    for lease in before["leases"].as_array().unwrap() {
+        let shard = lease["shard_id"].as_str().unwrap();
+        assert!(
+            shown.iter().any(|s| s == shard),
+            "no lease row for {shard}: {shown:?}"
+        );
+    }
+    report(&format!(
+        "before the crash: {} workers, lease rows {shown:?}",
+        view_workers(&before).len()
+    ));
+
+    // The crash: a survivor's page shows the victim dead.
+    let victim = demo.line_after("demo: crashed ", Duration::from_secs(20));
+    let victim = victim.split(' ').next().unwrap().to_owned();
+    let (_, survivor) = status_urls.iter().find(|(id, _)| *id != victim).unwrap();
+    fleet_until(
+        survivor,
+        &format!("showed {victim} dead"),
+        Duration::from_secs(15),
+        |v| {
+            view_workers(v)
+                .iter()
+                .any(|(id, alive)| *id == victim && !alive)
+        },
+    );
+    let dom = dump_dom(&format!("{survivor}/fleet.html"));
+    let dead = format!("<tr class=\"worker dead\" data-worker=\"{victim}\"");
+    assert!(dom.contains(&dead), "no {dead} in the DOM: {dom}");
+    let alive = rows(&dom, "worker alive").len();
+    assert_eq!(
+        alive,
+        2,
+        "live worker rows after the crash: {:?}",
+        rows(&dom, "worker")
+    );
+    report(&format!(
+        "after the crash of {victim}: {:?}",
+        rows(&dom, "worker")
+    ));
+
+    let status = demo.wait(Duration::from_secs(90));
+    assert!(status.success(), "the demo failed: {status}");
+}
+
+/// A line past libtest's capture, to show what the page rendered in every run.
+fn report(line: &str) {
+    let _ = writeln!(std::io::stderr(), "fleet_page: {line}");
 }
