@@ -290,6 +290,21 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_reference_names_every_setting() {
+        let readme = include_str!("../README.md");
+        let reference = readme
+            .split("## Configuration reference")
+            .nth(1)
+            .expect("README.md has a configuration reference section");
+        for key in setting_keys().unwrap() {
+            assert!(
+                reference.contains(&format!("| `{key}` |")),
+                "README.md's configuration reference lacks {key}"
+            );
+        }
+    }
+
+    #[test]
     fn default_toml_examples_of_optional_settings_parse() {
         let uncommented: String = DEFAULTS
             .lines()

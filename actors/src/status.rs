@@ -64,6 +64,8 @@ pub struct ShardStatus {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CoreActorStatus {
     pub name: &'static str,
+    /// `running`, `starting`, `stopping`, … as ractor reports it.
+    pub state: String,
     pub restarts: u32,
 }
 

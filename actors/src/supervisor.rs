@@ -342,6 +342,11 @@ impl Actor for Supervisor {
     }
 }
 
+/// An actor's lifecycle state as ractor reports it: `running`, `stopping`, ….
+fn actor_state(cell: &ActorCell) -> String {
+    format!("{:?}", cell.get_status()).to_lowercase()
+}
+
 async fn spawn_status_server(
     myself: &ActorRef<SupervisorMsg>,
     ctx: &Arc<WorkerContext>,
@@ -740,10 +745,16 @@ impl SupervisorState {
                 .core
                 .cells()
                 .iter()
-                .map(|(name, _)| CoreActorStatus {
+                .map(|(name, cell)| CoreActorStatus {
                     name,
+                    state: actor_state(cell),
                     restarts: self.core_restarts,
                 })
+                .chain(self.status_server.iter().map(|server| CoreActorStatus {
+                    name: "status_server",
+                    state: actor_state(&server.get_cell()),
+                    restarts: 0,
+                }))
                 .collect(),
             leases: ractor::call_t!(self.core.keeper, KeeperMsg::Status, STATUS_TIMEOUT_MS).ok(),
             stream_watcher: ractor::call_t!(

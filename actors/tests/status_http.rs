@@ -92,6 +92,16 @@ async fn every_route_answers_with_live_data() {
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert!(core.contains(&"lease_keeper"), "{core:?}");
+    assert!(core.contains(&"status_server"), "{core:?}");
+    assert!(
+        status["core"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["state"] == "running"),
+        "{}",
+        status["core"]
+    );
 
     // /fleet: both workers and all four leases, from either worker.
     let fleet = json_until(&b, "/fleet", "shows both workers holding two leases", |f| {

@@ -16,6 +16,12 @@ use super::Failure;
 
 use crate::backend::{MetricDatum, MetricValue, MetricsError, MetricsSink, batches, validate};
 
+/// The IAM actions this adapter calls, one per SDK operation in this file; a test
+/// (`tests/deploy.rs`) reads the file and keeps the two equal. PutMetricData has no
+/// resource-level permissions: a policy fences it with the `cloudwatch:namespace`
+/// condition key instead.
+pub const IAM_ACTIONS: &[&str] = &["cloudwatch:PutMetricData"];
+
 /// Publishes to CloudWatch. Retries are the SDK's (its retry config in the
 /// `SdkConfig`); this adapter adds none.
 ///

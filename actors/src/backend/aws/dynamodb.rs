@@ -43,6 +43,23 @@ const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
 type SdkItem = HashMap<String, AttributeValue>;
 
+/// The IAM actions this adapter calls, one per SDK operation in this file; a test
+/// (`tests/deploy.rs`) reads the file and keeps the two equal. All act on the one
+/// lease table, so a policy can scope them to its ARN.
+///
+/// `CreateTable` is called only by `ensure_table` when the table is missing (`flotilla
+/// init`, or a worker's start); where the table is made beforehand (deploy/'s
+/// CloudFormation stack) a worker does not need it.
+pub const IAM_ACTIONS: &[&str] = &[
+    "dynamodb:DescribeTable",
+    "dynamodb:CreateTable",
+    "dynamodb:Scan",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+];
+
 /// A KCL-compatible lease table in DynamoDB.
 #[derive(Debug, Clone)]
 pub struct DynamoLeaseTable {

@@ -46,6 +46,24 @@ const MAX_PUT_BYTES: usize = 5 * 1024 * 1024;
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
+/// The IAM actions this adapter calls, one per SDK operation in this file; a test
+/// (`tests/deploy.rs`) reads the file and keeps the two equal.
+///
+/// A worker ([`StreamClient`]) needs only the first four, on the stream's ARN. The rest
+/// are [`StreamAdmin`]'s (the demo producer, tests, operators): `deploy/` grants none
+/// of them to a worker.
+pub const IAM_ACTIONS: &[&str] = &[
+    "kinesis:ListShards",
+    "kinesis:GetShardIterator",
+    "kinesis:GetRecords",
+    "kinesis:DescribeStreamSummary",
+    "kinesis:CreateStream",
+    "kinesis:DeleteStream",
+    "kinesis:PutRecords",
+    "kinesis:SplitShard",
+    "kinesis:MergeShards",
+];
+
 /// A Kinesis stream client.
 #[derive(Debug, Clone)]
 pub struct KinesisStream {

@@ -12,9 +12,11 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
-pub use cloudwatch::CloudWatchMetrics;
-pub use dynamodb::{DynamoLeaseTable, item_from_sdk, item_to_sdk};
-pub use kinesis::KinesisStream;
+pub use cloudwatch::{CloudWatchMetrics, IAM_ACTIONS as CLOUDWATCH_IAM_ACTIONS};
+pub use dynamodb::{
+    DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, item_from_sdk, item_to_sdk,
+};
+pub use kinesis::{IAM_ACTIONS as KINESIS_IAM_ACTIONS, KinesisStream};
 
 /// Endpoint URLs that replace the AWS ones (local servers). `None` means AWS.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
