@@ -377,7 +377,8 @@ impl Fleet {
     }
 
     /// Kills the live worker holding the most leases (the first such by id), so the
-    /// crash strands as many shards as it can. Always leaves one worker alive.
+    /// crash strands as many shards as it can. Never demo-1: its endpoint serves the
+    /// fleet page URL printed at the start, and it is always left alive.
     async fn crash_one(&mut self) -> anyhow::Result<()> {
         if self.alive().len() <= 1 {
             return Ok(());
@@ -386,7 +387,12 @@ impl Fleet {
         self.statuses().await?;
         let held = |m: &Member| m.leases.as_ref().map_or(0, |l| l.held.len());
         let mut victim: Option<&mut Member> = None;
-        for member in self.members.iter_mut().filter(|m| m.worker.is_some()) {
+        for member in self
+            .members
+            .iter_mut()
+            .skip(1)
+            .filter(|m| m.worker.is_some())
+        {
             if victim.as_ref().is_none_or(|v| held(member) > held(v)) {
                 victim = Some(member);
             }

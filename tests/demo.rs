@@ -76,6 +76,8 @@ fn a_fleet_survives_a_crash_across_a_split_and_a_merge() {
     let (counts, stderr) = passing_run(&["--duration", "10", "--workers", "3"]);
     assert_eq!((counts["workers"], counts["crashes"]), (3, 1), "{counts:?}");
     assert!(stderr.contains("demo: crashed demo-"), "{stderr}");
+    // demo-1 serves the fleet page URL printed at the start: never the victim.
+    assert!(!stderr.contains("demo: crashed demo-1 "), "{stderr}");
     assert!(stderr.contains("=(crashed)"), "{stderr}");
     for id in ["demo-1=", "demo-2=", "demo-3="] {
         assert!(

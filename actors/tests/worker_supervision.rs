@@ -116,8 +116,12 @@ async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
     probes.wait_distinct(50, Duration::from_secs(60)).await;
     let status = worker.status().await.unwrap();
+    // The core restarted as one; the status server is outside it and went on.
     assert!(
-        status.core.iter().all(|c| c.restarts == 1),
+        status
+            .core
+            .iter()
+            .all(|c| c.restarts == u32::from(c.name != "status_server")),
         "{:?}",
         status.core
     );
