@@ -227,8 +227,9 @@ async fn healthz(State(shared): State<Shared>) -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
-/// Ready while the heartbeat is being written (the lease table answers), the last shard
-/// listing succeeded (the stream answers), and the worker is not stopping.
+/// Ready while the heartbeat is being written and the table has been scanned (the lease
+/// table answers, leases are dealt), the last shard listing succeeded (the stream
+/// answers), and the worker is not stopping.
 async fn readyz(State(shared): State<Shared>) -> Response {
     let snapshot = shared.worker.borrow().clone();
     let Some(snapshot) = snapshot else {
@@ -246,6 +247,9 @@ async fn readyz(State(shared): State<Shared>) -> Response {
             "the heartbeat was last written {age} ms ago: the lease table is not answering"
         )),
         None => problems.push("no heartbeat written yet".to_owned()),
+    }
+    if shared.fleet.borrow().is_none() {
+        problems.push("the lease table has not been scanned yet".to_owned());
     }
     match &status.stream_watcher {
         Some(w) if w.last_error.is_none() && w.shards > 0 => {}
