@@ -155,7 +155,7 @@ impl Rig {
             .filter(|s| s.is_open())
             .map(|s| PutRecord {
                 partition_key: "k".to_owned(),
-                explicit_hash_key: Some(s.hash_range.start.to_string()),
+                explicit_hash_key: Some(s.hash_range.start),
                 data: Bytes::from_static(b"x"),
             })
             .collect();
@@ -1095,7 +1095,7 @@ fn main() {
             None => ("—".into(), "—".into()),
         };
         println!(
-            "| {} | {} | {} | {:.2} {u} | {:.2} {u} | {:.2} {u} | {target} | {ratio} |",
+            "| {} | {} | {} | {:.3} {u} | {:.3} {u} | {:.3} {u} | {target} | {ratio} |",
             r.id,
             r.what,
             r.values.len(),
