@@ -1,0 +1,1108 @@
+//! Fleet benchmarks (issue "Benchmarks"): P3 crash failover, P4 planned handoff, P5
+//! rebalance, P6 lease-table cost, P9 cold start. Workers run on the memory backend;
+//! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
+//!
+//! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
+//! `-- p3` runs P3 with both settings). `FLEET_RUNS=n` overrides the run counts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use flotilla_actors::backend::faults::{FaultPlan, Faulty};
+use flotilla_actors::backend::memory::{
+    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
+};
+use flotilla_actors::backend::{LeaseTable, PutRecord, StreamAdmin, StreamClient};
+use flotilla_actors::balance::{Decision, Limits, Observations, Round, decide};
+use flotilla_actors::model::{
+    Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
+};
+use flotilla_actors::{
+    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
+};
+use tokio::time::Instant;
+
+const STREAM: &str = "bench";
+const APP: &str = "bench-app";
+
+// ---------------------------------------------------------------- shared pieces
+
+/// What every processor of a run delivered.
+#[derive(Default)]
+struct LogInner {
+    /// Per shard, each non-empty batch: when, and by which worker.
+    batches: HashMap<String, Vec<(Instant, String)>>,
+    /// (shard, sequence number) of every record delivered.
+    seen: HashSet<(String, String)>,
+    duplicates: u64,
+    delivered: u64,
+}
+
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<LogInner>>);
+
+impl Log {
+    fn with<R>(&self, f: impl FnOnce(&LogInner) -> R) -> R {
+        f(&self.0.lock().unwrap())
+    }
+}
+
+struct Probe {
+    log: Log,
+    worker: String,
+    shard: String,
+    /// Remember sequence numbers (duplicate count); off for the big P6 fleet.
+    track: bool,
+}
+
+impl Processor for Probe {
+    async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        let records = batch.records();
+        if records.is_empty() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let mut log = self.log.0.lock().unwrap();
+        log.delivered += records.len() as u64;
+        log.batches
+            .entry(self.shard.clone())
+            .or_default()
+            .push((now, self.worker.clone()));
+        if self.track {
+            for r in records {
+                if !log
+                    .seen
+                    .insert((self.shard.clone(), r.sequence_number.to_string()))
+                {
+                    log.duplicates += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Lease timings: `short` = failover 4 s, heartbeat 1 s, fence margin 1 s; otherwise
+/// the defaults (10 s, 2 s, 3 s). Everything else is the default; the status server off.
+fn settings(id: &str, short: bool) -> Settings {
+    let mut s = Settings::default();
+    s.worker.stream = STREAM.to_owned();
+    s.worker.application = APP.to_owned();
+    s.worker.worker_id = Some(id.to_owned());
+    s.status.enabled = false;
+    if short {
+        s.lease.failover_time = Duration::from_secs(4);
+        s.lease.heartbeat_interval = Duration::from_secs(1);
+        s.lease.fence_margin = Duration::from_secs(1);
+    }
+    s
+}
+
+struct Rig {
+    streams: MemoryStreams,
+    dynamo: MemoryDynamo,
+    metrics: MemoryMetrics,
+    log: Log,
+}
+
+impl Rig {
+    async fn new(shards: u32) -> Rig {
+        let streams = MemoryStreams::new(MemoryStreamsConfig::default());
+        streams.create_stream(STREAM, shards).await.unwrap();
+        Rig {
+            streams,
+            dynamo: MemoryDynamo::new(),
+            metrics: MemoryMetrics::new(),
+            log: Log::default(),
+        }
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::memory(
+            self.streams.clone(),
+            self.dynamo.clone(),
+            self.metrics.clone(),
+        )
+    }
+
+    async fn start(&self, backend: Backend, s: Settings, track: bool) -> Worker {
+        let log = self.log.clone();
+        let id = s.worker.worker_id.clone().unwrap();
+        Worker::builder()
+            .settings(s)
+            .backend(backend)
+            .processor(move |shard: &ShardInfo| Probe {
+                log: log.clone(),
+                worker: id.clone(),
+                shard: shard.shard_id.to_string(),
+                track,
+            })
+            .start()
+            .await
+            .unwrap()
+    }
+
+    /// One record per open shard (by explicit hash key).
+    async fn put_one_each(&self) {
+        let shards = self.streams.list_shards(STREAM).await.unwrap();
+        let records: Vec<PutRecord> = shards
+            .iter()
+            .filter(|s| s.is_open())
+            .map(|s| PutRecord {
+                partition_key: "k".to_owned(),
+                explicit_hash_key: Some(s.hash_range.start),
+                data: Bytes::from_static(b"x"),
+            })
+            .collect();
+        for chunk in records.chunks(500) {
+            self.streams.put_records(STREAM, chunk).await.unwrap();
+        }
+    }
+
+    /// Lease owners from the table (heartbeat rows left out).
+    async fn owners(&self) -> Vec<Lease> {
+        self.dynamo.lease_table(APP).scan().await.unwrap().leases
+    }
+}
+
+/// Puts one record on every shard every 100 ms until aborted.
+fn feed(rig: &Rig) -> tokio::task::JoinHandle<()> {
+    let r = Rig {
+        streams: rig.streams.clone(),
+        dynamo: rig.dynamo.clone(),
+        metrics: rig.metrics.clone(),
+        log: rig.log.clone(),
+    };
+    tokio::spawn(async move {
+        loop {
+            r.put_one_each().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+async fn held(w: &Worker) -> Vec<String> {
+    w.status().await.unwrap().leases.unwrap().held
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !done().await {
+        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the workers hold `want` leases each (in order).
+async fn wait_held(ws: &[&Worker], want: &[usize], limit: Duration) {
+    wait_for("balanced fleet", limit, async || {
+        let mut got = Vec::new();
+        for w in ws {
+            got.push(held(w).await.len());
+        }
+        got == want
+    })
+    .await;
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v
+}
+
+/// median, min, max
+fn mmm(v: &[f64]) -> (f64, f64, f64) {
+    let s = sorted(v.to_vec());
+    (
+        pct(&s, 50.0),
+        s.first().copied().unwrap_or(f64::NAN),
+        s.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+/// One line of the final table.
+struct Row {
+    id: String,
+    what: String,
+    values: Vec<f64>,
+    unit: &'static str,
+    /// The target, and the value compared with it (e.g. the p99 over all runs).
+    target: Option<(f64, f64, &'static str)>,
+}
+
+fn runs(default: usize) -> usize {
+    std::env::var("FLEET_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn real_time() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn paused_time() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+// ---------------------------------------------------------------- P3 crash failover
+
+/// Per-shard gaps (s) from abort() to the first delivery on a survivor, for one run.
+async fn p3_run(short: bool) -> Vec<f64> {
+    let rig = Rig::new(12).await;
+    let f = feed(&rig);
+    let mut ws = Vec::new();
+    for id in ["a", "b", "c"] {
+        ws.push(rig.start(rig.backend(), settings(id, short), true).await);
+    }
+    wait_held(
+        &ws.iter().collect::<Vec<_>>(),
+        &[4, 4, 4],
+        Duration::from_secs(120),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let victim = ws.remove(0);
+    let shards = held(&victim).await;
+    let t0 = Instant::now();
+    victim.abort();
+    let log = rig.log.clone();
+    let first_after = |shard: &str| {
+        log.with(|l| {
+            l.batches.get(shard).and_then(|b| {
+                b.iter()
+                    .find(|(at, w)| *at > t0 && w != "a")
+                    .map(|(at, _)| *at - t0)
+            })
+        })
+    };
+    wait_for("survivors deliver", Duration::from_secs(60), async || {
+        shards.iter().all(|s| first_after(s).is_some())
+    })
+    .await;
+    let gaps = shards
+        .iter()
+        .map(|s| secs(first_after(s).unwrap()))
+        .collect();
+    f.abort();
+    for w in ws {
+        w.shutdown().await.unwrap();
+    }
+    gaps
+}
+
+fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
+    let s = settings("x", short);
+    let failover = secs(s.lease.failover_time);
+    let label = if short {
+        "failover 4 s, heartbeat 1 s, fence 1 s"
+    } else {
+        "defaults: failover 10 s, heartbeat 2 s"
+    };
+    println!("P3 crash failover ({label}), {n} runs");
+    let rt = real_time();
+    let mut all = Vec::new();
+    let mut p50s = Vec::new();
+    for i in 0..n {
+        let gaps = sorted(rt.block_on(p3_run(short)));
+        println!(
+            "  run {i}: per-shard gap p50 {:.2} s, max {:.2} s ({} shards)",
+            pct(&gaps, 50.0),
+            pct(&gaps, 100.0),
+            gaps.len()
+        );
+        p50s.push(pct(&gaps, 50.0));
+        all.extend(gaps);
+    }
+    let all = sorted(all);
+    let (p50, p99, max) = (pct(&all, 50.0), pct(&all, 99.0), pct(&all, 100.0));
+    println!(
+        "  all {} gaps: p50 {p50:.2} s, p99 {p99:.2} s, max {max:.2} s (target p99 <= {:.0} s)",
+        all.len(),
+        failover + 2.0
+    );
+    let id = if short { "P3" } else { "P3d" };
+    rows.push(Row {
+        id: id.into(),
+        what: format!("crash failover gap per shard, {label} (values: every shard of every run)"),
+        values: all.clone(),
+        unit: "s",
+        target: Some((failover + 2.0, p99, "p99")),
+    });
+}
+
+// ---------------------------------------------------------------- P4 planned handoff
+
+struct Handoff {
+    /// last delivery by the old owner -> first by the new owner, per moved shard
+    gaps: Vec<f64>,
+    /// shutdown start -> first delivery elsewhere (shutdown only)
+    from_start: Vec<f64>,
+    duplicates: u64,
+    moved: usize,
+}
+
+async fn p4_run(steal: bool) -> Handoff {
+    let rig = Rig::new(12).await;
+    let f = feed(&rig);
+    let mut ws = Vec::new();
+    for id in ["a", "b", "c"] {
+        ws.push(rig.start(rig.backend(), settings(id, false), true).await);
+    }
+    wait_held(
+        &ws.iter().collect::<Vec<_>>(),
+        &[4, 4, 4],
+        Duration::from_secs(120),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    let log = rig.log.clone();
+    // The shards that move, and the worker they move to is anyone but `old`.
+    let (shards, old, new): (Vec<String>, String, Option<String>) = if steal {
+        let d = rig.start(rig.backend(), settings("d", false), true).await;
+        ws.push(d);
+        wait_held(
+            &ws.iter().collect::<Vec<_>>(),
+            &[3, 3, 3, 3],
+            Duration::from_secs(60),
+        )
+        .await;
+        (held(&ws[3]).await, String::new(), Some("d".to_owned()))
+    } else {
+        let a = ws.remove(0);
+        let shards = held(&a).await;
+        let report = a.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+        (shards, "a".to_owned(), None)
+    };
+    let first_new = |shard: &str| {
+        log.with(|l| {
+            l.batches.get(shard).and_then(|b| {
+                let i = b.iter().position(|(at, w)| {
+                    *at > t0
+                        && match &new {
+                            Some(n) => w == n,
+                            None => *w != old,
+                        }
+                })?;
+                let last_old = b[..i].last().map(|(at, _)| *at).unwrap_or(t0);
+                Some((b[i].0 - last_old, b[i].0 - t0))
+            })
+        })
+    };
+    wait_for("new owners deliver", Duration::from_secs(60), async || {
+        shards.iter().all(|s| first_new(s).is_some())
+    })
+    .await;
+    let got: Vec<(Duration, Duration)> = shards.iter().map(|s| first_new(s).unwrap()).collect();
+    // Let the pipeline drain before counting duplicates.
+    f.abort();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let duplicates = log.with(|l| l.duplicates);
+    for w in ws {
+        w.shutdown().await.unwrap();
+    }
+    Handoff {
+        gaps: got.iter().map(|g| secs(g.0)).collect(),
+        from_start: got.iter().map(|g| secs(g.1)).collect(),
+        duplicates,
+        moved: shards.len(),
+    }
+}
+
+fn p4(steal: bool, n: usize, rows: &mut Vec<Row>) {
+    let what = if steal {
+        "steal: a 4th worker joins 3 on 12 shards"
+    } else {
+        "shutdown() of 1 of 3 workers on 12 shards"
+    };
+    println!("P4 planned handoff ({what}), defaults, {n} runs");
+    let rt = real_time();
+    let (mut gaps, mut from_start, mut dups) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let h = rt.block_on(p4_run(steal));
+        let g = sorted(h.gaps.clone());
+        println!(
+            "  run {i}: {} moved; gap old->new p50 {:.2} s max {:.2} s; from start max {:.2} s; duplicates {}",
+            h.moved,
+            pct(&g, 50.0),
+            pct(&g, 100.0),
+            pct(&sorted(h.from_start.clone()), 100.0),
+            h.duplicates
+        );
+        gaps.extend(h.gaps);
+        from_start.extend(h.from_start);
+        dups.push(h.duplicates as f64);
+    }
+    let g = sorted(gaps.clone());
+    let id = if steal { "P4b" } else { "P4a" };
+    println!(
+        "  all: gap p50 {:.2} s p99 {:.2} s max {:.2} s; duplicates total {}",
+        pct(&g, 50.0),
+        pct(&g, 99.0),
+        pct(&g, 100.0),
+        dups.iter().sum::<f64>()
+    );
+    rows.push(Row {
+        id: id.into(),
+        what: format!("{what}: gap last old delivery -> first new, per moved shard"),
+        values: gaps,
+        unit: "s",
+        target: Some((2.0, pct(&g, 99.0), "p99")),
+    });
+    if !steal {
+        let fs = sorted(from_start.clone());
+        rows.push(Row {
+            id: "P4a'".into(),
+            what: "shutdown start -> first delivery elsewhere, per shard".into(),
+            values: from_start,
+            unit: "s",
+            target: Some((2.0, pct(&fs, 99.0), "p99")),
+        });
+    }
+    rows.push(Row {
+        id: format!("{id} dup"),
+        what: format!("{what}: duplicates per run"),
+        values: dups.clone(),
+        unit: "rec",
+        target: Some((0.0, dups.iter().copied().fold(0.0, f64::max), "max")),
+    });
+}
+
+// ---------------------------------------------------------------- P5 rebalance
+
+/// The pure fleet simulator of `balance.rs`'s tests, reduced to what P5 needs: every
+/// round, each live worker decides on the same scan; the writes land in order.
+struct Sim {
+    leases: Vec<Lease>,
+    workers: BTreeSet<WorkerId>,
+    draining: BTreeSet<WorkerId>,
+    obs: Observations,
+    t0: Instant,
+    limits: Limits,
+    moves: Vec<u32>,
+    counters: HashMap<WorkerId, u64>,
+}
+
+impl Sim {
+    fn new(n_leases: usize, workers: usize) -> Sim {
+        let workers = (0..workers)
+            .map(|i| WorkerId::new(format!("w{i:02}")))
+            .collect();
+        let leases = (0..n_leases)
+            .map(|i| {
+                let mut l = Lease::new(
+                    &ShardId::from_index(i as u64),
+                    Checkpoint::TrimHorizon,
+                    vec![],
+                    None,
+                );
+                l.counter = 1;
+                l
+            })
+            .collect();
+        let mut sim = Sim {
+            leases,
+            workers,
+            draining: BTreeSet::new(),
+            obs: Observations::new(),
+            t0: Instant::now(),
+            limits: Limits {
+                failover_time: Duration::from_secs(10),
+                max_leases: 0,
+                max_moves_per_round: 10,
+            },
+            moves: vec![0; n_leases],
+            counters: HashMap::new(),
+        };
+        sim.beat();
+        sim
+    }
+
+    fn at(&self) -> Instant {
+        self.t0
+    }
+
+    fn beat(&mut self) {
+        let mut hbs = Vec::new();
+        for w in &self.workers {
+            let c = self.counters.entry(w.clone()).or_insert(0);
+            *c += 1;
+            hbs.push(Heartbeat {
+                worker: w.clone(),
+                counter: *c,
+                load: WorkerLoad {
+                    draining: self.draining.contains(w),
+                    ..WorkerLoad::default()
+                },
+            });
+        }
+        let owners: Vec<WorkerId> = self.leases.iter().filter_map(|l| l.owner.clone()).collect();
+        let now = self.at();
+        self.obs.observe(&hbs, owners.iter(), now);
+    }
+
+    fn held_by(&self, w: &WorkerId) -> HashMap<LeaseKey, Fence> {
+        self.leases
+            .iter()
+            .filter(|l| l.owner.as_ref() == Some(w))
+            .map(|l| (l.key.clone(), l.fence()))
+            .collect()
+    }
+
+    fn round(&mut self) {
+        self.t0 += Duration::from_secs(2);
+        self.beat();
+        let snapshot = self.leases.clone();
+        let now = self.at();
+        let decisions: Vec<(WorkerId, Decision)> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let held = self.held_by(w);
+                let d = decide(
+                    &Round {
+                        leases: &snapshot,
+                        held: &held,
+                        observations: &self.obs,
+                        me: w,
+                        now,
+                        cooling: &HashSet::new(),
+                        handing_off: &HashSet::new(),
+                        draining: self.draining.contains(w),
+                    },
+                    &self.limits,
+                );
+                (w.clone(), d)
+            })
+            .collect();
+        let index: HashMap<LeaseKey, usize> = self
+            .leases
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.key.clone(), i))
+            .collect();
+        for (w, d) in &decisions {
+            for (key, fence, to) in &d.hand_off {
+                let i = index[key];
+                let l = &mut self.leases[i];
+                if l.fence() == *fence && l.handoff_to.as_ref() == Some(to) {
+                    l.owner = Some(to.clone());
+                    l.counter += 1;
+                    l.handoff_to = None;
+                    self.moves[i] += 1;
+                }
+            }
+            for (key, asker) in &d.turn_down {
+                let i = index[key];
+                if self.leases[i].handoff_to.as_ref() == Some(asker) {
+                    self.leases[i].handoff_to = None;
+                }
+            }
+            for t in &d.take {
+                let i = index[&t.key];
+                let l = &mut self.leases[i];
+                if l.fence() == t.fence {
+                    if l.owner.as_ref() != Some(w) && l.owner.is_some() {
+                        self.moves[i] += 1;
+                    }
+                    l.owner = Some(w.clone());
+                    l.counter += 1;
+                    l.handoff_to = None;
+                }
+            }
+            for (key, fence) in &d.request {
+                let i = index[key];
+                let l = &mut self.leases[i];
+                if l.fence() == *fence && l.handoff_to.as_ref().is_none_or(|h| h == w) {
+                    l.handoff_to = Some(w.clone());
+                }
+            }
+        }
+    }
+
+    fn spread(&self) -> usize {
+        let members: Vec<&WorkerId> = self
+            .workers
+            .iter()
+            .filter(|w| !self.draining.contains(*w))
+            .collect();
+        let counts: Vec<usize> = members
+            .iter()
+            .map(|w| {
+                self.leases
+                    .iter()
+                    .filter(|l| l.owner.as_ref() == Some(*w))
+                    .count()
+            })
+            .collect();
+        let unowned = self
+            .leases
+            .iter()
+            .filter(|l| l.owner.as_ref().is_none_or(|o| !members.contains(&o)))
+            .count();
+        counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) + unowned * 1000
+    }
+
+    fn settle(&mut self, max: usize) -> Option<usize> {
+        for r in 0..max {
+            if self.spread() <= 1 && self.leases.iter().all(|l| l.handoff_to.is_none()) {
+                return Some(r);
+            }
+            self.round();
+        }
+        None
+    }
+}
+
+/// Rounds to settle after a join (`workers` -> +1) and after a graceful leave of one of
+/// `workers + 1`; and the most moves of any lease in each.
+fn p5_sim(leases: usize, workers: usize) -> (usize, u32, usize, u32) {
+    let mut sim = Sim::new(leases, workers);
+    sim.settle(1000).expect("initial settle");
+    sim.moves.iter_mut().for_each(|m| *m = 0);
+    sim.workers.insert(WorkerId::new("joiner"));
+    let join = sim.settle(1000).expect("join settles");
+    let join_moves = sim.moves.iter().copied().max().unwrap_or(0);
+    sim.moves.iter_mut().for_each(|m| *m = 0);
+    sim.draining.insert(WorkerId::new("w00"));
+    let leave = sim.settle(1000).expect("leave settles");
+    let leave_moves = sim.moves.iter().copied().max().unwrap_or(0);
+    (join, join_moves, leave, leave_moves)
+}
+
+/// Spread over `members` (max - min of leases held), 1000 per lease not held by one of
+/// them, and whether a request is pending.
+fn spread_of(leases: &[Lease], members: &[&str]) -> usize {
+    let mut counts: BTreeMap<&str, usize> = members.iter().map(|m| (*m, 0)).collect();
+    let mut stray = 0;
+    for l in leases {
+        match l.owner.as_ref().and_then(|o| counts.get_mut(o.as_str())) {
+            Some(c) => *c += 1,
+            None => stray += 1,
+        }
+        if l.handoff_to.is_some() {
+            stray += 1;
+        }
+    }
+    counts.values().max().unwrap_or(&0) - counts.values().min().unwrap_or(&0) + stray * 1000
+}
+
+struct Rebalance {
+    join_s: f64,
+    join_max_moves: u32,
+    join_moved: usize,
+    leave_s: f64,
+    leave_max_moves: u32,
+    leave_moved: usize,
+}
+
+/// Owner changes per lease until the members settle to a spread <= 1 (polled every
+/// 100 ms of paused time); returns (seconds, most moves of a lease, leases moved).
+async fn settle_real(rig: &Rig, members: &[&str]) -> (f64, u32, usize) {
+    let t0 = Instant::now();
+    let mut last: HashMap<LeaseKey, Option<WorkerId>> = rig
+        .owners()
+        .await
+        .into_iter()
+        .map(|l| (l.key, l.owner))
+        .collect();
+    let mut moves: HashMap<LeaseKey, u32> = HashMap::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let leases = rig.owners().await;
+        for l in &leases {
+            let prev = last.insert(l.key.clone(), l.owner.clone()).flatten();
+            if l.owner.is_some() && prev.is_some() && prev != l.owner {
+                *moves.entry(l.key.clone()).or_default() += 1;
+            }
+        }
+        if spread_of(&leases, members) <= 1 {
+            return (
+                secs(t0.elapsed()),
+                moves.values().copied().max().unwrap_or(0),
+                moves.len(),
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(600), "no settle");
+    }
+}
+
+async fn p5_real_run(leases: u32) -> Rebalance {
+    let rig = Rig::new(leases).await;
+    let names = ["a", "b", "c", "d", "e"];
+    let mut ws = Vec::new();
+    for id in &names[..4] {
+        ws.push(rig.start(rig.backend(), settings(id, false), false).await);
+    }
+    settle_real(&rig, &names[..4]).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    ws.push(rig.start(rig.backend(), settings("e", false), false).await);
+    let (join_s, join_max_moves, join_moved) = settle_real(&rig, &names).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The graceful leave: the fleet settles while the shutdown runs.
+    let leaver = ws.remove(0);
+    let shutdown = tokio::spawn(leaver.shutdown());
+    let (leave_s, leave_max_moves, leave_moved) = settle_real(&rig, &names[1..]).await;
+    shutdown.await.unwrap().unwrap();
+    for w in ws {
+        w.shutdown().await.unwrap();
+    }
+    Rebalance {
+        join_s,
+        join_max_moves,
+        join_moved,
+        leave_s,
+        leave_max_moves,
+        leave_moved,
+    }
+}
+
+fn p5(n: usize, rows: &mut Vec<Row>) {
+    println!("P5 rebalance, pure simulator (rounds of one heartbeat interval)");
+    for (leases, workers) in [(120, 4), (1000, 50)] {
+        let (j, jm, l, lm) = p5_sim(leases, workers);
+        println!(
+            "  {leases} leases, {workers}->{} join: {j} rounds, max moves/lease {jm}; {}->{workers} leave: {l} rounds, max moves/lease {lm}",
+            workers + 1,
+            workers + 1
+        );
+        if leases == 120 {
+            rows.push(Row {
+                id: "P5 sim".into(),
+                what: "simulator 4->5 join then 5->4 leave on 120 leases: rounds (join, leave)"
+                    .into(),
+                values: vec![j as f64, l as f64],
+                unit: "rnd",
+                target: Some((3.0, j.max(l) as f64, "max")),
+            });
+            rows.push(Row {
+                id: "P5 sim mv".into(),
+                what: "simulator: most moves of one lease (join, leave)".into(),
+                values: vec![f64::from(jm), f64::from(lm)],
+                unit: "mv",
+                target: Some((1.0, f64::from(jm.max(lm)), "max")),
+            });
+        }
+    }
+    println!("P5 rebalance, real workers on 120 leases, paused time, defaults, {n} runs");
+    let (mut js, mut ls, mut mv) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let r = paused_time().block_on(p5_real_run(120));
+        println!(
+            "  run {i}: join {:.1} s ({} leases moved, max {} moves); leave {:.1} s ({} moved, max {})",
+            r.join_s,
+            r.join_moved,
+            r.join_max_moves,
+            r.leave_s,
+            r.leave_moved,
+            r.leave_max_moves
+        );
+        js.push(r.join_s);
+        ls.push(r.leave_s);
+        mv.push(f64::from(r.join_max_moves.max(r.leave_max_moves)));
+    }
+    let hb = 2.0;
+    for (id, what, v) in [
+        ("P5 join", "4->5 join on 120 leases: seconds to spread <= 1", js),
+        ("P5 leave", "5->4 graceful leave on 120 leases: seconds to spread <= 1", ls),
+    ] {
+        let (_, _, max) = mmm(&v);
+        rows.push(Row {
+            id: id.into(),
+            what: what.into(),
+            values: v,
+            unit: "s",
+            target: Some((3.0 * hb, max, "max")),
+        });
+    }
+    let worst = mv.iter().copied().fold(0.0, f64::max);
+    rows.push(Row {
+        id: "P5 mv".into(),
+        what: "real workers: most moves of one lease (join or leave)".into(),
+        values: mv,
+        unit: "mv",
+        target: Some((1.0, worst, "max")),
+    });
+}
+
+// ---------------------------------------------------------------- P6 lease-table cost
+
+const OPS: [&str; 13] = [
+    "ensure_table",
+    "scan",
+    "get",
+    "create_if_absent",
+    "take",
+    "release",
+    "checkpoint",
+    "delete",
+    "request_handoff",
+    "transfer",
+    "clear_handoff",
+    "heartbeat",
+    "remove_heartbeat",
+];
+const READ_OPS: [&str; 2] = ["scan", "get"];
+
+struct Cost {
+    per_min: BTreeMap<&'static str, f64>,
+    settle_s: f64,
+}
+
+async fn p6_run(leases: u32, workers: usize, minutes: u64) -> Cost {
+    let rig = Rig::new(leases).await;
+    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
+    let backend = {
+        let table = table.clone();
+        Backend::new(
+            Arc::new(rig.streams.clone()),
+            move |_| -> Arc<dyn LeaseTable> { Arc::new(table.clone()) },
+            Arc::new(rig.metrics.clone()),
+        )
+    };
+    let t0 = Instant::now();
+    let names: Vec<String> = (0..workers).map(|i| format!("w{i:02}")).collect();
+    let mut ws = Vec::new();
+    for id in &names {
+        ws.push(rig.start(backend.clone(), settings(id, false), false).await);
+    }
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    settle_real(&rig, &members).await;
+    let settle_s = secs(t0.elapsed());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let before: Vec<u64> = OPS.iter().map(|op| table.calls(op)).collect();
+    tokio::time::sleep(Duration::from_secs(60 * minutes)).await;
+    let per_min = OPS
+        .iter()
+        .zip(before)
+        .map(|(op, b)| (*op, (table.calls(op) - b) as f64 / minutes as f64))
+        .collect();
+    for w in ws {
+        w.abort();
+    }
+    Cost { per_min, settle_s }
+}
+
+fn p6(n: usize, rows: &mut Vec<Row>) {
+    let (leases, workers, minutes) = (1000u32, 50usize, 2u64);
+    println!(
+        "P6 lease-table cost: {leases} leases x {workers} workers, defaults, paused time, no records, {n} runs of {minutes} min after settling"
+    );
+    let mut writes = Vec::new();
+    let mut reads_rows = Vec::new();
+    for i in 0..n {
+        let c = paused_time().block_on(p6_run(leases, workers, minutes));
+        let w: f64 = c
+            .per_min
+            .iter()
+            .filter(|(op, _)| !READ_OPS.contains(op))
+            .map(|(_, v)| v)
+            .sum();
+        let scans = c.per_min["scan"];
+        let gets = c.per_min["get"];
+        let rows_read = scans * f64::from(leases + workers as u32) + gets;
+        let nonzero: Vec<String> = c
+            .per_min
+            .iter()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(op, v)| format!("{op} {v:.0}"))
+            .collect();
+        println!(
+            "  run {i}: settled in {:.0} s; per minute: {}; writes {w:.0}, scans {scans:.0}, rows read {rows_read:.0}",
+            c.settle_s,
+            nonzero.join(", ")
+        );
+        writes.push(w);
+        reads_rows.push(rows_read);
+    }
+    // KCL 2.x/3.x: every lease renewed every failover/3 = 3.3 s; each worker scans the
+    // whole table once per failover time (10 s) to take expired leases.
+    let kcl_writes = f64::from(leases) / 3.3 * 60.0;
+    let kcl_scans = workers as f64 * 6.0;
+    let kcl_rows = kcl_scans * f64::from(leases);
+    println!(
+        "  KCL model: renewals {kcl_writes:.0}/min; {kcl_scans:.0} scans/min = {kcl_rows:.0} rows read/min"
+    );
+    let (med, _, _) = mmm(&writes);
+    println!(
+        "  writes ratio KCL/flotilla: {:.1}x (target >= 10x)",
+        kcl_writes / med
+    );
+    println!(
+        "  checkpoint writes with records on every shard, either scheme: <= {leases} x 60 / 5 s = {}/min",
+        leases * 12
+    );
+    rows.push(Row {
+        id: "P6 w".into(),
+        what: format!("lease-table writes/min, {leases} leases x {workers} workers (KCL model {kcl_writes:.0})"),
+        values: writes,
+        unit: "w/min",
+        target: Some((kcl_writes / 10.0, med, "median")),
+    });
+    rows.push(Row {
+        id: "P6 r".into(),
+        what: format!("rows read/min (scans x rows + gets) (KCL model {kcl_rows:.0})"),
+        values: reads_rows,
+        unit: "rows/min",
+        target: None,
+    });
+}
+
+// ---------------------------------------------------------------- P9 cold start
+
+/// The child: a fresh process with a pre-loaded memory stream and an existing table;
+/// prints "first" at the first delivery and "all" once every shard has delivered.
+fn p9_child(shards: u32) {
+    let rt = real_time();
+    rt.block_on(async {
+        let rig = Rig::new(shards).await;
+        rig.put_one_each().await;
+        rig.dynamo.lease_table(APP).ensure_table().await.unwrap();
+        println!("ready");
+        let w = rig.start(rig.backend(), settings("cold", false), false).await;
+        let mut first = false;
+        loop {
+            let (any, n) = rig.log.with(|l| (l.delivered > 0, l.batches.len()));
+            if any && !first {
+                println!("first");
+                first = true;
+            }
+            if n == shards as usize {
+                println!("all");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        w.abort();
+    });
+    std::process::exit(0);
+}
+
+/// spawn -> "ready", "first", "all" (seconds).
+fn p9_run(shards: u32) -> (f64, f64, f64) {
+    let exe = std::env::current_exe().unwrap();
+    let t0 = std::time::Instant::now();
+    let mut child = Command::new(exe)
+        .args(["--p9-child", &shards.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut at = HashMap::new();
+    for line in out.lines() {
+        at.insert(line.unwrap(), t0.elapsed().as_secs_f64());
+    }
+    child.wait().unwrap();
+    (at["ready"], at["first"], at["all"])
+}
+
+fn p9(n: usize, rows: &mut Vec<Row>) {
+    println!("P9 cold start (child process, memory backend, records pre-loaded), {n} runs");
+    for (shards, target) in [(4u32, 1.0), (1000, 10.0)] {
+        let mut v = Vec::new();
+        for i in 0..n {
+            let (ready, first, all) = p9_run(shards);
+            println!(
+                "  {shards} shards run {i}: spawn->ready {ready:.3} s, ->first record {first:.3} s, ->all shards {all:.3} s"
+            );
+            v.push(if shards == 4 { first } else { all });
+        }
+        let (med, _, _) = mmm(&v);
+        rows.push(Row {
+            id: if shards == 4 { "P9".into() } else { "P9 all".into() },
+            what: if shards == 4 {
+                "cold start: spawn -> first record (4 shards)".into()
+            } else {
+                "cold start: spawn -> every one of 1,000 shards delivered".into()
+            },
+            values: v,
+            unit: "s",
+            target: Some((target, med, "median")),
+        });
+    }
+}
+
+// ---------------------------------------------------------------- main
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--p9-child") {
+        p9_child(args[i + 1].parse().unwrap());
+    }
+    let filter = args
+        .iter()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .map(|a| a.to_lowercase());
+    let want = |id: &str| filter.as_deref().is_none_or(|f| id.starts_with(f));
+    let mut rows = Vec::new();
+    if want("p3") {
+        p3(true, runs(10), &mut rows);
+    }
+    if want("p3d") || filter.as_deref() == Some("p3") {
+        p3(false, runs(10), &mut rows);
+    }
+    if want("p4") {
+        p4(false, runs(5), &mut rows);
+        p4(true, runs(5), &mut rows);
+    }
+    if want("p5") {
+        p5(runs(5), &mut rows);
+    }
+    if want("p6") {
+        p6(runs(3), &mut rows);
+    }
+    if want("p9") {
+        p9(runs(5), &mut rows);
+    }
+    println!();
+    println!("| id | what | n | median | min | max | target | ratio to target |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let (med, min, max) = mmm(&r.values);
+        let (target, ratio) = match r.target {
+            Some((t, v, which)) if t > 0.0 => (
+                format!("≤ {t:.1} {} ({which})", r.unit),
+                format!("{:.2} ({which} {v:.2})", v / t),
+            ),
+            Some((t, v, which)) => (format!("{t} ({which})"), format!("{which} = {v}")),
+            None => ("—".into(), "—".into()),
+        };
+        println!(
+            "| {} | {} | {} | {:.3} {u} | {:.3} {u} | {:.3} {u} | {target} | {ratio} |",
+            r.id,
+            r.what,
+            r.values.len(),
+            med,
+            min,
+            max,
+            u = r.unit
+        );
+    }
+}
