@@ -32,7 +32,8 @@ struct Count(Arc<AtomicU64>);
 
 impl Processor for Count {
     async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
-        self.0.fetch_add(batch.records().len() as u64, Ordering::Relaxed);
+        self.0
+            .fetch_add(batch.records().len() as u64, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -85,7 +86,12 @@ async fn plain(streams: &Arc<KinesisStream>, stream: &str) -> Duration {
     started.elapsed()
 }
 
-async fn flotilla(sdk: &aws_config::SdkConfig, endpoint: &str, stream: &str, run: usize) -> Duration {
+async fn flotilla(
+    sdk: &aws_config::SdkConfig,
+    endpoint: &str,
+    stream: &str,
+    run: usize,
+) -> Duration {
     let mut s = Settings::default();
     s.worker.stream = stream.to_owned();
     s.worker.application = format!("drain-{run}");

@@ -816,12 +816,7 @@ fn p5(n: usize, rows: &mut Vec<Row>) {
         let r = paused_time().block_on(p5_real_run(120));
         println!(
             "  run {i}: join {:.1} s ({} leases moved, max {} moves); leave {:.1} s ({} moved, max {})",
-            r.join_s,
-            r.join_moved,
-            r.join_max_moves,
-            r.leave_s,
-            r.leave_moved,
-            r.leave_max_moves
+            r.join_s, r.join_moved, r.join_max_moves, r.leave_s, r.leave_moved, r.leave_max_moves
         );
         js.push(r.join_s);
         ls.push(r.leave_s);
@@ -829,8 +824,16 @@ fn p5(n: usize, rows: &mut Vec<Row>) {
     }
     let hb = 2.0;
     for (id, what, v) in [
-        ("P5 join", "4->5 join on 120 leases: seconds to spread <= 1", js),
-        ("P5 leave", "5->4 graceful leave on 120 leases: seconds to spread <= 1", ls),
+        (
+            "P5 join",
+            "4->5 join on 120 leases: seconds to spread <= 1",
+            js,
+        ),
+        (
+            "P5 leave",
+            "5->4 graceful leave on 120 leases: seconds to spread <= 1",
+            ls,
+        ),
     ] {
         let (_, _, max) = mmm(&v);
         rows.push(Row {
@@ -985,7 +988,9 @@ fn p9_child(shards: u32) {
         rig.put_one_each().await;
         rig.dynamo.lease_table(APP).ensure_table().await.unwrap();
         println!("ready");
-        let w = rig.start(rig.backend(), settings("cold", false), false).await;
+        let w = rig
+            .start(rig.backend(), settings("cold", false), false)
+            .await;
         let mut first = false;
         loop {
             let (any, n) = rig.log.with(|l| (l.delivered > 0, l.batches.len()));
@@ -1035,7 +1040,11 @@ fn p9(n: usize, rows: &mut Vec<Row>) {
         }
         let (med, _, _) = mmm(&v);
         rows.push(Row {
-            id: if shards == 4 { "P9".into() } else { "P9 all".into() },
+            id: if shards == 4 {
+                "P9".into()
+            } else {
+                "P9 all".into()
+            },
             what: if shards == 4 {
                 "cold start: spawn -> first record (4 shards)".into()
             } else {

@@ -137,6 +137,11 @@ impl Observations {
         }
     }
 
+    /// When `worker` will count as dead if its heartbeat does not move again.
+    pub fn dead_at(&self, worker: &WorkerId, failover_time: Duration) -> Option<Instant> {
+        self.seen.get(worker).map(|s| s.since + failover_time)
+    }
+
     /// What `worker` last reported in its heartbeat.
     pub fn load_of(&self, worker: &WorkerId) -> Option<&WorkerLoad> {
         self.seen.get(worker).map(|s| &s.load)

@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
@@ -154,6 +155,8 @@ pub(crate) struct KeeperState {
     /// Held leases being handed over, to whom.
     handing_off: HashMap<LeaseKey, WorkerId>,
     polling: bool,
+    /// A scan is due at this instant: the moment an owner of leases would turn dead.
+    deadline_scan: Option<Instant>,
     drain: Option<Drain>,
     stopped: bool,
     report: ReleaseReport,
@@ -186,6 +189,7 @@ impl Actor for LeaseKeeper {
             requested: HashMap::new(),
             handing_off: HashMap::new(),
             polling: false,
+            deadline_scan: None,
             drain: None,
             stopped: false,
             report: ReleaseReport::default(),
@@ -517,6 +521,37 @@ impl KeeperState {
         )]);
         self.check_drained();
         self.arm_poll(myself);
+        self.arm_deadline_scan(myself, &scan.leases, now);
+    }
+
+    /// Schedules a scan for the moment the first owner of leases would turn dead, so
+    /// its leases move at the failover time rather than at the next heartbeat tick
+    /// after it (which could add a whole interval to every failover).
+    fn arm_deadline_scan(&mut self, myself: &ActorRef<KeeperMsg>, leases: &[Lease], now: Instant) {
+        if self.deadline_scan.is_some_and(|at| at <= now) {
+            self.deadline_scan = None;
+        }
+        let failover = self.settings().failover_time;
+        let next = leases
+            .iter()
+            .filter(|l| !l.checkpoint.is_shard_end())
+            .filter_map(|l| l.owner.as_ref())
+            .filter(|o| **o != self.args.me)
+            .filter_map(|o| self.observations.dead_at(o, failover))
+            .filter(|at| *at > now)
+            .min();
+        let Some(next) = next else {
+            return;
+        };
+        if self.deadline_scan.is_some_and(|pending| pending <= next) {
+            return;
+        }
+        // Only worth it when it comes before the next regular scan.
+        if next >= now + self.settings().heartbeat_interval {
+            return;
+        }
+        self.deadline_scan = Some(next);
+        myself.send_after(next - now + Duration::from_millis(1), || KeeperMsg::ScanNow);
     }
 
     async fn act(&mut self, decision: Decision, by_key: &HashMap<&LeaseKey, &Lease>) {

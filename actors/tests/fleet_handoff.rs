@@ -323,3 +323,50 @@ async fn a_shard_being_handed_over_shows_as_handing_off_until_its_batch_is_done(
         assert!(report.clean(), "{report:#?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_workers_leases_move_at_the_failover_time_not_a_tick_later() {
+    // A failover time that is not a multiple of the heartbeat interval: without a scan
+    // at the deadline, the takeover would wait for the next tick, a second later.
+    let long = |id: &str| {
+        let mut s = settings(id);
+        s.lease.heartbeat_interval = Duration::from_secs(2);
+        s.lease.failover_time = Duration::from_secs(7);
+        s
+    };
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, long("a")).await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    let b = rig.start_with(&probes, long("b")).await;
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(20)).await;
+
+    a.abort();
+    // Once b has scanned a's last counter, its clock for a runs from that sighting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let peer = keeper(&b)
+        .await
+        .peers
+        .into_iter()
+        .find(|p| p.worker.as_str() == "a")
+        .unwrap();
+    let since = tokio::time::Instant::now() - Duration::from_millis(peer.silent_ms);
+    let failover = long("b").lease.failover_time;
+    loop {
+        if keeper(&b).await.held.len() == 8 {
+            break;
+        }
+        assert!(
+            since.elapsed() < failover + Duration::from_secs(5),
+            "never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = since.elapsed();
+    assert!(
+        took >= failover && took < failover + Duration::from_millis(300),
+        "taken {took:?} after a's counter stopped, failover time {failover:?}"
+    );
+    let report = b.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+}
