@@ -97,7 +97,9 @@ fn throughput_settings() -> Settings {
     s.status.enabled = false;
     s.metrics.level = MetricsLevel::None;
     s.reader.max_records = 10_000;
-    s.reader.poll_interval = Duration::from_millis(1);
+    // FLOTILLA_BENCH_POLL_US overrides, for experiments (tokio timers are 1 ms grained).
+    s.reader.poll_interval =
+        Duration::from_micros(env_usize("FLOTILLA_BENCH_POLL_US", 1_000).max(1) as u64);
     s.reader.idle_max = Duration::from_millis(10);
     s
 }
@@ -276,7 +278,11 @@ async fn raw_read_parallel(streams: &MemoryStreams, limit: u32) -> u64 {
 
 async fn p1(rows: &mut Vec<Row>) {
     let total = env_usize("FLOTILLA_BENCH_P1_RECORDS", 5_000_000);
-    for shards in [1usize, 16, 64, 256] {
+    let counts: Vec<usize> = std::env::var("FLOTILLA_BENCH_P1_SHARDS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 64, 256]);
+    for shards in counts {
         let streams = MemoryStreams::new(MemoryStreamsConfig::default());
         streams.create_stream(STREAM, shards as u32).await.unwrap();
         let t = Instant::now();
@@ -295,7 +301,11 @@ async fn p1(rows: &mut Vec<Row>) {
         for run in 0..runs() {
             // Raw loop, then flotilla, side by side in each run.
             let t = Instant::now();
-            let got = raw_read(&streams, 10_000).await;
+            // On a runtime worker thread, like everything else measured here.
+            let s2 = streams.clone();
+            let got = tokio::spawn(async move { raw_read(&s2, 10_000).await })
+                .await
+                .unwrap();
             let raw_secs = t.elapsed().as_secs_f64();
             assert_eq!(got, total as u64);
             let t = Instant::now();
