@@ -43,11 +43,14 @@ fn runs() -> usize {
 // ---------------------------------------------------------------------------------------
 // Shared pieces
 
+/// The base instant and (put stamp, latency) in nanos, per record processed.
+type LatencySink = (Instant, Arc<Mutex<Vec<(u64, u64)>>>);
+
 /// Counts delivered records; optionally records put → process latency for records whose
 /// data starts with the nanos since `base` (P8).
 struct Counter {
     count: Arc<AtomicU64>,
-    latency: Option<(Instant, Arc<Mutex<Vec<(u64, u64)>>>)>,
+    latency: Option<LatencySink>,
 }
 
 impl Processor for Counter {
@@ -109,7 +112,7 @@ async fn start_worker(
     streams: &MemoryStreams,
     settings: Settings,
     count: &Arc<AtomicU64>,
-    latency: Option<(Instant, Arc<Mutex<Vec<(u64, u64)>>>)>,
+    latency: Option<LatencySink>,
 ) -> Worker {
     let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
     let count = count.clone();
