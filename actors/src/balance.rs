@@ -268,7 +268,8 @@ pub struct Limits {
     pub failover_time: Duration,
     /// 0 means no limit.
     pub max_leases: usize,
-    /// Requests to live, non-draining workers per round.
+    /// Requests to live, non-draining workers per round (or half of this worker's
+    /// shortfall, if more).
     pub max_moves_per_round: usize,
 }
 
@@ -466,6 +467,14 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         max => max.saturating_sub(held.len() - decision.lost.len()),
     };
     let mut moves = 0;
+    // At least half of this worker's shortfall per round: a worker that joins a large
+    // fleet reaches its share in two rounds of requests, whatever the setting.
+    let shortfall = target
+        .get(me)
+        .copied()
+        .unwrap_or(0)
+        .saturating_sub(counts.get(me).copied().unwrap_or(0));
+    let move_cap = limits.max_moves_per_round.max(shortfall.div_ceil(2));
     let mut mine: Vec<&Lease> = plan
         .iter()
         .filter(|(_, w)| *w == me)
@@ -512,7 +521,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         }
         let owner_draining = lease.owner.as_ref().is_some_and(|o| obs.is_draining(o));
         if !owner_draining {
-            if moves >= limits.max_moves_per_round {
+            if moves >= move_cap {
                 continue;
             }
             moves += 1;
@@ -765,6 +774,20 @@ mod tests {
         // Asked already: the requester does not ask again.
         let d = run(&leases, &HashMap::new(), &obs, &b, t0, &limits(0));
         assert!(d.request.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn a_joiner_asks_for_at_least_half_its_shortfall_in_one_round() {
+        let t0 = Instant::now();
+        let b = WorkerId::new("b");
+        let leases: Vec<Lease> = (0..12).map(|i| lease(i, Some("a"), 1)).collect();
+        let mut obs = Observations::new();
+        obs.observe(&[hb("a", 1), hb("b", 1)], [], t0);
+        let mut one_move = limits(0);
+        one_move.max_moves_per_round = 1;
+        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &one_move);
+        // Share 6, none held: half the shortfall, 3, beats the setting's 1.
+        assert_eq!(d.request.len(), 3, "{d:?}");
     }
 
     #[test]

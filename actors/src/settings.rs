@@ -83,8 +83,9 @@ pub struct LeaseSettings {
     /// The most leases this worker holds; 0 means no limit.
     pub max_leases: u32,
     /// The most leases this worker asks live workers to hand over in one round (leases
-    /// of dead or draining workers do not count): bounds how much moves at once when
-    /// views of the fleet disagree for a moment.
+    /// of dead or draining workers do not count), or half of its shortfall if that is
+    /// more: bounds how much moves at once when views of the fleet disagree for a moment,
+    /// while a joining worker still reaches its share in two rounds.
     pub max_moves_per_round: u32,
     /// A handoff request the owner has not honoured for this long, although it is
     /// alive, is withdrawn (and logged); the balance is tried again next round.
