@@ -569,6 +569,7 @@ impl ReaderState {
             return Ok(());
         };
         let limit = self.settings().reader.max_records;
+        let call_started = Instant::now();
         match self.args.streams.get_records(&iterator, limit).await {
             Ok(batch) => {
                 self.backoff.reset();
@@ -600,7 +601,10 @@ impl ReaderState {
                 }
                 let delay = if got_records || !caught_up {
                     self.idle = poll;
-                    poll
+                    // Calls start `poll_interval` apart (Kinesis counts calls per
+                    // second), not a pause after each: a shard that is behind loses no
+                    // time to a slow answer.
+                    poll.saturating_sub(call_started.elapsed())
                 } else {
                     let delay = self.idle;
                     self.idle = (self.idle * 2).min(self.settings().reader.idle_max);
