@@ -468,7 +468,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     };
     let mut moves = 0;
     // At least half of this worker's shortfall per round: a worker that joins a large
-    // fleet reaches its share in two rounds of requests, whatever the setting.
+    // fleet halves what it lacks every round, whatever the setting.
     let shortfall = target
         .get(me)
         .copied()

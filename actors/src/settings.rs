@@ -85,7 +85,7 @@ pub struct LeaseSettings {
     /// The most leases this worker asks live workers to hand over in one round (leases
     /// of dead or draining workers do not count), or half of its shortfall if that is
     /// more: bounds how much moves at once when views of the fleet disagree for a moment,
-    /// while a joining worker still reaches its share in two rounds.
+    /// while a joining worker's shortfall at least halves every round.
     pub max_moves_per_round: u32,
     /// A handoff request the owner has not honoured for this long, although it is
     /// alive, is withdrawn (and logged); the balance is tried again next round.
