@@ -6,7 +6,7 @@
 //! `-- p3` runs P3 with both settings). `FLEET_RUNS=n` overrides the run counts.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -18,10 +18,8 @@ use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
 use flotilla_actors::backend::{LeaseTable, PutRecord, StreamAdmin, StreamClient};
-use flotilla_actors::balance::{Decision, Limits, Observations, Round, decide};
-use flotilla_actors::model::{
-    Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
-};
+use flotilla_actors::fleet_sim::Sim;
+use flotilla_actors::model::{Lease, LeaseKey, WorkerId};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
 };
@@ -496,194 +494,10 @@ fn p4(steal: bool, n: usize, rows: &mut Vec<Row>) {
 
 // ---------------------------------------------------------------- P5 rebalance
 
-/// The pure fleet simulator of `balance.rs`'s tests, reduced to what P5 needs: every
-/// round, each live worker decides on the same scan; the writes land in order.
-struct Sim {
-    leases: Vec<Lease>,
-    workers: BTreeSet<WorkerId>,
-    draining: BTreeSet<WorkerId>,
-    obs: Observations,
-    t0: Instant,
-    limits: Limits,
-    moves: Vec<u32>,
-    counters: HashMap<WorkerId, u64>,
-}
-
-impl Sim {
-    fn new(n_leases: usize, workers: usize) -> Sim {
-        let workers = (0..workers)
-            .map(|i| WorkerId::new(format!("w{i:02}")))
-            .collect();
-        let leases = (0..n_leases)
-            .map(|i| {
-                let mut l = Lease::new(
-                    &ShardId::from_index(i as u64),
-                    Checkpoint::TrimHorizon,
-                    vec![],
-                    None,
-                );
-                l.counter = 1;
-                l
-            })
-            .collect();
-        let mut sim = Sim {
-            leases,
-            workers,
-            draining: BTreeSet::new(),
-            obs: Observations::new(),
-            t0: Instant::now(),
-            limits: Limits {
-                failover_time: Duration::from_secs(10),
-                max_leases: 0,
-                max_moves_per_round: 10,
-            },
-            moves: vec![0; n_leases],
-            counters: HashMap::new(),
-        };
-        sim.beat();
-        sim
-    }
-
-    fn at(&self) -> Instant {
-        self.t0
-    }
-
-    fn beat(&mut self) {
-        let mut hbs = Vec::new();
-        for w in &self.workers {
-            let c = self.counters.entry(w.clone()).or_insert(0);
-            *c += 1;
-            hbs.push(Heartbeat {
-                worker: w.clone(),
-                counter: *c,
-                load: WorkerLoad {
-                    draining: self.draining.contains(w),
-                    ..WorkerLoad::default()
-                },
-            });
-        }
-        let owners: Vec<WorkerId> = self.leases.iter().filter_map(|l| l.owner.clone()).collect();
-        let now = self.at();
-        self.obs.observe(&hbs, owners.iter(), now);
-    }
-
-    fn held_by(&self, w: &WorkerId) -> HashMap<LeaseKey, Fence> {
-        self.leases
-            .iter()
-            .filter(|l| l.owner.as_ref() == Some(w))
-            .map(|l| (l.key.clone(), l.fence()))
-            .collect()
-    }
-
-    fn round(&mut self) {
-        self.t0 += Duration::from_secs(2);
-        self.beat();
-        let snapshot = self.leases.clone();
-        let now = self.at();
-        let decisions: Vec<(WorkerId, Decision)> = self
-            .workers
-            .iter()
-            .map(|w| {
-                let held = self.held_by(w);
-                let d = decide(
-                    &Round {
-                        leases: &snapshot,
-                        held: &held,
-                        observations: &self.obs,
-                        me: w,
-                        now,
-                        cooling: &HashSet::new(),
-                        handing_off: &HashSet::new(),
-                        draining: self.draining.contains(w),
-                    },
-                    &self.limits,
-                );
-                (w.clone(), d)
-            })
-            .collect();
-        let index: HashMap<LeaseKey, usize> = self
-            .leases
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (l.key.clone(), i))
-            .collect();
-        for (w, d) in &decisions {
-            for (key, fence, to) in &d.hand_off {
-                let i = index[key];
-                let l = &mut self.leases[i];
-                if l.fence() == *fence && l.handoff_to.as_ref() == Some(to) {
-                    l.owner = Some(to.clone());
-                    l.counter += 1;
-                    l.handoff_to = None;
-                    self.moves[i] += 1;
-                }
-            }
-            for (key, asker) in &d.turn_down {
-                let i = index[key];
-                if self.leases[i].handoff_to.as_ref() == Some(asker) {
-                    self.leases[i].handoff_to = None;
-                }
-            }
-            for t in &d.take {
-                let i = index[&t.key];
-                let l = &mut self.leases[i];
-                if l.fence() == t.fence {
-                    if l.owner.as_ref() != Some(w) && l.owner.is_some() {
-                        self.moves[i] += 1;
-                    }
-                    l.owner = Some(w.clone());
-                    l.counter += 1;
-                    l.handoff_to = None;
-                }
-            }
-            for (key, fence) in &d.request {
-                let i = index[key];
-                let l = &mut self.leases[i];
-                if l.fence() == *fence && l.handoff_to.as_ref().is_none_or(|h| h == w) {
-                    l.handoff_to = Some(w.clone());
-                }
-            }
-        }
-    }
-
-    fn spread(&self) -> usize {
-        let members: Vec<&WorkerId> = self
-            .workers
-            .iter()
-            .filter(|w| !self.draining.contains(*w))
-            .collect();
-        let counts: Vec<usize> = members
-            .iter()
-            .map(|w| {
-                self.leases
-                    .iter()
-                    .filter(|l| l.owner.as_ref() == Some(*w))
-                    .count()
-            })
-            .collect();
-        let unowned = self
-            .leases
-            .iter()
-            .filter(|l| l.owner.as_ref().is_none_or(|o| !members.contains(&o)))
-            .count();
-        counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) + unowned * 1000
-    }
-
-    fn settle(&mut self, max: usize) -> Option<usize> {
-        for r in 0..max {
-            if self.spread() <= 1 && self.leases.iter().all(|l| l.handoff_to.is_none()) {
-                return Some(r);
-            }
-            self.round();
-        }
-        None
-    }
-}
-
 /// Rounds to settle after a join (`workers` -> +1) and after a graceful leave of one of
 /// `workers + 1`; and the most moves of any lease in each.
 fn p5_sim(leases: usize, workers: usize) -> (usize, u32, usize, u32) {
-    let mut sim = Sim::new(leases, workers);
+    let mut sim = Sim::new(leases, workers, &[]);
     sim.settle(1000).expect("initial settle");
     sim.moves.iter_mut().for_each(|m| *m = 0);
     sim.workers.insert(WorkerId::new("joiner"));

@@ -13,7 +13,8 @@
 //!   [`backoff::RestartIntensity`] (when a supervisor stops restarting a child). Pure:
 //!   the random draw and the current instant are parameters.
 
-//! * `balance`: which leases to take and which are lost. Pure: time is a parameter.
+//! * `balance`: which leases to take, ask for, hand over, and which are lost. Pure:
+//!   time is a parameter. `fleet_sim` runs whole fleets on it, round by round.
 //! * `settings`: every tunable with its default and its validation.
 //! * The actors, one module each: `supervisor` (the root), `stream_watcher`,
 //!   `lease_keeper`, `shard_reader`, `processor` (the user's trait and its host),
@@ -25,6 +26,7 @@ pub mod backend;
 pub mod backoff;
 pub mod balance;
 mod checkpoint_writer;
+pub mod fleet_sim;
 pub mod kpl;
 mod lease_keeper;
 pub mod metrics_reporter;

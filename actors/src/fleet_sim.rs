@@ -1,0 +1,238 @@
+//! A fleet of workers deciding with [`crate::balance::decide`], simulated in rounds:
+//! every live worker decides on the same scan, then the writes land as the table's
+//! conditional writes would, in worker order. Pure and deterministic: the property
+//! tests of `balance` and the P5 benchmark (`benches/fleet.rs`) run fleets on it.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::balance::{Decision, Limits, Observations, Round, decide};
+use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+
+/// The failover time of a simulated fleet; a crash takes effect after it.
+pub const FAILOVER: Duration = Duration::from_secs(10);
+
+fn heartbeat(worker: &WorkerId, counter: u64, draining: bool) -> Heartbeat {
+    Heartbeat {
+        worker: worker.clone(),
+        counter,
+        load: WorkerLoad {
+            draining,
+            ..WorkerLoad::default()
+        },
+    }
+}
+
+/// The lease table and the fleet, one round at a time.
+#[derive(Debug)]
+pub struct Sim {
+    pub leases: Vec<Lease>,
+    /// Live workers (draining ones included).
+    pub workers: BTreeSet<WorkerId>,
+    /// Draining workers (still alive, shutting down).
+    pub draining: BTreeSet<WorkerId>,
+    /// Crashed workers: their heartbeat rows stay, frozen.
+    pub crashed: BTreeSet<WorkerId>,
+    pub obs: Observations,
+    pub now: Instant,
+    pub limits: Limits,
+    /// Owner changes per lease.
+    pub moves: Vec<u32>,
+    counters: HashMap<WorkerId, u64>,
+}
+
+impl Sim {
+    /// `workers` workers `w00`, `w01`, … and `n_leases` leases; `start[i]` names the
+    /// index of lease i's first owner (past the last worker, or absent: unowned).
+    pub fn new(n_leases: usize, workers: usize, start: &[usize]) -> Self {
+        let workers: BTreeSet<WorkerId> = (0..workers)
+            .map(|i| WorkerId::new(format!("w{i:02}")))
+            .collect();
+        let list: Vec<&WorkerId> = workers.iter().collect();
+        let leases = (0..n_leases)
+            .map(|i| {
+                let owner = start
+                    .get(i)
+                    .and_then(|&w| (w < list.len()).then(|| list[w].as_str()));
+                let mut lease = Lease::new(
+                    &ShardId::from_index(i as u64),
+                    Checkpoint::TrimHorizon,
+                    vec![],
+                    None,
+                );
+                lease.owner = owner.map(WorkerId::new);
+                lease.counter = 1;
+                lease
+            })
+            .collect();
+        let mut sim = Sim {
+            leases,
+            workers,
+            draining: BTreeSet::new(),
+            crashed: BTreeSet::new(),
+            obs: Observations::new(),
+            now: Instant::now(),
+            limits: Limits {
+                failover_time: FAILOVER,
+                max_leases: 0,
+                max_moves_per_round: 10,
+            },
+            moves: vec![0; n_leases],
+            counters: HashMap::new(),
+        };
+        sim.beat();
+        sim
+    }
+
+    fn beat(&mut self) {
+        let mut hbs = Vec::new();
+        for w in &self.workers {
+            let c = self.counters.entry(w.clone()).or_insert(0);
+            *c += 1;
+            hbs.push(heartbeat(w, *c, self.draining.contains(w)));
+        }
+        for w in &self.crashed {
+            hbs.push(heartbeat(
+                w,
+                self.counters.get(w).copied().unwrap_or(0),
+                false,
+            ));
+        }
+        let owners: Vec<WorkerId> = self.leases.iter().filter_map(|l| l.owner.clone()).collect();
+        self.obs.observe(&hbs, owners.iter(), self.now);
+    }
+
+    pub fn held_by(&self, w: &WorkerId) -> HashMap<LeaseKey, Fence> {
+        self.leases
+            .iter()
+            .filter(|l| l.owner.as_ref() == Some(w))
+            .map(|l| (l.key.clone(), l.fence()))
+            .collect()
+    }
+
+    /// One round: every live worker decides on the same scan; then the writes
+    /// land, first come first served by the fences.
+    pub fn round(&mut self) -> Vec<(WorkerId, Decision)> {
+        self.now += Duration::from_secs(1);
+        self.beat();
+        let snapshot = self.leases.clone();
+        let mut decisions = Vec::new();
+        for w in &self.workers {
+            let held = self.held_by(w);
+            let d = decide(
+                &Round {
+                    leases: &snapshot,
+                    held: &held,
+                    observations: &self.obs,
+                    me: w,
+                    now: self.now,
+                    cooling: &HashSet::new(),
+                    handing_off: &HashSet::new(),
+                    draining: self.draining.contains(w),
+                },
+                &self.limits,
+            );
+            decisions.push((w.clone(), d));
+        }
+        let index: HashMap<LeaseKey, usize> = self
+            .leases
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.key.clone(), i))
+            .collect();
+        for (w, d) in &decisions {
+            for (key, fence, to) in &d.hand_off {
+                let Some(&i) = index.get(key) else { continue };
+                let l = &mut self.leases[i];
+                if l.fence() == *fence && l.handoff_to.as_ref() == Some(to) {
+                    l.owner = Some(to.clone());
+                    l.counter += 1;
+                    l.handoff_to = None;
+                    self.moves[i] += 1;
+                }
+            }
+            for (key, asker) in &d.turn_down {
+                let Some(&i) = index.get(key) else { continue };
+                if self.leases[i].handoff_to.as_ref() == Some(asker) {
+                    self.leases[i].handoff_to = None;
+                }
+            }
+            for t in &d.take {
+                let Some(&i) = index.get(&t.key) else {
+                    continue;
+                };
+                let l = &mut self.leases[i];
+                if l.fence() == t.fence {
+                    if l.owner.as_ref() != Some(w) && l.owner.is_some() {
+                        self.moves[i] += 1;
+                    }
+                    l.owner = Some(w.clone());
+                    l.counter += 1;
+                    l.handoff_to = None;
+                }
+            }
+            for (key, fence) in &d.request {
+                let Some(&i) = index.get(key) else { continue };
+                let l = &mut self.leases[i];
+                if l.fence() == *fence && l.handoff_to.as_ref().is_none_or(|h| h == w) {
+                    l.handoff_to = Some(w.clone());
+                }
+            }
+        }
+        decisions
+    }
+
+    /// Max minus min leases over the live, non-draining workers; unowned
+    /// leases count as a spread that is not settled.
+    pub fn spread(&self) -> usize {
+        let members: Vec<&WorkerId> = self
+            .workers
+            .iter()
+            .filter(|w| !self.draining.contains(*w))
+            .collect();
+        let counts: Vec<usize> = members
+            .iter()
+            .map(|w| {
+                self.leases
+                    .iter()
+                    .filter(|l| l.owner.as_ref() == Some(*w))
+                    .count()
+            })
+            .collect();
+        let unowned = self
+            .leases
+            .iter()
+            .filter(|l| {
+                l.owner
+                    .as_ref()
+                    .is_none_or(|o| !members.contains(&o) || self.draining.contains(o))
+            })
+            .count();
+        let (max, min) = (
+            counts.iter().copied().max().unwrap_or(0),
+            counts.iter().copied().min().unwrap_or(0),
+        );
+        max - min + unowned * 1000
+    }
+
+    pub fn settle(&mut self, max_rounds: usize) -> Option<usize> {
+        for r in 0..max_rounds {
+            if self.spread() <= 1 && self.leases.iter().all(|l| l.handoff_to.is_none()) {
+                return Some(r);
+            }
+            self.round();
+        }
+        None
+    }
+
+    /// A crash: the worker stops beating; after the failover time it is dead.
+    pub fn crash(&mut self, w: &WorkerId) {
+        self.workers.remove(w);
+        self.draining.remove(w);
+        self.crashed.insert(w.clone());
+        self.now += FAILOVER;
+        self.beat();
+    }
+}
