@@ -210,6 +210,15 @@ struct Writes {
 }
 
 impl Writes {
+    /// ", N failed" when some writes failed, for the summary line.
+    fn failed_suffix(&self) -> String {
+        if self.failed.is_empty() {
+            String::new()
+        } else {
+            format!(", {} failed", self.failed.len())
+        }
+    }
+
     async fn apply(&mut self, table: &dyn LeaseTable, lease: &Lease, to: &Checkpoint) {
         let key = lease.key.as_str();
         if &lease.checkpoint == to {
@@ -325,11 +334,7 @@ pub async fn rewind(
         writes.written,
         writes.unchanged,
         writes.skipped,
-        if writes.failed.is_empty() {
-            String::new()
-        } else {
-            format!(", {} failed", writes.failed.len())
-        }
+        writes.failed_suffix()
     );
     if let Target::AtTimestamp(_, text) = target {
         eprintln!(
@@ -479,11 +484,7 @@ pub async fn import(
         writes.written,
         writes.unchanged,
         writes.skipped,
-        if writes.failed.is_empty() {
-            String::new()
-        } else {
-            format!(", {} failed", writes.failed.len())
-        }
+        writes.failed_suffix()
     );
     if !missing.is_empty() {
         eprintln!(

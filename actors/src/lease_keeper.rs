@@ -512,8 +512,11 @@ impl KeeperState {
                 l.handoff_to.as_ref() == Some(&me) || l.owner.as_ref() == Some(&me)
             })
         });
-        let view = self.fleet_view(&scan.leases, &by_key, now);
-        self.args.fleet.send_replace(Some(Arc::new((view, now))));
+        // Only the status endpoint reads it.
+        if self.args.settings.status.enabled {
+            let view = self.fleet_view(&scan.leases, &by_key, now);
+            self.args.fleet.send_replace(Some(Arc::new((view, now))));
+        }
         self.act(decision, &by_key).await;
         self.report(vec![Sample::new(
             Metric::LeasesHeld,

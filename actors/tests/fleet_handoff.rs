@@ -86,6 +86,15 @@ async fn wait_held(workers: &[&Worker], want: &[usize], limit: Duration) {
     }
 }
 
+/// Worker `a` takes all 8 leases, then `b` joins and gets half by handoff.
+async fn balanced_pair(rig: &Rig, probes: &ProbeFactory) -> (Worker, Worker) {
+    let a = rig.start_with(probes, settings("a")).await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    let b = rig.start_with(probes, settings("b")).await;
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    (a, b)
+}
+
 fn count(map: &std::collections::BTreeMap<String, u64>, key: &str) -> u64 {
     map.get(key).copied().unwrap_or(0)
 }
@@ -141,10 +150,7 @@ async fn a_graceful_shutdown_hands_every_lease_to_the_live_peer() {
     let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
     let feed = Feed::start(rig.streams.clone());
-    let a = rig.start_with(&probes, settings("a")).await;
-    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
-    let b = rig.start_with(&probes, settings("b")).await;
-    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    let (a, b) = balanced_pair(&rig, &probes).await;
     probes.wait_distinct(500, Duration::from_secs(30)).await;
 
     let started = tokio::time::Instant::now();
@@ -181,10 +187,7 @@ async fn a_crashed_workers_leases_are_taken_after_the_failover_time() {
     let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
     let feed = Feed::start(rig.streams.clone());
-    let a = rig.start_with(&probes, settings("a")).await;
-    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
-    let b = rig.start_with(&probes, settings("b")).await;
-    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    let (a, b) = balanced_pair(&rig, &probes).await;
     probes.wait_distinct(500, Duration::from_secs(30)).await;
 
     a.abort();
@@ -259,10 +262,7 @@ async fn a_finished_parents_row_is_deleted_past_retention_once_its_children_star
 async fn a_whole_fleet_stopping_at_once_releases_without_waiting_for_askers() {
     let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
-    let a = rig.start_with(&probes, settings("a")).await;
-    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
-    let b = rig.start_with(&probes, settings("b")).await;
-    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(5)).await;
+    let (a, b) = balanced_pair(&rig, &probes).await;
 
     let started = tokio::time::Instant::now();
     let (ra, rb) = tokio::join!(a.shutdown(), b.shutdown());
