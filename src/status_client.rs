@@ -77,6 +77,16 @@ pub fn render_status(status: &Value) -> String {
         status["shards"].as_array().map_or(0, Vec::len),
         text(&status["shard_restarts"]),
     );
+    // A heartbeat that is not being confirmed stops every shard: say so first.
+    let failures = status["leases"]["heartbeat_failures"].as_u64().unwrap_or(0);
+    if failures > 0 {
+        let _ = writeln!(
+            out,
+            "heartbeat: {failures} failed in a row, last confirmed {} ago: {}",
+            millis_as_duration(&status["leases"]["heartbeat_age_ms"]),
+            text(&status["leases"]["heartbeat_error"]),
+        );
+    }
     let mut shards: Vec<&Value> = status["shards"]
         .as_array()
         .map(|s| s.iter().collect())
@@ -98,7 +108,10 @@ pub fn render_status(status: &Value) -> String {
                 rate(&shard["records_per_second"]),
                 text(&shard["in_flight_records"]),
                 text(&shard["restarts"]),
-                text(&shard["last_error"]),
+                match fence_text(&shard["fenced"]) {
+                    Some(why) => format!("fenced: {why}"),
+                    None => text(&shard["last_error"]),
+                },
             ]
         })
         .collect();
@@ -112,7 +125,7 @@ pub fn render_status(status: &Value) -> String {
             "REC/S",
             "IN FLIGHT",
             "RESTARTS",
-            "LAST ERROR",
+            "NOTE",
         ],
         rows,
     ));
@@ -175,6 +188,10 @@ pub fn render_fleet(fleet: &Value) -> String {
                 state,
                 checkpoint(&lease["checkpoint"]),
                 text(&lease["millis_behind_latest"]),
+                match &lease["reason"] {
+                    Value::Null => String::new(),
+                    reason => text(reason),
+                },
             ]
         })
         .collect();
@@ -183,13 +200,14 @@ pub fn render_fleet(fleet: &Value) -> String {
         out.push_str("(no leases)\n");
     } else {
         out.push_str(&table(
-            &["SHARD", "OWNER", "STATE", "CHECKPOINT", "LAG MS"],
+            &["SHARD", "OWNER", "STATE", "CHECKPOINT", "LAG MS", "REASON"],
             leases,
         ));
     }
     for (name, what) in [
         ("unassigned", "unassigned (no live owner)"),
         ("blocked", "blocked on a parent"),
+        ("stalled", "stalled"),
         ("malformed_rows", "malformed rows"),
     ] {
         let list: Vec<String> = fleet[name]
@@ -201,6 +219,24 @@ pub fn render_fleet(fleet: &Value) -> String {
         }
     }
     out
+}
+
+/// Why a shard is fenced, from its `fenced` object (`FenceReason`): `None` when not.
+fn fence_text(fenced: &Value) -> Option<String> {
+    let reason = fenced["reason"].as_str()?;
+    Some(match reason {
+        "heartbeat_unconfirmed" => format!(
+            "heartbeat not confirmed for {} (last error: {})",
+            millis_as_duration(&fenced["silent_ms"]),
+            text(&fenced["error"]),
+        ),
+        "awaiting_reconfirmation" => format!(
+            "heartbeats resumed after a {} gap; re-reading the lease",
+            millis_as_duration(&fenced["gap_ms"]),
+        ),
+        "revoked" => format!("lease revoked: {}", text(&fenced["why"])),
+        other => other.replace('_', " "),
+    })
 }
 
 /// The array at `value`, sorted by the text of `key`.

@@ -377,6 +377,7 @@ async fn import_refuses_while_a_live_worker_holds_leases() {
 
 /// A status endpoint serving `GET /status` and `GET /fleet` built from the real types.
 async fn status_server() -> String {
+    use flotilla_actors::FenceReason;
     use flotilla_actors::status::{
         FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus, WorkerStatus,
     };
@@ -396,6 +397,7 @@ async fn status_server() -> String {
         in_flight_records: 7,
         in_flight_bytes: 700,
         restarts: 1,
+        fenced: None,
     };
     let status = WorkerStatus {
         worker_id: "w-1".into(),
@@ -411,6 +413,10 @@ async fn status_server() -> String {
                 Some("GetRecords: throttled by Kinesis"),
             ),
             shard(0, ShardState::CaughtUp, None),
+            ShardStatus {
+                fenced: Some(FenceReason::AwaitingReconfirmation { gap_ms: 31_000 }),
+                ..shard(2, ShardState::Fenced, None)
+            },
         ],
         shard_restarts: 1,
         core: vec![],
@@ -450,8 +456,9 @@ async fn status_server() -> String {
                 shard_id: "shardId-000000000000".into(),
                 owner: Some("w-1".into()),
                 state: FleetLeaseState::Held,
-                checkpoint: SEQ.into(),
-                counter: 3,
+                reason: None,
+                checkpoint: Some(SEQ.into()),
+                counter: Some(3),
                 handoff_to: None,
                 parents: vec![],
                 children: vec![],
@@ -462,8 +469,22 @@ async fn status_server() -> String {
                 shard_id: "shardId-000000000002".into(),
                 owner: Some("w-2".into()),
                 state: FleetLeaseState::Unassigned,
-                checkpoint: "TRIM_HORIZON".into(),
-                counter: 1,
+                reason: None,
+                checkpoint: Some("TRIM_HORIZON".into()),
+                counter: Some(1),
+                handoff_to: None,
+                parents: vec![],
+                children: vec![],
+                millis_behind_latest: None,
+            },
+            FleetLease {
+                lease_key: "shardId-000000000009".into(),
+                shard_id: "shardId-000000000009".into(),
+                owner: None,
+                state: FleetLeaseState::Stalled,
+                reason: Some("unreadable row: attribute checkpoint: not a number".into()),
+                checkpoint: None,
+                counter: None,
                 handoff_to: None,
                 parents: vec![],
                 children: vec![],
@@ -472,6 +493,9 @@ async fn status_server() -> String {
         ],
         unassigned: vec!["shardId-000000000002".into()],
         blocked: vec![],
+        stalled: vec![
+            "shardId-000000000009: unreadable row: attribute checkpoint: not a number".into(),
+        ],
         malformed_rows: vec![],
     };
     let status = serde_json::to_value(&status).unwrap();
@@ -518,6 +542,11 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         lines[3].ends_with("GetRecords: throttled by Kinesis"),
         "{table}"
     );
+    assert!(
+        lines[4].starts_with("shardId-000000000002  fenced")
+            && lines[4].ends_with("fenced: heartbeats resumed after a 31s gap; re-reading the lease"),
+        "{table}"
+    );
 
     let out = flotilla(&["status", "--url", &format!("{url}/"), "--fleet"]).await;
     assert_ok(&out);
@@ -537,6 +566,15 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     );
     assert!(
         table.contains("unassigned (no live owner): shardId-000000000002"),
+        "{table}"
+    );
+    assert!(
+        table.lines().any(|l| l.starts_with("shardId-000000000009  -      stalled")
+            && l.ends_with("unreadable row: attribute checkpoint: not a number")),
+        "{table}"
+    );
+    assert!(
+        table.contains("stalled: shardId-000000000009: unreadable row"),
         "{table}"
     );
 

@@ -12,47 +12,32 @@
 //! the row to start the moment it is its own; a draining worker scans for requests), so
 //! a planned move costs a fraction of a second, not a heartbeat interval.
 //!
-//! The last confirmed heartbeat is published as [`Liveness`]: readers stop delivering
-//! when it is older than `failover_time - fence_margin` (self-fencing), so no other worker
-//! can take a lease while this one still processes it.
+//! The keeper feeds [`Fencing`] (self-fencing): each confirmed or failed heartbeat, each
+//! lease taken, each scan that shows a held lease still ours, and each lease found lost,
+//! which is revoked there before the supervisor hears of it. Readers and processor hosts
+//! consult it before every delivery, so no other worker can take a lease while this one
+//! still processes it, whatever gap (a freeze, a partition) came in between.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::shard_reader::ShardShutdown;
 use crate::status::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
 
 use crate::backend::{LeaseError, LeaseTable};
+use crate::fencing::Fencing;
 use crate::balance::{self, Decision, Gain, Limits, Observations, Peer, Round};
 use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
+use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
 use crate::model::{Fence, Lease, LeaseKey, WorkerId, WorkerLoad};
 use crate::settings::Settings;
 use crate::supervisor::SupervisorMsg;
-
-/// The time of this worker's last confirmed heartbeat, shared with its readers.
-#[derive(Debug, Clone)]
-pub(crate) struct Liveness(watch::Receiver<Option<Instant>>);
-
-impl Liveness {
-    pub fn channel() -> (watch::Sender<Option<Instant>>, Liveness) {
-        let (tx, rx) = watch::channel(None);
-        (tx, Liveness(rx))
-    }
-
-    pub fn confirmed_within(&self, limit: std::time::Duration) -> bool {
-        match *self.0.borrow() {
-            Some(at) => at.elapsed() < limit,
-            None => false,
-        }
-    }
-}
 
 #[derive(Debug)]
 pub(crate) enum KeeperMsg {
@@ -101,8 +86,11 @@ pub struct KeeperStatus {
     /// Every worker seen in the table, alive or not, with its last reported load.
     pub peers: Vec<Peer>,
     pub heartbeat_counter: u64,
-    /// Milliseconds since the heartbeat was last written; `None` before the first.
+    /// Milliseconds since the last confirmed heartbeat was sent; `None` before the first.
     pub heartbeat_age_ms: Option<u64>,
+    /// Heartbeats that failed in a row since the last confirmed one, and the last error.
+    pub heartbeat_failures: u32,
+    pub heartbeat_error: Option<String>,
     pub malformed_rows: Vec<String>,
     pub cooling: Vec<String>,
     /// Requests this worker made that are not answered yet.
@@ -127,12 +115,15 @@ pub(crate) struct KeeperArgs {
     pub settings: Arc<Settings>,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub metrics: ActorRef<MetricsMsg>,
-    pub liveness: Arc<watch::Sender<Option<Instant>>>,
+    /// Self-fencing: fed by every heartbeat, take, scan and loss.
+    pub fencing: Fencing,
     /// Records delivered by this worker's readers, for the load in the heartbeat.
     pub delivered: Arc<AtomicU64>,
     pub lags: crate::status::LagBoard,
     /// Where each scan's view of the fleet is published, for the status endpoint.
     pub fleet: crate::status::FleetBoard,
+    /// The stream watcher's last listing, to tell orphan rows.
+    pub listing: crate::status::ListingBoard,
     pub application: String,
     pub stream: String,
 }
@@ -141,6 +132,9 @@ struct Drain {
     /// Past it, nobody is waited for: what is left is released.
     deadline: Instant,
     done: bool,
+    /// The lease table failed during the drain: askers cannot be heard, nor handoffs
+    /// written, so waiting for them is pointless.
+    table_failed: Option<String>,
 }
 
 pub(crate) struct KeeperState {
@@ -150,8 +144,8 @@ pub(crate) struct KeeperState {
     cooling: HashMap<LeaseKey, Instant>,
     heartbeat_counter: u64,
     malformed: Vec<String>,
-    /// Requests made to other workers, with when they were first made.
-    requested: HashMap<LeaseKey, Instant>,
+    /// Requests made to other workers: when each was first made, and of whom.
+    requested: HashMap<LeaseKey, Request>,
     /// Held leases being handed over, to whom.
     handing_off: HashMap<LeaseKey, WorkerId>,
     polling: bool,
@@ -164,7 +158,33 @@ pub(crate) struct KeeperState {
     given: BTreeMap<String, u64>,
     /// The delivered-records count and time at the last heartbeat.
     last_rate: (u64, Instant),
+    /// When the unconfirmed heartbeat was last reported at ERROR (repeated every
+    /// [`STALL_REPORT_EVERY`], not at every beat).
+    stall_reported: Option<Instant>,
+    /// When each lease row was first seen (send time of that scan), for orphans.
+    first_seen: HashMap<LeaseKey, Instant>,
+    /// The orphan rows last reported.
+    orphans: BTreeSet<LeaseKey>,
+    /// When a fresh shard listing was last asked for.
+    listing_asked: Option<Instant>,
 }
+
+/// A handoff this worker asked for.
+#[derive(Debug, Clone)]
+struct Request {
+    since: Instant,
+    /// The owner asked, named as `from` when the lease arrives.
+    of: Option<WorkerId>,
+}
+
+/// Lease rows nobody processes, by key, with why: for the fleet view.
+struct Stalled<'a> {
+    unreadable: &'a HashMap<LeaseKey, String>,
+    orphans: &'a HashMap<LeaseKey, String>,
+}
+
+/// How often a heartbeat that stays unconfirmed past the fence time is reported again.
+const STALL_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 impl Actor for LeaseKeeper {
     type Msg = KeeperMsg;
@@ -196,6 +216,10 @@ impl Actor for LeaseKeeper {
             gained: BTreeMap::new(),
             given: BTreeMap::new(),
             last_rate: (delivered, Instant::now()),
+            stall_reported: None,
+            first_seen: HashMap::new(),
+            orphans: BTreeSet::new(),
+            listing_asked: None,
         })
     }
 
@@ -234,20 +258,20 @@ impl Actor for LeaseKeeper {
             // lease taken again since.
             KeeperMsg::Lost(key, fence) => {
                 if state.held.get(&key) == Some(&fence) {
-                    state.held.remove(&key);
+                    state.revoke(&key, "a write under this lease was refused");
                     state.moved_away(&key, "lost", None);
                 }
             }
             KeeperMsg::Finished(key, fence) => {
                 if state.held.get(&key) == Some(&fence) {
-                    state.held.remove(&key);
+                    state.let_go(&key);
                     state.moved_away(&key, "shard_ended", None);
                 }
             }
             KeeperMsg::GiveUp(key) => {
                 let until = Instant::now() + state.args.settings.supervision.shard_cooldown;
                 state.cooling.insert(key.clone(), until);
-                if let Some(fence) = state.held.remove(&key) {
+                if let Some(fence) = state.let_go(&key) {
                     match state.args.table.release(&key, &fence).await {
                         Ok(_) => {
                             info!(message = "Lease released after repeated failures; cooling down.", lease_key = %key);
@@ -272,39 +296,7 @@ impl Actor for LeaseKeeper {
                 state.start_drain(&myself).await;
             }
             KeeperMsg::ReleaseAll(reply) => {
-                state.stopped = true;
-                let mut held: Vec<(LeaseKey, Fence)> = state.held.drain().collect();
-                held.sort_by(|a, b| a.0.cmp(&b.0));
-                for (key, fence) in held {
-                    match state.args.table.release(&key, &fence).await {
-                        Ok(_) => {
-                            state.moved_away(&key, "released", None);
-                            state.report.released.push(key.to_string());
-                        }
-                        Err(error) => {
-                            warn!(message = "Lease could not be released.", lease_key = %key, %error);
-                            state.report.failed.push(format!("{key}: {error}"));
-                        }
-                    }
-                }
-                for key in std::mem::take(&mut state.requested).into_keys() {
-                    let _ = state.args.table.clear_handoff(&key, &state.args.me).await;
-                }
-                // A lease handed to this worker as it stopped is in no held set: find
-                // it by name, so nobody waits a failover time for it.
-                if let Ok(scan) = state.args.table.scan().await {
-                    let me = state.args.me.clone();
-                    for lease in scan
-                        .leases
-                        .iter()
-                        .filter(|l| l.owner.as_ref() == Some(&me) && !l.checkpoint.is_shard_end())
-                    {
-                        state.release_unheld(&lease.key, &lease.fence()).await;
-                    }
-                }
-                if let Err(error) = state.args.table.remove_heartbeat(&state.args.me).await {
-                    warn!(message = "Heartbeat row could not be removed.", %error);
-                }
+                state.release_all().await;
                 let _ = reply.send(std::mem::take(&mut state.report));
             }
             KeeperMsg::Status(reply) => {
@@ -322,6 +314,22 @@ fn sorted<'a>(keys: impl IntoIterator<Item = &'a LeaseKey>) -> Vec<String> {
 }
 
 impl KeeperState {
+    /// The lease leaves this worker in an orderly way (handed over, released,
+    /// finished): no longer held, no longer on the fencing board.
+    fn let_go(&mut self, key: &LeaseKey) -> Option<Fence> {
+        let fence = self.held.remove(key)?;
+        self.args.fencing.lock().forget(key, &fence);
+        Some(fence)
+    }
+
+    /// The lease is not this worker's any more: revoked on the fencing board at once,
+    /// so no batch is delivered from now on, whoever has been told yet.
+    fn revoke(&mut self, key: &LeaseKey, why: &str) -> Option<Fence> {
+        let fence = self.held.remove(key)?;
+        self.args.fencing.lock().revoke(key, &fence, why);
+        Some(fence)
+    }
+
     fn report(&self, samples: Vec<Sample>) {
         let _ = self.args.metrics.cast(MetricsMsg::Record(samples));
     }
@@ -332,6 +340,7 @@ impl KeeperState {
 
     fn status(&self) -> KeeperStatus {
         let now = Instant::now();
+        let fencing = self.args.fencing.lock();
         let failover = self.settings().failover_time;
         KeeperStatus {
             held: sorted(self.held.keys()),
@@ -343,11 +352,11 @@ impl KeeperState {
                 .collect(),
             peers: self.observations.peers(now, failover),
             heartbeat_counter: self.heartbeat_counter,
-            heartbeat_age_ms: self
-                .args
-                .liveness
-                .borrow()
+            heartbeat_age_ms: fencing
+                .last_confirmed()
                 .map(|at| now.saturating_duration_since(at).as_millis() as u64),
+            heartbeat_failures: fencing.failures().0,
+            heartbeat_error: fencing.failures().1.map(str::to_owned),
             malformed_rows: self.malformed.clone(),
             cooling: sorted(
                 self.cooling
@@ -364,13 +373,13 @@ impl KeeperState {
     }
 
     /// A lease came to this worker: one event, one count, one metric.
-    fn moved_here(&mut self, lease: &Lease, previous: &Fence, why: Gain) {
+    fn moved_here(&mut self, lease: &Lease, from: Option<&WorkerId>, why: Gain) {
         info!(
             message = "Lease moved.",
             event = "lease_moved",
             reason = why.as_str(),
             lease_key = %lease.key,
-            from = previous.owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody"),
+            from = from.map(|o| o.as_str()).unwrap_or("nobody"),
             to = %self.args.me,
             counter = lease.counter,
         );
@@ -426,14 +435,29 @@ impl KeeperState {
     }
 
     async fn heartbeat(&mut self) {
-        let started = Instant::now();
+        let sent = Instant::now();
         let load = self.load();
-        match self.args.table.heartbeat(&self.args.me, &load).await {
+        let result = self.args.table.heartbeat(&self.args.me, &load).await;
+        let fence_time = self.args.settings.lease.fence_time();
+        let mut fencing = self.args.fencing.lock();
+        let unconfirmed_for = fencing
+            .last_confirmed()
+            .map(|at| Instant::now().saturating_duration_since(at));
+        let failures = match result {
             Ok(counter) => {
                 self.heartbeat_counter = counter;
                 // Confirmed as of when the write was sent, not when it was answered: a
-                // slow answer must not stretch the fencing window.
-                let _ = self.args.liveness.send(Some(started));
+                // slow answer (or a freeze in between) must not stretch the fencing
+                // window. After a gap, the fence stays on until the scan rereads.
+                fencing.heartbeat_confirmed(sent);
+                if self.stall_reported.take().is_some() {
+                    info!(
+                        message = "Heartbeat confirmed again; each held lease delivers once its row is read again.",
+                        worker_id = %self.args.me,
+                        unconfirmed_ms = unconfirmed_for.map(|d| d.as_millis() as u64),
+                    );
+                }
+                0
             }
             Err(error) => {
                 let metric = if matches!(error, LeaseError::Throttled { .. }) {
@@ -441,10 +465,37 @@ impl KeeperState {
                 } else {
                     Metric::ApiErrors
                 };
+                let failures = fencing.heartbeat_failed(error.to_string());
+                if let Some(drain) = &mut self.drain {
+                    drain.table_failed.get_or_insert_with(|| error.to_string());
+                }
+                let stalled = unconfirmed_for.is_none_or(|d| d >= fence_time);
+                let due = self
+                    .stall_reported
+                    .is_none_or(|at| at.elapsed() >= STALL_REPORT_EVERY);
+                if stalled && due {
+                    self.stall_reported = Some(Instant::now());
+                    error!(
+                        message = "Heartbeat not confirmed for longer than the fence time: every held shard has stopped delivering, and peers will take its leases after the failover time.",
+                        worker_id = %self.args.me,
+                        unconfirmed_ms = unconfirmed_for.map(|d| d.as_millis() as u64),
+                        failures,
+                        held = self.held.len(),
+                        %error,
+                    );
+                } else {
+                    warn!(message = "Heartbeat not written.", worker_id = %self.args.me, failures, %error);
+                }
                 self.report(vec![Sample::new(metric, 1.0)]);
-                warn!(message = "Heartbeat not written.", worker_id = %self.args.me, %error);
+                failures
             }
-        }
+        };
+        let fenced = fencing.fenced_count(Instant::now());
+        drop(fencing);
+        self.report(vec![
+            Sample::new(Metric::HeartbeatFailures, f64::from(failures)),
+            Sample::new(Metric::ShardsFenced, fenced as f64),
+        ]);
     }
 
     fn arm_poll(&mut self, myself: &ActorRef<KeeperMsg>) {
@@ -459,29 +510,61 @@ impl KeeperState {
     }
 
     async fn scan_and_act(&mut self, myself: &ActorRef<KeeperMsg>) {
+        let sent = Instant::now();
         let scan = match self.args.table.scan().await {
             Ok(scan) => scan,
             Err(error) => {
                 warn!(message = "Lease table scan failed.", %error);
+                self.drain_table_failed(&error);
                 return;
             }
         };
-        for bad in &scan.malformed {
-            let text = bad.to_string();
-            if !self.malformed.contains(&text) {
-                warn!(message = "Malformed lease row skipped.", row = %text);
-                self.malformed.push(text);
+        // Held leases the scan shows still ours: proof of ownership as of when the scan
+        // was sent, which lifts the fence after a gap in heartbeats.
+        {
+            let mut fencing = self.args.fencing.lock();
+            for lease in &scan.leases {
+                if self.held.get(&lease.key) == Some(&lease.fence()) {
+                    fencing.reconfirm(&lease.key, &lease.fence(), sent);
+                }
             }
         }
+        let unreadable = self.note_malformed(&scan.malformed);
+        let orphans = self.find_orphans(&scan.leases, sent);
+        // Held orphans: stop them here and let the row go; nobody takes them again.
+        for lease in scan.leases.iter().filter(|l| orphans.contains_key(&l.key)) {
+            if self.held.get(&lease.key) != Some(&lease.fence()) {
+                continue;
+            }
+            let why = "its shard is not in the stream";
+            if let Some(fence) = self.revoke(&lease.key, why) {
+                error!(message = "Held lease is for a shard the stream does not have; stopping it and releasing the row.", lease_key = %lease.key, stream = %self.args.stream);
+                let _ = self
+                    .args
+                    .supervisor
+                    .cast(SupervisorMsg::LeaseLost(lease.key.clone(), fence.clone()));
+                if self.args.table.release(&lease.key, &fence).await.is_ok() {
+                    self.moved_away(&lease.key, "released", None);
+                }
+            }
+        }
+        // The rest of the round sees neither orphans nor unreadable rows: they are not
+        // dealt, taken or counted in anyone's share.
+        let leases: Vec<Lease> = scan
+            .leases
+            .iter()
+            .filter(|l| !orphans.contains_key(&l.key))
+            .cloned()
+            .collect();
         let now = Instant::now();
         self.cooling.retain(|_, until| *until > now);
         self.observations.observe(
             &scan.heartbeats,
-            scan.leases.iter().filter_map(|l| l.owner.as_ref()),
+            leases.iter().filter_map(|l| l.owner.as_ref()),
             now,
         );
         self.observations
-            .observe_leases(&scan.leases, now, self.settings().failover_time);
+            .observe_leases(&leases, now, self.settings().failover_time);
         let cooling: HashSet<LeaseKey> = self.cooling.keys().cloned().collect();
         let handing_off: HashSet<LeaseKey> = self.handing_off.keys().cloned().collect();
         let settings = self.settings();
@@ -492,7 +575,7 @@ impl KeeperState {
         };
         let decision = balance::decide(
             &Round {
-                leases: &scan.leases,
+                leases: &leases,
                 held: &self.held,
                 observations: &self.observations,
                 me: &self.args.me,
@@ -505,7 +588,7 @@ impl KeeperState {
         );
         // Requests that are no longer ours to wait for: answered elsewhere, turned
         // down, or the row is gone.
-        let by_key: HashMap<&LeaseKey, &Lease> = scan.leases.iter().map(|l| (&l.key, l)).collect();
+        let by_key: HashMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let me = self.args.me.clone();
         self.requested.retain(|key, _| {
             by_key.get(key).is_some_and(|l| {
@@ -514,17 +597,99 @@ impl KeeperState {
         });
         // Only the status endpoint reads it.
         if self.args.settings.status.enabled {
-            let view = self.fleet_view(&scan.leases, &by_key, now);
+            let stalled = Stalled {
+                unreadable: &unreadable,
+                orphans: &orphans,
+            };
+            let view = self.fleet_view(&scan.leases, &by_key, &stalled, now);
             self.args.fleet.send_replace(Some(Arc::new((view, now))));
         }
-        self.act(decision, &by_key).await;
-        self.report(vec![Sample::new(
-            Metric::LeasesHeld,
-            self.held.len() as f64,
-        )]);
+        self.act(decision, &by_key, &unreadable).await;
+        self.report(vec![
+            Sample::new(Metric::LeasesHeld, self.held.len() as f64),
+            Sample::new(Metric::LeasesUnreadable, unreadable.len() as f64),
+            Sample::new(Metric::LeasesOrphaned, orphans.len() as f64),
+        ]);
         self.check_drained();
         self.arm_poll(myself);
-        self.arm_deadline_scan(myself, &scan.leases, now);
+        self.arm_deadline_scan(myself, &leases, now);
+    }
+
+    /// Keeps this scan's unreadable rows (logged at ERROR when first seen: each may be a
+    /// shard nobody processes) and returns the lease rows among them by key.
+    fn note_malformed(&mut self, malformed: &[MalformedRow]) -> HashMap<LeaseKey, String> {
+        let texts: Vec<String> = malformed.iter().map(|m| m.to_string()).collect();
+        for (bad, text) in malformed.iter().zip(&texts) {
+            if !self.malformed.contains(text) {
+                error!(
+                    message = "Lease table row unreadable; skipped until it is repaired.",
+                    row = %text,
+                    lease_key = bad.key.as_deref().unwrap_or("(none)"),
+                    attribute = %bad.attribute,
+                );
+            }
+        }
+        self.malformed = texts;
+        malformed
+            .iter()
+            .filter_map(|m| {
+                let key = m.key.as_deref()?;
+                (!key.starts_with(WORKER_KEY_PREFIX)).then(|| (LeaseKey::new(key), m.to_string()))
+            })
+            .collect()
+    }
+
+    /// Rows for shards the stream does not have, each with why, judged against the
+    /// watcher's last listing (`model::orphans`). A row not in the listing but first
+    /// seen after it asks for a fresh listing, so a real orphan is known within a scan.
+    fn find_orphans(
+        &mut self,
+        leases: &[Lease],
+        sent: Instant,
+    ) -> HashMap<LeaseKey, String> {
+        for lease in leases {
+            self.first_seen.entry(lease.key.clone()).or_insert(sent);
+        }
+        let present: HashSet<&LeaseKey> = leases.iter().map(|l| &l.key).collect();
+        self.first_seen.retain(|k, _| present.contains(k));
+        let Some(listing) = self.args.listing.borrow().clone() else {
+            return HashMap::new();
+        };
+        let found = crate::model::orphans(leases, &listing.shards, listing.sent, |l| {
+            self.first_seen.get(&l.key).copied()
+        });
+        if !found.unconfirmed.is_empty()
+            && self.listing_asked.is_none_or(|asked| asked < listing.sent)
+        {
+            self.listing_asked = Some(Instant::now());
+            let _ = self.args.supervisor.cast(SupervisorMsg::ListShardsNow);
+        }
+        let orphans: HashMap<LeaseKey, String> = found
+            .confirmed
+            .iter()
+            .map(|l| {
+                (
+                    l.key.clone(),
+                    format!(
+                        "orphan: shard {} is not in stream {}",
+                        l.key.shard_id(),
+                        self.args.stream
+                    ),
+                )
+            })
+            .collect();
+        let keys: BTreeSet<LeaseKey> = orphans.keys().cloned().collect();
+        if keys != self.orphans {
+            if !keys.is_empty() {
+                warn!(
+                    message = "Lease rows for shards the stream does not have: left alone, not taken, not deleted.",
+                    stream = %self.args.stream,
+                    leases = ?keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+                );
+            }
+            self.orphans = keys;
+        }
+        orphans
     }
 
     /// Schedules a scan for the moment the first owner of leases would turn dead, so
@@ -557,14 +722,38 @@ impl KeeperState {
         myself.send_after(next - now + Duration::from_millis(1), || KeeperMsg::ScanNow);
     }
 
-    async fn act(&mut self, decision: Decision, by_key: &HashMap<&LeaseKey, &Lease>) {
+    async fn act(
+        &mut self,
+        decision: Decision,
+        by_key: &HashMap<&LeaseKey, &Lease>,
+        unreadable: &HashMap<LeaseKey, String>,
+    ) {
         for (key, fence) in decision.release {
             self.release_unheld(&key, &fence).await;
         }
         for key in decision.lost {
-            if let Some(fence) = self.held.remove(&key) {
-                let thief = by_key.get(&key).and_then(|l| l.owner.clone());
-                warn!(message = "Lease lost to another worker.", lease_key = %key, owner = ?thief);
+            let row = by_key.get(&key);
+            let unreadable = unreadable.get(&key);
+            let why = match (row, unreadable) {
+                (_, Some(bad)) => format!("its row is unreadable: {bad}"),
+                (Some(l), None) => format!(
+                    "the row names owner {} with counter {}",
+                    l.owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody"),
+                    l.counter
+                ),
+                (None, None) => "its row was deleted".to_owned(),
+            };
+            // Revoked before anyone is told: no batch reaches a processor from here on.
+            if let Some(fence) = self.revoke(&key, &why) {
+                let thief = row.and_then(|l| l.owner.clone());
+                match unreadable {
+                    Some(bad) => error!(
+                        message = "Lease row unreadable; the shard stops here until the row is repaired.",
+                        lease_key = %key,
+                        row = %bad,
+                    ),
+                    None => warn!(message = "Lease lost.", lease_key = %key, why = %why),
+                }
                 self.moved_away(&key, "lost", thief.as_ref());
                 self.handing_off.remove(&key);
                 let _ = self
@@ -609,7 +798,10 @@ impl KeeperState {
             {
                 Ok(()) => {
                     info!(message = "Asked for a lease.", lease_key = %key, owner = ?fence.owner);
-                    self.requested.entry(key).or_insert(now);
+                    self.requested.entry(key).or_insert(Request {
+                        since: now,
+                        of: fence.owner.clone(),
+                    });
                 }
                 Err(LeaseError::ConditionFailed { .. }) => {
                     debug!(message = "Lease changed before it could be asked for.", lease_key = %key);
@@ -627,6 +819,7 @@ impl KeeperState {
         &self,
         leases: &[Lease],
         by_key: &HashMap<&LeaseKey, &Lease>,
+        stalled: &Stalled<'_>,
         now: Instant,
     ) -> FleetView {
         let failover = self.settings().failover_time;
@@ -647,8 +840,11 @@ impl KeeperState {
                 .owner
                 .as_ref()
                 .is_some_and(|o| obs.is_alive(o, now, failover));
+            let reason = stalled.orphans.get(&lease.key).cloned();
             let state = if lease.checkpoint.is_shard_end() {
                 FleetLeaseState::Finished
+            } else if reason.is_some() {
+                FleetLeaseState::Stalled
             } else if !balance::processable(lease, by_key) {
                 FleetLeaseState::Blocked
             } else if !owner_alive {
@@ -658,9 +854,12 @@ impl KeeperState {
             } else {
                 FleetLeaseState::Held
             };
-            match state {
-                FleetLeaseState::Unassigned => view.unassigned.push(lease.key.to_string()),
-                FleetLeaseState::Blocked => view.blocked.push(lease.key.to_string()),
+            match (state, &reason) {
+                (FleetLeaseState::Unassigned, _) => view.unassigned.push(lease.key.to_string()),
+                (FleetLeaseState::Blocked, _) => view.blocked.push(lease.key.to_string()),
+                (FleetLeaseState::Stalled, Some(why)) => {
+                    view.stalled.push(format!("{}: {why}", lease.key))
+                }
                 _ => {}
             }
             if let Some(owner) = &lease.owner
@@ -678,8 +877,9 @@ impl KeeperState {
                 shard_id: shard.to_string(),
                 owner: lease.owner.as_ref().map(|o| o.to_string()),
                 state,
-                checkpoint: lease.checkpoint.to_string(),
-                counter: lease.counter,
+                reason,
+                checkpoint: Some(lease.checkpoint.to_string()),
+                counter: Some(lease.counter),
                 handoff_to: lease.handoff_to.as_ref().map(|w| w.to_string()),
                 parents: lease
                     .parent_shard_ids
@@ -694,6 +894,28 @@ impl KeeperState {
                 millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
             });
         }
+        // Unreadable lease rows: in the listing of leases too, so every shard of the
+        // table shows in exactly one state.
+        let mut unreadable: Vec<(&LeaseKey, &String)> = stalled.unreadable.iter().collect();
+        unreadable.sort();
+        for (key, why) in unreadable {
+            let reason = format!("unreadable row: {why}");
+            view.stalled.push(format!("{key}: {reason}"));
+            view.leases.push(FleetLease {
+                lease_key: key.to_string(),
+                shard_id: key.shard_id().to_string(),
+                owner: None,
+                state: FleetLeaseState::Stalled,
+                reason: Some(reason),
+                checkpoint: None,
+                counter: None,
+                handoff_to: None,
+                parents: Vec::new(),
+                children: Vec::new(),
+                millis_behind_latest: None,
+            });
+        }
+        view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
         view.workers = obs
             .peers(now, failover)
             .into_iter()
@@ -724,11 +946,19 @@ impl KeeperState {
     }
 
     async fn take(&mut self, key: &LeaseKey, fence: &Fence, why: Gain) {
+        let sent = Instant::now();
         match self.args.table.take(key, fence, &self.args.me).await {
             Ok(lease) => {
-                self.requested.remove(key);
+                // A lease handed over is taken from a row that already names this
+                // worker: it came from the owner that was asked.
+                let asked = self.requested.remove(key).and_then(|r| r.of);
+                let from = match (&fence.owner, asked) {
+                    (Some(owner), Some(asked)) if *owner == self.args.me => Some(asked),
+                    (owner, _) => owner.clone(),
+                };
                 self.held.insert(key.clone(), lease.fence());
-                self.moved_here(&lease, fence, why);
+                self.args.fencing.lock().hold(key, &lease.fence(), sent);
+                self.moved_here(&lease, from.as_ref(), why);
                 let _ = self
                     .args
                     .supervisor
@@ -750,7 +980,7 @@ impl KeeperState {
         let mut keys: Vec<(LeaseKey, Instant)> = self
             .requested
             .iter()
-            .map(|(k, t)| (k.clone(), *t))
+            .map(|(k, r)| (k.clone(), r.since))
             .collect();
         keys.sort();
         for (key, since) in keys {
@@ -798,7 +1028,7 @@ impl KeeperState {
         if self.held.get(&key) != Some(&fence) {
             return;
         }
-        self.held.remove(&key);
+        self.let_go(&key);
         match self.args.table.transfer(&key, &fence, &to).await {
             Ok(_) => {
                 self.moved_away(&key, "handed_off", Some(&to));
@@ -824,6 +1054,94 @@ impl KeeperState {
         }
     }
 
+    /// Leaves the fleet: releases every held lease, withdraws requests, releases what
+    /// is still this worker's by name, and removes the heartbeat row. Every lease that
+    /// could not be let go (or checked) is named in the report's `failed`; once the
+    /// table has failed twice in a row, the rest are not attempted (each attempt would
+    /// cost a timeout) and are named as such.
+    async fn release_all(&mut self) {
+        self.stopped = true;
+        let mut held: Vec<(LeaseKey, Fence)> = self.held.drain().collect();
+        for (key, fence) in &held {
+            self.args.fencing.lock().forget(key, fence);
+        }
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut failing: Option<(u32, String)> = None;
+        let table_down = |failing: &Option<(u32, String)>| {
+            failing
+                .as_ref()
+                .filter(|(n, _)| *n >= 2)
+                .map(|(_, e)| e.clone())
+        };
+        for (key, fence) in held {
+            if let Some(error) = table_down(&failing) {
+                self.report.failed.push(format!(
+                    "{key}: not released (not attempted: the lease table is failing: {error})"
+                ));
+                continue;
+            }
+            match self.args.table.release(&key, &fence).await {
+                Ok(_) => {
+                    failing = None;
+                    self.moved_away(&key, "released", None);
+                    self.report.released.push(key.to_string());
+                }
+                Err(error) => {
+                    warn!(message = "Lease could not be released.", lease_key = %key, %error);
+                    self.report
+                        .failed
+                        .push(format!("{key}: not released: {error}"));
+                    if error.is_retryable() {
+                        let n = failing.as_ref().map_or(0, |(n, _)| *n);
+                        failing = Some((n + 1, error.to_string()));
+                    }
+                }
+            }
+        }
+        if let Some(error) = table_down(&failing) {
+            self.report.failed.push(format!(
+                "leases owned by name and the heartbeat row {}: not checked (the lease table is failing: {error})",
+                heartbeat_key(&self.args.me)
+            ));
+            return;
+        }
+        for key in std::mem::take(&mut self.requested).into_keys() {
+            let _ = self.args.table.clear_handoff(&key, &self.args.me).await;
+        }
+        // A lease handed to this worker as it stopped is in no held set: find it by
+        // name, so nobody waits a failover time for it.
+        match self.args.table.scan().await {
+            Ok(scan) => {
+                let me = self.args.me.clone();
+                for lease in scan
+                    .leases
+                    .iter()
+                    .filter(|l| l.owner.as_ref() == Some(&me) && !l.checkpoint.is_shard_end())
+                {
+                    if let Err(error) = self.args.table.release(&lease.key, &lease.fence()).await
+                    {
+                        self.report
+                            .failed
+                            .push(format!("{}: not released: {error}", lease.key));
+                    } else {
+                        self.moved_away(&lease.key, "released", None);
+                        self.report.released.push(lease.key.to_string());
+                    }
+                }
+            }
+            Err(error) => self.report.failed.push(format!(
+                "leases still owned by this worker by name: not checked: {error}"
+            )),
+        }
+        if let Err(error) = self.args.table.remove_heartbeat(&self.args.me).await {
+            warn!(message = "Heartbeat row could not be removed.", %error);
+            self.report.failed.push(format!(
+                "heartbeat row {}: not removed: {error}",
+                heartbeat_key(&self.args.me)
+            ));
+        }
+    }
+
     async fn start_drain(&mut self, myself: &ActorRef<KeeperMsg>) {
         let now = Instant::now();
         let settings = self.settings();
@@ -833,6 +1151,7 @@ impl KeeperState {
         self.drain = Some(Drain {
             deadline: now + wait,
             done: false,
+            table_failed: None,
         });
         // The shutdown report covers leaving, not the handoffs of the worker's life.
         self.report = ReleaseReport::default();
@@ -848,13 +1167,31 @@ impl KeeperState {
         self.arm_poll(myself);
     }
 
+    /// A scan or heartbeat failed: while draining, nobody's request can be read, so
+    /// the drain ends now rather than at its deadline.
+    fn drain_table_failed(&mut self, error: &LeaseError) {
+        if let Some(drain) = &mut self.drain {
+            drain.table_failed.get_or_insert_with(|| error.to_string());
+            self.check_drained();
+        }
+    }
+
     /// Tells the supervisor the drain is over once nothing is held but what nobody
-    /// asked for in time, and no handoff is still in flight.
+    /// asked for in time, and no handoff is still in flight (or the table fails).
     fn check_drained(&mut self) {
         let Some(drain) = &mut self.drain else {
             return;
         };
-        if drain.done || !self.handing_off.is_empty() {
+        if drain.done {
+            return;
+        }
+        if let Some(error) = &drain.table_failed {
+            warn!(message = "Drain ended early: the lease table is failing, so no peer can ask for leases.", %error);
+            drain.done = true;
+            let _ = self.args.supervisor.cast(SupervisorMsg::DrainDone);
+            return;
+        }
+        if !self.handing_off.is_empty() {
             return;
         }
         let now = Instant::now();

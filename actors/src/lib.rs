@@ -27,6 +27,7 @@ pub mod backoff;
 pub mod balance;
 mod checkpoint_writer;
 pub mod fleet_sim;
+mod fencing;
 pub mod kpl;
 mod lease_keeper;
 pub mod metrics_reporter;
@@ -42,6 +43,7 @@ mod worker;
 
 pub use backend::Record;
 pub use checkpoint_writer::CheckpointView;
+pub use fencing::FenceReason;
 pub use lease_keeper::{KeeperStatus, ReleaseReport};
 pub use processor::{
     AckToken, Batch, CheckpointError, Checkpointer, Processor, ProcessorError, ProcessorMsg,

@@ -16,8 +16,10 @@ use futures::future::BoxFuture;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::backend::Record;
-use crate::lease_keeper::Liveness;
-use crate::model::{BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId};
+use crate::fencing::{FenceReason, Fencing};
+use crate::model::{
+    BatchId, Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, LeaseKey, ShardId,
+};
 use crate::settings::CheckpointMode;
 use crate::shard_reader::{Acks, ReaderMsg};
 
@@ -387,11 +389,12 @@ pub(crate) struct HostArgs {
     pub fence: HostFence,
 }
 
-/// When the host may hand a batch to its processor: while this worker's heartbeat was
-/// confirmed within `fresh_for` (failover time minus the fence margin).
+/// When the host may hand a batch to its processor: while [`Fencing`] allows the lease
+/// it was started under.
 pub(crate) struct HostFence {
-    pub liveness: Liveness,
-    pub fresh_for: Duration,
+    pub fencing: Fencing,
+    pub key: LeaseKey,
+    pub fence: Fence,
     pub recheck: Duration,
 }
 
@@ -440,15 +443,18 @@ impl Actor for ProcessorHost {
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
             ProcessorMsg::Process(batch, checkpointer) => {
-                // Batches already queued here when the heartbeat went stale must wait
-                // too (self-fencing): another worker may take the lease once the
-                // failover time passes. Blocking the mailbox is the point; revocation
-                // is seen through the shared flag, not a message.
-                while !state.fence.liveness.confirmed_within(state.fence.fresh_for) {
-                    if state.revoked.load(Ordering::Acquire) {
-                        return Ok(());
+                // Batches already queued here when the worker fenced itself wait too:
+                // another worker may take the lease once the failover time passes.
+                // Blocking the mailbox is the point. A revoked lease (the keeper found
+                // it lost) skips them at once, checked right before the call.
+                loop {
+                    let fence = &state.fence;
+                    match fence.fencing.check(&fence.key, &fence.fence) {
+                        Ok(()) => break,
+                        Err(FenceReason::Revoked { .. } | FenceReason::NotHeld) => return Ok(()),
+                        Err(_) if state.revoked.load(Ordering::Acquire) => return Ok(()),
+                        Err(_) => tokio::time::sleep(fence.recheck).await,
                     }
-                    tokio::time::sleep(state.fence.recheck).await;
                 }
                 // Stopping: the batch in hand was finished; the ones queued behind it
                 // are left unacked for the next owner, so a handoff waits for one

@@ -479,6 +479,13 @@ impl Settings {
 }
 
 impl LeaseSettings {
+    /// How long after its last confirmed heartbeat (from when it was sent) a worker
+    /// still delivers: `failover_time - fence_margin`. Past it, peers may soon judge it
+    /// dead, so it fences itself first.
+    pub fn fence_time(&self) -> Duration {
+        self.failover_time.saturating_sub(self.fence_margin)
+    }
+
     fn validate(&self) -> Result<(), SettingsError> {
         nonzero(
             "lease.failover_time",

@@ -23,7 +23,7 @@ use crate::backend::{
 use crate::backoff::Backoff;
 use crate::checkpoint_writer::CheckpointMsg;
 use crate::kpl;
-use crate::lease_keeper::Liveness;
+use crate::fencing::{FenceReason, Fencing};
 use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::{
     AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId,
@@ -99,7 +99,8 @@ pub(crate) struct ReaderArgs {
     pub writer: ActorRef<CheckpointMsg>,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub metrics: ActorRef<MetricsMsg>,
-    pub liveness: Liveness,
+    /// Self-fencing: checked before each fetch and each delivery.
+    pub fencing: Fencing,
     pub restarts: u32,
     /// The worker's delivered-records count, shared with the lease keeper.
     pub delivered: Arc<std::sync::atomic::AtomicU64>,
@@ -167,7 +168,8 @@ pub(crate) struct ReaderState {
     throttled: bool,
     /// The last GetRecords returned nothing and said the shard is at its tip.
     caught_up: bool,
-    fenced: bool,
+    /// Why delivery is paused, while it is (self-fencing).
+    fenced: Option<FenceReason>,
     shutdown_reply: Option<RpcReplyPort<ShardShutdown>>,
 }
 
@@ -219,7 +221,7 @@ impl Actor for ShardReader {
             last_error: None,
             throttled: false,
             caught_up: false,
-            fenced: false,
+            fenced: None,
             shutdown_reply: None,
             args,
         })
@@ -453,8 +455,9 @@ impl ReaderState {
                         revoked: self.revoked.clone(),
                         stopping: self.stopping.clone(),
                         fence: HostFence {
-                            liveness: self.args.liveness.clone(),
-                            fresh_for: self.fresh_for(),
+                            fencing: self.args.fencing.clone(),
+                            key: self.key.clone(),
+                            fence: self.fence.clone(),
                             recheck: self.settings().reader.poll_interval,
                         },
                     },
@@ -499,6 +502,15 @@ impl ReaderState {
                 self.count_failure(&error);
                 myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
             }
+            // The lease names a shard the stream does not have (an orphan row); the
+            // lease keeper lets the row go once a listing confirms it.
+            Err(error @ StreamError::NotFound { .. }) => {
+                return Err(format!(
+                    "shard {} is not in stream {}: {error}",
+                    self.shard, self.args.stream
+                )
+                .into());
+            }
             Err(error) => {
                 return Err(format!("shard {}: GetShardIterator: {error}", self.shard).into());
             }
@@ -524,15 +536,27 @@ impl ReaderState {
             || self.window.in_flight_bytes() >= reader.window_bytes
     }
 
-    /// Whether this worker's ownership is confirmed recently enough to keep delivering.
-    fn ownership_fresh(&self) -> bool {
-        self.args.liveness.confirmed_within(self.fresh_for())
-    }
-
-    /// How long after the last confirmed heartbeat this worker may still deliver.
-    fn fresh_for(&self) -> Duration {
-        let lease = &self.settings().lease;
-        lease.failover_time.saturating_sub(lease.fence_margin)
+    /// Whether this shard may hand records to its processor now (self-fencing); logs
+    /// each change of verdict once.
+    fn may_deliver(&mut self) -> bool {
+        match self.args.fencing.check(&self.key, &self.fence) {
+            Ok(()) => {
+                if let Some(was) = self.fenced.take() {
+                    info!(message = "Delivery resumed.", shard_id = %self.shard, was_fenced_because = %was);
+                }
+                true
+            }
+            Err(reason) => {
+                let news = self.fenced.as_ref().is_none_or(|was| {
+                    std::mem::discriminant(was) != std::mem::discriminant(&reason)
+                });
+                if news {
+                    warn!(message = "Delivery paused (self-fencing).", shard_id = %self.shard, reason = %reason);
+                }
+                self.fenced = Some(reason);
+                false
+            }
+        }
     }
 
     async fn fetch(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
@@ -550,15 +574,10 @@ impl ReaderState {
             )
             .into());
         }
-        if !self.ownership_fresh() {
-            if !self.fenced {
-                warn!(message = "Heartbeat not confirmed recently; pausing delivery.", shard_id = %self.shard);
-            }
-            self.fenced = true;
+        if !self.may_deliver() {
             self.schedule_fetch(myself, poll);
             return Ok(());
         }
-        self.fenced = false;
         if self.window_full() {
             // Re-checked on each ack, and periodically for the stall check above.
             self.schedule_fetch(myself, poll);
@@ -571,6 +590,13 @@ impl ReaderState {
         let limit = self.settings().reader.max_records;
         let call_started = Instant::now();
         match self.args.streams.get_records(&iterator, limit).await {
+            // Fenced while the call was out (the worker froze, the keeper found the
+            // lease lost): these records are not handed over. The iterator is dropped,
+            // so reading resumes after the last record delivered.
+            Ok(_) if !self.may_deliver() => {
+                self.iterator = None;
+                self.schedule_fetch(myself, poll);
+            }
             Ok(batch) => {
                 self.backoff.reset();
                 self.throttled = false;
@@ -1016,7 +1042,7 @@ impl ReaderState {
             state: match self.phase {
                 Phase::Starting => ShardState::Initializing,
                 Phase::BlockedOnParent => ShardState::BlockedOnParent,
-                Phase::Reading if self.fenced => ShardState::Fenced,
+                Phase::Reading if self.fenced.is_some() => ShardState::Fenced,
                 Phase::Reading if self.throttled => ShardState::Throttled,
                 Phase::Reading if self.caught_up => ShardState::CaughtUp,
                 Phase::Reading => ShardState::Processing,
@@ -1037,6 +1063,7 @@ impl ReaderState {
             in_flight_records: self.window.in_flight_records() as u64,
             in_flight_bytes: self.window.in_flight_bytes(),
             restarts: self.args.restarts,
+            fenced: self.fenced.clone(),
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct ShardStatus {
     pub in_flight_bytes: u64,
     /// Restarts of this shard's reader and processor on this worker.
     pub restarts: u32,
+    /// Why delivery is paused (state `fenced`): the heartbeat is not confirmed, the
+    /// lease awaits a fresh read after a gap, or it was revoked.
+    pub fenced: Option<crate::fencing::FenceReason>,
 }
 
 /// One of the worker's long-lived actors.
@@ -126,6 +129,10 @@ pub struct FleetView {
     pub unassigned: Vec<String>,
     /// Leases waiting for a parent to finish.
     pub blocked: Vec<String>,
+    /// Leases nobody processes and nobody will until something outside changes, each
+    /// as `lease key: reason` (an unreadable row, a shard the stream does not have).
+    pub stalled: Vec<String>,
+    /// Every row that could not be read (lease rows among them, also in `stalled`).
     pub malformed_rows: Vec<String>,
 }
 
@@ -159,6 +166,9 @@ pub enum FleetLeaseState {
     Blocked,
     /// SHARD_END.
     Finished,
+    /// Nobody processes it, and nobody will until something outside changes: its row is
+    /// unreadable, or its shard is not in the stream. `reason` says which.
+    Stalled,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -167,8 +177,11 @@ pub struct FleetLease {
     pub shard_id: String,
     pub owner: Option<String>,
     pub state: FleetLeaseState,
-    pub checkpoint: String,
-    pub counter: u64,
+    /// Why it is stalled (state `stalled`).
+    pub reason: Option<String>,
+    /// `None` when the row is unreadable.
+    pub checkpoint: Option<String>,
+    pub counter: Option<u64>,
     pub handoff_to: Option<String>,
     pub parents: Vec<String>,
     pub children: Vec<String>,
@@ -199,6 +212,17 @@ impl LagBoard {
         self.0.lock().map(|m| m.clone()).unwrap_or_default()
     }
 }
+
+/// The shards of the stream's last complete listing, and when it was requested: the
+/// lease keeper tells orphan rows (shards the stream does not have) from new ones.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ShardListing {
+    pub shards: std::collections::HashSet<ShardId>,
+    pub sent: tokio::time::Instant,
+}
+
+/// The stream watcher's last listing, read by the lease keeper.
+pub(crate) type ListingBoard = Arc<tokio::sync::watch::Sender<Option<Arc<ShardListing>>>>;
 
 /// The keeper's latest fleet view and when its scan was taken.
 pub(crate) type FleetBoard =

@@ -241,12 +241,21 @@ async fn readyz(State(shared): State<Shared>) -> Response {
     if status.state != "running" {
         problems.push(format!("the worker is {}", status.state));
     }
-    match status.leases.as_ref().and_then(|k| k.heartbeat_age_ms) {
-        Some(age) if u128::from(age) < (lease.failover_time - lease.fence_margin).as_millis() => {}
+    let why = |keeper: Option<&crate::KeeperStatus>| match keeper.and_then(|k| k.heartbeat_error.as_ref()) {
+        Some(error) => format!(
+            "{} failed in a row, last error: {error}",
+            keeper.map_or(0, |k| k.heartbeat_failures)
+        ),
+        None => "no answer yet".to_owned(),
+    };
+    let keeper = status.leases.as_ref();
+    match keeper.and_then(|k| k.heartbeat_age_ms) {
+        Some(age) if u128::from(age) < lease.fence_time().as_millis() => {}
         Some(age) => problems.push(format!(
-            "the heartbeat was last written {age} ms ago: the lease table is not answering"
+            "the heartbeat was last confirmed {age} ms ago ({}): every shard is fenced",
+            why(keeper)
         )),
-        None => problems.push("no heartbeat written yet".to_owned()),
+        None => problems.push(format!("no heartbeat confirmed yet ({})", why(keeper))),
     }
     if shared.fleet.borrow().is_none() {
         problems.push("the lease table has not been scanned yet".to_owned());

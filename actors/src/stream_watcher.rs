@@ -27,6 +27,9 @@ pub(crate) enum WatcherMsg {
     Sync,
     /// A reader reached SHARD_END; `None` when the server did not name the children.
     ChildrenFound(Option<Vec<ChildShard>>),
+    /// List now, off the periodic schedule (the lease keeper saw a row the last
+    /// listing does not explain).
+    ListNow,
     Status(RpcReplyPort<WatcherStatus>),
 }
 
@@ -52,6 +55,8 @@ pub(crate) struct WatcherArgs {
     pub interval: Duration,
     pub keeper: ActorRef<KeeperMsg>,
     pub metrics: ActorRef<MetricsMsg>,
+    /// Where each complete listing is published, for the lease keeper.
+    pub listing: crate::status::ListingBoard,
 }
 
 pub(crate) struct WatcherState {
@@ -111,6 +116,12 @@ impl Actor for StreamWatcher {
                     state.status.last_error = Some(error);
                 }
             }
+            WatcherMsg::ListNow => {
+                if let Err(error) = state.sync().await {
+                    warn!(message = "Shard sync failed.", stream = %state.args.stream, %error);
+                    state.status.last_error = Some(error);
+                }
+            }
             WatcherMsg::Status(reply) => {
                 let _ = reply.send(state.status.clone());
             }
@@ -150,6 +161,7 @@ impl WatcherState {
     }
 
     async fn sync(&mut self) -> Result<(), String> {
+        let sent = tokio::time::Instant::now();
         let shards = self
             .args
             .streams
@@ -174,6 +186,12 @@ impl WatcherState {
                 "the shard listing is not consistent yet: {problem}"
             ));
         }
+        self.args
+            .listing
+            .send_replace(Some(Arc::new(crate::status::ShardListing {
+                shards: shards.iter().map(|s| s.id.clone()).collect(),
+                sent,
+            })));
         let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
         let leased: HashSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
         let planned = plan_new_leases(&shards, &leased, &self.args.initial);

@@ -16,7 +16,6 @@ use std::time::{Duration, SystemTime};
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -24,7 +23,8 @@ use crate::backend::clock::Clock;
 use crate::backend::{ChildShard, LeaseTable, MetricsSink, StreamClient};
 use crate::backoff::{Backoff, RestartIntensity, Verdict};
 use crate::checkpoint_writer::{CheckpointMsg, CheckpointWriter, WriterArgs};
-use crate::lease_keeper::{KeeperArgs, KeeperMsg, LeaseKeeper, Liveness, ReleaseReport};
+use crate::fencing::Fencing;
+use crate::lease_keeper::{KeeperArgs, KeeperMsg, LeaseKeeper, ReleaseReport};
 use crate::metrics_reporter::{Metric, MetricsArgs, MetricsMsg, MetricsReporter, Sample};
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, WorkerId};
 use crate::settings::Settings;
@@ -60,6 +60,8 @@ pub(crate) enum SupervisorMsg {
     /// The keeper has handed over what peers asked for (or the drain timed out): finish
     /// the shutdown.
     DrainDone,
+    /// The keeper saw a lease row the last listing does not explain: list now.
+    ListShardsNow,
     Status(RpcReplyPort<WorkerStatus>),
     Shutdown(RpcReplyPort<ShutdownReport>),
 }
@@ -85,6 +87,8 @@ pub(crate) struct WorkerContext {
     pub lags: crate::status::LagBoard,
     /// The keeper's latest view of the fleet, for the status endpoint.
     pub fleet: crate::status::FleetBoard,
+    /// The watcher's last shard listing, for the keeper.
+    pub listing: crate::status::ListingBoard,
     /// Where the status endpoint listens, once it does.
     pub status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
@@ -130,8 +134,9 @@ struct ShardEntry {
 pub(crate) struct SupervisorState {
     ctx: Arc<WorkerContext>,
     core: Core,
-    liveness_tx: Arc<watch::Sender<Option<Instant>>>,
-    liveness: Liveness,
+    /// Self-fencing, shared by the keeper, the readers and the processor hosts; it
+    /// outlives core restarts.
+    fencing: Fencing,
     core_intensity: RestartIntensity,
     core_restarts: u32,
     shards: HashMap<LeaseKey, ShardEntry>,
@@ -155,9 +160,8 @@ impl Actor for Supervisor {
         myself: ActorRef<Self::Msg>,
         ctx: Arc<WorkerContext>,
     ) -> Result<SupervisorState, ActorProcessingErr> {
-        let (tx, liveness) = Liveness::channel();
-        let liveness_tx = Arc::new(tx);
-        let core = spawn_core(&myself, &ctx, &liveness_tx).await?;
+        let fencing = Fencing::new(ctx.settings.lease.fence_time());
+        let core = spawn_core(&myself, &ctx, &fencing).await?;
         let status_server = spawn_status_server(&myself, &ctx).await?;
         let supervision = &ctx.settings.supervision;
         Ok(SupervisorState {
@@ -167,8 +171,7 @@ impl Actor for Supervisor {
             ),
             ctx,
             core,
-            liveness_tx,
-            liveness,
+            fencing,
             core_restarts: 0,
             shards: HashMap::new(),
             by_actor: HashMap::new(),
@@ -249,6 +252,9 @@ impl Actor for Supervisor {
                 }
             }
             SupervisorMsg::HandOff { key, fence, to } => state.hand_off(key, fence, to),
+            SupervisorMsg::ListShardsNow => {
+                let _ = state.core.watcher.cast(WatcherMsg::ListNow);
+            }
             SupervisorMsg::Status(reply) => {
                 let status = state.status().await;
                 let _ = reply.send(status);
@@ -380,7 +386,7 @@ async fn spawn_status_server(
 async fn spawn_core(
     myself: &ActorRef<SupervisorMsg>,
     ctx: &Arc<WorkerContext>,
-    liveness: &Arc<watch::Sender<Option<Instant>>>,
+    fencing: &Fencing,
 ) -> Result<Core, ActorProcessingErr> {
     let settings = &ctx.settings;
     let (metrics, _) = Actor::spawn_linked(
@@ -406,10 +412,11 @@ async fn spawn_core(
             settings: settings.clone(),
             supervisor: myself.clone(),
             metrics: metrics.clone(),
-            liveness: liveness.clone(),
+            fencing: fencing.clone(),
             delivered: ctx.delivered.clone(),
             lags: ctx.lags.clone(),
             fleet: ctx.fleet.clone(),
+            listing: ctx.listing.clone(),
             application: ctx.application.clone(),
             stream: ctx.stream.clone(),
         },
@@ -438,6 +445,7 @@ async fn spawn_core(
             initial: ctx.initial.clone(),
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
+            listing: ctx.listing.clone(),
             metrics: metrics.clone(),
         },
         myself.get_cell(),
@@ -467,7 +475,7 @@ impl SupervisorState {
             writer: self.core.writer.clone(),
             supervisor: myself.clone(),
             metrics: self.core.metrics.clone(),
-            liveness: self.liveness.clone(),
+            fencing: self.fencing.clone(),
             restarts: entry.restarts,
             delivered: self.ctx.delivered.clone(),
             lags: self.ctx.lags.clone(),
@@ -681,7 +689,7 @@ impl SupervisorState {
         for (_, cell) in self.core.cells() {
             let _ = cell.kill_and_wait(Some(Duration::from_secs(5))).await;
         }
-        self.core = spawn_core(myself, &self.ctx, &self.liveness_tx).await?;
+        self.core = spawn_core(myself, &self.ctx, &self.fencing).await?;
         Ok(())
     }
 
@@ -706,6 +714,7 @@ impl SupervisorState {
                 in_flight_records: 0,
                 in_flight_bytes: 0,
                 restarts: entry.restarts,
+                fenced: None,
             };
             let reader = entry.reader.clone();
             let handing_off = entry.handing_off.is_some();

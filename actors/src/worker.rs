@@ -305,6 +305,7 @@ impl WorkerBuilder {
             delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             lags: Default::default(),
             fleet: Arc::new(tokio::sync::watch::channel(None).0),
+            listing: Arc::new(tokio::sync::watch::channel(None).0),
             status_addr: status_addr.clone(),
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)

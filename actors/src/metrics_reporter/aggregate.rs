@@ -14,7 +14,7 @@ pub const APPLICATION_DIMENSION: &str = "Application";
 pub const STREAM_DIMENSION: &str = "StreamName";
 pub const SHARD_DIMENSION: &str = "ShardId";
 
-const METRIC_COUNT: usize = 17;
+const METRIC_COUNT: usize = 21;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -39,6 +39,15 @@ pub enum Metric {
     LeasesHandedOff,
     LeasesReleased,
     LeasesEnded,
+    /// Heartbeats failed in a row (a level: 0 while they are written).
+    HeartbeatFailures,
+    /// Held shards not delivering now (self-fencing: heartbeat unconfirmed, awaiting a
+    /// fresh read after a gap, revoked).
+    ShardsFenced,
+    /// Lease rows of the table that cannot be read (each a shard nobody processes).
+    LeasesUnreadable,
+    /// Lease rows for shards the stream does not have (left alone, not taken).
+    LeasesOrphaned,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -71,6 +80,10 @@ impl Metric {
         Metric::LeasesHandedOff,
         Metric::LeasesReleased,
         Metric::LeasesEnded,
+        Metric::HeartbeatFailures,
+        Metric::ShardsFenced,
+        Metric::LeasesUnreadable,
+        Metric::LeasesOrphaned,
     ];
 
     /// The CloudWatch metric name.
@@ -93,6 +106,10 @@ impl Metric {
             Metric::LeasesHandedOff => "LeasesHandedOff",
             Metric::LeasesReleased => "LeasesReleased",
             Metric::LeasesEnded => "LeasesEnded",
+            Metric::HeartbeatFailures => "HeartbeatFailures",
+            Metric::ShardsFenced => "ShardsFenced",
+            Metric::LeasesUnreadable => "LeasesUnreadable",
+            Metric::LeasesOrphaned => "LeasesOrphaned",
         }
     }
 
@@ -113,13 +130,22 @@ impl Metric {
             | Metric::LeasesStolen
             | Metric::LeasesHandedOff
             | Metric::LeasesReleased
-            | Metric::LeasesEnded => Unit::Count,
+            | Metric::LeasesEnded
+            | Metric::HeartbeatFailures
+            | Metric::ShardsFenced
+            | Metric::LeasesUnreadable
+            | Metric::LeasesOrphaned => Unit::Count,
         }
     }
 
     pub fn kind(self) -> Kind {
         match self {
-            Metric::MillisBehindLatest | Metric::LeasesHeld => Kind::Gauge,
+            Metric::MillisBehindLatest
+            | Metric::LeasesHeld
+            | Metric::HeartbeatFailures
+            | Metric::ShardsFenced
+            | Metric::LeasesUnreadable
+            | Metric::LeasesOrphaned => Kind::Gauge,
             _ => Kind::Counter,
         }
     }

@@ -109,6 +109,42 @@ pub fn plan_cleanup<'a>(shards: &[Shard], leases: &'a [Lease]) -> Vec<&'a Lease>
         .collect()
 }
 
+/// Lease rows the stream listing does not explain, split by how sure that is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Orphans<'a> {
+    /// Not finished, not in a listing taken after the row was first seen: a row for a
+    /// shard the stream does not have (a typo'd manual write, a row from another
+    /// stream). Nobody takes it: every attempt would fail on the shard.
+    pub confirmed: Vec<&'a Lease>,
+    /// Not in the listing, but first seen after it was taken (a child created from a
+    /// reader's report, a row another worker made from a newer listing): a newer
+    /// listing decides. Treated as ordinary meanwhile.
+    pub unconfirmed: Vec<&'a Lease>,
+}
+
+/// Which unfinished lease rows name a shard that the stream listing does not have.
+/// `listed_at` is when the listing was requested; `first_seen` when this worker first
+/// saw each row (any ordered time: the rule only compares them). A finished row is
+/// never an orphan: its shard may have left the listing past retention.
+pub fn orphans<'a, T: Ord + Copy>(
+    leases: &'a [Lease],
+    listed: &HashSet<ShardId>,
+    listed_at: T,
+    first_seen: impl Fn(&Lease) -> Option<T>,
+) -> Orphans<'a> {
+    let mut out = Orphans::default();
+    for lease in leases {
+        if lease.checkpoint.is_shard_end() || listed.contains(&lease.key.shard_id()) {
+            continue;
+        }
+        match first_seen(lease) {
+            Some(seen) if seen < listed_at => out.confirmed.push(lease),
+            _ => out.unconfirmed.push(lease),
+        }
+    }
+    out
+}
+
 fn lease_for(shard: &Shard, checkpoint: Checkpoint) -> Lease {
     Lease::new(
         &shard.id,
@@ -285,5 +321,30 @@ mod tests {
     #[test]
     fn leased_shards_are_not_planned_again() {
         assert!(plan(&history(), &[0, 1, 2, 3, 4], Checkpoint::TrimHorizon).is_empty());
+    }
+
+    #[test]
+    fn rows_the_listing_does_not_explain_are_orphans_only_if_seen_before_it() {
+        let lease = |i: u64, cp: Checkpoint| Lease::new(&ShardId::from_index(i), cp, vec![], None);
+        let leases = vec![
+            lease(0, Checkpoint::TrimHorizon), // listed
+            lease(1, Checkpoint::TrimHorizon), // not listed, seen at 5 (before the listing)
+            lease(2, Checkpoint::TrimHorizon), // not listed, seen at 15 (after it)
+            lease(3, Checkpoint::ShardEnd),    // not listed, finished: gone past retention
+            lease(4, Checkpoint::TrimHorizon), // not listed, never seen before
+        ];
+        let listed: HashSet<ShardId> = [ShardId::from_index(0)].into_iter().collect();
+        let seen = |l: &Lease| match l.key.shard_id() {
+            s if s == ShardId::from_index(1) => Some(5),
+            s if s == ShardId::from_index(2) => Some(15),
+            _ => None,
+        };
+        let found = orphans(&leases, &listed, 10, seen);
+        let ids = |ls: &[&Lease]| ls.iter().map(|l| l.key.shard_id()).collect::<Vec<_>>();
+        assert_eq!(ids(&found.confirmed), vec![ShardId::from_index(1)]);
+        assert_eq!(
+            ids(&found.unconfirmed),
+            vec![ShardId::from_index(2), ShardId::from_index(4)]
+        );
     }
 }

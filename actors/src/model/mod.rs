@@ -21,7 +21,7 @@ pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
     SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
 };
-pub use lease_plan::{plan_cleanup, plan_new_leases};
+pub use lease_plan::{Orphans, orphans, plan_cleanup, plan_new_leases};
 pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
