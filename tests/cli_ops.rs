@@ -544,7 +544,8 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     );
     assert!(
         lines[4].starts_with("shardId-000000000002  fenced")
-            && lines[4].ends_with("fenced: heartbeats resumed after a 31s gap; re-reading the lease"),
+            && lines[4]
+                .ends_with("fenced: heartbeats resumed after a 31s gap; re-reading the lease"),
         "{table}"
     );
 
@@ -569,8 +570,10 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         "{table}"
     );
     assert!(
-        table.lines().any(|l| l.starts_with("shardId-000000000009  -      stalled")
-            && l.ends_with("unreadable row: attribute checkpoint: not a number")),
+        table
+            .lines()
+            .any(|l| l.starts_with("shardId-000000000009  -      stalled")
+                && l.ends_with("unreadable row: attribute checkpoint: not a number")),
         "{table}"
     );
     assert!(

@@ -210,7 +210,9 @@ impl Board {
         self.heartbeat_fresh(now)?;
         match self.gap {
             Some((ended, gap)) if standing.confirmed < ended => {
-                Err(FenceReason::AwaitingReconfirmation { gap_ms: millis(gap) })
+                Err(FenceReason::AwaitingReconfirmation {
+                    gap_ms: millis(gap),
+                })
             }
             _ => Ok(()),
         }

@@ -31,8 +31,8 @@ use crate::shard_reader::ShardShutdown;
 use crate::status::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
 
 use crate::backend::{LeaseError, LeaseTable};
-use crate::fencing::Fencing;
 use crate::balance::{self, Decision, Gain, Limits, Observations, Peer, Round};
+use crate::fencing::Fencing;
 use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
 use crate::model::{Fence, Lease, LeaseKey, WorkerId, WorkerLoad};
@@ -642,11 +642,7 @@ impl KeeperState {
     /// Rows for shards the stream does not have, each with why, judged against the
     /// watcher's last listing (`model::orphans`). A row not in the listing but first
     /// seen after it asks for a fresh listing, so a real orphan is known within a scan.
-    fn find_orphans(
-        &mut self,
-        leases: &[Lease],
-        sent: Instant,
-    ) -> HashMap<LeaseKey, String> {
+    fn find_orphans(&mut self, leases: &[Lease], sent: Instant) -> HashMap<LeaseKey, String> {
         for lease in leases {
             self.first_seen.entry(lease.key.clone()).or_insert(sent);
         }
@@ -1118,8 +1114,7 @@ impl KeeperState {
                     .iter()
                     .filter(|l| l.owner.as_ref() == Some(&me) && !l.checkpoint.is_shard_end())
                 {
-                    if let Err(error) = self.args.table.release(&lease.key, &lease.fence()).await
-                    {
+                    if let Err(error) = self.args.table.release(&lease.key, &lease.fence()).await {
                         self.report
                             .failed
                             .push(format!("{}: not released: {error}", lease.key));

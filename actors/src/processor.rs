@@ -500,3 +500,125 @@ impl Actor for ProcessorHost {
 fn failure(call: &str, shard: &ShardId, error: ProcessorError) -> ActorProcessingErr {
     format!("shard {shard}: processor {call} failed: {error}").into()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::model::{SequenceNumber, WorkerId};
+    use tokio::sync::Notify;
+
+    /// Stands in for the shard reader: takes the acks and drops them.
+    struct NoReader;
+
+    impl Actor for NoReader {
+        type Msg = ReaderMsg;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<ReaderMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    /// Records the first record's sequence number of each batch; the first batch waits
+    /// for `release`.
+    struct Recorder {
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+        release: Arc<Notify>,
+    }
+
+    impl Processor for Recorder {
+        async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+            let first = batch.records()[0].sequence_number.to_string();
+            let wait = self.seen.lock().unwrap().is_empty();
+            self.seen.lock().unwrap().push(first);
+            if wait {
+                self.release.notified().await;
+            }
+            Ok(())
+        }
+    }
+
+    fn batch(shard: &ShardId, id: u64, seq: u64) -> Batch {
+        let record = Record {
+            sequence_number: SequenceNumber::parse(&seq.to_string()).unwrap(),
+            sub_sequence_number: 0,
+            partition_key: "k".into(),
+            explicit_hash_key: None,
+            data: bytes::Bytes::from_static(b"x"),
+            approximate_arrival: None,
+        };
+        Batch {
+            shard: shard.clone(),
+            id: BatchId(id),
+            records: Arc::from(vec![record]),
+            millis_behind_latest: None,
+        }
+    }
+
+    /// The keeper revokes a lease while the host is busy with a batch and two more are
+    /// queued: the one in hand finishes, the queued ones never reach the processor,
+    /// although the reader has not been told yet.
+    #[tokio::test(start_paused = true)]
+    async fn batches_queued_behind_a_revocation_are_not_handed_over() {
+        let shard = ShardId::from_index(0);
+        let key = LeaseKey::from(&shard);
+        let fence = Fence {
+            owner: Some(WorkerId::new("me")),
+            counter: 4,
+        };
+        let fencing = Fencing::new(Duration::from_secs(7));
+        {
+            let mut board = fencing.lock();
+            let now = tokio::time::Instant::now();
+            board.heartbeat_confirmed(now);
+            board.hold(&key, &fence, now);
+        }
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let release = Arc::new(Notify::new());
+        let (reader, _) = Actor::spawn(None, NoReader, ()).await.unwrap();
+        let (host, _) = Actor::spawn(
+            None,
+            ProcessorHost,
+            HostArgs {
+                processor: BoxedProcessor::new(Recorder {
+                    seen: seen.clone(),
+                    release: release.clone(),
+                }),
+                mode: CheckpointMode::Auto,
+                revoked: Arc::new(AtomicBool::new(false)),
+                stopping: Arc::new(AtomicBool::new(false)),
+                fence: HostFence {
+                    fencing: fencing.clone(),
+                    key: key.clone(),
+                    fence: fence.clone(),
+                    recheck: Duration::from_millis(100),
+                },
+            },
+        )
+        .await
+        .unwrap();
+        let checkpointer = Checkpointer {
+            shard: shard.clone(),
+            reader: reader.clone(),
+            mode: CheckpointMode::Auto,
+        };
+        for (id, seq) in [(1, 10), (2, 20), (3, 30)] {
+            host.cast(ProcessorMsg::Process(
+                batch(&shard, id, seq),
+                checkpointer.clone(),
+            ))
+            .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(*seen.lock().unwrap(), vec!["10".to_owned()]);
+        fencing
+            .lock()
+            .revoke(&key, &fence, "taken by another worker");
+        release.notify_one();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(*seen.lock().unwrap(), vec!["10".to_owned()]);
+        host.stop(None);
+        reader.stop(None);
+    }
+}

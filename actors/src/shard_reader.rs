@@ -22,8 +22,8 @@ use crate::backend::{
 };
 use crate::backoff::Backoff;
 use crate::checkpoint_writer::CheckpointMsg;
-use crate::kpl;
 use crate::fencing::{FenceReason, Fencing};
+use crate::kpl;
 use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::{
     AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId,

@@ -241,7 +241,9 @@ async fn readyz(State(shared): State<Shared>) -> Response {
     if status.state != "running" {
         problems.push(format!("the worker is {}", status.state));
     }
-    let why = |keeper: Option<&crate::KeeperStatus>| match keeper.and_then(|k| k.heartbeat_error.as_ref()) {
+    let why = |keeper: Option<&crate::KeeperStatus>| match keeper
+        .and_then(|k| k.heartbeat_error.as_ref())
+    {
         Some(error) => format!(
             "{} failed in a row, last error: {error}",
             keeper.map_or(0, |k| k.heartbeat_failures)

@@ -5,17 +5,14 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin};
-use flotilla_actors::{KeeperStatus, Settings, Worker};
-use tokio::sync::Mutex;
+use flotilla_actors::{Settings, Worker};
 
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
-use support::rig::{APP, Rig, STREAM};
+use support::rig::{APP, Feed, Rig, STREAM, keeper, wait_held};
 
 const SHARDS: u32 = 8;
 
@@ -23,67 +20,6 @@ fn settings(id: &str) -> Settings {
     let mut s = fast_settings(STREAM, APP);
     s.worker.worker_id = Some(id.to_owned());
     s
-}
-
-/// Puts a round of records every 100 ms until stopped.
-struct Feed {
-    producer: Arc<Mutex<Producer>>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Feed {
-    fn start(streams: MemoryStreams) -> Feed {
-        let producer = Arc::new(Mutex::new(Producer::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn({
-            let (producer, stop) = (producer.clone(), stop.clone());
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    producer
-                        .lock()
-                        .await
-                        .put_round(&streams, STREAM, 16, 2)
-                        .await;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        });
-        Feed {
-            producer,
-            stop,
-            task,
-        }
-    }
-
-    async fn stop(self) -> Producer {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap();
-        Arc::try_unwrap(self.producer).unwrap().into_inner()
-    }
-}
-
-async fn keeper(worker: &Worker) -> KeeperStatus {
-    worker.status().await.unwrap().leases.unwrap()
-}
-
-/// Waits until each worker holds the given number of leases.
-async fn wait_held(workers: &[&Worker], want: &[usize], limit: Duration) {
-    let start = tokio::time::Instant::now();
-    loop {
-        let mut held = Vec::new();
-        for w in workers {
-            held.push(keeper(w).await.held.len());
-        }
-        if held == want {
-            return;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "after {limit:?} the workers hold {held:?}, not {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Worker `a` takes all 8 leases, then `b` joins and gets half by handoff.

@@ -37,6 +37,10 @@ pub enum Fault {
     /// The call panics, without effect: a bug on the caller's path, which its actor's
     /// supervisor must survive.
     Panic,
+    /// The call is sent and takes effect, then the process stops ([`Freezer::freeze`]
+    /// on the wrapper's freezer): the answer arrives when it is thawed. Without a
+    /// freezer, the call just runs.
+    Freeze,
 }
 
 /// A fault for the `nth` call (counting from 0) of `op` (`None`: any operation).
@@ -125,6 +129,46 @@ struct State {
 pub struct Faulty<B> {
     inner: B,
     state: Arc<Mutex<State>>,
+    freezer: Option<Freezer>,
+}
+
+/// Models a stopped process (SIGSTOP, a VM freeze, a long GC pause) in-process: while
+/// frozen, every call of the backends that share this freezer waits before it starts,
+/// and a call already under way waits before its answer is returned (the write took
+/// effect; the caller learns of it on resume). User code can wait on it too (a frozen
+/// processor). Timers keep running, so on thaw everything overdue fires at once, as it
+/// does after SIGCONT. Clones share the state.
+#[derive(Debug, Clone)]
+pub struct Freezer(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Freezer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Freezer {
+    pub fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(false).0))
+    }
+
+    pub fn freeze(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn thaw(&self) {
+        self.0.send_replace(false);
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Returns at once unless frozen; then when thawed.
+    pub async fn wait_thawed(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|frozen| !*frozen).await;
+    }
 }
 
 impl<B> Faulty<B> {
@@ -138,7 +182,14 @@ impl<B> Faulty<B> {
                 calls: HashMap::new(),
                 injected: Vec::new(),
             })),
+            freezer: None,
         }
+    }
+
+    /// Every call also stops while `freezer` is frozen (see [`Freezer`]).
+    pub fn frozen_by(mut self, freezer: &Freezer) -> Self {
+        self.freezer = Some(freezer.clone());
+        self
     }
 
     pub fn inner(&self) -> &B {
@@ -228,6 +279,21 @@ impl<B> Faulty<B> {
         op: &'static str,
         call: impl Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
+        if let Some(freezer) = &self.freezer {
+            freezer.wait_thawed().await;
+        }
+        let result = self.inject(op, call).await;
+        if let Some(freezer) = &self.freezer {
+            freezer.wait_thawed().await;
+        }
+        result
+    }
+
+    async fn inject<T, E: Injected>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         match self.decide(op) {
             None => call.await,
             Some(Fault::Throttle) => Err(E::throttled(op)),
@@ -244,6 +310,13 @@ impl<B> Faulty<B> {
                 call.await
             }
             Some(Fault::Panic) => panic!("injected panic in {op}"),
+            Some(Fault::Freeze) => {
+                let result = call.await;
+                if let Some(freezer) = &self.freezer {
+                    freezer.freeze();
+                }
+                result
+            }
             Some(Fault::Timeout) => {
                 let after = self.timeout_after();
                 tokio::time::sleep(after).await;

@@ -1,6 +1,11 @@
 //! A memory-backend stream, lease table and metrics sink, and workers started on them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flotilla_actors::KeeperStatus;
+use tokio::sync::Mutex;
 
 use flotilla_actors::backend::faults::{FaultPlan, Faulty};
 use flotilla_actors::backend::memory::{
@@ -10,7 +15,7 @@ use flotilla_actors::backend::{IteratorPosition, LeaseTable, Record, StreamAdmin
 use flotilla_actors::model::{Lease, Shard, ShardId};
 use flotilla_actors::{Backend, Settings, Worker};
 
-use super::probe::{ProbeFactory, fast_settings};
+use super::probe::{ProbeFactory, Producer, fast_settings};
 
 pub const STREAM: &str = "orders";
 pub const APP: &str = "orders-app";
@@ -128,4 +133,67 @@ pub fn heartbeat_outage() -> FaultPlan {
     outage.throttle = 1.0;
     outage.only_ops = vec!["heartbeat"];
     outage
+}
+
+/// Puts a round of records every 100 ms until stopped.
+pub struct Feed {
+    producer: Arc<Mutex<Producer>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Feed {
+    pub fn start(streams: MemoryStreams) -> Feed {
+        let producer = Arc::new(Mutex::new(Producer::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let (producer, stop) = (producer.clone(), stop.clone());
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    producer
+                        .lock()
+                        .await
+                        .put_round(&streams, STREAM, 16, 2)
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        Feed {
+            producer,
+            stop,
+            task,
+        }
+    }
+
+    pub async fn stop(self) -> Producer {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        Arc::try_unwrap(self.producer).unwrap().into_inner()
+    }
+}
+
+pub async fn keeper(worker: &Worker) -> KeeperStatus {
+    worker.status().await.unwrap().leases.unwrap()
+}
+
+/// Waits until each worker holds the given number of leases.
+pub async fn wait_held(workers: &[&Worker], want: &[usize], limit: Duration) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let mut held = Vec::new();
+        for w in workers {
+            // A keeper busy with a slow call does not answer in time: not yet.
+            let status = w.status().await.ok().and_then(|s| s.leases);
+            held.push(status.map_or(usize::MAX, |k| k.held.len()));
+        }
+        if held == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "after {limit:?} the workers hold {held:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
