@@ -103,7 +103,8 @@ pub struct KeeperStatus {
     /// this worker on request), `resumed` (already this worker's by name).
     pub gained: BTreeMap<String, u64>,
     /// Leases this worker gave up, counted by why: `handed_off`, `released`,
-    /// `shard_ended`, `lost` (taken by another worker or refused a write).
+    /// `shard_ended`, `lost` (taken by another worker or refused a write),
+    /// `unreadable` (its row can no longer be read).
     pub given: BTreeMap<String, u64>,
 }
 
@@ -530,7 +531,7 @@ impl KeeperState {
             }
         }
         let unreadable = self.note_malformed(&scan.malformed);
-        let orphans = self.find_orphans(&scan.leases, sent);
+        let (orphans, unlisted) = self.find_orphans(&scan.leases, sent);
         // Held orphans: stop them here and let the row go; nobody takes them again.
         for lease in scan.leases.iter().filter(|l| orphans.contains_key(&l.key)) {
             if self.held.get(&lease.key) != Some(&lease.fence()) {
@@ -548,12 +549,14 @@ impl KeeperState {
                 }
             }
         }
-        // The rest of the round sees neither orphans nor unreadable rows: they are not
-        // dealt, taken or counted in anyone's share.
+        // The rest of the round sees neither orphans nor unreadable rows, nor rows the
+        // last listing does not show yet (unless held): only a shard the stream is
+        // known to have is dealt, taken or counted in anyone's share.
         let leases: Vec<Lease> = scan
             .leases
             .iter()
             .filter(|l| !orphans.contains_key(&l.key))
+            .filter(|l| !unlisted.contains(&l.key) || self.held.contains_key(&l.key))
             .cloned()
             .collect();
         let now = Instant::now();
@@ -640,16 +643,27 @@ impl KeeperState {
     }
 
     /// Rows for shards the stream does not have, each with why, judged against the
-    /// watcher's last listing (`model::orphans`). A row not in the listing but first
-    /// seen after it asks for a fresh listing, so a real orphan is known within a scan.
-    fn find_orphans(&mut self, leases: &[Lease], sent: Instant) -> HashMap<LeaseKey, String> {
+    /// watcher's last listing (`model::orphans`); and the rows that listing does not
+    /// show but that were first seen after it (a child just created, a row a peer made
+    /// from a newer listing): those ask for a fresh listing, and wait for it. Before the
+    /// first listing, every unfinished row waits.
+    fn find_orphans(
+        &mut self,
+        leases: &[Lease],
+        sent: Instant,
+    ) -> (HashMap<LeaseKey, String>, HashSet<LeaseKey>) {
         for lease in leases {
             self.first_seen.entry(lease.key.clone()).or_insert(sent);
         }
         let present: HashSet<&LeaseKey> = leases.iter().map(|l| &l.key).collect();
         self.first_seen.retain(|k, _| present.contains(k));
         let Some(listing) = self.args.listing.borrow().clone() else {
-            return HashMap::new();
+            let waiting = leases
+                .iter()
+                .filter(|l| !l.checkpoint.is_shard_end())
+                .map(|l| l.key.clone())
+                .collect();
+            return (HashMap::new(), waiting);
         };
         let found = crate::model::orphans(leases, &listing.shards, listing.sent, |l| {
             self.first_seen.get(&l.key).copied()
@@ -660,6 +674,7 @@ impl KeeperState {
             self.listing_asked = Some(Instant::now());
             let _ = self.args.supervisor.cast(SupervisorMsg::ListShardsNow);
         }
+        let unlisted = found.unconfirmed.iter().map(|l| l.key.clone()).collect();
         let orphans: HashMap<LeaseKey, String> = found
             .confirmed
             .iter()
@@ -685,7 +700,7 @@ impl KeeperState {
             }
             self.orphans = keys;
         }
-        orphans
+        (orphans, unlisted)
     }
 
     /// Schedules a scan for the moment the first owner of leases would turn dead, so
@@ -750,7 +765,12 @@ impl KeeperState {
                     ),
                     None => warn!(message = "Lease lost.", lease_key = %key, why = %why),
                 }
-                self.moved_away(&key, "lost", thief.as_ref());
+                let reason = if unreadable.is_some() {
+                    "unreadable"
+                } else {
+                    "lost"
+                };
+                self.moved_away(&key, reason, thief.as_ref());
                 self.handing_off.remove(&key);
                 let _ = self
                     .args

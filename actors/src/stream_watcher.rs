@@ -91,8 +91,14 @@ impl Actor for StreamWatcher {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             WatcherMsg::Sync => {
+                let first = state.args.listing.borrow().is_none();
                 let next = match state.sync().await {
                     Ok(()) => {
+                        // Leases are taken only for listed shards: the first listing
+                        // lets the keeper start at once.
+                        if first {
+                            let _ = state.args.keeper.cast(KeeperMsg::ScanNow);
+                        }
                         state.backoff.reset();
                         jittered(state.args.interval)
                     }
@@ -116,12 +122,16 @@ impl Actor for StreamWatcher {
                     state.status.last_error = Some(error);
                 }
             }
-            WatcherMsg::ListNow => {
-                if let Err(error) = state.sync().await {
+            WatcherMsg::ListNow => match state.sync().await {
+                // The keeper is waiting on this listing: let it act at once.
+                Ok(()) => {
+                    let _ = state.args.keeper.cast(KeeperMsg::ScanNow);
+                }
+                Err(error) => {
                     warn!(message = "Shard sync failed.", stream = %state.args.stream, %error);
                     state.status.last_error = Some(error);
                 }
-            }
+            },
             WatcherMsg::Status(reply) => {
                 let _ = reply.send(state.status.clone());
             }

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::{Backend, Settings, Worker, WorkerError};
-use serde_json::Value;
 
-use support::http::get;
+use support::http::{get, json_until, url};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM};
 
@@ -19,30 +18,6 @@ fn settings(id: &str) -> Settings {
     let mut s = fast_settings(STREAM, APP);
     s.worker.worker_id = Some(id.to_owned());
     s
-}
-
-fn url(worker: &Worker, path: &str) -> String {
-    format!("http://{}{path}", worker.status_addr().unwrap())
-}
-
-/// Polls `GET path` until `done` holds for the JSON body.
-async fn json_until(
-    worker: &Worker,
-    path: &str,
-    what: &str,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    for _ in 0..100 {
-        let (code, _, body) = get(&url(worker, path), "application/json").await;
-        if code == 200 {
-            let value: Value = serde_json::from_str(&body).unwrap();
-            if done(&value) {
-                return value;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{path}: never {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

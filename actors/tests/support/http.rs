@@ -30,3 +30,28 @@ pub async fn get(url: &str, accept: &str) -> (u16, String, String) {
         String::from_utf8_lossy(&body).into_owned(),
     )
 }
+
+/// The URL of `path` on a worker's status endpoint.
+pub fn url(worker: &flotilla_actors::Worker, path: &str) -> String {
+    format!("http://{}{path}", worker.status_addr().unwrap())
+}
+
+/// Polls `GET path` (every 100 ms, 10 s at most) until `done` holds for the JSON body.
+pub async fn json_until(
+    worker: &flotilla_actors::Worker,
+    path: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    for _ in 0..100 {
+        let (code, _, body) = get(&url(worker, path), "application/json").await;
+        if code == 200 {
+            let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if done(&value) {
+                return value;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{path}: never {what}");
+}

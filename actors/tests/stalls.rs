@@ -1,0 +1,227 @@
+//! No stall is silent: a held lease whose row becomes unreadable, a lease row for a
+//! shard the stream does not have, and a heartbeat that cannot be confirmed each show,
+//! with the reason, in `/fleet`, `/status`, `/readyz` and `/metrics` of a running
+//! worker (real HTTP, the memory backend, real time).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use flotilla_actors::backend::LeaseTable;
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::model::item::AttrValue;
+use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, ShardId, WorkerId};
+use flotilla_actors::{FenceReason, Settings};
+use serde_json::Value;
+
+use support::http::{get, json_until, url};
+use support::probe::{Misbehave, ProbeFactory, fast_settings};
+use support::rig::{APP, Feed, Rig, STREAM, heartbeat_outage, keeper, wait_held};
+
+fn settings(id: &str) -> Settings {
+    let mut s = fast_settings(STREAM, APP);
+    s.worker.worker_id = Some(id.to_owned());
+    s
+}
+
+/// The lease of `shard` in a `/fleet` answer.
+fn lease<'a>(fleet: &'a Value, shard: &str) -> Option<&'a Value> {
+    fleet["leases"]
+        .as_array()?
+        .iter()
+        .find(|l| l["shard_id"] == shard)
+}
+
+/// Polls `/metrics` (snapshots are up to a second old) until the worker-wide sample of
+/// `name` satisfies `ok`; returns the last text.
+async fn metric_until(
+    worker: &flotilla_actors::Worker,
+    name: &str,
+    ok: impl Fn(f64) -> bool,
+) -> String {
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = get(&url(worker, "/metrics"), "*/*").await.2;
+        if metric(&text, name).is_some_and(&ok) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{name} never as expected:\n{text}");
+}
+
+/// The value of an unlabelled-by-shard sample of `name` in Prometheus text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && !l.contains("shard="))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_not_lost() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let feed = Feed::start(rig.streams.clone());
+    let a = rig.start_with(&probes, settings("a")).await;
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    probes.wait_distinct(100, Duration::from_secs(10)).await;
+
+    let shard = ShardId::from_index(0);
+    let key = LeaseKey::from(&shard);
+    let good = rig.dynamo.get_raw(APP, key.as_str()).unwrap();
+    let mut bad = good.clone();
+    bad.insert("checkpoint".into(), AttrValue::S("garbage".into()));
+    rig.dynamo.put_raw(APP, bad).unwrap();
+
+    let fleet = json_until(&a, "/fleet", "shows the shard stalled", |f| {
+        lease(f, shard.as_str()).is_some_and(|l| l["state"] == "stalled")
+    })
+    .await;
+    let row = lease(&fleet, shard.as_str()).unwrap();
+    let reason = row["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("unreadable row") && reason.contains("checkpoint"),
+        "{row}"
+    );
+    assert!(
+        fleet["stalled"][0]
+            .as_str()
+            .unwrap()
+            .contains("attribute checkpoint"),
+        "{fleet}"
+    );
+    // Not "lost to another worker": stopped here, as unreadable.
+    let k = keeper(&a).await;
+    assert_eq!(k.held, vec![ShardId::from_index(1).to_string()], "{k:?}");
+    assert_eq!(k.given.get("unreadable"), Some(&1), "{k:?}");
+    assert_eq!(k.given.get("lost"), None, "{k:?}");
+    metric_until(&a, "flotilla_leases_unreadable", |v| v == 1.0).await;
+
+    // Repaired: this worker (still the owner by name) picks the shard up again.
+    rig.dynamo.put_raw(APP, good).unwrap();
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    json_until(&a, "/fleet", "shows the shard held again", |f| {
+        lease(f, shard.as_str()).is_some_and(|l| l["state"] == "held")
+            && f["stalled"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(20))
+        .await;
+    assert!(a.shutdown().await.unwrap().clean());
+    probes.assert_nothing_lost(&producer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_row_for_a_shard_the_stream_lacks_is_an_orphan_nobody_takes() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let table = rig.table();
+    table.ensure_table().await.unwrap();
+    // One orphan nobody owns, one this worker's own id owns from a past life (which it
+    // would otherwise resume at once, before any listing).
+    let free = ShardId::new("shardId-000000000098");
+    let owned = ShardId::new("shardId-000000000099");
+    table
+        .create_if_absent(&Lease::new(&free, Checkpoint::TrimHorizon, vec![], None))
+        .await
+        .unwrap();
+    let mut mine = Lease::new(&owned, Checkpoint::TrimHorizon, vec![], None);
+    mine.owner = Some(WorkerId::new("a"));
+    mine.counter = 3;
+    table.create_if_absent(&mine).await.unwrap();
+
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, settings("a")).await;
+    let fleet = json_until(&a, "/fleet", "shows both orphans stalled", |f| {
+        [&free, &owned].iter().all(|s| {
+            lease(f, s.as_str()).is_some_and(|l| {
+                l["state"] == "stalled"
+                    && l["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("not in stream orders"))
+            })
+        })
+    })
+    .await;
+    assert_eq!(fleet["stalled"].as_array().unwrap().len(), 2, "{fleet}");
+    // The real shards are held; the orphans are not.
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    let rows = rig.lease_rows().await;
+    let row = |s: &ShardId| {
+        rows.iter()
+            .find(|l| l.key.shard_id() == *s)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(row(&free).owner, None);
+    assert_eq!(row(&free).counter, 0, "never taken");
+    // Owned by this worker's id from a past life: left as it is, not taken again.
+    assert_eq!(row(&owned).owner, Some(WorkerId::new("a")));
+    assert_eq!(row(&owned).counter, 3);
+    // Still there: a row this worker cannot explain is not deleted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rig.lease_rows().await.len(), 4);
+    assert_eq!(row(&free).counter, 0, "still never taken");
+    metric_until(&a, "flotilla_leases_orphaned", |v| v == 2.0).await;
+    assert!(a.shutdown().await.unwrap().clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let table = rig.faulty_table();
+    let a = rig
+        .start_on(
+            rig.backend_with_table(table.clone()),
+            &probes,
+            settings("a"),
+        )
+        .await;
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    table.set_plan(heartbeat_outage());
+
+    // Past the fence time (4 s): every shard fenced, with the heartbeat's error.
+    let status = json_until(&a, "/status", "shows every shard fenced", |s| {
+        s["shards"].as_array().is_some_and(|shards| {
+            shards.len() == 2
+                && shards
+                    .iter()
+                    .all(|sh| sh["fenced"]["reason"] == "heartbeat_unconfirmed")
+        })
+    })
+    .await;
+    let error = status["shards"][0]["fenced"]["error"].as_str().unwrap();
+    assert!(error.contains("throttled"), "{status}");
+    assert!(status["leases"]["heartbeat_failures"].as_u64().unwrap() >= 4);
+    let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
+    assert_eq!(code, 503);
+    assert!(
+        body.contains("failed in a row") && body.contains("throttled"),
+        "{body}"
+    );
+    metric_until(&a, "flotilla_heartbeat_failures", |v| v >= 4.0).await;
+    metric_until(&a, "flotilla_shards_fenced", |v| v == 2.0).await;
+    let s = a.status().await.unwrap();
+    assert!(
+        s.shards
+            .iter()
+            .all(|sh| matches!(sh.fenced, Some(FenceReason::HeartbeatUnconfirmed { .. }))),
+        "{s:?}"
+    );
+
+    // Confirmed again: ready, nothing fenced.
+    table.set_plan(flotilla_actors::backend::faults::FaultPlan::seeded(7));
+    json_until(&a, "/status", "shows nothing fenced", |s| {
+        s["shards"]
+            .as_array()
+            .is_some_and(|shards| shards.iter().all(|sh| sh["fenced"].is_null()))
+    })
+    .await;
+    let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(a.shutdown().await.unwrap().clean());
+}
