@@ -12,13 +12,13 @@ use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
 use flotilla_actors::model::{Checkpoint, Lease};
-use flotilla_actors::{Backend, ShutdownReport, Worker};
+use flotilla_actors::{Backend, Settings, ShutdownReport, Worker};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
 use crate::demo::{self, DemoArgs};
 use crate::stdout_processor::StdoutProcessor;
-use crate::{ops, settings, status_client};
+use crate::{ops, status_client};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -396,7 +396,7 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
 
 /// `flotilla run`: the stdout processor on the stream the settings name.
 async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
-    let settings = settings::load(args.config.as_deref())?;
+    let settings = Settings::load(args.config.as_deref())?;
     let endpoints = Endpoints {
         kinesis: settings.aws.kinesis_endpoint.clone(),
         dynamodb: settings.aws.dynamodb_endpoint.clone(),

@@ -15,7 +15,8 @@
 
 //! * `balance`: which leases to take, ask for, hand over, and which are lost. Pure:
 //!   time is a parameter. `fleet_sim` runs whole fleets on it, round by round.
-//! * `settings`: every tunable with its default and its validation.
+//! * `settings`: every tunable with its default and its validation, and
+//!   [`Settings::load`] (defaults, a TOML file, `FLOTILLA__…` variables).
 //! * The actors, one module each: `supervisor` (the root), `stream_watcher`,
 //!   `lease_keeper`, `shard_reader`, `processor` (the user's trait and its host),
 //!   `checkpoint_writer`, `metrics_reporter`. They reach the outside only through
@@ -47,7 +48,7 @@ pub use processor::{
     AckToken, Batch, CheckpointError, Checkpointer, Processor, ProcessorError, ProcessorMsg,
     ShardInfo,
 };
-pub use settings::{CheckpointMode, InitialPosition, MetricsLevel, Settings};
+pub use settings::{CheckpointMode, InitialPosition, LoadError, MetricsLevel, Settings};
 pub use shard_reader::ShardShutdown;
 pub use status::{ShardState, ShardStatus, ShutdownReport, WorkerStatus};
 pub use stream_watcher::WatcherStatus;
