@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use flotilla_actors::backend::aws::{DynamoLeaseTable, Endpoints, KinesisStream, load_sdk_config};
+use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream, load_sdk_config};
 use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
@@ -397,13 +397,8 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
 /// `flotilla run`: the stdout processor on the stream the settings name.
 async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings::load(args.config.as_deref())?;
-    let endpoints = Endpoints {
-        kinesis: settings.aws.kinesis_endpoint.clone(),
-        dynamodb: settings.aws.dynamodb_endpoint.clone(),
-        cloudwatch: settings.aws.cloudwatch_endpoint.clone(),
-    };
     let stream = settings.worker.stream.clone();
-    let backend = Backend::aws(settings.aws.region.clone(), &endpoints).await;
+    let backend = Backend::aws(&settings.aws).await;
     // Listen before starting: a SIGTERM during start-up must not kill the process
     // with its leases held.
     let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
@@ -422,8 +417,13 @@ async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
         }
         _ = terminate.recv() => "SIGTERM",
         result = worker.wait() => {
-            result.context("the worker stopped")?;
-            bail!("the worker stopped on its own");
+            // Only a failure stops this worker on its own: nothing here holds a handle.
+            let stopped = result.context("the worker stopped")?;
+            eprintln!("flotilla: stopped ({}); {}", stopped.reason, shutdown_summary(&stopped.report));
+            if !stopped.report.clean() {
+                bail!("the shutdown was not clean");
+            }
+            return Ok(());
         }
     };
     info!(message = "Shutting down.", signal = signal_name, worker_id = %worker.id());

@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::backend::Record;
+use crate::handle::WorkerHandle;
 use crate::lease_keeper::Liveness;
 use crate::model::{BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId};
 use crate::settings::CheckpointMode;
@@ -121,11 +122,14 @@ pub enum CheckpointError {
 ///
 /// Writes are coalesced (at most one per shard per `checkpoint.interval`); use
 /// [`Checkpointer::flush`] to wait for one.
+///
+/// [`Checkpointer::worker`] reaches the worker itself, to ask it to stop.
 #[derive(Clone)]
 pub struct Checkpointer {
     pub(crate) shard: ShardId,
     pub(crate) reader: ActorRef<ReaderMsg>,
     pub(crate) mode: CheckpointMode,
+    pub(crate) worker: WorkerHandle,
 }
 
 impl fmt::Debug for Checkpointer {
@@ -147,6 +151,14 @@ impl Checkpointer {
 
     pub fn mode(&self) -> CheckpointMode {
         self.mode
+    }
+
+    /// The worker this shard runs in, for what one shard cannot get past on its own (a
+    /// poison record, a quota reached): `checkpointer.worker().request_shutdown(why)`
+    /// stops the whole worker gracefully and makes `Worker::wait` return the reason.
+    /// Checkpoint first (manual mode) what should not be read again.
+    pub fn worker(&self) -> &WorkerHandle {
+        &self.worker
     }
 
     /// Acks one record (watermark mode; in the other modes it only frees window space).

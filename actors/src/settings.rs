@@ -308,6 +308,8 @@ impl StatusSettings {
     }
 }
 
+/// Where the AWS backend goes. `Backend::aws(&settings.aws)` builds the backend from
+/// these, so the worker and its backend agree.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AwsSettings {
@@ -746,6 +748,15 @@ impl MetricsSettings {
 }
 
 impl AwsSettings {
+    /// The endpoint URLs, as the AWS adapters take them.
+    pub fn endpoints(&self) -> crate::backend::aws::Endpoints {
+        crate::backend::aws::Endpoints {
+            kinesis: self.kinesis_endpoint.clone(),
+            dynamodb: self.dynamodb_endpoint.clone(),
+            cloudwatch: self.cloudwatch_endpoint.clone(),
+        }
+    }
+
     fn validate(&self) -> Result<(), SettingsError> {
         if let Some(region) = &self.region {
             let ok = !region.is_empty()
