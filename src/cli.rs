@@ -111,8 +111,9 @@ pub enum PositionCommand {
     Export(TableArgs),
     /// Set each lease's checkpoint to the one a token saved.
     ///
-    /// Leases the token does not name are left as they are; shards the token names that
-    /// have no lease row are reported, not created. Refuses a token of another
+    /// Leases the token does not name are left as they are. Shards the token names that
+    /// have no lease row are not created: the command writes the others, then fails
+    /// naming each shard it did not apply and why. Refuses a token of another
     /// application, and refuses while live workers hold leases, unless --force.
     #[command(after_help = "Examples:\n  \
         flotilla position import --table orders-audit positions.json\n  \
