@@ -657,9 +657,14 @@ impl Worker {
     }
 
     fn stopped_or(&self, error: String) -> WorkerError {
-        match self.fatal() {
-            Some(reason) => WorkerError::Stopped(reason),
-            None => WorkerError::Unresponsive(error),
+        if let Some(reason) = self.fatal() {
+            return WorkerError::Stopped(reason);
+        }
+        match (self.outcome.get(), self.handle.shutdown_reason()) {
+            (Some(Ok(_)), Some(reason)) => {
+                WorkerError::Stopped(format!("shut down on request: {reason}"))
+            }
+            _ => WorkerError::Unresponsive(error),
         }
     }
 }

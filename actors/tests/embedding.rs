@@ -280,4 +280,11 @@ async fn the_service_can_request_a_shutdown_through_the_handle() {
     assert_eq!(stopped.reason, "maintenance window");
     assert!(stopped.report.clean(), "{:#?}", stopped.report);
     assert_eq!(probes.snapshot().shutdown_requested.len(), 1);
+    // Asked afterwards, the worker says why it is gone.
+    match worker.status().await {
+        Err(WorkerError::Stopped(why)) => {
+            assert_eq!(why, "shut down on request: maintenance window")
+        }
+        other => panic!("expected Stopped, got {other:?}"),
+    }
 }
