@@ -7,18 +7,18 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use flotilla_actors::backend::aws::{DynamoLeaseTable, Endpoints, KinesisStream, load_sdk_config};
+use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream, load_sdk_config};
 use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
 use flotilla_actors::model::{Checkpoint, Lease};
-use flotilla_actors::{Backend, ShutdownReport, Worker};
+use flotilla_actors::{Backend, Settings, ShutdownReport, Worker};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
 use crate::demo::{self, DemoArgs};
 use crate::stdout_processor::StdoutProcessor;
-use crate::{ops, settings, status_client};
+use crate::{ops, status_client};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -111,8 +111,9 @@ pub enum PositionCommand {
     Export(TableArgs),
     /// Set each lease's checkpoint to the one a token saved.
     ///
-    /// Leases the token does not name are left as they are; shards the token names that
-    /// have no lease row are reported, not created. Refuses a token of another
+    /// Leases the token does not name are left as they are. Shards the token names that
+    /// have no lease row are not created: the command writes the others, then fails
+    /// naming each shard it did not apply and why. Refuses a token of another
     /// application, and refuses while live workers hold leases, unless --force.
     #[command(after_help = "Examples:\n  \
         flotilla position import --table orders-audit positions.json\n  \
@@ -396,14 +397,9 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
 
 /// `flotilla run`: the stdout processor on the stream the settings name.
 async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
-    let settings = settings::load(args.config.as_deref())?;
-    let endpoints = Endpoints {
-        kinesis: settings.aws.kinesis_endpoint.clone(),
-        dynamodb: settings.aws.dynamodb_endpoint.clone(),
-        cloudwatch: settings.aws.cloudwatch_endpoint.clone(),
-    };
+    let settings = Settings::load(args.config.as_deref())?;
     let stream = settings.worker.stream.clone();
-    let backend = Backend::aws(settings.aws.region.clone(), &endpoints).await;
+    let backend = Backend::aws(&settings.aws).await;
     // Listen before starting: a SIGTERM during start-up must not kill the process
     // with its leases held.
     let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
@@ -422,8 +418,13 @@ async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
         }
         _ = terminate.recv() => "SIGTERM",
         result = worker.wait() => {
-            result.context("the worker stopped")?;
-            bail!("the worker stopped on its own");
+            // Only a failure stops this worker on its own: nothing here holds a handle.
+            let stopped = result.context("the worker stopped")?;
+            eprintln!("flotilla: stopped ({}); {}", stopped.reason, shutdown_summary(&stopped.report));
+            if !stopped.report.clean() {
+                bail!("the shutdown was not clean");
+            }
+            return Ok(());
         }
     };
     info!(message = "Shutting down.", signal = signal_name, worker_id = %worker.id());

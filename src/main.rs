@@ -3,7 +3,7 @@
 //! * `flotilla demo`: a worker on an in-memory stream with a checking producer and
 //!   processor (`demo`); no AWS needed.
 //! * `flotilla run`: a worker on a Kinesis stream with the built-in stdout processor
-//!   (`stdout_processor`), settings from `settings`, until Ctrl-C or SIGTERM.
+//!   (`stdout_processor`), settings from `Settings::load`, until Ctrl-C or SIGTERM.
 //! * `flotilla init`: makes sure the lease table exists (PAY_PER_REQUEST, keyed by
 //!   `leaseKey`), refusing a table of the same name with another key schema.
 //! * `flotilla leases`: prints the lease table, one JSON object per lease on stdout,
@@ -17,7 +17,6 @@
 mod cli;
 mod demo;
 mod ops;
-mod settings;
 mod status_client;
 mod stdout_processor;
 

@@ -423,6 +423,12 @@ pub fn read_token(path: &Path) -> anyhow::Result<(PositionToken, BTreeMap<String
             what()
         ),
     }
+    // Each shard on its own first, so a bad value names its shard and its field.
+    if let Some(shards) = value.get("shards").and_then(serde_json::Value::as_object) {
+        for (key, position) in shards {
+            shard_position(position).map_err(|e| anyhow!("{}: shard {key}: {e}", what()))?;
+        }
+    }
     let token: PositionToken = serde_json::from_value(value).with_context(what)?;
     let mut checkpoints = BTreeMap::new();
     for (key, position) in &token.shards {
@@ -433,7 +439,40 @@ pub fn read_token(path: &Path) -> anyhow::Result<(PositionToken, BTreeMap<String
     Ok((token, checkpoints))
 }
 
-/// `flotilla position import`.
+/// One shard's entry of a token, checked field by field: serde's own message for a wrong
+/// type names neither the field nor the shard.
+fn shard_position(value: &serde_json::Value) -> Result<ShardPosition, String> {
+    use serde_json::Value;
+    let Some(fields) = value.as_object() else {
+        return Err(format!(
+            "{value} is not an object like {{\"checkpoint\": \"...\", \"sub_sequence\": 0}}"
+        ));
+    };
+    let checkpoint = match fields.get("checkpoint") {
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => {
+            return Err(format!(
+                "\"checkpoint\" is {other}; it must be a sequence number or TRIM_HORIZON, \
+                 LATEST, AT_TIMESTAMP or SHARD_END, in quotes"
+            ));
+        }
+        None => return Err("no \"checkpoint\"".to_owned()),
+    };
+    let sub_sequence = match fields.get("sub_sequence") {
+        None => 0,
+        Some(number) => number.as_u64().ok_or_else(|| {
+            format!("\"sub_sequence\" is {number}; it must be a whole number from 0 up")
+        })?,
+    };
+    Ok(ShardPosition {
+        checkpoint,
+        sub_sequence,
+    })
+}
+
+/// `flotilla position import`. Fails (after writing what it could) when any shard of
+/// the token was not applied, naming each and why: a partial restore must not look
+/// like a complete one to a script.
 pub async fn import(
     table: &dyn LeaseTable,
     path: &Path,
@@ -486,17 +525,45 @@ pub async fn import(
         writes.skipped,
         writes.failed_suffix()
     );
-    if !missing.is_empty() {
-        eprintln!(
-            "flotilla: {} shards in the token have no lease row in table {application}, not \
-             applied: {}. Workers create a shard's lease when they first see the shard (start \
-             one, stop it, then import again), or the shard's lease was cleaned up after it \
-             finished",
-            missing.len(),
-            missing.join(", ")
+    let mut not_applied = writes.failed;
+    let mut hints = Vec::new();
+    if !not_applied.is_empty() {
+        hints.push(
+            "A worker may have taken a lease meanwhile: stop the workers and run the command \
+             again.",
         );
     }
-    writes.finish("set")
+    if !missing.is_empty() {
+        not_applied.extend(
+            missing
+                .iter()
+                .map(|key| format!("{key}: no lease row in table {application}")),
+        );
+        hints.push(
+            "Workers create a shard's lease row when they first see the shard (start one, stop \
+             it, then import again), or the row was deleted after the shard finished.",
+        );
+    }
+    if !not_applied.is_empty() {
+        let what = if not_applied.len() == checkpoints.len() {
+            format!(
+                "none of the {} shards in the token was applied",
+                checkpoints.len()
+            )
+        } else {
+            format!(
+                "{} of the {} shards in the token were not applied (the others were)",
+                not_applied.len(),
+                checkpoints.len()
+            )
+        };
+        bail!(
+            "{what}:\n  {}\n{}",
+            not_applied.join("\n  "),
+            hints.join(" ")
+        );
+    }
+    Ok(())
 }
 
 /// Adds what to do to the lease-table errors an operator can fix.

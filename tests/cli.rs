@@ -294,6 +294,39 @@ async fn run_prints_records_as_json_lines_and_stops_cleanly_on_sigterm() {
     }
 }
 
+/// A misspelt stream stops `flotilla run` before the lease table is made: nothing
+/// billable is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_on_a_missing_stream_fails_naming_it_and_creates_no_table() {
+    let dynamodb = dynoxide().await;
+    let kinesis = ferrokinesis().await;
+    let config = ConfigFile::new(
+        "missing-stream",
+        &format!(
+            "[worker]\nstream = \"no-such-stream\"\napplication = \"cli-missing-app\"\n\
+             [metrics]\nlevel = \"none\"\n[status]\nbind = \"127.0.0.1:0\"\n\
+             [aws]\nregion = \"us-east-1\"\nkinesis_endpoint = \"{kinesis}\"\n\
+             dynamodb_endpoint = \"{dynamodb}\"\n"
+        ),
+    );
+    let out = tokio::task::block_in_place(|| flotilla(&["run", "--config", config.path()]));
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("stream no-such-stream"), "{err}");
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb_credentials())
+        .load()
+        .await;
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&dynamodb)
+            .build(),
+    );
+    let tables = client.list_tables().send().await.unwrap().table_names;
+    assert_eq!(tables.unwrap_or_default(), Vec::<String>::new());
+}
+
 /// `2024-05-01T00:00:00.123Z`: RFC 3339 in UTC with milliseconds.
 fn humantime_like(text: &str) -> bool {
     text.len() == 24 && text.ends_with('Z') && text.as_bytes()[10] == b'T'

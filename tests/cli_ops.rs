@@ -300,20 +300,101 @@ async fn export_then_import_restores_every_checkpoint() {
     assert_ok(&out);
     assert_ne!(fx.checkpoints().await, before);
 
-    // A shard the table has no row for is reported, not created.
-    let mut token = token;
-    token["shards"]["shardId-000000000009"] = serde_json::json!({"checkpoint": "LATEST"});
     let file = TempFile::new("round-trip", token.to_string().as_bytes());
     let out = fx.run(&["position", "import"], &[file.path()]).await;
     assert_ok(&out);
     assert_eq!(fx.checkpoints().await, before);
     let err = text(&out.stderr);
+    assert!(err.contains("3 leases set, 1 already there"), "{err}");
+}
+
+/// A shard the token names that has no lease row is not created: the others are
+/// written, and the command fails naming it, so a script sees the restore incomplete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_fails_naming_each_shard_it_did_not_apply() {
+    let fx = Fixture::new("positions-partial").await;
+    fx.lease(0, Checkpoint::TrimHorizon).await;
+    fx.lease(1, Checkpoint::TrimHorizon).await;
+    let token = |shards: serde_json::Value| serde_json::json!({"version": 1, "application": "positions-partial", "shards": shards});
+
+    // One of two applied.
+    let file = TempFile::new(
+        "partial",
+        token(serde_json::json!({
+            "shardId-000000000000": {"checkpoint": SEQ, "sub_sequence": 2},
+            "shardId-000000000009": {"checkpoint": "LATEST"},
+        }))
+        .to_string()
+        .as_bytes(),
+    );
+    let out = fx.run(&["position", "import"], &[file.path()]).await;
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("1 shards in the token have no lease row")
-            && err.contains("shardId-000000000009"),
+        err.contains(
+            "1 of the 2 shards in the token were not applied (the others were):\n  \
+             shardId-000000000009: no lease row in table positions-partial\n"
+        ),
         "{err}"
     );
-    assert!(err.contains("3 leases set, 1 already there"), "{err}");
+    assert!(err.contains("Workers create a shard's lease row"), "{err}");
+    assert_eq!(fx.get(0).await.checkpoint, at(2));
+    assert_eq!(fx.get(1).await.checkpoint, Checkpoint::TrimHorizon);
+
+    // None applied: the case that used to exit 0.
+    let file = TempFile::new(
+        "none",
+        token(serde_json::json!({"shardId-000000000007": {"checkpoint": "LATEST"}}))
+            .to_string()
+            .as_bytes(),
+    );
+    let out = fx.run(&["position", "import"], &[file.path()]).await;
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "none of the 1 shards in the token was applied:\n  \
+             shardId-000000000007: no lease row in table positions-partial"
+        ),
+        "{err}"
+    );
+    assert_eq!(fx.get(0).await.checkpoint, at(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_value_in_a_token_names_its_shard() {
+    let fx = Fixture::new("positions-bad").await;
+    fx.lease(0, Checkpoint::TrimHorizon).await;
+    for (name, position, says) in [
+        (
+            "sub-sequence",
+            serde_json::json!({"checkpoint": SEQ, "sub_sequence": "x"}),
+            "\"sub_sequence\" is \"x\"; it must be a whole number from 0 up",
+        ),
+        (
+            "checkpoint",
+            serde_json::json!({"checkpoint": 5}),
+            "\"checkpoint\" is 5; it must be a sequence number",
+        ),
+    ] {
+        let token = serde_json::json!({
+            "version": 1,
+            "application": "positions-bad",
+            "shards": {"shardId-000000000000": position},
+        });
+        let file = TempFile::new(name, token.to_string().as_bytes());
+        let out = fx.run(&["position", "import"], &[file.path()]).await;
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!(
+                "position token {}: shard shardId-000000000000: {says}",
+                file.path()
+            )),
+            "{err}"
+        );
+        assert_eq!(fx.get(0).await.checkpoint, Checkpoint::TrimHorizon);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

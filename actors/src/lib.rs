@@ -15,12 +15,15 @@
 
 //! * `balance`: which leases to take, ask for, hand over, and which are lost. Pure:
 //!   time is a parameter. `fleet_sim` runs whole fleets on it, round by round.
-//! * `settings`: every tunable with its default and its validation.
+//! * `settings`: every tunable with its default and its validation, and
+//!   [`Settings::load`] (defaults, a TOML file, `FLOTILLA__…` variables).
 //! * The actors, one module each: `supervisor` (the root), `stream_watcher`,
 //!   `lease_keeper`, `shard_reader`, `processor` (the user's trait and its host),
 //!   `checkpoint_writer`, `metrics_reporter`. They reach the outside only through
 //!   `backend`.
-//! * `worker`: the embedding API; `status`: the snapshots it returns.
+//! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
+//!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
+//!   the snapshots it returns.
 
 pub mod backend;
 pub mod backoff;
@@ -28,6 +31,7 @@ pub mod balance;
 mod checkpoint_writer;
 mod fencing;
 pub mod fleet_sim;
+mod handle;
 pub mod kpl;
 mod lease_keeper;
 pub mod metrics_reporter;
@@ -42,15 +46,21 @@ mod supervisor;
 mod worker;
 
 pub use backend::Record;
+pub use backend::aws::Endpoints;
 pub use checkpoint_writer::CheckpointView;
 pub use fencing::FenceReason;
+pub use handle::WorkerHandle;
 pub use lease_keeper::{KeeperStatus, ReleaseReport};
 pub use processor::{
     AckToken, Batch, CheckpointError, Checkpointer, Processor, ProcessorError, ProcessorMsg,
     ShardInfo,
 };
-pub use settings::{CheckpointMode, InitialPosition, MetricsLevel, Settings};
+pub use settings::{
+    AwsSettings, CheckpointMode, InitialPosition, LoadError, MetricsLevel, Settings,
+};
 pub use shard_reader::ShardShutdown;
 pub use status::{ShardState, ShardStatus, ShutdownReport, WorkerStatus};
 pub use stream_watcher::WatcherStatus;
-pub use worker::{Backend, ProcessorActorFactory, Worker, WorkerBuilder, WorkerError};
+pub use worker::{
+    Backend, ProcessorActorFactory, RequestedShutdown, Worker, WorkerBuilder, WorkerError,
+};

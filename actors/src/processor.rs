@@ -17,6 +17,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::backend::Record;
 use crate::fencing::{FenceReason, Fencing};
+use crate::handle::WorkerHandle;
 use crate::model::{
     BatchId, Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, LeaseKey, ShardId,
 };
@@ -123,11 +124,14 @@ pub enum CheckpointError {
 ///
 /// Writes are coalesced (at most one per shard per `checkpoint.interval`); use
 /// [`Checkpointer::flush`] to wait for one.
+///
+/// [`Checkpointer::worker`] reaches the worker itself, to ask it to stop.
 #[derive(Clone)]
 pub struct Checkpointer {
     pub(crate) shard: ShardId,
     pub(crate) reader: ActorRef<ReaderMsg>,
     pub(crate) mode: CheckpointMode,
+    pub(crate) worker: WorkerHandle,
 }
 
 impl fmt::Debug for Checkpointer {
@@ -149,6 +153,14 @@ impl Checkpointer {
 
     pub fn mode(&self) -> CheckpointMode {
         self.mode
+    }
+
+    /// The worker this shard runs in, for what one shard cannot get past on its own (a
+    /// poison record, a quota reached): `checkpointer.worker().request_shutdown(why)`
+    /// stops the whole worker gracefully and makes `Worker::wait` return the reason.
+    /// Checkpoint first (manual mode) what should not be read again.
+    pub fn worker(&self) -> &WorkerHandle {
+        &self.worker
     }
 
     /// Acks one record (watermark mode; in the other modes it only frees window space).
@@ -602,6 +614,7 @@ mod tests {
             shard: shard.clone(),
             reader: reader.clone(),
             mode: CheckpointMode::Auto,
+            worker: WorkerHandle::new(),
         };
         for (id, seq) in [(1, 10), (2, 20), (3, 30)] {
             host.cast(ProcessorMsg::Process(

@@ -1,6 +1,9 @@
 //! Every tunable of a worker, with its default. `config/default.toml` at the project root
-//! repeats each one with a comment; a test in the binary (`src/settings.rs`) keeps the
-//! two in step, so a new field must be documented there.
+//! repeats each one with a comment; tests in `settings/load.rs` keep the two in step (and
+//! the README's configuration reference), so a new field must be documented there.
+//!
+//! [`Settings::load`] (in `load`) layers the defaults, a TOML file and `FLOTILLA__…`
+//! variables, naming the file or variable a bad value came from.
 //!
 //! Durations are written as text ("10s", "250ms", "5min"), so a file says what it means.
 //!
@@ -13,6 +16,10 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+
+mod load;
+
+pub use load::{CONFIG_FILE_VAR, LoadError};
 
 /// All settings of one worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -301,6 +308,8 @@ impl StatusSettings {
     }
 }
 
+/// Where the AWS backend goes. `Backend::aws(&settings.aws)` builds the backend from
+/// these, so the worker and its backend agree.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AwsSettings {
@@ -746,6 +755,15 @@ impl MetricsSettings {
 }
 
 impl AwsSettings {
+    /// The endpoint URLs, as the AWS adapters take them.
+    pub fn endpoints(&self) -> crate::backend::aws::Endpoints {
+        crate::backend::aws::Endpoints {
+            kinesis: self.kinesis_endpoint.clone(),
+            dynamodb: self.dynamodb_endpoint.clone(),
+            cloudwatch: self.cloudwatch_endpoint.clone(),
+        }
+    }
+
     fn validate(&self) -> Result<(), SettingsError> {
         if let Some(region) = &self.region {
             let ok = !region.is_empty()

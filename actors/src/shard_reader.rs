@@ -106,6 +106,8 @@ pub(crate) struct ReaderArgs {
     pub delivered: Arc<std::sync::atomic::AtomicU64>,
     /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
     pub lags: crate::status::LagBoard,
+    /// Handed to the processor in its checkpointer, to ask the worker to stop.
+    pub worker: crate::handle::WorkerHandle,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -730,6 +732,7 @@ impl ReaderState {
             shard: self.shard.clone(),
             reader: self.me.clone(),
             mode: self.mode,
+            worker: self.args.worker.clone(),
         }
     }
 

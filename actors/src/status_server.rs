@@ -59,6 +59,8 @@ pub(crate) struct StatusArgs {
     pub settings: Arc<Settings>,
     /// Where the server really listens (port 0 picks one), for `Worker::status_addr`.
     pub bound: Arc<OnceLock<SocketAddr>>,
+    /// Already bound (by `Worker::start`, the first time); otherwise `bind` is bound here.
+    pub listener: Option<tokio::net::TcpListener>,
 }
 
 pub(crate) struct StatusState {
@@ -87,15 +89,19 @@ impl Actor for StatusServer {
         myself: ActorRef<Self::Msg>,
         args: StatusArgs,
     ) -> Result<StatusState, ActorProcessingErr> {
-        let listener = tokio::net::TcpListener::bind(args.bind)
-            .await
-            .map_err(|e| {
-                format!(
-                    "status.bind = {}: cannot listen: {e}; set status.bind to a free address \
-                     (port 0 picks one) or status.enabled = false",
-                    args.bind
-                )
-            })?;
+        let listener = match args.listener {
+            Some(listener) => listener,
+            // A restart: the worker runs on if this fails (the supervisor logs it).
+            None => tokio::net::TcpListener::bind(args.bind)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "status.bind = {}: cannot listen: {e}; set status.bind to a free \
+                         address (port 0 picks one) or status.enabled = false",
+                        args.bind
+                    )
+                })?,
+        };
         let local = listener
             .local_addr()
             .map_err(|e| format!("status endpoint: no local address: {e}"))?;

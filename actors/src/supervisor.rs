@@ -91,6 +91,11 @@ pub(crate) struct WorkerContext {
     pub listing: crate::status::ListingBoard,
     /// Where the status endpoint listens, once it does.
     pub status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// The status listener `Worker::start` bound (so a taken port fails the start with
+    /// a plain error); the first status server takes it, a restarted one binds again.
+    pub status_listener: Mutex<Option<tokio::net::TcpListener>>,
+    /// Given to every processor (in its checkpointer) to ask for a graceful shutdown.
+    pub handle: crate::handle::WorkerHandle,
 }
 
 pub(crate) struct Supervisor;
@@ -376,6 +381,11 @@ async fn spawn_status_server(
             fleet: ctx.fleet.clone(),
             settings: ctx.settings.clone(),
             bound: ctx.status_addr.clone(),
+            listener: ctx
+                .status_listener
+                .lock()
+                .ok()
+                .and_then(|mut listener| listener.take()),
         },
         myself.get_cell(),
     )
@@ -479,6 +489,7 @@ impl SupervisorState {
             restarts: entry.restarts,
             delivered: self.ctx.delivered.clone(),
             lags: self.ctx.lags.clone(),
+            worker: self.ctx.handle.clone(),
         };
         match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
             Ok((reader, _)) => {

@@ -1,20 +1,23 @@
 //! The embedding API: [`Worker::builder`] → [`Worker`], a handle on a running worker.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use ractor::{Actor, ActorRef};
+use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use crate::backend::aws::{self, CloudWatchMetrics, DynamoLeaseTable, Endpoints, KinesisStream};
+use crate::backend::aws::{self, CloudWatchMetrics, DynamoLeaseTable, KinesisStream};
 use crate::backend::clock::Clock;
 use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::{LeaseError, LeaseTable, MetricsSink, StreamClient, StreamError};
+use crate::handle::WorkerHandle;
 use crate::model::{Checkpoint, WorkerId};
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorMsg, ShardInfo};
-use crate::settings::{InitialPosition, Settings, SettingsError};
+use crate::settings::{AwsSettings, InitialPosition, Settings, SettingsError, StatusSettings};
 use crate::status::{ShutdownReport, WorkerStatus};
 use crate::supervisor::{Supervisor, SupervisorMsg, WorkerContext};
 
@@ -40,6 +43,9 @@ pub struct Backend {
     tables: OpenTable,
     metrics: Arc<dyn MetricsSink>,
     clock: Clock,
+    /// The settings an AWS backend was built from; the worker refuses to start on other
+    /// ones (see [`WorkerError::BackendMismatch`]).
+    aws: Option<AwsSettings>,
 }
 
 impl fmt::Debug for Backend {
@@ -61,6 +67,7 @@ impl Backend {
             tables: Arc::new(tables),
             metrics,
             clock: Clock::new(),
+            aws: None,
         }
     }
 
@@ -74,18 +81,44 @@ impl Backend {
             }),
             metrics: Arc::new(metrics),
             clock,
+            aws: None,
         }
     }
 
-    /// AWS (or local servers at `endpoints`), with the default credential chain.
-    pub async fn aws(region: Option<String>, endpoints: &Endpoints) -> Self {
-        Self::from_sdk(&aws::load_sdk_config(region).await, endpoints)
+    /// AWS as the worker's settings say: `aws.region` (else the SDK's default chain:
+    /// `AWS_REGION`, the profile) and the `aws.*_endpoint` URLs (local servers; AWS's own
+    /// where unset), with the default credential chain. Pass the same settings the worker
+    /// gets, as `flotilla run` does:
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let settings = flotilla_actors::Settings::load(None)?;
+    /// let backend = flotilla_actors::Backend::aws(&settings.aws).await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A worker refuses to start on a backend built from other AWS settings than its own
+    /// ([`WorkerError::BackendMismatch`]): it would read one place and be configured for
+    /// another.
+    pub async fn aws(settings: &AwsSettings) -> Self {
+        let sdk = aws::load_sdk_config(settings.region.clone()).await;
+        Self::from_sdk(&sdk, settings)
     }
 
     /// AWS adapters from an SDK configuration the caller built (credentials, retries,
-    /// timeouts of its choosing).
-    pub fn from_sdk(sdk: &aws_config::SdkConfig, endpoints: &Endpoints) -> Self {
-        let sdk = sdk.clone();
+    /// timeouts of its choosing). The endpoints are the settings' `aws.*_endpoint`, as in
+    /// [`Backend::aws`], and `aws.region`, when set, replaces the SDK configuration's
+    /// region; leave it unset to keep the one `sdk` carries.
+    pub fn from_sdk(sdk: &aws_config::SdkConfig, settings: &AwsSettings) -> Self {
+        let sdk = match &settings.region {
+            Some(region) => sdk
+                .to_builder()
+                .region(aws_config::Region::new(region.clone()))
+                .build(),
+            None => sdk.clone(),
+        };
+        let endpoints = settings.endpoints();
         let dynamodb_endpoint = endpoints.dynamodb.clone();
         let table_sdk = sdk.clone();
         Self {
@@ -102,6 +135,7 @@ impl Backend {
                 endpoints.cloudwatch.as_deref(),
             )),
             clock: Clock::new(),
+            aws: Some(settings.clone()),
         }
     }
 
@@ -132,6 +166,26 @@ pub enum WorkerError {
         table: String,
         #[source]
         source: LeaseError,
+    },
+    /// The backend was built from other AWS settings than the worker's (say, with
+    /// `Backend::aws(&AwsSettings::default())` beside settings that name local endpoints).
+    #[error(
+        "backend: built for other AWS settings than the worker's: {differences}; build it \
+         from the worker's own settings: Backend::aws(&settings.aws)"
+    )]
+    BackendMismatch {
+        /// Each setting that differs, with both values.
+        differences: String,
+    },
+    /// The status endpoint cannot listen where `status.bind` says.
+    #[error(
+        "status endpoint: cannot listen on {addr} ({}); set status.bind to a free address \
+         or port 0, or status.enabled = false",
+        bind_failure(.error)
+    )]
+    StatusBind {
+        addr: SocketAddr,
+        error: std::io::Error,
     },
     #[error("worker could not start its actors: {0}")]
     Spawn(String),
@@ -247,12 +301,17 @@ impl WorkerBuilder {
         self
     }
 
-    /// Checks the settings, makes sure the lease table exists and the stream is there,
-    /// and starts the actors. Returns once they run; leases are taken in the background.
+    /// Checks the settings, binds the status endpoint, makes sure the stream is there
+    /// and the lease table exists, and starts the actors. Returns once they run; leases
+    /// are taken in the background. Nothing is created when a check fails: the stream is
+    /// looked up before the table is made, so a misspelt stream leaves no table behind.
     pub async fn start(self) -> Result<Worker, WorkerError> {
         let settings = self.settings;
         settings.validate()?;
         let backend = self.backend.ok_or(WorkerError::Missing("backend"))?;
+        if let Some(built_for) = &backend.aws {
+            check_aws_settings(built_for, &settings.aws)?;
+        }
         let processor = self.processor.ok_or(WorkerError::Missing("processor"))?;
         let initial_timestamp = settings.worker.initial_timestamp()?;
         let stream = settings.worker.stream.clone();
@@ -264,13 +323,8 @@ impl WorkerBuilder {
                 .clone()
                 .unwrap_or_else(generated_worker_id),
         );
-        let table = backend.lease_table(&application);
-        retrying(|| table.ensure_table(), LeaseError::is_retryable)
-            .await
-            .map_err(|source| WorkerError::LeaseTable {
-                table: application.clone(),
-                source,
-            })?;
+        let status_listener = bind_status(&settings.status).await?;
+        // The stream before the table: a misspelt stream must not leave a billable table.
         retrying(
             || backend.streams.describe_stream_summary(&stream),
             StreamError::is_retryable,
@@ -280,6 +334,13 @@ impl WorkerBuilder {
             stream: stream.clone(),
             source,
         })?;
+        let table = backend.lease_table(&application);
+        retrying(|| table.ensure_table(), LeaseError::is_retryable)
+            .await
+            .map_err(|source| WorkerError::LeaseTable {
+                table: application.clone(),
+                source,
+            })?;
         let initial = match settings.worker.initial_position {
             InitialPosition::TrimHorizon => Checkpoint::TrimHorizon,
             InitialPosition::Latest => Checkpoint::Latest,
@@ -289,6 +350,7 @@ impl WorkerBuilder {
         let shutdown_timeout = settings.supervision.shutdown_timeout;
         let drain_limit = settings.drain_limit();
         let status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
+        let handle = WorkerHandle::new();
         let ctx = Arc::new(WorkerContext {
             me: me.clone(),
             application,
@@ -307,21 +369,130 @@ impl WorkerBuilder {
             fleet: Arc::new(tokio::sync::watch::channel(None).0),
             listing: Arc::new(tokio::sync::watch::channel(None).0),
             status_addr: status_addr.clone(),
+            status_listener: Mutex::new(status_listener),
+            handle: handle.clone(),
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
             .await
             .map_err(|e| WorkerError::Spawn(e.to_string()))?;
         info!(message = "Worker started.", worker_id = %me);
+        // The drain, then readers, the final flush, the release and the metrics each get
+        // the shutdown timeout; the supervisor's own bookkeeping gets a little more.
+        let shutdown_call_ms = (drain_limit + 4 * shutdown_timeout).as_millis() as u64 + 10_000;
+        let outcome: Outcome = Arc::default();
+        // Runs a requested shutdown, so that it needs nothing of the embedding service.
+        let stopper = tokio::spawn({
+            let (handle, outcome, supervisor, me) = (
+                handle.clone(),
+                outcome.clone(),
+                supervisor.clone(),
+                me.clone(),
+            );
+            async move {
+                let reason = handle.requested().await;
+                info!(message = "Worker shutdown requested.", worker_id = %me, %reason);
+                outcome
+                    .get_or_init(|| run_shutdown(supervisor, shutdown_call_ms))
+                    .await;
+            }
+        });
         Ok(Worker {
             id: me,
             supervisor,
             join: Some(join),
             fatal,
-            shutdown_timeout,
-            drain_limit,
+            shutdown_call_ms,
             status_addr: status_addr.get().copied(),
+            handle,
+            outcome,
+            stopper: Some(stopper),
         })
     }
+}
+
+/// The one graceful shutdown's result, whoever started it: `Worker::shutdown` or a
+/// [`WorkerHandle`] request. An error is the call's, as text.
+type Outcome = Arc<OnceCell<Result<ShutdownReport, String>>>;
+
+async fn run_shutdown(
+    supervisor: ActorRef<SupervisorMsg>,
+    timeout_ms: u64,
+) -> Result<ShutdownReport, String> {
+    ractor::call_t!(supervisor, SupervisorMsg::Shutdown, timeout_ms).map_err(|e| e.to_string())
+}
+
+/// Binds `status.bind` before any actor starts, so a taken port is a plain error
+/// ([`WorkerError::StatusBind`]) and nothing has been created yet.
+async fn bind_status(
+    status: &StatusSettings,
+) -> Result<Option<tokio::net::TcpListener>, WorkerError> {
+    if !status.enabled {
+        return Ok(None);
+    }
+    // `validate` has checked it; an error here still names the key.
+    let addr: SocketAddr = status.bind.parse().map_err(|e| {
+        WorkerError::Settings(SettingsError::Invalid {
+            key: "status.bind".to_owned(),
+            value: format!("{:?}", status.bind),
+            why: format!("not an IP address and port: {e}"),
+        })
+    })?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|error| WorkerError::StatusBind { addr, error })
+}
+
+/// A few words on why a port could not be bound, for [`WorkerError::StatusBind`].
+fn bind_failure(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => "address in use".to_owned(),
+        std::io::ErrorKind::AddrNotAvailable => "no such address on this machine".to_owned(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        _ => error.to_string(),
+    }
+}
+
+/// The backend's AWS settings must be the worker's: region and every endpoint.
+fn check_aws_settings(backend: &AwsSettings, worker: &AwsSettings) -> Result<(), WorkerError> {
+    let shown = |value: &Option<String>| match value {
+        Some(text) => format!("{text:?}"),
+        None => "unset".to_owned(),
+    };
+    let differences: Vec<String> = [
+        ("aws.region", &backend.region, &worker.region),
+        (
+            "aws.kinesis_endpoint",
+            &backend.kinesis_endpoint,
+            &worker.kinesis_endpoint,
+        ),
+        (
+            "aws.dynamodb_endpoint",
+            &backend.dynamodb_endpoint,
+            &worker.dynamodb_endpoint,
+        ),
+        (
+            "aws.cloudwatch_endpoint",
+            &backend.cloudwatch_endpoint,
+            &worker.cloudwatch_endpoint,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, b, w)| b != w)
+    .map(|(key, b, w)| {
+        format!(
+            "{key} is {} in the backend but {} in the settings",
+            shown(b),
+            shown(w)
+        )
+    })
+    .collect();
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(WorkerError::BackendMismatch {
+        differences: differences.join(", "),
+    })
 }
 
 /// Start-up calls ride out throttling and brief outages (a fleet starting at once);
@@ -361,9 +532,23 @@ pub struct Worker {
     supervisor: ActorRef<SupervisorMsg>,
     join: Option<JoinHandle<()>>,
     fatal: Arc<Mutex<Option<String>>>,
-    shutdown_timeout: std::time::Duration,
-    drain_limit: std::time::Duration,
+    /// How long the supervisor may take over a graceful shutdown.
+    shutdown_call_ms: u64,
     status_addr: Option<std::net::SocketAddr>,
+    handle: WorkerHandle,
+    outcome: Outcome,
+    /// Waits for a [`WorkerHandle`] request and runs the shutdown it asks for.
+    stopper: Option<JoinHandle<()>>,
+}
+
+/// A worker that stopped because a [`WorkerHandle`] asked it to: what
+/// [`Worker::wait`] returns then.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestedShutdown {
+    /// The reason given to [`WorkerHandle::request_shutdown`] (the first, if several).
+    pub reason: String,
+    /// What the graceful shutdown achieved, as [`Worker::shutdown`] returns it.
+    pub report: ShutdownReport,
 }
 
 impl fmt::Debug for Worker {
@@ -390,6 +575,12 @@ impl Worker {
         self.status_addr
     }
 
+    /// A handle that asks this worker to stop gracefully, for the service's own tasks
+    /// (processors reach the same handle through [`crate::Checkpointer::worker`]).
+    pub fn handle(&self) -> WorkerHandle {
+        self.handle.clone()
+    }
+
     pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
         ractor::call_t!(self.supervisor, SupervisorMsg::Status, STATUS_TIMEOUT_MS)
             .map_err(|e| self.stopped_or(e.to_string()))
@@ -402,29 +593,54 @@ impl Worker {
     /// askers (not at all when no peer is alive); the leases nobody asked for are then
     /// stopped the same way and released. Returns when all of that is done; the report
     /// says honestly what did not succeed (see [`ShutdownReport::clean`]).
+    ///
+    /// After a shutdown a [`WorkerHandle`] requested, this waits for that one and
+    /// returns its report: there is only ever one.
     pub async fn shutdown(mut self) -> Result<ShutdownReport, WorkerError> {
-        // The drain (handing leases to peers that ask), then readers, the final flush,
-        // the release and the metrics each get the shutdown timeout; the supervisor's
-        // own bookkeeping gets a little more.
-        let timeout = (self.drain_limit + 4 * self.shutdown_timeout).as_millis() as u64 + 10_000;
-        let result = ractor::call_t!(self.supervisor, SupervisorMsg::Shutdown, timeout)
-            .map_err(|e| self.stopped_or(e.to_string()));
+        let supervisor = self.supervisor.clone();
+        let result = self
+            .outcome
+            .get_or_init(|| run_shutdown(supervisor, self.shutdown_call_ms))
+            .await
+            .clone();
         if let Some(join) = self.join.take() {
             let _ = join.await;
         }
-        result
+        if let Some(stopper) = self.stopper.take() {
+            stopper.abort();
+        }
+        result.map_err(|e| self.stopped_or(e))
     }
 
-    /// Waits until the worker stops on its own (a core actor failing past its restart
-    /// intensity). Useful in `select!` beside a signal handler.
-    pub async fn wait(&mut self) -> Result<(), WorkerError> {
+    /// Waits until the worker stops without [`Worker::shutdown`]: because a
+    /// [`WorkerHandle`] asked it to (`Ok`, with the reason and the shutdown's report),
+    /// or because it failed (`Err(WorkerError::Stopped)`: a core actor failing past its
+    /// restart intensity). Cancel-safe: use it in `select!` beside a signal handler.
+    pub async fn wait(&mut self) -> Result<RequestedShutdown, WorkerError> {
         if let Some(join) = self.join.as_mut() {
             let _ = join.await;
             self.join = None;
         }
-        match self.fatal() {
-            Some(reason) => Err(WorkerError::Stopped(reason)),
-            None => Ok(()),
+        if let Some(reason) = self.fatal() {
+            return Err(WorkerError::Stopped(reason));
+        }
+        let Some(reason) = self.handle.shutdown_reason() else {
+            return Err(WorkerError::Stopped(
+                "the supervisor stopped without a reason".to_owned(),
+            ));
+        };
+        // The supervisor stops once it has answered the shutdown; the answer may still
+        // be on its way into `outcome`, so wait for the one running it.
+        let outcome = self
+            .outcome
+            .get_or_init(|| async {
+                Err("the worker stopped before the requested shutdown ran".to_owned())
+            })
+            .await
+            .clone();
+        match outcome {
+            Ok(report) => Ok(RequestedShutdown { reason, report }),
+            Err(error) => Err(WorkerError::Unresponsive(error)),
         }
     }
 
@@ -432,6 +648,9 @@ impl Worker {
     pub fn abort(mut self) {
         self.supervisor.kill();
         self.join = None;
+        if let Some(stopper) = self.stopper.take() {
+            stopper.abort();
+        }
     }
 
     fn fatal(&self) -> Option<String> {
@@ -439,9 +658,14 @@ impl Worker {
     }
 
     fn stopped_or(&self, error: String) -> WorkerError {
-        match self.fatal() {
-            Some(reason) => WorkerError::Stopped(reason),
-            None => WorkerError::Unresponsive(error),
+        if let Some(reason) = self.fatal() {
+            return WorkerError::Stopped(reason);
+        }
+        match (self.outcome.get(), self.handle.shutdown_reason()) {
+            (Some(Ok(_)), Some(reason)) => {
+                WorkerError::Stopped(format!("shut down on request: {reason}"))
+            }
+            _ => WorkerError::Unresponsive(error),
         }
     }
 }
@@ -450,6 +674,9 @@ impl Drop for Worker {
     fn drop(&mut self) {
         if self.join.is_some() {
             self.supervisor.kill();
+        }
+        if let Some(stopper) = self.stopper.take() {
+            stopper.abort();
         }
     }
 }

@@ -120,20 +120,30 @@ async fn every_route_answers_with_live_data() {
     }
     assert_eq!(ready, "ready\n");
 
-    // Prometheus text: the MetricsReporter's numbers, per worker and per shard.
-    let (code, content_type, text) = get(&url(&a, "/metrics"), "text/plain").await;
-    assert_eq!(code, 200);
-    assert!(content_type.starts_with("text/plain; version=0.0.4"));
+    // Prometheus text: the MetricsReporter's numbers, per worker and per shard. The
+    // snapshot is collected once a second: it may predate the first records for a moment.
+    let processed_total = |text: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with("flotilla_records_processed_total{") && !l.contains("shard="))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut text = String::new();
+    for _ in 0..50 {
+        let (code, content_type, body) = get(&url(&a, "/metrics"), "text/plain").await;
+        assert_eq!(code, 200);
+        assert!(content_type.starts_with("text/plain; version=0.0.4"));
+        text = body;
+        if processed_total(&text) > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(text.contains("# TYPE flotilla_records_processed_total counter"));
     assert!(text.contains("# TYPE flotilla_millis_behind_latest gauge"));
-    let processed: f64 = text
-        .lines()
-        .find(|l| l.starts_with("flotilla_records_processed_total{") && !l.contains("shard="))
-        .and_then(|l| l.rsplit(' ').next())
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(processed > 0.0, "{text}");
+    assert!(processed_total(&text) > 0.0, "{text}");
     assert!(text.contains("worker=\"status-a\""));
     assert!(text.contains("shard=\"shardId-"));
 
@@ -162,11 +172,27 @@ async fn a_taken_port_stops_the_start_with_a_clear_error() {
         .await
         .err()
         .unwrap();
-    let text = err.to_string();
-    assert!(matches!(err, WorkerError::Spawn(_)), "{err:?}");
+    // One sentence with the cause and the fix, not actor start-up failures nested in
+    // each other.
+    let taken = first.status_addr().unwrap();
     assert!(
-        text.contains("status.bind") && text.contains("status.enabled = false"),
-        "{text}"
+        matches!(&err, WorkerError::StatusBind { addr, .. } if *addr == taken),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "status endpoint: cannot listen on {taken} (address in use); set status.bind to \
+             a free address or port 0, or status.enabled = false"
+        )
+    );
+    assert!(!format!("{err:?}").contains("panicked"), "{err:?}");
+    // Refused before any actor started: the refused worker never wrote a heartbeat.
+    use flotilla_actors::backend::LeaseTable;
+    let heartbeats = rig.table().scan().await.unwrap().heartbeats;
+    assert!(
+        heartbeats.iter().all(|h| h.worker.as_str() != "port-b"),
+        "{heartbeats:?}"
     );
     // Disabled: no endpoint, the worker runs.
     let mut off = settings("port-c");
@@ -194,13 +220,10 @@ async fn no_output_shows_credentials() {
     let streams = flotilla_actors::backend::aws::KinesisStream::new(&sdk, Some(&kinesis));
     use flotilla_actors::backend::StreamAdmin;
     streams.create_stream("secrets", 1).await.unwrap();
-    let endpoints = flotilla_actors::backend::aws::Endpoints {
-        kinesis: Some(kinesis.clone()),
-        dynamodb: Some(dynamo.clone()),
-        cloudwatch: None,
-    };
-    let backend = Backend::from_sdk(&sdk, &endpoints);
     let mut s = settings("secrets-a");
+    s.aws.kinesis_endpoint = Some(kinesis.clone());
+    s.aws.dynamodb_endpoint = Some(dynamo.clone());
+    let backend = Backend::from_sdk(&sdk, &s.aws);
     s.worker.stream = "secrets".into();
     s.metrics.level = flotilla_actors::MetricsLevel::None;
     let probes = ProbeFactory::new(Misbehave::default());

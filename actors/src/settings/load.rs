@@ -1,108 +1,197 @@
 //! Loads a worker's settings in layers, each overriding the one before: the defaults
-//! built in from `config/default.toml`, the file given with `--config`, then environment
-//! variables `FLOTILLA__SECTION__KEY`. The result must pass [`Settings::validate`].
+//! ([`Settings::default`], which `config/default.toml` documents), a TOML file, then
+//! environment variables `FLOTILLA__SECTION__KEY`. The result must pass
+//! [`Settings::validate`].
+//!
+//! The `flotilla` binary and an embedding service call the same [`Settings::load`], so
+//! both accept the same files and variables and fail with the same messages.
 //!
 //! The file and each variable are also read on their own before the merge, so an unknown
 //! key or a bad value is reported with where it came from (the file's path, the
 //! variable's name), not only with the key it reached.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, anyhow, bail};
 use config::{Config, ConfigBuilder, Environment, File, FileFormat, Map, builder::DefaultState};
-use flotilla_actors::settings::Settings;
 
-/// Built in, so the binary needs no file beside it and the documented defaults are the
-/// ones in force.
-const DEFAULTS: &str = include_str!("../config/default.toml");
+use super::{Settings, SettingsError};
 
 /// `FLOTILLA__LEASE__FAILOVER_TIME` sets `lease.failover_time`. The double underscore
 /// separates levels because keys themselves contain single ones.
 const ENV_PREFIX: &str = "FLOTILLA";
 const ENV_SEPARATOR: &str = "__";
 
-/// The settings from the built-in defaults, `file` and the process environment.
-pub fn load(file: Option<&Path>) -> anyhow::Result<Settings> {
-    let mut env = Vec::new();
-    for (name, value) in std::env::vars_os() {
-        // Names that are not UTF-8 cannot be ours, which are ASCII.
-        let Ok(name) = name.into_string() else {
-            continue;
-        };
-        if !is_ours(&name) {
-            continue;
-        }
-        let value = value
-            .into_string()
-            .map_err(|value| anyhow!("environment variable {name}: {value:?} is not UTF-8"))?;
-        env.push((name, value));
-    }
-    load_from(file, env)
+/// The variable naming a settings file when the caller names none (`--config` in the
+/// binary reads it too).
+pub const CONFIG_FILE_VAR: &str = "FLOTILLA_CONFIG";
+
+/// Why settings could not be loaded. Each message says where the bad value came from
+/// (the file's path or the variable's name) and, where there is one, the key.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read settings file {}", path.display())]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not TOML, an unknown key, or a value of the wrong type.
+    #[error("settings file {}: {why}", path.display())]
+    File { path: PathBuf, why: String },
+    #[error("environment variable {name}: its value is not UTF-8")]
+    NotUtf8 { name: String },
+    /// A `FLOTILLA__…` variable that names no setting.
+    #[error("environment variable {name}: no setting {key}; {known}")]
+    UnknownVariable {
+        name: String,
+        /// The dotted key it would set.
+        key: String,
+        /// What there is instead: the keys of its section, or the sections.
+        known: String,
+    },
+    /// A variable whose value its setting does not accept.
+    #[error("environment variable {name}={value:?}: {why}")]
+    Variable {
+        name: String,
+        value: String,
+        why: String,
+    },
+    /// The layers together do not make settings (each one alone did).
+    #[error("settings: {why}")]
+    Merge { why: String },
+    /// The settings parse but cannot work ([`Settings::validate`]).
+    #[error(transparent)]
+    Invalid(#[from] SettingsError),
 }
 
-/// [`load`] with the environment given, so tests need not touch the process's. Variables
-/// without the `FLOTILLA__` prefix are ignored.
-pub fn load_from(
-    file: Option<&Path>,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> anyhow::Result<Settings> {
-    let settings = merge(file, env)?;
-    settings.validate()?;
-    Ok(settings)
+impl LoadError {
+    /// The dotted key at fault, when the error is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::UnknownVariable { key, .. } => Some(key),
+            Self::Invalid(error) => Some(error.key()),
+            _ => None,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings of the built-in defaults, then `file` (or, when `None`, the file the
+    /// `FLOTILLA_CONFIG` variable names, if any), then the process's `FLOTILLA__…`
+    /// variables; validated. What `flotilla run --config FILE` does.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), flotilla_actors::settings::LoadError> {
+    /// let settings = flotilla_actors::Settings::load(Some("my-app.toml".as_ref()))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn load(file: Option<&Path>) -> Result<Settings, LoadError> {
+        let mut env = Vec::new();
+        for (name, value) in std::env::vars_os() {
+            // Names that are not UTF-8 cannot be ours, which are ASCII.
+            let Ok(name) = name.into_string() else {
+                continue;
+            };
+            if !is_ours(&name) && name != CONFIG_FILE_VAR {
+                continue;
+            }
+            let value = value
+                .into_string()
+                .map_err(|_| LoadError::NotUtf8 { name: name.clone() })?;
+            env.push((name, value));
+        }
+        Self::load_from(file, env)
+    }
+
+    /// [`Settings::load`] with the environment given instead of the process's (for tests,
+    /// or a service that keeps its own). Variables other than `FLOTILLA_CONFIG` and the
+    /// `FLOTILLA__…` ones are ignored.
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, LoadError> {
+        let settings = merge(file, env)?;
+        settings.validate()?;
+        Ok(settings)
+    }
 }
 
 /// The layers merged, not yet validated.
 fn merge(
     file: Option<&Path>,
     env: impl IntoIterator<Item = (String, String)>,
-) -> anyhow::Result<Settings> {
-    let mut layers = Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
+) -> Result<Settings, LoadError> {
+    let mut config_file = None;
+    let mut vars = Map::new();
+    for (name, value) in env {
+        if name == CONFIG_FILE_VAR {
+            config_file = Some(value);
+        } else if is_ours(&name) {
+            vars.insert(name, value);
+        }
+    }
+    let file = file
+        .map(Path::to_path_buf)
+        .or_else(|| config_file.filter(|f| !f.is_empty()).map(PathBuf::from));
 
+    // The defaults are the fields' own (`#[serde(default)]`): nothing to add for them.
+    let mut layers = Config::builder();
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read settings file {}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::ReadFile {
+            path: path.clone(),
+            source,
+        })?;
         let layer = File::from_str(&text, FileFormat::Toml);
-        deserialize(Config::builder().add_source(layer.clone()))
-            .with_context(|| format!("settings file {}", path.display()))?;
+        deserialize(Config::builder().add_source(layer.clone())).map_err(|why| {
+            LoadError::File {
+                path: path.clone(),
+                why,
+            }
+        })?;
         layers = layers.add_source(layer);
     }
 
-    let env: Map<String, String> = env.into_iter().filter(|(name, _)| is_ours(name)).collect();
-    let keys = setting_keys()?;
-    for (name, value) in &env {
+    let keys = setting_keys().map_err(|why| LoadError::Merge { why })?;
+    for (name, value) in &vars {
         check_variable(&keys, name, value)?;
     }
-    layers = layers.add_source(environment(env));
+    layers = layers.add_source(environment(vars));
 
-    deserialize(layers).context("settings")
+    deserialize(layers).map_err(|why| LoadError::Merge { why })
 }
 
 /// One variable on its own: it must name a setting and hold a value that setting accepts.
-fn check_variable(keys: &BTreeSet<String>, name: &str, value: &str) -> anyhow::Result<()> {
+fn check_variable(keys: &BTreeSet<String>, name: &str, value: &str) -> Result<(), LoadError> {
     let key = env_key(name);
     if !keys.contains(&key) {
         let section = key.split('.').next().unwrap_or_default();
-        let known: Vec<&str> = keys
+        let in_section: Vec<&str> = keys
             .iter()
             .filter_map(|k| k.strip_prefix(section)?.strip_prefix('.'))
             .collect();
-        if known.is_empty() {
+        let known = if in_section.is_empty() {
             let sections: BTreeSet<&str> =
                 keys.iter().filter_map(|k| k.split('.').next()).collect();
-            bail!(
-                "environment variable {name}: no setting {key}; the sections are {}",
-                Vec::from_iter(sections).join(", ")
-            );
-        }
-        bail!(
-            "environment variable {name}: no setting {key}; [{section}] has {}",
-            known.join(", ")
-        );
+            format!("the sections are {}", Vec::from_iter(sections).join(", "))
+        } else {
+            format!("[{section}] has {}", in_section.join(", "))
+        };
+        return Err(LoadError::UnknownVariable {
+            name: name.to_owned(),
+            key,
+            known,
+        });
     }
     let one = Map::from_iter([(name.to_owned(), value.to_owned())]);
-    deserialize(Config::builder().add_source(environment(one)))
-        .with_context(|| format!("environment variable {name}={value:?}"))?;
+    deserialize(Config::builder().add_source(environment(one))).map_err(|why| {
+        LoadError::Variable {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            why,
+        }
+    })?;
     Ok(())
 }
 
@@ -132,15 +221,32 @@ fn environment(vars: Map<String, String>) -> Environment {
         .source(Some(vars))
 }
 
-fn deserialize(layers: ConfigBuilder<DefaultState>) -> anyhow::Result<Settings> {
-    Ok(layers.build()?.try_deserialize()?)
+/// The config crate's error as text with its causes: its type is not part of this
+/// crate's API.
+fn deserialize(layers: ConfigBuilder<DefaultState>) -> Result<Settings, String> {
+    let built = layers.build().map_err(|e| error_text(&e))?;
+    built.try_deserialize().map_err(|e| error_text(&e))
+}
+
+fn error_text(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Every dotted key `Settings` has, optional ones included: taken from the type itself,
 /// so a new field is known here (and must be documented in default.toml) at once.
-fn setting_keys() -> anyhow::Result<BTreeSet<String>> {
+fn setting_keys() -> Result<BTreeSet<String>, String> {
     let tree = serde_json::to_value(Settings::default())
-        .context("cannot list the settings: serializing the defaults failed")?;
+        .map_err(|e| format!("cannot list the settings: serializing the defaults failed: {e}"))?;
     let mut keys = BTreeSet::new();
     collect_keys("", &tree, &mut keys);
     Ok(keys)
@@ -168,12 +274,17 @@ fn collect_keys(prefix: &str, value: &serde_json::Value, keys: &mut BTreeSet<Str
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use std::time::Duration;
 
-    use flotilla_actors::settings::{CheckpointMode, MetricsLevel, SettingsError};
-
     use super::*;
+    use crate::settings::{CheckpointMode, InitialPosition, MetricsLevel};
+
+    /// The documented defaults, in the workspace (not shipped with the crate: the
+    /// defaults in force are `Settings::default()`, and these tests keep the two equal).
+    const DEFAULTS: &str = include_str!("../../../config/default.toml");
+    const README: &str = include_str!("../../../README.md");
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
@@ -216,12 +327,20 @@ mod tests {
 
     fn config_file(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("config")
+            .join("../config")
             .join(name)
     }
 
-    fn error_text(result: anyhow::Result<Settings>) -> String {
-        format!("{:#}", result.unwrap_err())
+    fn error_text(result: Result<Settings, LoadError>) -> String {
+        // As the binary prints it: the error and its causes.
+        super::error_text(&result.unwrap_err())
+    }
+
+    fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, LoadError> {
+        Settings::load_from(file, env)
     }
 
     /// `key = value` lines, and `# key = value` lines that are valid TOML once
@@ -253,6 +372,9 @@ mod tests {
         let parsed: Settings = toml::from_str(DEFAULTS).unwrap();
         assert_eq!(parsed, Settings::default());
         assert_eq!(merge(None, []).unwrap(), Settings::default());
+        // Loading the documented file changes nothing either.
+        let file = TempFile::new("defaults", DEFAULTS);
+        assert_eq!(merge(Some(&file.0), []).unwrap(), Settings::default());
     }
 
     #[test]
@@ -291,8 +413,7 @@ mod tests {
 
     #[test]
     fn the_readme_reference_names_every_setting() {
-        let readme = include_str!("../README.md");
-        let reference = readme
+        let reference = README
             .split("## Configuration reference")
             .nth(1)
             .expect("README.md has a configuration reference section");
@@ -365,8 +486,8 @@ mod tests {
     #[test]
     fn no_file_and_no_environment_asks_for_the_stream() {
         let err = load_from(None, []).unwrap_err();
-        let err = err.downcast_ref::<SettingsError>().unwrap();
-        assert_eq!(err.key(), "worker.stream");
+        assert!(matches!(err, LoadError::Invalid(_)), "{err:?}");
+        assert_eq!(err.key(), Some("worker.stream"));
     }
 
     #[test]
@@ -402,12 +523,31 @@ mod tests {
         let settings = load_from(Some(&file.0), env).unwrap();
         assert_eq!(settings.lease.failover_time, Duration::from_secs(20));
         assert_eq!(settings.reader.max_records, 500);
-        assert_eq!(
-            settings.worker.initial_position,
-            flotilla_actors::settings::InitialPosition::Latest
-        );
+        assert_eq!(settings.worker.initial_position, InitialPosition::Latest);
         assert_eq!(settings.checkpoint.mode, CheckpointMode::Manual);
         assert_eq!(settings.aws.region.as_deref(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn flotilla_config_names_the_file_when_the_caller_names_none() {
+        let file = TempFile::new(
+            "from-variable",
+            "[worker]\nstream = \"orders\"\napplication = \"orders-billing\"\n\
+             [aws]\nkinesis_endpoint = \"http://127.0.0.1:4567\"\n",
+        );
+        let path = file.0.to_str().unwrap();
+        let settings = load_from(None, vars(&[(CONFIG_FILE_VAR, path)])).unwrap();
+        assert_eq!(
+            settings.aws.kinesis_endpoint.as_deref(),
+            Some("http://127.0.0.1:4567")
+        );
+        // A file named by the caller wins over the variable.
+        let other = TempFile::new("named", "[worker]\nstream = \"other\"\n");
+        let err = load_from(Some(&other.0), vars(&[(CONFIG_FILE_VAR, path)])).unwrap_err();
+        assert_eq!(err.key(), Some("worker.application"), "{err}");
+        // Empty is unset.
+        let err = load_from(None, vars(&[(CONFIG_FILE_VAR, "")])).unwrap_err();
+        assert_eq!(err.key(), Some("worker.stream"), "{err}");
     }
 
     #[test]
@@ -424,7 +564,12 @@ mod tests {
     #[test]
     fn a_missing_file_is_named() {
         let path = std::env::temp_dir().join("flotilla-settings-no-such-file.toml");
-        let text = error_text(load_from(Some(&path), vars(REQUIRED)));
+        let result = load_from(Some(&path), vars(REQUIRED));
+        assert!(
+            matches!(result, Err(LoadError::ReadFile { .. })),
+            "{result:?}"
+        );
+        let text = error_text(result);
         assert!(text.contains("cannot read settings file"), "{text}");
         assert!(
             text.contains("flotilla-settings-no-such-file.toml"),
@@ -436,7 +581,7 @@ mod tests {
     fn load_reads_the_file_first() {
         // Independent of the process environment: the file is read before any variable.
         let path = std::env::temp_dir().join("flotilla-settings-load-no-such-file.toml");
-        let text = format!("{:#}", load(Some(&path)).unwrap_err());
+        let text = error_text(Settings::load(Some(&path)));
         assert!(text.contains("cannot read settings file"), "{text}");
     }
 
@@ -461,10 +606,9 @@ mod tests {
 
     #[test]
     fn an_unknown_environment_variable_is_named() {
-        let text = error_text(load_from(
-            None,
-            with_required(&[("FLOTILLA__LEASE__BOGUS", "1")]),
-        ));
+        let err = load_from(None, with_required(&[("FLOTILLA__LEASE__BOGUS", "1")])).unwrap_err();
+        assert_eq!(err.key(), Some("lease.bogus"));
+        let text = err.to_string();
         assert!(text.contains("FLOTILLA__LEASE__BOGUS"), "{text}");
         assert!(text.contains("lease.bogus"), "{text}");
         assert!(text.contains("failover_time"), "{text}");
@@ -499,8 +643,7 @@ mod tests {
     fn validation_failures_surface_with_their_key() {
         let env = with_required(&[("FLOTILLA__LEASE__HEARTBEAT_INTERVAL", "12s")]);
         let err = load_from(None, env).unwrap_err();
-        let settings_error = err.downcast_ref::<SettingsError>().unwrap();
-        assert_eq!(settings_error.key(), "lease.heartbeat_interval");
+        assert_eq!(err.key(), Some("lease.heartbeat_interval"));
         assert!(
             err.to_string()
                 .starts_with("settings: lease.heartbeat_interval = 12s: must be below"),
