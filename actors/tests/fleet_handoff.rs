@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use flotilla_actors::backend::faults::FaultPlan;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin};
 use flotilla_actors::{Settings, Worker};
@@ -305,4 +306,83 @@ async fn a_dead_workers_leases_move_at_the_failover_time_not_a_tick_later() {
     );
     let report = b.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
+}
+
+/// The lease table goes away (every call fails) just before a graceful shutdown, with
+/// a live peer that would otherwise be waited for: the drain ends at once instead of
+/// at its limit, the shutdown takes a fraction of it, and the report is not clean:
+/// it names every shard whose checkpoint was not flushed and every lease not released.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_with_the_lease_table_gone_ends_early_and_names_what_it_left() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let feed = Feed::start(rig.streams.clone());
+    let table = rig.faulty_table();
+    let a = rig
+        .start_on(
+            rig.backend_with_table(table.clone()),
+            &probes,
+            settings("a"),
+        )
+        .await;
+    wait_held(&[&a], &[8], Duration::from_secs(10)).await;
+    let b = rig.start_with(&probes, settings("b")).await;
+    wait_held(&[&a, &b], &[4, 4], Duration::from_secs(10)).await;
+    probes.wait_distinct(500, Duration::from_secs(30)).await;
+
+    let mut gone = FaultPlan::seeded(5);
+    gone.transient = 1.0;
+    table.set_plan(gone);
+    let started = tokio::time::Instant::now();
+    let report = a.shutdown().await.unwrap();
+    let took = started.elapsed();
+    let limit = settings("a").drain_limit();
+    assert!(
+        took < limit / 3,
+        "shutdown took {took:?}; the drain limit is {limit:?}"
+    );
+    assert!(!report.clean(), "{report:#?}");
+    let held: Vec<String> = rig
+        .lease_rows()
+        .await
+        .into_iter()
+        .filter(|l| l.owner.as_ref().is_some_and(|o| o.as_str() == "a"))
+        .map(|l| l.key.to_string())
+        .collect();
+    assert_eq!(held.len(), 4, "nothing could be released");
+    for key in &held {
+        assert!(
+            report
+                .leases
+                .failed
+                .iter()
+                .any(|f| f.starts_with(key.as_str())),
+            "{key} not named: {report:#?}"
+        );
+        assert!(
+            report
+                .shards
+                .iter()
+                .any(|s| s.shard_id.as_str() == key && !s.checkpoint_flushed),
+            "{key}'s checkpoint not reported unflushed: {report:#?}"
+        );
+    }
+    assert!(report.leases.released.is_empty(), "{report:#?}");
+    assert!(
+        report
+            .leases
+            .failed
+            .iter()
+            .any(|f| f.contains("heartbeat row")),
+        "{report:#?}"
+    );
+
+    // The peer takes the leases after the failover time: nothing lost.
+    wait_held(&[&b], &[8], Duration::from_secs(20)).await;
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    probes.assert_nothing_lost(&producer);
+    assert!(b.shutdown().await.unwrap().clean());
 }
