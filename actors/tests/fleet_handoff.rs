@@ -386,3 +386,25 @@ async fn a_shutdown_with_the_lease_table_gone_ends_early_and_names_what_it_left(
     probes.assert_nothing_lost(&producer);
     assert!(b.shutdown().await.unwrap().clean());
 }
+
+/// Both sides of a handoff log it as one `lease_moved` event each, naming the same giver
+/// and taker (the gaining side once named itself as `from`).
+#[tokio::test(start_paused = true)]
+async fn a_handoff_is_logged_with_the_giver_as_from_on_both_sides() {
+    let (events, _guard) = support::events::Events::capture();
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let (a, b) = balanced_pair(&rig, &probes).await;
+    let moves = events.with("event", "lease_moved");
+    let handed: Vec<_> = moves
+        .iter()
+        .filter(|e| e.get("reason").map(String::as_str) == Some("handed_off"))
+        .collect();
+    // Four leases, each logged by the giver and by the taker.
+    assert_eq!(handed.len(), 8, "{handed:#?}");
+    for e in handed {
+        assert_eq!((e["from"].as_str(), e["to"].as_str()), ("a", "b"), "{e:#?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -1,0 +1,59 @@
+//! Captures structured log events (their fields as text) from everything running on the
+//! test's thread: with `#[tokio::test]`'s current-thread runtime, every actor of every
+//! worker. For asserting on events such as `lease_moved`, whose fields are the contract.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tracing::field::{Field, Visit};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+/// One event: its fields by name, `message` among them.
+pub type Event = BTreeMap<String, String>;
+
+#[derive(Clone, Default)]
+pub struct Events(Arc<Mutex<Vec<Event>>>);
+
+impl Events {
+    /// Records every event on this thread until the guard is dropped.
+    pub fn capture() -> (Events, tracing::subscriber::DefaultGuard) {
+        let events = Events::default();
+        let subscriber = tracing_subscriber::registry().with(events.clone());
+        (events, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// Every event whose field `name` is `value`.
+    pub fn with(&self, name: &str, value: &str) -> Vec<Event> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.get(name).is_some_and(|v| v == value))
+            .cloned()
+            .collect()
+    }
+}
+
+struct Fields<'a>(&'a mut Event);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(
+            field.name().to_owned(),
+            format!("{value:?}").trim_matches('"').to_owned(),
+        );
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = Event::new();
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().push(fields);
+    }
+}
