@@ -11,6 +11,12 @@
 //!   most once; then one worker gets SIGTERM: it exits 0 and its shards move to the
 //!   others with no record delivered twice and none lost.
 //!
+//! * `a_worker_paused_past_the_failover_time_delivers_nothing_it_lost`: 2 workers on
+//!   6 shards; one is stopped with SIGSTOP for 2.5 x the failover time while the other
+//!   takes all its leases, then continued with SIGCONT: no record it delivers from then
+//!   on is one that another worker delivered too (it hands over nothing of the shards it
+//!   lost), and it gets its share back by handoff. Nothing lost.
+//!
 //! Measurements (gaps, duplicates, balance times) are printed as `fleet[TAG]: ...`
 //! lines in every run; scripts/test.sh repeats them in its summary. The tests run one
 //! after the other (a lock), so their processes do not compete for the servers.
@@ -535,6 +541,104 @@ async fn a_joining_worker_gets_its_share_and_sigterm_hands_off() {
             "at most {HANDOFF_DUPLICATES_ALLOWED} records delivered twice from the SIGTERM \
              on: {duplicates}"
         ),
+    );
+    checks.finish(&fleet);
+}
+
+/// (e) SIGSTOP for 2.5 x the failover time, then SIGCONT: self-fencing holds after the
+/// gap, so the resumed worker hands no batch of a shard it lost to its processor, and
+/// two workers never deliver one record concurrently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_paused_past_the_failover_time_delivers_nothing_it_lost() {
+    const TAG: &str = "pause";
+    const PAUSE_SHARDS: u32 = 6;
+    let _serial = SERIAL.lock().await;
+    let env = Env::new("fleet-pause", PAUSE_SHARDS).await;
+    let producer = Producer::start(&env);
+    let mut fleet = Fleet::new(TAG);
+    for id in ["pause-w1", "pause-w2"] {
+        fleet.spawn(&env, id);
+    }
+    let mut checks = Checks::new(TAG);
+    wait_steady(&env, &fleet, TAG).await;
+    let start = Instant::now();
+    loop {
+        let counts = env.leases().await.counts();
+        if counts.get("pause-w1") == Some(&3) && counts.get("pause-w2") == Some(&3) {
+            break;
+        }
+        assert!(start.elapsed() < BALANCE_LIMIT, "never 3/3: {counts:?}");
+        tokio::time::sleep(TABLE_POLL).await;
+    }
+
+    let victim = "pause-w1";
+    let lost = env.leases().await.held_by(victim);
+    let paused = fleet.pause(victim);
+    let pause_for = Duration::from_millis(2500 * FAILOVER_SECS);
+    // Meanwhile the other worker takes every lease of the paused one.
+    let mut taken_after = None;
+    while paused.elapsed() < pause_for {
+        if taken_after.is_none() && env.leases().await.held_by(victim).is_empty() {
+            taken_after = Some(paused.elapsed());
+        }
+        tokio::time::sleep(TABLE_POLL).await;
+    }
+    checks.check(
+        taken_after.is_some(),
+        format!(
+            "the other worker took all of {lost:?} while {victim} was stopped (after {})",
+            taken_after.map_or("never".to_owned(), ms)
+        ),
+    );
+    let resumed = fleet.resume(victim);
+
+    // Back in the fleet: it gets its share again by handoff, and delivers.
+    let rejoined = wait_for(BALANCE_LIMIT, TABLE_POLL, || {
+        fleet.with_deliveries(|all| all.iter().any(|d| &*d.worker == victim && d.at > resumed))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deliveries = finish(TAG, producer, &fleet, &mut checks).await;
+
+    // A record the resumed worker delivered after SIGCONT that another worker delivered
+    // too: both had it, one of them unfenced without the lease.
+    let others: std::collections::HashSet<(&str, &str, u64)> = deliveries
+        .iter()
+        .filter(|d| &*d.worker != victim)
+        .map(|d| (d.shard.as_str(), d.sequence.as_str(), d.sub_sequence))
+        .collect();
+    let after: Vec<&fleet::Delivery> = deliveries
+        .iter()
+        .filter(|d| &*d.worker == victim && d.at > resumed)
+        .collect();
+    let stale: Vec<String> = after
+        .iter()
+        .filter(|d| others.contains(&(d.shard.as_str(), d.sequence.as_str(), d.sub_sequence)))
+        .map(|d| format!("{} {} +{}", d.shard, d.key, ms(d.at - resumed)))
+        .collect();
+    report(
+        TAG,
+        &format!(
+            "SIGSTOP {victim} for {} holding {lost:?}; taken over after {}; after SIGCONT it delivered {} records, {} of them also delivered by the other worker {:?}; delivering again after {}",
+            ms(pause_for),
+            taken_after.map_or("never".to_owned(), ms),
+            after.len(),
+            stale.len(),
+            &stale[..stale.len().min(5)],
+            rejoined.map_or("never".to_owned(), ms),
+        ),
+    );
+    checks.check(
+        stale.is_empty(),
+        format!(
+            "{victim} delivered no record of a shard it lost after SIGCONT: {} did, e.g. {:?}",
+            stale.len(),
+            &stale[..stale.len().min(5)]
+        ),
+    );
+    checks.check(
+        rejoined.is_some(),
+        format!("{victim} delivers again after SIGCONT (its share handed back)"),
     );
     checks.finish(&fleet);
 }

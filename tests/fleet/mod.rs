@@ -411,6 +411,27 @@ impl Fleet {
         at
     }
 
+    /// SIGSTOP: the process stops where it is (a VM freeze, a long GC pause). Returns the
+    /// instant just before the signal.
+    pub fn pause(&mut self, id: &str) -> Instant {
+        self.signal(id, "-STOP")
+    }
+
+    /// SIGCONT after [`Fleet::pause`]. Returns the instant just before the signal: any
+    /// line read after it was written after it (lines written before the stop were in
+    /// the pipe, and the reader thread took them then).
+    pub fn resume(&mut self, id: &str) -> Instant {
+        self.signal(id, "-CONT")
+    }
+
+    fn signal(&mut self, id: &str, signal: &str) -> Instant {
+        let pid = self.worker(id).child.id().to_string();
+        let at = Instant::now();
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}: {status}");
+        at
+    }
+
     /// Waits up to `limit` for worker `id` to exit.
     pub async fn wait_exit(&mut self, id: &str, limit: Duration) -> Option<ExitStatus> {
         let start = Instant::now();
