@@ -414,3 +414,34 @@ async fn a_fenced_shard_shows_why_in_status() {
     a.shutdown().await.unwrap();
     probes.assert_nothing_lost(&producer);
 }
+
+/// A heartbeat that stays unconfirmed is an ERROR line with its cause as soon as it
+/// passes the fence time, then every 30 s: not one per beat (140 in these 70 s).
+#[tokio::test(start_paused = true)]
+async fn an_unconfirmed_heartbeat_is_an_error_at_once_then_every_30_s() {
+    let (events, _guard) = support::events::Events::capture();
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let table = rig.faulty_table();
+    let a = rig
+        .start_on(
+            rig.backend_with_table(table.clone()),
+            &probes,
+            settings("a"),
+        )
+        .await;
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    table.set_plan(support::rig::heartbeat_outage());
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    let errors: Vec<_> = events
+        .with("level", "ERROR")
+        .into_iter()
+        .filter(|e| {
+            e.get("message")
+                .is_some_and(|m| m.starts_with("Heartbeat not confirmed"))
+        })
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert!(errors[0]["error"].contains("throttled"), "{errors:#?}");
+    a.abort();
+}

@@ -9,7 +9,7 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
-/// One event: its fields by name, `message` among them.
+/// One event: its fields by name, `message` and `level` among them.
 pub type Event = BTreeMap<String, String>;
 
 #[derive(Clone, Default)]
@@ -53,6 +53,7 @@ impl Visit for Fields<'_> {
 impl<S: tracing::Subscriber> Layer<S> for Events {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let mut fields = Event::new();
+        fields.insert("level".into(), event.metadata().level().to_string());
         event.record(&mut Fields(&mut fields));
         self.0.lock().unwrap().push(fields);
     }
