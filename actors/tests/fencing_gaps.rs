@@ -50,6 +50,15 @@ struct Log {
     foreign: Vec<(ShardId, Option<WorkerId>)>,
 }
 
+impl Log {
+    /// The fence held: nothing was handed over while the row named another worker, and
+    /// the worker did deliver after the gap (the check was not vacuous).
+    fn assert_fenced(&self) {
+        assert_eq!(self.foreign, vec![], "{self:?}");
+        assert!(self.deliveries_after_resume > 0, "{self:?}");
+    }
+}
+
 /// The watched worker's processor: checks ownership at the moment of each delivery,
 /// stops while the worker is frozen, then records like any probe.
 struct Guarded {
@@ -282,74 +291,70 @@ async fn gap(kind: Gap, length: Duration, slow_scans: Option<Duration>, processo
 async fn a_worker_frozen_past_the_failover_time_delivers_nothing_it_lost_after_resuming() {
     // The first scan after the freeze is answered 2 s late: the first heartbeat does
     // not lift the fence meanwhile.
-    let log = gap(
+    gap(
         Gap::Freeze,
         Duration::from_secs(18),
         Some(Duration::from_secs(2)),
         Host::Processor,
     )
-    .await;
-    assert_eq!(log.foreign, vec![], "{log:?}");
-    assert!(log.deliveries_after_resume > 0, "{log:?}");
+    .await
+    .assert_fenced();
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_frozen_mid_scan_delivers_nothing_it_lost_while_its_next_scan_is_slow() {
     // On resume the scan sent before the freeze answers first (every lease still ours),
     // then the first heartbeat after the gap is confirmed, and the next scan takes 2 s.
-    let log = gap(
+    gap(
         Gap::FreezeMidScan,
         Duration::from_secs(18),
         Some(Duration::from_secs(2)),
         Host::Processor,
     )
-    .await;
-    assert_eq!(log.foreign, vec![], "{log:?}");
-    assert!(log.deliveries_after_resume > 0, "{log:?}");
+    .await
+    .assert_fenced();
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_frozen_worker_hands_its_own_processor_actor_nothing_it_lost() {
     // No host holds batches here: the reader must not send what it fetched across
     // the gap (its GetRecords call was answered on resume).
-    let log = gap(Gap::Freeze, Duration::from_secs(18), None, Host::OwnActor).await;
-    assert_eq!(log.foreign, vec![], "{log:?}");
-    assert!(log.deliveries_after_resume > 0, "{log:?}");
+    gap(Gap::Freeze, Duration::from_secs(18), None, Host::OwnActor)
+        .await
+        .assert_fenced();
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_frozen_worker_whose_table_answers_at_once_delivers_nothing_it_lost() {
-    let log = gap(Gap::Freeze, Duration::from_secs(18), None, Host::Processor).await;
-    assert_eq!(log.foreign, vec![], "{log:?}");
-    assert!(log.deliveries_after_resume > 0, "{log:?}");
+    gap(Gap::Freeze, Duration::from_secs(18), None, Host::Processor)
+        .await
+        .assert_fenced();
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_partition_that_heals_delivers_nothing_the_worker_lost() {
-    let log = gap(
+    gap(
         Gap::Partition,
         Duration::from_secs(18),
         Some(Duration::from_secs(2)),
         Host::Processor,
     )
-    .await;
-    assert_eq!(log.foreign, vec![], "{log:?}");
-    assert!(log.deliveries_after_resume > 0, "{log:?}");
+    .await
+    .assert_fenced();
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_short_freeze_keeps_the_leases_and_resumes_after_rereading_them() {
     // 5 s: past the fence time (4 s), short of the failover time (6 s). Nobody takes
     // anything; the worker fences, then delivers again once its rows are read.
-    let log = gap(
+    gap(
         Gap::Freeze,
         Duration::from_secs(5),
         Some(Duration::from_secs(1)),
         Host::Processor,
     )
-    .await;
-    assert_eq!(log.foreign, vec![], "{log:?}");
-    assert!(log.deliveries_after_resume > 0, "{log:?}");
+    .await
+    .assert_fenced();
 }
 
 /// While fenced after a gap, `/status` (here `Worker::status`) names the reason.
@@ -358,14 +363,7 @@ async fn a_fenced_shard_shows_why_in_status() {
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
     let feed = Feed::start(rig.streams.clone());
-    let table = rig.faulty_table();
-    let a = rig
-        .start_on(
-            rig.backend_with_table(table.clone()),
-            &probes,
-            settings("a"),
-        )
-        .await;
+    let (a, table) = rig.start_faulty(&probes, settings("a")).await;
     wait_held(&[&a], &[2], Duration::from_secs(10)).await;
     // Heartbeats and scans fail: the worker fences, and says so.
     let mut outage = FaultPlan::seeded(9);
@@ -422,14 +420,7 @@ async fn an_unconfirmed_heartbeat_is_an_error_at_once_then_every_30_s() {
     let (events, _guard) = support::events::Events::capture();
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
-    let table = rig.faulty_table();
-    let a = rig
-        .start_on(
-            rig.backend_with_table(table.clone()),
-            &probes,
-            settings("a"),
-        )
-        .await;
+    let (a, table) = rig.start_faulty(&probes, settings("a")).await;
     wait_held(&[&a], &[2], Duration::from_secs(10)).await;
     table.set_plan(support::rig::heartbeat_outage());
     tokio::time::sleep(Duration::from_secs(70)).await;

@@ -317,14 +317,7 @@ async fn a_shutdown_with_the_lease_table_gone_ends_early_and_names_what_it_left(
     let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
     let feed = Feed::start(rig.streams.clone());
-    let table = rig.faulty_table();
-    let a = rig
-        .start_on(
-            rig.backend_with_table(table.clone()),
-            &probes,
-            settings("a"),
-        )
-        .await;
+    let (a, table) = rig.start_faulty(&probes, settings("a")).await;
     wait_held(&[&a], &[8], Duration::from_secs(10)).await;
     let b = rig.start_with(&probes, settings("b")).await;
     wait_held(&[&a, &b], &[4, 4], Duration::from_secs(10)).await;

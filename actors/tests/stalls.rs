@@ -173,14 +173,7 @@ async fn a_lease_row_for_a_shard_the_stream_lacks_is_an_orphan_nobody_takes() {
 async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
-    let table = rig.faulty_table();
-    let a = rig
-        .start_on(
-            rig.backend_with_table(table.clone()),
-            &probes,
-            settings("a"),
-        )
-        .await;
+    let (a, table) = rig.start_faulty(&probes, settings("a")).await;
     wait_held(&[&a], &[2], Duration::from_secs(10)).await;
     table.set_plan(heartbeat_outage());
 

@@ -75,6 +75,20 @@ impl Rig {
         Faulty::new(self.dynamo.lease_table(APP), FaultPlan::seeded(1))
     }
 
+    /// A worker whose lease table is behind a fault injector (injecting nothing until a
+    /// plan is set), and that injector.
+    pub async fn start_faulty(
+        &self,
+        probes: &ProbeFactory,
+        settings: Settings,
+    ) -> (Worker, Faulty<MemoryLeaseTable>) {
+        let table = self.faulty_table();
+        let worker = self
+            .start_on(self.backend_with_table(table.clone()), probes, settings)
+            .await;
+        (worker, table)
+    }
+
     /// The memory services, with `table` as the lease table.
     pub fn backend_with_table<T: LeaseTable + Clone>(&self, table: T) -> Backend {
         Backend::new(
