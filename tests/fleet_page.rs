@@ -158,6 +158,11 @@ fn refreshes(dom: &str) -> u64 {
 // ---------------------------------------------------------------------------
 
 const WORKERS: [&str; 3] = ["demo-1", "demo-2", "demo-3"];
+/// A lease whose row cannot be read: stalled, with the reason.
+const STALLED: &str = "shardId-000000000009";
+const STALLED_REASON: &str =
+    "unreadable row: lease row shardId-000000000009: attribute checkpoint: not a sequence number";
+
 const SHARDS: [&str; 4] = [
     "shardId-000000000000",
     "shardId-000000000001",
@@ -201,9 +206,15 @@ fn fixture_view() -> serde_json::Value {
             lease(SHARDS[1], Some(WORKERS[0]), "handing_off", &[], &[]),
             lease(SHARDS[2], Some(WORKERS[1]), "unassigned", &[SHARDS[0]], &[]),
             lease(SHARDS[3], None, "blocked", &[SHARDS[0]], &[]),
+            serde_json::json!({
+                "lease_key": STALLED, "shard_id": STALLED, "owner": null, "state": "stalled",
+                "reason": STALLED_REASON, "checkpoint": null, "counter": null,
+                "handoff_to": null, "parents": [], "children": [], "millis_behind_latest": null,
+            }),
         ],
         "unassigned": [SHARDS[2]],
         "blocked": [SHARDS[3]],
+        "stalled": [format!("{STALLED}: {STALLED_REASON}")],
         "malformed_rows": [INJECTED],
     })
 }
@@ -274,7 +285,7 @@ async fn the_page_renders_a_fleet_view() {
     assert!(workers[2].contains("draining"), "{workers:?}");
 
     let leases = rows(&dom, "lease");
-    assert_eq!(leases.len(), SHARDS.len(), "{leases:?}");
+    assert_eq!(leases.len(), SHARDS.len() + 1, "{leases:?}");
     for (shard, state) in SHARDS
         .iter()
         .zip(["held", "handing_off", "unassigned", "blocked"])
@@ -291,11 +302,15 @@ async fn the_page_renders_a_fleet_view() {
         "id=\"stream\">demo-stream<",
         "id=\"observer\">demo-1<",
         "id=\"scan-age\">420 ms ago<",
-        "2/3 workers alive; 4 leases",
+        "2/3 workers alive; 5 leases: 1 held, 1 handing off, 1 unassigned, 1 blocked, 1 stalled, 0 finished.",
         "class=\"rps\">250 records/s<",
-        "496500…000123<",    // the checkpoint, shortened
-        "1.5 s<",            // the lag
-        ">demo-3</td></tr>", // the handoff target
+        "496500…000123<",                              // the checkpoint, shortened
+        "1.5 s<",                                      // the lag
+        ">demo-3</td><td class=\"reason\"></td></tr>", // the handoff target
+        // The stalled lease: no owner, checkpoint or counter, and why.
+        &format!("<tr class=\"lease\" data-shard=\"{STALLED}\" data-state=\"stalled\">"),
+        &format!("<td class=\"reason\">{STALLED_REASON}</td></tr>"),
+        &format!("<ul id=\"stalled\"><li class=\"stalled mono\">{STALLED}: {STALLED_REASON}</li>"),
         &format!(
             "<ul id=\"unassigned\"><li class=\"shard mono\" data-shard=\"{}\"",
             SHARDS[2]
@@ -345,7 +360,7 @@ async fn a_failed_fetch_shows_an_error_and_keeps_the_last_data() {
     );
     assert_eq!(
         rows(&dom, "lease").len(),
-        SHARDS.len(),
+        SHARDS.len() + 1,
         "the last data is gone: {dom}"
     );
 }
