@@ -70,13 +70,18 @@ impl Env {
 
     /// dynoxide, answering only what DynamoDB promises for each call.
     async fn stripped_dynoxide() -> Env {
-        let proxy = StrippingProxy::start(&servers::start_dynoxide().await, Options::default()).await;
+        let proxy =
+            StrippingProxy::start(&servers::start_dynoxide().await, Options::default()).await;
         Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await
     }
 
     #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
     async fn moto() -> Env {
-        Env::aws(servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT"), "moto").await
+        Env::aws(
+            servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT"),
+            "moto",
+        )
+        .await
     }
 
     #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
@@ -669,7 +674,10 @@ mod cases {
         );
         assert_eq!(table.release(&key, &stale).await.unwrap_err(), want);
         assert_eq!(
-            table.checkpoint(&key, &stale, &seq(1), &[]).await.unwrap_err(),
+            table
+                .checkpoint(&key, &stale, &seq(1), &[])
+                .await
+                .unwrap_err(),
             want
         );
         assert_eq!(table.delete(&key, &stale).await.unwrap_err(), want);
@@ -808,7 +816,13 @@ suite!(moto, Env::moto().await);
 #[tokio::test]
 async fn a_refused_condition_without_the_old_item_reads_the_row() {
     let upstream = servers::start_dynoxide().await;
-    let proxy = StrippingProxy::start(&upstream, Options { drop_old_item: true }).await;
+    let proxy = StrippingProxy::start(
+        &upstream,
+        Options {
+            drop_old_item: true,
+        },
+    )
+    .await;
     let env = Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await;
     let table = env.fresh().await;
     let lease = new_lease(1);
@@ -816,7 +830,10 @@ async fn a_refused_condition_without_the_old_item_reads_the_row() {
     table.take(&lease.key, &unowned(0), &me()).await.unwrap();
     let gets = proxy.calls("GetItem");
     assert_eq!(
-        table.take(&lease.key, &unowned(0), &other()).await.unwrap_err(),
+        table
+            .take(&lease.key, &unowned(0), &other())
+            .await
+            .unwrap_err(),
         LeaseError::ConditionFailed {
             key: lease.key.clone(),
             owner: Some(me()),
@@ -855,7 +872,10 @@ async fn a_bare_500_is_transient() {
     );
     assert_eq!(proxy.calls("UpdateItem"), 3, "the SDK tried three times");
     assert_eq!(
-        table.heartbeat(&me(), &WorkerLoad::default()).await.unwrap(),
+        table
+            .heartbeat(&me(), &WorkerLoad::default())
+            .await
+            .unwrap(),
         1
     );
 }

@@ -225,11 +225,10 @@ impl Shared {
             }
         }
         let request = builder.body(Full::new(body)).unwrap();
-        let response = self
-            .client
-            .request(request)
-            .await
-            .unwrap_or_else(|e| panic!("stripping proxy: {} did not answer: {e}", self.upstream));
+        let response =
+            self.client.request(request).await.unwrap_or_else(|e| {
+                panic!("stripping proxy: {} did not answer: {e}", self.upstream)
+            });
         let (head, body) = response.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
         Response::from_parts(head, Body::from(body))
@@ -238,10 +237,9 @@ impl Shared {
     /// The row an UpdateItem is about, as it is before the update (`Null` if absent).
     async fn get_item(&self, parts: &axum::http::request::Parts, update: &Value) -> Value {
         let mut parts = parts.clone();
-        parts.headers.insert(
-            "x-amz-target",
-            "DynamoDB_20120810.GetItem".parse().unwrap(),
-        );
+        parts
+            .headers
+            .insert("x-amz-target", "DynamoDB_20120810.GetItem".parse().unwrap());
         let body = json!({
             "TableName": update["TableName"],
             "Key": update["Key"],
@@ -299,7 +297,12 @@ fn keep_each(value: &mut Value, field: &str, fields: &[&str]) {
 fn promised(operation: &str, input: &Value, answer: Value) -> Value {
     let asked_nothing = matches!(input.get("ReturnValues"), None | Some(Value::Null))
         || input["ReturnValues"] == "NONE";
-    const TABLE: &[&str] = &["TableName", "KeySchema", "AttributeDefinitions", "TableStatus"];
+    const TABLE: &[&str] = &[
+        "TableName",
+        "KeySchema",
+        "AttributeDefinitions",
+        "TableStatus",
+    ];
     match operation {
         // DynamoDB
         "UpdateItem" | "PutItem" | "DeleteItem" if asked_nothing => json!({}),
@@ -311,7 +314,11 @@ fn promised(operation: &str, input: &Value, answer: Value) -> Value {
         // Kinesis
         "GetRecords" => {
             let mut out = keep(&answer, &["Records", "NextShardIterator", "ChildShards"]);
-            keep_each(&mut out, "Records", &["SequenceNumber", "Data", "PartitionKey"]);
+            keep_each(
+                &mut out,
+                "Records",
+                &["SequenceNumber", "Data", "PartitionKey"],
+            );
             keep_each(&mut out, "ChildShards", &["ShardId", "ParentShards"]);
             out
         }

@@ -608,8 +608,7 @@ fn child_from_sdk(child: &aws_sdk_kinesis::types::ChildShard) -> Option<ChildSha
             .iter()
             .map(|p| ShardId::new(p.as_str()))
             .collect(),
-        hash_range: HashKeyRange::parse(range.starting_hash_key(), range.ending_hash_key())
-            .ok()?,
+        hash_range: HashKeyRange::parse(range.starting_hash_key(), range.ending_hash_key()).ok()?,
     })
 }
 
