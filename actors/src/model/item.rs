@@ -561,4 +561,35 @@ mod tests {
             })
         );
     }
+
+    #[test]
+    fn a_fence_is_read_from_owner_and_counter_alone() {
+        // The checkpoint is unreadable and the row says nothing else: the fence reads.
+        let item = row(
+            r#"{"leaseOwner":{"S":"w-2"},"leaseCounter":{"N":"5"},"checkpoint":{"S":"12ab"}}"#,
+        );
+        assert_eq!(
+            decode_fence("k", &item),
+            Ok(Fence {
+                owner: Some(WorkerId::new("w-2")),
+                counter: 5
+            })
+        );
+        let unowned = row(r#"{"leaseCounter":{"N":"0"}}"#);
+        assert_eq!(decode_fence("k", &unowned).map(|f| f.owner), Ok(None));
+        let err = decode_fence("k", &row(r#"{"leaseOwner":{"S":"w"}}"#)).unwrap_err();
+        assert_eq!(err.to_string(), "lease row k: attribute leaseCounter: missing");
+    }
+
+    #[test]
+    fn a_counter_is_read_from_whatever_an_update_returned() {
+        // What moto returns to a heartbeat after the first: the counter, nothing else.
+        assert_eq!(
+            decode_counter("w", &row(r#"{"leaseCounter":{"N":"2"}}"#)),
+            Ok(Some(2))
+        );
+        assert_eq!(decode_counter("w", &row("{}")), Ok(None));
+        let err = decode_counter("w", &row(r#"{"leaseCounter":{"S":"2"}}"#)).unwrap_err();
+        assert_eq!(err.attribute, attr::LEASE_COUNTER);
+    }
 }
