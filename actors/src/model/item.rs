@@ -565,9 +565,8 @@ mod tests {
     #[test]
     fn a_fence_is_read_from_owner_and_counter_alone() {
         // The checkpoint is unreadable and the row says nothing else: the fence reads.
-        let item = row(
-            r#"{"leaseOwner":{"S":"w-2"},"leaseCounter":{"N":"5"},"checkpoint":{"S":"12ab"}}"#,
-        );
+        let item =
+            row(r#"{"leaseOwner":{"S":"w-2"},"leaseCounter":{"N":"5"},"checkpoint":{"S":"12ab"}}"#);
         assert_eq!(
             decode_fence("k", &item),
             Ok(Fence {
@@ -578,7 +577,10 @@ mod tests {
         let unowned = row(r#"{"leaseCounter":{"N":"0"}}"#);
         assert_eq!(decode_fence("k", &unowned).map(|f| f.owner), Ok(None));
         let err = decode_fence("k", &row(r#"{"leaseOwner":{"S":"w"}}"#)).unwrap_err();
-        assert_eq!(err.to_string(), "lease row k: attribute leaseCounter: missing");
+        assert_eq!(
+            err.to_string(),
+            "lease row k: attribute leaseCounter: missing"
+        );
     }
 
     #[test]
