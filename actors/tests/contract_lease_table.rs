@@ -1,7 +1,9 @@
 //! The `LeaseTable` contract, run against every implementation:
-//! `memory` (in-process), `dynoxide` (a DynamoDB server started in this test process)
-//! and, with the `external-servers` feature, `dynamodb_local` (AWS's DynamoDB Local,
-//! started by scripts/test.sh).
+//! `memory` (in-process), `dynoxide` (a DynamoDB server started in this test process),
+//! `stripped_dynoxide` (dynoxide behind a proxy that cuts every answer down to what
+//! DynamoDB promises: `support/stripping_proxy.rs`) and, with the `external-servers`
+//! feature, `dynamodb_local` (AWS's DynamoDB Local) and `moto` (the Python emulator),
+//! both started by scripts/test.sh.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -21,6 +23,7 @@ use flotilla_actors::model::{
     ShardId, WorkerId, WorkerLoad,
 };
 use support::servers;
+use support::stripping_proxy::{Fault, Options, StrippingProxy};
 
 /// A server holding lease tables, with a back door for raw rows and foreign tables.
 #[allow(clippy::large_enum_variant)] // a handful per test run
@@ -63,6 +66,22 @@ impl Env {
 
     async fn dynoxide() -> Env {
         Env::aws(servers::start_dynoxide().await, "dynoxide").await
+    }
+
+    /// dynoxide, answering only what DynamoDB promises for each call.
+    async fn stripped_dynoxide() -> Env {
+        let proxy =
+            StrippingProxy::start(&servers::start_dynoxide().await, Options::default()).await;
+        Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await
+    }
+
+    #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
+    async fn moto() -> Env {
+        Env::aws(
+            servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT"),
+            "moto",
+        )
+        .await
     }
 
     #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
@@ -627,6 +646,44 @@ mod cases {
         assert_eq!(table.get(&ghost).await.unwrap(), None);
     }
 
+    /// A refused write reports who holds the lease now, read from the row's owner and
+    /// counter alone: an attribute the codec cannot read (here a checkpoint) does not
+    /// turn "someone else holds it" into an unreadable-row error.
+    pub async fn a_refused_condition_reads_only_owner_and_counter(env: Env) {
+        let table = env.fresh().await;
+        env.put_raw(
+            table.table_name(),
+            serde_json::from_str(
+                r#"{"leaseKey":{"S":"odd-1"},"leaseOwner":{"S":"worker-b"},"leaseCounter":{"N":"3"},"checkpoint":{"S":"12ab"}}"#,
+            )
+            .unwrap(),
+        )
+        .await;
+        let key = LeaseKey::new("odd-1");
+        let want = LeaseError::ConditionFailed {
+            key: key.clone(),
+            owner: Some(other()),
+            counter: Some(3),
+        };
+        let stale = owned(&me(), 2);
+        assert_eq!(
+            table.take(&key, &stale, &me()).await.unwrap_err(),
+            want,
+            "{}",
+            env.tier
+        );
+        assert_eq!(table.release(&key, &stale).await.unwrap_err(), want);
+        assert_eq!(
+            table
+                .checkpoint(&key, &stale, &seq(1), &[])
+                .await
+                .unwrap_err(),
+            want
+        );
+        assert_eq!(table.delete(&key, &stale).await.unwrap_err(), want);
+        assert_eq!(table.clear_handoff(&key, &me()).await.unwrap_err(), want);
+    }
+
     pub async fn scan_reports_malformed_rows_and_goes_on(env: Env) {
         let table = env.fresh().await;
         for i in 0..3 {
@@ -729,6 +786,7 @@ macro_rules! suite {
                 heartbeats_count_up_and_show_in_the_scan,
                 a_handoff_request_leaves_the_counter_and_only_its_asker_gets_the_lease,
                 a_request_is_cleared_by_its_asker_or_by_a_take_or_release,
+                a_refused_condition_reads_only_owner_and_counter,
                 scan_reports_malformed_rows_and_goes_on,
                 scan_paginates_past_one_megabyte,
                 reads_rows_written_by_another_kcl,
@@ -747,8 +805,80 @@ macro_rules! suite {
 
 suite!(memory, Env::memory().await);
 suite!(dynoxide, Env::dynoxide().await);
+suite!(stripped_dynoxide, Env::stripped_dynoxide().await);
 #[cfg(feature = "external-servers")]
 suite!(dynamodb_local, Env::dynamodb_local().await);
+#[cfg(feature = "external-servers")]
+suite!(moto, Env::moto().await);
+
+/// A server that ignores `ReturnValuesOnConditionCheckFailure` (no old item with the
+/// refusal): the adapter reads the row to say who holds it, or that it is gone.
+#[tokio::test]
+async fn a_refused_condition_without_the_old_item_reads_the_row() {
+    let upstream = servers::start_dynoxide().await;
+    let proxy = StrippingProxy::start(
+        &upstream,
+        Options {
+            drop_old_item: true,
+        },
+    )
+    .await;
+    let env = Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await;
+    let table = env.fresh().await;
+    let lease = new_lease(1);
+    table.create_if_absent(&lease).await.unwrap();
+    table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+    let gets = proxy.calls("GetItem");
+    assert_eq!(
+        table
+            .take(&lease.key, &unowned(0), &other())
+            .await
+            .unwrap_err(),
+        LeaseError::ConditionFailed {
+            key: lease.key.clone(),
+            owner: Some(me()),
+            counter: Some(1)
+        }
+    );
+    assert_eq!(proxy.calls("GetItem"), gets + 1, "the row was read once");
+    let ghost = LeaseKey::new("shardId-000000000999");
+    assert_eq!(
+        table.release(&ghost, &unowned(0)).await.unwrap_err(),
+        LeaseError::ConditionFailed {
+            key: ghost,
+            owner: None,
+            counter: None
+        }
+    );
+}
+
+/// An HTTP 500 without an error code (a load balancer's, an emulator's error page) is
+/// transient: the caller backs off and retries, and the next call goes through.
+#[tokio::test]
+async fn a_bare_500_is_transient() {
+    let upstream = servers::start_dynoxide().await;
+    let proxy = StrippingProxy::start(&upstream, Options::default()).await;
+    let env = Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await;
+    let table = env.fresh().await;
+    // More than the SDK's own attempts (3), so the adapter sees the failure.
+    proxy.fault_next("UpdateItem", 3, Fault::Bare500);
+    let err = table
+        .heartbeat(&me(), &WorkerLoad::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LeaseError::Transient { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert_eq!(proxy.calls("UpdateItem"), 3, "the SDK tried three times");
+    assert_eq!(
+        table
+            .heartbeat(&me(), &WorkerLoad::default())
+            .await
+            .unwrap(),
+        1
+    );
+}
 
 /// An unreachable DynamoDB is an error that names the endpoint, not a hang or a panic.
 #[tokio::test]

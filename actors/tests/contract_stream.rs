@@ -16,12 +16,14 @@ use flotilla_actors::backend::aws::KinesisStream;
 use flotilla_actors::backend::clock::Clock;
 use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
 use flotilla_actors::backend::{
-    Capabilities, IteratorPosition, PutRecord, Record, StreamAdmin, StreamError,
+    Capabilities, IteratorPosition, PutRecord, Record, ShardIterator, StreamAdmin, StreamClient,
+    StreamError,
 };
 use flotilla_actors::model::{
     HashKeyRange, SequenceNumber, Shard, ShardGraph, ShardId, partition_key_hash,
 };
 use support::servers;
+use support::stripping_proxy::{Fault, Options, StrippingProxy};
 
 /// How a tier's iterators can be made to expire within a test.
 enum Expiry {
@@ -57,6 +59,28 @@ enum ForeignSequence {
     InvalidArgument,
     /// kinesis-mock looks the number up among the shard's records: ResourceNotFound.
     NotFound,
+    /// moto gives an iterator for any number.
+    Accepted,
+}
+
+/// How ListShards pages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Paging {
+    /// By `ExclusiveStartShardId`: the tier lists in pages of [`LIST_PAGE`].
+    ExclusiveStart,
+    /// The server ignores `ExclusiveStartShardId` (moto pages by `NextToken` only):
+    /// the tier lists in one page, as a worker does with the default page size.
+    OnePage(&'static str),
+}
+
+/// What a split or merge does beyond the listing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Resharding {
+    /// Closed parents end (SHARD_END) after their records; new records go to children.
+    Full,
+    /// Only the listing changes: a closed shard never ends and still takes new records
+    /// (moto). The listing is checked; reading parents to their end cannot be.
+    ListingOnly(&'static str),
 }
 
 struct Expect {
@@ -65,6 +89,15 @@ struct Expect {
     garbage_iterator: GarbageIterator,
     ending_sequence: EndingSequence,
     foreign_sequence: ForeignSequence,
+    /// Records carry `ApproximateArrivalTimestamp` (optional in the API).
+    arrival_times: bool,
+    paging: Paging,
+    resharding: Resharding,
+    /// GetRecords refuses `Limit` 0 (moto answers it like no limit).
+    zero_limit_refused: bool,
+    /// Why a put at hash key 2^128 - 1 fails, where it does (moto's shards exclude
+    /// their ending hash key).
+    top_hash_key_refused: Option<&'static str>,
 }
 
 struct Env {
@@ -89,6 +122,11 @@ impl Env {
                 garbage_iterator: GarbageIterator::InvalidArgument,
                 ending_sequence: EndingSequence::Exact,
                 foreign_sequence: ForeignSequence::InvalidArgument,
+                arrival_times: true,
+                paging: Paging::ExclusiveStart,
+                resharding: Resharding::Full,
+                zero_limit_refused: true,
+                top_hash_key_refused: None,
             },
             tier: "memory",
         }
@@ -97,9 +135,15 @@ impl Env {
     /// A tier behind the real Kinesis adapter, at `endpoint`.
     async fn server(endpoint: &str, expect: Expect, tier: &'static str) -> Env {
         let sdk = servers::sdk_config();
-        let stream = KinesisStream::new(&sdk, Some(endpoint))
-            .with_capabilities(expect.capabilities)
-            .with_list_page_size(LIST_PAGE);
+        let stream =
+            KinesisStream::new(&sdk, Some(endpoint)).with_capabilities(expect.capabilities);
+        let stream = match expect.paging {
+            Paging::ExclusiveStart => stream.with_list_page_size(LIST_PAGE),
+            Paging::OnePage(why) => {
+                eprintln!("{tier}: listing in one page: {why}");
+                stream
+            }
+        };
         Env {
             stream: Arc::new(stream),
             expect,
@@ -109,7 +153,11 @@ impl Env {
     }
 
     async fn ferrokinesis() -> Env {
-        let endpoint = servers::start_ferrokinesis(4).await;
+        Env::ferrokinesis_at(&servers::start_ferrokinesis(4).await).await
+    }
+
+    /// A ferrokinesis started with a 4 s iterator TTL, at `endpoint`.
+    async fn ferrokinesis_at(endpoint: &str) -> Env {
         let expect = Expect {
             // No ChildShards from GetRecords; 0 ms behind on open shards.
             capabilities: Capabilities {
@@ -120,8 +168,49 @@ impl Env {
             garbage_iterator: GarbageIterator::InvalidArgument,
             ending_sequence: EndingSequence::Exact,
             foreign_sequence: ForeignSequence::InvalidArgument,
+            arrival_times: true,
+            paging: Paging::ExclusiveStart,
+            resharding: Resharding::Full,
+            zero_limit_refused: true,
+            top_hash_key_refused: None,
         };
-        Env::server(&endpoint, expect, "ferrokinesis").await
+        Env::server(endpoint, expect, "ferrokinesis").await
+    }
+
+    /// ferrokinesis, answering only what Kinesis promises for each call: no
+    /// MillisBehindLatest, no arrival timestamps (`support/stripping_proxy.rs`).
+    async fn stripped_ferrokinesis() -> Env {
+        let upstream = servers::start_ferrokinesis(4).await;
+        let proxy = StrippingProxy::start(&upstream, Options::default()).await;
+        let mut env = Env::ferrokinesis_at(proxy.url()).await;
+        env.tier = "stripped_ferrokinesis";
+        env.expect.arrival_times = false;
+        env
+    }
+
+    #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
+    async fn moto() -> Env {
+        let endpoint = servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT");
+        let expect = Expect {
+            // ChildShards never (a closed shard never ends); MillisBehindLatest is
+            // measured from the newest record, not from now.
+            capabilities: Capabilities {
+                child_shards_in_get_records: false,
+                millis_behind_latest: false,
+            },
+            expiry: Expiry::Fixed("moto's iterators never expire"),
+            garbage_iterator: GarbageIterator::ServerError,
+            ending_sequence: EndingSequence::Exact,
+            foreign_sequence: ForeignSequence::Accepted,
+            arrival_times: true,
+            paging: Paging::OnePage("moto ignores ExclusiveStartShardId"),
+            resharding: Resharding::ListingOnly(
+                "moto never ends a closed shard, and routes new records to it",
+            ),
+            zero_limit_refused: false,
+            top_hash_key_refused: Some("moto's shards exclude their EndingHashKey"),
+        };
+        Env::server(&endpoint, expect, "moto").await
     }
 
     #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
@@ -137,6 +226,11 @@ impl Env {
             garbage_iterator: GarbageIterator::ServerError,
             ending_sequence: EndingSequence::Placeholder("9223372036854775807"),
             foreign_sequence: ForeignSequence::NotFound,
+            arrival_times: true,
+            paging: Paging::ExclusiveStart,
+            resharding: Resharding::Full,
+            zero_limit_refused: true,
+            top_hash_key_refused: None,
         };
         Env::server(&endpoint, expect, "kinesis_mock").await
     }
@@ -273,19 +367,31 @@ mod cases {
         }
         // An explicit hash key overrides the partition key.
         let last = shards.values().last().unwrap();
-        let put = env
-            .stream
-            .put_records(
-                &stream,
-                &[PutRecord {
-                    partition_key: "any".into(),
-                    explicit_hash_key: Some(u128::MAX),
-                    data: Bytes::from_static(b"x"),
-                }],
-            )
-            .await
-            .unwrap();
-        assert_eq!(put[0].shard, last.id);
+        let put_at = |key: u128| {
+            let (stream, client) = (&stream, &env.stream);
+            async move {
+                client
+                    .put_records(
+                        stream,
+                        &[PutRecord {
+                            partition_key: "any".into(),
+                            explicit_hash_key: Some(key),
+                            data: Bytes::from_static(b"x"),
+                        }],
+                    )
+                    .await
+            }
+        };
+        let top = if let Some(why) = env.expect.top_hash_key_refused {
+            // Declared: the top key fails; the one below it routes by the hash.
+            let err = put_at(u128::MAX).await.unwrap_err();
+            eprintln!("{}: the top hash key is refused ({why}): {err}", env.tier);
+            u128::MAX - 1
+        } else {
+            u128::MAX
+        };
+        let put = put_at(top).await.unwrap();
+        assert_eq!(put[0].shard, last.id, "{}", env.tier);
     }
 
     pub async fn records_come_back_in_order_once_each(env: Env) {
@@ -304,7 +410,10 @@ mod cases {
                 assert_eq!(&record.sequence_number, seq);
                 assert_eq!(record.data, Bytes::from(format!("data-{key}")));
                 assert_eq!(record.sub_sequence_number, 0);
-                assert!(record.approximate_arrival.is_some());
+                assert_eq!(
+                    record.approximate_arrival.is_some(),
+                    env.expect.arrival_times
+                );
             }
             assert!(
                 got.windows(2)
@@ -446,6 +555,10 @@ mod cases {
         let (got, ended) = env
             .read_all(&stream, &parent, IteratorPosition::TrimHorizon, 1000)
             .await;
+        if let Resharding::ListingOnly(why) = env.expect.resharding {
+            assert!(!ended, "{} declared: {why}", env.tier);
+            return;
+        }
         assert!(ended, "a closed shard ends on {}", env.tier);
         let want: Vec<_> = before
             .iter()
@@ -537,7 +650,10 @@ mod cases {
             let (_, ended) = env
                 .read_all(&stream, parent, IteratorPosition::TrimHorizon, 1000)
                 .await;
-            assert!(ended);
+            match env.expect.resharding {
+                Resharding::Full => assert!(ended, "{}", env.tier),
+                Resharding::ListingOnly(why) => assert!(!ended, "{} declared: {why}", env.tier),
+            }
         }
     }
 
@@ -597,22 +713,22 @@ mod cases {
         );
         env.put(&stream, keys(2, "err")).await;
         let foreign = SequenceNumber::parse("1").unwrap();
-        let err = env
+        let answer = env
             .stream
             .get_shard_iterator(&stream, &shard, &IteratorPosition::AtSequence(foreign))
-            .await
-            .unwrap_err();
+            .await;
         match env.expect.foreign_sequence {
             ForeignSequence::InvalidArgument => assert!(
-                matches!(err, StreamError::InvalidArgument { .. }),
-                "{}: {err:?}",
+                matches!(answer, Err(StreamError::InvalidArgument { .. })),
+                "{}: {answer:?}",
                 env.tier
             ),
             ForeignSequence::NotFound => assert!(
-                matches!(err, StreamError::NotFound { .. }),
-                "{}: {err:?}",
+                matches!(answer, Err(StreamError::NotFound { .. })),
+                "{}: {answer:?}",
                 env.tier
             ),
+            ForeignSequence::Accepted => assert!(answer.is_ok(), "{}: {answer:?}", env.tier),
         }
 
         let garbage = flotilla_actors::backend::ShardIterator("not-an-iterator".into());
@@ -623,31 +739,32 @@ mod cases {
                 "{}: {err:?}",
                 env.tier
             ),
+            // A bare 500 cannot be told apart from a server fault: transient.
             GarbageIterator::ServerError => assert!(
-                matches!(
-                    err,
-                    StreamError::Other { .. } | StreamError::Transient { .. }
-                ),
+                matches!(err, StreamError::Transient { .. }),
                 "{}: {err:?}",
                 env.tier
             ),
         }
-        let err = env
+        let iterator = env
             .stream
-            .get_records(
-                &env.stream
-                    .get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon)
-                    .await
-                    .unwrap(),
-                0,
-            )
+            .get_shard_iterator(&stream, &shard, &IteratorPosition::TrimHorizon)
             .await
-            .unwrap_err();
-        assert!(
-            matches!(err, StreamError::InvalidArgument { .. }),
-            "{}: {err:?}",
-            env.tier
-        );
+            .unwrap();
+        let answer = env.stream.get_records(&iterator, 0).await;
+        if env.expect.zero_limit_refused {
+            assert!(
+                matches!(answer, Err(StreamError::InvalidArgument { .. })),
+                "{}: {answer:?}",
+                env.tier
+            );
+        } else {
+            assert!(
+                answer.is_ok(),
+                "{} declared Limit 0 accepted: {answer:?}",
+                env.tier
+            );
+        }
     }
 
     pub async fn iterators_expire(env: Env) {
@@ -741,6 +858,17 @@ suite!(
     Env::ferrokinesis().await,
     tokio::test(flavor = "multi_thread", worker_threads = 2)
 );
+suite!(
+    stripped_ferrokinesis,
+    Env::stripped_ferrokinesis().await,
+    tokio::test(flavor = "multi_thread", worker_threads = 2)
+);
+#[cfg(feature = "external-servers")]
+suite!(
+    moto,
+    Env::moto().await,
+    tokio::test(flavor = "multi_thread", worker_threads = 2)
+);
 #[cfg(feature = "external-servers")]
 suite!(
     kinesis_mock,
@@ -758,4 +886,111 @@ async fn an_unreachable_endpoint_is_named_in_the_error() {
         .unwrap_err();
     assert!(err.to_string().contains("http://127.0.0.1:1"), "{err}");
     assert!(err.is_retryable(), "{err:?}");
+}
+
+/// ferrokinesis behind a stripping proxy, a 1-shard stream with three records, and an
+/// iterator at its start.
+async fn proxied_stream() -> (StrippingProxy, KinesisStream, String, ShardIterator) {
+    let upstream = servers::start_ferrokinesis(300).await;
+    let proxy = StrippingProxy::start(&upstream, Options::default()).await;
+    let stream = KinesisStream::new(&servers::sdk_config(), Some(proxy.url()));
+    let name = servers::unique_name("stream");
+    stream.create_stream(&name, 1).await.unwrap();
+    let records: Vec<PutRecord> = keys(3, "k")
+        .into_iter()
+        .map(|k| PutRecord {
+            partition_key: k,
+            explicit_hash_key: None,
+            data: Bytes::from_static(b"x"),
+        })
+        .collect();
+    stream.put_records(&name, &records).await.unwrap();
+    let iterator = stream
+        .get_shard_iterator(
+            &name,
+            &ShardId::from_index(0),
+            &IteratorPosition::TrimHorizon,
+        )
+        .await
+        .unwrap();
+    (proxy, stream, name, iterator)
+}
+
+/// An HTTP 500 without an error code is transient (a reader backs off and retries; it
+/// does not restart the shard), and the next call goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_500_is_transient() {
+    let (proxy, stream, name, iterator) = proxied_stream().await;
+    // More than the SDK's own attempts (3), so the adapter sees the failure.
+    proxy.fault_next("GetRecords", 3, Fault::Bare500);
+    let err = stream.get_records(&iterator, 10).await.unwrap_err();
+    assert!(
+        matches!(err, StreamError::Transient { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert_eq!(proxy.calls("GetRecords"), 3, "the SDK tried three times");
+    assert_eq!(
+        stream
+            .get_records(&iterator, 10)
+            .await
+            .unwrap()
+            .records
+            .len(),
+        3
+    );
+    proxy.fault_next("ListShards", 3, Fault::Bare500);
+    let err = stream.list_shards(&name).await.unwrap_err();
+    assert!(matches!(err, StreamError::Transient { .. }), "{err:?}");
+}
+
+/// Children named without their hash ranges (a lease row needs them) are taken as not
+/// reported: the batch still ends the shard, and the watcher lists the children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_without_hash_ranges_are_left_to_the_listing() {
+    let (proxy, stream, _, iterator) = proxied_stream().await;
+    let child = |range: Option<(&str, &str)>| {
+        let mut child = serde_json::json!({
+            "ShardId": "shardId-000000000001",
+            "ParentShards": ["shardId-000000000000"],
+        });
+        if let Some((start, end)) = range {
+            child["HashKeyRange"] =
+                serde_json::json!({"StartingHashKey": start, "EndingHashKey": end});
+        }
+        serde_json::json!({"Records": [], "ChildShards": [child]})
+    };
+    proxy.fault_next("GetRecords", 1, Fault::Answer(child(None)));
+    let batch = stream.get_records(&iterator, 10).await.unwrap();
+    assert!(batch.is_shard_end());
+    assert_eq!(batch.child_shards, None);
+    assert_eq!(batch.millis_behind_latest, None);
+
+    proxy.fault_next("GetRecords", 1, Fault::Answer(child(Some(("0", "99")))));
+    let batch = stream.get_records(&iterator, 10).await.unwrap();
+    let children = batch.child_shards.unwrap();
+    assert_eq!(
+        (children[0].id.as_str(), children[0].hash_range),
+        ("shardId-000000000001", HashKeyRange { start: 0, end: 99 })
+    );
+}
+
+/// What a call truly needs and does not get is an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_shard_iterator_is_named() {
+    let (proxy, stream, name, _) = proxied_stream().await;
+    proxy.fault_next("GetShardIterator", 1, Fault::Answer(serde_json::json!({})));
+    let err = stream
+        .get_shard_iterator(&name, &ShardId::from_index(0), &IteratorPosition::Latest)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StreamError::IncompleteAnswer {
+                missing: "ShardIterator",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }

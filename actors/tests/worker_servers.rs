@@ -1,6 +1,7 @@
 //! The worker end to end against servers that speak the AWS wire protocols, through the
 //! real adapters: in-process dynoxide + ferrokinesis always; DynamoDB Local +
-//! kinesis-mock (started by scripts/test.sh) with the `external-servers` feature.
+//! kinesis-mock, and moto for both services (started by scripts/test.sh), with the
+//! `external-servers` feature.
 //! Real time and real sockets: small streams, short intervals.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -17,6 +18,7 @@ use flotilla_actors::model::{Checkpoint, Shard};
 use flotilla_actors::{Backend, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
 use support::servers;
+use support::stripping_proxy::{Fault, Options, StrippingProxy};
 
 struct Env {
     kinesis: KinesisStream,
@@ -87,10 +89,26 @@ impl Env {
 /// How long a real-time test waits for records.
 const PATIENCE: Duration = Duration::from_secs(180);
 
+/// What a split or merge does on a tier's Kinesis beyond the listing.
+#[derive(Debug, Clone, Copy)]
+enum Resharding {
+    /// Parents end (SHARD_END) after their records; new records go to the children.
+    Full,
+    /// Only the listing changes (moto): a closed shard never ends and keeps taking new
+    /// records. Nothing may be lost or reordered all the same; the parents are never
+    /// finished, so the children are never started.
+    #[cfg_attr(not(feature = "external-servers"), allow(dead_code))]
+    ListingOnly(&'static str),
+}
+
 mod scenarios {
     use super::*;
 
-    pub async fn consumes_a_resharded_stream_in_order(kinesis: String, dynamodb: String) {
+    pub async fn consumes_a_resharded_stream_in_order(
+        kinesis: String,
+        dynamodb: String,
+        resharding: Resharding,
+    ) {
         let env = Env::new(kinesis, dynamodb, 4).await;
         let probes = ProbeFactory::new(Misbehave::default());
         let worker = env.start(&probes).await;
@@ -119,8 +137,16 @@ mod scenarios {
         let table = env.table();
         for id in [first.id.clone(), a.id.clone(), b.id.clone()] {
             let lease = table.get(&(&id).into()).await.unwrap().unwrap();
-            assert_eq!(lease.checkpoint, Checkpoint::ShardEnd, "{id}");
-            assert!(seen.shard_ended.contains(&id), "{id} got no shard_ended");
+            match resharding {
+                Resharding::Full => {
+                    assert_eq!(lease.checkpoint, Checkpoint::ShardEnd, "{id}");
+                    assert!(seen.shard_ended.contains(&id), "{id} got no shard_ended");
+                }
+                Resharding::ListingOnly(why) => {
+                    assert_ne!(lease.checkpoint, Checkpoint::ShardEnd, "{id}: {why}");
+                    assert!(!seen.shard_ended.contains(&id), "{id}: {why}");
+                }
+            }
         }
     }
 
@@ -250,6 +276,9 @@ mod more_scenarios {
 
 macro_rules! tier {
     ($tier:ident, $(#[$attr:meta])* start: $start:expr) => {
+        tier!($tier, $(#[$attr])* start: $start, resharding: Resharding::Full);
+    };
+    ($tier:ident, $(#[$attr:meta])* start: $start:expr, resharding: $resharding:expr) => {
         $(#[$attr])*
         mod $tier {
             use super::*;
@@ -257,7 +286,8 @@ macro_rules! tier {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn consumes_a_resharded_stream_in_order() {
                 let (kinesis, dynamodb) = $start;
-                scenarios::consumes_a_resharded_stream_in_order(kinesis, dynamodb).await;
+                scenarios::consumes_a_resharded_stream_in_order(kinesis, dynamodb, $resharding)
+                    .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,6 +314,30 @@ macro_rules! tier {
 
 tier!(ferrokinesis_dynoxide, start: (servers::start_ferrokinesis(300).await, servers::start_dynoxide().await));
 
+// Both services answering only what AWS promises (`support/stripping_proxy.rs`).
+tier!(stripped_ferrokinesis_dynoxide, start: (
+    StrippingProxy::start(&servers::start_ferrokinesis(300).await, Options::default())
+        .await
+        .url()
+        .to_owned(),
+    StrippingProxy::start(&servers::start_dynoxide().await, Options::default())
+        .await
+        .url()
+        .to_owned()
+));
+
+tier!(
+    moto,
+    #[cfg(feature = "external-servers")]
+    start: (
+        servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT"),
+        servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT")
+    ),
+    resharding: Resharding::ListingOnly(
+        "moto never ends a closed shard, and routes new records to it"
+    )
+);
+
 tier!(
     kinesis_mock_dynamodb_local,
     #[cfg(feature = "external-servers")]
@@ -292,3 +346,31 @@ tier!(
         servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT")
     )
 );
+
+/// GetRecords answered with bare HTTP 500s (no error code), more of them than the SDK
+/// retries: the reader backs off and goes on reading; the shard is not restarted and
+/// nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_500_from_get_records_backs_off_without_a_restart() {
+    let proxy =
+        StrippingProxy::start(&servers::start_ferrokinesis(300).await, Options::default()).await;
+    let env = Env::new(proxy.url().to_owned(), servers::start_dynoxide().await, 1).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = env.start(&probes).await;
+    let mut producer = Producer::default();
+    producer.put_round(&env.kinesis, &env.stream, 5, 10).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
+    let before = proxy.calls("GetRecords");
+    proxy.fault_next("GetRecords", 6, Fault::Bare500);
+    producer.put_round(&env.kinesis, &env.stream, 5, 10).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
+    assert!(
+        proxy.calls("GetRecords") >= before + 6,
+        "the faults were answered"
+    );
+    let status = worker.status().await.unwrap();
+    assert_eq!(status.shard_restarts, 0, "a 5xx is retried, not a restart");
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    probes.assert_nothing_lost(&producer);
+}

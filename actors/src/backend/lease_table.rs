@@ -63,6 +63,16 @@ pub enum LeaseError {
         endpoint: String,
         message: String,
     },
+    /// The server's answer lacks what the call needs from it. Adapters read only what
+    /// a call uses, so this names the one thing that was missing; it means the server
+    /// returned less than DynamoDB promises for that call.
+    #[error("{op}: table {table}: the answer about {key} has no {missing}")]
+    IncompleteAnswer {
+        op: &'static str,
+        table: String,
+        key: String,
+        missing: String,
+    },
     #[error("{op}: {message}")]
     Other { op: &'static str, message: String },
 }

@@ -117,6 +117,15 @@ pub enum StreamError {
         endpoint: String,
         message: String,
     },
+    /// The server's answer lacks what the call needs from it. The adapter reads only
+    /// what a call uses, so this names the one thing that was missing; it means the
+    /// server returned less than Kinesis promises for that call.
+    #[error("{op}: the answer about {what} has no {missing}")]
+    IncompleteAnswer {
+        op: &'static str,
+        what: String,
+        missing: &'static str,
+    },
     #[error("{op}: {message}")]
     Other { op: &'static str, message: String },
 }
@@ -142,8 +151,9 @@ impl StreamError {
 ///   is `NotFound`.
 /// * `get_records` returns at most `limit` records (1..=10,000), in increasing sequence
 ///   order, none twice across successive iterators. An iterator older than five minutes
-///   is `IteratorExpired`; a garbage iterator is `InvalidArgument` (or `Other` where the
-///   server answers with a bare 500). At the end of a closed shard `next_iterator` is
+///   is `IteratorExpired`; a garbage iterator is `InvalidArgument` (or `Transient` where
+///   the server answers with a bare 500, as kinesis-mock and moto do: a 5xx is always
+///   transient). At the end of a closed shard `next_iterator` is
 ///   `None`.
 pub trait StreamClient: Send + Sync + 'static {
     fn list_shards<'a>(&'a self, stream: &'a str)

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::{
-    Checkpoint, ExtendedSequenceNumber, HashKeyRange, Heartbeat, Lease, LeaseKey, SequenceNumber,
-    ShardId, WorkerId, WorkerLoad,
+    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Heartbeat, Lease, LeaseKey,
+    SequenceNumber, ShardId, WorkerId, WorkerLoad,
 };
 
 /// A DynamoDB attribute value, serialised the way DynamoDB JSON writes it (`{"S": ".."}`).
@@ -222,6 +222,35 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
             entity_type: other.to_owned(),
         }),
     }
+}
+
+/// The owner and counter of the row `key`, and nothing else: what a refused conditional
+/// write reports. Reading the whole row here would turn a row that fails the codec for an
+/// unrelated attribute (or a server that returns part of it) into a failed call, when the
+/// caller only needs to know who holds the lease now.
+pub fn decode_fence(key: &str, item: &Item) -> Result<Fence, MalformedRow> {
+    let r = Reader {
+        item,
+        key: Some(key.to_owned()),
+    };
+    Ok(Fence {
+        owner: r.string(attr::LEASE_OWNER)?.map(WorkerId::new),
+        counter: r
+            .number(attr::LEASE_COUNTER)?
+            .ok_or_else(|| r.fail(attr::LEASE_COUNTER, "missing"))?,
+    })
+}
+
+/// The `leaseCounter` among the attributes an UpdateItem returned, if it is there (and a
+/// counter). Only this one attribute is read: with `UPDATED_NEW`, DynamoDB returns the
+/// attributes the update changed (some servers only those whose value changed), never
+/// the key or the rest of the row.
+pub fn decode_counter(key: &str, item: &Item) -> Result<Option<u64>, MalformedRow> {
+    Reader {
+        item,
+        key: Some(key.to_owned()),
+    }
+    .number(attr::LEASE_COUNTER)
 }
 
 fn decode_lease(r: &Reader<'_>, key: String) -> Result<Lease, MalformedRow> {
@@ -531,5 +560,38 @@ mod tests {
                 entity_type: "TABLE_MIGRATION".into()
             })
         );
+    }
+
+    #[test]
+    fn a_fence_is_read_from_owner_and_counter_alone() {
+        // The checkpoint is unreadable and the row says nothing else: the fence reads.
+        let item =
+            row(r#"{"leaseOwner":{"S":"w-2"},"leaseCounter":{"N":"5"},"checkpoint":{"S":"12ab"}}"#);
+        assert_eq!(
+            decode_fence("k", &item),
+            Ok(Fence {
+                owner: Some(WorkerId::new("w-2")),
+                counter: 5
+            })
+        );
+        let unowned = row(r#"{"leaseCounter":{"N":"0"}}"#);
+        assert_eq!(decode_fence("k", &unowned).map(|f| f.owner), Ok(None));
+        let err = decode_fence("k", &row(r#"{"leaseOwner":{"S":"w"}}"#)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "lease row k: attribute leaseCounter: missing"
+        );
+    }
+
+    #[test]
+    fn a_counter_is_read_from_whatever_an_update_returned() {
+        // What moto returns to a heartbeat after the first: the counter, nothing else.
+        assert_eq!(
+            decode_counter("w", &row(r#"{"leaseCounter":{"N":"2"}}"#)),
+            Ok(Some(2))
+        );
+        assert_eq!(decode_counter("w", &row("{}")), Ok(None));
+        let err = decode_counter("w", &row(r#"{"leaseCounter":{"S":"2"}}"#)).unwrap_err();
+        assert_eq!(err.attribute, attr::LEASE_COUNTER);
     }
 }

@@ -5,3 +5,4 @@ pub mod http;
 pub mod probe;
 pub mod rig;
 pub mod servers;
+pub mod stripping_proxy;

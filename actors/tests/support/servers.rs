@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::config::{Credentials, SharedCredentialsProvider};
 use tokio::net::TcpListener;
 
 /// Binds a fresh loopback port and returns the listener and its `http://` URL.
-async fn loopback_listener(what: &str) -> (TcpListener, String) {
+pub async fn loopback_listener(what: &str) -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| panic!("{what}: cannot bind a loopback port: {e}"));

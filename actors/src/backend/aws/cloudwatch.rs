@@ -67,7 +67,7 @@ impl CloudWatchMetrics {
             Failure::Throttled => MetricsError::Throttled {
                 message: err.message().map_or(message, str::to_owned),
             },
-            Failure::Transient | Failure::Bare500 => MetricsError::Transient {
+            Failure::Transient => MetricsError::Transient {
                 endpoint: self.endpoint.clone(),
                 message,
             },

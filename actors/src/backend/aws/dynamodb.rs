@@ -8,6 +8,14 @@
 //! server returns (`ReturnValuesOnConditionCheckFailure = ALL_OLD`) or, when a server
 //! does not return it, from one strongly consistent GetItem.
 //!
+//! Each call asks for, and reads, only what it uses ([`Answer`]): a write whose caller
+//! needs nothing back asks for nothing, one that needs the new counter asks for
+//! `UPDATED_NEW` and reads `leaseCounter` alone, and only `take`, which returns the
+//! lease as written, asks for the whole row (`ALL_NEW`). `UPDATED_NEW` is never read as
+//! a row: DynamoDB returns the updated attributes without the key, and some servers
+//! (moto) return only those whose value changed, so a heartbeat's answer may hold its
+//! counter and nothing else. A refused condition reads only owner and counter.
+//!
 //! Retries are the SDK's (its retry config in the `SdkConfig`); this adapter adds none.
 
 use std::collections::HashMap;
@@ -32,8 +40,8 @@ use super::Failure;
 
 use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
 use crate::model::item::{
-    AttrValue, ENTITY_WORKER, Item, MalformedRow, Row, attr, checkpoint_attrs, decode_row,
-    encode_lease, heartbeat_key, load_attrs, shard_set,
+    AttrValue, ENTITY_WORKER, Item, MalformedRow, Row, attr, checkpoint_attrs, decode_counter,
+    decode_fence, decode_row, encode_lease, heartbeat_key, load_attrs, shard_set,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 
@@ -67,6 +75,29 @@ pub struct DynamoLeaseTable {
     table: String,
     /// Named in transient errors so an operator can tell which endpoint is unreachable.
     endpoint: String,
+}
+
+/// What a conditional UpdateItem asks the server to return, and so all that is read
+/// from its answer.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// Nothing (`ReturnValues` NONE): the caller needs only to know the write happened.
+    Nothing,
+    /// The new `leaseCounter` (`UPDATED_NEW`). Every write that asks for it changes the
+    /// counter, so every server returns it.
+    Counter,
+    /// The whole row as written (`ALL_NEW`).
+    Row,
+}
+
+impl Answer {
+    fn return_value(self) -> ReturnValue {
+        match self {
+            Answer::Nothing => ReturnValue::None,
+            Answer::Counter => ReturnValue::UpdatedNew,
+            Answer::Row => ReturnValue::AllNew,
+        }
+    }
 }
 
 /// Why a conditional write did not happen.
@@ -158,7 +189,7 @@ impl DynamoLeaseTable {
         match (err.code(), super::classify(&err)) {
             (Some("ResourceNotFoundException"), _) => LeaseError::NotFound { op, message },
             (_, Failure::Throttled) => LeaseError::Throttled { op, message },
-            (_, Failure::Transient | Failure::Bare500) => LeaseError::Transient {
+            (_, Failure::Transient) => LeaseError::Transient {
                 op,
                 endpoint: self.endpoint.clone(),
                 message,
@@ -176,12 +207,7 @@ impl DynamoLeaseTable {
 
     /// The `ConditionFailed` for `key`, with the owner and counter of `current` (the
     /// row the server returned with the failure), or else of the row as it is now.
-    async fn condition_failed(
-        &self,
-        op: &'static str,
-        key: &LeaseKey,
-        current: Option<SdkItem>,
-    ) -> LeaseError {
+    async fn condition_failed(&self, key: &LeaseKey, current: Option<SdkItem>) -> LeaseError {
         let current = match current {
             Some(item) => Some(item),
             None => match self.get_item("GetItem", key.as_str()).await {
@@ -196,13 +222,13 @@ impl DynamoLeaseTable {
                 counter: None,
             };
         };
-        match decode_item(&item) {
-            Ok(Row::Lease(lease)) => LeaseError::ConditionFailed {
+        let fence = item_from_sdk(&item).and_then(|item| decode_fence(key.as_str(), &item));
+        match fence {
+            Ok(fence) => LeaseError::ConditionFailed {
                 key: key.clone(),
-                owner: lease.owner,
-                counter: Some(lease.counter),
+                owner: fence.owner,
+                counter: Some(fence.counter),
             },
-            Ok(other) => not_a_lease(op, &self.table, &other),
             Err(malformed) => LeaseError::Malformed(malformed),
         }
     }
@@ -221,14 +247,16 @@ impl DynamoLeaseTable {
         Ok(output.item)
     }
 
-    /// A conditional UpdateItem returning the new row (`ALL_NEW`).
+    /// A conditional UpdateItem asking for `answer`; the attributes returned (none for
+    /// [`Answer::Nothing`]).
     async fn update(
         &self,
         key: &LeaseKey,
         placeholders: &Placeholders,
         update: String,
         condition: String,
-    ) -> Result<Lease, LeaseError> {
+        answer: Answer,
+    ) -> Result<SdkItem, LeaseError> {
         const OP: &str = "UpdateItem";
         let result = self
             .client
@@ -239,7 +267,7 @@ impl DynamoLeaseTable {
             .condition_expression(condition)
             .set_expression_attribute_names(placeholders.names())
             .set_expression_attribute_values(placeholders.values())
-            .return_values(ReturnValue::AllNew)
+            .return_values(answer.return_value())
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await
@@ -249,23 +277,82 @@ impl DynamoLeaseTable {
                 }
                 _ => WriteFailure::Error(self.classify(OP, err)),
             });
-        let output = match result {
-            Ok(output) => output,
-            Err(WriteFailure::Condition(current)) => {
-                return Err(self.condition_failed(OP, key, current).await);
-            }
-            Err(WriteFailure::Error(err)) => return Err(err),
-        };
-        let item = output.attributes.ok_or_else(|| LeaseError::Other {
-            op: OP,
-            message: format!(
-                "table {}: lease {key}: no attributes returned (ReturnValues ALL_NEW)",
-                self.table
-            ),
-        })?;
+        match result {
+            Ok(output) => Ok(output.attributes.unwrap_or_default()),
+            Err(WriteFailure::Condition(current)) => Err(self.condition_failed(key, current).await),
+            Err(WriteFailure::Error(err)) => Err(err),
+        }
+    }
+
+    /// A conditional UpdateItem whose caller needs nothing back.
+    async fn update_only(
+        &self,
+        key: &LeaseKey,
+        placeholders: &Placeholders,
+        update: String,
+        condition: String,
+    ) -> Result<(), LeaseError> {
+        self.update(key, placeholders, update, condition, Answer::Nothing)
+            .await
+            .map(drop)
+    }
+
+    /// A conditional UpdateItem that changes the counter, returning the new counter.
+    async fn update_counter(
+        &self,
+        key: &LeaseKey,
+        placeholders: &Placeholders,
+        update: String,
+        condition: String,
+    ) -> Result<u64, LeaseError> {
+        let attributes = self
+            .update(key, placeholders, update, condition, Answer::Counter)
+            .await?;
+        self.counter_in("UpdateItem", key.as_str(), &attributes)
+    }
+
+    /// A conditional UpdateItem returning the whole row as written.
+    async fn update_row(
+        &self,
+        key: &LeaseKey,
+        placeholders: &Placeholders,
+        update: String,
+        condition: String,
+    ) -> Result<Lease, LeaseError> {
+        const OP: &str = "UpdateItem";
+        let item = self
+            .update(key, placeholders, update, condition, Answer::Row)
+            .await?;
+        if item.is_empty() {
+            return Err(self.incomplete(OP, key.as_str(), "attributes (ReturnValues ALL_NEW)"));
+        }
         match decode_item(&item)? {
             Row::Lease(lease) => Ok(*lease),
             other => Err(not_a_lease(OP, &self.table, &other)),
+        }
+    }
+
+    /// The new `leaseCounter` among the attributes an `UPDATED_NEW` answer holds, read
+    /// alone: another attribute's value is none of this call's business.
+    fn counter_in(
+        &self,
+        op: &'static str,
+        key: &str,
+        attributes: &SdkItem,
+    ) -> Result<u64, LeaseError> {
+        let missing = || self.incomplete(op, key, "leaseCounter (ReturnValues UPDATED_NEW)");
+        let value = attributes.get(attr::LEASE_COUNTER).ok_or_else(missing)?;
+        let only = HashMap::from([(attr::LEASE_COUNTER.to_owned(), value.clone())]);
+        let counter = item_from_sdk(&only).and_then(|item| decode_counter(key, &item))?;
+        counter.ok_or_else(missing)
+    }
+
+    fn incomplete(&self, op: &'static str, key: &str, missing: &str) -> LeaseError {
+        LeaseError::IncompleteAnswer {
+            op,
+            table: self.table.clone(),
+            key: key.to_owned(),
+            missing: missing.to_owned(),
         }
     }
 
@@ -360,6 +447,18 @@ impl DynamoLeaseTable {
                 .map_or("?", |d| d.attribute_type().as_str())
         };
         let schema = table.key_schema();
+        // Every table has a key schema and a type for each key attribute: an answer
+        // without them is incomplete, not a table with another key.
+        let incomplete = |missing: &str| self.incomplete("DescribeTable", "the table", missing);
+        if schema.is_empty() {
+            return Err(incomplete("KeySchema"));
+        }
+        if let Some(untyped) = schema.iter().find(|k| type_of(k.attribute_name()) == "?") {
+            return Err(incomplete(&format!(
+                "AttributeDefinitions entry for {}",
+                untyped.attribute_name()
+            )));
+        }
         let right = matches!(schema, [only] if only.attribute_name() == attr::LEASE_KEY
             && only.key_type() == &KeyType::Hash
             && type_of(attr::LEASE_KEY) == ScalarAttributeType::S.as_str());
@@ -459,7 +558,7 @@ impl DynamoLeaseTable {
         let update = format!(
             "SET {owner} = {me}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {checkpoint_owner}, {handoff}"
         );
-        self.update(key, &p, update, condition).await
+        self.update_row(key, &p, update, condition).await
     }
 
     async fn request(
@@ -478,7 +577,7 @@ impl DynamoLeaseTable {
         let condition =
             format!("{fenced} AND (attribute_not_exists({handoff}) OR {handoff} = {me})");
         let update = format!("SET {handoff} = {me}");
-        self.update(key, &p, update, condition).await.map(drop)
+        self.update_only(key, &p, update, condition).await
     }
 
     async fn transfer_lease(
@@ -497,7 +596,7 @@ impl DynamoLeaseTable {
         let update = format!(
             "SET {owner} = {to}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {handoff}"
         );
-        Ok(self.update(key, &p, update, condition).await?.counter)
+        self.update_counter(key, &p, update, condition).await
     }
 
     async fn clear_request(&self, key: &LeaseKey, requester: &WorkerId) -> Result<(), LeaseError> {
@@ -509,7 +608,7 @@ impl DynamoLeaseTable {
         );
         let condition = format!("{handoff} = {requester}");
         let update = format!("REMOVE {handoff}");
-        self.update(key, &p, update, condition).await.map(drop)
+        self.update_only(key, &p, update, condition).await
     }
 
     async fn release_lease(&self, key: &LeaseKey, fence: &Fence) -> Result<u64, LeaseError> {
@@ -519,7 +618,7 @@ impl DynamoLeaseTable {
         let one = p.value("one", number(1));
         let handoff = p.name(attr::HANDOFF_TO);
         let update = format!("SET {counter} = {counter} + {one} REMOVE {owner}, {handoff}");
-        Ok(self.update(key, &p, update, condition).await?.counter)
+        self.update_counter(key, &p, update, condition).await
     }
 
     async fn write_checkpoint(
@@ -550,7 +649,7 @@ impl DynamoLeaseTable {
         ]
         .map(|name| p.name(name));
         let update = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
-        self.update(key, &p, update, condition).await.map(drop)
+        self.update_only(key, &p, update, condition).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, fence: &Fence) -> Result<(), LeaseError> {
@@ -573,7 +672,7 @@ impl DynamoLeaseTable {
             Err(err) => match err.as_service_error() {
                 Some(DeleteItemError::ConditionalCheckFailedException(e)) => {
                     let current = e.item().cloned();
-                    Err(self.condition_failed(OP, key, current).await)
+                    Err(self.condition_failed(key, current).await)
                 }
                 _ => Err(self.classify(OP, err)),
             },
@@ -612,20 +711,9 @@ impl DynamoLeaseTable {
             .send()
             .await
             .map_err(|e| self.classify(OP, e))?;
-        // UPDATED_NEW returns the attributes the update named, not the key: add it
-        // back so the row reads through the codec like any other.
-        let mut item = output.attributes.unwrap_or_default();
-        item.insert(attr::LEASE_KEY.to_owned(), AttributeValue::S(key));
-        match decode_item(&item)? {
-            Row::Heartbeat(heartbeat) => Ok(heartbeat.counter),
-            other => Err(LeaseError::Other {
-                op: OP,
-                message: format!(
-                    "table {}: expected a heartbeat row, found {other}",
-                    self.table
-                ),
-            }),
-        }
+        // The write happened: the counter is all that is read from the answer (never
+        // the row, which UPDATED_NEW does not return whole).
+        self.counter_in(OP, &key, &output.attributes.unwrap_or_default())
     }
 
     async fn remove_beat(&self, worker: &WorkerId) -> Result<(), LeaseError> {

@@ -8,11 +8,17 @@
 //! Error mapping, by the service's error code first and the HTTP status second:
 //! throttling codes -> `Throttled`; `ExpiredIteratorException` -> `IteratorExpired`;
 //! `ResourceNotFoundException` -> `NotFound`; `InvalidArgumentException` and
-//! `ValidationException` -> `InvalidArgument`; no answer, a timeout, or a 5xx that
-//! carries an error code (or a 501..=599 without one) -> `Transient`. An HTTP 500
-//! without any error code is `Other`: it is kinesis-mock's answer (empty body) to a
-//! garbage shard iterator, where the request itself is at fault and repeating it
-//! cannot help. Real Kinesis always names its 500s (`InternalFailure`).
+//! `ValidationException` -> `InvalidArgument`; no answer, a timeout, an answer cut
+//! short, `InternalFailure`/`ServiceUnavailable`, or any 5xx, with or without an error
+//! code -> `Transient` (a reader backs off and retries; it does not restart the shard).
+//! A bare 500 is also what kinesis-mock and moto answer to a garbage shard iterator:
+//! nothing in it tells that apart from a server fault, so it is transient there too
+//! (a reader only ever holds iterators the server gave it).
+//!
+//! Answers are read leniently: each call decodes only what it uses, and what Kinesis
+//! marks optional (`MillisBehindLatest`, `ApproximateArrivalTimestamp`, `ChildShards`,
+//! a child's `HashKeyRange`) may be missing. Something truly needed that is missing is
+//! `IncompleteAnswer`, naming it.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -26,7 +32,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{Failure, THROTTLING_CODES, classify, error_text};
+use super::{Failure, THROTTLING_CODES, TRANSIENT_CODES, classify, error_text};
 
 use crate::backend::{
     Capabilities, ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch,
@@ -123,10 +129,6 @@ impl KinesisStream {
                 endpoint: self.endpoint.clone(),
                 message,
             },
-            (_, Failure::Bare500) => StreamError::Other {
-                op,
-                message: format!("HTTP 500 without an error code: {message}"),
-            },
             (_, Failure::Other) => StreamError::Other { op, message },
         }
     }
@@ -190,9 +192,10 @@ impl KinesisStream {
         output
             .shard_iterator()
             .map(|it| ShardIterator(it.to_owned()))
-            .ok_or_else(|| StreamError::Other {
+            .ok_or_else(|| StreamError::IncompleteAnswer {
                 op: OP,
-                message: format!("no ShardIterator in the answer for {shard} of stream {stream}"),
+                what: format!("{shard} of stream {stream}"),
+                missing: "ShardIterator",
             })
     }
 
@@ -224,16 +227,15 @@ impl KinesisStream {
                 })
             })
             .transpose()?;
-        let child_shards = output
-            .child_shards
-            .as_deref()
-            .map(|children| {
-                children
-                    .iter()
-                    .map(child_from_sdk)
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?;
+        // Children are a shortcut (the watcher lists the shards when none are
+        // reported), and a lease row needs each child's hash range: children reported
+        // without one are taken as not reported, and come from ListShards instead.
+        let child_shards = output.child_shards.as_deref().and_then(|children| {
+            children
+                .iter()
+                .map(child_from_sdk)
+                .collect::<Option<Vec<_>>>()
+        });
         Ok(RecordBatch {
             records,
             next_iterator: output
@@ -259,6 +261,14 @@ impl KinesisStream {
                 op: OP,
                 message: format!("no StreamDescriptionSummary in the answer for stream {stream}"),
             })?;
+        // The status is what an admin call waits on; the name is the one asked for.
+        if summary.stream_status().as_str().is_empty() {
+            return Err(StreamError::IncompleteAnswer {
+                op: OP,
+                what: format!("stream {stream}"),
+                missing: "StreamStatus",
+            });
+        }
         let count = |what: &str, value: i32| {
             u32::try_from(value).map_err(|_| StreamError::Other {
                 op: OP,
@@ -266,7 +276,10 @@ impl KinesisStream {
             })
         };
         Ok(StreamSummary {
-            name: summary.stream_name().to_owned(),
+            name: match summary.stream_name() {
+                "" => stream.to_owned(),
+                name => name.to_owned(),
+            },
             arn: summary.stream_arn().to_owned(),
             status: summary.stream_status().as_str().to_owned(),
             open_shard_count: count("OpenShardCount", summary.open_shard_count())?,
@@ -414,7 +427,7 @@ impl KinesisStream {
                 return Err(
                     if code == KMS_THROTTLING || THROTTLING_CODES.contains(&code) {
                         StreamError::Throttled { op: OP, message }
-                    } else if code == "InternalFailure" {
+                    } else if TRANSIENT_CODES.contains(&code) {
                         StreamError::Transient {
                             op: OP,
                             endpoint: self.endpoint.clone(),
@@ -509,9 +522,10 @@ fn parse_range(
     what: &str,
     range: Option<&aws_sdk_kinesis::types::HashKeyRange>,
 ) -> Result<HashKeyRange, StreamError> {
-    let range = range.ok_or_else(|| StreamError::Other {
+    let range = range.ok_or_else(|| StreamError::IncompleteAnswer {
         op,
-        message: format!("{what}: no HashKeyRange from the server"),
+        what: what.to_owned(),
+        missing: "HashKeyRange",
     })?;
     HashKeyRange::parse(range.starting_hash_key(), range.ending_hash_key()).map_err(|e| {
         StreamError::Other {
@@ -526,9 +540,10 @@ fn shard_from_sdk(shard: &aws_sdk_kinesis::types::Shard) -> Result<Shard, Stream
     let what = format!("shard {}", shard.shard_id());
     let sequences = shard
         .sequence_number_range()
-        .ok_or_else(|| StreamError::Other {
+        .ok_or_else(|| StreamError::IncompleteAnswer {
             op: OP,
-            message: format!("{what}: no SequenceNumberRange from the server"),
+            what: what.clone(),
+            missing: "SequenceNumberRange",
         })?;
     Ok(Shard {
         id: ShardId::new(shard.shard_id()),
@@ -548,6 +563,13 @@ fn shard_from_sdk(shard: &aws_sdk_kinesis::types::Shard) -> Result<Shard, Stream
 fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, StreamError> {
     const OP: &str = "GetRecords";
     let seq = record.sequence_number();
+    if seq.is_empty() {
+        return Err(StreamError::IncompleteAnswer {
+            op: OP,
+            what: "a record".to_owned(),
+            missing: "SequenceNumber",
+        });
+    }
     let what = format!("record {seq}");
     let approximate_arrival = record
         .approximate_arrival_timestamp()
@@ -563,9 +585,10 @@ fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, St
         sub_sequence_number: 0,
         partition_key: record
             .partition_key()
-            .ok_or_else(|| StreamError::Other {
+            .ok_or_else(|| StreamError::IncompleteAnswer {
                 op: OP,
-                message: format!("{what}: no PartitionKey from the server"),
+                what: what.clone(),
+                missing: "PartitionKey",
             })?
             .to_owned(),
         // GetRecords does not return the explicit hash key a producer gave.
@@ -575,20 +598,17 @@ fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, St
     })
 }
 
-fn child_from_sdk(child: &aws_sdk_kinesis::types::ChildShard) -> Result<ChildShard, StreamError> {
-    const OP: &str = "GetRecords";
-    Ok(ChildShard {
+/// A reported child, or `None` if its hash range is missing or unreadable.
+fn child_from_sdk(child: &aws_sdk_kinesis::types::ChildShard) -> Option<ChildShard> {
+    let range = child.hash_key_range()?;
+    Some(ChildShard {
         id: ShardId::new(child.shard_id()),
         parents: child
             .parent_shards()
             .iter()
             .map(|p| ShardId::new(p.as_str()))
             .collect(),
-        hash_range: parse_range(
-            OP,
-            &format!("child shard {}", child.shard_id()),
-            child.hash_key_range(),
-        )?,
+        hash_range: HashKeyRange::parse(range.starting_hash_key(), range.ending_hash_key()).ok()?,
     })
 }
 

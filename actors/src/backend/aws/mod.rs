@@ -73,25 +73,44 @@ pub(crate) const THROTTLING_CODES: &[&str] = &[
     "EC2ThrottledException",
 ];
 
+/// Error codes that say the service failed, not the request: retried like a 5xx.
+/// DynamoDB names its 500s `InternalServerError`, Kinesis `InternalFailure`; both may
+/// answer `ServiceUnavailable` (503). Matched whatever the HTTP status, because an
+/// emulator may send them with a 400.
+pub(crate) const TRANSIENT_CODES: &[&str] = &[
+    "InternalFailure",
+    "InternalServerError",
+    "InternalServerErrorException",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+];
+
 /// What an SDK error says apart from the codes an adapter maps itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {
     /// A throttling code, or HTTP 429.
     Throttled,
-    /// No answer, a timeout, or a 5xx (but [`Failure::Bare500`]).
+    /// No answer, a timeout, an answer cut short, a 5xx (with or without an error
+    /// code), or a [`TRANSIENT_CODES`] code: the service failed, not the request.
     Transient,
-    /// HTTP 500 without an error code.
-    Bare500,
     Other,
 }
 
+/// Sorts an SDK error the way the SDK's own retry classifiers do, so that what the
+/// SDK retried and gave up on is retried again by the caller (with its backoff), and
+/// not taken for a fault of the request. A 5xx is transient even without an error code
+/// (a proxy's or load balancer's bare 500, an emulator's HTML error page): nothing in
+/// such an answer says the request was wrong.
 pub(crate) fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Failure {
     let code = err.code();
     match (err, err.raw_response().map(|r| r.status().as_u16())) {
         _ if code.is_some_and(|c| THROTTLING_CODES.contains(&c)) => Failure::Throttled,
+        _ if code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) => Failure::Transient,
         (SdkError::DispatchFailure(_) | SdkError::TimeoutError(_), _) => Failure::Transient,
+        (SdkError::ResponseError(_), _) => Failure::Transient,
         (_, Some(429)) => Failure::Throttled,
-        (_, Some(500)) if code.is_none() => Failure::Bare500,
         (_, Some(500..=599)) => Failure::Transient,
         _ => Failure::Other,
     }
