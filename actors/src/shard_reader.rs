@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::backend::{
     ChildShard, IteratorPosition, LeaseTable, Record, ShardIterator, StreamClient, StreamError,
@@ -40,6 +40,11 @@ use crate::worker::ProcessorSource;
 
 /// How long the reader waits on the checkpoint writer.
 const WRITER_TIMEOUT_MS: u64 = 30_000;
+
+/// Transient GetRecords failures in a row after which the iterator is replaced.
+const FRESH_ITERATOR_AFTER: u32 = 3;
+/// Failed calls in a row that make an ERROR line (and every this many more).
+const STALL_REPORT_EVERY: u32 = 20;
 
 /// Stop reasons the supervisor reads to tell a finished shard from a failed one.
 pub(crate) const STOP_SHARD_END: &str = "shard_end";
@@ -172,6 +177,8 @@ pub(crate) struct ReaderState {
     caught_up: bool,
     /// Why delivery is paused, while it is (self-fencing).
     fenced: Option<FenceReason>,
+    /// Stream calls that failed since the last GetRecords answered.
+    failures_in_row: u32,
     shutdown_reply: Option<RpcReplyPort<ShardShutdown>>,
 }
 
@@ -224,6 +231,7 @@ impl Actor for ShardReader {
             throttled: false,
             caught_up: false,
             fenced: None,
+            failures_in_row: 0,
             shutdown_reply: None,
             args,
         })
@@ -591,7 +599,14 @@ impl ReaderState {
         };
         let limit = self.settings().reader.max_records;
         let call_started = Instant::now();
-        match self.args.streams.get_records(&iterator, limit).await {
+        let answer = self.args.streams.get_records(&iterator, limit).await;
+        if answer.is_ok() && self.failures_in_row > 0 {
+            if self.failures_in_row >= STALL_REPORT_EVERY {
+                info!(message = "Shard read again.", shard_id = %self.shard, after_failures = self.failures_in_row);
+            }
+            self.failures_in_row = 0;
+        }
+        match answer {
             // Fenced while the call was out (the worker froze, the keeper found the
             // lease lost): these records are not handed over. The iterator is dropped,
             // so reading resumes after the last record delivered.
@@ -649,6 +664,14 @@ impl ReaderState {
                 self.count_failure(&error);
                 let delay = self.backoff.next_random();
                 debug!(message = "GetRecords failed; backing off.", shard_id = %self.shard, %error, delay_ms = delay.as_millis() as u64);
+                // A server that keeps failing one iterator (kinesis-mock and moto answer
+                // a bad one with a bare 500) is not waited out: a fresh iterator from the
+                // last record delivered. Throttling is not the iterator's fault.
+                if matches!(error, StreamError::Transient { .. })
+                    && self.failures_in_row % FRESH_ITERATOR_AFTER == 0
+                {
+                    self.iterator = None;
+                }
                 self.schedule_fetch(myself, delay);
             }
             Err(error) => {
@@ -661,6 +684,16 @@ impl ReaderState {
     fn count_failure(&mut self, error: &StreamError) {
         self.throttled = matches!(error, StreamError::Throttled { .. });
         self.last_error = Some(error.to_string());
+        self.failures_in_row += 1;
+        // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
+        if self.failures_in_row % STALL_REPORT_EVERY == 0 {
+            error!(
+                message = "Shard not read: its calls keep failing; retrying with backoff.",
+                shard_id = %self.shard,
+                failures_in_row = self.failures_in_row,
+                %error,
+            );
+        }
         let metric = if matches!(error, StreamError::Throttled { .. }) {
             Metric::Throttles
         } else {

@@ -8,7 +8,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use flotilla_actors::backend::faults::{FaultPlan, Faulty};
+use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty};
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin};
 use flotilla_actors::model::{Checkpoint, Shard, ShardId};
@@ -593,4 +593,47 @@ async fn batches_already_queued_wait_while_the_worker_is_fenced() {
     probes.wait_distinct(producer.total(), PATIENCE).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
+}
+
+/// GetRecords keeps failing on one iterator (kinesis-mock and moto answer a bad one
+/// with a bare 500, forever): after three transient failures in a row the reader gets a
+/// fresh iterator from its last record instead of retrying the same one for ever. The
+/// shard is not restarted, and nothing is lost or repeated.
+#[tokio::test(start_paused = true)]
+async fn an_iterator_that_keeps_failing_is_replaced_not_retried_forever() {
+    use std::sync::Arc;
+
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let streams = Faulty::new(rig.streams.clone(), FaultPlan::seeded(3));
+    let backend = Backend::new(
+        Arc::new(streams.clone()),
+        {
+            let table = rig.dynamo.lease_table(APP);
+            move |_| Arc::new(table.clone())
+        },
+        Arc::new(rig.metrics.clone()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig
+        .start_on(backend, &probes, fast_settings(STREAM, APP))
+        .await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 10, 10).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
+    // The iterator in hand is "bad" from now on: its next calls fail until replaced.
+    let iterators = streams.calls("GetShardIterator");
+    let next = streams.calls("GetRecords");
+    let mut plan = FaultPlan::seeded(4);
+    for nth in next..next + 3 {
+        plan = plan.then(Some("GetRecords"), nth, Fault::Transient);
+    }
+    streams.set_plan(plan);
+    producer.put_round(&rig.streams, STREAM, 10, 10).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
+    assert_eq!(streams.calls("GetShardIterator"), iterators + 1);
+    let status = worker.status().await.unwrap();
+    assert_eq!(status.shard_restarts, 0, "{status:?}");
+    assert!(worker.shutdown().await.unwrap().clean());
+    let verdict = probes.assert_nothing_lost(&producer);
+    assert_eq!(verdict.duplicates, 0, "{verdict:?}");
 }
