@@ -668,7 +668,7 @@ impl ReaderState {
                 // a bad one with a bare 500) is not waited out: a fresh iterator from the
                 // last record delivered. Throttling is not the iterator's fault.
                 if matches!(error, StreamError::Transient { .. })
-                    && self.failures_in_row % FRESH_ITERATOR_AFTER == 0
+                    && self.failures_in_row.is_multiple_of(FRESH_ITERATOR_AFTER)
                 {
                     self.iterator = None;
                 }
@@ -686,7 +686,7 @@ impl ReaderState {
         self.last_error = Some(error.to_string());
         self.failures_in_row += 1;
         // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
-        if self.failures_in_row % STALL_REPORT_EVERY == 0 {
+        if self.failures_in_row.is_multiple_of(STALL_REPORT_EVERY) {
             error!(
                 message = "Shard not read: its calls keep failing; retrying with backoff.",
                 shard_id = %self.shard,
