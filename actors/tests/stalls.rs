@@ -71,8 +71,10 @@ async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_n
     let shard = ShardId::from_index(0);
     let key = LeaseKey::from(&shard);
     let good = rig.dynamo.get_raw(APP, key.as_str()).unwrap();
+    // An attribute the owner's own checkpoint writes leave alone (a garbage checkpoint
+    // would be overwritten by the next one, mending the row).
     let mut bad = good.clone();
-    bad.insert("checkpoint".into(), AttrValue::S("garbage".into()));
+    bad.insert("startingHashKey".into(), AttrValue::S("garbage".into()));
     rig.dynamo.put_raw(APP, bad).unwrap();
 
     let fleet = json_until(&a, "/fleet", "shows the shard stalled", |f| {
@@ -82,14 +84,14 @@ async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_n
     let row = lease(&fleet, shard.as_str()).unwrap();
     let reason = row["reason"].as_str().unwrap();
     assert!(
-        reason.starts_with("unreadable row") && reason.contains("checkpoint"),
+        reason.starts_with("unreadable row") && reason.contains("startingHashKey"),
         "{row}"
     );
     assert!(
         fleet["stalled"][0]
             .as_str()
             .unwrap()
-            .contains("attribute checkpoint"),
+            .contains("attribute startingHashKey"),
         "{fleet}"
     );
     // Not "lost to another worker": stopped here, as unreadable.
