@@ -3,7 +3,7 @@
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
-//! `-- p3` runs P3 with both settings). `FLEET_RUNS=n` overrides the run counts.
+//! `-- p3` runs P3 with both settings and P3e). `FLEET_RUNS=n` overrides the run counts.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -373,6 +373,79 @@ fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
     rows.push(Row {
         id: format!("{id} dup"),
         what: format!("records delivered again after the kill, per run, {label}"),
+        values: dups,
+        unit: "rec",
+        target: None,
+    });
+}
+
+/// The outside tester's failover: a stream with a backlog (500 records per shard) and the
+/// 100 ms feed, a fleet of 3 started at once, and worker `a` aborted 1 s after its first
+/// delivery: records delivered again after the abort (short settings).
+async fn p3e_run() -> u64 {
+    let rig = Rig::new(12).await;
+    for _ in 0..500 {
+        rig.put_one_each().await;
+    }
+    let f = feed(&rig);
+    let mut ws = Vec::new();
+    for id in ["a", "b", "c"] {
+        ws.push(rig.start(rig.backend(), settings(id, true), true).await);
+    }
+    let log = rig.log.clone();
+    let first_by_a = || {
+        log.with(|l| {
+            l.batches
+                .values()
+                .flat_map(|b| b.iter().filter(|(_, w)| w == "a").map(|(at, _)| *at))
+                .min()
+        })
+    };
+    wait_for("a delivers", Duration::from_secs(60), async || {
+        first_by_a().is_some()
+    })
+    .await;
+    tokio::time::sleep_until(first_by_a().unwrap() + Duration::from_secs(1)).await;
+    let victim = ws.remove(0);
+    let t0 = Instant::now();
+    victim.abort();
+    let duplicates_before = rig.log.with(|l| l.duplicates);
+    wait_for("survivors deliver", Duration::from_secs(60), async || {
+        log.with(|l| {
+            l.batches.len() == 12
+                && l.batches
+                    .values()
+                    .all(|b| b.iter().any(|(at, w)| *at > t0 && w != "a"))
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let duplicates = rig.log.with(|l| l.duplicates) - duplicates_before;
+    f.abort();
+    for w in ws {
+        w.shutdown().await.unwrap();
+    }
+    duplicates
+}
+
+fn p3e(n: usize, rows: &mut Vec<Row>) {
+    println!(
+        "P3e crash 1 s after the first batches (500 records/shard backlog, failover 4 s, heartbeat 1 s), {n} runs"
+    );
+    let rt = real_time();
+    let mut dups = Vec::new();
+    for i in 0..n {
+        let d = rt.block_on(p3e_run());
+        println!("  run {i}: delivered again after the kill: {d}");
+        dups.push(d as f64);
+    }
+    let (med, min, max) = mmm(&dups);
+    println!(
+        "  delivered again after the kill, per run: median {med:.0}, min {min:.0}, max {max:.0}"
+    );
+    rows.push(Row {
+        id: "P3e dup".into(),
+        what: "records delivered again after a kill 1 s after the victim's first batches (12 shards x 500 backlog), per run".into(),
         values: dups,
         unit: "rec",
         target: None,
@@ -953,6 +1026,9 @@ fn main() {
     }
     if want("p3d") || filter.as_deref() == Some("p3") {
         p3(false, runs(10), &mut rows);
+    }
+    if want("p3e") || filter.as_deref() == Some("p3") {
+        p3e(runs(10), &mut rows);
     }
     if want("p4") {
         p4(false, runs(5), &mut rows);
