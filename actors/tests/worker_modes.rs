@@ -391,7 +391,10 @@ impl Processor for CheckpointsEachBatch {
 
 /// In every mode a position goes through the same writer: the first one of a shard is
 /// written at once, so a worker killed a second after its first batch leaves none of it
-/// to be delivered again.
+/// to be delivered again. Watermark mode acks record by record here: the positions of
+/// those acks queue behind the first one and share its write (in this single-threaded
+/// paused-time runtime they all arrive before it; in a live process, those that come
+/// later wait for the trailing write).
 #[tokio::test(start_paused = true)]
 async fn in_every_mode_a_crash_a_second_after_the_first_batch_delivers_none_of_it_again() {
     let mut again = Vec::new();
