@@ -3,7 +3,7 @@
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
-//! `-- p3` runs P3 with both settings). `FLEET_RUNS=n` overrides the run counts.
+//! `-- p3` runs P3 with both settings and P3e). `FLEET_RUNS=n` overrides the run counts.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -170,6 +170,11 @@ impl Rig {
 
 /// Puts one record on every shard every 100 ms until aborted.
 fn feed(rig: &Rig) -> tokio::task::JoinHandle<()> {
+    feed_every(rig, Duration::from_millis(100))
+}
+
+/// Puts one record on every shard every `period` until aborted.
+fn feed_every(rig: &Rig, period: Duration) -> tokio::task::JoinHandle<()> {
     let r = Rig {
         streams: rig.streams.clone(),
         dynamo: rig.dynamo.clone(),
@@ -179,7 +184,7 @@ fn feed(rig: &Rig) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             r.put_one_each().await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(period).await;
         }
     })
 }
@@ -269,8 +274,10 @@ fn paused_time() -> tokio::runtime::Runtime {
 
 // ---------------------------------------------------------------- P3 crash failover
 
-/// Per-shard gaps (s) from abort() to the first delivery on a survivor, for one run.
-async fn p3_run(short: bool) -> Vec<f64> {
+/// One P3 run: per-shard gaps (s) from abort() to the first delivery on a survivor, and
+/// the records delivered again after the abort (the victim had delivered them, its
+/// checkpoints did not cover them).
+async fn p3_run(short: bool) -> (Vec<f64>, u64) {
     let rig = Rig::new(12).await;
     let f = feed(&rig);
     let mut ws = Vec::new();
@@ -288,6 +295,7 @@ async fn p3_run(short: bool) -> Vec<f64> {
     let shards = held(&victim).await;
     let t0 = Instant::now();
     victim.abort();
+    let duplicates_before = rig.log.with(|l| l.duplicates);
     let log = rig.log.clone();
     let first_after = |shard: &str| {
         log.with(|l| {
@@ -306,11 +314,15 @@ async fn p3_run(short: bool) -> Vec<f64> {
         .iter()
         .map(|s| secs(first_after(s).unwrap()))
         .collect();
+    // A survivor reads from the checkpoint to the tip in its first call, so what comes
+    // again has come by now; a second more for the slowest processor.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let duplicates = rig.log.with(|l| l.duplicates) - duplicates_before;
     f.abort();
     for w in ws {
         w.shutdown().await.unwrap();
     }
-    gaps
+    (gaps, duplicates)
 }
 
 fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
@@ -325,16 +337,19 @@ fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
     let rt = real_time();
     let mut all = Vec::new();
     let mut p50s = Vec::new();
+    let mut dups = Vec::new();
     for i in 0..n {
-        let gaps = sorted(rt.block_on(p3_run(short)));
+        let (gaps, duplicates) = rt.block_on(p3_run(short));
+        let gaps = sorted(gaps);
         println!(
-            "  run {i}: per-shard gap p50 {:.2} s, max {:.2} s ({} shards)",
+            "  run {i}: per-shard gap p50 {:.2} s, max {:.2} s ({} shards); delivered again after the kill: {duplicates}",
             pct(&gaps, 50.0),
             pct(&gaps, 100.0),
             gaps.len()
         );
         p50s.push(pct(&gaps, 50.0));
         all.extend(gaps);
+        dups.push(duplicates as f64);
     }
     let all = sorted(all);
     let (p50, p99, max) = (pct(&all, 50.0), pct(&all, 99.0), pct(&all, 100.0));
@@ -343,6 +358,10 @@ fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
         all.len(),
         failover + 2.0
     );
+    let (dup_med, dup_min, dup_max) = mmm(&dups);
+    println!(
+        "  delivered again after the kill, per run: median {dup_med:.0}, min {dup_min:.0}, max {dup_max:.0} (records of the victim's 4 shards, 10 records/s each)"
+    );
     let id = if short { "P3" } else { "P3d" };
     rows.push(Row {
         id: id.into(),
@@ -350,6 +369,86 @@ fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
         values: all.clone(),
         unit: "s",
         target: Some((failover + 2.0, p99, "p99")),
+    });
+    rows.push(Row {
+        id: format!("{id} dup"),
+        what: format!("records delivered again after the kill, per run, {label}"),
+        values: dups,
+        unit: "rec",
+        target: None,
+    });
+}
+
+/// The outside tester's failover: a stream with a backlog (500 records per shard) and the
+/// 100 ms feed, a fleet of 3 started at once, and worker `a` aborted 1 s after its first
+/// delivery: records delivered again after the abort (short settings).
+async fn p3e_run() -> u64 {
+    let rig = Rig::new(12).await;
+    for _ in 0..500 {
+        rig.put_one_each().await;
+    }
+    let f = feed(&rig);
+    let mut ws = Vec::new();
+    for id in ["a", "b", "c"] {
+        ws.push(rig.start(rig.backend(), settings(id, true), true).await);
+    }
+    let log = rig.log.clone();
+    let first_by_a = || {
+        log.with(|l| {
+            l.batches
+                .values()
+                .flat_map(|b| b.iter().filter(|(_, w)| w == "a").map(|(at, _)| *at))
+                .min()
+        })
+    };
+    wait_for("a delivers", Duration::from_secs(60), async || {
+        first_by_a().is_some()
+    })
+    .await;
+    tokio::time::sleep_until(first_by_a().unwrap() + Duration::from_secs(1)).await;
+    let victim = ws.remove(0);
+    let t0 = Instant::now();
+    victim.abort();
+    let duplicates_before = rig.log.with(|l| l.duplicates);
+    wait_for("survivors deliver", Duration::from_secs(60), async || {
+        log.with(|l| {
+            l.batches.len() == 12
+                && l.batches
+                    .values()
+                    .all(|b| b.iter().any(|(at, w)| *at > t0 && w != "a"))
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let duplicates = rig.log.with(|l| l.duplicates) - duplicates_before;
+    f.abort();
+    for w in ws {
+        w.shutdown().await.unwrap();
+    }
+    duplicates
+}
+
+fn p3e(n: usize, rows: &mut Vec<Row>) {
+    println!(
+        "P3e crash 1 s after the first batches (500 records/shard backlog, failover 4 s, heartbeat 1 s), {n} runs"
+    );
+    let rt = real_time();
+    let mut dups = Vec::new();
+    for i in 0..n {
+        let d = rt.block_on(p3e_run());
+        println!("  run {i}: delivered again after the kill: {d}");
+        dups.push(d as f64);
+    }
+    let (med, min, max) = mmm(&dups);
+    println!(
+        "  delivered again after the kill, per run: median {med:.0}, min {min:.0}, max {max:.0}"
+    );
+    rows.push(Row {
+        id: "P3e dup".into(),
+        what: "records delivered again after a kill 1 s after the victim's first batches (12 shards x 500 backlog), per run".into(),
+        values: dups,
+        unit: "rec",
+        target: None,
     });
 }
 
@@ -692,7 +791,9 @@ struct Cost {
     settle_s: f64,
 }
 
-async fn p6_run(leases: u32, workers: usize, minutes: u64) -> Cost {
+/// `busy`: a record on every shard every second once the fleet has settled, so every
+/// shard has a position to write all the time (the checkpoint writes' worst case).
+async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
     let rig = Rig::new(leases).await;
     let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
     let backend = {
@@ -712,6 +813,7 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64) -> Cost {
     let members: Vec<&str> = names.iter().map(String::as_str).collect();
     settle_real(&rig, &members).await;
     let settle_s = secs(t0.elapsed());
+    let feeding = busy.then(|| feed_every(&rig, Duration::from_secs(1)));
     tokio::time::sleep(Duration::from_secs(20)).await;
     let before: Vec<u64> = OPS.iter().map(|op| table.calls(op)).collect();
     tokio::time::sleep(Duration::from_secs(60 * minutes)).await;
@@ -720,6 +822,9 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64) -> Cost {
         .zip(before)
         .map(|(op, b)| (*op, (table.calls(op) - b) as f64 / minutes as f64))
         .collect();
+    if let Some(f) = feeding {
+        f.abort();
+    }
     for w in ws {
         w.abort();
     }
@@ -728,67 +833,98 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64) -> Cost {
 
 fn p6(n: usize, rows: &mut Vec<Row>) {
     let (leases, workers, minutes) = (1000u32, 50usize, 2u64);
-    println!(
-        "P6 lease-table cost: {leases} leases x {workers} workers, defaults, paused time, no records, {n} runs of {minutes} min after settling"
-    );
-    let mut writes = Vec::new();
-    let mut reads_rows = Vec::new();
-    for i in 0..n {
-        let c = paused_time().block_on(p6_run(leases, workers, minutes));
-        let w: f64 = c
-            .per_min
-            .iter()
-            .filter(|(op, _)| !READ_OPS.contains(op))
-            .map(|(_, v)| v)
-            .sum();
-        let scans = c.per_min["scan"];
-        let gets = c.per_min["get"];
-        let rows_read = scans * f64::from(leases + workers as u32) + gets;
-        let nonzero: Vec<String> = c
-            .per_min
-            .iter()
-            .filter(|(_, v)| **v > 0.0)
-            .map(|(op, v)| format!("{op} {v:.0}"))
-            .collect();
-        println!(
-            "  run {i}: settled in {:.0} s; per minute: {}; writes {w:.0}, scans {scans:.0}, rows read {rows_read:.0}",
-            c.settle_s,
-            nonzero.join(", ")
-        );
-        writes.push(w);
-        reads_rows.push(rows_read);
-    }
+    let interval = Settings::default().checkpoint.interval;
+    // The writer's bound: at most one paced checkpoint write per shard per interval.
+    let bound = f64::from(leases) * 60.0 / interval.as_secs_f64();
     // KCL 2.x/3.x: every lease renewed every failover/3 = 3.3 s; each worker scans the
     // whole table once per failover time (10 s) to take expired leases.
     let kcl_writes = f64::from(leases) / 3.3 * 60.0;
     let kcl_scans = workers as f64 * 6.0;
     let kcl_rows = kcl_scans * f64::from(leases);
-    println!(
-        "  KCL model: renewals {kcl_writes:.0}/min; {kcl_scans:.0} scans/min = {kcl_rows:.0} rows read/min"
-    );
-    let (med, _, _) = mmm(&writes);
-    println!(
-        "  writes ratio KCL/flotilla: {:.1}x (target >= 10x)",
-        kcl_writes / med
-    );
-    println!(
-        "  checkpoint writes with records on every shard, either scheme: <= {leases} x 60 / 5 s = {}/min",
-        leases * 12
-    );
-    rows.push(Row {
-        id: "P6 w".into(),
-        what: format!("lease-table writes/min, {leases} leases x {workers} workers (KCL model {kcl_writes:.0})"),
-        values: writes,
-        unit: "w/min",
-        target: Some((kcl_writes / 10.0, med, "median")),
-    });
-    rows.push(Row {
-        id: "P6 r".into(),
-        what: format!("rows read/min (scans x rows + gets) (KCL model {kcl_rows:.0})"),
-        values: reads_rows,
-        unit: "rows/min",
-        target: None,
-    });
+    for busy in [false, true] {
+        let records = if busy {
+            "a record on every shard every second"
+        } else {
+            "no records"
+        };
+        println!(
+            "P6 lease-table cost: {leases} leases x {workers} workers, defaults, paused time, {records}, {n} runs of {minutes} min after settling"
+        );
+        let mut lease_writes = Vec::new();
+        let mut checkpoints = Vec::new();
+        let mut reads_rows = Vec::new();
+        for i in 0..n {
+            let c = paused_time().block_on(p6_run(leases, workers, minutes, busy));
+            let w: f64 = c
+                .per_min
+                .iter()
+                .filter(|(op, _)| !READ_OPS.contains(op) && **op != "checkpoint")
+                .map(|(_, v)| v)
+                .sum();
+            let cw = c.per_min["checkpoint"];
+            let scans = c.per_min["scan"];
+            let gets = c.per_min["get"];
+            let rows_read = scans * f64::from(leases + workers as u32) + gets;
+            let nonzero: Vec<String> = c
+                .per_min
+                .iter()
+                .filter(|(_, v)| **v > 0.0)
+                .map(|(op, v)| format!("{op} {v:.0}"))
+                .collect();
+            println!(
+                "  run {i}: settled in {:.0} s; per minute: {}; lease writes {w:.0}, checkpoint writes {cw:.0}, scans {scans:.0}, rows read {rows_read:.0}",
+                c.settle_s,
+                nonzero.join(", ")
+            );
+            lease_writes.push(w);
+            checkpoints.push(cw);
+            reads_rows.push(rows_read);
+        }
+        let (med, _, _) = mmm(&lease_writes);
+        let (cw_med, _, cw_max) = mmm(&checkpoints);
+        if !busy {
+            println!(
+                "  KCL model: renewals {kcl_writes:.0}/min; {kcl_scans:.0} scans/min = {kcl_rows:.0} rows read/min"
+            );
+            println!(
+                "  writes ratio KCL/flotilla: {:.1}x (target >= 10x)",
+                kcl_writes / med
+            );
+            rows.push(Row {
+                id: "P6 w".into(),
+                what: format!("lease-table writes/min, {leases} leases x {workers} workers, no records (KCL model {kcl_writes:.0})"),
+                values: lease_writes,
+                unit: "w/min",
+                target: Some((kcl_writes / 10.0, med, "median")),
+            });
+            rows.push(Row {
+                id: "P6 r".into(),
+                what: format!("rows read/min (scans x rows + gets) (KCL model {kcl_rows:.0})"),
+                values: reads_rows,
+                unit: "rows/min",
+                target: None,
+            });
+        } else {
+            println!(
+                "  checkpoint writes/min: median {cw_med:.0}, max {cw_max:.0}; bound {leases} x 60 / {} s = {bound:.0}/min (either scheme: the KCL checkpoints too)",
+                interval.as_secs()
+            );
+            rows.push(Row {
+                id: "P6 cw".into(),
+                what: format!("checkpoint writes/min, {leases} busy shards (a record each per second), bound one per shard per {} s", interval.as_secs()),
+                values: checkpoints,
+                unit: "w/min",
+                target: Some((bound, cw_max, "max")),
+            });
+            rows.push(Row {
+                id: "P6 w busy".into(),
+                what: format!("lease-table writes/min other than checkpoints, busy shards (KCL model {kcl_writes:.0})"),
+                values: lease_writes,
+                unit: "w/min",
+                target: Some((kcl_writes / 10.0, med, "median")),
+            });
+        }
+    }
 }
 
 // ---------------------------------------------------------------- P9 cold start
@@ -890,6 +1026,9 @@ fn main() {
     }
     if want("p3d") || filter.as_deref() == Some("p3") {
         p3(false, runs(10), &mut rows);
+    }
+    if want("p3e") || filter.as_deref() == Some("p3") {
+        p3e(runs(10), &mut rows);
     }
     if want("p4") {
         p4(false, runs(5), &mut rows);

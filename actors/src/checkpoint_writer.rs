@@ -1,15 +1,26 @@
-//! Coalesces checkpoint positions per shard and writes them to the lease table: at most
-//! one write per shard per `checkpoint.interval` (one write covers thousands of
-//! records), plus explicit flushes for SHARD_END, shutdown and handoff.
+//! Coalesces checkpoint positions per shard and writes them to the lease table: at once
+//! when the shard had no write in the last `checkpoint.interval`, then at most once per
+//! interval while positions keep coming (one write covers thousands of records), plus
+//! explicit flushes for SHARD_END, shutdown and handoff.
+//!
+//! * `pace`: the pure part — per shard, write now, write at an instant (now: the leading
+//!   write; later: the trailing one), or wait.
+//! * this file: the thin actor — the positions, a `Due` message to itself per write due
+//!   (sent at once for the leading write, by `send_after` for the trailing one; at most
+//!   one live per shard), and the conditional writes. No tick: an idle writer does
+//!   nothing.
 //!
 //! Every write is conditional on the lease's owner and counter. A failed condition means
 //! the lease was lost: the supervisor is told, and the shard's position is forgotten.
+
+mod pace;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::backend::{LeaseError, LeaseTable};
@@ -18,6 +29,7 @@ use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::{Checkpoint, ExtendedSequenceNumber, Fence, LeaseKey, ShardId};
 use crate::processor::CheckpointError;
 use crate::supervisor::SupervisorMsg;
+use pace::{Decision, Pace};
 
 /// Attempts for a flush the caller waits on (throttling and transient errors only).
 const FLUSH_ATTEMPTS: u32 = 4;
@@ -45,7 +57,11 @@ pub(crate) enum CheckpointMsg {
     },
     /// The shard is no longer ours: drop its pending position.
     Forget(LeaseKey),
-    Tick,
+    /// The trailing write of a shard scheduled for `at` is due.
+    Due {
+        key: LeaseKey,
+        at: Instant,
+    },
     Status(RpcReplyPort<HashMap<LeaseKey, CheckpointView>>),
 }
 
@@ -73,6 +89,7 @@ struct ShardPosition {
     pending: Option<ExtendedSequenceNumber>,
     written: Option<Checkpoint>,
     writes: u64,
+    pace: Pace,
 }
 
 pub(crate) struct WriterState {
@@ -87,10 +104,9 @@ impl Actor for CheckpointWriter {
 
     async fn pre_start(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         args: WriterArgs,
     ) -> Result<WriterState, ActorProcessingErr> {
-        myself.send_interval(args.interval, || CheckpointMsg::Tick);
         Ok(WriterState {
             args,
             shards: HashMap::new(),
@@ -99,18 +115,23 @@ impl Actor for CheckpointWriter {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         message: CheckpointMsg,
         state: &mut WriterState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
             CheckpointMsg::Advance { key, fence, at } => {
-                let entry = state.shards.entry(key).or_insert_with(|| ShardPosition {
-                    fence: fence.clone(),
-                    pending: None,
-                    written: None,
-                    writes: 0,
-                });
+                let interval = state.args.interval;
+                let entry = state
+                    .shards
+                    .entry(key.clone())
+                    .or_insert_with(|| ShardPosition {
+                        fence: fence.clone(),
+                        pending: None,
+                        written: None,
+                        writes: 0,
+                        pace: Pace::new(interval),
+                    });
                 if entry.fence != fence {
                     // A new lease epoch (the shard was lost and taken again): start over.
                     entry.fence = fence;
@@ -123,17 +144,19 @@ impl Actor for CheckpointWriter {
                 };
                 if newer {
                     entry.pending = Some(at);
+                    let decision = entry.pace.advanced(Instant::now());
+                    state.carry_out(&myself, &key, decision).await;
                 }
             }
             CheckpointMsg::Flush { key, reply } => {
-                let result = state.write_pending(&key, FLUSH_ATTEMPTS).await;
+                let result = state.write_pending(&myself, &key, FLUSH_ATTEMPTS).await;
                 let _ = reply.send(result);
             }
             CheckpointMsg::FlushAll(reply) => {
                 let keys: Vec<LeaseKey> = state.shards.keys().cloned().collect();
                 let mut failures = Vec::new();
                 for key in keys {
-                    if let Err(e) = state.write_pending(&key, FLUSH_ATTEMPTS).await {
+                    if let Err(e) = state.write_pending(&myself, &key, FLUSH_ATTEMPTS).await {
                         failures.push(e);
                     }
                 }
@@ -156,24 +179,20 @@ impl Actor for CheckpointWriter {
                     .await;
                 if result.is_ok() {
                     state.shards.remove(&key);
+                } else {
+                    state.answered(&myself, &key);
                 }
                 let _ = reply.send(result);
             }
             CheckpointMsg::Forget(key) => {
                 state.shards.remove(&key);
             }
-            CheckpointMsg::Tick => {
-                let due: Vec<LeaseKey> = state
-                    .shards
-                    .iter()
-                    .filter(|(_, s)| s.pending.is_some())
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for key in due {
-                    // One attempt per tick: a throttled write is retried at the next one.
-                    if let Err(error) = state.write_pending(&key, 1).await {
-                        debug!(message = "Checkpoint write deferred.", lease_key = %key, %error);
-                    }
+            CheckpointMsg::Due { key, at } => {
+                // A timer of a shard since forgotten (or ended) finds nothing.
+                if let Some(shard) = state.shards.get_mut(&key) {
+                    let pending = shard.pending.is_some();
+                    let decision = shard.pace.due(at, Instant::now(), pending);
+                    state.carry_out(&myself, &key, decision).await;
                 }
             }
             CheckpointMsg::Status(reply) => {
@@ -199,8 +218,43 @@ impl Actor for CheckpointWriter {
 }
 
 impl WriterState {
+    /// Does what the shard's pace decided: a paced write (one attempt: a throttled one
+    /// is tried again an interval later, never in a loop), or a timer for the trailing
+    /// write.
+    async fn carry_out(
+        &mut self,
+        myself: &ActorRef<CheckpointMsg>,
+        key: &LeaseKey,
+        decision: Decision,
+    ) {
+        match decision {
+            Decision::Wait => {}
+            Decision::WriteAt(at) => schedule(myself, key, at),
+            Decision::WriteNow => {
+                if let Err(error) = self.write_pending(myself, key, 1).await {
+                    debug!(message = "Checkpoint write deferred.", lease_key = %key, %error);
+                }
+            }
+        }
+    }
+
+    /// Tells the shard's pace that a write was answered (any write: paced, flushed, a
+    /// refused SHARD_END), and arms the retry it asks for. A shard whose lease was lost
+    /// is gone by now, and needs nothing.
+    fn answered(&mut self, myself: &ActorRef<CheckpointMsg>, key: &LeaseKey) {
+        let Some(shard) = self.shards.get_mut(key) else {
+            return;
+        };
+        let pending = shard.pending.is_some();
+        if let Decision::WriteAt(at) = shard.pace.answered(Instant::now(), pending) {
+            schedule(myself, key, at);
+        }
+    }
+
+    /// Writes the shard's pending position, if it has one, and tells its pace.
     async fn write_pending(
         &mut self,
+        myself: &ActorRef<CheckpointMsg>,
         key: &LeaseKey,
         attempts: u32,
     ) -> Result<(), CheckpointError> {
@@ -211,8 +265,11 @@ impl WriterState {
             return Ok(());
         };
         let fence = shard.fence.clone();
-        self.write(key, &fence, &Checkpoint::At(at), &[], attempts)
-            .await
+        let result = self
+            .write(key, &fence, &Checkpoint::At(at), &[], attempts)
+            .await;
+        self.answered(myself, key);
+        result
     }
 
     async fn write(
@@ -304,5 +361,17 @@ impl WriterState {
                 }
             }
         }
+    }
+}
+
+/// Sends `Due` for `at`: at once when `at` has come (behind the messages already queued,
+/// so positions that arrived with this one share its write), else by a timer.
+fn schedule(myself: &ActorRef<CheckpointMsg>, key: &LeaseKey, at: Instant) {
+    let key = key.clone();
+    let wait = at.saturating_duration_since(Instant::now());
+    if wait.is_zero() {
+        let _ = myself.cast(CheckpointMsg::Due { key, at });
+    } else {
+        drop(myself.send_after(wait, move || CheckpointMsg::Due { key, at }));
     }
 }

@@ -186,8 +186,9 @@ pub enum CheckpointMode {
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSettings {
     pub mode: CheckpointMode,
-    /// At most one checkpoint write per shard per interval; SHARD_END, shutdown and
-    /// handoff flush at once.
+    /// A shard's checkpoint is written at once when none was written in the last
+    /// interval, then at most once per interval; SHARD_END, shutdown and handoff flush
+    /// at once.
     #[serde(with = "duration_text")]
     pub interval: Duration,
 }

@@ -206,6 +206,87 @@ async fn a_crashed_worker_is_replaced_from_its_checkpoints() {
     }
 }
 
+/// The outside tester's failover: a worker killed a second after its first batches must
+/// not leave them all to be delivered again. A shard's first position is written at once,
+/// not at the first tick of `checkpoint.interval`.
+#[tokio::test(start_paused = true)]
+async fn a_crash_a_second_after_the_first_batches_delivers_none_of_them_again() {
+    let rig = Rig::new(4, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 50, 20).await;
+    let first_round = producer.total();
+    let mut settings = fast_settings(STREAM, APP);
+    // The default interval: the crash comes well inside it.
+    settings.checkpoint.interval = Duration::from_secs(5);
+    let before = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&before, settings.clone()).await;
+    before.wait_distinct(first_round, PATIENCE).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    worker.abort();
+
+    let after = ProbeFactory::new(Misbehave::default());
+    let next = rig.start_with(&after, settings).await;
+    producer.put_round(&rig.streams, STREAM, 50, 1).await;
+    let seen = after.seen.clone();
+    wait_until(
+        "the next worker to read the new records",
+        PATIENCE,
+        Duration::from_millis(100),
+        || {
+            let seen = seen.lock().unwrap();
+            (0..50).all(|k| {
+                seen.by_key
+                    .get(&format!("key-{k}"))
+                    .is_some_and(|seqs| seqs.contains(&20))
+            })
+        },
+    )
+    .await;
+    let report = next.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let again = after.snapshot().deliveries - 50;
+    assert_eq!(again, 0, "records of the first batches delivered again");
+    let verdict = after.snapshot().verdict(&producer.produced);
+    assert_eq!(verdict.lost, first_round, "the first worker had the rest");
+}
+
+/// The other half of the pace: while a shard stays busy its positions are coalesced, so
+/// it costs one checkpoint write per interval however often it acks.
+#[tokio::test(start_paused = true)]
+async fn a_busy_shard_costs_at_most_one_checkpoint_write_per_interval() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let table = rig.faulty_table();
+    let backend = rig.backend_with_table(table.clone());
+    let settings = fast_settings(STREAM, APP);
+    let interval = settings.checkpoint.interval;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let started = tokio::time::Instant::now();
+    let worker = rig.start_on(backend, &probes, settings).await;
+    let mut producer = Producer::default();
+    // A record every 50 ms for a minute: a batch, an ack and a position every poll.
+    for _ in 0..1_200 {
+        producer.put_round(&rig.streams, STREAM, 1, 1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    probes.wait_distinct(producer.total(), PATIENCE).await;
+    let elapsed = started.elapsed();
+    let writes = table.calls("checkpoint");
+    let processed = probes.snapshot().deliveries;
+
+    let intervals = elapsed.as_secs_f64() / interval.as_secs_f64();
+    assert!(
+        writes as f64 <= intervals.ceil() + 1.0,
+        "{writes} writes in {elapsed:?} ({intervals:.1} intervals) for {processed} records"
+    );
+    // And it keeps writing while busy: a trailing write an interval after each one.
+    assert!(
+        writes as f64 >= intervals - 2.0,
+        "{writes} writes in {elapsed:?} ({intervals:.1} intervals)"
+    );
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
     let rig = Rig::new(4, MemoryStreamsConfig::default()).await;

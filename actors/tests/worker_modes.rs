@@ -365,3 +365,89 @@ async fn latest_starts_at_the_tip_and_at_timestamp_at_the_instant() {
     }
     assert_eq!(table.scan().await.unwrap().leases.len(), 2);
 }
+
+/// Acks or checkpoints every batch as its mode asks: watermark acks each record, manual
+/// checkpoints the batch's last record (and never flushes).
+struct CheckpointsEachBatch {
+    mode: CheckpointMode,
+    delivered: Arc<Mutex<u64>>,
+}
+
+impl Processor for CheckpointsEachBatch {
+    async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        match self.mode {
+            CheckpointMode::Auto => {}
+            CheckpointMode::Watermark => {
+                for (token, _) in batch.iter_with_tokens() {
+                    cp.ack(token);
+                }
+            }
+            CheckpointMode::Manual => cp.checkpoint_batch(batch).await?,
+        }
+        *self.delivered.lock().unwrap() += batch.len() as u64;
+        Ok(())
+    }
+}
+
+/// In every mode a position goes through the same writer: the first one of a shard is
+/// written at once, so a worker killed a second after its first batch leaves none of it
+/// to be delivered again. Watermark mode acks record by record here: the positions of
+/// those acks queue behind the first one and share its write (in this single-threaded
+/// paused-time runtime they all arrive before it; in a live process, those that come
+/// later wait for the trailing write).
+#[tokio::test(start_paused = true)]
+async fn in_every_mode_a_crash_a_second_after_the_first_batch_delivers_none_of_it_again() {
+    let mut again = Vec::new();
+    for mode in [
+        CheckpointMode::Auto,
+        CheckpointMode::Watermark,
+        CheckpointMode::Manual,
+    ] {
+        let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+        let mut producer = Producer::default();
+        producer.put_round(&rig.streams, STREAM, 1, 100).await;
+        let mut settings = fast_settings(STREAM, APP);
+        settings.checkpoint.mode = mode;
+        settings.checkpoint.interval = Duration::from_secs(5);
+        let delivered = Arc::new(Mutex::new(0u64));
+        let d = delivered.clone();
+        let worker = Worker::builder()
+            .settings(settings.clone())
+            .backend(rig.backend())
+            .processor(move |_| CheckpointsEachBatch {
+                mode,
+                delivered: d.clone(),
+            })
+            .start()
+            .await
+            .unwrap();
+        wait_until(
+            "the first batch",
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || *delivered.lock().unwrap() >= 100,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        worker.abort();
+
+        settings.checkpoint.mode = CheckpointMode::Auto;
+        let probes = ProbeFactory::new(Default::default());
+        let next = rig.start_with(&probes, settings).await;
+        producer.put_round(&rig.streams, STREAM, 1, 10).await;
+        probes.wait_distinct(10, Duration::from_secs(120)).await;
+        next.shutdown().await.unwrap();
+        let seqs = probes.snapshot().by_key["key-0"].clone();
+        assert_eq!(seqs.last(), Some(&109), "{mode:?}: {seqs:?}");
+        again.push((mode, seqs.iter().filter(|s| **s < 100).count()));
+    }
+    assert_eq!(
+        again,
+        [
+            (CheckpointMode::Auto, 0),
+            (CheckpointMode::Watermark, 0),
+            (CheckpointMode::Manual, 0)
+        ],
+        "records of the first batch delivered again, per mode"
+    );
+}
