@@ -464,7 +464,14 @@ impl Actor for ProcessorHost {
                     match fence.fencing.check(&fence.key, &fence.fence) {
                         Ok(()) => break,
                         Err(FenceReason::Revoked { .. } | FenceReason::NotHeld) => return Ok(()),
-                        Err(_) if state.revoked.load(Ordering::Acquire) => return Ok(()),
+                        // Revoked by the reader, or stopping (a shutdown or handoff
+                        // skips queued batches anyway): do not wait out the fence.
+                        Err(_)
+                            if state.revoked.load(Ordering::Acquire)
+                                || state.stopping.load(Ordering::Acquire) =>
+                        {
+                            return Ok(());
+                        }
                         Err(_) => tokio::time::sleep(fence.recheck).await,
                     }
                 }

@@ -436,3 +436,36 @@ async fn an_unconfirmed_heartbeat_is_an_error_at_once_then_every_30_s() {
     assert!(errors[0]["error"].contains("throttled"), "{errors:#?}");
     a.abort();
 }
+
+/// A shutdown while fenced does not wait out the fence: the batches queued behind it
+/// are skipped (left for the next owner), the processor gets `shutdown_requested` at
+/// once, and the report is clean.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_while_fenced_skips_the_queued_batches_at_once() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave {
+        slow: Some(Duration::from_millis(300)),
+        ..Misbehave::default()
+    });
+    // Small batches, so that many wait in the processor's mailbox.
+    let mut small = settings("a");
+    small.reader.max_records = 10;
+    let (a, table) = rig.start_faulty(&probes, small).await;
+    wait_held(&[&a], &[2], Duration::from_secs(10)).await;
+    let mut producer = support::probe::Producer::default();
+    producer.put_round(&rig.streams, STREAM, 20, 50).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    table.set_plan(support::rig::heartbeat_outage());
+    // Fenced (4 s), with batches still queued behind the slow processor.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let status = a.status().await.unwrap();
+    assert!(
+        status.shards.iter().all(|s| s.fenced.is_some()),
+        "{status:?}"
+    );
+    let started = tokio::time::Instant::now();
+    let report = a.shutdown().await.unwrap();
+    let took = started.elapsed();
+    assert!(report.clean(), "{report:#?}");
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+}
