@@ -324,9 +324,20 @@ impl ReaderState {
         let _ = self.args.metrics.cast(MetricsMsg::Record(samples));
     }
 
+    /// Whether the shard is still on its way to reading. A shutdown or a lost lease can
+    /// arrive between the start-up steps (each is a message, and each awaits the table):
+    /// the steps still queued must not start the processor and the reads after it, or
+    /// the shutdown waits for an answer nobody will give.
+    fn starting(&self) -> bool {
+        matches!(self.phase, Phase::Starting | Phase::BlockedOnParent)
+    }
+
     /// Reads the lease (after flushing what a previous incarnation acked), waits for the
     /// parents, starts the processor.
     async fn start(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
+        if !self.starting() {
+            return Ok(());
+        }
         let key = self.key.clone();
         match ractor::call_t!(
             self.args.writer,
@@ -379,6 +390,9 @@ impl ReaderState {
         &mut self,
         myself: &ActorRef<ReaderMsg>,
     ) -> Result<(), ActorProcessingErr> {
+        if !self.starting() {
+            return Ok(());
+        }
         while let Some(parent) = self.waiting_on.first().cloned() {
             match self.args.table.get(&LeaseKey::from(&parent)).await {
                 Ok(Some(p)) if !p.checkpoint.is_shard_end() => {

@@ -76,7 +76,10 @@ async fn a_backend_built_from_the_settings_reads_where_they_say() {
         .await
         .unwrap();
     probes.wait_distinct(10, Duration::from_secs(30)).await;
-    assert!(worker.shutdown().await.unwrap().clean());
+    {
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
     assert_eq!(tables(&dynamodb).await, vec![settings.worker.application]);
 }
 

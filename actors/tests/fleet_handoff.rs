@@ -377,7 +377,10 @@ async fn a_shutdown_with_the_lease_table_gone_ends_early_and_names_what_it_left(
         .wait_distinct(producer.total(), Duration::from_secs(30))
         .await;
     probes.assert_nothing_lost(&producer);
-    assert!(b.shutdown().await.unwrap().clean());
+    {
+        let report = b.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
 }
 
 /// Both sides of a handoff log it as one `lease_moved` event each, naming the same giver

@@ -113,7 +113,10 @@ async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_n
     probes
         .wait_distinct(producer.total(), Duration::from_secs(20))
         .await;
-    assert!(a.shutdown().await.unwrap().clean());
+    {
+        let report = a.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
     probes.assert_nothing_lost(&producer);
 }
 
@@ -168,7 +171,10 @@ async fn a_lease_row_for_a_shard_the_stream_lacks_is_an_orphan_nobody_takes() {
     assert_eq!(rig.lease_rows().await.len(), 4);
     assert_eq!(row(&free).counter, 0, "still never taken");
     metric_until(&a, "flotilla_leases_orphaned", |v| v == 2.0).await;
-    assert!(a.shutdown().await.unwrap().clean());
+    {
+        let report = a.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,5 +224,8 @@ async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
     .await;
     let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
     assert_eq!(code, 200, "{body}");
-    assert!(a.shutdown().await.unwrap().clean());
+    {
+        let report = a.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
 }

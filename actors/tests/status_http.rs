@@ -122,6 +122,9 @@ async fn every_route_answers_with_live_data() {
 
     // Prometheus text: the MetricsReporter's numbers, per worker and per shard. The
     // snapshot is collected once a second: it may predate the first records for a moment.
+    // The fleet is balanced now; on a loaded machine status-b may have drained every
+    // shard before status-a took its two, so give status-a's shards records of their own.
+    producer.put_round(&rig.streams, STREAM, 64, 2).await;
     let processed_total = |text: &str| -> f64 {
         text.lines()
             .find(|l| l.starts_with("flotilla_records_processed_total{") && !l.contains("shard="))
@@ -152,7 +155,10 @@ async fn every_route_answers_with_live_data() {
     assert_eq!(code, 404);
 
     for w in [a, b] {
-        assert!(w.shutdown().await.unwrap().clean());
+        {
+            let report = w.shutdown().await.unwrap();
+            assert!(report.clean(), "{report:#?}");
+        }
     }
 }
 
@@ -199,8 +205,14 @@ async fn a_taken_port_stops_the_start_with_a_clear_error() {
     off.status.enabled = false;
     let worker = rig.start_with(&probes, off).await;
     assert_eq!(worker.status_addr(), None);
-    assert!(worker.shutdown().await.unwrap().clean());
-    assert!(first.shutdown().await.unwrap().clean());
+    {
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
+    {
+        let report = first.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,5 +258,8 @@ async fn no_output_shows_credentials() {
             assert!(!body.contains(needle), "{path} shows {needle:?}:\n{body}");
         }
     }
-    assert!(worker.shutdown().await.unwrap().clean());
+    {
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
 }

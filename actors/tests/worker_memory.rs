@@ -714,7 +714,69 @@ async fn an_iterator_that_keeps_failing_is_replaced_not_retried_forever() {
     assert_eq!(streams.calls("GetShardIterator"), iterators + 1);
     let status = worker.status().await.unwrap();
     assert_eq!(status.shard_restarts, 0, "{status:?}");
-    assert!(worker.shutdown().await.unwrap().clean());
+    {
+        let report = worker.shutdown().await.unwrap();
+        assert!(report.clean(), "{report:#?}");
+    }
     let verdict = probes.assert_nothing_lost(&producer);
     assert_eq!(verdict.duplicates, 0, "{verdict:?}");
+}
+
+/// A shutdown at any moment of start-up (before the first lease is taken, while the
+/// reader starts, while the processor initializes, with the first batch in flight) ends
+/// clean: nothing was held that is not released, nothing acked that is not flushed.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_at_any_moment_of_start_up_is_clean() {
+    let mut unclean = Vec::new();
+    for delay_ms in (0..=120).step_by(3) {
+        let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+        let probes = ProbeFactory::new(Misbehave::default());
+        let mut producer = Producer::default();
+        producer.put_round(&rig.streams, STREAM, 4, 5).await;
+        let worker = rig.start_with(&probes, fast_settings(STREAM, APP)).await;
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        let report = worker.shutdown().await.unwrap();
+        if !report.clean() {
+            unclean.push((delay_ms, report));
+        }
+        let leases = rig.table().scan().await.unwrap().leases;
+        assert!(
+            leases.iter().all(|l| l.owner.is_none()),
+            "after {delay_ms} ms: {leases:?}"
+        );
+    }
+    assert!(unclean.is_empty(), "{unclean:#?}");
+}
+
+/// A shutdown that reaches a shard reader while it is still reading its lease (the
+/// read is slow) is answered once the read is done: the reader does not go on to start
+/// the processor and read the shard as if nobody had asked, leaving the worker's
+/// shutdown to wait out its timeout and report the shard unfinished.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_while_a_reader_reads_its_lease_is_answered_at_once() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let table = rig.faulty_table();
+    let mut plan = FaultPlan::seeded(1);
+    plan.only_ops = vec!["get"];
+    plan.latency = Some((Duration::from_secs(5), Duration::from_secs(5)));
+    table.set_plan(plan);
+    let settings = fast_settings(STREAM, APP);
+    let timeout = settings.supervision.shutdown_timeout;
+    let worker = rig
+        .start_on(rig.backend_with_table(table.clone()), &probes, settings)
+        .await;
+    wait_until(
+        "the reader reads its lease",
+        PATIENCE,
+        Duration::from_millis(1),
+        || table.calls("get") >= 1,
+    )
+    .await;
+    let asked = tokio::time::Instant::now();
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    assert!(asked.elapsed() < timeout, "{:?}", asked.elapsed());
+    let seen = probes.snapshot();
+    assert!(seen.initialized.is_empty(), "{seen:?}");
 }
