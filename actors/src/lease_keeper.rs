@@ -692,7 +692,9 @@ impl KeeperState {
         let keys: BTreeSet<LeaseKey> = orphans.keys().cloned().collect();
         if keys != self.orphans {
             if !keys.is_empty() {
-                warn!(
+                // ERROR, not WARN: the listing may be what is wrong (a server paging it
+                // badly), and then these are shards nobody processes.
+                error!(
                     message = "Lease rows for shards the stream does not have: left alone, not taken, not deleted.",
                     stream = %self.args.stream,
                     leases = ?keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),

@@ -120,8 +120,10 @@ async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_n
     probes.assert_nothing_lost(&producer);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Current-thread: the log capture sees the events of the test's thread.
+#[tokio::test]
 async fn a_lease_row_for_a_shard_the_stream_lacks_is_an_orphan_nobody_takes() {
+    let (events, _guard) = support::events::Events::capture();
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
     let table = rig.table();
     table.ensure_table().await.unwrap();
@@ -171,6 +173,21 @@ async fn a_lease_row_for_a_shard_the_stream_lacks_is_an_orphan_nobody_takes() {
     assert_eq!(rig.lease_rows().await.len(), 4);
     assert_eq!(row(&free).counter, 0, "still never taken");
     metric_until(&a, "flotilla_leases_orphaned", |v| v == 2.0).await;
+    // One ERROR line for the set, not one per scan.
+    let logged = events.with(
+        "message",
+        "Lease rows for shards the stream does not have: left alone, not taken, not deleted.",
+    );
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0]["level"], "ERROR");
+    assert!(
+        logged[0]["leases"].contains("shardId-000000000098"),
+        "{logged:?}"
+    );
+    assert!(
+        logged[0]["leases"].contains("shardId-000000000099"),
+        "{logged:?}"
+    );
     {
         let report = a.shutdown().await.unwrap();
         assert!(report.clean(), "{report:#?}");
