@@ -19,7 +19,7 @@ use flotilla_actors::{
 };
 
 use support::probe::{Misbehave, ProbeFactory, fast_settings, wait_until};
-use support::rig::{APP, Rig, STREAM};
+use support::rig::{APP, Rig, STREAM, shutdown_clean};
 use support::servers;
 
 /// Settings whose `aws` section names the in-process servers.
@@ -76,10 +76,7 @@ async fn a_backend_built_from_the_settings_reads_where_they_say() {
         .await
         .unwrap();
     probes.wait_distinct(10, Duration::from_secs(30)).await;
-    {
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(worker).await;
     assert_eq!(tables(&dynamodb).await, vec![settings.worker.application]);
 }
 

@@ -13,7 +13,7 @@ use flotilla_actors::backend::{LeaseTable, StreamAdmin};
 use flotilla_actors::{Settings, Worker};
 
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
-use support::rig::{APP, Feed, Rig, STREAM, keeper, wait_held};
+use support::rig::{APP, Feed, Rig, STREAM, keeper, shutdown_clean, wait_held};
 
 const SHARDS: u32 = 8;
 
@@ -77,8 +77,7 @@ async fn a_joining_worker_gets_its_share_by_handoff_without_duplicates() {
     let verdict = probes.assert_nothing_lost(&producer);
     assert_eq!(verdict.duplicates, 0, "a handoff redelivers nothing");
     for w in [a, b] {
-        let report = w.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(w).await;
     }
 }
 
@@ -114,8 +113,7 @@ async fn a_graceful_shutdown_hands_every_lease_to_the_live_peer() {
         .await;
     let verdict = probes.assert_nothing_lost(&producer);
     assert_eq!(verdict.duplicates, 0, "a handoff redelivers nothing");
-    let report = b.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    let report = shutdown_clean(b).await;
     assert_eq!(report.leases.released.len(), 8, "no peer left to ask");
 }
 
@@ -141,8 +139,7 @@ async fn a_crashed_workers_leases_are_taken_after_the_failover_time() {
         .wait_distinct(producer.total(), Duration::from_secs(30))
         .await;
     probes.assert_nothing_lost(&producer);
-    let report = b.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(b).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -191,8 +188,7 @@ async fn a_finished_parents_row_is_deleted_past_retention_once_its_children_star
         .await;
     let verdict = probes.assert_nothing_lost(&producer);
     assert_eq!(verdict.duplicates, 0, "the parent was not leased again");
-    let report = a.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(a).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -256,8 +252,7 @@ async fn a_shard_being_handed_over_shows_as_handing_off_until_its_batch_is_done(
         "skipped batches were not processed twice"
     );
     for w in [a, b] {
-        let report = w.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(w).await;
     }
 }
 
@@ -304,8 +299,7 @@ async fn a_dead_workers_leases_move_at_the_failover_time_not_a_tick_later() {
         took >= failover && took < failover + Duration::from_millis(300),
         "taken {took:?} after a's counter stopped, failover time {failover:?}"
     );
-    let report = b.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(b).await;
 }
 
 /// The lease table goes away (every call fails) just before a graceful shutdown, with
@@ -377,10 +371,7 @@ async fn a_shutdown_with_the_lease_table_gone_ends_early_and_names_what_it_left(
         .wait_distinct(producer.total(), Duration::from_secs(30))
         .await;
     probes.assert_nothing_lost(&producer);
-    {
-        let report = b.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(b).await;
 }
 
 /// Both sides of a handoff log it as one `lease_moved` event each, naming the same giver

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use support::http::{get, json_until, url};
 use support::probe::{Misbehave, ProbeFactory, fast_settings};
-use support::rig::{APP, Feed, Rig, STREAM, heartbeat_outage, keeper, wait_held};
+use support::rig::{APP, Feed, Rig, STREAM, heartbeat_outage, keeper, shutdown_clean, wait_held};
 
 fn settings(id: &str) -> Settings {
     let mut s = fast_settings(STREAM, APP);
@@ -113,10 +113,7 @@ async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_n
     probes
         .wait_distinct(producer.total(), Duration::from_secs(20))
         .await;
-    {
-        let report = a.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(a).await;
     probes.assert_nothing_lost(&producer);
 }
 
@@ -188,10 +185,7 @@ async fn a_lease_row_for_a_shard_the_stream_lacks_is_an_orphan_nobody_takes() {
         logged[0]["leases"].contains("shardId-000000000099"),
         "{logged:?}"
     );
-    {
-        let report = a.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(a).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,8 +235,5 @@ async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
     .await;
     let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
     assert_eq!(code, 200, "{body}");
-    {
-        let report = a.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(a).await;
 }

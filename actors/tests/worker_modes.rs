@@ -18,7 +18,7 @@ use flotilla_actors::{
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use support::probe::{ProbeFactory, Producer, fast_settings, wait_until};
-use support::rig::{APP, Rig, STREAM};
+use support::rig::{APP, Rig, STREAM, shutdown_clean};
 
 /// A user's own actor instead of a `Processor`: it must ack and answer by itself.
 struct OwnActor;
@@ -93,8 +93,7 @@ async fn batches_can_go_to_a_users_own_actor() {
         || s.lock().unwrap().len() >= total,
     )
     .await;
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     let table = rig.table();
     for lease in table.scan().await.unwrap().leases {
         assert!(matches!(lease.checkpoint, Checkpoint::At(_)), "{lease:?}");
@@ -242,8 +241,7 @@ async fn the_ack_window_bounds_what_is_in_flight() {
     for (cp, token) in pending.lock().unwrap().drain(..) {
         cp.ack(token);
     }
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     let all = read_all(&rig).await;
     let shard = rig.shards().await[0].id.clone();
     let lease = rig.table().get(&(&shard).into()).await.unwrap().unwrap();

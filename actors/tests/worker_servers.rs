@@ -17,6 +17,7 @@ use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, Shard};
 use flotilla_actors::{Backend, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
+use support::rig::shutdown_clean;
 use support::servers;
 use support::stripping_proxy::{Fault, Options, StrippingProxy};
 
@@ -130,8 +131,7 @@ mod scenarios {
         producer.put_round(&env.kinesis, &env.stream, 50, 10).await;
 
         probes.wait_distinct(producer.total(), PATIENCE).await;
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(worker).await;
         probes.assert_nothing_lost(&producer);
         let seen = probes.snapshot();
         let table = env.table();
@@ -180,8 +180,7 @@ mod scenarios {
             },
         )
         .await;
-        let report = worker_b.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(worker_b).await;
         let a = probes_a.snapshot();
         let b = probes_b.snapshot();
         for (key, count) in &producer.produced {
@@ -238,8 +237,7 @@ mod more_scenarios {
             || probes.snapshot().deliveries >= 13,
         )
         .await;
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(worker).await;
         let seen = probes.snapshot();
         assert_eq!(seen.by_key["agg"], (0..10).collect::<Vec<u64>>());
         let mut other = seen.other.clone();
@@ -268,8 +266,7 @@ mod more_scenarios {
             "restarts: {}",
             status.shard_restarts
         );
-        let report = worker.shutdown().await.unwrap();
-        assert!(report.clean(), "{report:#?}");
+        shutdown_clean(worker).await;
         probes.assert_nothing_lost(&producer);
     }
 }
@@ -370,7 +367,6 @@ async fn a_bare_500_from_get_records_backs_off_without_a_restart() {
     );
     let status = worker.status().await.unwrap();
     assert_eq!(status.shard_restarts, 0, "a 5xx is retried, not a restart");
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
 }

@@ -13,7 +13,7 @@ use flotilla_actors::backend::faults::{Fault, FaultPlan};
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::model::{LeaseKey, WorkerId};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
-use support::rig::{APP, Rig, STREAM};
+use support::rig::{APP, Rig, STREAM, shutdown_clean};
 
 #[tokio::test(start_paused = true)]
 async fn a_shard_that_keeps_failing_is_released_cooled_down_and_taken_again() {
@@ -49,8 +49,7 @@ async fn a_shard_that_keeps_failing_is_released_cooled_down_and_taken_again() {
     }
     assert!(saw_cooling, "the shard was cooled down");
     assert!(saw_released, "the lease was released");
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
     let lease = table.get(&(&shard).into()).await.unwrap().unwrap();
     assert!(
@@ -131,8 +130,7 @@ async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
         "leases taken again: {:#?}",
         status.shards
     );
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
 }
 
@@ -176,7 +174,6 @@ async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
 
     // The thief stops heartbeating: after the failover time the lease comes back.
     probes.wait_distinct(60, Duration::from_secs(120)).await;
-    let report = worker.shutdown().await.unwrap();
-    assert!(report.clean(), "{report:#?}");
+    shutdown_clean(worker).await;
     probes.assert_nothing_lost(&producer);
 }

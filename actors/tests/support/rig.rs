@@ -13,7 +13,7 @@ use flotilla_actors::backend::memory::{
 };
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, Record, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Lease, Shard, ShardId};
-use flotilla_actors::{Backend, Settings, Worker};
+use flotilla_actors::{Backend, Settings, ShutdownReport, Worker};
 
 use super::probe::{ProbeFactory, Producer, fast_settings};
 
@@ -210,4 +210,11 @@ pub async fn wait_held(workers: &[&Worker], want: &[usize], limit: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Shuts `worker` down and asserts the report is clean, printing it when it is not.
+pub async fn shutdown_clean(worker: Worker) -> ShutdownReport {
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    report
 }
