@@ -25,7 +25,7 @@
 //! [`Board`] is the pure rule (time is a parameter, table-tested below); [`Fencing`] is
 //! the board shared between the actors of one worker.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -79,7 +79,7 @@ impl fmt::Display for FenceReason {
 }
 
 /// What this worker knows of one held lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Standing {
     counter: u64,
     /// When this worker last had proof the row was its own under `counter`: the send
@@ -90,17 +90,20 @@ struct Standing {
 
 /// The fencing rule over plain observations. Every method takes the time it applies
 /// to; nothing here reads a clock.
-#[derive(Debug, Clone)]
+///
+/// Comparable and hashable (leases in a `BTreeMap`), so the lease protocol model
+/// (`lease_keeper/model.rs`) can keep a real board per worker in its states.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Board {
     fresh_for: Duration,
     /// Send time of the last confirmed heartbeat.
     heartbeat: Option<Instant>,
-    /// Send time of the first heartbeat confirmed after the last gap, and the gap.
+    /// Answer time of the first heartbeat confirmed after the last gap, and the gap.
     gap: Option<(Instant, Duration)>,
     /// Heartbeats failed since the last confirmed one, and the last error.
     failures: u32,
     last_error: Option<String>,
-    leases: HashMap<LeaseKey, Standing>,
+    leases: BTreeMap<LeaseKey, Standing>,
 }
 
 impl Board {
@@ -112,21 +115,31 @@ impl Board {
             gap: None,
             failures: 0,
             last_error: None,
-            leases: HashMap::new(),
+            leases: BTreeMap::new(),
         }
     }
 
-    /// A heartbeat sent at `sent` was written. If the one before it was sent more than
-    /// the fence time earlier (or there was none), every lease confirmed before `sent`
-    /// must be read again before it delivers.
-    pub fn heartbeat_confirmed(&mut self, sent: Instant) {
+    /// A heartbeat sent at `sent` was written, and the answer saying so came at
+    /// `answered`. Peers saw it when it was applied, somewhere between the two; so they
+    /// may have seen this worker's heartbeat stand still from the send of the one before
+    /// it until `answered`. If that is the fence time or longer (or there was none
+    /// before), every lease must be read again, by a read sent after `answered`, before
+    /// it delivers: a peer may have taken it meanwhile.
+    ///
+    /// Measuring to the answer, not the send, matters when writes are slow: a heartbeat
+    /// sent 6 s after the last one but applied 12 s after it left peers 12 s without a
+    /// sign of life (found by the fault simulator, seed 18: a delayed heartbeat).
+    pub fn heartbeat_confirmed(&mut self, sent: Instant, answered: Instant) {
         let gap = match self.heartbeat {
             Some(previous) if sent <= previous => return,
-            Some(previous) => sent - previous,
+            Some(previous) => answered.saturating_duration_since(previous),
             None => Duration::MAX,
         };
-        if gap >= self.fresh_for {
-            self.gap = Some((sent, gap));
+        // Mutant LiftFenceAfterGap: the first heartbeat after a gap lifts the fence.
+        if gap >= self.fresh_for
+            && !crate::mutants::active(crate::mutants::Mutant::LiftFenceAfterGap)
+        {
+            self.gap = Some((answered.max(sent), gap));
         }
         self.heartbeat = Some(sent);
         self.failures = 0;
@@ -139,6 +152,14 @@ impl Board {
         self.failures = self.failures.saturating_add(1);
         self.last_error = Some(error);
         self.failures
+    }
+
+    /// The rule before the gap was recorded (the first heartbeat after a gap lifted the
+    /// fence): the lease protocol model calls it after each confirmed heartbeat to show
+    /// that it finds the overlap this rule allowed.
+    #[cfg(test)]
+    pub(crate) fn forget_gap(&mut self) {
+        self.gap = None;
     }
 
     /// This worker took the lease with a write sent at `sent`.
@@ -280,6 +301,8 @@ mod tests {
     /// One step of a scenario, at a time in seconds from its start.
     enum Step {
         Beat(f64),
+        /// A heartbeat sent at the first time and answered at the second.
+        SlowBeat(f64, f64),
         BeatFailed,
         Hold(u64, f64),
         Reconfirm(u64, f64),
@@ -305,7 +328,8 @@ mod tests {
         let mut board = Board::new(FRESH);
         for (i, step) in steps.iter().enumerate() {
             match step {
-                Step::Beat(t) => board.heartbeat_confirmed(at(*t)),
+                Step::Beat(t) => board.heartbeat_confirmed(at(*t), at(*t)),
+                Step::SlowBeat(t, answered) => board.heartbeat_confirmed(at(*t), at(*answered)),
                 Step::BeatFailed => {
                     board.heartbeat_failed("throttled".into());
                 }
@@ -443,6 +467,32 @@ mod tests {
                 Expect(2, 0.3, NotHeld),
             ],
         );
+        run(
+            "a heartbeat sent soon after the last but answered late is a gap",
+            &[
+                Beat(0.0),
+                Hold(1, 0.1),
+                Reconfirm(1, 5.0),
+                // Sent 6 s after the last, applied (and answered) 12 s after it: peers
+                // saw no heartbeat for 12 s and may have taken the lease.
+                SlowBeat(6.0, 12.0),
+                Expect(1, 12.1, Reconfirming),
+                // A read sent before the answer proves nothing: the take may come later.
+                Reconfirm(1, 11.0),
+                Expect(1, 12.2, Reconfirming),
+                Reconfirm(1, 12.5),
+                Expect(1, 12.6, Deliver),
+            ],
+        );
+        run(
+            "a slow answer within the fence time is no gap",
+            &[
+                Beat(0.0),
+                Hold(1, 0.1),
+                SlowBeat(2.0, 6.0),
+                Expect(1, 6.1, Deliver),
+            ],
+        );
     }
 
     #[test]
@@ -459,7 +509,7 @@ mod tests {
                 error: Some("b".into())
             })
         );
-        board.heartbeat_confirmed(now);
+        board.heartbeat_confirmed(now, now);
         assert_eq!(board.failures(), (0, None));
         assert_eq!(board.heartbeat_fresh(now), Ok(()));
     }
