@@ -101,10 +101,10 @@ impl Backoff {
         self.min + jitter
     }
 
-    /// [`Backoff::next`] with a draw from the thread-local generator. Not pure: actors
-    /// call this; tests call `next`.
+    /// [`Backoff::next`] with a draw from [`unit_draw`]. Not pure: actors call this;
+    /// tests call `next`.
     pub fn next_random(&mut self) -> Duration {
-        self.next(rand::random::<f64>())
+        self.next(unit_draw())
     }
 
     /// Starts over from `min`, after a success.
@@ -211,6 +211,32 @@ impl RestartIntensity {
     pub fn count_total(&self) -> u64 {
         self.total
     }
+}
+
+thread_local! {
+    /// This thread's seeded generator, when [`seed_jitter`] set one.
+    static JITTER: std::cell::RefCell<Option<rand::rngs::StdRng>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Seeds every jitter draw made on this thread from now on (`None`: back to the
+/// OS-seeded generator). The fault simulator calls it before each run: a simulated fleet
+/// runs on one current-thread runtime, so every retry delay and listing jitter of every
+/// worker is drawn here, and the same seed replays the same delays.
+pub fn seed_jitter(seed: Option<u64>) {
+    use rand::SeedableRng;
+    JITTER.with(|j| *j.borrow_mut() = seed.map(rand::rngs::StdRng::seed_from_u64));
+}
+
+/// A uniform draw in `[0, 1)` for jitter: from this thread's seeded generator if
+/// [`seed_jitter`] set one, else from the thread-local OS-seeded one. The one source of
+/// randomness on the actors' paths.
+pub fn unit_draw() -> f64 {
+    use rand::Rng;
+    JITTER.with(|j| match j.borrow_mut().as_mut() {
+        Some(rng) => rng.random::<f64>(),
+        None => rand::random::<f64>(),
+    })
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! fleet settles and nothing goes back and forth.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,9 +33,9 @@ struct Seen {
 /// Heartbeat counters as this worker observed them, with when each last changed.
 #[derive(Debug, Clone, Default)]
 pub struct Observations {
-    seen: HashMap<WorkerId, Seen>,
+    seen: BTreeMap<WorkerId, Seen>,
     /// Leases with no live owner, since when this worker has seen them so.
-    free_since: HashMap<LeaseKey, Instant>,
+    free_since: BTreeMap<LeaseKey, Instant>,
 }
 
 /// One worker as this worker sees it, for status pages.
@@ -65,7 +65,7 @@ impl Observations {
         owners: impl IntoIterator<Item = &'a WorkerId>,
         now: Instant,
     ) {
-        let mut present: HashSet<&WorkerId> = HashSet::new();
+        let mut present: BTreeSet<&WorkerId> = BTreeSet::new();
         for heartbeat in heartbeats {
             present.insert(&heartbeat.worker);
             let seen = self.seen.entry(heartbeat.worker.clone()).or_insert(Seen {
@@ -79,7 +79,7 @@ impl Observations {
                 seen.since = now;
             }
         }
-        let mut owners_seen: HashSet<WorkerId> = HashSet::new();
+        let mut owners_seen: BTreeSet<WorkerId> = BTreeSet::new();
         for owner in owners {
             owners_seen.insert(owner.clone());
             if present.contains(owner) {
@@ -108,7 +108,7 @@ impl Observations {
     /// `max_leases`, its cooldown) is not left unprocessed: past `failover_time` free,
     /// anyone takes it.
     pub fn observe_leases(&mut self, leases: &[Lease], now: Instant, failover_time: Duration) {
-        let mut free: HashSet<&LeaseKey> = HashSet::new();
+        let mut free: BTreeSet<&LeaseKey> = BTreeSet::new();
         for lease in leases {
             let unowned = lease
                 .owner
@@ -277,14 +277,14 @@ pub struct Limits {
 #[derive(Debug, Clone, Copy)]
 pub struct Round<'a> {
     pub leases: &'a [Lease],
-    pub held: &'a HashMap<LeaseKey, Fence>,
+    pub held: &'a BTreeMap<LeaseKey, Fence>,
     pub observations: &'a Observations,
     pub me: &'a WorkerId,
     pub now: Instant,
     /// Leases this worker gave up on lately; it leaves them to others.
-    pub cooling: &'a HashSet<LeaseKey>,
+    pub cooling: &'a BTreeSet<LeaseKey>,
     /// Held leases already being handed over.
-    pub handing_off: &'a HashSet<LeaseKey>,
+    pub handing_off: &'a BTreeSet<LeaseKey>,
     /// This worker is shutting down: it takes and asks for nothing.
     pub draining: bool,
 }
@@ -292,7 +292,7 @@ pub struct Round<'a> {
 /// A lease can be processed now: not finished, and every parent finished (or its row
 /// gone, which happens only after it finished). Only these count toward fair shares;
 /// a child waits unowned until its parents end, then goes to whoever is below share.
-pub fn processable(lease: &Lease, by_key: &HashMap<&LeaseKey, &Lease>) -> bool {
+pub fn processable(lease: &Lease, by_key: &BTreeMap<&LeaseKey, &Lease>) -> bool {
     !lease.checkpoint.is_shard_end()
         && lease.parent_shard_ids.iter().all(|parent| {
             by_key
@@ -331,7 +331,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     } = *round;
     let failover = limits.failover_time;
     let mut decision = Decision::default();
-    let by_key: HashMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+    let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
     for (key, fence) in held {
         match by_key.get(key) {
             Some(lease) if lease.fence() == *fence => {}
@@ -570,7 +570,7 @@ mod tests {
 
     fn run(
         leases: &[Lease],
-        held: &HashMap<LeaseKey, Fence>,
+        held: &BTreeMap<LeaseKey, Fence>,
         obs: &Observations,
         me: &WorkerId,
         now: Instant,
@@ -583,8 +583,8 @@ mod tests {
                 observations: obs,
                 me,
                 now,
-                cooling: &HashSet::new(),
-                handing_off: &HashSet::new(),
+                cooling: &BTreeSet::new(),
+                handing_off: &BTreeSet::new(),
                 draining: false,
             },
             limits,
@@ -637,7 +637,7 @@ mod tests {
         obs.observe(&[hb("dead", 1)], owners(), t0);
         let later = t0 + FAILOVER;
         obs.observe(&[hb("dead", 1)], owners(), later);
-        let mut held = HashMap::new();
+        let mut held = BTreeMap::new();
         held.insert(leases[3].key.clone(), leases[3].fence());
         held.insert(
             leases[4].key.clone(),
@@ -683,16 +683,16 @@ mod tests {
             blocked,
         ];
         let obs = Observations::new();
-        let cooling: HashSet<LeaseKey> = [leases[1].key.clone()].into();
+        let cooling: BTreeSet<LeaseKey> = [leases[1].key.clone()].into();
         let d = decide(
             &Round {
                 leases: &leases,
-                held: &HashMap::new(),
+                held: &BTreeMap::new(),
                 observations: &obs,
                 me: &me,
                 now: t0,
                 cooling: &cooling,
-                handing_off: &HashSet::new(),
+                handing_off: &BTreeSet::new(),
                 draining: false,
             },
             &limits(1),
@@ -709,7 +709,7 @@ mod tests {
         child.parent_shard_ids = vec![ShardId::from_index(1), ShardId::from_index(2)];
         let d = run(
             &[parent, child.clone()],
-            &HashMap::new(),
+            &BTreeMap::new(),
             &Observations::new(),
             &me,
             Instant::now(),
@@ -722,7 +722,7 @@ mod tests {
     fn a_deleted_lease_row_is_lost() {
         let me = WorkerId::new("me");
         let gone = lease(9, Some("me"), 1);
-        let held: HashMap<LeaseKey, Fence> = [(gone.key.clone(), gone.fence())].into();
+        let held: BTreeMap<LeaseKey, Fence> = [(gone.key.clone(), gone.fence())].into();
         let d = run(
             &[],
             &held,
@@ -757,14 +757,14 @@ mod tests {
         let mut leases: Vec<Lease> = (0..4).map(|i| lease(i, Some("a"), 1)).collect();
         let mut obs = Observations::new();
         obs.observe(&[hb("a", 1), hb("b", 1)], [], t0);
-        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &limits(0));
+        let d = run(&leases, &BTreeMap::new(), &obs, &b, t0, &limits(0));
         assert!(d.take.is_empty());
         let asked: Vec<&LeaseKey> = d.request.iter().map(|(k, _)| k).collect();
         assert_eq!(asked, vec![&leases[3].key, &leases[2].key]);
         // The owner sees the requests and hands those leases over.
         leases[3].handoff_to = Some(b.clone());
         leases[2].handoff_to = Some(b.clone());
-        let held: HashMap<LeaseKey, Fence> =
+        let held: BTreeMap<LeaseKey, Fence> =
             leases.iter().map(|l| (l.key.clone(), l.fence())).collect();
         let d = run(&leases, &held, &obs, &a, t0, &limits(0));
         let handing: Vec<(&LeaseKey, &WorkerId)> =
@@ -772,7 +772,7 @@ mod tests {
         assert_eq!(handing, vec![(&leases[2].key, &b), (&leases[3].key, &b)]);
         assert!(d.request.is_empty() && d.take.is_empty());
         // Asked already: the requester does not ask again.
-        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &limits(0));
+        let d = run(&leases, &BTreeMap::new(), &obs, &b, t0, &limits(0));
         assert!(d.request.is_empty(), "{d:?}");
     }
 
@@ -785,7 +785,7 @@ mod tests {
         obs.observe(&[hb("a", 1), hb("b", 1)], [], t0);
         let mut one_move = limits(0);
         one_move.max_moves_per_round = 1;
-        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &one_move);
+        let d = run(&leases, &BTreeMap::new(), &obs, &b, t0, &one_move);
         // Share 6, none held: half the shortfall, 3, beats the setting's 1.
         assert_eq!(d.request.len(), 3, "{d:?}");
     }
@@ -806,7 +806,7 @@ mod tests {
         let later = t0 + FAILOVER;
         leaving.counter = 2;
         obs.observe(&[hb("gone", 1), leaving], [], later);
-        let held: HashMap<LeaseKey, Fence> =
+        let held: BTreeMap<LeaseKey, Fence> =
             leases.iter().map(|l| (l.key.clone(), l.fence())).collect();
         let d = run(&leases, &held, &obs, &a, later, &limits(0));
         assert_eq!(
@@ -827,7 +827,7 @@ mod tests {
         let mut leases: Vec<Lease> = (0..3).map(|i| lease(i, Some("a"), 1)).collect();
         leases.push(lease(3, Some("b"), 1));
         leases.push(lease(4, None, 0));
-        let held: HashMap<LeaseKey, Fence> = leases[..3]
+        let held: BTreeMap<LeaseKey, Fence> = leases[..3]
             .iter()
             .map(|l| (l.key.clone(), l.fence()))
             .collect();
@@ -855,7 +855,7 @@ mod tests {
         obs.observe(&[a, hb("b", 1)], [], t0);
         let mut one_move = limits(0);
         one_move.max_moves_per_round = 1;
-        let d = run(&leases, &HashMap::new(), &obs, &b, t0, &one_move);
+        let d = run(&leases, &BTreeMap::new(), &obs, &b, t0, &one_move);
         assert_eq!(d.request.len(), 6, "{d:?}");
         // And the draining worker itself takes nothing.
         let mut free = leases.clone();
@@ -863,12 +863,12 @@ mod tests {
         let d = decide(
             &Round {
                 leases: &free,
-                held: &HashMap::new(),
+                held: &BTreeMap::new(),
                 observations: &obs,
                 me: &WorkerId::new("a"),
                 now: t0,
-                cooling: &HashSet::new(),
-                handing_off: &HashSet::new(),
+                cooling: &BTreeSet::new(),
+                handing_off: &BTreeSet::new(),
                 draining: true,
             },
             &limits(0),
@@ -886,8 +886,8 @@ mod tests {
                 observations: &obs,
                 me: &WorkerId::new("a"),
                 now: t0,
-                cooling: &HashSet::new(),
-                handing_off: &HashSet::new(),
+                cooling: &BTreeSet::new(),
+                handing_off: &BTreeSet::new(),
                 draining: true,
             },
             &limits(0),
@@ -975,7 +975,7 @@ mod tests {
                 for _ in 0..6 {
                     let snapshot = sim.leases.clone();
                     let decisions = sim.round();
-                    let mut claimed: HashSet<&LeaseKey> = HashSet::new();
+                    let mut claimed: BTreeSet<&LeaseKey> = BTreeSet::new();
                     for (_, d) in &decisions {
                         for key in d.take.iter().map(|t| &t.key).chain(d.request.iter().map(|(k, _)| k)) {
                             prop_assert!(claimed.insert(key), "{} claimed twice", key);

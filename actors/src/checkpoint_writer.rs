@@ -15,7 +15,7 @@
 
 mod pace;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +62,7 @@ pub(crate) enum CheckpointMsg {
         key: LeaseKey,
         at: Instant,
     },
-    Status(RpcReplyPort<HashMap<LeaseKey, CheckpointView>>),
+    Status(RpcReplyPort<BTreeMap<LeaseKey, CheckpointView>>),
 }
 
 /// What the writer knows of one shard, for status pages.
@@ -94,7 +94,7 @@ struct ShardPosition {
 
 pub(crate) struct WriterState {
     args: WriterArgs,
-    shards: HashMap<LeaseKey, ShardPosition>,
+    shards: BTreeMap<LeaseKey, ShardPosition>,
 }
 
 impl Actor for CheckpointWriter {
@@ -109,7 +109,7 @@ impl Actor for CheckpointWriter {
     ) -> Result<WriterState, ActorProcessingErr> {
         Ok(WriterState {
             args,
-            shards: HashMap::new(),
+            shards: BTreeMap::new(),
         })
     }
 

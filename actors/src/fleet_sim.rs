@@ -3,7 +3,7 @@
 //! conditional writes would, in worker order. Pure and deterministic: the property
 //! tests of `balance` and the P5 benchmark (`benches/fleet.rs`) run fleets on it.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, BTreeMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -40,7 +40,7 @@ pub struct Sim {
     pub limits: Limits,
     /// Owner changes per lease.
     pub moves: Vec<u32>,
-    counters: HashMap<WorkerId, u64>,
+    counters: BTreeMap<WorkerId, u64>,
 }
 
 impl Sim {
@@ -80,7 +80,7 @@ impl Sim {
                 max_moves_per_round: 10,
             },
             moves: vec![0; n_leases],
-            counters: HashMap::new(),
+            counters: BTreeMap::new(),
         };
         sim.beat();
         sim
@@ -104,7 +104,7 @@ impl Sim {
         self.obs.observe(&hbs, owners.iter(), self.now);
     }
 
-    pub fn held_by(&self, w: &WorkerId) -> HashMap<LeaseKey, Fence> {
+    pub fn held_by(&self, w: &WorkerId) -> BTreeMap<LeaseKey, Fence> {
         self.leases
             .iter()
             .filter(|l| l.owner.as_ref() == Some(w))
@@ -128,15 +128,15 @@ impl Sim {
                     observations: &self.obs,
                     me: w,
                     now: self.now,
-                    cooling: &HashSet::new(),
-                    handing_off: &HashSet::new(),
+                    cooling: &BTreeSet::new(),
+                    handing_off: &BTreeSet::new(),
                     draining: self.draining.contains(w),
                 },
                 &self.limits,
             );
             decisions.push((w.clone(), d));
         }
-        let index: HashMap<LeaseKey, usize> = self
+        let index: BTreeMap<LeaseKey, usize> = self
             .leases
             .iter()
             .enumerate()

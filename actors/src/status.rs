@@ -217,7 +217,7 @@ impl LagBoard {
 /// lease keeper tells orphan rows (shards the stream does not have) from new ones.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ShardListing {
-    pub shards: std::collections::HashSet<ShardId>,
+    pub shards: std::collections::BTreeSet<ShardId>,
     pub sent: tokio::time::Instant,
 }
 

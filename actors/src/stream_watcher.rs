@@ -9,7 +9,7 @@
 //! their children have started; until then the parent's SHARD_END is what lets a child
 //! begin.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -203,7 +203,7 @@ impl WatcherState {
                 sent,
             })));
         let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
-        let leased: HashSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
+        let leased: BTreeSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
         let planned = plan_new_leases(&shards, &leased, &self.args.initial);
         let mut created = 0;
         for lease in &planned {
@@ -242,5 +242,5 @@ impl WatcherState {
 
 /// The interval ±10%, so a fleet started together does not list in lockstep.
 fn jittered(interval: Duration) -> Duration {
-    interval.mul_f64(0.9 + rand::random::<f64>() * 0.2)
+    interval.mul_f64(0.9 + crate::backoff::unit_draw() * 0.2)
 }

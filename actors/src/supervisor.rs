@@ -9,7 +9,7 @@
 //!   and every shard reader; past `core_max_restarts` within `core_restart_window` the
 //!   worker stops with an error.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -144,8 +144,8 @@ pub(crate) struct SupervisorState {
     fencing: Fencing,
     core_intensity: RestartIntensity,
     core_restarts: u32,
-    shards: HashMap<LeaseKey, ShardEntry>,
-    by_actor: HashMap<ActorId, LeaseKey>,
+    shards: BTreeMap<LeaseKey, ShardEntry>,
+    by_actor: BTreeMap<ActorId, LeaseKey>,
     shard_restarts: u64,
     shutting_down: bool,
     /// Set while the keeper drains; answered when the drain is done.
@@ -178,8 +178,8 @@ impl Actor for Supervisor {
             core,
             fencing,
             core_restarts: 0,
-            shards: HashMap::new(),
-            by_actor: HashMap::new(),
+            shards: BTreeMap::new(),
+            by_actor: BTreeMap::new(),
             shard_restarts: 0,
             shutting_down: false,
             shutdown_reply: None,
@@ -692,7 +692,7 @@ impl SupervisorState {
         // Readers hold references to the old core: stop them all, then start afresh.
         // The new lease keeper finds this worker's leases and takes them again.
         let readers: Vec<ActorRef<ReaderMsg>> =
-            self.shards.drain().filter_map(|(_, e)| e.reader).collect();
+            std::mem::take(&mut self.shards).into_iter().filter_map(|(_, e)| e.reader).collect();
         self.by_actor.clear();
         for reader in readers {
             let _ = reader.kill_and_wait(Some(Duration::from_secs(5))).await;

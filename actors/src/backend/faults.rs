@@ -32,6 +32,8 @@ pub enum Fault {
     LostResponse,
     /// The call is delayed, then runs.
     Latency(Duration),
+    /// The call runs at once (its effect happens), and its answer is delayed.
+    LateAnswer(Duration),
     /// The call hangs for the plan's `timeout`, then fails as transient, without effect.
     Timeout,
     /// The call panics, without effect: a bug on the caller's path, which its actor's
@@ -52,14 +54,17 @@ pub struct Scheduled {
 }
 
 /// What to inject. Probabilities are per call, drawn in this order: throttle,
-/// transient, lost response, timeout, panic; latency is added to calls that are not
-/// refused.
+/// transient, lost response, late answer, timeout, panic; latency is added to calls that
+/// are not refused.
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
     pub seed: u64,
     pub throttle: f64,
     pub transient: f64,
     pub lost_response: f64,
+    /// Calls that take effect at once and are answered after a delay drawn from
+    /// `latency` (or `timeout_after` without it).
+    pub late_answer: f64,
     pub timeout: f64,
     pub panic: f64,
     /// How long a timed-out call hangs before failing.
@@ -80,6 +85,7 @@ impl FaultPlan {
             throttle: 0.0,
             transient: 0.0,
             lost_response: 0.0,
+            late_answer: 0.0,
             timeout: 0.0,
             panic: 0.0,
             timeout_after: Duration::from_secs(10),
@@ -101,6 +107,8 @@ struct State {
     rng: StdRng,
     calls: HashMap<&'static str, u64>,
     injected: Vec<(&'static str, Fault)>,
+    /// Per operation, the latest start time of a call that was answered with success.
+    confirmed: HashMap<&'static str, tokio::time::Instant>,
 }
 
 /// Wraps a backend `B`; implements whichever ports `B` implements. Clones share state.
@@ -138,8 +146,18 @@ pub struct Faulty<B> {
 /// effect; the caller learns of it on resume). User code can wait on it too (a frozen
 /// processor). Timers keep running, so on thaw everything overdue fires at once, as it
 /// does after SIGCONT. Clones share the state.
+///
+/// Waiters are woken on thaw in the order they began to wait (a `Notify`, not a `watch`
+/// channel, whose waiters are spread over queues picked at random): the fault simulator
+/// replays a seed exactly only if every wake-up order is fixed.
 #[derive(Debug, Clone)]
-pub struct Freezer(Arc<tokio::sync::watch::Sender<bool>>);
+pub struct Freezer(Arc<FreezerState>);
+
+#[derive(Debug, Default)]
+struct FreezerState {
+    frozen: std::sync::atomic::AtomicBool,
+    thawed: tokio::sync::Notify,
+}
 
 impl Default for Freezer {
     fn default() -> Self {
@@ -149,25 +167,34 @@ impl Default for Freezer {
 
 impl Freezer {
     pub fn new() -> Self {
-        Self(Arc::new(tokio::sync::watch::channel(false).0))
+        Self(Arc::default())
     }
 
     pub fn freeze(&self) {
-        self.0.send_replace(true);
+        self.0.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn thaw(&self) {
-        self.0.send_replace(false);
+        self.0.frozen.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.0.thawed.notify_waiters();
     }
 
     pub fn is_frozen(&self) -> bool {
-        *self.0.borrow()
+        self.0.frozen.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Returns at once unless frozen; then when thawed.
     pub async fn wait_thawed(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|frozen| !*frozen).await;
+        loop {
+            // Registered before the check, so a thaw in between is not missed.
+            let thawed = self.0.thawed.notified();
+            tokio::pin!(thawed);
+            thawed.as_mut().enable();
+            if !self.is_frozen() {
+                return;
+            }
+            thawed.await;
+        }
     }
 }
 
@@ -181,6 +208,7 @@ impl<B> Faulty<B> {
                 rng,
                 calls: HashMap::new(),
                 injected: Vec::new(),
+                confirmed: HashMap::new(),
             })),
             freezer: None,
         }
@@ -209,6 +237,13 @@ impl<B> Faulty<B> {
     /// schedule set with [`Faulty::set_plan`].
     pub fn calls(&self, op: &'static str) -> u64 {
         self.lock().calls.get(op).copied().unwrap_or(0)
+    }
+
+    /// The latest time a call of `op` that was answered with success was made (before
+    /// any fault or freeze delayed it): for the lease keeper's heartbeat, the send time
+    /// its fencing board counts from.
+    pub fn last_confirmed(&self, op: &'static str) -> Option<tokio::time::Instant> {
+        self.lock().confirmed.get(op).copied()
     }
 
     /// Replaces the plan (keeping the call counts), e.g. to stop injecting.
@@ -247,6 +282,13 @@ impl<B> Faulty<B> {
                 Some(Fault::Transient)
             } else if draw(plan.lost_response) {
                 Some(Fault::LostResponse)
+            } else if draw(plan.late_answer) {
+                let (lo, hi) = plan.latency.unwrap_or((plan.timeout_after, plan.timeout_after));
+                Some(Fault::LateAnswer(if hi > lo {
+                    rng.random_range(lo..=hi)
+                } else {
+                    lo
+                }))
             } else if draw(plan.timeout) {
                 Some(Fault::Timeout)
             } else if draw(plan.panic) {
@@ -279,12 +321,18 @@ impl<B> Faulty<B> {
         op: &'static str,
         call: impl Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
+        let sent = tokio::time::Instant::now();
         if let Some(freezer) = &self.freezer {
             freezer.wait_thawed().await;
         }
         let result = self.inject(op, call).await;
         if let Some(freezer) = &self.freezer {
             freezer.wait_thawed().await;
+        }
+        if result.is_ok() {
+            let mut state = self.lock();
+            let latest = state.confirmed.entry(op).or_insert(sent);
+            *latest = (*latest).max(sent);
         }
         result
     }
@@ -308,6 +356,11 @@ impl<B> Faulty<B> {
             Some(Fault::Latency(delay)) => {
                 tokio::time::sleep(delay).await;
                 call.await
+            }
+            Some(Fault::LateAnswer(delay)) => {
+                let result = call.await;
+                tokio::time::sleep(delay).await;
+                result
             }
             Some(Fault::Panic) => panic!("injected panic in {op}"),
             Some(Fault::Freeze) => {

@@ -3,7 +3,7 @@
 //! Per-partition-key order across a reshard holds only if a child is read after every
 //! one of its parents has been read to SHARD_END; `ready` is that rule.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{HashKeyRange, Shard, ShardId};
 
@@ -78,7 +78,7 @@ impl ShardGraph {
 
     /// Shards that may be read now: not finished, and every parent either finished or
     /// gone from the listing (trimmed past retention, so nothing of it is left to read).
-    pub fn ready(&self, finished: &HashSet<ShardId>) -> Vec<ShardId> {
+    pub fn ready(&self, finished: &BTreeSet<ShardId>) -> Vec<ShardId> {
         self.shards
             .values()
             .filter(|s| !finished.contains(&s.id))
@@ -172,7 +172,7 @@ mod tests {
         list.iter().map(|i| ShardId::from_index(*i)).collect()
     }
 
-    fn set(list: &[u64]) -> HashSet<ShardId> {
+    fn set(list: &[u64]) -> BTreeSet<ShardId> {
         ids(list).into_iter().collect()
     }
 
@@ -314,7 +314,7 @@ mod tests {
 
             // Reading in `ready` order finishes every shard, and never a child before
             // all of its parents.
-            let mut finished = HashSet::new();
+            let mut finished = BTreeSet::new();
             let mut order = Vec::new();
             loop {
                 let ready = graph.ready(&finished);

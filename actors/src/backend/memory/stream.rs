@@ -6,7 +6,7 @@
 //! 10,000 records / 10 MB, and (optionally) throttles reads at 5 calls/s and 2 MB/s per
 //! shard. All time comes from tokio's clock (see [`Clock`]), so tests can pause it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -171,7 +171,7 @@ impl StreamState {
 
 #[derive(Debug, Default)]
 struct State {
-    streams: HashMap<String, StreamState>,
+    streams: BTreeMap<String, StreamState>,
     next_counter: u64,
 }
 
