@@ -18,7 +18,7 @@
 //! consult it before every delivery, so no other worker can take a lease while this one
 //! still processes it, whatever gap (a freeze, a partition) came in between.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -38,6 +38,9 @@ use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
 use crate::model::{Fence, Lease, LeaseKey, WorkerId, WorkerLoad};
 use crate::settings::Settings;
 use crate::supervisor::SupervisorMsg;
+
+#[cfg(test)]
+mod model;
 
 #[derive(Debug)]
 pub(crate) enum KeeperMsg {
@@ -140,15 +143,15 @@ struct Drain {
 
 pub(crate) struct KeeperState {
     args: KeeperArgs,
-    held: HashMap<LeaseKey, Fence>,
+    held: BTreeMap<LeaseKey, Fence>,
     observations: Observations,
-    cooling: HashMap<LeaseKey, Instant>,
+    cooling: BTreeMap<LeaseKey, Instant>,
     heartbeat_counter: u64,
     malformed: Vec<String>,
     /// Requests made to other workers: when each was first made, and of whom.
-    requested: HashMap<LeaseKey, Request>,
+    requested: BTreeMap<LeaseKey, Request>,
     /// Held leases being handed over, to whom.
-    handing_off: HashMap<LeaseKey, WorkerId>,
+    handing_off: BTreeMap<LeaseKey, WorkerId>,
     polling: bool,
     /// A scan is due at this instant: the moment an owner of leases would turn dead.
     deadline_scan: Option<Instant>,
@@ -163,7 +166,7 @@ pub(crate) struct KeeperState {
     /// [`STALL_REPORT_EVERY`], not at every beat).
     stall_reported: Option<Instant>,
     /// When each lease row was first seen (send time of that scan), for orphans.
-    first_seen: HashMap<LeaseKey, Instant>,
+    first_seen: BTreeMap<LeaseKey, Instant>,
     /// The orphan rows last reported.
     orphans: BTreeSet<LeaseKey>,
     /// When a fresh shard listing was last asked for.
@@ -180,8 +183,8 @@ struct Request {
 
 /// Lease rows nobody processes, by key, with why: for the fleet view.
 struct Stalled<'a> {
-    unreadable: &'a HashMap<LeaseKey, String>,
-    orphans: &'a HashMap<LeaseKey, String>,
+    unreadable: &'a BTreeMap<LeaseKey, String>,
+    orphans: &'a BTreeMap<LeaseKey, String>,
 }
 
 /// How often a heartbeat that stays unconfirmed past the fence time is reported again.
@@ -202,13 +205,13 @@ impl Actor for LeaseKeeper {
         let delivered = args.delivered.load(Ordering::Relaxed);
         Ok(KeeperState {
             args,
-            held: HashMap::new(),
+            held: BTreeMap::new(),
             observations: Observations::new(),
-            cooling: HashMap::new(),
+            cooling: BTreeMap::new(),
             heartbeat_counter: 0,
             malformed: Vec::new(),
-            requested: HashMap::new(),
-            handing_off: HashMap::new(),
+            requested: BTreeMap::new(),
+            handing_off: BTreeMap::new(),
             polling: false,
             deadline_scan: None,
             drain: None,
@@ -218,7 +221,7 @@ impl Actor for LeaseKeeper {
             given: BTreeMap::new(),
             last_rate: (delivered, Instant::now()),
             stall_reported: None,
-            first_seen: HashMap::new(),
+            first_seen: BTreeMap::new(),
             orphans: BTreeSet::new(),
             listing_asked: None,
         })
@@ -450,7 +453,7 @@ impl KeeperState {
                 // Confirmed as of when the write was sent, not when it was answered: a
                 // slow answer (or a freeze in between) must not stretch the fencing
                 // window. After a gap, the fence stays on until the scan rereads.
-                fencing.heartbeat_confirmed(sent);
+                fencing.heartbeat_confirmed(sent, Instant::now());
                 if self.stall_reported.take().is_some() {
                     info!(
                         message = "Heartbeat confirmed again; each held lease delivers once its row is read again.",
@@ -568,8 +571,8 @@ impl KeeperState {
         );
         self.observations
             .observe_leases(&leases, now, self.settings().failover_time);
-        let cooling: HashSet<LeaseKey> = self.cooling.keys().cloned().collect();
-        let handing_off: HashSet<LeaseKey> = self.handing_off.keys().cloned().collect();
+        let cooling: BTreeSet<LeaseKey> = self.cooling.keys().cloned().collect();
+        let handing_off: BTreeSet<LeaseKey> = self.handing_off.keys().cloned().collect();
         let settings = self.settings();
         let limits = Limits {
             failover_time: settings.failover_time,
@@ -591,7 +594,7 @@ impl KeeperState {
         );
         // Requests that are no longer ours to wait for: answered elsewhere, turned
         // down, or the row is gone.
-        let by_key: HashMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+        let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let me = self.args.me.clone();
         self.requested.retain(|key, _| {
             by_key.get(key).is_some_and(|l| {
@@ -620,7 +623,7 @@ impl KeeperState {
 
     /// Keeps this scan's unreadable rows (logged at ERROR when first seen: each may be a
     /// shard nobody processes) and returns the lease rows among them by key.
-    fn note_malformed(&mut self, malformed: &[MalformedRow]) -> HashMap<LeaseKey, String> {
+    fn note_malformed(&mut self, malformed: &[MalformedRow]) -> BTreeMap<LeaseKey, String> {
         let texts: Vec<String> = malformed.iter().map(|m| m.to_string()).collect();
         for (bad, text) in malformed.iter().zip(&texts) {
             if !self.malformed.contains(text) {
@@ -651,11 +654,11 @@ impl KeeperState {
         &mut self,
         leases: &[Lease],
         sent: Instant,
-    ) -> (HashMap<LeaseKey, String>, HashSet<LeaseKey>) {
+    ) -> (BTreeMap<LeaseKey, String>, BTreeSet<LeaseKey>) {
         for lease in leases {
             self.first_seen.entry(lease.key.clone()).or_insert(sent);
         }
-        let present: HashSet<&LeaseKey> = leases.iter().map(|l| &l.key).collect();
+        let present: BTreeSet<&LeaseKey> = leases.iter().map(|l| &l.key).collect();
         self.first_seen.retain(|k, _| present.contains(k));
         let Some(listing) = self.args.listing.borrow().clone() else {
             let waiting = leases
@@ -663,7 +666,7 @@ impl KeeperState {
                 .filter(|l| !l.checkpoint.is_shard_end())
                 .map(|l| l.key.clone())
                 .collect();
-            return (HashMap::new(), waiting);
+            return (BTreeMap::new(), waiting);
         };
         let found = crate::model::orphans(leases, &listing.shards, listing.sent, |l| {
             self.first_seen.get(&l.key).copied()
@@ -675,7 +678,7 @@ impl KeeperState {
             let _ = self.args.supervisor.cast(SupervisorMsg::ListShardsNow);
         }
         let unlisted = found.unconfirmed.iter().map(|l| l.key.clone()).collect();
-        let orphans: HashMap<LeaseKey, String> = found
+        let orphans: BTreeMap<LeaseKey, String> = found
             .confirmed
             .iter()
             .map(|l| {
@@ -738,8 +741,8 @@ impl KeeperState {
     async fn act(
         &mut self,
         decision: Decision,
-        by_key: &HashMap<&LeaseKey, &Lease>,
-        unreadable: &HashMap<LeaseKey, String>,
+        by_key: &BTreeMap<&LeaseKey, &Lease>,
+        unreadable: &BTreeMap<LeaseKey, String>,
     ) {
         for (key, fence) in decision.release {
             self.release_unheld(&key, &fence).await;
@@ -836,7 +839,7 @@ impl KeeperState {
     fn fleet_view(
         &self,
         leases: &[Lease],
-        by_key: &HashMap<&LeaseKey, &Lease>,
+        by_key: &BTreeMap<&LeaseKey, &Lease>,
         stalled: &Stalled<'_>,
         now: Instant,
     ) -> FleetView {
@@ -849,7 +852,7 @@ impl KeeperState {
             malformed_rows: self.malformed.clone(),
             ..FleetView::default()
         };
-        let mut owned: HashMap<&WorkerId, u64> = HashMap::new();
+        let mut owned: BTreeMap<&WorkerId, u64> = BTreeMap::new();
         let mut sorted: Vec<&Lease> = leases.iter().collect();
         sorted.sort_by(|a, b| a.key.cmp(&b.key));
         for lease in sorted {
@@ -1079,7 +1082,7 @@ impl KeeperState {
     /// cost a timeout) and are named as such.
     async fn release_all(&mut self) {
         self.stopped = true;
-        let mut held: Vec<(LeaseKey, Fence)> = self.held.drain().collect();
+        let mut held: Vec<(LeaseKey, Fence)> = std::mem::take(&mut self.held).into_iter().collect();
         for (key, fence) in &held {
             self.args.fencing.lock().forget(key, fence);
         }

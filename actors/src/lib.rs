@@ -36,6 +36,7 @@ pub mod kpl;
 mod lease_keeper;
 pub mod metrics_reporter;
 pub mod model;
+pub mod mutants;
 mod processor;
 pub mod settings;
 mod shard_reader;

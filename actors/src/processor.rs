@@ -484,6 +484,11 @@ impl Actor for ProcessorHost {
                 {
                     return Ok(());
                 }
+                // Mutant CheckpointBeforeProcessed: the batch counts as done before the
+                // processor has it.
+                if crate::mutants::active(crate::mutants::Mutant::CheckpointBeforeProcessed) {
+                    checkpointer.ack_batch(&batch);
+                }
                 state
                     .processor
                     .0
@@ -590,7 +595,7 @@ mod tests {
         {
             let mut board = fencing.lock();
             let now = tokio::time::Instant::now();
-            board.heartbeat_confirmed(now);
+            board.heartbeat_confirmed(now, now);
             board.hold(&key, &fence, now);
         }
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));

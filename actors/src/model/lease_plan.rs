@@ -11,7 +11,7 @@
 //! after it ended and its children started. It is never leased again (reading it anew
 //! would redeliver what was processed long ago).
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 
 use super::{Checkpoint, Lease, Shard, ShardId};
 
@@ -19,11 +19,11 @@ use super::{Checkpoint, Lease, Shard, ShardId};
 /// before their children in the result.
 pub fn plan_new_leases(
     shards: &[Shard],
-    leased: &HashSet<ShardId>,
+    leased: &BTreeSet<ShardId>,
     initial: &Checkpoint,
 ) -> Vec<Lease> {
     let lease_everything = !matches!(initial, Checkpoint::Latest);
-    let listed: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+    let listed: BTreeSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
     let mut leased = leased.clone();
     loop {
         let finished: Vec<ShardId> = shards
@@ -43,9 +43,9 @@ pub fn plan_new_leases(
     }
     let leased = &leased;
     // Leased already or planned now.
-    let mut known: HashSet<ShardId> = leased.clone();
+    let mut known: BTreeSet<ShardId> = leased.clone();
     // Known, or looked at and left without a lease.
-    let mut decided: HashSet<ShardId> = leased.clone();
+    let mut decided: BTreeSet<ShardId> = leased.clone();
     let mut planned = Vec::new();
     let mut pending: Vec<&Shard> = shards.iter().filter(|s| !leased.contains(&s.id)).collect();
     // Passes until nothing changes: a shard is decided once every listed parent is.
@@ -86,7 +86,7 @@ pub fn plan_new_leases(
 /// once, or past its first record). Until then a parent's row is what tells a child
 /// that it may start.
 pub fn plan_cleanup<'a>(shards: &[Shard], leases: &'a [Lease]) -> Vec<&'a Lease> {
-    let listed: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+    let listed: BTreeSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
     let started = |l: &Lease| {
         l.counter > 0 || matches!(l.checkpoint, Checkpoint::At(_) | Checkpoint::ShardEnd)
     };
@@ -128,7 +128,7 @@ pub struct Orphans<'a> {
 /// never an orphan: its shard may have left the listing past retention.
 pub fn orphans<'a, T: Ord + Copy>(
     leases: &'a [Lease],
-    listed: &HashSet<ShardId>,
+    listed: &BTreeSet<ShardId>,
     listed_at: T,
     first_seen: impl Fn(&Lease) -> Option<T>,
 ) -> Orphans<'a> {
@@ -146,12 +146,13 @@ pub fn orphans<'a, T: Ord + Copy>(
 }
 
 fn lease_for(shard: &Shard, checkpoint: Checkpoint) -> Lease {
-    Lease::new(
-        &shard.id,
-        checkpoint,
-        shard.parents().cloned().collect(),
-        Some(shard.hash_range),
-    )
+    let mut parents: Vec<ShardId> = shard.parents().cloned().collect();
+    // Mutant ForgetMergeSecondParent: a merged child's row names its first parent only,
+    // so nothing waits for the second.
+    if crate::mutants::active(crate::mutants::Mutant::ForgetMergeSecondParent) {
+        parents.truncate(1);
+    }
+    Lease::new(&shard.id, checkpoint, parents, Some(shard.hash_range))
 }
 
 #[cfg(test)]
@@ -182,7 +183,7 @@ mod tests {
     /// The plan as (shard index, checkpoint), sorted; checks on the way that every
     /// planned parent comes before its children.
     fn plan(shards: &[Shard], leased: &[u64], initial: Checkpoint) -> Vec<(u64, Checkpoint)> {
-        let leased: HashSet<ShardId> = leased.iter().map(|i| ShardId::from_index(*i)).collect();
+        let leased: BTreeSet<ShardId> = leased.iter().map(|i| ShardId::from_index(*i)).collect();
         let planned = plan_new_leases(shards, &leased, &initial);
         for (i, lease) in planned.iter().enumerate() {
             for parent in &lease.parent_shard_ids {
@@ -333,7 +334,7 @@ mod tests {
             lease(3, Checkpoint::ShardEnd),    // not listed, finished: gone past retention
             lease(4, Checkpoint::TrimHorizon), // not listed, never seen before
         ];
-        let listed: HashSet<ShardId> = [ShardId::from_index(0)].into_iter().collect();
+        let listed: BTreeSet<ShardId> = [ShardId::from_index(0)].into_iter().collect();
         let seen = |l: &Lease| match l.key.shard_id() {
             s if s == ShardId::from_index(1) => Some(5),
             s if s == ShardId::from_index(2) => Some(15),

@@ -4,7 +4,7 @@
 //! adapter, and each write touches only the attributes the DynamoDB adapter's update
 //! expression names, so attributes a Java KCL wrote survive here as they do there.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
@@ -15,6 +15,7 @@ use crate::model::item::{
     heartbeat_key, load_attrs, shard_set,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+use crate::mutants::{self, Mutant};
 
 #[derive(Debug)]
 struct Table {
@@ -48,7 +49,7 @@ struct Table {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemoryDynamo {
-    tables: Arc<Mutex<HashMap<String, Table>>>,
+    tables: Arc<Mutex<BTreeMap<String, Table>>>,
 }
 
 impl MemoryDynamo {
@@ -56,7 +57,7 @@ impl MemoryDynamo {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Table>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Table>> {
         // Every mutation below is one step under the lock; a poisoned lock holds no
         // half-applied change.
         self.tables.lock().unwrap_or_else(|e| e.into_inner())
@@ -133,6 +134,10 @@ fn owner_of(item: &Item) -> Option<WorkerId> {
     }
 }
 
+/// The operation name under which `conditional` skips the fence (the
+/// `TakeWithoutCounterCheck` mutant only).
+const TAKE_UNCHECKED: &str = "UpdateItem (mutant: unconditional take)";
+
 impl MemoryLeaseTable {
     /// Runs `write` on the row if it matches the fence, as a conditional update would.
     fn conditional<T>(
@@ -146,7 +151,19 @@ impl MemoryLeaseTable {
         let table = tables
             .get_mut(&self.name)
             .ok_or_else(|| not_found(op, &self.name))?;
-        let row = fenced(key, fence, table.items.get_mut(key.as_str()))?;
+        let row = if op == TAKE_UNCHECKED {
+            // Mutant TakeWithoutCounterCheck: only the row's existence is checked.
+            table
+                .items
+                .get_mut(key.as_str())
+                .ok_or_else(|| LeaseError::ConditionFailed {
+                    key: key.clone(),
+                    owner: None,
+                    counter: None,
+                })?
+        } else {
+            fenced(key, fence, table.items.get_mut(key.as_str()))?
+        };
         // Work on a copy so a failed write leaves the row as it was.
         let mut updated = row.clone();
         let out = write(&mut updated)?;
@@ -291,7 +308,12 @@ impl LeaseTable for MemoryLeaseTable {
         new_owner: &'a WorkerId,
     ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
         Box::pin(async move {
-            self.conditional("UpdateItem", key, expected, |row| {
+            let op = if mutants::active(Mutant::TakeWithoutCounterCheck) {
+                TAKE_UNCHECKED
+            } else {
+                "UpdateItem"
+            };
+            self.conditional(op, key, expected, |row| {
                 row.insert(
                     attr::LEASE_OWNER.into(),
                     AttrValue::S(new_owner.as_str().into()),
@@ -318,6 +340,10 @@ impl LeaseTable for MemoryLeaseTable {
             self.conditional("UpdateItem", key, expected, |row| {
                 row.remove(attr::LEASE_OWNER);
                 row.remove(attr::HANDOFF_TO);
+                // Mutant ReleaseWithoutCounterBump: the counter stays as it was.
+                if mutants::active(Mutant::ReleaseWithoutCounterBump) {
+                    return Ok(expected.counter);
+                }
                 set_counter(row, expected.counter + 1);
                 Ok(expected.counter + 1)
             })

@@ -1,0 +1,1557 @@
+//! MODULE DOC PLACEHOLDER
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use stateright::{Expectation, Model, Property};
+use tokio::time::Instant;
+
+use crate::fencing::Board;
+use crate::model::{Fence, LeaseKey, WorkerId};
+
+/// A worker, by index.
+type W = u8;
+/// A shard (and its lease row), by index.
+type S = u8;
+/// Time in whole ticks: one tick is one second and one heartbeat interval.
+type Tick = u8;
+
+/// When a worker sent a call or took an answer: the tick, and how many such events of
+/// this worker came before it in the tick (a millisecond each), so that a worker's own
+/// calls keep their order on its board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Stamp {
+    tick: Tick,
+    seq: u8,
+}
+
+/// How a worker's board treats the first heartbeat after a gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FenceRule {
+    /// `fencing::Board` as it is: each held lease waits for a read of its row.
+    Hardened,
+    /// The rule before the hardening: the gap is forgotten at once
+    /// (`Board::forget_gap` after each `heartbeat_confirmed`).
+    LiftOnFirstHeartbeat,
+}
+
+/// What the table checks when a worker takes a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TakeRule {
+    /// `MemoryLeaseTable::take` as it is: the owner and counter the taker read.
+    Fenced,
+    /// Also that the owner's heartbeat counter is still the one the taker saw stand
+    /// still (a transaction with a condition check on the owner's heartbeat row). Not
+    /// in the code: the fix the model checks for the stale take it finds.
+    FencedOnHeartbeat,
+    /// Only that the row exists (the `TakeWithoutCounterCheck` mutant).
+    Unconditional,
+}
+
+/// One fleet to check, and the faults it may suffer.
+#[derive(Debug, Clone)]
+struct Config {
+    workers: u8,
+    shards: u8,
+    /// Records per shard (at most 8: they are bits of a mask).
+    records: u8,
+    /// When each record arrives in every shard; `None`: any record may arrive in any
+    /// shard at any tick before the fault horizon.
+    arrivals: Option<Vec<Tick>>,
+    /// `lease.failover_time`, in ticks.
+    failover: Tick,
+    /// `failover_time - fence_margin`, in ticks: what `Board::new` is given.
+    fresh_for: Tick,
+    /// Faults start, records arrive and handoffs are asked for before this tick only.
+    fault_horizon: Tick,
+    /// The last tick; then the workers finish what they are doing, and the run ends.
+    max_time: Tick,
+    /// Budgets for the whole run.
+    freezes: u8,
+    stalls: u8,
+    lost_answers: u8,
+    throttles: u8,
+    requests: u8,
+    fence: FenceRule,
+    take: TakeRule,
+}
+
+impl Config {
+    /// Failover 3 ticks and a fence margin of 1 (the defaults' 10 s and 3 s, with a
+    /// heartbeat each tick for their 2 s), 2 records per shard; one freeze, one lost
+    /// answer and one handoff request, all before tick 5, then quiet until tick 11.
+    fn fleet(workers: u8, shards: u8) -> Self {
+        Self {
+            workers,
+            shards,
+            records: 2,
+            arrivals: Some(vec![1, 2]),
+            failover: 3,
+            fresh_for: 2,
+            fault_horizon: 5,
+            max_time: 11,
+            freezes: 1,
+            stalls: 0,
+            lost_answers: 1,
+            throttles: 0,
+            requests: 1,
+            fence: FenceRule::Hardened,
+            take: TakeRule::Fenced,
+        }
+    }
+}
+
+/// The lease table: one row per shard, one heartbeat counter per worker (`None`: no
+/// heartbeat row yet).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Table {
+    leases: Vec<Row>,
+    beats: Vec<Option<u8>>,
+}
+
+/// A lease row: owner, counter (the epoch), checkpoint (the records below it are
+/// done), pending handoff request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Row {
+    owner: Option<W>,
+    counter: u8,
+    checkpoint: u8,
+    handoff_to: Option<W>,
+}
+
+impl Row {
+    fn names(&self, worker: W, counter: u8) -> bool {
+        self.owner == Some(worker) && self.counter == counter
+    }
+}
+
+/// The fate of one keeper call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Reply<T> {
+    /// Sent, not applied yet.
+    Pending,
+    /// Applied; the answer waits for the keeper (frozen or stalled meanwhile).
+    Ok(T),
+    /// The condition failed (`LeaseError::ConditionFailed`); nothing was written.
+    Refused,
+    /// Failed without being applied (throttled, a 5xx).
+    Throttled,
+    /// Applied, but the answer was lost: the keeper sees an error.
+    Lost,
+}
+
+/// How the table treats a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Fate {
+    /// Applied (or refused by its condition), and answered.
+    Answered,
+    /// Applied, the answer lost.
+    AnswerLost,
+    /// Not applied; an error comes back.
+    Throttled,
+}
+
+/// A conditional write of the keeper.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Op {
+    /// `LeaseTable::take`, expecting `owner` and `counter`; `beat` is the owner's
+    /// heartbeat counter in the scan (checked under [`TakeRule::FencedOnHeartbeat`]).
+    Take {
+        shard: S,
+        owner: Option<W>,
+        counter: u8,
+        beat: Option<u8>,
+    },
+    /// `LeaseTable::request_handoff`.
+    Request { shard: S, owner: W, counter: u8 },
+    /// `LeaseTable::transfer`; `acked` is the giver's acked prefix.
+    Transfer {
+        shard: S,
+        counter: u8,
+        to: W,
+        acked: u8,
+    },
+    /// `LeaseTable::release`.
+    Release { shard: S, counter: u8 },
+}
+
+/// The lease keeper: one actor, one table call at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Keeper {
+    Idle,
+    Heartbeat {
+        sent: Stamp,
+        reply: Reply<()>,
+    },
+    Scan {
+        sent: Stamp,
+        reply: Reply<Table>,
+    },
+    Write {
+        op: Op,
+        sent: Stamp,
+        reply: Reply<()>,
+        rest: Vec<Op>,
+    },
+}
+
+impl Keeper {
+    fn pending(&self) -> bool {
+        match self {
+            Keeper::Idle => false,
+            Keeper::Heartbeat { reply, .. } | Keeper::Write { reply, .. } => {
+                *reply == Reply::Pending
+            }
+            Keeper::Scan { reply, .. } => *reply == Reply::Pending,
+        }
+    }
+}
+
+/// A shard reader's phase.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Phase {
+    Running,
+    /// Handing over to this worker: nothing more is delivered, the checkpoint is
+    /// flushed, then the keeper transfers.
+    Stopping(W),
+}
+
+/// A held lease with its reader, processor and checkpoint writer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Slot {
+    counter: u8,
+    phase: Phase,
+    /// The next record to deliver: the records below it are processed and acked.
+    next: u8,
+    /// The last checkpoint the writer saw confirmed.
+    written: u8,
+    /// A checkpoint write due, of this position.
+    write: Option<u8>,
+}
+
+impl Slot {
+    fn new(counter: u8, checkpoint: u8) -> Self {
+        Self {
+            counter,
+            phase: Phase::Running,
+            next: checkpoint,
+            written: checkpoint,
+            write: None,
+        }
+    }
+
+    /// Ready to be transferred: stopped, and the acked prefix written.
+    fn transferable(&self) -> Option<W> {
+        match self.phase {
+            Phase::Stopping(to) if self.write.is_none() && self.written >= self.next => Some(to),
+            _ => None,
+        }
+    }
+}
+
+/// A peer's heartbeat as this worker saw it (`balance::Observations`' `Seen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Seen {
+    counter: Option<u8>,
+    since: Tick,
+}
+
+/// One worker.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Node {
+    /// The whole process is stopped (SIGSTOP, a VM pause): it takes no step.
+    frozen: bool,
+    /// Only the keeper is stuck in a call; readers and the writer go on.
+    stalled: bool,
+    /// A heartbeat tick waits for the keeper.
+    round_due: bool,
+    /// Calls sent and answers taken in this tick (see [`Stamp`]).
+    events: u8,
+    keeper: Keeper,
+    /// The real fencing rule, fed as the keeper feeds it.
+    board: Board,
+    seen: Vec<Option<Seen>>,
+    /// Held leases (the keeper's `held`), each with its reader.
+    slots: Vec<Option<Slot>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Budget {
+    freezes: u8,
+    stalls: u8,
+    lost_answers: u8,
+    throttles: u8,
+    requests: u8,
+}
+
+/// A safety violation, noted at the step that made it; exploration stops there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Broken {
+    /// A record went to a processor while the row named another owner or epoch.
+    DeliveredUnowned { worker: W, shard: S },
+    /// A checkpoint write moved the row's checkpoint back.
+    CheckpointRegressed { shard: S, from: u8, to: u8 },
+    /// A transfer applied while the row's checkpoint was behind the giver's acks.
+    HandoffBehind { shard: S, checkpoint: u8, acked: u8 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct State {
+    now: Tick,
+    table: Table,
+    nodes: Vec<Node>,
+    budget: Budget,
+    /// Per shard, the records in the stream so far.
+    arrived: Vec<u8>,
+    /// Per shard, the records some processor acked (a bit per record).
+    processed: Vec<u8>,
+    /// A transfer was applied (for the reachability check).
+    handed_off: bool,
+    broken: Option<Broken>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Action {
+    /// The clock moves on a tick; a record may arrive in a shard.
+    Tick(Option<S>),
+    Freeze(W),
+    Thaw(W),
+    Stall(W),
+    Unstall(W),
+    /// The keeper's `Tick`: a heartbeat is sent, applied and answered (the scan sent);
+    /// `None`: the worker freezes right after sending it.
+    BeginRound(W, Option<Fate>),
+    /// A running keeper's call is applied and answered in one step (and the next call
+    /// sent); a scan's answer may add a handoff request for a shard.
+    Call(W, Fate, Option<S>),
+    /// The table applies the call of a frozen or stalled keeper; the answer waits.
+    Apply(W, Fate),
+    /// The keeper, running again, takes the answer that waited.
+    Answer(W, Option<S>),
+    /// `KeeperMsg::Transfer`: the reader is stopped and flushed; the keeper hands over.
+    Transfer(W, S),
+    /// A checkpoint write and its answer.
+    Checkpoint(W, S, Fate),
+}
+
+/// The fleet model.
+#[derive(Debug)]
+struct Fleet {
+    cfg: Config,
+    /// Whether states are reduced by renaming workers ([`Fleet::symmetric`]).
+    symmetry: bool,
+    /// Tick 0: `Instant`s on the boards are `base + tick` seconds.
+    base: Instant,
+    keys: Vec<LeaseKey>,
+    /// `fences[w][counter]`, made once (a fence owns a `WorkerId`).
+    fences: Vec<Vec<Fence>>,
+}
+
+/// Lease counters the fence table covers.
+const COUNTERS: u8 = 32;
+
+impl Fleet {
+    fn new(cfg: Config) -> Self {
+        assert!(cfg.records <= 8, "records are bits of a u8");
+        Self {
+            keys: (0..cfg.shards)
+                .map(|s| LeaseKey::new(format!("shardId-{s:012}")))
+                .collect(),
+            fences: (0..cfg.workers)
+                .map(|w| {
+                    (0..COUNTERS)
+                        .map(|counter| Fence {
+                            owner: Some(WorkerId::new(format!("w{w}"))),
+                            counter: u64::from(counter),
+                        })
+                        .collect()
+                })
+                .collect(),
+            base: Instant::now(),
+            symmetry: true,
+            cfg,
+        }
+    }
+
+    /// The start of a tick: the time of every fence check in it.
+    fn at(&self, tick: Tick) -> Instant {
+        self.base + Duration::from_secs(u64::from(tick))
+    }
+
+    fn at_stamp(&self, stamp: Stamp) -> Instant {
+        self.at(stamp.tick) + Duration::from_millis(u64::from(stamp.seq))
+    }
+
+    fn fence(&self, worker: W, counter: u8) -> &Fence {
+        &self.fences[usize::from(worker)][usize::from(counter)]
+    }
+
+    fn key(&self, shard: S) -> &LeaseKey {
+        &self.keys[usize::from(shard)]
+    }
+
+    fn all_records(&self) -> u8 {
+        ((1u16 << self.cfg.records) - 1) as u8
+    }
+
+    /// `Board::check`: whether this held lease may deliver now.
+    fn unfenced(&self, node: &Node, worker: W, shard: S, slot: &Slot, now: Tick) -> bool {
+        node.board
+            .check(self.key(shard), self.fence(worker, slot.counter), self.at(now))
+            .is_ok()
+    }
+
+    /// `ShardReader::may_deliver` and `ProcessorHost`'s check: a record is there, the
+    /// reader runs, and the board lets it through.
+    fn deliverable(&self, st: &State, w: W, shard: S, slot: &Slot) -> bool {
+        slot.phase == Phase::Running
+            && slot.next < st.arrived[usize::from(shard)]
+            && self.unfenced(&st.nodes[usize::from(w)], w, shard, slot, st.now)
+    }
+
+    /// `Observations::is_alive`: a peer never seen is alive; one seen is alive until
+    /// its counter has stood still for the failover time.
+    fn alive(&self, seen: &[Option<Seen>], peer: W, now: Tick) -> bool {
+        match seen[usize::from(peer)] {
+            Some(s) => now - s.since < self.cfg.failover,
+            None => true,
+        }
+    }
+
+    /// `Observations::members`: alive, with a heartbeat row.
+    fn member(&self, seen: &[Option<Seen>], peer: W, now: Tick) -> bool {
+        seen[usize::from(peer)].is_some_and(|s| s.counter.is_some())
+            && self.alive(seen, peer, now)
+    }
+
+    /// `Observations::observe` of one scan, processed at `now`.
+    fn observed(&self, seen: &[Option<Seen>], me: W, snap: &Table, now: Tick) -> Vec<Option<Seen>> {
+        let n = usize::from(self.cfg.workers);
+        let mut out = seen.to_vec();
+        let mut present = vec![false; n];
+        for (p, beat) in snap.beats.iter().enumerate() {
+            let Some(counter) = *beat else { continue };
+            if p == usize::from(me) {
+                continue;
+            }
+            present[p] = true;
+            if out[p].is_none_or(|s| s.counter != Some(counter)) {
+                out[p] = Some(Seen {
+                    counter: Some(counter),
+                    since: now,
+                });
+            }
+        }
+        let mut owners = vec![false; n];
+        for row in &snap.leases {
+            let Some(o) = row.owner.map(usize::from) else {
+                continue;
+            };
+            if o == usize::from(me) {
+                continue;
+            }
+            owners[o] = true;
+            if !present[o] && out[o].is_none_or(|s| s.counter.is_some()) {
+                out[o] = Some(Seen {
+                    counter: None,
+                    since: now,
+                });
+            }
+        }
+        for p in 0..n {
+            if !present[p] && !owners[p] {
+                out[p] = None;
+            }
+        }
+        out
+    }
+
+    /// The leases this worker may ask for after this scan (simplified
+    /// `balance::decide`): a live peer's unfinished lease with no request on it.
+    fn requestable(&self, st: &State, me: W, snap: &Table) -> Vec<S> {
+        if st.now >= self.cfg.fault_horizon || st.budget.requests == 0 {
+            return Vec::new();
+        }
+        let seen = self.observed(&st.nodes[usize::from(me)].seen, me, snap, st.now);
+        (0..self.cfg.shards)
+            .filter(|&s| {
+                let row = &snap.leases[usize::from(s)];
+                row.checkpoint < self.cfg.records
+                    && row.handoff_to.is_none()
+                    && row
+                        .owner
+                        .is_some_and(|o| o != me && self.alive(&seen, o, st.now))
+            })
+            .collect()
+    }
+
+    /// Whether this worker has nothing left to do before the clock moves. A running
+    /// worker's calls take less than a tick (slower ones are what freezes and stalls
+    /// are), so its keeper finishes its round, and its readers deliver whatever has
+    /// arrived and may be delivered.
+    fn quiescent(&self, st: &State, w: W) -> bool {
+        let node = &st.nodes[usize::from(w)];
+        if node.frozen {
+            return true;
+        }
+        let keeper_done = node.stalled
+            || (node.keeper == Keeper::Idle
+                && !node.round_due
+                && !node
+                    .slots
+                    .iter()
+                    .flatten()
+                    .any(|s| s.transferable().is_some()));
+        keeper_done
+            && node.slots.iter().enumerate().all(|(si, slot)| match slot {
+                None => true,
+                Some(slot) => {
+                    slot.write.is_none()
+                        && !self.deliverable(st, w, si as S, slot)
+                }
+            })
+    }
+
+    /// The next event of this worker in this tick.
+    fn stamp(node: &mut Node, now: Tick) -> Stamp {
+        node.events += 1;
+        Stamp {
+            tick: now,
+            seq: node.events - 1,
+        }
+    }
+
+    fn send(node: &mut Node, ops: Vec<Op>, now: Tick) {
+        let mut ops = VecDeque::from(ops);
+        node.keeper = match ops.pop_front() {
+            Some(op) => Keeper::Write {
+                op,
+                sent: Self::stamp(node, now),
+                reply: Reply::Pending,
+                rest: ops.into(),
+            },
+            None => Keeper::Idle,
+        };
+    }
+
+    fn break_with(st: &mut State, broken: Broken) {
+        st.broken.get_or_insert(broken);
+    }
+
+    /// The table applies the keeper's pending call (`MemoryLeaseTable`'s conditions).
+    fn apply(&self, st: &mut State, w: W, fate: Fate) {
+        let wi = usize::from(w);
+        let mut broken = None;
+        let table = &mut st.table;
+        let applied = fate != Fate::Throttled;
+        let answer = |ok: bool| match (fate, ok) {
+            (Fate::Throttled, _) => Reply::Throttled,
+            (Fate::AnswerLost, _) => Reply::Lost,
+            (Fate::Answered, true) => Reply::Ok(()),
+            (Fate::Answered, false) => Reply::Refused,
+        };
+        match &mut st.nodes[wi].keeper {
+            Keeper::Idle => {}
+            // `MemoryLeaseTable::heartbeat`: counter + 1, the row made at 1.
+            Keeper::Heartbeat { reply, .. } => {
+                if applied {
+                    table.beats[wi] = Some(table.beats[wi].unwrap_or(0) + 1);
+                }
+                *reply = answer(true);
+            }
+            Keeper::Scan { reply, .. } => {
+                *reply = match fate {
+                    Fate::Answered => Reply::Ok(table.clone()),
+                    _ => Reply::Throttled,
+                }
+            }
+            Keeper::Write { op, reply, .. } => {
+                let ok = match *op {
+                    // `MemoryLeaseTable::take`: owner := me, counter + 1, request removed.
+                    Op::Take {
+                        shard,
+                        owner,
+                        counter,
+                        beat,
+                    } => {
+                        let row = &table.leases[usize::from(shard)];
+                        let fenced = row.owner == owner && row.counter == counter;
+                        let ok = match self.cfg.take {
+                            TakeRule::Fenced => fenced,
+                            TakeRule::FencedOnHeartbeat => {
+                                fenced
+                                    && owner.is_none_or(|o| {
+                                        o == w || table.beats[usize::from(o)] == beat
+                                    })
+                            }
+                            TakeRule::Unconditional => true,
+                        };
+                        if ok && applied {
+                            let row = &mut table.leases[usize::from(shard)];
+                            row.owner = Some(w);
+                            row.counter = counter + 1;
+                            row.handoff_to = None;
+                        }
+                        ok
+                    }
+                    // `MemoryLeaseTable::request_handoff`: unless another asked first.
+                    Op::Request {
+                        shard,
+                        owner,
+                        counter,
+                    } => {
+                        let row = &mut table.leases[usize::from(shard)];
+                        let ok = row.names(owner, counter) && row.handoff_to.is_none_or(|h| h == w);
+                        if ok && applied {
+                            row.handoff_to = Some(w);
+                        }
+                        ok
+                    }
+                    // `MemoryLeaseTable::transfer`: only while the request names `to`.
+                    Op::Transfer {
+                        shard,
+                        counter,
+                        to,
+                        acked,
+                    } => {
+                        let row = &mut table.leases[usize::from(shard)];
+                        let ok = row.names(w, counter) && row.handoff_to == Some(to);
+                        if ok && applied {
+                            if row.checkpoint < acked {
+                                broken = Some(Broken::HandoffBehind {
+                                    shard,
+                                    checkpoint: row.checkpoint,
+                                    acked,
+                                });
+                            }
+                            row.owner = Some(to);
+                            row.counter = counter + 1;
+                            row.handoff_to = None;
+                            st.handed_off = true;
+                        }
+                        ok
+                    }
+                    // `MemoryLeaseTable::release`: owner removed, counter + 1.
+                    Op::Release { shard, counter } => {
+                        let row = &mut table.leases[usize::from(shard)];
+                        let ok = row.names(w, counter);
+                        if ok && applied {
+                            row.owner = None;
+                            row.counter = counter + 1;
+                            row.handoff_to = None;
+                        }
+                        ok
+                    }
+                };
+                *reply = answer(ok);
+            }
+        }
+        if let Some(b) = broken {
+            Self::break_with(st, b);
+        }
+    }
+
+    /// The keeper takes the answer to its call and sends the next one.
+    fn answer(&self, st: &mut State, w: W, request: Option<S>) {
+        let now = st.now;
+        let node = &mut st.nodes[usize::from(w)];
+        match std::mem::replace(&mut node.keeper, Keeper::Idle) {
+            Keeper::Idle => {}
+            // `LeaseKeeper::heartbeat`: confirmed as of its send time, or failed.
+            Keeper::Heartbeat { sent, reply } => {
+                if reply == Reply::Ok(()) {
+                    let answered = Self::stamp(node, now);
+                    node.board
+                        .heartbeat_confirmed(self.at_stamp(sent), self.at_stamp(answered));
+                    if self.cfg.fence == FenceRule::LiftOnFirstHeartbeat {
+                        node.board.forget_gap();
+                    }
+                } else {
+                    node.board.heartbeat_failed(format!("{reply:?}"));
+                }
+                node.keeper = Keeper::Scan {
+                    sent: Self::stamp(node, now),
+                    reply: Reply::Pending,
+                };
+            }
+            Keeper::Scan { sent, reply } => {
+                if let Reply::Ok(snap) = reply {
+                    self.scan_answered(st, w, sent, &snap, request);
+                }
+            }
+            Keeper::Write {
+                op,
+                sent,
+                reply,
+                mut rest,
+            } => {
+                match op {
+                    // `LeaseKeeper::take`: held, and on the board as of the send time;
+                    // the supervisor starts a reader.
+                    Op::Take { shard, counter, .. } if reply == Reply::Ok(()) => {
+                        let counter = counter + 1;
+                        node.board
+                            .hold(self.key(shard), self.fence(w, counter), self.at_stamp(sent));
+                        // `ShardReader::start`: the reader reads its row and starts at
+                        // the checkpoint, or stops if the row is no longer ours.
+                        let row = &st.table.leases[usize::from(shard)];
+                        if row.names(w, counter) {
+                            node.slots[usize::from(shard)] = Some(Slot::new(counter, row.checkpoint));
+                        } else {
+                            node.board
+                                .revoke(self.key(shard), self.fence(w, counter), "lost");
+                        }
+                    }
+                    // `LeaseKeeper::transfer`: not handed over, so released.
+                    Op::Transfer { shard, counter, .. } if reply != Reply::Ok(()) => {
+                        rest.insert(0, Op::Release { shard, counter });
+                    }
+                    _ => {}
+                }
+                Self::send(node, rest, now);
+            }
+        }
+    }
+
+    /// `LeaseKeeper::scan_and_act`, with `balance::decide` simplified: reconfirm what
+    /// the scan shows still ours (as of its send time), observe the heartbeats, revoke
+    /// what is lost, hand over what a live member asked for, take every unfinished
+    /// lease that is free, dead-owned or ours by name, and ask for `request` if chosen.
+    fn scan_answered(&self, st: &mut State, w: W, sent: Stamp, snap: &Table, request: Option<S>) {
+        let now = st.now;
+        let node = &mut st.nodes[usize::from(w)];
+        for (si, slot) in node.slots.iter().enumerate() {
+            if let Some(slot) = slot
+                && snap.leases[si].names(w, slot.counter)
+            {
+                node.board
+                    .reconfirm(&self.keys[si], self.fence(w, slot.counter), self.at_stamp(sent));
+            }
+        }
+        node.seen = self.observed(&node.seen, w, snap, now);
+        let held_before: Vec<bool> = node.slots.iter().map(Option::is_some).collect();
+        for (si, slot) in node.slots.iter_mut().enumerate() {
+            if let Some(held) = slot
+                && !snap.leases[si].names(w, held.counter)
+            {
+                node.board
+                    .revoke(&self.keys[si], self.fence(w, held.counter), "lost");
+                *slot = None;
+            }
+        }
+        for (si, slot) in node.slots.iter_mut().enumerate() {
+            if let Some(slot) = slot
+                && let Some(asker) = snap.leases[si].handoff_to
+                && asker != w
+                && !matches!(slot.phase, Phase::Stopping(_))
+                && self.member(&node.seen, asker, now)
+            {
+                slot.phase = Phase::Stopping(asker);
+            }
+        }
+        let mut ops = Vec::new();
+        for (si, row) in snap.leases.iter().enumerate() {
+            let eligible = row.checkpoint < self.cfg.records
+                && !held_before[si]
+                && match row.owner {
+                    None => true,
+                    Some(o) => o == w || !self.alive(&node.seen, o, now),
+                };
+            if eligible {
+                ops.push(Op::Take {
+                    shard: si as S,
+                    owner: row.owner,
+                    counter: row.counter,
+                    beat: row.owner.and_then(|o| snap.beats[usize::from(o)]),
+                });
+            }
+        }
+        if let Some(shard) = request
+            && let Some(owner) = snap.leases[usize::from(shard)].owner
+        {
+            ops.push(Op::Request {
+                shard,
+                owner,
+                counter: snap.leases[usize::from(shard)].counter,
+            });
+            st.budget.requests -= 1;
+        }
+        Self::send(&mut st.nodes[usize::from(w)], ops, now);
+    }
+
+    /// `CheckpointWriter::write`: the write (`MemoryLeaseTable::checkpoint`, conditional
+    /// on the fence, the counter unchanged) and its answer. A refusal means the lease
+    /// is lost; any other failure is written again.
+    fn checkpoint(&self, st: &mut State, w: W, shard: S, fate: Fate) {
+        let si = usize::from(shard);
+        let Some(slot) = &mut st.nodes[usize::from(w)].slots[si] else {
+            return;
+        };
+        let Some(value) = slot.write.take() else {
+            return;
+        };
+        let row = &mut st.table.leases[si];
+        let fenced = row.names(w, slot.counter);
+        let mut broken = None;
+        if fenced && fate != Fate::Throttled {
+            if value < row.checkpoint {
+                broken = Some(Broken::CheckpointRegressed {
+                    shard,
+                    from: row.checkpoint,
+                    to: value,
+                });
+            }
+            row.checkpoint = value;
+        }
+        match fate {
+            Fate::Answered if fenced => {
+                slot.written = value;
+                if slot.next > value {
+                    slot.write = Some(slot.next);
+                }
+            }
+            Fate::Answered => self.lose(st, w, shard),
+            Fate::AnswerLost | Fate::Throttled => slot.write = Some(slot.next),
+        }
+        if let Some(b) = broken {
+            Self::break_with(st, b);
+        }
+    }
+
+    /// `ShardReader::fetch` / `deliver` and `ProcessorHost`: every running reader hands
+    /// each record that has arrived to its processor, at once, as long as the board
+    /// lets it (checked before each record); the processor acks it, and the checkpoint
+    /// writer gets the new acked prefix. Done after every step: a reader that could
+    /// deliver does, so no state leaves a deliverable record waiting (a violation needs
+    /// an unfenced reader, which the properties catch whether or not it delivers).
+    fn deliver(&self, st: &mut State) {
+        for wi in 0..usize::from(self.cfg.workers) {
+            if st.nodes[wi].frozen {
+                continue;
+            }
+            for si in 0..usize::from(self.cfg.shards) {
+                while let Some(slot) = &st.nodes[wi].slots[si]
+                    && self.deliverable(st, wi as W, si as S, slot)
+                {
+                    let names = st.table.leases[si].names(wi as W, slot.counter);
+                    let Some(slot) = &mut st.nodes[wi].slots[si] else {
+                        break;
+                    };
+                    st.processed[si] |= 1 << slot.next;
+                    slot.next += 1;
+                    if slot.write.is_none() {
+                        slot.write = Some(slot.next);
+                    }
+                    if !names {
+                        Self::break_with(
+                            st,
+                            Broken::DeliveredUnowned {
+                                worker: wi as W,
+                                shard: si as S,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The lease is lost under this counter (`KeeperMsg::Lost`, `LeaseLost`): revoked
+    /// on the board, the reader stopped.
+    fn lose(&self, st: &mut State, w: W, shard: S) {
+        let node = &mut st.nodes[usize::from(w)];
+        if let Some(slot) = node.slots[usize::from(shard)].take() {
+            node.board
+                .revoke(self.key(shard), self.fence(w, slot.counter), "lost");
+        }
+    }
+
+    /// Workers are interchangeable: their names appear only in rows, requests and
+    /// observations, never on a board (a board keeps counters). So a state and its
+    /// renaming of workers are one state; the representative orders the workers by a
+    /// hash of what each is on its own. Off for the runs whose paths are printed.
+    fn symmetric(&self, st: &mut State) {
+        let n = usize::from(self.cfg.workers);
+        let keys: Vec<u64> = (0..n).map(|w| Self::self_hash(st, w)).collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&w| keys[w]);
+        if order.iter().enumerate().all(|(i, w)| i == *w) {
+            return;
+        }
+        let mut new_of = vec![0u8; n];
+        for (new, old) in order.iter().enumerate() {
+            new_of[*old] = new as W;
+        }
+        let map = |w: W| new_of[usize::from(w)];
+        let table = |t: &Table| Table {
+            leases: t
+                .leases
+                .iter()
+                .map(|r| Row {
+                    owner: r.owner.map(map),
+                    handoff_to: r.handoff_to.map(map),
+                    ..r.clone()
+                })
+                .collect(),
+            beats: order.iter().map(|old| t.beats[*old]).collect(),
+        };
+        let op = |o: &Op| match *o {
+            Op::Take {
+                shard,
+                owner,
+                counter,
+                beat,
+            } => Op::Take {
+                shard,
+                owner: owner.map(map),
+                counter,
+                beat,
+            },
+            Op::Request {
+                shard,
+                owner,
+                counter,
+            } => Op::Request {
+                shard,
+                owner: map(owner),
+                counter,
+            },
+            Op::Transfer {
+                shard,
+                counter,
+                to,
+                acked,
+            } => Op::Transfer {
+                shard,
+                counter,
+                to: map(to),
+                acked,
+            },
+            Op::Release { .. } => o.clone(),
+        };
+        let nodes = order
+            .iter()
+            .map(|old| {
+                let node = &st.nodes[*old];
+                Node {
+                    seen: order.iter().map(|o| node.seen[*o]).collect(),
+                    keeper: match &node.keeper {
+                        Keeper::Scan {
+                            sent,
+                            reply: Reply::Ok(snap),
+                        } => Keeper::Scan {
+                            sent: *sent,
+                            reply: Reply::Ok(table(snap)),
+                        },
+                        Keeper::Write {
+                            op: first,
+                            sent,
+                            reply,
+                            rest,
+                        } => Keeper::Write {
+                            op: op(first),
+                            sent: *sent,
+                            reply: reply.clone(),
+                            rest: rest.iter().map(op).collect(),
+                        },
+                        other => other.clone(),
+                    },
+                    slots: node
+                        .slots
+                        .iter()
+                        .map(|slot| {
+                            slot.as_ref().map(|slot| Slot {
+                                phase: match slot.phase {
+                                    Phase::Stopping(to) => Phase::Stopping(map(to)),
+                                    Phase::Running => Phase::Running,
+                                },
+                                ..slot.clone()
+                            })
+                        })
+                        .collect(),
+                    ..node.clone()
+                }
+            })
+            .collect();
+        st.table = table(&st.table);
+        st.nodes = nodes;
+        if let Some(Broken::DeliveredUnowned { worker, .. }) = &mut st.broken {
+            *worker = map(*worker);
+        }
+    }
+
+    /// A hash of what a worker is without naming others: the same under any renaming.
+    fn self_hash(st: &State, w: usize) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let node = &st.nodes[w];
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (node.frozen, node.stalled, node.round_due, node.events).hash(&mut h);
+        node.board.hash(&mut h);
+        for slot in node.slots.iter().flatten() {
+            (slot.counter, slot.next, slot.written, slot.write).hash(&mut h);
+            matches!(slot.phase, Phase::Running).hash(&mut h);
+        }
+        std::mem::discriminant(&node.keeper).hash(&mut h);
+        st.table.beats[w].hash(&mut h);
+        for row in &st.table.leases {
+            (row.owner == Some(w as W), row.handoff_to == Some(w as W)).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// Heartbeat counters only ever meet in comparisons, so each worker's are renumbered
+    /// 1, 2, … in order: runs that differ only in how many heartbeats a worker wrote
+    /// long ago become one state.
+    fn canonical(&self, st: &mut State) {
+        for p in 0..usize::from(self.cfg.workers) {
+            let mut values = BTreeSet::new();
+            values.extend(st.table.beats[p]);
+            for node in &st.nodes {
+                values.extend(node.seen[p].and_then(|s| s.counter));
+                if let Keeper::Scan {
+                    reply: Reply::Ok(snap),
+                    ..
+                } = &node.keeper
+                {
+                    values.extend(snap.beats[p]);
+                }
+                if let Keeper::Write { op, rest, .. } = &node.keeper {
+                    for op in std::iter::once(op).chain(rest) {
+                        if let Op::Take {
+                            owner: Some(o),
+                            beat: Some(b),
+                            ..
+                        } = op
+                            && usize::from(*o) == p
+                        {
+                            values.insert(*b);
+                        }
+                    }
+                }
+            }
+            if values.iter().copied().eq(1..=values.len() as u8) {
+                continue;
+            }
+            let rank = |v: u8| values.iter().position(|x| *x == v).map(|i| i as u8 + 1);
+            let renumber = |v: &mut Option<u8>| *v = v.and_then(rank);
+            renumber(&mut st.table.beats[p]);
+            for node in &mut st.nodes {
+                if let Some(seen) = &mut node.seen[p] {
+                    renumber(&mut seen.counter);
+                }
+                match &mut node.keeper {
+                    Keeper::Scan {
+                        reply: Reply::Ok(snap),
+                        ..
+                    } => renumber(&mut snap.beats[p]),
+                    Keeper::Write { op, rest, .. } => {
+                        for op in std::iter::once(op).chain(rest.iter_mut()) {
+                            if let Op::Take {
+                                owner: Some(o),
+                                beat,
+                                ..
+                            } = op
+                                && usize::from(*o) == p
+                            {
+                                renumber(beat);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+impl Model for Fleet {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let n = usize::from(self.cfg.workers);
+        let m = usize::from(self.cfg.shards);
+        let node = Node {
+            frozen: false,
+            stalled: false,
+            round_due: true,
+            events: 0,
+            keeper: Keeper::Idle,
+            board: Board::new(Duration::from_secs(u64::from(self.cfg.fresh_for))),
+            seen: vec![None; n],
+            slots: vec![None; m],
+        };
+        let row = Row {
+            owner: None,
+            counter: 0,
+            checkpoint: 0,
+            handoff_to: None,
+        };
+        vec![State {
+            now: 0,
+            table: Table {
+                leases: vec![row; m],
+                beats: vec![None; n],
+            },
+            nodes: vec![node; n],
+            budget: Budget {
+                freezes: self.cfg.freezes,
+                stalls: self.cfg.stalls,
+                lost_answers: self.cfg.lost_answers,
+                throttles: self.cfg.throttles,
+                requests: self.cfg.requests,
+            },
+            arrived: vec![0; m],
+            processed: vec![0; m],
+            handed_off: false,
+            broken: None,
+        }]
+    }
+
+    fn actions(&self, st: &State, out: &mut Vec<Action>) {
+        if st.broken.is_some() {
+            return;
+        }
+        let faults = st.now < self.cfg.fault_horizon;
+        let lose = faults && st.budget.lost_answers > 0;
+        let throttle = faults && st.budget.throttles > 0;
+        if st.now < self.cfg.max_time && (0..self.cfg.workers).all(|w| self.quiescent(st, w)) {
+            out.push(Action::Tick(None));
+            if faults && self.cfg.arrivals.is_none() {
+                for s in 0..self.cfg.shards {
+                    if st.arrived[usize::from(s)] < self.cfg.records {
+                        out.push(Action::Tick(Some(s)));
+                    }
+                }
+            }
+        }
+        for (wi, node) in st.nodes.iter().enumerate() {
+            let w = wi as W;
+            // A worker freezes right after sending a call (as `Fault::Freeze` does), or
+            // between rounds.
+            let at_call = node.keeper.pending() || (node.keeper == Keeper::Idle && node.round_due);
+            if faults && !node.frozen && st.budget.freezes > 0 && at_call {
+                out.push(Action::Freeze(w));
+            }
+            if faults && !node.stalled && st.budget.stalls > 0 {
+                out.push(Action::Stall(w));
+            }
+            if node.frozen && st.now < self.cfg.max_time {
+                out.push(Action::Thaw(w));
+            }
+            if node.stalled && st.now < self.cfg.max_time {
+                out.push(Action::Unstall(w));
+            }
+            let scan = matches!(node.keeper, Keeper::Scan { .. });
+            let keeper_runs = !node.frozen && !node.stalled;
+            // A stopped keeper's call in flight reaches the table while faults last
+            // (a write already on the wire); after that it waits for the keeper.
+            if node.keeper.pending() && (keeper_runs || faults) {
+                let step = |fate| match keeper_runs {
+                    true => Action::Call(w, fate, None),
+                    false => Action::Apply(w, fate),
+                };
+                out.push(step(Fate::Answered));
+                if keeper_runs && scan {
+                    for s in self.requestable(st, w, &st.table) {
+                        out.push(Action::Call(w, Fate::Answered, Some(s)));
+                    }
+                }
+                // Lost answers that matter: a take or a transfer applied unbeknownst
+                // to its writer (a lost heartbeat answer comes with `BeginRound`).
+                let matters = matches!(
+                    node.keeper,
+                    Keeper::Heartbeat { .. }
+                        | Keeper::Write {
+                            op: Op::Take { .. } | Op::Transfer { .. },
+                            ..
+                        }
+                );
+                if lose && matters {
+                    out.push(step(Fate::AnswerLost));
+                }
+                if throttle {
+                    out.push(step(Fate::Throttled));
+                }
+            } else if keeper_runs {
+                match &node.keeper {
+                    Keeper::Idle => {
+                        if node.round_due {
+                            out.push(Action::BeginRound(w, Some(Fate::Answered)));
+                            if lose {
+                                out.push(Action::BeginRound(w, Some(Fate::AnswerLost)));
+                            }
+                            if throttle {
+                                out.push(Action::BeginRound(w, Some(Fate::Throttled)));
+                            }
+                            if faults && st.budget.freezes > 0 {
+                                out.push(Action::BeginRound(w, None));
+                            }
+                        }
+                        for (si, slot) in node.slots.iter().enumerate() {
+                            if slot.as_ref().is_some_and(|s| s.transferable().is_some()) {
+                                out.push(Action::Transfer(w, si as S));
+                            }
+                        }
+                    }
+                    Keeper::Scan {
+                        reply: Reply::Ok(snap),
+                        ..
+                    } => {
+                        out.push(Action::Answer(w, None));
+                        for s in self.requestable(st, w, snap) {
+                            out.push(Action::Answer(w, Some(s)));
+                        }
+                    }
+                    _ => out.push(Action::Answer(w, None)),
+                }
+            }
+            if node.frozen {
+                continue;
+            }
+            for (si, slot) in node.slots.iter().enumerate() {
+                let Some(slot) = slot else { continue };
+                let s = si as S;
+                if slot.write.is_some() {
+                    out.push(Action::Checkpoint(w, s, Fate::Answered));
+                    if throttle {
+                        out.push(Action::Checkpoint(w, s, Fate::Throttled));
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut st = last.clone();
+        let now = st.now;
+        let spend = |budget: &mut u8, fate: Fate, kind: Fate| {
+            if fate == kind {
+                *budget -= 1;
+            }
+        };
+        match action {
+            Action::Tick(arrival) => {
+                st.now += 1;
+                if let Some(s) = arrival {
+                    st.arrived[usize::from(s)] += 1;
+                }
+                if let Some(ticks) = &self.cfg.arrivals {
+                    let arrived = ticks.iter().filter(|t| **t <= st.now).count() as u8;
+                    st.arrived.fill(arrived);
+                }
+                let floor = st.now.saturating_sub(self.cfg.failover);
+                for node in &mut st.nodes {
+                    node.round_due = true;
+                    node.events = 0;
+                    // Dead stays dead: one `since` for every peer dead for a while.
+                    for s in node.seen.iter_mut().flatten() {
+                        s.since = s.since.max(floor);
+                    }
+                }
+            }
+            Action::Freeze(w) => {
+                st.budget.freezes -= 1;
+                st.nodes[usize::from(w)].frozen = true;
+            }
+            Action::Thaw(w) => st.nodes[usize::from(w)].frozen = false,
+            Action::Stall(w) => {
+                st.budget.stalls -= 1;
+                st.nodes[usize::from(w)].stalled = true;
+            }
+            Action::Unstall(w) => st.nodes[usize::from(w)].stalled = false,
+            Action::BeginRound(w, fate) => {
+                let node = &mut st.nodes[usize::from(w)];
+                node.round_due = false;
+                node.keeper = Keeper::Heartbeat {
+                    sent: Self::stamp(node, now),
+                    reply: Reply::Pending,
+                };
+                match fate {
+                    Some(fate) => {
+                        spend(&mut st.budget.lost_answers, fate, Fate::AnswerLost);
+                        spend(&mut st.budget.throttles, fate, Fate::Throttled);
+                        self.apply(&mut st, w, fate);
+                        self.answer(&mut st, w, None);
+                    }
+                    None => {
+                        st.budget.freezes -= 1;
+                        node.frozen = true;
+                    }
+                }
+            }
+            Action::Call(w, fate, request) => {
+                spend(&mut st.budget.lost_answers, fate, Fate::AnswerLost);
+                spend(&mut st.budget.throttles, fate, Fate::Throttled);
+                self.apply(&mut st, w, fate);
+                self.answer(&mut st, w, request);
+            }
+            Action::Apply(w, fate) => {
+                spend(&mut st.budget.lost_answers, fate, Fate::AnswerLost);
+                spend(&mut st.budget.throttles, fate, Fate::Throttled);
+                self.apply(&mut st, w, fate);
+            }
+            Action::Answer(w, request) => self.answer(&mut st, w, request),
+            Action::Transfer(w, shard) => {
+                let node = &mut st.nodes[usize::from(w)];
+                let slot = node.slots[usize::from(shard)].take()?;
+                let to = slot.transferable()?;
+                node.board
+                    .forget(self.key(shard), self.fence(w, slot.counter));
+                Self::send(
+                    node,
+                    vec![Op::Transfer {
+                        shard,
+                        counter: slot.counter,
+                        to,
+                        acked: slot.next,
+                    }],
+                    now,
+                );
+            }
+            Action::Checkpoint(w, shard, fate) => {
+                spend(&mut st.budget.lost_answers, fate, Fate::AnswerLost);
+                spend(&mut st.budget.throttles, fate, Fate::Throttled);
+                self.checkpoint(&mut st, w, shard, fate);
+            }
+        }
+        self.deliver(&mut st);
+        self.canonical(&mut st);
+        if self.symmetry {
+            self.symmetric(&mut st);
+        }
+        Some(st)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(DELIVERED_UNOWNED, |_, st: &State| {
+                !matches!(st.broken, Some(Broken::DeliveredUnowned { .. }))
+            }),
+            Property::always(UNFENCED_OWNS, |m: &Fleet, st: &State| {
+                st.nodes.iter().enumerate().all(|(wi, node)| {
+                    node.slots.iter().enumerate().all(|(si, slot)| match slot {
+                        Some(slot) if slot.phase == Phase::Running => {
+                            !m.unfenced(node, wi as W, si as S, slot, st.now)
+                                || st.table.leases[si].names(wi as W, slot.counter)
+                        }
+                        _ => true,
+                    })
+                })
+            }),
+            Property::always(ONE_UNFENCED, |m: &Fleet, st: &State| {
+                (0..m.cfg.shards).all(|s| {
+                    st.nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(wi, node)| {
+                            node.slots[usize::from(s)].as_ref().is_some_and(|slot| {
+                                slot.phase == Phase::Running
+                                    && m.unfenced(node, *wi as W, s, slot, st.now)
+                            })
+                        })
+                        .count()
+                        <= 1
+                })
+            }),
+            Property::always(MONOTONE, |_, st: &State| {
+                !matches!(st.broken, Some(Broken::CheckpointRegressed { .. }))
+            }),
+            Property::always(CHECKPOINT_PROCESSED, |_, st: &State| {
+                st.table
+                    .leases
+                    .iter()
+                    .zip(&st.processed)
+                    .all(|(row, done)| {
+                        let below = ((1u16 << row.checkpoint) - 1) as u8;
+                        done & below == below
+                    })
+            }),
+            Property::always(HANDOFF_PREFIX, |_, st: &State| {
+                !matches!(st.broken, Some(Broken::HandoffBehind { .. }))
+            }),
+            Property::always(LIVENESS, |m: &Fleet, st: &State| {
+                if st.broken.is_some()
+                    || st.now < m.cfg.max_time
+                    || st.nodes.iter().all(|n| n.frozen || n.stalled)
+                {
+                    return true;
+                }
+                let mut actions = Vec::new();
+                m.actions(st, &mut actions);
+                !actions.is_empty()
+                    || st
+                        .processed
+                        .iter()
+                        .zip(&st.arrived)
+                        .all(|(p, a)| *p == ((1u16 << a) - 1) as u8)
+            }),
+            Property::sometimes(TAKEN_FROM_FROZEN, |_, st: &State| {
+                st.nodes.iter().enumerate().any(|(wi, node)| {
+                    node.frozen
+                        && node.slots.iter().enumerate().any(|(si, slot)| {
+                            slot.is_some()
+                                && st.table.leases[si]
+                                    .owner
+                                    .is_some_and(|o| usize::from(o) != wi)
+                        })
+                })
+            }),
+            Property::sometimes(RECOVERED_FROM_LOST_ANSWER, |m: &Fleet, st: &State| {
+                st.budget.lost_answers < m.cfg.lost_answers
+                    && st.processed.iter().all(|p| *p == m.all_records())
+            }),
+            Property::sometimes(HANDED_OFF, |m: &Fleet, st: &State| {
+                st.handed_off && st.processed.iter().all(|p| *p == m.all_records())
+            }),
+        ]
+    }
+}
+
+const DELIVERED_UNOWNED: &str = "a record is delivered only while the row names its worker";
+const UNFENCED_OWNS: &str = "an unfenced reader's row names its worker";
+const ONE_UNFENCED: &str = "at most one worker unfenced per shard";
+const MONOTONE: &str = "checkpoints never regress";
+const CHECKPOINT_PROCESSED: &str = "every record below the checkpoint was processed";
+const HANDOFF_PREFIX: &str = "a handoff carries the acked prefix";
+const LIVENESS: &str = "with a live worker and a quiet end, every record is processed";
+const TAKEN_FROM_FROZEN: &str = "a peer took the lease of a frozen worker";
+const RECOVERED_FROM_LOST_ANSWER: &str = "a lost answer, and every record processed";
+const HANDED_OFF: &str = "a handoff, and every record processed";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateright::Checker;
+    use std::time::Instant as Clock;
+
+    static SYM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+    fn run(name: &str, cfg: Config) {
+        let secs: u64 = std::env::var("MODEL_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50);
+        let started = Clock::now();
+        let mut fleet = Fleet::new(cfg);
+        fleet.symmetry = SYM.load(std::sync::atomic::Ordering::Relaxed);
+        let checker = fleet
+            .checker()
+            .threads(2)
+            .timeout(Duration::from_secs(secs))
+            .spawn_bfs()
+            .join();
+        println!(
+            "{name}: {} unique states, {} generated, depth {}, {:?}",
+            checker.unique_state_count(),
+            checker.state_count(),
+            checker.max_depth(),
+            started.elapsed()
+        );
+        let found = checker.discoveries();
+        let m = checker.model();
+        for (prop, path) in &found {
+            println!("  found: {prop} ({} steps)", path.clone().into_actions().len());
+        }
+        for (prop, path) in found {
+            let show = std::env::var("MODEL_SHOW").unwrap_or_default();
+            if !show.is_empty() && prop.contains(show.as_str()) && m.properties().iter().any(|p| p.name == prop && p.expectation != Expectation::Eventually) {
+                println!("{prop}:");
+                for (state, action) in path.into_vec() {
+                    match action {
+                        Some(action) => println!("  t={} {action:?}", state.now),
+                        None => println!("  => {state:?}"),
+                    }
+                }
+                break;
+            }
+        }
+    }
+
+    #[test]
+    fn analyse() {
+        if std::env::var("MODEL_ANALYSE").is_err() {
+            return;
+        }
+        let mut cfg = Config::fleet(2, 1);
+        cfg.take = TakeRule::FencedOnHeartbeat;
+        cfg.lost_answers = 0;
+        cfg.requests = 0;
+        cfg.max_time = 8;
+        cfg.fault_horizon = 4;
+        let m = Fleet::new(cfg);
+        let mut seen: std::collections::HashSet<State> = std::collections::HashSet::new();
+        let mut queue: Vec<State> = m.init_states();
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        while let Some(st) = queue.pop() {
+            if !seen.insert(st.clone()) {
+                continue;
+            }
+            let key = std::env::var("MODEL_ANALYSE").unwrap();
+            let k = match key.as_str() {
+                "now" => format!("{} frozen={:?}", st.now, st.nodes.iter().map(|n| n.frozen).collect::<Vec<_>>()),
+                "board" => format!("{:?}", st.nodes[0].board),
+                "seen" => format!("{:?}", st.nodes.iter().map(|n| n.seen.clone()).collect::<Vec<_>>()),
+                "table" => format!("{:?}", st.table),
+                "keeper" => format!("{:?}", st.nodes.iter().map(|n| (n.keeper.clone(), n.events)).collect::<Vec<_>>()),
+                _ => format!("{:?}", st.nodes.iter().map(|n| n.slots.clone()).collect::<Vec<_>>()),
+            };
+            *by.entry(k).or_default() += 1;
+            for next in m.next_states(&st) {
+                if !seen.contains(&next) {
+                    queue.push(next);
+                }
+            }
+        }
+        println!("{} states", seen.len());
+        let mut v: Vec<_> = by.into_iter().collect();
+        v.sort_by_key(|(_, c)| std::cmp::Reverse(*c));
+        println!("{} keys", v.len());
+        for (k, c) in v.iter().take(40) {
+            println!("{c:8} {k}");
+        }
+    }
+
+    #[test]
+    fn explore() {
+        let mut cfg = Config::fleet(2, 1);
+        if let Ok(t) = std::env::var("MODEL_TAKE") {
+            cfg.take = match t.as_str() {
+                "hb" => TakeRule::FencedOnHeartbeat,
+                "u" => TakeRule::Unconditional,
+                _ => TakeRule::Fenced,
+            };
+        }
+        if let Ok(v) = std::env::var("MODEL_MAX") {
+            cfg.max_time = v.parse().unwrap();
+        }
+        if let Ok(v) = std::env::var("MODEL_HORIZON") {
+            cfg.fault_horizon = v.parse().unwrap();
+        }
+        if let Ok(v) = std::env::var("MODEL_SHAPE") {
+            let v: Vec<u8> = v.split(',').map(|x| x.parse().unwrap()).collect();
+            cfg.workers = v[0];
+            cfg.shards = v[1];
+            cfg.freezes = v[2];
+            cfg.lost_answers = v[3];
+            cfg.requests = v[4];
+            cfg.throttles = v[5];
+            cfg.stalls = v[6];
+        }
+        if std::env::var("MODEL_ANY").is_ok() {
+            cfg.arrivals = None;
+        }
+        if let Ok(v) = std::env::var("MODEL_ARRIVALS") {
+            cfg.arrivals = Some(v.split(',').map(|x| x.parse().unwrap()).collect());
+        }
+        if std::env::var("MODEL_NOSYM").is_ok() {
+            SYM.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        if std::env::var("MODEL_LIFT").is_ok() {
+            cfg.fence = FenceRule::LiftOnFirstHeartbeat;
+        }
+        let _ = String::new().write_str("");
+        run("explore", cfg);
+    }
+}
