@@ -493,5 +493,25 @@ if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
     awk '/^test result: / { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \
         "$LOG_DIR/cargo-test.log"
 fi
+
+# The fault simulator (actors/tests/support/sim.rs) in a release build, where it runs
+# about 25 times faster than under `cargo test`: a fixed set of seeds, then the
+# mutation table (each deliberate protocol bug must be caught). Runs on a whole-suite
+# run only (no extra `cargo test` arguments), or whenever FLOTILLA_SIM_SEEDS is set.
+if [[ $# -eq 0 || -n "${FLOTILLA_SIM_SEEDS:-}" ]]; then
+    sim_seeds="${FLOTILLA_SIM_SEEDS:-240}"
+    mutant_seeds="${FLOTILLA_SIM_MUTANT_SEEDS:-150}"
+    log "fault simulator: building (release) ..."
+    if ! cargo build --release -p flotilla-actors --example simulate --features mutants; then
+        log "ERROR: the simulator did not build"
+        status=1
+    else
+        sim="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/simulate"
+        log "fault simulator: seeds 0..$sim_seeds"
+        "$sim" --seeds "$sim_seeds" || { log "ERROR: the fault simulator found a violation (replay command above)"; status=1; }
+        log "fault simulator: mutation table (up to $mutant_seeds seeds each)"
+        "$sim" --mutants --seeds "$mutant_seeds" || { log "ERROR: a deliberate protocol bug went uncaught"; status=1; }
+    fi
+fi
 # cleanup (EXIT trap) still kills whatever the tests left in their group.
 exit "$status"

@@ -5,4 +5,5 @@ pub mod http;
 pub mod probe;
 pub mod rig;
 pub mod servers;
+pub mod sim;
 pub mod stripping_proxy;

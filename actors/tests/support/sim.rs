@@ -1,0 +1,1363 @@
+//! The fault simulator: whole fleets of real [`Worker`]s on the memory backend in paused
+//! time, driven by a seeded schedule of joins, leaves, crashes, freezes, partitions
+//! that heal, lost and late answers, throttling and 5xx bursts, expired iterators,
+//! splits and merges, and misbehaving processors, while a producer writes per-key
+//! sequences throughout.
+//!
+//! Oracles, checked as things happen (the processor) and after every step (the
+//! driver):
+//! * at the moment a batch is handed to a processor, the shard's lease row names that
+//!   worker, and no other worker is inside `process()` for the shard unless that
+//!   worker's last confirmed heartbeat is older than the fence time (it is fenced, or
+//!   frozen, and its call began before it lost the lease);
+//! * every checkpoint in the table names a record some processor finished, and no
+//!   checkpoint goes back;
+//! * per key, records are first finished in order;
+//! * after the faults heal and the fleet settles, each lease is held by at most one
+//!   worker, and a row that names a live worker is in that worker's held set;
+//! * at the end the fleet is balanced, every record produced was finished, and every
+//!   worker leaves cleanly.
+//!
+//! A run is one seed: the schedule, every fault plan, every processor misbehaviour and
+//! every jitter draw of the workers come from it ([`flotilla_actors::backoff::seed_jitter`]),
+//! and the fleet runs on one current-thread runtime in paused time, so the same seed
+//! gives the same trace (`trace_hash`). A failure names the seed, the step, the last
+//! lines of the trace and the command that replays it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+
+use flotilla_actors::backend::LeaseTable;
+use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty, Freezer};
+use flotilla_actors::backend::memory::{
+    MemoryLeaseTable, MemoryStreams, MemoryStreamsConfig,
+};
+use flotilla_actors::model::{Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId};
+use flotilla_actors::{
+    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
+};
+
+use super::probe::{Producer, fast_settings};
+use super::rig::{APP, Rig, STREAM};
+
+/// Shards at the start.
+const SHARDS: u32 = 4;
+const START_WORKERS: usize = 3;
+const MIN_LIVE: usize = 2;
+const MAX_LIVE: usize = 5;
+/// Keys the producer writes one record of per round.
+const KEYS: u32 = 12;
+/// How long each `process()` call takes at least: overlapping callers would be seen.
+const DWELL: Duration = Duration::from_millis(5);
+/// How long the fleet may take to balance and drain at the end (virtual time).
+const SETTLE: Duration = Duration::from_secs(120);
+const PATIENCE: Duration = Duration::from_secs(900);
+/// How much of the trace a failure shows.
+const TAIL: usize = 60;
+
+/// What one run is asked to do.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub seed: u64,
+    /// Fault steps before the final heal, settle and drain.
+    pub steps: usize,
+    /// Virtual time of each quiet stretch between steps, at most: the fleet runs on,
+    /// idle but for a trickle of records.
+    pub quiet: Duration,
+    /// Print every trace line as it happens.
+    pub verbose: bool,
+    /// The mutant switched on (for the replay command only: the caller switches it).
+    pub mutant: Option<&'static str>,
+}
+
+impl SimOptions {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            steps: 16,
+            quiet: Duration::from_secs(1800),
+            verbose: false,
+            mutant: None,
+        }
+    }
+
+    /// The command that replays this run.
+    pub fn replay(&self) -> String {
+        let features = if self.mutant.is_some() {
+            " --features mutants"
+        } else {
+            ""
+        };
+        let mutant = self
+            .mutant
+            .map(|m| format!(" --mutant {m}"))
+            .unwrap_or_default();
+        format!(
+            "cargo run --release -p flotilla-actors --example simulate{features} -- --seed {} \
+             --steps {} --quiet-secs {}{mutant} --verbose",
+            self.seed,
+            self.steps,
+            self.quiet.as_secs()
+        )
+    }
+}
+
+/// What a run that passed did.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct SimReport {
+    pub seed: u64,
+    /// Virtual time the fleet ran.
+    pub virtual_time: Duration,
+    /// Virtual time summed over the workers alive during it.
+    pub worker_time: Duration,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Invariant checks made (each oracle evaluation counts one).
+    pub checks: u64,
+    pub produced: u64,
+    pub process_calls: u64,
+    pub duplicates: u64,
+    /// A hash of the whole event trace: equal for equal runs.
+    pub trace_hash: u64,
+    pub trace_lines: u64,
+}
+
+impl SimReport {
+    pub fn fleet_hours(&self) -> f64 {
+        self.virtual_time.as_secs_f64() / 3600.0
+    }
+
+    pub fn worker_hours(&self) -> f64 {
+        self.worker_time.as_secs_f64() / 3600.0
+    }
+}
+
+/// A violated invariant, with what it takes to look into it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SimFailure {
+    pub seed: u64,
+    pub step: String,
+    pub what: String,
+    pub tail: Vec<String>,
+    pub replay: String,
+    /// Virtual time into the run.
+    pub at: Duration,
+}
+
+impl std::fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "seed {} failed at {} ({:.3} s virtual): {}",
+            self.seed,
+            self.step,
+            self.at.as_secs_f64(),
+            self.what
+        )?;
+        writeln!(f, "last {} trace lines:", self.tail.len())?;
+        for line in &self.tail {
+            writeln!(f, "  {line}")?;
+        }
+        write!(f, "replay: {}", self.replay)
+    }
+}
+
+/// Runs one seed on a fresh current-thread runtime in paused time.
+pub fn run_seed(options: &SimOptions) -> Result<SimReport, SimFailure> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .map_err(|e| SimFailure {
+            seed: options.seed,
+            step: "start".into(),
+            what: format!("no runtime: {e}"),
+            tail: Vec::new(),
+            replay: options.replay(),
+            at: Duration::ZERO,
+        })?;
+    flotilla_actors::backoff::seed_jitter(Some(options.seed));
+    let result = runtime.block_on(Sim::run(options.clone()));
+    flotilla_actors::backoff::seed_jitter(None);
+    // Whatever the workers left running (a crashed worker's tasks) ends with the runtime.
+    runtime.shutdown_background();
+    result
+}
+
+/// Installs (once) a panic hook that keeps the processors' injected panics out of the
+/// output; every other panic is printed as before.
+pub fn quiet_injected_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !message.starts_with(INJECTED_PANIC) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+const INJECTED_PANIC: &str = "sim: injected processor panic";
+
+/// SplitMix64: a small generator whose sequence depends on the seed alone.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// True with probability `per_mille / 1000`.
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+
+    pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let span = hi.saturating_sub(lo).as_millis() as u64;
+        lo + Duration::from_millis(self.below(span + 1))
+    }
+}
+
+/// How a worker's processors misbehave now.
+#[derive(Debug, Clone, Default)]
+struct Chaos {
+    /// Extra time every batch takes.
+    slow: Option<Duration>,
+    /// Per mille of batches that fail (returned as an error: retried from the checkpoint).
+    fail: u64,
+    /// Per mille of batches that panic.
+    panic: u64,
+}
+
+/// One simulated worker and the handles its faults are injected through.
+struct Member {
+    id: String,
+    worker: Worker,
+    table: Faulty<MemoryLeaseTable>,
+    stream: Faulty<MemoryStreams>,
+    freezer: Freezer,
+    /// Closed while the worker's processors hang (never return, so never ack).
+    hang: Freezer,
+    /// The fault now on this worker, and when it heals.
+    fault: Option<(String, Instant)>,
+}
+
+/// What the oracles know, shared by the driver and every processor.
+#[derive(Default)]
+struct Log {
+    start: Option<Instant>,
+    verbose: bool,
+    hasher: std::hash::DefaultHasher,
+    lines: u64,
+    tail: VecDeque<String>,
+    violations: Vec<String>,
+    checks: u64,
+    /// Per shard, the workers inside `process()` now (worker, call id).
+    inside: HashMap<ShardId, Vec<(String, u64)>>,
+    next_call: u64,
+    process_calls: u64,
+    /// Records finished (process returned Ok), per shard.
+    finished: HashMap<ShardId, HashSet<SequenceNumber>>,
+    /// Per key, the sequence numbers in the order they were finished.
+    by_key: BTreeMap<String, Vec<u64>>,
+    /// Per key, the next record expected first (for the order check) and the seen set.
+    order: HashMap<String, (u64, BTreeSet<u64>)>,
+    duplicates: u64,
+    /// Per worker id, what tells whether it is fenced: its lease table's injector (send
+    /// time of the last confirmed heartbeat) and its freezer.
+    members: HashMap<String, (Faulty<MemoryLeaseTable>, Freezer)>,
+    /// Per worker id, its processors' misbehaviour and its generator.
+    chaos: HashMap<String, Chaos>,
+    rng: Option<SplitMix>,
+    faults: BTreeMap<String, u64>,
+}
+
+impl Log {
+    fn at(&self) -> Duration {
+        self.start.map(|s| s.elapsed()).unwrap_or_default()
+    }
+
+    fn trace(&mut self, line: String) {
+        let line = format!("{:>10.3} {line}", self.at().as_secs_f64());
+        line.hash(&mut self.hasher);
+        self.lines += 1;
+        if self.verbose {
+            println!("{line}");
+        }
+        if self.tail.len() == TAIL {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line);
+    }
+
+    fn violation(&mut self, what: String) {
+        self.trace(format!("VIOLATION {what}"));
+        self.violations.push(what);
+    }
+
+    fn fault(&mut self, kind: &str) {
+        *self.faults.entry(kind.to_owned()).or_default() += 1;
+    }
+}
+
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Log>>);
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Log> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The fence time of the simulated workers: `failover_time - fence_margin`.
+fn fresh_for(settings: &Settings) -> Duration {
+    settings.lease.failover_time - settings.lease.fence_margin
+}
+
+fn settings(id: &str) -> Settings {
+    let mut s = fast_settings(STREAM, APP);
+    s.worker.worker_id = Some(id.to_owned());
+    // The defaults users run, but for what makes a long simulation cheap or a stall
+    // visible sooner.
+    s.lease.failover_time = Duration::from_secs(10);
+    s.lease.heartbeat_interval = Duration::from_secs(2);
+    s.lease.fence_margin = Duration::from_secs(3);
+    s.reader.poll_interval = Duration::from_millis(200);
+    s.reader.idle_max = Duration::from_secs(2);
+    s.reader.parent_poll_interval = Duration::from_secs(1);
+    s.reader.shard_sync_interval = Duration::from_secs(60);
+    s.reader.backoff_min = Duration::from_millis(100);
+    s.reader.backoff_max = Duration::from_secs(5);
+    s.reader.max_records = 50;
+    s.reader.processor_timeout = Duration::from_secs(60);
+    s.checkpoint.interval = Duration::from_secs(2);
+    s.supervision.restart_backoff_min = Duration::from_millis(100);
+    s.supervision.restart_backoff_max = Duration::from_secs(5);
+    s.supervision.shutdown_timeout = Duration::from_secs(30);
+    s.status.enabled = false;
+    s
+}
+
+/// The processor of every simulated worker: checks the delivery oracles at the moment
+/// it is handed a batch, stops while its worker is frozen, misbehaves as told, and
+/// records what it finished.
+struct SimProcessor {
+    me: String,
+    shard: ShardId,
+    table: MemoryLeaseTable,
+    freezer: Freezer,
+    hang: Freezer,
+    shared: Shared,
+    fresh_for: Duration,
+}
+
+/// Leaves `process()` when dropped: on return, and when the call is cancelled (a crash).
+struct Inside {
+    shared: Shared,
+    shard: ShardId,
+    call: u64,
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let mut log = self.shared.lock();
+        if let Some(inside) = log.inside.get_mut(&self.shard) {
+            inside.retain(|(_, c)| *c != self.call);
+        }
+    }
+}
+
+impl SimProcessor {
+    /// The oracles of the moment of delivery.
+    fn enter(&self, batch: &Batch) -> Inside {
+        let row = self
+            .table
+            .get(&LeaseKey::from(&self.shard))
+            .now_or_never()
+            .and_then(Result::ok)
+            .flatten();
+        let owner = row.as_ref().and_then(|l| l.owner.clone());
+        let mut log = self.shared.lock();
+        let log = &mut *log;
+        log.process_calls += 1;
+        log.checks += 2;
+        let call = log.next_call;
+        log.next_call += 1;
+        let first = batch.records().first().map(|r| r.sequence_number.to_string());
+        let last = batch.records().last().map(|r| r.sequence_number.to_string());
+        log.trace(format!(
+            "{} process {} [{}..{}] ({} records)",
+            self.me,
+            self.shard,
+            short(first.as_deref()),
+            short(last.as_deref()),
+            batch.records().len()
+        ));
+        if owner.as_ref().map(WorkerId::as_str) != Some(self.me.as_str()) {
+            let what = format!(
+                "{} handed a batch of {} to its processor while the lease row names {}",
+                self.me,
+                self.shard,
+                owner.map_or("nobody".to_owned(), |o| o.to_string())
+            );
+            log.violation(what);
+        }
+        let now = Instant::now();
+        let others: Vec<(String, u64)> = log
+            .inside
+            .get(&self.shard)
+            .cloned()
+            .unwrap_or_default();
+        for (other, _) in others.iter().filter(|(w, _)| *w != self.me) {
+            let fenced = log.members.get(other).is_none_or(|(table, freezer)| {
+                freezer.is_frozen()
+                    || table
+                        .last_confirmed("heartbeat")
+                        .is_none_or(|sent| now.saturating_duration_since(sent) >= self.fresh_for)
+            });
+            if !fenced {
+                let what = format!(
+                    "{} entered process() for {} while {other}, not fenced, was inside",
+                    self.me, self.shard
+                );
+                log.violation(what);
+            }
+        }
+        log.inside
+            .entry(self.shard.clone())
+            .or_default()
+            .push((self.me.clone(), call));
+        Inside {
+            shared: self.shared.clone(),
+            shard: self.shard.clone(),
+            call,
+        }
+    }
+
+    fn finish(&self, batch: &Batch) {
+        let mut log = self.shared.lock();
+        let log = &mut *log;
+        let finished = log.finished.entry(self.shard.clone()).or_default();
+        for record in batch.records() {
+            finished.insert(record.sequence_number.clone());
+        }
+        for record in batch.records() {
+            let Some((key, seq)) = std::str::from_utf8(&record.data)
+                .ok()
+                .and_then(|t| t.rsplit_once(':'))
+                .and_then(|(k, s)| Some((k.to_owned(), s.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            log.checks += 1;
+            let (next, seen) = log.order.entry(key.clone()).or_default();
+            if !seen.insert(seq) {
+                log.duplicates += 1;
+                continue;
+            }
+            if seq == *next {
+                *next += 1;
+                while seen.contains(next) {
+                    *next += 1;
+                }
+            } else if seq > *next {
+                let what = format!(
+                    "{} finished {key}:{seq} of {} before {key}:{next} was ever finished",
+                    self.me, self.shard
+                );
+                *next = seq + 1;
+                log.violation(what);
+            }
+            log.by_key.entry(key).or_default().push(seq);
+        }
+    }
+}
+
+fn short(sequence: Option<&str>) -> String {
+    match sequence {
+        // The memory backend's numbers are long and mostly zeros: the tail tells them apart.
+        Some(s) if s.len() > 8 => format!("…{}", &s[s.len() - 8..]),
+        Some(s) => s.to_owned(),
+        None => "-".to_owned(),
+    }
+}
+
+impl Processor for SimProcessor {
+    async fn initialize(&mut self, _: &ShardInfo) -> Result<(), ProcessorError> {
+        Ok(())
+    }
+
+    async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        let _inside = self.enter(batch);
+        // A frozen worker's processor stops where it is.
+        self.freezer.wait_thawed().await;
+        let (slow, fail, panic) = {
+            let mut log = self.shared.lock();
+            let chaos = log.chaos.get(&self.me).cloned().unwrap_or_default();
+            let rng = log.rng.get_or_insert_with(|| SplitMix::new(0));
+            let fail = rng.chance(chaos.fail);
+            let panic = !fail && rng.chance(chaos.panic);
+            (chaos.slow, fail, panic)
+        };
+        tokio::time::sleep(DWELL + slow.unwrap_or_default()).await;
+        // A hanging processor never returns (so never acks) until the hang is healed.
+        self.hang.wait_thawed().await;
+        self.freezer.wait_thawed().await;
+        if fail {
+            self.shared.lock().fault("processor_error");
+            return Err(ProcessorError::msg("sim: injected processor failure"));
+        }
+        if panic {
+            self.shared.lock().fault("processor_panic");
+            panic!("{INJECTED_PANIC} on {}", self.shard);
+        }
+        self.finish(batch);
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {}
+
+    async fn shard_ended(&mut self, _: &Checkpointer) -> Result<(), ProcessorError> {
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, _: &Checkpointer) -> Result<(), ProcessorError> {
+        Ok(())
+    }
+}
+
+/// A fault step of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Join,
+    Leave,
+    Crash,
+    Freeze,
+    FreezeMidCall,
+    Partition,
+    LostAnswers,
+    LateAnswers,
+    Throttle,
+    ServerErrors,
+    Split,
+    Merge,
+    SlowProcessor,
+    FailingProcessor,
+    PanickingProcessor,
+    HangingProcessor,
+}
+
+const STEPS: [Step; 16] = [
+    Step::Join,
+    Step::Leave,
+    Step::Crash,
+    Step::Freeze,
+    Step::FreezeMidCall,
+    Step::Partition,
+    Step::LostAnswers,
+    Step::LateAnswers,
+    Step::Throttle,
+    Step::ServerErrors,
+    Step::Split,
+    Step::Merge,
+    Step::SlowProcessor,
+    Step::FailingProcessor,
+    Step::PanickingProcessor,
+    Step::HangingProcessor,
+];
+
+struct Sim {
+    options: SimOptions,
+    rng: SplitMix,
+    rig: Rig,
+    shared: Shared,
+    producer: Producer,
+    live: Vec<Member>,
+    joined: usize,
+    /// The table's checkpoints at the last check.
+    checkpoints: HashMap<LeaseKey, Checkpoint>,
+    step: String,
+    worker_time: Duration,
+    last_tick: Instant,
+    fresh_for: Duration,
+}
+
+/// A checkpoint's place in a shard: before any record, at a record, past the last.
+fn rank(checkpoint: &Checkpoint) -> (u8, Option<&ExtendedSequenceNumber>) {
+    match checkpoint {
+        Checkpoint::TrimHorizon | Checkpoint::Latest | Checkpoint::AtTimestamp => (0, None),
+        Checkpoint::At(at) => (1, Some(at)),
+        Checkpoint::ShardEnd => (2, None),
+    }
+}
+
+impl Sim {
+    async fn run(options: SimOptions) -> Result<SimReport, SimFailure> {
+        quiet_injected_panics();
+        let start = Instant::now();
+        let config = MemoryStreamsConfig {
+            // Iterators expire after a freeze, a hang or a partition longer than this.
+            iterator_ttl: Duration::from_secs(60),
+            ..MemoryStreamsConfig::default()
+        };
+        let shared = Shared::default();
+        {
+            let mut log = shared.lock();
+            log.start = Some(start);
+            log.verbose = options.verbose;
+            log.rng = Some(SplitMix::new(options.seed ^ 0x5EED_0F_C4A0_5000));
+        }
+        let mut sim = Sim {
+            rng: SplitMix::new(options.seed),
+            rig: Rig::new(SHARDS, config).await,
+            shared,
+            producer: Producer::default(),
+            live: Vec::new(),
+            joined: 0,
+            checkpoints: HashMap::new(),
+            step: "start".into(),
+            worker_time: Duration::ZERO,
+            last_tick: start,
+            fresh_for: fresh_for(&settings("w")),
+            options,
+        };
+        let result = sim.drive().await;
+        let virtual_time = start.elapsed();
+        let log = sim.shared.lock();
+        match result {
+            Ok(()) => Ok(SimReport {
+                seed: sim.options.seed,
+                virtual_time,
+                worker_time: sim.worker_time,
+                faults: log.faults.clone(),
+                checks: log.checks,
+                produced: sim.producer.total(),
+                process_calls: log.process_calls,
+                duplicates: log.duplicates,
+                trace_hash: log.hasher.finish(),
+                trace_lines: log.lines,
+            }),
+            Err(what) => Err(SimFailure {
+                seed: sim.options.seed,
+                step: sim.step.clone(),
+                what,
+                tail: log.tail.iter().cloned().collect(),
+                replay: sim.options.replay(),
+                at: virtual_time,
+            }),
+        }
+    }
+
+    async fn drive(&mut self) -> Result<(), String> {
+        for _ in 0..START_WORKERS {
+            self.join().await;
+        }
+        self.run_for(Duration::from_secs(20), true).await?;
+        self.check().await?;
+        for n in 0..self.options.steps {
+            let step = self.pick();
+            self.step = format!("step {n} ({step:?})");
+            let what = self.take(step).await;
+            self.trace(format!("step {n}: {what}"));
+            // The fault's stretch: records flow, the fleet reacts.
+            let busy = self.rng.between(Duration::from_secs(15), Duration::from_secs(60));
+            self.run_for(busy, true).await?;
+            self.check().await?;
+            // A quiet stretch: faults heal on their own time, the fleet idles.
+            let quiet = self.rng.between(Duration::ZERO, self.options.quiet);
+            self.run_for(quiet, false).await?;
+            self.check().await?;
+        }
+        self.step = "the end".into();
+        self.heal_all();
+        self.run_for(Duration::from_secs(30), true).await?;
+        self.settled().await?;
+        self.drain().await?;
+        Ok(())
+    }
+
+    fn trace(&self, line: String) {
+        self.shared.lock().trace(line);
+    }
+
+    fn fault(&self, kind: &str) {
+        self.shared.lock().fault(kind);
+    }
+
+    /// Picks a step the bounds allow.
+    fn pick(&mut self) -> Step {
+        let healthy = self.live.iter().filter(|m| m.fault.is_none()).count();
+        let allowed: Vec<Step> = STEPS
+            .into_iter()
+            .filter(|s| match s {
+                Step::Join => self.live.len() < MAX_LIVE,
+                Step::Leave | Step::Crash => self.live.len() > MIN_LIVE && healthy > 0,
+                Step::Split | Step::Merge => true,
+                _ => healthy > 0,
+            })
+            .collect();
+        allowed[self.rng.below(allowed.len() as u64) as usize]
+    }
+
+    /// A live worker with no fault on it now.
+    fn healthy(&mut self) -> Option<usize> {
+        let healthy: Vec<usize> = (0..self.live.len())
+            .filter(|&i| self.live[i].fault.is_none())
+            .collect();
+        (!healthy.is_empty()).then(|| healthy[self.rng.below(healthy.len() as u64) as usize])
+    }
+
+    async fn join(&mut self) {
+        let id = format!("w{:02}", self.joined);
+        self.joined += 1;
+        let seed = self.rng.next_u64();
+        let freezer = Freezer::new();
+        let hang = Freezer::new();
+        let table = Faulty::new(self.rig.dynamo.lease_table(APP), FaultPlan::seeded(seed))
+            .frozen_by(&freezer);
+        let stream =
+            Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
+        let backend = Backend::new(
+            Arc::new(stream.clone()),
+            {
+                let table = table.clone();
+                move |_| Arc::new(table.clone())
+            },
+            Arc::new(self.rig.metrics.clone()),
+        );
+        let factory = {
+            let (me, direct, freezer, hang, shared, fresh_for) = (
+                id.clone(),
+                self.rig.dynamo.lease_table(APP),
+                freezer.clone(),
+                hang.clone(),
+                self.shared.clone(),
+                self.fresh_for,
+            );
+            move |shard: &ShardInfo| SimProcessor {
+                me: me.clone(),
+                shard: shard.shard_id.clone(),
+                table: direct.clone(),
+                freezer: freezer.clone(),
+                hang: hang.clone(),
+                shared: shared.clone(),
+                fresh_for,
+            }
+        };
+        let worker = match Worker::builder()
+            .settings(settings(&id))
+            .backend(backend)
+            .processor(factory)
+            .start()
+            .await
+        {
+            Ok(worker) => worker,
+            Err(error) => {
+                let what = format!("{id} did not start: {error}");
+                self.shared.lock().violation(what);
+                return;
+            }
+        };
+        self.shared
+            .lock()
+            .members
+            .insert(id.clone(), (table.clone(), freezer.clone()));
+        self.live.push(Member {
+            id,
+            worker,
+            table,
+            stream,
+            freezer,
+            hang,
+            fault: None,
+        });
+    }
+
+    /// Takes one step of the schedule; returns what it did, for the trace.
+    async fn take(&mut self, step: Step) -> String {
+        let failover = Duration::from_secs(10);
+        match step {
+            Step::Join => {
+                self.join().await;
+                self.fault("join");
+                format!("w{:02} joins", self.joined - 1)
+            }
+            Step::Leave => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to leave".into();
+                };
+                let member = self.live.remove(i);
+                self.fault("leave");
+                let id = member.id.clone();
+                match member.worker.shutdown().await {
+                    Ok(report) if report.clean() => format!("{id} leaves"),
+                    Ok(report) => format!("{id} leaves uncleanly: {report:?}"),
+                    Err(error) => format!("{id} leaves with an error: {error}"),
+                }
+            }
+            Step::Crash => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to crash".into();
+                };
+                let member = self.live.remove(i);
+                self.fault("crash");
+                let id = member.id.clone();
+                member.worker.abort();
+                format!("{id} crashes")
+            }
+            Step::Freeze => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to freeze".into();
+                };
+                // Shorter and longer than the failover time.
+                let length = if self.rng.chance(500) {
+                    self.rng.between(failover / 4, failover * 9 / 10)
+                } else {
+                    self.rng.between(failover * 11 / 10, failover * 4)
+                };
+                let member = &mut self.live[i];
+                member.freezer.freeze();
+                member.fault = Some(("freeze".into(), Instant::now() + length));
+                let id = member.id.clone();
+                self.fault("freeze");
+                format!("{id} freezes for {length:?}")
+            }
+            Step::FreezeMidCall => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to freeze".into();
+                };
+                let length = self.rng.between(failover / 2, failover * 3);
+                let op = ["scan", "heartbeat", "GetRecords", "UpdateItem"]
+                    [self.rng.below(4) as usize];
+                let seed = self.rng.next_u64();
+                let member = &mut self.live[i];
+                if op == "GetRecords" {
+                    let nth = member.stream.calls(op);
+                    member
+                        .stream
+                        .set_plan(FaultPlan::seeded(seed).then(Some(op), nth, Fault::Freeze));
+                } else {
+                    let nth = member.table.calls(op);
+                    member
+                        .table
+                        .set_plan(FaultPlan::seeded(seed).then(Some(op), nth, Fault::Freeze));
+                }
+                member.fault = Some(("freeze_mid_call".into(), Instant::now() + length));
+                let id = member.id.clone();
+                self.fault("freeze_mid_call");
+                format!("{id} freezes right after its next {op} call takes effect, for {length:?} from now")
+            }
+            Step::Partition => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to cut off".into();
+                };
+                let length = self.rng.between(failover / 2, failover * 4);
+                let which = self.rng.below(3); // table, stream, both
+                let hang = self.rng.chance(500);
+                let mut plan = FaultPlan::seeded(self.rng.next_u64());
+                if hang {
+                    plan.timeout = 1.0;
+                    plan.timeout_after = self.rng.between(Duration::from_secs(1), failover);
+                } else {
+                    plan.transient = 1.0;
+                }
+                let member = &mut self.live[i];
+                if which != 1 {
+                    member.table.set_plan(plan.clone());
+                }
+                if which != 0 {
+                    member.stream.set_plan(plan);
+                }
+                member.fault = Some(("partition".into(), Instant::now() + length));
+                let id = member.id.clone();
+                self.fault("partition");
+                format!(
+                    "{id} is cut off from {} ({}) for {length:?}",
+                    ["the lease table", "the stream", "both services"][which as usize],
+                    if hang { "calls hang" } else { "calls fail" }
+                )
+            }
+            Step::LostAnswers | Step::LateAnswers | Step::Throttle | Step::ServerErrors => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to trouble".into();
+                };
+                let length = self.rng.between(failover / 2, failover * 6);
+                let rate = 0.1 + self.rng.below(600) as f64 / 1000.0;
+                let mut plan = FaultPlan::seeded(self.rng.next_u64());
+                let kind = match step {
+                    Step::LostAnswers => {
+                        plan.lost_response = rate;
+                        "lost_answers"
+                    }
+                    Step::LateAnswers => {
+                        plan.late_answer = rate;
+                        plan.latency = Some((Duration::from_millis(100), failover));
+                        "late_answers"
+                    }
+                    Step::Throttle => {
+                        plan.throttle = rate;
+                        "throttling"
+                    }
+                    _ => {
+                        plan.transient = rate;
+                        "server_errors"
+                    }
+                };
+                let which = self.rng.below(3);
+                let member = &mut self.live[i];
+                if which != 1 {
+                    member.table.set_plan(plan.clone());
+                }
+                if which != 0 {
+                    member.stream.set_plan(plan);
+                }
+                member.fault = Some((kind.into(), Instant::now() + length));
+                let id = member.id.clone();
+                self.fault(kind);
+                format!(
+                    "{id}: {kind} at {:.0}% on {} for {length:?}",
+                    rate * 100.0,
+                    ["the lease table", "the stream", "both services"][which as usize]
+                )
+            }
+            Step::Split => {
+                let open: Vec<_> = self
+                    .rig
+                    .open_shards()
+                    .await
+                    .into_iter()
+                    .filter(|s| s.hash_range.end > s.hash_range.start)
+                    .collect();
+                if open.len() >= 8 {
+                    return "no split: 8 open shards".into();
+                }
+                let shard = &open[self.rng.below(open.len() as u64) as usize];
+                let range = shard.hash_range;
+                let at = range.start + (range.end - range.start).div_ceil(2);
+                self.fault("split");
+                match flotilla_actors::backend::StreamAdmin::split_shard(
+                    &self.rig.streams,
+                    STREAM,
+                    &shard.id,
+                    at,
+                )
+                .await
+                {
+                    Ok(()) => format!("{} splits", shard.id),
+                    Err(error) => format!("{} does not split: {error}", shard.id),
+                }
+            }
+            Step::Merge => {
+                let open = self.rig.open_shards().await;
+                if open.len() < 2 {
+                    return "no merge: one open shard".into();
+                }
+                // Mostly a pair whose second shard lags (its owner is in trouble): a
+                // merge is where a child could overtake a parent's backlog.
+                let rows = self.rows().await.unwrap_or_default();
+                let troubled: HashSet<String> = self
+                    .live
+                    .iter()
+                    .filter(|m| m.fault.is_some())
+                    .map(|m| m.id.clone())
+                    .collect();
+                let lagging: Vec<usize> = (0..open.len() - 1)
+                    .filter(|&i| {
+                        rows.iter().any(|l| {
+                            l.key == LeaseKey::from(&open[i + 1].id)
+                                && l.owner.as_ref().is_some_and(|o| troubled.contains(o.as_str()))
+                        })
+                    })
+                    .collect();
+                let i = if !lagging.is_empty() && self.rng.chance(800) {
+                    lagging[self.rng.below(lagging.len() as u64) as usize]
+                } else {
+                    self.rng.below(open.len() as u64 - 1) as usize
+                };
+                // Half the time, reshard under a backlog (as people do): the second
+                // shard's owner stops finishing batches first, and records pile up.
+                let mut backlog = String::new();
+                let owner = rows
+                    .iter()
+                    .find(|l| l.key == LeaseKey::from(&open[i + 1].id))
+                    .and_then(|l| l.owner.clone());
+                if self.rng.chance(500)
+                    && let Some(m) = self
+                        .live
+                        .iter()
+                        .position(|m| Some(m.id.as_str()) == owner.as_ref().map(|o| o.as_str()))
+                    && self.live[m].fault.is_none()
+                {
+                    let length = self.rng.between(Duration::from_secs(60), Duration::from_secs(180));
+                    let member = &mut self.live[m];
+                    member.hang.freeze();
+                    member.fault = Some(("hanging_processor".into(), Instant::now() + length));
+                    backlog = format!(
+                        " while {}'s processors hang for {length:?} (since 5 s before)",
+                        member.id
+                    );
+                    self.fault("hanging_processor");
+                    for _ in 0..5 {
+                        self.producer
+                            .put_round(&self.rig.streams, STREAM, KEYS, 1)
+                            .await;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+                self.fault("merge");
+                match flotilla_actors::backend::StreamAdmin::merge_shards(
+                    &self.rig.streams,
+                    STREAM,
+                    &open[i].id,
+                    &open[i + 1].id,
+                )
+                .await
+                {
+                    Ok(()) => format!("{} and {} merge{backlog}", open[i].id, open[i + 1].id),
+                    Err(error) => format!("{} and {} do not merge: {error}", open[i].id, open[i + 1].id),
+                }
+            }
+            Step::SlowProcessor | Step::FailingProcessor | Step::PanickingProcessor => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to trouble".into();
+                };
+                let length = self.rng.between(failover, failover * 6);
+                let mut chaos = Chaos::default();
+                let kind = match step {
+                    Step::SlowProcessor => {
+                        // Sometimes slower than the failover time.
+                        chaos.slow = Some(self.rng.between(Duration::from_millis(200), failover * 2));
+                        "slow_processor"
+                    }
+                    Step::FailingProcessor => {
+                        chaos.fail = 100 + self.rng.below(500);
+                        "failing_processor"
+                    }
+                    _ => {
+                        chaos.panic = 50 + self.rng.below(300);
+                        "panicking_processor"
+                    }
+                };
+                let member = &mut self.live[i];
+                member.fault = Some((kind.into(), Instant::now() + length));
+                let id = member.id.clone();
+                self.shared.lock().chaos.insert(id.clone(), chaos.clone());
+                self.fault(kind);
+                format!("{id}: {kind} {chaos:?} for {length:?}")
+            }
+            Step::HangingProcessor => {
+                let Some(i) = self.healthy() else {
+                    return "nobody to trouble".into();
+                };
+                let length = self.rng.between(failover, Duration::from_secs(150));
+                let member = &mut self.live[i];
+                member.hang.freeze();
+                member.fault = Some(("hanging_processor".into(), Instant::now() + length));
+                let id = member.id.clone();
+                self.fault("hanging_processor");
+                format!("{id}: processors never return (never ack) for {length:?}")
+            }
+        }
+    }
+
+    /// Ends the faults due by now.
+    fn heal_due(&mut self) {
+        let now = Instant::now();
+        let mut healed = Vec::new();
+        for member in &mut self.live {
+            if member.fault.as_ref().is_some_and(|(_, until)| *until <= now) {
+                Self::heal(member, &self.shared);
+                healed.push(member.id.clone());
+            }
+        }
+        for id in healed {
+            self.trace(format!("{id} healed"));
+        }
+    }
+
+    fn heal(member: &mut Member, shared: &Shared) {
+        member.fault = None;
+        member.table.set_plan(FaultPlan::seeded(0));
+        member.stream.set_plan(FaultPlan::seeded(0));
+        member.freezer.thaw();
+        member.hang.thaw();
+        shared.lock().chaos.remove(&member.id);
+    }
+
+    fn heal_all(&mut self) {
+        for member in &mut self.live {
+            Self::heal(member, &self.shared);
+        }
+        self.trace("every fault healed".into());
+    }
+
+    /// Lets `length` of virtual time pass in one-second slices, with a round of records
+    /// each slice when `busy` (one every 30 s when not), healing faults as they come due
+    /// and failing at the first violation.
+    async fn run_for(&mut self, length: Duration, busy: bool) -> Result<(), String> {
+        let slice = if busy {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(30)
+        };
+        let end = Instant::now() + length;
+        while Instant::now() < end {
+            self.producer
+                .put_round(&self.rig.streams, STREAM, KEYS, 1)
+                .await;
+            self.heal_due();
+            let next = (Instant::now() + slice).min(end);
+            // Wake up for a heal that comes due first.
+            let heal = self
+                .live
+                .iter()
+                .filter_map(|m| m.fault.as_ref().map(|(_, until)| *until))
+                .min();
+            let until = heal.map_or(next, |h| h.min(next)).max(Instant::now());
+            tokio::time::sleep_until(until).await;
+            self.account();
+            self.violations()?;
+        }
+        self.heal_due();
+        Ok(())
+    }
+
+    fn account(&mut self) {
+        let now = Instant::now();
+        self.worker_time += (now - self.last_tick) * self.live.len() as u32;
+        self.last_tick = now;
+    }
+
+    fn violations(&self) -> Result<(), String> {
+        let log = self.shared.lock();
+        match log.violations.first() {
+            Some(first) => Err(first.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The checks after a step: the table's checkpoints against what was finished.
+    async fn check(&mut self) -> Result<(), String> {
+        self.violations()?;
+        let rows = self.rows().await?;
+        let mut log = self.shared.lock();
+        let now: HashMap<LeaseKey, Checkpoint> = rows
+            .iter()
+            .map(|l| (l.key.clone(), l.checkpoint.clone()))
+            .collect();
+        for (key, before) in &self.checkpoints {
+            log.checks += 1;
+            match now.get(key) {
+                None if before.is_shard_end() => {}
+                None => return Err(format!("the lease row of {key} vanished")),
+                Some(after) if rank(after) < rank(before) => {
+                    return Err(format!(
+                        "the checkpoint of {key} went back from {before} to {after}"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        for lease in &rows {
+            if let Checkpoint::At(at) = &lease.checkpoint {
+                log.checks += 1;
+                let shard = lease.key.shard_id();
+                let done = log
+                    .finished
+                    .get(&shard)
+                    .is_some_and(|f| f.contains(&at.sequence));
+                if !done {
+                    return Err(format!(
+                        "{} is checkpointed at {at}, which no processor finished",
+                        lease.key
+                    ));
+                }
+            }
+        }
+        self.checkpoints = now;
+        let owners: Vec<String> = rows
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}={}",
+                    l.key.shard_id().as_str().trim_start_matches("shardId-0000000"),
+                    l.owner.as_ref().map_or("-", |o| o.as_str())
+                )
+            })
+            .collect();
+        log.trace(format!("check: {}", owners.join(" ")));
+        Ok(())
+    }
+
+    async fn rows(&self) -> Result<Vec<Lease>, String> {
+        let scan = self
+            .rig
+            .dynamo
+            .lease_table(APP)
+            .scan()
+            .await
+            .map_err(|e| format!("the lease table cannot be read: {e}"))?;
+        if !scan.malformed.is_empty() {
+            return Err(format!("malformed lease rows: {:?}", scan.malformed));
+        }
+        Ok(scan.leases)
+    }
+
+    /// After the heal: the fleet view agrees with the table and the fleet balances.
+    async fn settled(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        loop {
+            let (agree, fair, view) = self.fleet_view().await?;
+            if agree.is_ok() && fair {
+                self.trace(format!("settled: {view}"));
+                return Ok(());
+            }
+            if started.elapsed() > SETTLE {
+                agree?;
+                return Err(format!("not balanced {SETTLE:?} after the faults healed: {view}"));
+            }
+            self.run_for(Duration::from_secs(5), true).await?;
+        }
+    }
+
+    /// Whether each worker's held set agrees with the table, whether the processable
+    /// leases are spread evenly, and a line saying who holds what.
+    async fn fleet_view(&mut self) -> Result<(Result<(), String>, bool, String), String> {
+        let rows = self.rows().await?;
+        let by_key: HashMap<&LeaseKey, &Lease> = rows.iter().map(|l| (&l.key, l)).collect();
+        let processable: HashSet<String> = rows
+            .iter()
+            .filter(|l| !l.checkpoint.is_shard_end())
+            .filter(|l| {
+                l.parent_shard_ids.iter().all(|p| {
+                    by_key
+                        .get(&LeaseKey::from(p))
+                        .is_none_or(|parent| parent.checkpoint.is_shard_end())
+                })
+            })
+            .map(|l| l.key.to_string())
+            .collect();
+        let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut counts = BTreeMap::new();
+        for member in &self.live {
+            let status = member
+                .worker
+                .status()
+                .await
+                .map_err(|e| format!("{} does not answer: {e}", member.id))?;
+            let keeper = status
+                .leases
+                .ok_or_else(|| format!("{} has no lease keeper", member.id))?;
+            let mine = keeper.held.iter().filter(|k| processable.contains(*k)).count();
+            counts.insert(member.id.clone(), mine);
+            for key in keeper.held {
+                holders.entry(key).or_default().push(member.id.clone());
+            }
+        }
+        let mut agree = Ok(());
+        let live: HashSet<&str> = self.live.iter().map(|m| m.id.as_str()).collect();
+        for lease in &rows {
+            self.shared.lock().checks += 1;
+            let key = lease.key.to_string();
+            let held_by = holders.get(&key).cloned().unwrap_or_default();
+            let owner = lease.owner.as_ref().map(|o| o.to_string());
+            let fine = match &owner {
+                _ if held_by.len() > 1 => false,
+                Some(o) if live.contains(o.as_str()) && processable.contains(&key) => {
+                    held_by == [o.clone()]
+                }
+                _ => held_by.is_empty() || owner.as_ref() == held_by.first(),
+            };
+            if !fine && agree.is_ok() {
+                agree = Err(format!(
+                    "{key}: the table names {owner:?}, the workers that hold it are {held_by:?}"
+                ));
+            }
+        }
+        let n = counts.len().max(1);
+        let (floor, ceil) = (processable.len() / n, processable.len().div_ceil(n));
+        let covered: usize = counts.values().sum();
+        let fair = covered == processable.len()
+            && counts.values().all(|&h| h == floor || h == ceil);
+        let mut view = String::new();
+        let _ = write!(view, "{} processable leases, held {counts:?}", processable.len());
+        Ok((agree, fair, view))
+    }
+
+    /// Every record produced is finished; then every worker leaves cleanly.
+    async fn drain(&mut self) -> Result<(), String> {
+        let total = self.producer.total();
+        let started = Instant::now();
+        loop {
+            let distinct: u64 = {
+                let log = self.shared.lock();
+                log.order.values().map(|(_, seen)| seen.len() as u64).sum()
+            };
+            if distinct >= total {
+                break;
+            }
+            if started.elapsed() > PATIENCE {
+                let log = self.shared.lock();
+                let missing: Vec<String> = self
+                    .producer
+                    .produced
+                    .iter()
+                    .filter_map(|(key, count)| {
+                        let seen = log.order.get(key).map_or(0, |(_, s)| s.len() as u64);
+                        (seen < *count).then(|| format!("{key}: {seen} of {count}"))
+                    })
+                    .take(8)
+                    .collect();
+                return Err(format!(
+                    "{} of {total} records never finished after {PATIENCE:?}: {}",
+                    total - distinct,
+                    missing.join(", ")
+                ));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            self.account();
+            self.violations()?;
+        }
+        self.check().await?;
+        while let Some(member) = self.live.pop() {
+            let id = member.id.clone();
+            let report = member
+                .worker
+                .shutdown()
+                .await
+                .map_err(|e| format!("{id} could not leave: {e}"))?;
+            if !report.clean() {
+                return Err(format!("{id} left uncleanly after the faults healed: {report:?}"));
+            }
+            self.trace(format!("{id} leaves"));
+        }
+        self.account();
+        self.violations()
+    }
+}
