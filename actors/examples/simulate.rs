@@ -101,9 +101,11 @@ fn set_mutant(name: &str) -> Result<&'static str, String> {
 
 #[cfg(not(feature = "mutants"))]
 fn set_mutant(_: &str) -> Result<&'static str, String> {
-    Err("--mutant needs the mutants feature: cargo run --release -p flotilla-actors \
+    Err(
+        "--mutant needs the mutants feature: cargo run --release -p flotilla-actors \
          --example simulate --features mutants -- --mutant NAME"
-        .into())
+            .into(),
+    )
 }
 
 /// Runs one seed in a child process of this program (`--child`), which prints its
@@ -180,7 +182,9 @@ fn run_many(args: &Args, from: u64, count: u64, quiet_output: bool) -> Outcome {
             scope.spawn(|| {
                 loop {
                     let seed = next.fetch_add(1, Ordering::SeqCst);
-                    if seed >= end || (!args.keep_going && seed > lowest_failure.load(Ordering::SeqCst)) {
+                    if seed >= end
+                        || (!args.keep_going && seed > lowest_failure.load(Ordering::SeqCst))
+                    {
                         return;
                     }
                     let options = SimOptions {
@@ -247,7 +251,9 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
         reports.len() + outcome.failures.len(),
         reports.len(),
         outcome.failures.len(),
-        args.mutant.map(|m| format!(" with mutant {m}")).unwrap_or_default(),
+        args.mutant
+            .map(|m| format!(" with mutant {m}"))
+            .unwrap_or_default(),
         minutes,
         args.threads,
         hours / minutes.max(1e-9),
@@ -284,7 +290,10 @@ fn main() {
         let outcome = run_seed(&options);
         match serde_json::to_string(&outcome) {
             Ok(json) => println!("{CHILD_LINE}{json}"),
-            Err(e) => eprintln!("simulate: the outcome of seed {} is unwritable: {e}", args.from),
+            Err(e) => eprintln!(
+                "simulate: the outcome of seed {} is unwritable: {e}",
+                args.from
+            ),
         }
         return;
     }
@@ -295,7 +304,10 @@ fn main() {
     let outcome = run_many(&args, args.from, args.seeds, false);
     summary(&outcome, &args, wall.elapsed());
     if let Some(first) = outcome.failures.first() {
-        println!("first failing seed: {} (replay: {})", first.seed, first.replay);
+        println!(
+            "first failing seed: {} (replay: {})",
+            first.seed, first.replay
+        );
         std::process::exit(1);
     }
 }
@@ -363,7 +375,9 @@ fn mutation_table(args: &Args) -> i32 {
         }
     }
     if !false_alarms.is_empty() {
-        println!("equivalent mutants caught (a false alarm, or the argument is wrong): {false_alarms:?}");
+        println!(
+            "equivalent mutants caught (a false alarm, or the argument is wrong): {false_alarms:?}"
+        );
     }
     if !survivors.is_empty() {
         println!("mutants not caught in {} seeds: {survivors:?}", args.seeds);

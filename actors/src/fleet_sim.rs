@@ -3,7 +3,7 @@
 //! conditional writes would, in worker order. Pure and deterministic: the property
 //! tests of `balance` and the P5 benchmark (`benches/fleet.rs`) run fleets on it.
 
-use std::collections::{BTreeSet, BTreeMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;

@@ -89,7 +89,10 @@ mod switch {
     pub fn set(mutant: Option<Mutant>) {
         let value = match mutant {
             None => 0,
-            Some(m) => Mutant::ALL.iter().position(|x| *x == m).map_or(0, |i| i as u8 + 1),
+            Some(m) => Mutant::ALL
+                .iter()
+                .position(|x| *x == m)
+                .map_or(0, |i| i as u8 + 1),
         };
         ACTIVE.store(value, Ordering::SeqCst);
     }

@@ -691,8 +691,10 @@ impl SupervisorState {
         self.core_restarts += 1;
         // Readers hold references to the old core: stop them all, then start afresh.
         // The new lease keeper finds this worker's leases and takes them again.
-        let readers: Vec<ActorRef<ReaderMsg>> =
-            std::mem::take(&mut self.shards).into_iter().filter_map(|(_, e)| e.reader).collect();
+        let readers: Vec<ActorRef<ReaderMsg>> = std::mem::take(&mut self.shards)
+            .into_iter()
+            .filter_map(|(_, e)| e.reader)
+            .collect();
         self.by_actor.clear();
         for reader in readers {
             let _ = reader.kill_and_wait(Some(Duration::from_secs(5))).await;

@@ -171,11 +171,15 @@ impl Freezer {
     }
 
     pub fn freeze(&self) {
-        self.0.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .frozen
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn thaw(&self) {
-        self.0.frozen.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .frozen
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         self.0.thawed.notify_waiters();
     }
 
@@ -283,7 +287,9 @@ impl<B> Faulty<B> {
             } else if draw(plan.lost_response) {
                 Some(Fault::LostResponse)
             } else if draw(plan.late_answer) {
-                let (lo, hi) = plan.latency.unwrap_or((plan.timeout_after, plan.timeout_after));
+                let (lo, hi) = plan
+                    .latency
+                    .unwrap_or((plan.timeout_after, plan.timeout_after));
                 Some(Fault::LateAnswer(if hi > lo {
                     rng.random_range(lo..=hi)
                 } else {

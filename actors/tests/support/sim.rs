@@ -35,10 +35,10 @@ use tokio::time::Instant;
 
 use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty, Freezer};
-use flotilla_actors::backend::memory::{
-    MemoryLeaseTable, MemoryStreams, MemoryStreamsConfig,
+use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::model::{
+    Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
 };
-use flotilla_actors::model::{Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
 };
@@ -409,8 +409,14 @@ impl SimProcessor {
         log.checks += 2;
         let call = log.next_call;
         log.next_call += 1;
-        let first = batch.records().first().map(|r| r.sequence_number.to_string());
-        let last = batch.records().last().map(|r| r.sequence_number.to_string());
+        let first = batch
+            .records()
+            .first()
+            .map(|r| r.sequence_number.to_string());
+        let last = batch
+            .records()
+            .last()
+            .map(|r| r.sequence_number.to_string());
         log.trace(format!(
             "{} process {} [{}..{}] ({} records)",
             self.me,
@@ -429,11 +435,7 @@ impl SimProcessor {
             log.violation(what);
         }
         let now = Instant::now();
-        let others: Vec<(String, u64)> = log
-            .inside
-            .get(&self.shard)
-            .cloned()
-            .unwrap_or_default();
+        let others: Vec<(String, u64)> = log.inside.get(&self.shard).cloned().unwrap_or_default();
         for (other, _) in others.iter().filter(|(w, _)| *w != self.me) {
             let fenced = log.members.get(other).is_none_or(|(table, freezer)| {
                 freezer.is_frozen()
@@ -686,7 +688,9 @@ impl Sim {
             let what = self.take(step).await;
             self.trace(format!("step {n}: {what}"));
             // The fault's stretch: records flow, the fleet reacts.
-            let busy = self.rng.between(Duration::from_secs(15), Duration::from_secs(60));
+            let busy = self
+                .rng
+                .between(Duration::from_secs(15), Duration::from_secs(60));
             self.run_for(busy, true).await?;
             self.check().await?;
             // A quiet stretch: faults heal on their own time, the fleet idles.
@@ -853,25 +857,31 @@ impl Sim {
                     return "nobody to freeze".into();
                 };
                 let length = self.rng.between(failover / 2, failover * 3);
-                let op = ["scan", "heartbeat", "GetRecords", "UpdateItem"]
-                    [self.rng.below(4) as usize];
+                let op =
+                    ["scan", "heartbeat", "GetRecords", "UpdateItem"][self.rng.below(4) as usize];
                 let seed = self.rng.next_u64();
                 let member = &mut self.live[i];
                 if op == "GetRecords" {
                     let nth = member.stream.calls(op);
-                    member
-                        .stream
-                        .set_plan(FaultPlan::seeded(seed).then(Some(op), nth, Fault::Freeze));
+                    member.stream.set_plan(FaultPlan::seeded(seed).then(
+                        Some(op),
+                        nth,
+                        Fault::Freeze,
+                    ));
                 } else {
                     let nth = member.table.calls(op);
-                    member
-                        .table
-                        .set_plan(FaultPlan::seeded(seed).then(Some(op), nth, Fault::Freeze));
+                    member.table.set_plan(FaultPlan::seeded(seed).then(
+                        Some(op),
+                        nth,
+                        Fault::Freeze,
+                    ));
                 }
                 member.fault = Some(("freeze_mid_call".into(), Instant::now() + length));
                 let id = member.id.clone();
                 self.fault("freeze_mid_call");
-                format!("{id} freezes right after its next {op} call takes effect, for {length:?} from now")
+                format!(
+                    "{id} freezes right after its next {op} call takes effect, for {length:?} from now"
+                )
             }
             Step::Partition => {
                 let Some(i) = self.healthy() else {
@@ -991,7 +1001,9 @@ impl Sim {
                     .filter(|&i| {
                         rows.iter().any(|l| {
                             l.key == LeaseKey::from(&open[i + 1].id)
-                                && l.owner.as_ref().is_some_and(|o| troubled.contains(o.as_str()))
+                                && l.owner
+                                    .as_ref()
+                                    .is_some_and(|o| troubled.contains(o.as_str()))
                         })
                     })
                     .collect();
@@ -1014,7 +1026,9 @@ impl Sim {
                         .position(|m| Some(m.id.as_str()) == owner.as_ref().map(|o| o.as_str()))
                     && self.live[m].fault.is_none()
                 {
-                    let length = self.rng.between(Duration::from_secs(60), Duration::from_secs(180));
+                    let length = self
+                        .rng
+                        .between(Duration::from_secs(60), Duration::from_secs(180));
                     let member = &mut self.live[m];
                     member.hang.freeze();
                     member.fault = Some(("hanging_processor".into(), Instant::now() + length));
@@ -1040,7 +1054,11 @@ impl Sim {
                 .await
                 {
                     Ok(()) => format!("{} and {} merge{backlog}", open[i].id, open[i + 1].id),
-                    Err(error) => format!("{} and {} do not merge: {error}", open[i].id, open[i + 1].id),
+                    Err(error) => format!(
+                        "{} and {} do not merge: {error}",
+                        open[i].id,
+                        open[i + 1].id
+                    ),
                 }
             }
             Step::SlowProcessor | Step::FailingProcessor | Step::PanickingProcessor => {
@@ -1052,7 +1070,8 @@ impl Sim {
                 let kind = match step {
                     Step::SlowProcessor => {
                         // Sometimes slower than the failover time.
-                        chaos.slow = Some(self.rng.between(Duration::from_millis(200), failover * 2));
+                        chaos.slow =
+                            Some(self.rng.between(Duration::from_millis(200), failover * 2));
                         "slow_processor"
                     }
                     Step::FailingProcessor => {
@@ -1091,7 +1110,11 @@ impl Sim {
         let now = Instant::now();
         let mut healed = Vec::new();
         for member in &mut self.live {
-            if member.fault.as_ref().is_some_and(|(_, until)| *until <= now) {
+            if member
+                .fault
+                .as_ref()
+                .is_some_and(|(_, until)| *until <= now)
+            {
                 Self::heal(member, &self.shared);
                 healed.push(member.id.clone());
             }
@@ -1206,7 +1229,10 @@ impl Sim {
             .map(|l| {
                 format!(
                     "{}={}",
-                    l.key.shard_id().as_str().trim_start_matches("shardId-0000000"),
+                    l.key
+                        .shard_id()
+                        .as_str()
+                        .trim_start_matches("shardId-0000000"),
                     l.owner.as_ref().map_or("-", |o| o.as_str())
                 )
             })
@@ -1240,7 +1266,9 @@ impl Sim {
             }
             if started.elapsed() > SETTLE {
                 agree?;
-                return Err(format!("not balanced {SETTLE:?} after the faults healed: {view}"));
+                return Err(format!(
+                    "not balanced {SETTLE:?} after the faults healed: {view}"
+                ));
             }
             self.run_for(Duration::from_secs(5), true).await?;
         }
@@ -1274,7 +1302,11 @@ impl Sim {
             let keeper = status
                 .leases
                 .ok_or_else(|| format!("{} has no lease keeper", member.id))?;
-            let mine = keeper.held.iter().filter(|k| processable.contains(*k)).count();
+            let mine = keeper
+                .held
+                .iter()
+                .filter(|k| processable.contains(*k))
+                .count();
             counts.insert(member.id.clone(), mine);
             for key in keeper.held {
                 holders.entry(key).or_default().push(member.id.clone());
@@ -1303,10 +1335,14 @@ impl Sim {
         let n = counts.len().max(1);
         let (floor, ceil) = (processable.len() / n, processable.len().div_ceil(n));
         let covered: usize = counts.values().sum();
-        let fair = covered == processable.len()
-            && counts.values().all(|&h| h == floor || h == ceil);
+        let fair =
+            covered == processable.len() && counts.values().all(|&h| h == floor || h == ceil);
         let mut view = String::new();
-        let _ = write!(view, "{} processable leases, held {counts:?}", processable.len());
+        let _ = write!(
+            view,
+            "{} processable leases, held {counts:?}",
+            processable.len()
+        );
         Ok((agree, fair, view))
     }
 
@@ -1353,7 +1389,9 @@ impl Sim {
                 .await
                 .map_err(|e| format!("{id} could not leave: {e}"))?;
             if !report.clean() {
-                return Err(format!("{id} left uncleanly after the faults healed: {report:?}"));
+                return Err(format!(
+                    "{id} left uncleanly after the faults healed: {report:?}"
+                ));
             }
             self.trace(format!("{id} leaves"));
         }
