@@ -51,7 +51,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
-use stateright::{Expectation, Model, Property};
+use stateright::{Model, Property};
 use tokio::time::Instant;
 
 use crate::fencing::Board;
