@@ -499,8 +499,8 @@ fi
 # mutation table (each deliberate protocol bug must be caught). Runs on a whole-suite
 # run only (no extra `cargo test` arguments), or whenever FLOTILLA_SIM_SEEDS is set.
 if [[ $# -eq 0 || -n "${FLOTILLA_SIM_SEEDS:-}" ]]; then
-    sim_seeds="${FLOTILLA_SIM_SEEDS:-240}"
-    mutant_seeds="${FLOTILLA_SIM_MUTANT_SEEDS:-150}"
+    sim_seeds="${FLOTILLA_SIM_SEEDS:-300}"
+    mutant_seeds="${FLOTILLA_SIM_MUTANT_SEEDS:-400}"
     log "fault simulator: building (release) ..."
     if ! cargo build --release -p flotilla-actors --example simulate --features mutants; then
         log "ERROR: the simulator did not build"

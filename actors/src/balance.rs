@@ -130,6 +130,12 @@ impl Observations {
     }
 
     /// Whether `worker` has shown a sign of life within `failover_time` of `now`.
+    /// The heartbeat counter last seen for `worker` (`None`: none seen, or no row).
+    /// A take of its lease once it is dead is conditional on it (`take_expired`).
+    pub fn heartbeat_of(&self, worker: &WorkerId) -> Option<u64> {
+        self.seen.get(worker).and_then(|seen| seen.counter)
+    }
+
     pub fn is_alive(&self, worker: &WorkerId, now: Instant, failover_time: Duration) -> bool {
         match self.seen.get(worker) {
             Some(seen) => now.saturating_duration_since(seen.since) < failover_time,

@@ -968,7 +968,24 @@ impl KeeperState {
 
     async fn take(&mut self, key: &LeaseKey, fence: &Fence, why: Gain) {
         let sent = Instant::now();
-        match self.args.table.take(key, fence, &self.args.me).await {
+        // From a dead owner, the take holds only while its heartbeat still stands where
+        // this worker saw it stand still: a take sent just before the owner resumed must
+        // not land after the owner re-read its rows (`lease_keeper/model.rs`).
+        let expired_from = match (why, &fence.owner) {
+            (Gain::Expired, Some(owner)) if *owner != self.args.me => Some(owner),
+            _ => None,
+        };
+        let taken = match expired_from {
+            Some(owner) => {
+                let beat = self.observations.heartbeat_of(owner);
+                self.args
+                    .table
+                    .take_expired(key, fence, &self.args.me, beat)
+                    .await
+            }
+            None => self.args.table.take(key, fence, &self.args.me).await,
+        };
+        match taken {
             Ok(lease) => {
                 // A lease handed over is taken from a row that already names this
                 // worker: it came from the owner that was asked.
@@ -984,6 +1001,17 @@ impl KeeperState {
                     .args
                     .supervisor
                     .cast(SupervisorMsg::LeaseGained(Box::new(lease)));
+            }
+            Err(LeaseError::ConditionFailed { owner, counter, .. })
+                if expired_from.is_some()
+                    && owner == fence.owner
+                    && counter == Some(fence.counter) =>
+            {
+                info!(
+                    message = "Lease not taken: its owner's heartbeat moved again.",
+                    lease_key = %key,
+                    owner = ?fence.owner,
+                );
             }
             Err(LeaseError::ConditionFailed { .. }) => {
                 debug!(message = "Lease taken by another worker first.", lease_key = %key);

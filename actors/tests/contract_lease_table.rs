@@ -333,6 +333,88 @@ mod cases {
         );
     }
 
+    pub async fn take_expired_holds_only_while_the_owners_heartbeat_stands_still(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(1);
+        table.create_if_absent(&lease).await.unwrap();
+        let held = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        let idle = WorkerLoad::default();
+        assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 1);
+        assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 2);
+        let refused = LeaseError::ConditionFailed {
+            key: lease.key.clone(),
+            owner: Some(me()),
+            counter: Some(1),
+        };
+        // The owner's heartbeat is not where the taker saw it: it moved on from 1, it
+        // was never absent, it never reached 3.
+        for seen in [Some(1), None, Some(3)] {
+            let err = table
+                .take_expired(&lease.key, &held.fence(), &other(), seen)
+                .await
+                .unwrap_err();
+            assert_eq!(err, refused, "{} seen {seen:?}", env.tier);
+        }
+        assert_eq!(
+            table.get(&lease.key).await.unwrap(),
+            Some(held.clone()),
+            "{}: a refused take wrote something",
+            env.tier
+        );
+        // A stale fence is refused whatever the heartbeat.
+        let err = table
+            .take_expired(&lease.key, &owned(&me(), 0), &other(), Some(2))
+            .await
+            .unwrap_err();
+        assert_eq!(err, refused, "{}", env.tier);
+        // Where the taker saw it stand: the take lands, as `take` does.
+        let taken = table
+            .take_expired(&lease.key, &held.fence(), &other(), Some(2))
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                taken.owner.clone(),
+                taken.counter,
+                taken.owner_switches_since_checkpoint
+            ),
+            (Some(other()), 2, 2),
+            "{}",
+            env.tier
+        );
+        assert_eq!(table.get(&lease.key).await.unwrap(), Some(taken.clone()));
+        // An owner that never wrote a heartbeat row (a Java KCL worker): taken while it
+        // still has none.
+        let kcl = WorkerId::new("kcl-worker");
+        let kept = table.take(&lease.key, &taken.fence(), &kcl).await.unwrap();
+        let err = table
+            .take_expired(&lease.key, &kept.fence(), &me(), Some(1))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            LeaseError::ConditionFailed {
+                key: lease.key.clone(),
+                owner: Some(kcl),
+                counter: Some(3)
+            },
+            "{}",
+            env.tier
+        );
+        let back = table
+            .take_expired(&lease.key, &kept.fence(), &me(), None)
+            .await
+            .unwrap();
+        assert_eq!((back.owner, back.counter), (Some(me()), 4), "{}", env.tier);
+        // Without an owner in the fence there is no heartbeat to check: a plain take.
+        let released = table.release(&lease.key, &owned(&me(), 4)).await.unwrap();
+        let free = table
+            .take_expired(&lease.key, &unowned(released), &other(), Some(7))
+            .await
+            .unwrap();
+        assert_eq!(free.owner, Some(other()), "{}", env.tier);
+    }
+
     pub async fn concurrent_takes_have_exactly_one_winner(env: Env) {
         let table = env.fresh().await;
         let lease = new_lease(3);
@@ -778,6 +860,7 @@ macro_rules! suite {
                 create_if_absent_never_overwrites,
                 take_sets_owner_and_bumps_the_counter,
                 take_with_a_stale_fence_fails_and_names_the_owner,
+                take_expired_holds_only_while_the_owners_heartbeat_stands_still,
                 concurrent_takes_have_exactly_one_winner,
                 release_clears_the_owner_and_bumps_the_counter,
                 checkpoint_is_fenced_and_keeps_the_counter,

@@ -561,6 +561,22 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("take", self.inner.take(key, expected, new_owner)))
     }
 
+    fn take_expired<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+        owner_heartbeat: Option<u64>,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+        Box::pin(
+            self.run(
+                "take",
+                self.inner
+                    .take_expired(key, expected, new_owner, owner_heartbeat),
+            ),
+        )
+    }
+
     fn release<'a>(
         &'a self,
         key: &'a LeaseKey,

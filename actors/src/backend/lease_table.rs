@@ -102,6 +102,10 @@ impl LeaseError {
 /// * `create_if_absent` never overwrites: it returns `false` if the key exists.
 /// * `take(key, fence, me)`: owner := me, counter + 1, ownerSwitchesSinceCheckpoint + 1,
 ///   any handoff request removed.
+/// * `take_expired(key, fence, me, beat)`: as `take`, and only while the fence's
+///   owner's heartbeat row is as the taker last saw it (`beat`: its counter; `None`: no
+///   row), checked in the same atomic write. Otherwise `ConditionFailed` naming the row
+///   (unchanged) and nothing is written.
 /// * `release(key, fence)`: owner removed, counter + 1, any handoff request removed.
 /// * `request_handoff(key, fence, me)`: handoff request := me, unless another worker's
 ///   request is there (`ConditionFailed`); counter unchanged. Asking again is fine.
@@ -135,6 +139,21 @@ pub trait LeaseTable: Send + Sync + 'static {
         key: &'a LeaseKey,
         expected: &'a Fence,
         new_owner: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>>;
+
+    /// Takes a lease from an owner judged dead because its heartbeat counter stood still
+    /// for the failover time: `take`, conditional also on that owner's heartbeat row
+    /// still being as the taker saw it (`owner_heartbeat`: its counter; `None`: no
+    /// row). Without it a take sent just before the owner's heartbeats resumed could
+    /// land after the owner re-read its rows and lifted its fence, and both would
+    /// deliver until the owner's next scan (the race `lease_keeper/model.rs` finds).
+    /// Returns the lease as written. Without an owner in the fence it is `take`.
+    fn take_expired<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+        owner_heartbeat: Option<u64>,
     ) -> BoxFuture<'a, Result<Lease, LeaseError>>;
 
     /// Returns the new counter.

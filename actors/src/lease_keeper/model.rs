@@ -40,13 +40,13 @@
 //! happen in runs that still process everything.
 //!
 //! What the model found (tests below): lifting the fence on the first heartbeat after a
-//! gap delivers a taken shard; a take without the counter check does too; and the take
-//! as built (conditional on the row's owner and counter only) lets a take sent while
-//! the owner was frozen land after the owner resumed and reconfirmed, leaving two
-//! unfenced workers until the owner's next scan. A take also conditional on the
-//! owner's heartbeat counter ([`TakeRule::FencedOnHeartbeat`], a DynamoDB transaction
-//! with a condition check on the heartbeat row) closes it: with it every property
-//! holds.
+//! gap delivers a taken shard; a take without the counter check does too; and a take
+//! conditional on the row's owner and counter only ([`TakeRule::OwnerAndCounter`], the
+//! code before the model) lets a take sent while the owner was silent land after the
+//! owner resumed and re-read its rows, leaving two unfenced workers until the owner's
+//! next scan. The take from a dead owner is now also conditional on the owner's
+//! heartbeat counter (`LeaseTable::take_expired`, [`TakeRule::Fenced`]): with it every
+//! property holds.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -86,12 +86,13 @@ enum FenceRule {
 /// What the table checks when a worker takes a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TakeRule {
-    /// `MemoryLeaseTable::take` as it is: the owner and counter the taker read.
+    /// The take before the model found the late take: only the owner and counter the
+    /// taker read (`LeaseTable::take`, still used for free and own leases).
+    OwnerAndCounter,
+    /// As built: from a dead owner, also that its heartbeat counter is still the one
+    /// the taker saw stand still (`LeaseTable::take_expired`: a transaction with a
+    /// condition check on the owner's heartbeat row).
     Fenced,
-    /// Also that the owner's heartbeat counter is still the one the taker saw stand
-    /// still (a transaction with a condition check on the owner's heartbeat row). Not
-    /// in the code: the fix the model checks for the stale take it finds.
-    FencedOnHeartbeat,
     /// Only that the row exists (the `TakeWithoutCounterCheck` mutant).
     Unconditional,
 }
@@ -202,8 +203,9 @@ enum Fate {
 /// A conditional write of the keeper.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Op {
-    /// `LeaseTable::take`, expecting `owner` and `counter`; `beat` is the owner's
-    /// heartbeat counter in the scan (checked under [`TakeRule::FencedOnHeartbeat`]).
+    /// `LeaseTable::take_expired` (`take` when there is no owner or it is this worker),
+    /// expecting `owner` and `counter`; `beat` is the owner's heartbeat counter in the
+    /// scan (checked under [`TakeRule::Fenced`]).
     Take {
         shard: S,
         owner: Option<W>,
@@ -615,7 +617,8 @@ impl Fleet {
             }
             Keeper::Write { op, reply, .. } => {
                 let ok = match *op {
-                    // `MemoryLeaseTable::take`: owner := me, counter + 1, request removed.
+                    // `MemoryLeaseTable::take_expired`: owner := me, counter + 1, request
+                    // removed; while the owner's heartbeat row is as seen.
                     Op::Take {
                         shard,
                         owner,
@@ -625,8 +628,8 @@ impl Fleet {
                         let row = &table.leases[usize::from(shard)];
                         let fenced = row.owner == owner && row.counter == counter;
                         let ok = match self.cfg.take {
-                            TakeRule::Fenced => fenced,
-                            TakeRule::FencedOnHeartbeat => {
+                            TakeRule::OwnerAndCounter => fenced,
+                            TakeRule::Fenced => {
                                 fenced
                                     && owner.is_none_or(|o| {
                                         o == w || table.beats[usize::from(o)] == beat
@@ -1521,17 +1524,18 @@ mod tests {
         }
     }
 
+    /// The protocol as built.
     #[test]
-    fn with_a_take_checked_against_the_owners_heartbeat_every_property_holds() {
-        let cfg = fleet(2, 1, TakeRule::FencedOnHeartbeat, FenceRule::Hardened);
-        check("2 workers, 1 shard, heartbeat-checked take", cfg, None).assert_properties();
+    fn every_property_holds() {
+        let cfg = fleet(2, 1, TakeRule::Fenced, FenceRule::Hardened);
+        check("2 workers, 1 shard", cfg, None).assert_properties();
         let cfg = Config {
             lost_answers: 0,
             requests: 0,
-            ..fleet(2, 2, TakeRule::FencedOnHeartbeat, FenceRule::Hardened)
+            ..fleet(2, 2, TakeRule::Fenced, FenceRule::Hardened)
         };
         // No lost answer or handoff in this one: those two reachability checks stay out.
-        let checker = check("2 workers, 2 shards, heartbeat-checked take", cfg, None);
+        let checker = check("2 workers, 2 shards", cfg, None);
         for property in [
             DELIVERED_UNOWNED,
             UNFENCED_OWNS,
@@ -1546,18 +1550,19 @@ mod tests {
         checker.assert_any_discovery(TAKEN_FROM_FROZEN);
     }
 
-    /// The take as built: safe for delivery within these bounds, but a late take can
-    /// leave two workers unfenced on one shard (see the module doc).
+    /// The take before the model: conditional on the row's owner and counter only. Safe
+    /// for delivery within these bounds, but a late take leaves two workers unfenced on
+    /// one shard (see the module doc).
     #[test]
-    fn the_take_as_built_lets_a_late_take_land_after_the_owner_reconfirmed() {
-        let cfg = fleet(2, 1, TakeRule::Fenced, FenceRule::Hardened);
-        let checker = check("2 workers, 1 shard, take as built", cfg, None);
+    fn a_take_on_owner_and_counter_only_lets_a_late_take_land_after_the_owner_reconfirmed() {
+        let cfg = fleet(2, 1, TakeRule::OwnerAndCounter, FenceRule::Hardened);
+        let checker = check("2 workers, 1 shard, take on owner and counter", cfg, None);
         checker.assert_no_discovery(DELIVERED_UNOWNED);
         checker.assert_no_discovery(MONOTONE);
         checker.assert_no_discovery(CHECKPOINT_PROCESSED);
         checker.assert_no_discovery(HANDOFF_PREFIX);
         checker.assert_no_discovery(LIVENESS);
-        let cfg = fleet(2, 1, TakeRule::Fenced, FenceRule::Hardened);
+        let cfg = fleet(2, 1, TakeRule::OwnerAndCounter, FenceRule::Hardened);
         show(
             &check("the late take", cfg, Some(ONE_UNFENCED)),
             ONE_UNFENCED,
@@ -1568,12 +1573,7 @@ mod tests {
     /// after a gap. The worker resumed after a freeze delivers a shard already taken.
     #[test]
     fn lifting_the_fence_on_the_first_heartbeat_after_a_gap_delivers_a_taken_shard() {
-        let cfg = fleet(
-            2,
-            1,
-            TakeRule::FencedOnHeartbeat,
-            FenceRule::LiftOnFirstHeartbeat,
-        );
+        let cfg = fleet(2, 1, TakeRule::Fenced, FenceRule::LiftOnFirstHeartbeat);
         show(
             &check(
                 "fence lifted on first heartbeat",

@@ -308,6 +308,8 @@ fn promised(operation: &str, input: &Value, answer: Value) -> Value {
         "UpdateItem" | "PutItem" | "DeleteItem" if asked_nothing => json!({}),
         "UpdateItem" | "PutItem" | "DeleteItem" => keep(&answer, &["Attributes"]),
         "GetItem" => keep(&answer, &["Item"]),
+        // Nothing is asked for (no ReturnConsumedCapacity or item collection metrics).
+        "TransactWriteItems" => json!({}),
         "Scan" => keep(&answer, &["Items", "LastEvaluatedKey"]),
         "DescribeTable" => json!({ "Table": keep(&answer["Table"], TABLE) }),
         "CreateTable" => json!({ "TableDescription": keep(&answer["TableDescription"], TABLE) }),

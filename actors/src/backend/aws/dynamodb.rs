@@ -24,11 +24,13 @@ use std::time::Duration;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription, TableStatus,
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
+    ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription,
+    TableStatus, TransactWriteItem, Update,
 };
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use base64::Engine as _;
@@ -66,6 +68,7 @@ pub const IAM_ACTIONS: &[&str] = &[
     "dynamodb:PutItem",
     "dynamodb:UpdateItem",
     "dynamodb:DeleteItem",
+    "dynamodb:ConditionCheckItem",
 ];
 
 /// A KCL-compatible lease table in DynamoDB.
@@ -156,6 +159,53 @@ impl Placeholders {
                 "attribute_exists({key}) AND {counter} = {expected} AND attribute_not_exists({owner})"
             ),
         }
+    }
+}
+
+/// The update and condition of a take: owner := `new_owner`, counter + 1, a switch
+/// counted, any pending checkpoint owner and handoff request removed, on `fence`.
+fn take_expression(fence: &Fence, new_owner: &WorkerId) -> (Placeholders, String, String) {
+    let mut p = Placeholders::default();
+    let condition = p.fence(fence);
+    let (owner, counter) = (p.name(attr::LEASE_OWNER), p.name(attr::LEASE_COUNTER));
+    let (switches, checkpoint_owner) =
+        (p.name(attr::OWNER_SWITCHES), p.name(attr::CHECKPOINT_OWNER));
+    let me = p.value(
+        "new_owner",
+        AttributeValue::S(new_owner.as_str().to_owned()),
+    );
+    let one = p.value("one", number(1));
+    let handoff = p.name(attr::HANDOFF_TO);
+    let update = format!(
+        "SET {owner} = {me}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {checkpoint_owner}, {handoff}"
+    );
+    (p, update, condition)
+}
+
+/// Why a transaction was cancelled, from its reasons' codes (DynamoDB names one per
+/// item, `None` for the items that were fine; some servers name none at all).
+#[derive(Debug, PartialEq, Eq)]
+enum Cancelled {
+    /// A condition failed, or no reason given: the take did not happen, and the caller
+    /// decides again from its next scan.
+    Condition,
+    Throttled,
+    /// Another write to the same items was in progress.
+    Conflict,
+}
+
+fn cancelled_because(codes: &[&str]) -> Cancelled {
+    if codes.is_empty() || codes.contains(&"ConditionalCheckFailed") {
+        Cancelled::Condition
+    } else if codes.iter().any(|c| {
+        matches!(
+            *c,
+            "ThrottlingError" | "ProvisionedThroughputExceeded" | "RequestLimitExceeded"
+        )
+    }) {
+        Cancelled::Throttled
+    } else {
+        Cancelled::Conflict
     }
 }
 
@@ -544,21 +594,109 @@ impl DynamoLeaseTable {
         fence: &Fence,
         new_owner: &WorkerId,
     ) -> Result<Lease, LeaseError> {
-        let mut p = Placeholders::default();
-        let condition = p.fence(fence);
-        let (owner, counter) = (p.name(attr::LEASE_OWNER), p.name(attr::LEASE_COUNTER));
-        let (switches, checkpoint_owner) =
-            (p.name(attr::OWNER_SWITCHES), p.name(attr::CHECKPOINT_OWNER));
-        let me = p.value(
-            "new_owner",
-            AttributeValue::S(new_owner.as_str().to_owned()),
-        );
-        let one = p.value("one", number(1));
-        let handoff = p.name(attr::HANDOFF_TO);
-        let update = format!(
-            "SET {owner} = {me}, {counter} = {counter} + {one} ADD {switches} {one} REMOVE {checkpoint_owner}, {handoff}"
-        );
+        let (p, update, condition) = take_expression(fence, new_owner);
         self.update_row(key, &p, update, condition).await
+    }
+
+    /// `take_lease` and, in one TransactWriteItems, a condition check that the owner's
+    /// heartbeat row is as the taker saw it. A transaction returns no attributes, so the
+    /// row as written is read back (strongly consistent); a row found changed again by
+    /// then is reported as lost (`ConditionFailed`), as a take that lost a race is.
+    async fn take_expired_lease(
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
+        new_owner: &WorkerId,
+        owner_heartbeat: Option<u64>,
+    ) -> Result<Lease, LeaseError> {
+        const OP: &str = "TransactWriteItems";
+        let Some(owner) = &fence.owner else {
+            return self.take_lease(key, fence, new_owner).await;
+        };
+        let (p, update, condition) = take_expression(fence, new_owner);
+        let built = |e: aws_smithy_types::error::operation::BuildError| LeaseError::Other {
+            op: OP,
+            message: e.to_string(),
+        };
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key.as_str())))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values())
+            .build()
+            .map_err(built)?;
+        let mut beat = Placeholders::default();
+        let check = match owner_heartbeat {
+            Some(counter) => {
+                let name = beat.name(attr::LEASE_COUNTER);
+                let value = beat.value("beat", number(counter));
+                format!("{name} = {value}")
+            }
+            None => format!("attribute_not_exists({})", beat.name(attr::LEASE_KEY)),
+        };
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(&heartbeat_key(owner))))
+            .condition_expression(check)
+            .set_expression_attribute_names(beat.names())
+            .set_expression_attribute_values(beat.values())
+            .build()
+            .map_err(built)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .transact_items(TransactWriteItem::builder().condition_check(check).build())
+            .send()
+            .await;
+        if let Err(err) = result {
+            return Err(match err.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(e)) => {
+                    let codes: Vec<&str> = e
+                        .cancellation_reasons()
+                        .iter()
+                        .filter_map(|r| r.code())
+                        .filter(|c| *c != "None")
+                        .collect();
+                    match cancelled_because(&codes) {
+                        Cancelled::Condition => self.condition_failed(key, None).await,
+                        Cancelled::Throttled => LeaseError::Throttled {
+                            op: OP,
+                            message: format!(
+                                "table {}: cancelled: {}",
+                                self.table,
+                                codes.join(", ")
+                            ),
+                        },
+                        Cancelled::Conflict => LeaseError::Transient {
+                            op: OP,
+                            endpoint: self.endpoint.clone(),
+                            message: format!(
+                                "table {}: cancelled: {}",
+                                self.table,
+                                codes.join(", ")
+                            ),
+                        },
+                    }
+                }
+                _ => self.classify(OP, err),
+            });
+        }
+        match self.get_lease(key).await? {
+            Some(lease)
+                if lease.owner.as_ref() == Some(new_owner)
+                    && lease.counter == fence.counter + 1 =>
+            {
+                Ok(lease)
+            }
+            other => Err(LeaseError::ConditionFailed {
+                key: key.clone(),
+                owner: other.as_ref().and_then(|l| l.owner.clone()),
+                counter: other.map(|l| l.counter),
+            }),
+        }
     }
 
     async fn request(
@@ -860,6 +998,16 @@ impl LeaseTable for DynamoLeaseTable {
         new_owner: &'a WorkerId,
     ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
         Box::pin(self.take_lease(key, expected, new_owner))
+    }
+
+    fn take_expired<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+        owner_heartbeat: Option<u64>,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+        Box::pin(self.take_expired_lease(key, expected, new_owner, owner_heartbeat))
     }
 
     fn release<'a>(

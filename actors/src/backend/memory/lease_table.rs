@@ -147,10 +147,45 @@ impl MemoryLeaseTable {
         fence: &Fence,
         write: impl FnOnce(&mut Item) -> Result<T, LeaseError>,
     ) -> Result<T, LeaseError> {
+        self.conditional_on_heartbeat(op, key, fence, None, write)
+    }
+
+    /// `conditional`, and (with `heartbeat`) only while that worker's heartbeat row has
+    /// that counter (`None`: no row), checked under the same lock: a transaction.
+    fn conditional_on_heartbeat<T>(
+        &self,
+        op: &'static str,
+        key: &LeaseKey,
+        fence: &Fence,
+        heartbeat: Option<(&WorkerId, Option<u64>)>,
+        write: impl FnOnce(&mut Item) -> Result<T, LeaseError>,
+    ) -> Result<T, LeaseError> {
         let mut tables = self.db.lock();
         let table = tables
             .get_mut(&self.name)
             .ok_or_else(|| not_found(op, &self.name))?;
+        if let Some((worker, expected)) = heartbeat
+            && op != TAKE_UNCHECKED
+        {
+            let now = table
+                .items
+                .get(&heartbeat_key(worker))
+                .map(|row| number(row, attr::LEASE_COUNTER));
+            let matches = match (now, expected) {
+                (None, None) => true,
+                (Some(now), Some(expected)) => now == Some(expected),
+                _ => false,
+            };
+            if !matches {
+                let row = fenced(key, fence, table.items.get_mut(key.as_str()))?;
+                let current = Self::decode(row)?.fence();
+                return Err(LeaseError::ConditionFailed {
+                    key: key.clone(),
+                    owner: current.owner,
+                    counter: Some(current.counter),
+                });
+            }
+        }
         let row = if op == TAKE_UNCHECKED {
             // Mutant TakeWithoutCounterCheck: only the row's existence is checked.
             table
@@ -169,6 +204,37 @@ impl MemoryLeaseTable {
         let out = write(&mut updated)?;
         *row = updated;
         Ok(out)
+    }
+
+    /// `take` and `take_expired`: owner := me, counter + 1, a switch counted, any
+    /// pending checkpoint owner and handoff request removed.
+    fn take_row(
+        &self,
+        key: &LeaseKey,
+        expected: &Fence,
+        new_owner: &WorkerId,
+        heartbeat: Option<(&WorkerId, Option<u64>)>,
+    ) -> Result<Lease, LeaseError> {
+        let op = if mutants::active(Mutant::TakeWithoutCounterCheck) {
+            TAKE_UNCHECKED
+        } else {
+            "UpdateItem"
+        };
+        self.conditional_on_heartbeat(op, key, expected, heartbeat, |row| {
+            row.insert(
+                attr::LEASE_OWNER.into(),
+                AttrValue::S(new_owner.as_str().into()),
+            );
+            set_counter(row, expected.counter + 1);
+            let switches = number(row, attr::OWNER_SWITCHES).unwrap_or(0) + 1;
+            row.insert(
+                attr::OWNER_SWITCHES.into(),
+                AttrValue::N(switches.to_string()),
+            );
+            row.remove(attr::CHECKPOINT_OWNER);
+            row.remove(attr::HANDOFF_TO);
+            Self::decode(row)
+        })
     }
 
     fn decode(item: &Item) -> Result<Lease, LeaseError> {
@@ -307,27 +373,22 @@ impl LeaseTable for MemoryLeaseTable {
         expected: &'a Fence,
         new_owner: &'a WorkerId,
     ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+        Box::pin(async move { self.take_row(key, expected, new_owner, None) })
+    }
+
+    fn take_expired<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        new_owner: &'a WorkerId,
+        owner_heartbeat: Option<u64>,
+    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
         Box::pin(async move {
-            let op = if mutants::active(Mutant::TakeWithoutCounterCheck) {
-                TAKE_UNCHECKED
-            } else {
-                "UpdateItem"
-            };
-            self.conditional(op, key, expected, |row| {
-                row.insert(
-                    attr::LEASE_OWNER.into(),
-                    AttrValue::S(new_owner.as_str().into()),
-                );
-                set_counter(row, expected.counter + 1);
-                let switches = number(row, attr::OWNER_SWITCHES).unwrap_or(0) + 1;
-                row.insert(
-                    attr::OWNER_SWITCHES.into(),
-                    AttrValue::N(switches.to_string()),
-                );
-                row.remove(attr::CHECKPOINT_OWNER);
-                row.remove(attr::HANDOFF_TO);
-                Self::decode(row)
-            })
+            let heartbeat = expected
+                .owner
+                .as_ref()
+                .map(|owner| (owner, owner_heartbeat));
+            self.take_row(key, expected, new_owner, heartbeat)
         })
     }
 
