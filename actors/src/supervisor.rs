@@ -692,8 +692,8 @@ impl SupervisorState {
         // Readers hold references to the old core: stop them all, then start afresh.
         // The new lease keeper finds this worker's leases and takes them again.
         let readers: Vec<ActorRef<ReaderMsg>> = std::mem::take(&mut self.shards)
-            .into_iter()
-            .filter_map(|(_, e)| e.reader)
+            .into_values()
+            .filter_map(|e| e.reader)
             .collect();
         self.by_actor.clear();
         for reader in readers {

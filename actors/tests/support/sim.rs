@@ -633,7 +633,7 @@ impl Sim {
             let mut log = shared.lock();
             log.start = Some(start);
             log.verbose = options.verbose;
-            log.rng = Some(SplitMix::new(options.seed ^ 0x5EED_0F_C4A0_5000));
+            log.rng = Some(SplitMix::new(options.seed ^ 0x005E_ED0F_C4A0_5000));
         }
         let mut sim = Sim {
             rng: SplitMix::new(options.seed),
