@@ -19,6 +19,11 @@
 #                              10ms; the mock's own default is 500ms).
 #   FLOTILLA_TEST_KINESIS_SHARD_LIMIT (default 1000), FLOTILLA_TEST_KINESIS_LOG_LEVEL (INFO).
 #
+#   FLOTILLA_SIM_SEEDS         seeds the fault simulator runs after the tests (default
+#                              300; setting it also runs the simulator when extra
+#                              `cargo test` arguments are given).
+#   FLOTILLA_SIM_MUTANT_SEEDS  seeds at most per mutant in the mutation table (400).
+#
 #   FLOTILLA_TEST_CHROMIUM     a Chromium binary for tests/fleet_page.rs; when
 #                              unset, `chromium` (or `chromium-browser`) from PATH.
 #

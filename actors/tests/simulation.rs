@@ -3,7 +3,7 @@
 //! expired iterators, splits, merges and misbehaving processors, and the check that a
 //! seed replays exactly. The long run (hundreds of seeds, and the mutation table) is a
 //! release build, which `scripts/test.sh` runs:
-//! `cargo run --release -p flotilla-actors --example simulate -- --seeds 240`.
+//! `cargo run --release -p flotilla-actors --example simulate -- --seeds 300`.
 
 #![allow(clippy::unwrap_used)]
 
