@@ -972,3 +972,37 @@ async fn an_unreachable_endpoint_is_named_in_the_error() {
     assert!(err.to_string().contains("http://127.0.0.1:1"), "{err}");
     assert!(err.is_retryable(), "{err:?}");
 }
+
+/// A server without transactions (TransactWriteItems an unknown operation, as in some
+/// emulators): the take of a dead owner's lease falls back to the plain conditional take
+/// (said once at WARN) rather than never taking it, and stops asking.
+#[tokio::test]
+async fn without_transactions_an_expired_lease_is_taken_by_a_plain_conditional_write() {
+    let upstream = servers::start_dynoxide().await;
+    let proxy = StrippingProxy::start(&upstream, Options::default()).await;
+    let env = Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await;
+    let table = env.fresh().await;
+    let lease = new_lease(1);
+    table.create_if_absent(&lease).await.unwrap();
+    let held = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+    let unknown = serde_json::json!({
+        "__type": "com.amazon.coral.service#UnknownOperationException",
+        "message": "An unknown operation was requested."
+    });
+    proxy.fault_next("TransactWriteItems", 1, Fault::Refuse(400, unknown));
+    let taken = table
+        .take_expired(&lease.key, &held.fence(), &other(), Some(5))
+        .await
+        .unwrap();
+    assert_eq!((taken.owner.clone(), taken.counter), (Some(other()), 2));
+    let back = table
+        .take_expired(&lease.key, &taken.fence(), &me(), None)
+        .await
+        .unwrap();
+    assert_eq!((back.owner, back.counter), (Some(me()), 3));
+    assert_eq!(
+        proxy.calls("TransactWriteItems"),
+        1,
+        "a server without transactions is asked once"
+    );
+}

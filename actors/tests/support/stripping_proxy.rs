@@ -54,6 +54,9 @@ pub enum Fault {
     Bare500,
     /// HTTP 200 with this JSON body.
     Answer(Value),
+    /// This HTTP status with this JSON body (an error answer, e.g. a server that does
+    /// not know the operation).
+    Refuse(u16, Value),
 }
 
 /// A running proxy. It serves until the test's runtime shuts down.
@@ -148,6 +151,13 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Some(Fault::Bare500) => return respond(500, None, Bytes::new()),
         Some(Fault::Answer(body)) => {
             return respond(200, content_type(&request), Bytes::from(body.to_string()));
+        }
+        Some(Fault::Refuse(status, body)) => {
+            return respond(
+                status,
+                content_type(&request),
+                Bytes::from(body.to_string()),
+            );
         }
         None => {}
     }

@@ -19,6 +19,8 @@
 //! Retries are the SDK's (its retry config in the `SdkConfig`); this adapter adds none.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -37,6 +39,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
+use tracing::warn;
 
 use super::Failure;
 
@@ -78,6 +81,10 @@ pub struct DynamoLeaseTable {
     table: String,
     /// Named in transient errors so an operator can tell which endpoint is unreachable.
     endpoint: String,
+    /// Cleared when the server turns TransactWriteItems down as an unknown operation
+    /// (some emulators have no transactions): expired leases are then taken with a
+    /// plain conditional write, said once at WARN.
+    transactions: Arc<AtomicBool>,
 }
 
 /// What a conditional UpdateItem asks the server to return, and so all that is read
@@ -194,6 +201,21 @@ enum Cancelled {
     Conflict,
 }
 
+/// Whether an error code says the server does not implement the operation at all (an
+/// emulator without transactions), as opposed to refusing this request.
+fn unknown_operation(code: Option<&str>) -> bool {
+    code.is_some_and(|c| {
+        [
+            "UnknownOperation",
+            "NotImplemented",
+            "Unsupported",
+            "InvalidAction",
+        ]
+        .iter()
+        .any(|known| c.contains(known))
+    })
+}
+
 fn cancelled_because(codes: &[&str]) -> Cancelled {
     if codes.is_empty() || codes.contains(&"ConditionalCheckFailed") {
         Cancelled::Condition
@@ -228,6 +250,7 @@ impl DynamoLeaseTable {
             client: aws_sdk_dynamodb::Client::from_conf(config.build()),
             table: table.into(),
             endpoint: super::endpoint_name(sdk, "dynamodb", endpoint),
+            transactions: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -613,6 +636,9 @@ impl DynamoLeaseTable {
         let Some(owner) = &fence.owner else {
             return self.take_lease(key, fence, new_owner).await;
         };
+        if !self.transactions.load(Ordering::Relaxed) {
+            return self.take_lease(key, fence, new_owner).await;
+        }
         let (p, update, condition) = take_expression(fence, new_owner);
         let built = |e: aws_smithy_types::error::operation::BuildError| LeaseError::Other {
             op: OP,
@@ -680,6 +706,17 @@ impl DynamoLeaseTable {
                             ),
                         },
                     }
+                }
+                _ if unknown_operation(err.code()) => {
+                    if self.transactions.swap(false, Ordering::Relaxed) {
+                        warn!(
+                            message = "This DynamoDB does not know TransactWriteItems: a dead owner's lease is taken without the check on its heartbeat, so a take sent just before the owner resumes can land after it re-read its rows.",
+                            table = %self.table,
+                            endpoint = %self.endpoint,
+                            code = err.code().unwrap_or_default(),
+                        );
+                    }
+                    return self.take_lease(key, fence, new_owner).await;
                 }
                 _ => self.classify(OP, err),
             });
