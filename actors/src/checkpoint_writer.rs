@@ -341,13 +341,8 @@ impl WriterState {
                     return Err(CheckpointError::LeaseLost { shard: shard_id });
                 }
                 Err(error) => {
-                    let throttled = matches!(error, LeaseError::Throttled { .. });
                     let _ = self.args.metrics.cast(MetricsMsg::Record(vec![Sample::new(
-                        if throttled {
-                            Metric::Throttles
-                        } else {
-                            Metric::ApiErrors
-                        },
+                        Metric::failed_call(&error),
                         1.0,
                     )]));
                     if !error.is_retryable() || attempt >= attempts {

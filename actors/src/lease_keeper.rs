@@ -464,11 +464,7 @@ impl KeeperState {
                 0
             }
             Err(error) => {
-                let metric = if matches!(error, LeaseError::Throttled { .. }) {
-                    Metric::Throttles
-                } else {
-                    Metric::ApiErrors
-                };
+                let metric = Metric::failed_call(&error);
                 let failures = fencing.heartbeat_failed(error.to_string());
                 if let Some(drain) = &mut self.drain {
                     drain.table_failed.get_or_insert_with(|| error.to_string());

@@ -18,7 +18,8 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{
-    ChildShard, IteratorPosition, LeaseTable, Record, ShardIterator, StreamClient, StreamError,
+    CallFailure, ChildShard, Classified, IteratorPosition, LeaseTable, Record, ShardIterator,
+    StreamClient, StreamError,
 };
 use crate::backoff::Backoff;
 use crate::checkpoint_writer::CheckpointMsg;
@@ -696,7 +697,7 @@ impl ReaderState {
     }
 
     fn count_failure(&mut self, error: &StreamError) {
-        self.throttled = matches!(error, StreamError::Throttled { .. });
+        self.throttled = error.call_failure() == CallFailure::Throttled;
         self.last_error = Some(error.to_string());
         self.failures_in_row += 1;
         // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
@@ -708,11 +709,7 @@ impl ReaderState {
                 %error,
             );
         }
-        let metric = if matches!(error, StreamError::Throttled { .. }) {
-            Metric::Throttles
-        } else {
-            Metric::ApiErrors
-        };
+        let metric = Metric::failed_call(error);
         self.report(vec![Sample::shard(metric, &self.shard, 1.0)]);
     }
 

@@ -178,11 +178,7 @@ impl WatcherState {
             .list_shards(&self.args.stream)
             .await
             .map_err(|e| {
-                let metric = if e.is_retryable() {
-                    Metric::Throttles
-                } else {
-                    Metric::ApiErrors
-                };
+                let metric = Metric::failed_call(&e);
                 let _ = self
                     .args
                     .metrics

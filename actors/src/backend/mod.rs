@@ -20,7 +20,126 @@ pub use metrics::{
     MAX_BYTES_PER_CALL, MAX_DATUMS_PER_CALL, MAX_DIMENSIONS, MetricDatum, MetricValue,
     MetricsError, MetricsSink, Unit, batches, validate,
 };
+/// How a failed call counts in telemetry: a throttle (the service asked us to slow down)
+/// or any other failure. One rule for every port's error, so that the `Throttles` and
+/// `ApiErrors` metrics mean the same whichever actor made the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFailure {
+    Throttled,
+    Failed,
+}
+
+/// An error of a port's call, classified by [`CallFailure`]'s rule.
+pub trait Classified {
+    fn call_failure(&self) -> CallFailure;
+}
+
+impl Classified for LeaseError {
+    fn call_failure(&self) -> CallFailure {
+        match self {
+            LeaseError::Throttled { .. } => CallFailure::Throttled,
+            _ => CallFailure::Failed,
+        }
+    }
+}
+
+impl Classified for StreamError {
+    fn call_failure(&self) -> CallFailure {
+        match self {
+            StreamError::Throttled { .. } => CallFailure::Throttled,
+            _ => CallFailure::Failed,
+        }
+    }
+}
+
+impl Classified for MetricsError {
+    fn call_failure(&self) -> CallFailure {
+        match self {
+            MetricsError::Throttled { .. } => CallFailure::Throttled,
+            _ => CallFailure::Failed,
+        }
+    }
+}
+
 pub use stream::{
     Capabilities, ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch,
     ShardIterator, StreamAdmin, StreamClient, StreamError, StreamSummary,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule, for every port: only the service's "slow down" is a throttle; a 5xx, a
+    /// timeout or a refused request is a failure, retryable or not.
+    #[test]
+    fn only_throttles_count_as_throttles_on_every_port() {
+        let op = "Op";
+        let m = || "m".to_owned();
+        let lease = [
+            (
+                LeaseError::Throttled { op, message: m() },
+                CallFailure::Throttled,
+            ),
+            (
+                LeaseError::Transient {
+                    op,
+                    endpoint: m(),
+                    message: m(),
+                },
+                CallFailure::Failed,
+            ),
+            (
+                LeaseError::NotFound { op, message: m() },
+                CallFailure::Failed,
+            ),
+            (LeaseError::Other { op, message: m() }, CallFailure::Failed),
+        ];
+        for (error, expected) in lease {
+            assert_eq!(error.call_failure(), expected, "{error}");
+        }
+        let stream = [
+            (
+                StreamError::Throttled { op, message: m() },
+                CallFailure::Throttled,
+            ),
+            (
+                StreamError::Transient {
+                    op,
+                    endpoint: m(),
+                    message: m(),
+                },
+                CallFailure::Failed,
+            ),
+            (
+                StreamError::IteratorExpired { op, message: m() },
+                CallFailure::Failed,
+            ),
+            (
+                StreamError::NotFound { op, message: m() },
+                CallFailure::Failed,
+            ),
+            (StreamError::Other { op, message: m() }, CallFailure::Failed),
+        ];
+        for (error, expected) in stream {
+            assert_eq!(error.call_failure(), expected, "{error}");
+        }
+        let metrics = [
+            (
+                MetricsError::Throttled { message: m() },
+                CallFailure::Throttled,
+            ),
+            (
+                MetricsError::Transient {
+                    endpoint: m(),
+                    message: m(),
+                },
+                CallFailure::Failed,
+            ),
+            (MetricsError::Other { message: m() }, CallFailure::Failed),
+        ];
+        for (error, expected) in metrics {
+            assert_eq!(error.call_failure(), expected, "{error}");
+        }
+    }
+}

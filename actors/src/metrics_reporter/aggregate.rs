@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
 
-use crate::backend::{MetricDatum, MetricValue, Unit};
+use crate::backend::{CallFailure, Classified, MetricDatum, MetricValue, Unit};
 use crate::model::ShardId;
 use crate::settings::MetricsLevel;
 
@@ -61,6 +61,14 @@ pub enum Kind {
 }
 
 impl Metric {
+    /// `Throttles` or `ApiErrors` for a failed call, by [`CallFailure`]'s one rule.
+    pub fn failed_call(error: &impl Classified) -> Metric {
+        match error.call_failure() {
+            CallFailure::Throttled => Metric::Throttles,
+            CallFailure::Failed => Metric::ApiErrors,
+        }
+    }
+
     /// In declaration order, which is also the order datums are published in.
     pub const ALL: [Metric; METRIC_COUNT] = [
         Metric::RecordsProcessed,
