@@ -20,7 +20,7 @@
 //! Progress goes to stderr once a second; library logs are at `warn` unless
 //! `FLOTILLA_LOG` says otherwise.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,6 +34,7 @@ use flotilla_actors::backend::memory::{
 };
 use flotilla_actors::backend::{PutRecord, StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
+use flotilla_actors::oracle::OrderCheck;
 use flotilla_actors::settings::MetricsLevel;
 use flotilla_actors::{
     Backend, Batch, Checkpointer, KeeperStatus, Processor, ProcessorError, Settings,
@@ -248,7 +249,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     eprintln!("demo: shutting down {}", fleet.alive().join(" "));
     // The summary is printed whatever the shutdowns did: what was delivered is known.
     let shutdowns = fleet.shutdown().await;
-    let summary = check.lock().summary(&produced, figures);
+    let summary = summarize(&check.lock(), &produced, figures);
     println!("{summary}");
 
     let failures = failures(&summary, &shutdowns);
@@ -565,136 +566,20 @@ impl SharedCheck {
     }
 }
 
-/// What one delivery was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seen {
-    /// The first delivery of the key's next record.
-    InOrder,
-    /// A record delivered before.
-    Duplicate,
-    /// A first delivery, but not of the key's next record: an earlier one is missing
-    /// (a gap), or a later one was already seen (a late arrival).
-    OutOfOrder,
-    /// Data that is not `key:sequence` for the record's partition key.
-    Malformed,
-}
-
-/// Verifies per-key order of deliveries. Pure: no I/O, no clock.
-///
-/// Each key's records are numbered 0, 1, 2, ... by the producer. A first delivery is in
-/// order exactly when it is the key's next number and no later number has been seen;
-/// anything else first seen is an order violation. A delivery of a number already seen
-/// is a duplicate, whatever came in between: at-least-once delivery replays records
-/// after a restart or a lease change, and a replay is not a reordering.
-#[derive(Debug, Default)]
-pub struct OrderCheck {
-    keys: HashMap<String, KeyProgress>,
-    deliveries: u64,
-    distinct: u64,
-    duplicates: u64,
-    violations: u64,
-    malformed: u64,
-}
-
-#[derive(Debug, Default)]
-struct KeyProgress {
-    /// Every number below this has been seen.
-    next: u64,
-    /// Numbers above `next` seen already; empty unless the order was broken.
-    ahead: BTreeSet<u64>,
-}
-
-impl KeyProgress {
-    fn seen_below(&self, limit: u64) -> u64 {
-        self.next.min(limit) + self.ahead.range(..limit).count() as u64
-    }
-}
-
-impl OrderCheck {
-    /// A delivered record: its partition key and its data (`key:sequence`).
-    pub fn observe(&mut self, partition_key: &str, data: &[u8]) -> Seen {
-        match parse_data(data) {
-            Some((key, number)) if key == partition_key => self.observe_number(key, number),
-            _ => {
-                self.deliveries += 1;
-                self.malformed += 1;
-                Seen::Malformed
-            }
-        }
-    }
-
-    /// The `number`-th record of `key` was delivered.
-    pub fn observe_number(&mut self, key: &str, number: u64) -> Seen {
-        self.deliveries += 1;
-        let progress = match self.keys.get_mut(key) {
-            Some(progress) => progress,
-            None => self.keys.entry(key.to_owned()).or_default(),
-        };
-        let seen = if number < progress.next || progress.ahead.contains(&number) {
-            Seen::Duplicate
-        } else if number == progress.next && progress.ahead.is_empty() {
-            progress.next += 1;
-            Seen::InOrder
-        } else {
-            progress.ahead.insert(number);
-            while progress.ahead.remove(&progress.next) {
-                progress.next += 1;
-            }
-            Seen::OutOfOrder
-        };
-        match seen {
-            Seen::InOrder => self.distinct += 1,
-            Seen::Duplicate => self.duplicates += 1,
-            Seen::OutOfOrder => {
-                self.distinct += 1;
-                self.violations += 1;
-            }
-            Seen::Malformed => {}
-        }
-        seen
-    }
-
-    /// Every delivery, duplicates included.
-    pub fn deliveries(&self) -> u64 {
-        self.deliveries
-    }
-
-    /// Distinct records delivered.
-    pub fn processed(&self) -> u64 {
-        self.distinct
-    }
-
-    /// The verdict, given how many records of each key were produced and what the
-    /// fleet went through.
-    pub fn summary(&self, produced: &Produced, fleet: FleetFigures) -> Summary {
-        let lost: u64 = produced
-            .per_key
-            .iter()
-            .map(|(key, &count)| {
-                let seen = self.keys.get(key).map_or(0, |p| p.seen_below(count));
-                count - seen
-            })
-            .sum();
-        let produced_total = produced.total();
+/// The verdict, given how many records of each key were produced and what the fleet
+/// went through.
+fn summarize(check: &OrderCheck, produced: &Produced, fleet: FleetFigures) -> Summary {
+    let per_key = || produced.per_key.iter().map(|(k, &n)| (k, n));
+    Summary {
+        produced: produced.total(),
+        processed: check.processed(),
+        lost: check.lost(per_key()),
+        duplicates: check.duplicates(),
+        order_violations: check.violations(),
+        fleet,
         // Distinct records beyond what was produced cannot come from the producer.
-        let unproduced = (self.distinct + lost).saturating_sub(produced_total);
-        Summary {
-            produced: produced_total,
-            processed: self.distinct,
-            lost,
-            duplicates: self.duplicates,
-            order_violations: self.violations,
-            fleet,
-            malformed: self.malformed + unproduced,
-        }
+        malformed: check.malformed() + check.unproduced(per_key()),
     }
-}
-
-/// `key-17:42` → ("key-17", 42).
-fn parse_data(data: &[u8]) -> Option<(&str, u64)> {
-    let text = std::str::from_utf8(data).ok()?;
-    let (key, number) = text.rsplit_once(':')?;
-    Some((key, number.parse().ok()?))
 }
 
 /// Why a run fails the check (nothing when it passes): a record lost, a key out of
@@ -961,7 +846,7 @@ mod tests {
         }
     }
 
-    use Seen::{Duplicate, InOrder, OutOfOrder};
+    use flotilla_actors::oracle::Seen::{self, InOrder};
 
     /// A lone worker that never crashed.
     const ONE: FleetFigures = FleetFigures {
@@ -1112,7 +997,7 @@ mod tests {
         let mut check = OrderCheck::default();
         assert_eq!(observe_all(&mut check, &[0, 1, 2]), [InOrder; 3]);
         assert_eq!(check.observe_number("key-2", 0), InOrder);
-        let summary = check.summary(&produced(&[("key-1", 3), ("key-2", 1)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 3), ("key-2", 1)]), ONE);
         assert_eq!(
             summary.to_string(),
             "demo: produced=4 processed=4 lost=0 duplicates=0 order_violations=0 \
@@ -1121,54 +1006,10 @@ mod tests {
     }
 
     #[test]
-    fn a_replay_is_a_duplicate_not_a_violation() {
-        // A restart from a checkpoint at 1 replays 2 and 3, then goes on.
-        let mut check = OrderCheck::default();
-        let seen = observe_all(&mut check, &[0, 1, 2, 3, 2, 3, 4]);
-        assert_eq!(
-            seen,
-            [
-                InOrder, InOrder, InOrder, InOrder, Duplicate, Duplicate, InOrder
-            ]
-        );
-        let summary = check.summary(&produced(&[("key-1", 5)]), ONE);
-        assert_eq!((summary.processed, summary.duplicates), (5, 2));
-        assert_eq!((summary.lost, summary.order_violations), (0, 0));
-        assert_eq!(check.deliveries(), 7);
-    }
-
-    #[test]
-    fn a_gap_and_the_late_record_are_violations() {
-        // 1 arrives after 2: a child shard read before its parent was finished.
-        let mut check = OrderCheck::default();
-        let seen = observe_all(&mut check, &[0, 2, 1, 3]);
-        assert_eq!(seen, [InOrder, OutOfOrder, OutOfOrder, InOrder]);
-        let summary = check.summary(&produced(&[("key-1", 4)]), ONE);
-        assert_eq!(summary.order_violations, 2);
-        assert_eq!(
-            (summary.processed, summary.lost, summary.duplicates),
-            (4, 0, 0)
-        );
-    }
-
-    #[test]
-    fn a_replay_of_out_of_order_records_is_still_a_duplicate() {
-        let mut check = OrderCheck::default();
-        let seen = observe_all(&mut check, &[0, 3, 3, 1, 1]);
-        assert_eq!(
-            seen,
-            [InOrder, OutOfOrder, Duplicate, OutOfOrder, Duplicate]
-        );
-        let summary = check.summary(&produced(&[("key-1", 4)]), ONE);
-        assert_eq!(summary.lost, 1, "2 never came");
-        assert_eq!((summary.processed, summary.duplicates), (3, 2));
-    }
-
-    #[test]
     fn records_never_delivered_are_lost() {
         let mut check = OrderCheck::default();
         observe_all(&mut check, &[0, 1]);
-        let summary = check.summary(&produced(&[("key-1", 4), ("key-9", 2)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 4), ("key-9", 2)]), ONE);
         assert_eq!(summary.lost, 4);
         assert_eq!(
             summary.to_string(),
@@ -1185,7 +1026,7 @@ mod tests {
         assert_eq!(check.observe("key-1", b"key-1:x"), Seen::Malformed);
         assert_eq!(check.observe("key-1", &[0xff]), Seen::Malformed);
         assert_eq!(check.observe("key-1", b"key-1:1"), InOrder);
-        let summary = check.summary(&produced(&[("key-1", 2)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 2)]), ONE);
         assert_eq!(summary.malformed, 3);
         assert!(summary.to_string().ends_with(" malformed=3"), "{summary}");
     }
@@ -1194,7 +1035,7 @@ mod tests {
     fn records_the_producer_did_not_write_are_malformed() {
         let mut check = OrderCheck::default();
         observe_all(&mut check, &[0, 1, 2]);
-        let summary = check.summary(&produced(&[("key-1", 2)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 2)]), ONE);
         assert_eq!((summary.lost, summary.malformed), (0, 1));
     }
 

@@ -31,8 +31,8 @@ mod fleet;
 use std::time::{Duration, Instant};
 
 use fleet::{
-    Checks, Env, FAILOVER_SECS, Fleet, Leases, OrderCheck, Producer, SHUTDOWN_TIMEOUT,
-    keys_crossing, ms, record_duplicates_since, report, resume_gaps, wait_for,
+    Checks, Env, FAILOVER_SECS, Fleet, Leases, Producer, SHUTDOWN_TIMEOUT, keys_crossing, ms,
+    order_of, record_duplicates_since, report, resume_gaps, wait_for,
 };
 use flotilla_actors::backend::StreamAdmin as _;
 use flotilla_actors::model::ShardId;
@@ -136,12 +136,12 @@ async fn finish(
 ) -> Vec<fleet::Delivery> {
     let produced = producer.stop().await;
     let caught_up = wait_for(CATCH_UP_LIMIT, Duration::from_millis(250), || {
-        OrderCheck::of(&fleet.deliveries()).lost(&produced) == 0
+        order_of(&fleet.deliveries()).lost(produced.counts()) == 0
     })
     .await;
     let deliveries = fleet.deliveries();
-    let order = OrderCheck::of(&deliveries);
-    let lost = order.lost(&produced);
+    let order = order_of(&deliveries);
+    let lost = order.lost(produced.counts());
     report(
         tag,
         &format!(
@@ -149,11 +149,11 @@ async fn finish(
              lost {lost}, order violations {}, malformed {}; caught up {}",
             produced.total(),
             produced.retries,
-            order.deliveries,
-            order.distinct,
-            order.duplicates,
-            order.violations,
-            order.malformed,
+            order.deliveries(),
+            order.processed(),
+            order.duplicates(),
+            order.violations(),
+            order.malformed(),
             caught_up.map_or("never".to_owned(), ms),
         ),
     );
@@ -170,19 +170,20 @@ async fn finish(
         ),
     );
     checks.check(
-        order.violations == 0,
+        order.violations() == 0,
         format!(
             "per-key order: {} violations {:?}",
-            order.violations, order.examples
+            order.violations(),
+            order.examples()
         ),
     );
     let bad = fleet.bad_lines();
     checks.check(
-        order.malformed == 0 && order.unproduced(&produced) == 0 && bad.is_empty(),
+        order.malformed() == 0 && order.unproduced(produced.counts()) == 0 && bad.is_empty(),
         format!(
             "only produced records on stdout: {} malformed, {} unproduced, other lines {:?}",
-            order.malformed,
-            order.unproduced(&produced),
+            order.malformed(),
+            order.unproduced(produced.counts()),
             &bad[..bad.len().min(5)]
         ),
     );

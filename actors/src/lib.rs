@@ -37,6 +37,7 @@ mod lease_keeper;
 pub mod metrics_reporter;
 pub mod model;
 pub mod mutants;
+pub mod oracle;
 mod processor;
 pub mod settings;
 mod shard_reader;

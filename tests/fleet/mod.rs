@@ -13,12 +13,12 @@
 //! * [`Producer`]: writes per-key sequences (`k7:123` is the 124th record of key `k7`)
 //!   with PutRecords while the test runs. Each key has a fixed explicit hash key, spread
 //!   evenly over the key space, so every shard (and every child of a split) gets keys.
-//! * [`OrderCheck`]: the per-key order rule of `flotilla demo` (src/demo.rs), copied.
+//! * [`order_of`]: the deliveries through the library's per-key order oracle.
 //! * [`report`]: measurement lines `fleet[TAG]: ...` written straight to the process's
 //!   stderr, past libtest's capture, so they show in every run and in the summary of
 //!   scripts/test.sh.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -32,6 +32,7 @@ use bytes::Bytes;
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::{LeaseTable as _, PutRecord, StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
+use flotilla_actors::oracle::OrderCheck;
 
 #[path = "../../actors/tests/support/servers.rs"]
 #[allow(dead_code)] // the in-process servers there are not used here
@@ -540,6 +541,11 @@ impl Produced {
     pub fn total(&self) -> u64 {
         self.per_key.values().sum()
     }
+
+    /// Records per key, for [`OrderCheck::lost`] and [`OrderCheck::unproduced`].
+    pub fn counts(&self) -> impl Iterator<Item = (&String, u64)> + Clone {
+        self.per_key.iter().map(|(k, &n)| (k, n))
+    }
 }
 
 /// The explicit hash key of key `i`: the middle of its 1/KEYS slice of the key space.
@@ -610,94 +616,19 @@ impl Producer {
 // Checks
 // ---------------------------------------------------------------------------------------
 
-/// Per-key order of deliveries, the rule of `OrderCheck` in src/demo.rs: a first
-/// delivery is in order when it is its key's next number and no later number has been
-/// seen; any other first delivery is a violation; a number seen before is a duplicate,
-/// whatever came in between (at-least-once replays after a crash or lease change).
-#[derive(Debug, Default)]
-pub struct OrderCheck {
-    keys: HashMap<String, KeyProgress>,
-    pub deliveries: u64,
-    pub distinct: u64,
-    pub duplicates: u64,
-    pub violations: u64,
-    pub malformed: u64,
-    /// The first few violations, described.
-    pub examples: Vec<String>,
-}
-
-#[derive(Debug, Default)]
-struct KeyProgress {
-    /// Every number below this has been seen.
-    next: u64,
-    /// Numbers above `next` seen already; empty unless the order was broken.
-    ahead: BTreeSet<u64>,
-    /// The last delivery of the key: (worker, shard, number).
-    last: Option<(Arc<str>, String, u64)>,
-}
-
-impl KeyProgress {
-    fn seen_below(&self, limit: u64) -> u64 {
-        self.next.min(limit) + self.ahead.range(..limit).count() as u64
+/// Every delivery through the library's per-key order oracle
+/// (`flotilla_actors::oracle`, the rule `flotilla demo` and the simulator use), in the
+/// order given (sort by `at` first), each named by its worker and shard.
+pub fn order_of(deliveries: &[Delivery]) -> OrderCheck {
+    let mut check = OrderCheck::default();
+    for d in deliveries {
+        check.observe_from(
+            &d.key,
+            d.data.as_bytes(),
+            &format!("{} on {}", d.worker, d.shard),
+        );
     }
-}
-
-impl OrderCheck {
-    /// Every delivery, in the order given (sort by `at` first).
-    pub fn of(deliveries: &[Delivery]) -> Self {
-        let mut check = Self::default();
-        for delivery in deliveries {
-            check.observe(delivery);
-        }
-        check
-    }
-
-    fn observe(&mut self, d: &Delivery) {
-        self.deliveries += 1;
-        let number = match d.data.split_once(':') {
-            Some((key, number)) if key == d.key => number.parse::<u64>().ok(),
-            _ => None,
-        };
-        let Some(number) = number else {
-            self.malformed += 1;
-            return;
-        };
-        let progress = self.keys.entry(d.key.clone()).or_default();
-        if number < progress.next || progress.ahead.contains(&number) {
-            self.duplicates += 1;
-        } else if number == progress.next && progress.ahead.is_empty() {
-            progress.next += 1;
-            self.distinct += 1;
-        } else {
-            if self.examples.len() < 5 {
-                self.examples.push(format!(
-                    "{}:{number} from {} on {} while {} was next (last: {:?})",
-                    d.key, d.worker, d.shard, progress.next, progress.last
-                ));
-            }
-            progress.ahead.insert(number);
-            while progress.ahead.remove(&progress.next) {
-                progress.next += 1;
-            }
-            self.distinct += 1;
-            self.violations += 1;
-        }
-        progress.last = Some((Arc::clone(&d.worker), d.shard.clone(), number));
-    }
-
-    /// Produced records never delivered.
-    pub fn lost(&self, produced: &Produced) -> u64 {
-        produced
-            .per_key
-            .iter()
-            .map(|(key, &count)| count - self.keys.get(key).map_or(0, |p| p.seen_below(count)))
-            .sum()
-    }
-
-    /// Distinct records delivered that were never produced.
-    pub fn unproduced(&self, produced: &Produced) -> u64 {
-        (self.distinct + self.lost(produced)).saturating_sub(produced.total())
-    }
+    check
 }
 
 /// Deliveries read at or after `since` of a record (shard, sequence, subsequence)

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use flotilla_actors::backend::{PutRecord, StreamAdmin};
 use flotilla_actors::kpl::{UserRecord, aggregate};
 use flotilla_actors::model::{Checkpoint, SequenceNumber, ShardId};
+use flotilla_actors::oracle::OrderCheck;
 use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo};
 
 /// Settings for tests: short intervals, so paused-time runs take little virtual time and
@@ -62,39 +63,22 @@ pub struct Verdict {
 }
 
 impl Seen {
-    /// A record of a key is a duplicate if it was seen before; an order violation if it
-    /// arrives while an earlier record of its key has not been seen yet.
+    /// Every record through the library's per-key order oracle
+    /// (`flotilla_actors::oracle`), key by key in the order processed.
     pub fn verdict(&self, produced: &BTreeMap<String, u64>) -> Verdict {
-        let mut v = Verdict {
-            produced: produced.values().sum(),
-            processed: 0,
-            lost: 0,
-            duplicates: 0,
-            order_violations: 0,
-        };
-        for (key, count) in produced {
-            let seqs = self.by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
-            let mut next = 0u64;
-            let mut distinct = std::collections::HashSet::new();
-            for &s in seqs {
-                if !distinct.insert(s) {
-                    v.duplicates += 1;
-                    continue;
-                }
-                if s == next {
-                    next += 1;
-                } else if s < next {
-                    // A replay that skipped some already-seen records: still a duplicate
-                    // run, counted above; first sighting below `next` can't happen.
-                } else {
-                    v.order_violations += 1;
-                    next = s + 1;
-                }
+        let mut check = OrderCheck::default();
+        for (key, numbers) in &self.by_key {
+            for &number in numbers {
+                check.observe_number(key, number);
             }
-            v.processed += distinct.len() as u64;
-            v.lost += count.saturating_sub(distinct.iter().filter(|s| **s < *count).count() as u64);
         }
-        v
+        Verdict {
+            produced: produced.values().sum(),
+            processed: check.processed(),
+            lost: check.lost(produced.iter().map(|(k, &n)| (k, n))),
+            duplicates: check.duplicates(),
+            order_violations: check.violations(),
+        }
     }
 
     pub fn distinct(&self) -> u64 {

@@ -24,7 +24,7 @@
 //! gives the same trace (`trace_hash`). A failure names the seed, the step, the last
 //! lines of the trace and the command that replays it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,6 +39,7 @@ use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreams, MemorySt
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
 };
+use flotilla_actors::oracle::{OrderCheck, Seen};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
 };
@@ -286,9 +287,8 @@ struct Log {
     finished: HashMap<ShardId, HashSet<SequenceNumber>>,
     /// Per key, the sequence numbers in the order they were finished.
     by_key: BTreeMap<String, Vec<u64>>,
-    /// Per key, the next record expected first (for the order check) and the seen set.
-    order: HashMap<String, (u64, BTreeSet<u64>)>,
-    duplicates: u64,
+    /// Per key, the order of first finishes: the library's oracle.
+    order: OrderCheck,
     /// Per worker id, what tells whether it is fenced: its lease table's injector (send
     /// time of the last confirmed heartbeat) and its freezer.
     members: HashMap<String, (Faulty<MemoryLeaseTable>, Freezer)>,
@@ -478,23 +478,17 @@ impl SimProcessor {
                 continue;
             };
             log.checks += 1;
-            let (next, seen) = log.order.entry(key.clone()).or_default();
-            if !seen.insert(seq) {
-                log.duplicates += 1;
-                continue;
-            }
-            if seq == *next {
-                *next += 1;
-                while seen.contains(next) {
-                    *next += 1;
+            match log.order.observe_number(&key, seq) {
+                Seen::Duplicate => continue,
+                Seen::OutOfOrder => {
+                    let example = log.order.examples().last().cloned().unwrap_or_default();
+                    let what = format!(
+                        "{} on {} finished out of its key's order: {example}",
+                        self.me, self.shard
+                    );
+                    log.violation(what);
                 }
-            } else if seq > *next {
-                let what = format!(
-                    "{} finished {key}:{seq} of {} before {key}:{next} was ever finished",
-                    self.me, self.shard
-                );
-                *next = seq + 1;
-                log.violation(what);
+                Seen::InOrder | Seen::Malformed => {}
             }
             log.by_key.entry(key).or_default().push(seq);
         }
@@ -661,7 +655,7 @@ impl Sim {
                 checks: log.checks,
                 produced: sim.producer.total(),
                 process_calls: log.process_calls,
-                duplicates: log.duplicates,
+                duplicates: log.order.duplicates(),
                 trace_hash: log.hasher.finish(),
                 trace_lines: log.lines,
             }),
@@ -1353,7 +1347,7 @@ impl Sim {
         loop {
             let distinct: u64 = {
                 let log = self.shared.lock();
-                log.order.values().map(|(_, seen)| seen.len() as u64).sum()
+                log.order.processed()
             };
             if distinct >= total {
                 break;
@@ -1365,7 +1359,7 @@ impl Sim {
                     .produced
                     .iter()
                     .filter_map(|(key, count)| {
-                        let seen = log.order.get(key).map_or(0, |(_, s)| s.len() as u64);
+                        let seen = count - log.order.lost([(key, *count)]);
                         (seen < *count).then(|| format!("{key}: {seen} of {count}"))
                     })
                     .take(8)
