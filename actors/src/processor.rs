@@ -495,7 +495,7 @@ impl Actor for ProcessorHost {
                     .process(&batch, &checkpointer)
                     .await
                     .map_err(|e| failure("process", &batch.shard, e))?;
-                if state.mode != CheckpointMode::Watermark {
+                if state.mode.host_acks_each_batch() {
                     checkpointer.ack_batch(&batch);
                 }
             }

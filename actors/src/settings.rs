@@ -182,6 +182,28 @@ pub enum CheckpointMode {
     Watermark,
 }
 
+/// The checkpoint-mode rules, each one exhaustive `match`: a new mode is a compile error
+/// here, not a silent "behaves as auto" at a site that compared with `==`.
+impl CheckpointMode {
+    /// Whether the processor host acks a whole batch when `process` returns `Ok`. In
+    /// watermark mode the processor acks records itself, in any order.
+    pub(crate) fn host_acks_each_batch(self) -> bool {
+        match self {
+            CheckpointMode::Auto | CheckpointMode::Manual => true,
+            CheckpointMode::Watermark => false,
+        }
+    }
+
+    /// Whether the shard reader moves the checkpoint along the acked prefix. In manual
+    /// mode only the processor's own checkpoint calls write it.
+    pub(crate) fn reader_checkpoints_acked_prefix(self) -> bool {
+        match self {
+            CheckpointMode::Auto | CheckpointMode::Watermark => true,
+            CheckpointMode::Manual => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSettings {
@@ -881,6 +903,27 @@ mod duration_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Who acks and who checkpoints, per mode: (host acks each batch, reader
+    /// checkpoints the acked prefix).
+    #[test]
+    fn each_checkpoint_mode_says_who_acks_and_who_checkpoints() {
+        let table = [
+            (CheckpointMode::Auto, (true, true)),
+            (CheckpointMode::Manual, (true, false)),
+            (CheckpointMode::Watermark, (false, true)),
+        ];
+        for (mode, expected) in table {
+            assert_eq!(
+                (
+                    mode.host_acks_each_batch(),
+                    mode.reader_checkpoints_acked_prefix()
+                ),
+                expected,
+                "{mode:?}"
+            );
+        }
+    }
 
     /// The defaults plus the two settings that have none.
     fn valid() -> Settings {

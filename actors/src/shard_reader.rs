@@ -864,7 +864,7 @@ impl ReaderState {
                 Sample::shard(Metric::BytesProcessed, &self.shard, bytes as f64),
             ]);
         }
-        if self.mode == CheckpointMode::Manual {
+        if !self.mode.reader_checkpoints_acked_prefix() {
             return;
         }
         if let Some(at) = position {
