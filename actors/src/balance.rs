@@ -160,16 +160,14 @@ impl Observations {
 
     /// Workers with a live heartbeat row (draining ones included).
     pub fn alive(&self, now: Instant, failover_time: Duration) -> Vec<WorkerId> {
-        let mut alive: Vec<WorkerId> = self
-            .seen
+        // In worker order (a BTreeMap).
+        self.seen
             .iter()
             .filter(|(_, s)| {
                 s.counter.is_some() && now.saturating_duration_since(s.since) < failover_time
             })
             .map(|(w, _)| w.clone())
-            .collect();
-        alive.sort();
-        alive
+            .collect()
     }
 
     /// The workers that share the leases: live, not draining; `me` included unless it
@@ -196,8 +194,8 @@ impl Observations {
 
     /// Every worker seen, for status pages.
     pub fn peers(&self, now: Instant, failover_time: Duration) -> Vec<Peer> {
-        let mut peers: Vec<Peer> = self
-            .seen
+        // In worker order (a BTreeMap).
+        self.seen
             .iter()
             .map(|(worker, seen)| {
                 let silent = now.saturating_duration_since(seen.since);
@@ -209,9 +207,7 @@ impl Observations {
                     silent_ms: silent.as_millis() as u64,
                 }
             })
-            .collect();
-        peers.sort_by(|a, b| a.worker.cmp(&b.worker));
-        peers
+            .collect()
     }
 }
 

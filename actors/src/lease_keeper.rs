@@ -913,9 +913,7 @@ impl KeeperState {
         }
         // Unreadable lease rows: in the listing of leases too, so every shard of the
         // table shows in exactly one state.
-        let mut unreadable: Vec<(&LeaseKey, &String)> = stalled.unreadable.iter().collect();
-        unreadable.sort();
-        for (key, why) in unreadable {
+        for (key, why) in stalled.unreadable {
             let reason = format!("unreadable row: {why}");
             view.stalled.push(format!("{key}: {reason}"));
             view.leases.push(FleetLease {
@@ -1022,12 +1020,12 @@ impl KeeperState {
     /// a live owner has ignored past `handoff_timeout`.
     async fn poll_requests(&mut self) {
         let timeout = self.settings().handoff_timeout;
-        let mut keys: Vec<(LeaseKey, Instant)> = self
+        // In key order (a BTreeMap).
+        let keys: Vec<(LeaseKey, Instant)> = self
             .requested
             .iter()
             .map(|(k, r)| (k.clone(), r.since))
             .collect();
-        keys.sort();
         for (key, since) in keys {
             match self.args.table.get(&key).await {
                 Ok(Some(lease)) if lease.owner.as_ref() == Some(&self.args.me) => {
@@ -1106,11 +1104,11 @@ impl KeeperState {
     /// cost a timeout) and are named as such.
     async fn release_all(&mut self) {
         self.stopped = true;
-        let mut held: Vec<(LeaseKey, Fence)> = std::mem::take(&mut self.held).into_iter().collect();
+        // In key order (a BTreeMap).
+        let held: Vec<(LeaseKey, Fence)> = std::mem::take(&mut self.held).into_iter().collect();
         for (key, fence) in &held {
             self.args.fencing.lock().forget(key, fence);
         }
-        held.sort_by(|a, b| a.0.cmp(&b.0));
         let mut failing: Option<(u32, String)> = None;
         let table_down = |failing: &Option<(u32, String)>| {
             failing

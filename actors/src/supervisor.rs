@@ -707,8 +707,7 @@ impl SupervisorState {
     }
 
     async fn status(&self) -> WorkerStatus {
-        let mut keys: Vec<&LeaseKey> = self.shards.keys().collect();
-        keys.sort();
+        let keys: Vec<&LeaseKey> = self.shards.keys().collect();
         // Readers answer concurrently: one slow reader costs one timeout, not one each.
         let asks = keys.into_iter().filter_map(|key| {
             let entry = self.shards.get(key)?;

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::{IteratorPosition, StreamAdmin};
-use flotilla_actors::model::{
-    Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId,
-};
+use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, SequenceNumber, ShardId};
 use flotilla_actors::{KeeperStatus, Settings, Worker};
 use support::probe::{Fleet, FleetLog, Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM};
+use support::sim::{SplitMix, rank};
 
 /// Shards at the start, so as many leases; splits and merges add more.
 const SHARDS: u32 = 200;
@@ -72,23 +71,6 @@ fn fleet_settings(worker: &str) -> Settings {
     s
 }
 
-/// SplitMix64: a small PRNG whose sequence depends on the seed alone.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Step {
     Join,
@@ -101,15 +83,6 @@ enum Step {
 struct Member {
     id: String,
     worker: Worker,
-}
-
-/// A checkpoint's place in a shard: before any record, at a record, past the last.
-fn rank(checkpoint: &Checkpoint) -> (u8, Option<&ExtendedSequenceNumber>) {
-    match checkpoint {
-        Checkpoint::TrimHorizon | Checkpoint::Latest | Checkpoint::AtTimestamp => (0, None),
-        Checkpoint::At(at) => (1, Some(at)),
-        Checkpoint::ShardEnd => (2, None),
-    }
 }
 
 /// The balance once the fleet settled: processable leases, and per live worker how many
@@ -157,7 +130,7 @@ async fn run(seed: u64) {
     let fleet = Fleet::new(DWELL);
     let mut run = Run {
         seed,
-        rng: SplitMix(seed),
+        rng: SplitMix::new(seed),
         rig: Rig::new(SHARDS, MemoryStreamsConfig::default()).await,
         probes: ProbeFactory::new(Misbehave::default()),
         fleet,
@@ -181,7 +154,7 @@ async fn run(seed: u64) {
         run.producer
             .put_round(&run.rig.streams, STREAM, KEYS, 1)
             .await;
-        let offset = Duration::from_millis(run.rng.below(500) as u64);
+        let offset = Duration::from_millis(run.rng.below(500));
         tokio::time::sleep(offset).await;
         let step = run.step().await;
         run.settle().await;
@@ -304,7 +277,7 @@ impl Run {
         if self.live.len() > MIN_LIVE {
             allowed.extend([Step::Crash, Step::Leave]);
         }
-        let step = allowed[self.rng.below(allowed.len())];
+        let step = allowed[self.rng.index(allowed.len())];
         *self.steps.entry(step).or_default() += 1;
         let what = match step {
             Step::Join => {
@@ -317,7 +290,7 @@ impl Run {
                 let index = if self.rng.below(2) == 0 {
                     self.busiest()
                 } else {
-                    self.rng.below(self.live.len())
+                    self.rng.index(self.live.len())
                 };
                 let member = self.live.remove(index);
                 let what = format!("{} crashes", member.id);
@@ -325,7 +298,7 @@ impl Run {
                 what
             }
             Step::Leave => {
-                let index = self.rng.below(self.live.len());
+                let index = self.rng.index(self.live.len());
                 let what = format!("{} leaves", self.live[index].id);
                 self.leave(index).await;
                 what
@@ -338,7 +311,7 @@ impl Run {
                     .into_iter()
                     .filter(|s| s.hash_range.end > s.hash_range.start)
                     .collect();
-                let shard = &open[self.rng.below(open.len())];
+                let shard = &open[self.rng.index(open.len())];
                 let range = shard.hash_range;
                 let at = range.start + (range.end - range.start).div_ceil(2);
                 self.rig
@@ -350,7 +323,7 @@ impl Run {
             }
             Step::Merge => {
                 let open = self.rig.open_shards().await;
-                let i = self.rng.below(open.len() - 1);
+                let i = self.rng.index(open.len() - 1);
                 self.rig
                     .streams
                     .merge_shards(STREAM, &open[i].id, &open[i + 1].id)
@@ -459,19 +432,7 @@ impl Run {
     /// each live worker holds.
     async fn balance(&self) -> Balance {
         let rows = self.rig.lease_rows().await;
-        let by_key: HashMap<&LeaseKey, &Lease> = rows.iter().map(|l| (&l.key, l)).collect();
-        let processable: HashSet<String> = rows
-            .iter()
-            .filter(|l| !l.checkpoint.is_shard_end())
-            .filter(|l| {
-                l.parent_shard_ids.iter().all(|p| {
-                    by_key
-                        .get(&LeaseKey::from(p))
-                        .is_none_or(|parent| parent.checkpoint.is_shard_end())
-                })
-            })
-            .map(|l| l.key.to_string())
-            .collect();
+        let processable = support::sim::processable_keys(&rows);
         let mut held = BTreeMap::new();
         let mut covered = HashSet::new();
         for member in &self.live {

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -155,7 +156,7 @@ pub struct Freezer(Arc<FreezerState>);
 
 #[derive(Debug, Default)]
 struct FreezerState {
-    frozen: std::sync::atomic::AtomicBool,
+    frozen: AtomicBool,
     thawed: tokio::sync::Notify,
 }
 
@@ -171,20 +172,16 @@ impl Freezer {
     }
 
     pub fn freeze(&self) {
-        self.0
-            .frozen
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.frozen.store(true, Ordering::SeqCst);
     }
 
     pub fn thaw(&self) {
-        self.0
-            .frozen
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.0.frozen.store(false, Ordering::SeqCst);
         self.0.thawed.notify_waiters();
     }
 
     pub fn is_frozen(&self) -> bool {
-        self.0.frozen.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.frozen.load(Ordering::SeqCst)
     }
 
     /// Returns at once unless frozen; then when thawed.

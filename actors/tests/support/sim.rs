@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty, Freezer};
 use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::balance;
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
 };
@@ -232,6 +233,11 @@ impl SplitMix {
 
     pub fn below(&mut self, n: u64) -> u64 {
         if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// An index into a collection of `len` elements (0 when it is empty).
+    pub fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
     }
 
     /// True with probability `per_mille / 1000`.
@@ -604,8 +610,18 @@ struct Sim {
     fresh_for: Duration,
 }
 
+/// The keys of the leases that can be processed now, by the balancer's own rule
+/// (`balance::processable`): the set a balanced fleet spreads evenly.
+pub fn processable_keys(rows: &[Lease]) -> HashSet<String> {
+    let by_key: BTreeMap<&LeaseKey, &Lease> = rows.iter().map(|l| (&l.key, l)).collect();
+    rows.iter()
+        .filter(|l| balance::processable(l, &by_key))
+        .map(|l| l.key.to_string())
+        .collect()
+}
+
 /// A checkpoint's place in a shard: before any record, at a record, past the last.
-fn rank(checkpoint: &Checkpoint) -> (u8, Option<&ExtendedSequenceNumber>) {
+pub fn rank(checkpoint: &Checkpoint) -> (u8, Option<&ExtendedSequenceNumber>) {
     match checkpoint {
         Checkpoint::TrimHorizon | Checkpoint::Latest | Checkpoint::AtTimestamp => (0, None),
         Checkpoint::At(at) => (1, Some(at)),
@@ -1272,19 +1288,7 @@ impl Sim {
     /// leases are spread evenly, and a line saying who holds what.
     async fn fleet_view(&mut self) -> Result<(Result<(), String>, bool, String), String> {
         let rows = self.rows().await?;
-        let by_key: HashMap<&LeaseKey, &Lease> = rows.iter().map(|l| (&l.key, l)).collect();
-        let processable: HashSet<String> = rows
-            .iter()
-            .filter(|l| !l.checkpoint.is_shard_end())
-            .filter(|l| {
-                l.parent_shard_ids.iter().all(|p| {
-                    by_key
-                        .get(&LeaseKey::from(p))
-                        .is_none_or(|parent| parent.checkpoint.is_shard_end())
-                })
-            })
-            .map(|l| l.key.to_string())
-            .collect();
+        let processable = processable_keys(&rows);
         let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut counts = BTreeMap::new();
         for member in &self.live {

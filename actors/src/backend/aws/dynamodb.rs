@@ -640,10 +640,7 @@ impl DynamoLeaseTable {
             return self.take_lease(key, fence, new_owner).await;
         }
         let (p, update, condition) = take_expression(fence, new_owner);
-        let built = |e: aws_smithy_types::error::operation::BuildError| LeaseError::Other {
-            op: OP,
-            message: e.to_string(),
-        };
+        let built = |e| build_error(OP, e);
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(Self::key(key.as_str())))
@@ -686,24 +683,14 @@ impl DynamoLeaseTable {
                         .filter_map(|r| r.code())
                         .filter(|c| *c != "None")
                         .collect();
+                    let message = format!("table {}: cancelled: {}", self.table, codes.join(", "));
                     match cancelled_because(&codes) {
                         Cancelled::Condition => self.condition_failed(key, None).await,
-                        Cancelled::Throttled => LeaseError::Throttled {
-                            op: OP,
-                            message: format!(
-                                "table {}: cancelled: {}",
-                                self.table,
-                                codes.join(", ")
-                            ),
-                        },
+                        Cancelled::Throttled => LeaseError::Throttled { op: OP, message },
                         Cancelled::Conflict => LeaseError::Transient {
                             op: OP,
                             endpoint: self.endpoint.clone(),
-                            message: format!(
-                                "table {}: cancelled: {}",
-                                self.table,
-                                codes.join(", ")
-                            ),
+                            message,
                         },
                     }
                 }

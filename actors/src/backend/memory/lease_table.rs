@@ -167,23 +167,17 @@ impl MemoryLeaseTable {
         if let Some((worker, expected)) = heartbeat
             && op != TAKE_UNCHECKED
         {
-            let now = table
-                .items
-                .get(&heartbeat_key(worker))
-                .map(|row| number(row, attr::LEASE_COUNTER));
-            let matches = match (now, expected) {
-                (None, None) => true,
-                (Some(now), Some(expected)) => now == Some(expected),
-                _ => false,
+            let beat = table.items.get(&heartbeat_key(worker));
+            let matches = match expected {
+                None => beat.is_none(),
+                Some(counter) => {
+                    beat.and_then(|row| number(row, attr::LEASE_COUNTER)) == Some(counter)
+                }
             };
             if !matches {
+                // The lease row is refused as it is (after its own fence is checked).
                 let row = fenced(key, fence, table.items.get_mut(key.as_str()))?;
-                let current = Self::decode(row)?.fence();
-                return Err(LeaseError::ConditionFailed {
-                    key: key.clone(),
-                    owner: current.owner,
-                    counter: Some(current.counter),
-                });
+                return Err(refused(key, row));
             }
         }
         let row = if op == TAKE_UNCHECKED {
@@ -280,8 +274,8 @@ fn handoff_of(item: &Item) -> Option<WorkerId> {
     }
 }
 
-/// The condition failure a write refused for its handoff request reports: the row's
-/// owner and counter as they are.
+/// The condition failure a write refused for its handoff request, or for its heartbeat
+/// condition, reports: the row's owner and counter as they are.
 fn refused(key: &LeaseKey, row: &Item) -> LeaseError {
     LeaseError::ConditionFailed {
         key: key.clone(),
