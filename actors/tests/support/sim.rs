@@ -341,11 +341,6 @@ impl Shared {
     }
 }
 
-/// The fence time of the simulated workers: `failover_time - fence_margin`.
-fn fresh_for(settings: &Settings) -> Duration {
-    settings.lease.failover_time - settings.lease.fence_margin
-}
-
 fn settings(id: &str) -> Settings {
     let mut s = fast_settings(STREAM, APP);
     s.worker.worker_id = Some(id.to_owned());
@@ -656,7 +651,7 @@ impl Sim {
             step: "start".into(),
             worker_time: Duration::ZERO,
             last_tick: start,
-            fresh_for: fresh_for(&settings("w")),
+            fresh_for: settings("w").lease.fence_time(),
             options,
         };
         let result = sim.drive().await;
