@@ -27,14 +27,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use bytes::Bytes;
 use clap::Args;
 use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
-use flotilla_actors::backend::{PutRecord, StreamAdmin as _, StreamClient as _};
+use flotilla_actors::backend::{StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
-use flotilla_actors::oracle::OrderCheck;
+use flotilla_actors::oracle::{KeyedProducer, OrderCheck};
 use flotilla_actors::settings::MetricsLevel;
 use flotilla_actors::{
     Backend, Batch, Checkpointer, KeeperStatus, Processor, ProcessorError, Settings,
@@ -47,7 +46,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 const STREAM: &str = "flotilla-demo";
 const APPLICATION: &str = "flotilla-demo";
 /// Distinct partition keys: enough that every shard, and both halves of a split, get some.
-const KEYS: usize = 100;
+const KEYS: u32 = 100;
 /// How long the fleet may take to process what is left once the producer stops.
 const CATCH_UP: Duration = Duration::from_secs(30);
 /// When the split and the merge happen in a run without an end (`--duration 0`).
@@ -667,13 +666,11 @@ impl Produced {
     }
 }
 
-/// Puts records at a steady rate until told to stop.
+/// Puts records at a steady rate until told to stop: the library's per-key producer
+/// (`oracle::KeyedProducer`), paced.
 struct Producer {
     rate: u32,
-    keys: Vec<String>,
-    /// Per key, the number of the next record.
-    next: Vec<u64>,
-    cursor: usize,
+    keys: KeyedProducer,
     total: Arc<AtomicU64>,
 }
 
@@ -681,9 +678,7 @@ impl Producer {
     fn new(rate: u32) -> Self {
         Self {
             rate,
-            keys: (0..KEYS).map(|k| format!("key-{k}")).collect(),
-            next: vec![0; KEYS],
-            cursor: 0,
+            keys: KeyedProducer::new("key-", KEYS),
             total: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -715,53 +710,20 @@ impl Producer {
             if count == 0 {
                 continue;
             }
-            let records = self.next_records(count);
+            let records = self.keys.next_records(count);
             streams
                 .put_records(STREAM, &records)
                 .await
                 .with_context(|| format!("cannot put {} records", records.len()))?;
             // Counted only once the put succeeded: a refused record was never produced.
-            for record in &records {
-                if let Some(index) = key_index(&record.partition_key) {
-                    self.next[index] += 1;
-                }
-            }
+            self.keys.confirm(&records);
             put += count;
             self.total.store(put, Ordering::Relaxed);
         }
         Ok(Produced {
-            per_key: self
-                .keys
-                .iter()
-                .cloned()
-                .zip(self.next.iter().copied())
-                .filter(|&(_, count)| count > 0)
-                .collect(),
+            per_key: self.keys.produced().into_iter().collect(),
         })
     }
-
-    /// The next `count` records, keys round-robin.
-    fn next_records(&mut self, count: u64) -> Vec<PutRecord> {
-        let mut pending = self.next.clone();
-        (0..count)
-            .map(|_| {
-                let index = self.cursor % self.keys.len();
-                self.cursor += 1;
-                let number = pending[index];
-                pending[index] += 1;
-                let key = &self.keys[index];
-                PutRecord {
-                    partition_key: key.clone(),
-                    explicit_hash_key: None,
-                    data: Bytes::from(format!("{key}:{number}")),
-                }
-            })
-            .collect()
-    }
-}
-
-fn key_index(key: &str) -> Option<usize> {
-    key.strip_prefix("key-")?.parse().ok()
 }
 
 /// Splits a shard at `split_at` and merges two at `merge_at` (from now).
@@ -1042,13 +1004,13 @@ mod tests {
     #[test]
     fn the_producer_numbers_each_key_from_zero() {
         let records = |count| {
-            let mut producer = Producer {
-                rate: 1,
-                keys: vec!["key-0".into(), "key-1".into()],
-                next: vec![0, 5],
-                cursor: 0,
-                total: Arc::default(),
-            };
+            let mut producer = KeyedProducer::new("key-", 2);
+            // key-1 has five records put already.
+            let key_1 = producer
+                .rounds(2, 5)
+                .into_iter()
+                .filter(|r| r.partition_key == "key-1");
+            producer.confirm(&key_1.collect::<Vec<_>>());
             producer
                 .next_records(count)
                 .into_iter()

@@ -1,6 +1,7 @@
 //! The per-key order and loss oracle: one definition of "was every record delivered,
 //! and in order for its key", used by `flotilla demo`, the process-fleet tests, the
-//! worker tests' probe and the fault simulator, so that they cannot drift apart.
+//! worker tests' probe and the fault simulator, so that they cannot drift apart; and
+//! the one producer of the records it reads ([`KeyedProducer`]).
 //!
 //! Records are `key:number` text, numbered 0, 1, 2, … per key by the producer. A first
 //! delivery is in order exactly when it is its key's next number and no later number
@@ -10,6 +11,8 @@
 //! replay is not a reordering. Pure: no I/O, no clock.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use crate::backend::PutRecord;
 
 /// What one delivery was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,135 @@ pub fn parse_record(data: &[u8]) -> Option<(&str, u64)> {
     let text = std::str::from_utf8(data).ok()?;
     let (key, number) = text.rsplit_once(':')?;
     Some((key, number.parse().ok()?))
+}
+
+/// `("key-17", 42)` → `key-17:42`: what [`parse_record`] reads back.
+pub fn record_data(key: &str, number: u64) -> bytes::Bytes {
+    bytes::Bytes::from(format!("{key}:{number}"))
+}
+
+/// Writes per-key sequences for the oracle: record `n` of key `k` is `k:n`, numbered
+/// from 0 per key. The one producer of the demo, the process-fleet tests, the worker
+/// tests and the simulator. Pure: it makes the records and counts what the caller
+/// confirms was put; the caller does the put (and its retries).
+///
+/// Until [`KeyedProducer::confirm`], the records made carry the same numbers again: a
+/// put that failed is made again identically, so a retry is a duplicate in the
+/// stream, never a gap.
+#[derive(Debug, Clone)]
+pub struct KeyedProducer {
+    /// For keys named by number: their prefix (more are added as asked for).
+    prefix: Option<String>,
+    keys: Vec<(String, Option<u128>)>,
+    /// Each key's index in `keys`.
+    index: std::collections::HashMap<String, usize>,
+    /// Per key, the number of its next record (records confirmed put).
+    next: Vec<u64>,
+    /// Where the next round-robin record starts.
+    cursor: usize,
+}
+
+impl KeyedProducer {
+    /// Keys `{prefix}0`, `{prefix}1`, … routed by the hash of their name.
+    pub fn new(prefix: &str, keys: u32) -> Self {
+        let mut producer = Self::from_keys([]);
+        producer.prefix = Some(prefix.to_owned());
+        producer.grow(keys);
+        producer
+    }
+
+    /// Adds numbered keys up to `keys` (for a producer made by [`KeyedProducer::new`]).
+    fn grow(&mut self, keys: u32) {
+        let Some(prefix) = &self.prefix else {
+            return;
+        };
+        for k in self.keys.len() as u32..keys {
+            let key = format!("{prefix}{k}");
+            self.index.insert(key.clone(), self.keys.len());
+            self.keys.push((key, None));
+            self.next.push(0);
+        }
+    }
+
+    /// Keys with an explicit hash key each (to place them on chosen shards), or none.
+    pub fn from_keys(keys: impl IntoIterator<Item = (String, Option<u128>)>) -> Self {
+        let keys: Vec<(String, Option<u128>)> = keys.into_iter().collect();
+        Self {
+            prefix: None,
+            next: vec![0; keys.len()],
+            index: keys
+                .iter()
+                .enumerate()
+                .map(|(i, (k, _))| (k.clone(), i))
+                .collect(),
+            keys,
+            cursor: 0,
+        }
+    }
+
+    fn record(&self, index: usize, number: u64) -> PutRecord {
+        let (key, hash) = &self.keys[index];
+        PutRecord {
+            partition_key: key.clone(),
+            explicit_hash_key: *hash,
+            data: record_data(key, number),
+        }
+    }
+
+    /// The next `count` records, one key after another from where the last call
+    /// stopped.
+    pub fn next_records(&mut self, count: u64) -> Vec<PutRecord> {
+        if self.keys.is_empty() {
+            return Vec::new();
+        }
+        let mut pending = self.next.clone();
+        (0..count)
+            .map(|_| {
+                let index = self.cursor % self.keys.len();
+                self.cursor += 1;
+                let number = pending[index];
+                pending[index] += 1;
+                self.record(index, number)
+            })
+            .collect()
+    }
+
+    /// `per_key` records of each of the first `keys` keys, in rounds (one record of
+    /// each key per round). Numbered keys are added as needed.
+    pub fn rounds(&mut self, keys: u32, per_key: u64) -> Vec<PutRecord> {
+        self.grow(keys);
+        let keys = (keys as usize).min(self.keys.len());
+        let mut records = Vec::with_capacity(keys * per_key as usize);
+        for round in 0..per_key {
+            for index in 0..keys {
+                records.push(self.record(index, self.next[index] + round));
+            }
+        }
+        records
+    }
+
+    /// Counts records as produced, once their put succeeded.
+    pub fn confirm(&mut self, records: &[PutRecord]) {
+        for record in records {
+            if let Some(&index) = self.index.get(&record.partition_key) {
+                self.next[index] += 1;
+            }
+        }
+    }
+
+    /// Records confirmed per key (keys with none left out).
+    pub fn produced(&self) -> BTreeMap<String, u64> {
+        self.keys
+            .iter()
+            .zip(&self.next)
+            .filter(|(_, n)| **n > 0)
+            .map(|((k, _), n)| (k.clone(), *n))
+            .collect()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.next.iter().sum()
+    }
 }
 
 impl OrderCheck {
@@ -197,6 +329,42 @@ impl OrderCheck {
 mod tests {
     use super::Seen::{Duplicate, InOrder, Malformed, OutOfOrder};
     use super::*;
+
+    #[test]
+    fn the_producer_writes_what_the_oracle_reads_in_order() {
+        let mut producer = KeyedProducer::new("key-", 3);
+        let first = producer.next_records(4);
+        // Not confirmed: made again with the same numbers (a retry, not a gap).
+        assert_eq!(producer.next_records(0).len(), 0);
+        let again = KeyedProducer::new("key-", 3).next_records(4);
+        assert_eq!(
+            first.iter().map(|r| r.data.clone()).collect::<Vec<_>>(),
+            again.iter().map(|r| r.data.clone()).collect::<Vec<_>>()
+        );
+        producer.confirm(&first);
+        let second = producer.rounds(3, 2);
+        producer.confirm(&second);
+        let mut check = OrderCheck::default();
+        for record in first.iter().chain(&second) {
+            assert_eq!(
+                check.observe(&record.partition_key, &record.data),
+                Seen::InOrder
+            );
+        }
+        // key-0 twice in the first four (0, 1, 2, 0), then two rounds of each.
+        let produced = producer.produced();
+        assert_eq!(produced.get("key-0"), Some(&4));
+        assert_eq!(produced.get("key-1"), Some(&3));
+        assert_eq!(producer.total(), 10);
+        assert_eq!(check.lost(produced.iter().map(|(k, n)| (k, *n))), 0);
+        // A record confirmed but never delivered is lost.
+        let third = producer.rounds(3, 1);
+        producer.confirm(&third);
+        assert_eq!(
+            check.lost(producer.produced().iter().map(|(k, n)| (k, *n))),
+            3
+        );
+    }
 
     fn observe_all(check: &mut OrderCheck, numbers: &[u64]) -> Vec<Seen> {
         numbers

@@ -28,11 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use bytes::Bytes;
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
-use flotilla_actors::backend::{LeaseTable as _, PutRecord, StreamAdmin as _, StreamClient as _};
+use flotilla_actors::backend::{LeaseTable as _, StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
-use flotilla_actors::oracle::OrderCheck;
+use flotilla_actors::oracle::{KeyedProducer, OrderCheck};
 
 #[path = "../../actors/tests/support/servers.rs"]
 #[allow(dead_code)] // the in-process servers there are not used here
@@ -566,18 +565,14 @@ impl Producer {
         let (kinesis, stream, stopping) = (env.kinesis.clone(), env.stream.clone(), stop.clone());
         let task = tokio::spawn(async move {
             let mut produced = Produced::default();
+            let mut keys =
+                KeyedProducer::from_keys((0..KEYS).map(|i| (format!("k{i}"), Some(hash_key(i)))));
             let mut tick = tokio::time::interval(PRODUCE_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut n = 0u64;
             while !stopping.load(Ordering::SeqCst) {
                 tick.tick().await;
-                let batch: Vec<PutRecord> = (0..KEYS)
-                    .map(|i| PutRecord {
-                        partition_key: format!("k{i}"),
-                        explicit_hash_key: Some(hash_key(i)),
-                        data: Bytes::from(format!("k{i}:{n}")),
-                    })
-                    .collect();
+                let batch = keys.rounds(KEYS, 1);
                 // A failed call is put again whole: a record written twice is a
                 // duplicate in the stream, never a gap or a reordering of its key.
                 let mut attempt = 1;
@@ -597,9 +592,8 @@ impl Producer {
                     }
                 }
                 n += 1;
-                for i in 0..KEYS {
-                    produced.per_key.insert(format!("k{i}"), n);
-                }
+                keys.confirm(&batch);
+                produced.per_key = keys.produced();
             }
             produced
         });

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use flotilla_actors::backend::{PutRecord, StreamAdmin};
 use flotilla_actors::kpl::{UserRecord, aggregate};
 use flotilla_actors::model::{Checkpoint, SequenceNumber, ShardId};
-use flotilla_actors::oracle::OrderCheck;
+use flotilla_actors::oracle::{KeyedProducer, OrderCheck, parse_record};
 use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo};
 
 /// Settings for tests: short intervals, so paused-time runs take little virtual time and
@@ -250,12 +250,9 @@ impl Processor for Probe {
         let mut seen = self.seen.lock().unwrap();
         for record in batch.records() {
             seen.deliveries += 1;
-            match std::str::from_utf8(&record.data)
-                .ok()
-                .and_then(parse_record)
-            {
+            match parse_record(&record.data) {
                 Some((key, seq)) if key == record.partition_key => {
-                    seen.by_key.entry(key).or_default().push(seq)
+                    seen.by_key.entry(key.to_owned()).or_default().push(seq)
                 }
                 _ => seen
                     .other
@@ -296,16 +293,22 @@ impl Processor for Probe {
     }
 }
 
-fn parse_record(text: &str) -> Option<(String, u64)> {
-    let (key, seq) = text.rsplit_once(':')?;
-    Some((key.to_owned(), seq.parse().ok()?))
-}
-
-/// Puts per-key sequences: each call puts the next `per_key` records of each of `keys`
-/// keys, interleaved, and remembers how many each key has.
-#[derive(Debug, Default)]
+/// Puts per-key sequences with the library's producer (`oracle::KeyedProducer`): each
+/// call puts the next `per_key` records of each of `keys` keys (`key-0`, …),
+/// interleaved, and remembers how many each key has.
+#[derive(Debug)]
 pub struct Producer {
     pub produced: BTreeMap<String, u64>,
+    keys: KeyedProducer,
+}
+
+impl Default for Producer {
+    fn default() -> Self {
+        Self {
+            produced: BTreeMap::new(),
+            keys: KeyedProducer::new("key-", 0),
+        }
+    }
 }
 
 impl Producer {
@@ -316,22 +319,12 @@ impl Producer {
         keys: u32,
         per_key: u32,
     ) {
-        let mut records = Vec::with_capacity((keys * per_key) as usize);
-        for _ in 0..per_key {
-            for k in 0..keys {
-                let key = format!("key-{k}");
-                let next = self.produced.entry(key.clone()).or_insert(0);
-                records.push(PutRecord {
-                    partition_key: key.clone(),
-                    explicit_hash_key: None,
-                    data: Bytes::from(format!("{key}:{next}")),
-                });
-                *next += 1;
-            }
-        }
+        let records = self.keys.rounds(keys, u64::from(per_key));
         for chunk in records.chunks(500) {
             admin.put_records(stream, chunk).await.unwrap();
+            self.keys.confirm(chunk);
         }
+        self.produced = self.keys.produced();
     }
 
     pub fn total(&self) -> u64 {
