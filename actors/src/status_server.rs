@@ -1,8 +1,11 @@
 //! The read-only HTTP status endpoint, an actor in the worker's tree.
 //!
-//! Requests never wait on a busy actor: once a second this actor asks the supervisor
-//! for the worker's status and keeps the answer; the lease keeper publishes its fleet
-//! view after every scan. Handlers only read those snapshots.
+//! One mechanism per snapshot, none of them a poll: the worker's status is collected
+//! on demand, when a request needs it (`/status`, `/healthz`, `/readyz`, `/metrics`):
+//! one collection at a time, answers within [`FRESH_FOR`] of each other share one, and
+//! a request waits at most [`COLLECT_TIMEOUT_MS`] before it is served the last snapshot
+//! (with its age deciding liveness). Nobody reading means nothing is asked. The fleet
+//! view is pushed by the lease keeper after every scan it makes anyway.
 //!
 //! * `GET /status` — this worker (JSON).
 //! * `GET /fleet` — every worker and lease, from the last lease-table scan (JSON, or the
@@ -32,23 +35,23 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::metrics_reporter::{Kind, Metric};
+use crate::protocol::SupervisorMsg;
 use crate::settings::Settings;
 use crate::status::{FleetBoard, WorkerStatus};
-use crate::supervisor::SupervisorMsg;
 
-/// How often the worker's status is collected.
-const COLLECT_EVERY: Duration = Duration::from_secs(1);
-/// How long collecting may take before the snapshot is left as it was.
+/// A snapshot this recent is served as it is: requests arriving together share one
+/// collection.
+const FRESH_FOR: Duration = Duration::from_secs(1);
+/// How long collecting may take before the last snapshot is served instead.
 const COLLECT_TIMEOUT_MS: u64 = 5_000;
 /// A snapshot older than this means the supervisor has stopped answering: not alive.
 const STALE_AFTER: Duration = Duration::from_secs(15);
 
 const FLEET_PAGE: &str = include_str!("fleet.html");
 
-pub(crate) enum StatusMsg {
-    Collect,
-    Collected,
-}
+/// The server takes no messages: its requests are served by the HTTP task, and it
+/// stops with its parent.
+pub(crate) enum StatusMsg {}
 
 pub(crate) struct StatusServer;
 
@@ -64,16 +67,60 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) struct StatusState {
-    supervisor: ActorRef<SupervisorMsg>,
-    snapshot: watch::Sender<Option<Arc<(WorkerStatus, Instant)>>>,
     server: JoinHandle<()>,
-    collecting: bool,
+}
+
+/// A worker status and when it was collected.
+type Snapshot = Arc<(WorkerStatus, Instant)>;
+
+/// Collects the worker's status from the supervisor when a request needs it.
+#[derive(Clone)]
+struct Collector {
+    supervisor: ActorRef<SupervisorMsg>,
+    last: Arc<std::sync::Mutex<Option<Snapshot>>>,
+    /// Held while a collection is out: requests behind it reuse its answer.
+    collecting: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Collector {
+    fn last(&self) -> Option<Snapshot> {
+        self.last.lock().ok().and_then(|last| last.clone())
+    }
+
+    fn fresh(&self) -> Option<Snapshot> {
+        self.last().filter(|s| s.1.elapsed() < FRESH_FOR)
+    }
+
+    /// A snapshot at most [`FRESH_FOR`] old, or, if the supervisor does not answer in
+    /// time, the last one there is.
+    async fn snapshot(&self) -> Option<Snapshot> {
+        if let Some(fresh) = self.fresh() {
+            return Some(fresh);
+        }
+        let _one_at_a_time = self.collecting.lock().await;
+        if let Some(fresh) = self.fresh() {
+            return Some(fresh);
+        }
+        match ractor::call_t!(self.supervisor, SupervisorMsg::Status, COLLECT_TIMEOUT_MS) {
+            Ok(status) => {
+                let snapshot = Arc::new((status, Instant::now()));
+                if let Ok(mut last) = self.last.lock() {
+                    *last = Some(snapshot.clone());
+                }
+                Some(snapshot)
+            }
+            Err(error) => {
+                debug!(message = "Status not collected.", %error);
+                self.last()
+            }
+        }
+    }
 }
 
 /// What the handlers read.
 #[derive(Clone)]
 struct Shared {
-    worker: watch::Receiver<Option<Arc<(WorkerStatus, Instant)>>>,
+    worker: Collector,
     fleet: watch::Receiver<Option<Arc<(crate::status::FleetView, Instant)>>>,
     supervisor: ActorCell,
     settings: Arc<Settings>,
@@ -86,7 +133,7 @@ impl Actor for StatusServer {
 
     async fn pre_start(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         args: StatusArgs,
     ) -> Result<StatusState, ActorProcessingErr> {
         let listener = match args.listener {
@@ -106,9 +153,12 @@ impl Actor for StatusServer {
             .local_addr()
             .map_err(|e| format!("status endpoint: no local address: {e}"))?;
         let _ = args.bound.set(local);
-        let (snapshot, worker) = watch::channel(None);
         let shared = Shared {
-            worker,
+            worker: Collector {
+                supervisor: args.supervisor.clone(),
+                last: Arc::new(std::sync::Mutex::new(None)),
+                collecting: Arc::new(tokio::sync::Mutex::new(())),
+            },
             fleet: args.fleet.subscribe(),
             supervisor: args.supervisor.get_cell(),
             settings: args.settings.clone(),
@@ -120,45 +170,16 @@ impl Actor for StatusServer {
             }
         });
         info!(message = "Status endpoint listening.", url = %format!("http://{local}/status"));
-        let _ = myself.cast(StatusMsg::Collect);
-        myself.send_interval(COLLECT_EVERY, || StatusMsg::Collect);
-        Ok(StatusState {
-            supervisor: args.supervisor,
-            snapshot,
-            server,
-            collecting: false,
-        })
+        Ok(StatusState { server })
     }
 
     async fn handle(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         message: StatusMsg,
-        state: &mut StatusState,
+        _state: &mut StatusState,
     ) -> Result<(), ActorProcessingErr> {
-        match message {
-            StatusMsg::Collect => {
-                if state.collecting {
-                    return Ok(());
-                }
-                // Collected in a task, so a slow supervisor never blocks this actor.
-                state.collecting = true;
-                let supervisor = state.supervisor.clone();
-                let snapshot = state.snapshot.clone();
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    match ractor::call_t!(supervisor, SupervisorMsg::Status, COLLECT_TIMEOUT_MS) {
-                        Ok(status) => {
-                            snapshot.send_replace(Some(Arc::new((status, Instant::now()))));
-                        }
-                        Err(error) => debug!(message = "Status not collected.", %error),
-                    }
-                    let _ = me.cast(StatusMsg::Collected);
-                });
-            }
-            StatusMsg::Collected => state.collecting = false,
-        }
-        Ok(())
+        match message {}
     }
 
     async fn post_stop(
@@ -187,7 +208,7 @@ fn unavailable(why: &str) -> Response {
 }
 
 async fn status(State(shared): State<Shared>) -> Response {
-    let snapshot = shared.worker.borrow().clone();
+    let snapshot = shared.worker.snapshot().await;
     match snapshot {
         Some(snapshot) => axum::Json(&snapshot.0).into_response(),
         None => unavailable("no status collected yet"),
@@ -224,9 +245,9 @@ async fn healthz(State(shared): State<Shared>) -> Response {
     }
     let fresh = shared
         .worker
-        .borrow()
-        .as_ref()
-        .is_none_or(|s| s.1.elapsed() < STALE_AFTER);
+        .snapshot()
+        .await
+        .is_some_and(|s| s.1.elapsed() < STALE_AFTER);
     if !fresh {
         return unavailable("the supervisor has not answered a status request lately");
     }
@@ -237,7 +258,7 @@ async fn healthz(State(shared): State<Shared>) -> Response {
 /// table answers, leases are dealt), the last shard listing succeeded (the stream
 /// answers), and the worker is not stopping.
 async fn readyz(State(shared): State<Shared>) -> Response {
-    let snapshot = shared.worker.borrow().clone();
+    let snapshot = shared.worker.snapshot().await;
     let Some(snapshot) = snapshot else {
         return unavailable("not ready: no status collected yet");
     };
@@ -284,7 +305,7 @@ async fn readyz(State(shared): State<Shared>) -> Response {
 }
 
 async fn metrics(State(shared): State<Shared>) -> Response {
-    let snapshot = shared.worker.borrow().clone();
+    let snapshot = shared.worker.snapshot().await;
     let Some(snapshot) = snapshot else {
         return unavailable("no status collected yet");
     };
