@@ -19,61 +19,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::backend::{LeaseError, LeaseTable};
 use crate::backoff::Backoff;
-use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::{Checkpoint, ExtendedSequenceNumber, Fence, LeaseKey, ShardId};
-use crate::processor::CheckpointError;
-use crate::supervisor::SupervisorMsg;
+use crate::protocol::{CheckpointError, CheckpointMsg, SupervisorMsg};
+use crate::status::CheckpointView;
+use crate::telemetry::{Call, CallFailed, CheckpointRefused, CheckpointWritten, Telemetry};
 use pace::{Decision, Pace};
 
 /// Attempts for a flush the caller waits on (throttling and transient errors only).
 const FLUSH_ATTEMPTS: u32 = 4;
-
-pub(crate) enum CheckpointMsg {
-    /// The contiguous processed prefix of a shard now ends at this position.
-    Advance {
-        key: LeaseKey,
-        fence: Fence,
-        at: ExtendedSequenceNumber,
-    },
-    /// Write this shard's pending position now.
-    Flush {
-        key: LeaseKey,
-        reply: RpcReplyPort<Result<(), CheckpointError>>,
-    },
-    /// Write every pending position now; answers how many shards failed.
-    FlushAll(RpcReplyPort<Vec<CheckpointError>>),
-    /// Write the mandatory SHARD_END checkpoint (with the children, when known).
-    ShardEnd {
-        key: LeaseKey,
-        fence: Fence,
-        children: Vec<ShardId>,
-        reply: RpcReplyPort<Result<(), CheckpointError>>,
-    },
-    /// The shard is no longer ours: drop its pending position.
-    Forget(LeaseKey),
-    /// The trailing write of a shard scheduled for `at` is due.
-    Due {
-        key: LeaseKey,
-        at: Instant,
-    },
-    Status(RpcReplyPort<BTreeMap<LeaseKey, CheckpointView>>),
-}
-
-/// What the writer knows of one shard, for status pages.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct CheckpointView {
-    /// The last position written to the lease table by this worker.
-    pub written: Option<String>,
-    /// A position waiting for the next write.
-    pub pending: Option<String>,
-    pub writes: u64,
-}
 
 pub(crate) struct CheckpointWriter;
 
@@ -81,7 +40,7 @@ pub(crate) struct WriterArgs {
     pub table: Arc<dyn LeaseTable>,
     pub interval: Duration,
     pub supervisor: ActorRef<SupervisorMsg>,
-    pub metrics: ActorRef<MetricsMsg>,
+    pub telemetry: Telemetry,
 }
 
 struct ShardPosition {
@@ -292,14 +251,10 @@ impl WriterState {
                 .await
             {
                 Ok(()) => {
-                    let _ = self
-                        .args
-                        .metrics
-                        .cast(MetricsMsg::Record(vec![Sample::shard(
-                            Metric::CheckpointWrites,
-                            &shard_id,
-                            1.0,
-                        )]));
+                    self.args.telemetry.emit(CheckpointWritten {
+                        key,
+                        at: checkpoint,
+                    });
                     if let Some(entry) = self.shards.get_mut(key) {
                         // Written exactly what was pending: nothing newer has come since.
                         if matches!((&entry.pending, checkpoint), (Some(p), Checkpoint::At(c)) if p == c)
@@ -312,20 +267,11 @@ impl WriterState {
                     return Ok(());
                 }
                 Err(LeaseError::ConditionFailed { owner, .. }) => {
-                    warn!(
-                        message = "Checkpoint refused: the lease has another owner or epoch.",
-                        lease_key = %key,
-                        owner = ?owner,
-                    );
+                    self.args.telemetry.emit(CheckpointRefused {
+                        key,
+                        owner: owner.as_ref(),
+                    });
                     self.shards.remove(key);
-                    let _ = self
-                        .args
-                        .metrics
-                        .cast(MetricsMsg::Record(vec![Sample::shard(
-                            Metric::CheckpointFailures,
-                            &shard_id,
-                            1.0,
-                        )]));
                     let _ = self
                         .args
                         .supervisor
@@ -341,10 +287,11 @@ impl WriterState {
                     return Err(CheckpointError::LeaseLost { shard: shard_id });
                 }
                 Err(error) => {
-                    let _ = self.args.metrics.cast(MetricsMsg::Record(vec![Sample::new(
-                        Metric::failed_call(&error),
-                        1.0,
-                    )]));
+                    self.args.telemetry.emit(CallFailed {
+                        call: Call::Checkpoint,
+                        shard: None,
+                        error: &error,
+                    });
                     if !error.is_retryable() || attempt >= attempts {
                         warn!(message = "Checkpoint write failed.", lease_key = %key, %error);
                         return Err(CheckpointError::NotWritten {

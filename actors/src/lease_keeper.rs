@@ -23,93 +23,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::shard_reader::ShardShutdown;
-use crate::status::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
-
 use crate::backend::{LeaseError, LeaseTable};
-use crate::balance::{self, Decision, Gain, Limits, Observations, Peer, Round};
+use crate::balance::{self, Decision, Gain, Limits, Observations, Round};
 use crate::fencing::Fencing;
-use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
 use crate::model::{Fence, Lease, LeaseKey, WorkerId, WorkerLoad};
+use crate::protocol::LeaseMove;
+use crate::protocol::{KeeperMsg, SupervisorMsg};
 use crate::settings::Settings;
-use crate::supervisor::SupervisorMsg;
+use crate::status::{FleetScan, KeeperStatus, ReleaseReport, ShardShutdown, fleet_view};
+use crate::telemetry::{Call, CallFailed, LeaseGained, LeaseGiven, Metric, Sample, Telemetry};
+use pure::{Action, DrainState, DrainVerdict};
 
 #[cfg(test)]
 mod model;
-
-#[derive(Debug)]
-pub(crate) enum KeeperMsg {
-    Tick,
-    /// Scan now (new lease rows were created).
-    ScanNow,
-    /// Follow the handoffs in flight (requests made, or a drain).
-    PollHandoffs,
-    /// The supervisor learned the lease is lost (a refused checkpoint) under this fence.
-    Lost(LeaseKey, Fence),
-    /// The shard reached SHARD_END under this fence; it no longer counts as held.
-    Finished(LeaseKey, Fence),
-    /// The shard failed too often here: release it and leave it alone for a while.
-    GiveUp(LeaseKey),
-    /// The shard's reader has stopped and its checkpoint is flushed: pass the lease on.
-    Transfer {
-        key: LeaseKey,
-        fence: Fence,
-        to: WorkerId,
-        outcome: ShardShutdown,
-    },
-    /// The worker is shutting down: take nothing more, hand over whatever is asked for,
-    /// and tell the supervisor (`DrainDone`) when nothing more will be asked.
-    Drain,
-    ReleaseAll(RpcReplyPort<ReleaseReport>),
-    Status(RpcReplyPort<KeeperStatus>),
-}
-
-/// What leaving the fleet at shutdown achieved.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct ReleaseReport {
-    /// Leases passed to a worker that asked for them, each at its final checkpoint.
-    pub handed_off: Vec<String>,
-    pub released: Vec<String>,
-    pub failed: Vec<String>,
-    /// How the processors of handed-off shards finished.
-    #[serde(skip)]
-    pub handed_off_shards: Vec<ShardShutdown>,
-}
-
-/// The lease keeper's view, for status pages.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct KeeperStatus {
-    pub held: Vec<String>,
-    pub live_workers: Vec<String>,
-    /// Every worker seen in the table, alive or not, with its last reported load.
-    pub peers: Vec<Peer>,
-    pub heartbeat_counter: u64,
-    /// Milliseconds since the last confirmed heartbeat was sent; `None` before the first.
-    pub heartbeat_age_ms: Option<u64>,
-    /// Heartbeats that failed in a row since the last confirmed one, and the last error.
-    pub heartbeat_failures: u32,
-    pub heartbeat_error: Option<String>,
-    pub malformed_rows: Vec<String>,
-    pub cooling: Vec<String>,
-    /// Requests this worker made that are not answered yet.
-    pub requested: Vec<String>,
-    /// Held leases being handed over now.
-    pub handing_off: Vec<String>,
-    pub draining: bool,
-    /// Leases this worker gained, counted by how: `new` (never owned before), `released`
-    /// (let go by its last owner), `expired` (its owner died), `handed_off` (given to
-    /// this worker on request), `resumed` (already this worker's by name).
-    pub gained: BTreeMap<String, u64>,
-    /// Leases this worker gave up, counted by why: `handed_off`, `released`,
-    /// `shard_ended`, `lost` (taken by another worker or refused a write),
-    /// `unreadable` (its row can no longer be read).
-    pub given: BTreeMap<String, u64>,
-}
+mod pure;
 
 pub(crate) struct LeaseKeeper;
 
@@ -118,7 +50,7 @@ pub(crate) struct KeeperArgs {
     pub me: WorkerId,
     pub settings: Arc<Settings>,
     pub supervisor: ActorRef<SupervisorMsg>,
-    pub metrics: ActorRef<MetricsMsg>,
+    pub telemetry: Telemetry,
     /// Self-fencing: fed by every heartbeat, take, scan and loss.
     pub fencing: Fencing,
     /// Records delivered by this worker's readers, for the load in the heartbeat.
@@ -179,12 +111,6 @@ struct Request {
     since: Instant,
     /// The owner asked, named as `from` when the lease arrives.
     of: Option<WorkerId>,
-}
-
-/// Lease rows nobody processes, by key, with why: for the fleet view.
-struct Stalled<'a> {
-    unreadable: &'a BTreeMap<LeaseKey, String>,
-    orphans: &'a BTreeMap<LeaseKey, String>,
 }
 
 /// How often a heartbeat that stays unconfirmed past the fence time is reported again.
@@ -263,13 +189,13 @@ impl Actor for LeaseKeeper {
             KeeperMsg::Lost(key, fence) => {
                 if state.held.get(&key) == Some(&fence) {
                     state.revoke(&key, "a write under this lease was refused");
-                    state.moved_away(&key, "lost", None);
+                    state.moved_away(&key, LeaseMove::Lost, None);
                 }
             }
             KeeperMsg::Finished(key, fence) => {
                 if state.held.get(&key) == Some(&fence) {
                     state.let_go(&key);
-                    state.moved_away(&key, "shard_ended", None);
+                    state.moved_away(&key, LeaseMove::ShardEnded, None);
                 }
             }
             KeeperMsg::GiveUp(key) => {
@@ -279,7 +205,7 @@ impl Actor for LeaseKeeper {
                     match state.args.table.release(&key, &fence).await {
                         Ok(_) => {
                             info!(message = "Lease released after repeated failures; cooling down.", lease_key = %key);
-                            state.moved_away(&key, "released", None);
+                            state.moved_away(&key, LeaseMove::Released, None);
                         }
                         Err(error) => {
                             warn!(message = "Lease could not be released.", lease_key = %key, %error)
@@ -335,7 +261,7 @@ impl KeeperState {
     }
 
     fn report(&self, samples: Vec<Sample>) {
-        let _ = self.args.metrics.cast(MetricsMsg::Record(samples));
+        self.args.telemetry.record(samples);
     }
 
     fn settings(&self) -> &crate::settings::LeaseSettings {
@@ -378,55 +304,32 @@ impl KeeperState {
 
     /// A lease came to this worker: one event, one count, one metric.
     fn moved_here(&mut self, lease: &Lease, from: Option<&WorkerId>, why: Gain) {
-        info!(
-            message = "Lease moved.",
-            event = "lease_moved",
-            reason = why.as_str(),
-            lease_key = %lease.key,
-            from = from.map(|o| o.as_str()).unwrap_or("nobody"),
-            to = %self.args.me,
-            counter = lease.counter,
-        );
         *self.gained.entry(why.as_str().to_owned()).or_default() += 1;
-        let mut samples = vec![Sample::new(Metric::LeasesTaken, 1.0)];
-        match why {
-            Gain::Expired => samples.push(Sample::new(Metric::LeasesExpired, 1.0)),
-            Gain::HandedOff => samples.push(Sample::new(Metric::LeasesStolen, 1.0)),
-            _ => {}
-        }
-        self.report(samples);
+        self.args.telemetry.emit(LeaseGained {
+            key: &lease.key,
+            counter: lease.counter,
+            from,
+            to: &self.args.me,
+            why,
+        });
     }
 
     /// A lease left this worker: one event, one count, one metric.
-    fn moved_away(&mut self, key: &LeaseKey, why: &'static str, to: Option<&WorkerId>) {
-        info!(
-            message = "Lease moved.",
-            event = "lease_moved",
-            reason = why,
-            lease_key = %key,
-            from = %self.args.me,
-            to = to.map(|w| w.as_str()).unwrap_or("nobody"),
-        );
-        *self.given.entry(why.to_owned()).or_default() += 1;
-        let metric = match why {
-            "handed_off" => Metric::LeasesHandedOff,
-            "released" => Metric::LeasesReleased,
-            "shard_ended" => Metric::LeasesEnded,
-            _ => Metric::LeasesLost,
-        };
-        self.report(vec![Sample::new(metric, 1.0)]);
+    fn moved_away(&mut self, key: &LeaseKey, why: LeaseMove, to: Option<&WorkerId>) {
+        *self.given.entry(why.as_str().to_owned()).or_default() += 1;
+        self.args.telemetry.emit(LeaseGiven {
+            key,
+            from: &self.args.me,
+            to,
+            why,
+        });
     }
 
     fn load(&mut self) -> WorkerLoad {
         let now = Instant::now();
         let delivered = self.args.delivered.load(Ordering::Relaxed);
         let (before, at) = self.last_rate;
-        let secs = now.saturating_duration_since(at).as_secs_f64();
-        let rate = if secs > 0.0 {
-            (delivered.saturating_sub(before) as f64 / secs).round() as u64
-        } else {
-            0
-        };
+        let rate = pure::rate(delivered, before, now.saturating_duration_since(at));
         self.last_rate = (delivered, now);
         let mut lag_ms = self.args.lags.snapshot();
         lag_ms.retain(|shard, _| self.held.contains_key(&LeaseKey::new(shard.as_str())));
@@ -464,16 +367,16 @@ impl KeeperState {
                 0
             }
             Err(error) => {
-                let metric = Metric::failed_call(&error);
                 let failures = fencing.heartbeat_failed(error.to_string());
                 if let Some(drain) = &mut self.drain {
                     drain.table_failed.get_or_insert_with(|| error.to_string());
                 }
-                let stalled = unconfirmed_for.is_none_or(|d| d >= fence_time);
-                let due = self
-                    .stall_reported
-                    .is_none_or(|at| at.elapsed() >= STALL_REPORT_EVERY);
-                if stalled && due {
+                if pure::heartbeat_stall_due(
+                    unconfirmed_for,
+                    fence_time,
+                    self.stall_reported.map(|at| at.elapsed()),
+                    STALL_REPORT_EVERY,
+                ) {
                     self.stall_reported = Some(Instant::now());
                     error!(
                         message = "Heartbeat not confirmed for longer than the fence time: every held shard has stopped delivering, and peers will take its leases after the failover time.",
@@ -486,7 +389,11 @@ impl KeeperState {
                 } else {
                     warn!(message = "Heartbeat not written.", worker_id = %self.args.me, failures, %error);
                 }
-                self.report(vec![Sample::new(metric, 1.0)]);
+                self.args.telemetry.emit(CallFailed {
+                    call: Call::Heartbeat,
+                    shard: None,
+                    error: &error,
+                });
                 failures
             }
         };
@@ -544,18 +451,15 @@ impl KeeperState {
                     .supervisor
                     .cast(SupervisorMsg::LeaseLost(lease.key.clone(), fence.clone()));
                 if self.args.table.release(&lease.key, &fence).await.is_ok() {
-                    self.moved_away(&lease.key, "released", None);
+                    self.moved_away(&lease.key, LeaseMove::Released, None);
                 }
             }
         }
         // The rest of the round sees neither orphans nor unreadable rows, nor rows the
         // last listing does not show yet (unless held): only a shard the stream is
         // known to have is dealt, taken or counted in anyone's share.
-        let leases: Vec<Lease> = scan
-            .leases
-            .iter()
-            .filter(|l| !orphans.contains_key(&l.key))
-            .filter(|l| !unlisted.contains(&l.key) || self.held.contains_key(&l.key))
+        let leases: Vec<Lease> = pure::dealt(&scan.leases, &orphans, &unlisted, &self.held)
+            .into_iter()
             .cloned()
             .collect();
         let now = Instant::now();
@@ -592,18 +496,23 @@ impl KeeperState {
         // down, or the row is gone.
         let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let me = self.args.me.clone();
-        self.requested.retain(|key, _| {
-            by_key.get(key).is_some_and(|l| {
-                l.handoff_to.as_ref() == Some(&me) || l.owner.as_ref() == Some(&me)
-            })
-        });
+        self.requested
+            .retain(|key, _| pure::request_open(by_key.get(key).copied(), &me));
         // Only the status endpoint reads it.
         if self.args.settings.status.enabled {
-            let stalled = Stalled {
+            let view = fleet_view(&FleetScan {
+                application: &self.args.application,
+                stream: &self.args.stream,
+                observer: &self.args.me,
+                malformed: &self.malformed,
+                leases: &scan.leases,
+                by_key: &by_key,
                 unreadable: &unreadable,
                 orphans: &orphans,
-            };
-            let view = self.fleet_view(&scan.leases, &by_key, &stalled, now);
+                observations: &self.observations,
+                now,
+                failover: self.settings().failover_time,
+            });
             self.args.fleet.send_replace(Some(Arc::new((view, now))));
         }
         self.act(decision, &by_key, &unreadable).await;
@@ -708,250 +617,116 @@ impl KeeperState {
     /// its leases move at the failover time rather than at the next heartbeat tick
     /// after it (which could add a whole interval to every failover).
     fn arm_deadline_scan(&mut self, myself: &ActorRef<KeeperMsg>, leases: &[Lease], now: Instant) {
-        if self.deadline_scan.is_some_and(|at| at <= now) {
-            self.deadline_scan = None;
-        }
         let failover = self.settings().failover_time;
-        let next = leases
+        let dead_at = leases
             .iter()
             .filter(|l| !l.checkpoint.is_shard_end())
             .filter_map(|l| l.owner.as_ref())
             .filter(|o| **o != self.args.me)
-            .filter_map(|o| self.observations.dead_at(o, failover))
-            .filter(|at| *at > now)
-            .min();
-        let Some(next) = next else {
-            return;
-        };
-        if self.deadline_scan.is_some_and(|pending| pending <= next) {
-            return;
+            .filter_map(|o| self.observations.dead_at(o, failover));
+        let pending = self.deadline_scan.filter(|at| *at > now);
+        self.deadline_scan = pending;
+        let interval = self.settings().heartbeat_interval;
+        if let Some(next) = pure::deadline_scan(dead_at, now, pending, interval) {
+            self.deadline_scan = Some(next);
+            myself.send_after(next - now + Duration::from_millis(1), || KeeperMsg::ScanNow);
         }
-        // Only worth it when it comes before the next regular scan.
-        if next >= now + self.settings().heartbeat_interval {
-            return;
-        }
-        self.deadline_scan = Some(next);
-        myself.send_after(next - now + Duration::from_millis(1), || KeeperMsg::ScanNow);
     }
 
+    /// Does what the round decided, in the order `pure::actions` gives.
     async fn act(
         &mut self,
         decision: Decision,
         by_key: &BTreeMap<&LeaseKey, &Lease>,
         unreadable: &BTreeMap<LeaseKey, String>,
     ) {
-        for (key, fence) in decision.release {
-            self.release_unheld(&key, &fence).await;
-        }
-        for key in decision.lost {
-            let row = by_key.get(&key);
-            let unreadable = unreadable.get(&key);
-            let why = match (row, unreadable) {
-                (_, Some(bad)) => format!("its row is unreadable: {bad}"),
-                (Some(l), None) => format!(
-                    "the row names owner {} with counter {}",
-                    l.owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody"),
-                    l.counter
-                ),
-                (None, None) => "its row was deleted".to_owned(),
-            };
-            // Revoked before anyone is told: no batch reaches a processor from here on.
-            if let Some(fence) = self.revoke(&key, &why) {
-                let thief = row.and_then(|l| l.owner.clone());
-                match unreadable {
-                    Some(bad) => error!(
-                        message = "Lease row unreadable; the shard stops here until the row is repaired.",
-                        lease_key = %key,
-                        row = %bad,
-                    ),
-                    None => warn!(message = "Lease lost.", lease_key = %key, why = %why),
-                }
-                let reason = if unreadable.is_some() {
-                    "unreadable"
-                } else {
-                    "lost"
-                };
-                self.moved_away(&key, reason, thief.as_ref());
-                self.handing_off.remove(&key);
-                let _ = self
-                    .args
-                    .supervisor
-                    .cast(SupervisorMsg::LeaseLost(key, fence));
-            }
-        }
-        for (key, asker) in decision.turn_down {
-            match self.args.table.clear_handoff(&key, &asker).await {
-                Ok(()) => {
-                    info!(message = "Handoff request turned down: the asker is dead or leaving.", lease_key = %key, asker = %asker)
-                }
-                Err(error) => {
-                    debug!(message = "Stale handoff request not cleared.", lease_key = %key, %error)
-                }
-            }
-        }
-        for (key, fence, to) in decision.hand_off {
-            info!(message = "Handing lease over on request.", lease_key = %key, to = %to);
-            self.handing_off.insert(key.clone(), to.clone());
-            let _ = self
-                .args
-                .supervisor
-                .cast(SupervisorMsg::HandOff { key, fence, to });
-        }
-        for take in decision.take {
-            let why = if take.why == Gain::Resumed && self.requested.contains_key(&take.key) {
-                Gain::HandedOff
-            } else {
-                take.why
-            };
-            self.take(&take.key, &take.fence, why).await;
-        }
+        let requested: BTreeSet<LeaseKey> = self.requested.keys().cloned().collect();
         let now = Instant::now();
-        for (key, fence) in decision.request {
-            match self
-                .args
-                .table
-                .request_handoff(&key, &fence, &self.args.me)
-                .await
-            {
-                Ok(()) => {
-                    info!(message = "Asked for a lease.", lease_key = %key, owner = ?fence.owner);
-                    self.requested.entry(key).or_insert(Request {
-                        since: now,
-                        of: fence.owner.clone(),
-                    });
+        for action in pure::actions(decision, by_key, unreadable, &requested, &self.args.me) {
+            match action {
+                Action::Release { key, fence } => self.release_unheld(&key, &fence).await,
+                Action::Revoke {
+                    key,
+                    why,
+                    reason,
+                    to,
+                    unreadable,
+                } => {
+                    // Revoked before anyone is told: no batch reaches a processor from
+                    // here on.
+                    let Some(fence) = self.revoke(&key, &why) else {
+                        continue;
+                    };
+                    match unreadable {
+                        Some(bad) => error!(
+                            message = "Lease row unreadable; the shard stops here until the row is repaired.",
+                            lease_key = %key,
+                            row = %bad,
+                        ),
+                        None => warn!(message = "Lease lost.", lease_key = %key, why = %why),
+                    }
+                    self.moved_away(&key, reason, to.as_ref());
+                    self.handing_off.remove(&key);
+                    let _ = self
+                        .args
+                        .supervisor
+                        .cast(SupervisorMsg::LeaseLost(key, fence));
                 }
-                Err(LeaseError::ConditionFailed { .. }) => {
-                    debug!(message = "Lease changed before it could be asked for.", lease_key = %key);
+                Action::TurnDown { key, asker } => {
+                    match self.args.table.clear_handoff(&key, &asker).await {
+                        Ok(()) => {
+                            info!(message = "Handoff request turned down: the asker is dead or leaving.", lease_key = %key, asker = %asker)
+                        }
+                        Err(error) => {
+                            debug!(message = "Stale handoff request not cleared.", lease_key = %key, %error)
+                        }
+                    }
                 }
-                Err(error) => {
-                    warn!(message = "Handoff request not written.", lease_key = %key, %error);
+                Action::HandOff { key, fence, to } => {
+                    info!(message = "Handing lease over on request.", lease_key = %key, to = %to);
+                    self.handing_off.insert(key.clone(), to.clone());
+                    let _ = self
+                        .args
+                        .supervisor
+                        .cast(SupervisorMsg::HandOff { key, fence, to });
+                }
+                Action::Take {
+                    key,
+                    fence,
+                    why,
+                    expired_from,
+                } => self.take(&key, &fence, why, expired_from).await,
+                Action::Request { key, fence } => {
+                    match self
+                        .args
+                        .table
+                        .request_handoff(&key, &fence, &self.args.me)
+                        .await
+                    {
+                        Ok(()) => {
+                            info!(message = "Asked for a lease.", lease_key = %key, owner = ?fence.owner);
+                            self.requested.entry(key).or_insert(Request {
+                                since: now,
+                                of: fence.owner.clone(),
+                            });
+                        }
+                        Err(LeaseError::ConditionFailed { .. }) => {
+                            debug!(message = "Lease changed before it could be asked for.", lease_key = %key);
+                        }
+                        Err(error) => {
+                            warn!(message = "Handoff request not written.", lease_key = %key, %error);
+                        }
+                    }
                 }
             }
         }
-    }
-
-    /// The fleet as this scan shows it: workers with their liveness on this worker's
-    /// clock, every lease with its state and its owner's last reported lag.
-    fn fleet_view(
-        &self,
-        leases: &[Lease],
-        by_key: &BTreeMap<&LeaseKey, &Lease>,
-        stalled: &Stalled<'_>,
-        now: Instant,
-    ) -> FleetView {
-        let failover = self.settings().failover_time;
-        let obs = &self.observations;
-        let mut view = FleetView {
-            application: self.args.application.clone(),
-            stream: self.args.stream.clone(),
-            observer: self.args.me.to_string(),
-            malformed_rows: self.malformed.clone(),
-            ..FleetView::default()
-        };
-        let mut owned: BTreeMap<&WorkerId, u64> = BTreeMap::new();
-        let mut sorted: Vec<&Lease> = leases.iter().collect();
-        sorted.sort_by(|a, b| a.key.cmp(&b.key));
-        for lease in sorted {
-            let shard = lease.key.shard_id();
-            let owner_alive = lease
-                .owner
-                .as_ref()
-                .is_some_and(|o| obs.is_alive(o, now, failover));
-            let reason = stalled.orphans.get(&lease.key).cloned();
-            let state = if lease.checkpoint.is_shard_end() {
-                FleetLeaseState::Finished
-            } else if reason.is_some() {
-                FleetLeaseState::Stalled
-            } else if !balance::processable(lease, by_key) {
-                FleetLeaseState::Blocked
-            } else if !owner_alive {
-                FleetLeaseState::Unassigned
-            } else if lease.handoff_to.is_some() {
-                FleetLeaseState::HandingOff
-            } else {
-                FleetLeaseState::Held
-            };
-            match (state, &reason) {
-                (FleetLeaseState::Unassigned, _) => view.unassigned.push(lease.key.to_string()),
-                (FleetLeaseState::Blocked, _) => view.blocked.push(lease.key.to_string()),
-                (FleetLeaseState::Stalled, Some(why)) => {
-                    view.stalled.push(format!("{}: {why}", lease.key))
-                }
-                _ => {}
-            }
-            if let Some(owner) = &lease.owner
-                && !lease.checkpoint.is_shard_end()
-            {
-                *owned.entry(owner).or_default() += 1;
-            }
-            let lag = lease
-                .owner
-                .as_ref()
-                .and_then(|o| obs.load_of(o))
-                .and_then(|load| load.lag_ms.get(shard.as_str()).copied());
-            view.leases.push(FleetLease {
-                lease_key: lease.key.to_string(),
-                shard_id: shard.to_string(),
-                owner: lease.owner.as_ref().map(|o| o.to_string()),
-                state,
-                reason,
-                checkpoint: Some(lease.checkpoint.to_string()),
-                counter: Some(lease.counter),
-                handoff_to: lease.handoff_to.as_ref().map(|w| w.to_string()),
-                parents: lease
-                    .parent_shard_ids
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-                children: lease
-                    .child_shard_ids
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-                millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
-            });
-        }
-        // Unreadable lease rows: in the listing of leases too, so every shard of the
-        // table shows in exactly one state.
-        for (key, why) in stalled.unreadable {
-            let reason = format!("unreadable row: {why}");
-            view.stalled.push(format!("{key}: {reason}"));
-            view.leases.push(FleetLease {
-                lease_key: key.to_string(),
-                shard_id: key.shard_id().to_string(),
-                owner: None,
-                state: FleetLeaseState::Stalled,
-                reason: Some(reason),
-                checkpoint: None,
-                counter: None,
-                handoff_to: None,
-                parents: Vec::new(),
-                children: Vec::new(),
-                millis_behind_latest: None,
-            });
-        }
-        view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
-        view.workers = obs
-            .peers(now, failover)
-            .into_iter()
-            .map(|peer| FleetWorker {
-                leases: owned.get(&peer.worker).copied().unwrap_or(0),
-                worker_id: peer.worker.to_string(),
-                alive: peer.alive,
-                draining: peer.load.draining,
-                has_heartbeat: peer.has_heartbeat,
-                records_per_second: peer.load.records_per_second,
-                silent_ms: peer.silent_ms,
-            })
-            .collect();
-        view
     }
 
     /// Lets go of a lease this worker owns by name but does not process.
     async fn release_unheld(&mut self, key: &LeaseKey, fence: &Fence) {
         match self.args.table.release(key, fence).await {
             Ok(_) => {
-                self.moved_away(key, "released", None);
+                self.moved_away(key, LeaseMove::Released, None);
                 self.report.released.push(key.to_string());
             }
             Err(error) => {
@@ -960,16 +735,17 @@ impl KeeperState {
         }
     }
 
-    async fn take(&mut self, key: &LeaseKey, fence: &Fence, why: Gain) {
+    /// Takes a lease. From a dead owner (`expired_from`, `pure::expired_from`), the take
+    /// holds only while its heartbeat still stands where this worker saw it stand still.
+    async fn take(
+        &mut self,
+        key: &LeaseKey,
+        fence: &Fence,
+        why: Gain,
+        expired_from: Option<WorkerId>,
+    ) {
         let sent = Instant::now();
-        // From a dead owner, the take holds only while its heartbeat still stands where
-        // this worker saw it stand still: a take sent just before the owner resumed must
-        // not land after the owner re-read its rows (`lease_keeper/model.rs`).
-        let expired_from = match (why, &fence.owner) {
-            (Gain::Expired, Some(owner)) if *owner != self.args.me => Some(owner),
-            _ => None,
-        };
-        let taken = match expired_from {
+        let taken = match &expired_from {
             Some(owner) => {
                 let beat = self.observations.heartbeat_of(owner);
                 self.args
@@ -984,10 +760,7 @@ impl KeeperState {
                 // A lease handed over is taken from a row that already names this
                 // worker: it came from the owner that was asked.
                 let asked = self.requested.remove(key).and_then(|r| r.of);
-                let from = match (&fence.owner, asked) {
-                    (Some(owner), Some(asked)) if *owner == self.args.me => Some(asked),
-                    (owner, _) => owner.clone(),
-                };
+                let from = pure::gained_from(fence, asked, &self.args.me);
                 self.held.insert(key.clone(), lease.fence());
                 self.args.fencing.lock().hold(key, &lease.fence(), sent);
                 self.moved_here(&lease, from.as_ref(), why);
@@ -1030,7 +803,7 @@ impl KeeperState {
             match self.args.table.get(&key).await {
                 Ok(Some(lease)) if lease.owner.as_ref() == Some(&self.args.me) => {
                     if !self.held.contains_key(&key) {
-                        self.take(&key, &lease.fence(), Gain::HandedOff).await;
+                        self.take(&key, &lease.fence(), Gain::HandedOff, None).await;
                     }
                     self.requested.remove(&key);
                 }
@@ -1074,7 +847,7 @@ impl KeeperState {
         self.let_go(&key);
         match self.args.table.transfer(&key, &fence, &to).await {
             Ok(_) => {
-                self.moved_away(&key, "handed_off", Some(&to));
+                self.moved_away(&key, LeaseMove::HandedOff, Some(&to));
                 self.report.handed_off.push(key.to_string());
                 self.report.handed_off_shards.push(outcome);
             }
@@ -1084,7 +857,7 @@ impl KeeperState {
                 warn!(message = "Lease not handed over; releasing it.", lease_key = %key, to = %to, %error);
                 match self.args.table.release(&key, &fence).await {
                     Ok(_) => {
-                        self.moved_away(&key, "released", None);
+                        self.moved_away(&key, LeaseMove::Released, None);
                         self.report.released.push(key.to_string());
                         self.report.handed_off_shards.push(outcome);
                     }
@@ -1126,7 +899,7 @@ impl KeeperState {
             match self.args.table.release(&key, &fence).await {
                 Ok(_) => {
                     failing = None;
-                    self.moved_away(&key, "released", None);
+                    self.moved_away(&key, LeaseMove::Released, None);
                     self.report.released.push(key.to_string());
                 }
                 Err(error) => {
@@ -1166,7 +939,7 @@ impl KeeperState {
                             .failed
                             .push(format!("{}: not released: {error}", lease.key));
                     } else {
-                        self.moved_away(&lease.key, "released", None);
+                        self.moved_away(&lease.key, LeaseMove::Released, None);
                         self.report.released.push(lease.key.to_string());
                     }
                 }
@@ -1227,15 +1000,6 @@ impl KeeperState {
         if drain.done {
             return;
         }
-        if let Some(error) = &drain.table_failed {
-            warn!(message = "Drain ended early: the lease table is failing, so no peer can ask for leases.", %error);
-            drain.done = true;
-            let _ = self.args.supervisor.cast(SupervisorMsg::DrainDone);
-            return;
-        }
-        if !self.handing_off.is_empty() {
-            return;
-        }
         let now = Instant::now();
         // Every peer is draining too (a whole fleet stopping): nobody will ask.
         let nobody_left = self
@@ -1247,9 +1011,22 @@ impl KeeperState {
                 self.args.settings.lease.failover_time,
             )
             .is_empty();
-        if self.held.is_empty() || nobody_left || now >= drain.deadline {
-            drain.done = true;
-            let _ = self.args.supervisor.cast(SupervisorMsg::DrainDone);
+        let verdict = pure::drain_verdict(DrainState {
+            table_failed: drain.table_failed.is_some(),
+            handoffs_in_flight: !self.handing_off.is_empty(),
+            holds_nothing: self.held.is_empty(),
+            nobody_left,
+            past_deadline: now >= drain.deadline,
+        });
+        match verdict {
+            DrainVerdict::Wait => return,
+            DrainVerdict::TableFailed => {
+                let error = drain.table_failed.as_deref().unwrap_or("unknown");
+                warn!(message = "Drain ended early: the lease table is failing, so no peer can ask for leases.", %error);
+            }
+            DrainVerdict::Done => {}
         }
+        drain.done = true;
+        let _ = self.args.supervisor.cast(SupervisorMsg::DrainDone);
     }
 }

@@ -39,30 +39,29 @@ pub mod model;
 pub mod mutants;
 pub mod oracle;
 mod processor;
+mod protocol;
 pub mod settings;
 mod shard_reader;
 pub mod status;
 mod status_server;
 mod stream_watcher;
 mod supervisor;
+mod telemetry;
 mod worker;
 
 pub use backend::Record;
 pub use backend::aws::Endpoints;
-pub use checkpoint_writer::CheckpointView;
 pub use fencing::FenceReason;
 pub use handle::WorkerHandle;
-pub use lease_keeper::{KeeperStatus, ReleaseReport};
-pub use processor::{
-    AckToken, Batch, CheckpointError, Checkpointer, Processor, ProcessorError, ProcessorMsg,
-    ShardInfo,
-};
+pub use processor::{Processor, ProcessorError};
+pub use protocol::{AckToken, Batch, CheckpointError, Checkpointer, ProcessorMsg, ShardInfo};
 pub use settings::{
     AwsSettings, CheckpointMode, InitialPosition, LoadError, MetricsLevel, Settings,
 };
-pub use shard_reader::ShardShutdown;
-pub use status::{ShardState, ShardStatus, ShutdownReport, WorkerStatus};
-pub use stream_watcher::WatcherStatus;
+pub use status::{
+    CheckpointView, KeeperStatus, ReleaseReport, ShardShutdown, ShardState, ShardStatus,
+    ShutdownReport, WatcherStatus, WorkerStatus,
+};
 pub use worker::{
     Backend, ProcessorActorFactory, RequestedShutdown, Worker, WorkerBuilder, WorkerError,
 };

@@ -8,10 +8,11 @@
 //! one, up to the un-acked window (records and bytes): the window is the backpressure
 //! and the memory budget.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
+
+mod pure;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
@@ -22,75 +23,22 @@ use crate::backend::{
     StreamClient, StreamError,
 };
 use crate::backoff::Backoff;
-use crate::checkpoint_writer::CheckpointMsg;
 use crate::fencing::{FenceReason, Fencing};
-use crate::kpl;
-use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
-use crate::model::{
-    AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId,
-    Watermark,
-};
-use crate::processor::{
-    AckToken, Batch, CheckpointError, Checkpointer, HostArgs, HostFence, ProcessorHost,
-    ProcessorMsg, ShardInfo,
+use crate::model::{Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId};
+use crate::processor::{HostArgs, HostFence, ProcessorSource};
+use crate::protocol::{
+    Acks, Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorFailure, ProcessorMsg,
+    ReaderMsg, ShardInfo, StopReason, SupervisorMsg,
 };
 use crate::settings::{CheckpointMode, Settings};
-use crate::status::{ShardState, ShardStatus};
-use crate::supervisor::SupervisorMsg;
-use crate::worker::ProcessorSource;
+use crate::status::{ShardShutdown, ShardStatus};
+use crate::telemetry::{
+    Call, CallFailed, DeliveryPaused, DeliveryResumed, Metric, RecordsProcessed, Sample, Telemetry,
+};
+use pure::{Ack, AfterAck, FetchGate, FetchStep, Ledger, Phase, ProcessorExit, Refusal, Signals};
 
 /// How long the reader waits on the checkpoint writer.
 const WRITER_TIMEOUT_MS: u64 = 30_000;
-
-/// Transient GetRecords failures in a row after which the iterator is replaced.
-const FRESH_ITERATOR_AFTER: u32 = 3;
-/// Failed calls in a row that make an ERROR line (and every this many more).
-const STALL_REPORT_EVERY: u32 = 20;
-
-/// Stop reasons the supervisor reads to tell a finished shard from a failed one.
-pub(crate) const STOP_SHARD_END: &str = "shard_end";
-pub(crate) const STOP_LEASE_LOST: &str = "lease_lost";
-pub(crate) const STOP_SHUTDOWN: &str = "shutdown";
-
-#[derive(Debug)]
-pub(crate) enum Acks {
-    Batch(BatchId),
-    Records(Vec<AckToken>),
-}
-
-/// What one shard's graceful stop achieved.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ShardShutdown {
-    pub shard_id: ShardId,
-    /// `shutdown_requested` returned Ok (or the processor had not started).
-    pub processor_ok: bool,
-    pub checkpoint_flushed: bool,
-    pub error: Option<String>,
-}
-
-#[derive(Debug)]
-pub(crate) enum ReaderMsg {
-    Start,
-    WaitParents,
-    Acquire,
-    Fetch,
-    Ack(Acks),
-    Checkpoint(
-        ExtendedSequenceNumber,
-        RpcReplyPort<Result<(), CheckpointError>>,
-    ),
-    Flush(RpcReplyPort<Result<(), CheckpointError>>),
-    LeaseLost,
-    Shutdown(RpcReplyPort<ShardShutdown>),
-    /// The processor answered `shard_ended` or `shutdown_requested`.
-    ProcessorDone(Result<(), String>),
-    /// The processor did not stop after a lease loss: stop regardless.
-    StopNow,
-    /// The processor failed. Sent to itself, so that it queues behind the acks the
-    /// processor sent before failing (supervision events overtake messages).
-    ProcessorFailed(String),
-    Status(RpcReplyPort<ShardStatus>),
-}
 
 pub(crate) struct ShardReader;
 
@@ -104,7 +52,7 @@ pub(crate) struct ReaderArgs {
     pub processor: ProcessorSource,
     pub writer: ActorRef<CheckpointMsg>,
     pub supervisor: ActorRef<SupervisorMsg>,
-    pub metrics: ActorRef<MetricsMsg>,
+    pub telemetry: Telemetry,
     /// Self-fencing: checked before each fetch and each delivery.
     pub fencing: Fencing,
     pub restarts: u32,
@@ -114,27 +62,6 @@ pub(crate) struct ReaderArgs {
     pub lags: crate::status::LagBoard,
     /// Handed to the processor in its checkpointer, to ask the worker to stop.
     pub worker: crate::handle::WorkerHandle,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Starting,
-    BlockedOnParent,
-    Reading,
-    /// The shard's last batch is delivered; waiting for every record to be acked.
-    Draining,
-    /// `shard_ended` sent to the processor.
-    Ending,
-    ShuttingDown,
-    LeaseLost,
-    /// The processor failed; the reader fails after counting the acks already sent.
-    Failing,
-}
-
-struct InFlight {
-    batch: Batch,
-    bytes: u64,
-    delivered_at: Instant,
 }
 
 pub(crate) struct ReaderState {
@@ -157,8 +84,8 @@ pub(crate) struct ReaderState {
     start_position: Option<IteratorPosition>,
     /// After a restart inside an aggregate: records at or before this were processed.
     skip_through: Option<ExtendedSequenceNumber>,
-    window: AckWindow,
-    in_flight: VecDeque<InFlight>,
+    /// What has been delivered and not yet seen acked.
+    ledger: Ledger,
     last_delivered: Option<ExtendedSequenceNumber>,
     checkpoint: Option<Checkpoint>,
     fetch_scheduled: bool,
@@ -215,8 +142,7 @@ impl Actor for ShardReader {
             waiting_on: Vec::new(),
             start_position: None,
             skip_through: None,
-            window: AckWindow::new(),
-            in_flight: VecDeque::new(),
+            ledger: Ledger::new(),
             last_delivered: None,
             checkpoint: None,
             fetch_scheduled: false,
@@ -262,7 +188,7 @@ impl Actor for ShardReader {
             ReaderMsg::LeaseLost => state.lease_lost(&myself),
             ReaderMsg::Shutdown(reply) => state.shutdown(&myself, reply),
             ReaderMsg::ProcessorDone(result) => state.processor_done(&myself, result).await?,
-            ReaderMsg::StopNow => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+            ReaderMsg::StopNow => myself.stop(StopReason::LeaseLost.text()),
             ReaderMsg::ProcessorFailed(error) => {
                 return Err(format!("shard {}: {error}", state.shard).into());
             }
@@ -288,29 +214,30 @@ impl Actor for ShardReader {
         event: SupervisionEvent,
         state: &mut ReaderState,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorFailed(_, error) => match state.phase {
-                Phase::LeaseLost => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
-                _ => {
-                    // Stop fetching now; fail once the acks already sent are counted.
-                    state.revoked.store(true, Ordering::Release);
-                    state.phase = Phase::Failing;
-                    let _ = myself.cast(ReaderMsg::ProcessorFailed(error.to_string()));
-                }
-            },
-            SupervisionEvent::ActorTerminated(_, _, reason) => match state.phase {
-                Phase::LeaseLost => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
-                Phase::ShuttingDown | Phase::Ending => {}
-                _ => {
-                    return Err(format!(
-                        "shard {}: the processor stopped on its own ({})",
-                        state.shard,
-                        reason.unwrap_or_else(|| "no reason given".to_owned())
-                    )
-                    .into());
-                }
-            },
-            _ => {}
+        let (failed, why) = match event {
+            SupervisionEvent::ActorFailed(_, error) => (true, error.to_string()),
+            SupervisionEvent::ActorTerminated(_, _, reason) => (
+                false,
+                reason.unwrap_or_else(|| "no reason given".to_owned()),
+            ),
+            _ => return Ok(()),
+        };
+        match pure::processor_exit(state.phase, failed) {
+            ProcessorExit::StopLeaseLost => myself.stop(StopReason::LeaseLost.text()),
+            ProcessorExit::FailAfterAcks => {
+                // Stop fetching now; fail once the acks already sent are counted.
+                state.revoked.store(true, Ordering::Release);
+                state.phase = Phase::Failing;
+                let _ = myself.cast(ReaderMsg::ProcessorFailed(why));
+            }
+            ProcessorExit::Expected => {}
+            ProcessorExit::Fail => {
+                return Err(format!(
+                    "shard {}: the processor stopped on its own ({why})",
+                    state.shard
+                )
+                .into());
+            }
         }
         Ok(())
     }
@@ -322,21 +249,13 @@ impl ReaderState {
     }
 
     fn report(&self, samples: Vec<Sample>) {
-        let _ = self.args.metrics.cast(MetricsMsg::Record(samples));
-    }
-
-    /// Whether the shard is still on its way to reading. A shutdown or a lost lease can
-    /// arrive between the start-up steps (each is a message, and each awaits the table):
-    /// the steps still queued must not start the processor and the reads after it, or
-    /// the shutdown waits for an answer nobody will give.
-    fn starting(&self) -> bool {
-        matches!(self.phase, Phase::Starting | Phase::BlockedOnParent)
+        self.args.telemetry.record(samples);
     }
 
     /// Reads the lease (after flushing what a previous incarnation acked), waits for the
     /// parents, starts the processor.
     async fn start(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
-        if !self.starting() {
+        if !self.phase.starting() {
             return Ok(());
         }
         let key = self.key.clone();
@@ -346,7 +265,7 @@ impl ReaderState {
             WRITER_TIMEOUT_MS
         ) {
             Ok(Err(CheckpointError::LeaseLost { .. })) => {
-                myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+                myself.stop(StopReason::LeaseLost.text());
                 return Ok(());
             }
             Ok(_) => {}
@@ -355,7 +274,7 @@ impl ReaderState {
         let lease = match self.args.table.get(&self.key).await {
             Ok(Some(lease)) => lease,
             Ok(None) => {
-                myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+                myself.stop(StopReason::LeaseLost.text());
                 return Ok(());
             }
             Err(error) if error.is_retryable() => {
@@ -368,7 +287,7 @@ impl ReaderState {
         };
         if lease.fence() != self.fence {
             info!(message = "Lease changed hands before reading started.", shard_id = %self.shard);
-            myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+            myself.stop(StopReason::LeaseLost.text());
             return Ok(());
         }
         if lease.checkpoint.is_shard_end() {
@@ -376,7 +295,7 @@ impl ReaderState {
                 key: self.key.clone(),
                 children: None,
             });
-            myself.stop(Some(STOP_SHARD_END.to_owned()));
+            myself.stop(StopReason::ShardEnd.text());
             return Ok(());
         }
         self.waiting_on = lease.parent_shard_ids.clone();
@@ -391,7 +310,7 @@ impl ReaderState {
         &mut self,
         myself: &ActorRef<ReaderMsg>,
     ) -> Result<(), ActorProcessingErr> {
-        if !self.starting() {
+        if !self.phase.starting() {
             return Ok(());
         }
         while let Some(parent) = self.waiting_on.first().cloned() {
@@ -425,27 +344,12 @@ impl ReaderState {
         let lease = &self.args.lease;
         self.backoff.reset();
         self.checkpoint = Some(lease.checkpoint.clone());
-        let (position, skip) = match &lease.checkpoint {
-            Checkpoint::TrimHorizon => (IteratorPosition::TrimHorizon, None),
-            Checkpoint::Latest => (IteratorPosition::Latest, None),
-            Checkpoint::AtTimestamp => match self.args.initial_timestamp {
-                Some(at) => (IteratorPosition::AtTimestamp(at), None),
-                None => {
-                    return Err(format!(
-                        "shard {}: the lease says AT_TIMESTAMP but worker.initial_timestamp is not set",
-                        self.shard
-                    )
-                    .into());
-                }
-            },
-            // AT the checkpointed record, skipping it and anything before it: a
-            // checkpoint may fall inside an aggregate, whose rest must still be delivered.
-            Checkpoint::At(at) => (
-                IteratorPosition::AtSequence(at.sequence.clone()),
-                Some(at.clone()),
-            ),
-            Checkpoint::ShardEnd => return Ok(()),
-        };
+        let (position, skip) =
+            match pure::start_position(&lease.checkpoint, self.args.initial_timestamp) {
+                Ok(Some(start)) => start,
+                Ok(None) => return Ok(()),
+                Err(error) => return Err(format!("shard {}: {error}", self.shard).into()),
+            };
         let info = ShardInfo {
             shard_id: self.shard.clone(),
             parents: lease.parent_shard_ids.clone(),
@@ -468,49 +372,31 @@ impl ReaderState {
         myself: &ActorRef<ReaderMsg>,
         info: &ShardInfo,
     ) -> Result<ActorRef<ProcessorMsg>, ActorProcessingErr> {
-        match &self.args.processor {
-            ProcessorSource::Factory(factory) => {
-                let processor = factory(info);
-                let (actor, _) = Actor::spawn_linked(
-                    None,
-                    ProcessorHost,
-                    HostArgs {
-                        processor,
-                        mode: self.mode,
-                        revoked: self.revoked.clone(),
-                        stopping: self.stopping.clone(),
-                        fence: HostFence {
-                            fencing: self.args.fencing.clone(),
-                            key: self.key.clone(),
-                            fence: self.fence.clone(),
-                            recheck: self.settings().reader.poll_interval,
-                        },
-                    },
-                    myself.get_cell(),
-                )
-                .await?;
-                Ok(actor)
-            }
-            ProcessorSource::Actor(factory) => {
-                let actor = factory(info.clone())
-                    .await
-                    .map_err(|e| format!("shard {}: processor actor factory: {e}", self.shard))?;
-                actor.link(myself.get_cell());
-                Ok(actor)
-            }
-        }
+        let host = HostArgs {
+            mode: self.mode,
+            revoked: self.revoked.clone(),
+            stopping: self.stopping.clone(),
+            fence: HostFence {
+                fencing: self.args.fencing.clone(),
+                key: self.key.clone(),
+                fence: self.fence.clone(),
+                recheck: self.settings().reader.poll_interval,
+            },
+        };
+        self.args
+            .processor
+            .start(info, host, myself.get_cell())
+            .await
     }
 
     async fn acquire(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
         if !matches!(self.phase, Phase::Reading) {
             return Ok(());
         }
-        let position = match &self.last_delivered {
-            Some(last) => IteratorPosition::AfterSequence(last.sequence.clone()),
-            None => match &self.start_position {
-                Some(p) => p.clone(),
-                None => return Ok(()),
-            },
+        let Some(position) =
+            pure::iterator_position(self.last_delivered.as_ref(), self.start_position.as_ref())
+        else {
+            return Ok(());
         };
         match self
             .args
@@ -524,7 +410,7 @@ impl ReaderState {
                 self.schedule_fetch(myself, Duration::ZERO);
             }
             Err(error) if error.is_retryable() => {
-                self.count_failure(&error);
+                self.count_failure(Call::GetShardIterator, &error);
                 myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
             }
             // The lease names a shard the stream does not have (an orphan row); the
@@ -557,8 +443,8 @@ impl ReaderState {
 
     fn window_full(&self) -> bool {
         let reader = &self.settings().reader;
-        self.window.in_flight_records() >= reader.window_records as usize
-            || self.window.in_flight_bytes() >= reader.window_bytes
+        self.ledger
+            .is_full(u64::from(reader.window_records), reader.window_bytes)
     }
 
     /// Whether this shard may hand records to its processor now (self-fencing); logs
@@ -567,7 +453,10 @@ impl ReaderState {
         match self.args.fencing.check(&self.key, &self.fence) {
             Ok(()) => {
                 if let Some(was) = self.fenced.take() {
-                    info!(message = "Delivery resumed.", shard_id = %self.shard, was_fenced_because = %was);
+                    self.args.telemetry.emit(DeliveryResumed {
+                        shard: &self.shard,
+                        was: &was,
+                    });
                 }
                 true
             }
@@ -576,7 +465,10 @@ impl ReaderState {
                     std::mem::discriminant(was) != std::mem::discriminant(&reason)
                 });
                 if news {
-                    warn!(message = "Delivery paused (self-fencing).", shard_id = %self.shard, reason = %reason);
+                    self.args.telemetry.emit(DeliveryPaused {
+                        shard: &self.shard,
+                        reason: &reason,
+                    });
                 }
                 self.fenced = Some(reason);
                 false
@@ -585,38 +477,52 @@ impl ReaderState {
     }
 
     async fn fetch(&mut self, myself: &ActorRef<ReaderMsg>) -> Result<(), ActorProcessingErr> {
-        if self.phase != Phase::Reading {
-            return Ok(());
-        }
         let poll = self.settings().reader.poll_interval;
         let timeout = self.settings().reader.processor_timeout;
-        if !self.window.is_empty() && self.last_progress.elapsed() > timeout {
-            return Err(format!(
-                "shard {}: the processor has acked nothing for {} with {} records pending",
-                self.shard,
-                humantime::format_duration(timeout),
-                self.window.in_flight_records()
-            )
-            .into());
-        }
-        if !self.may_deliver() {
-            self.schedule_fetch(myself, poll);
-            return Ok(());
-        }
-        if self.window_full() {
+        let stalled = pure::processor_stalled(
+            self.ledger.is_empty(),
+            self.last_progress.elapsed(),
+            timeout,
+        );
+        let window_full = self.window_full();
+        let has_iterator = self.iterator.is_some();
+        let step = pure::fetch_step(FetchGate {
+            phase: self.phase,
+            stalled,
+            may_deliver: || self.may_deliver(),
+            window_full,
+            has_iterator,
+        });
+        let iterator = match step {
+            FetchStep::Skip => return Ok(()),
+            FetchStep::ProcessorStalled => {
+                return Err(format!(
+                    "shard {}: the processor has acked nothing for {} with {} records pending",
+                    self.shard,
+                    humantime::format_duration(timeout),
+                    self.ledger.in_flight_records()
+                )
+                .into());
+            }
             // Re-checked on each ack, and periodically for the stall check above.
-            self.schedule_fetch(myself, poll);
-            return Ok(());
-        }
-        let Some(iterator) = self.iterator.clone() else {
-            let _ = myself.cast(ReaderMsg::Acquire);
-            return Ok(());
+            FetchStep::Wait => {
+                self.schedule_fetch(myself, poll);
+                return Ok(());
+            }
+            FetchStep::Acquire => {
+                let _ = myself.cast(ReaderMsg::Acquire);
+                return Ok(());
+            }
+            FetchStep::Read => match self.iterator.clone() {
+                Some(iterator) => iterator,
+                None => return Ok(()),
+            },
         };
         let limit = self.settings().reader.max_records;
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
         if answer.is_ok() && self.failures_in_row > 0 {
-            if self.failures_in_row >= STALL_REPORT_EVERY {
+            if self.failures_in_row >= pure::STALL_REPORT_EVERY {
                 info!(message = "Shard read again.", shard_id = %self.shard, after_failures = self.failures_in_row);
             }
             self.failures_in_row = 0;
@@ -657,17 +563,15 @@ impl ReaderState {
                     self.maybe_end_shard(myself);
                     return Ok(());
                 }
-                let delay = if got_records || !caught_up {
-                    self.idle = poll;
-                    // Calls start `poll_interval` apart (Kinesis counts calls per
-                    // second), not a pause after each: a shard that is behind loses no
-                    // time to a slow answer.
-                    poll.saturating_sub(call_started.elapsed())
-                } else {
-                    let delay = self.idle;
-                    self.idle = (self.idle * 2).min(self.settings().reader.idle_max);
-                    delay
-                };
+                let (delay, idle) = pure::next_read(
+                    got_records,
+                    caught_up,
+                    poll,
+                    self.idle,
+                    self.settings().reader.idle_max,
+                    call_started.elapsed(),
+                );
+                self.idle = idle;
                 self.schedule_fetch(myself, delay);
             }
             Err(StreamError::IteratorExpired { .. }) => {
@@ -676,15 +580,14 @@ impl ReaderState {
                 let _ = myself.cast(ReaderMsg::Acquire);
             }
             Err(error) if error.is_retryable() => {
-                self.count_failure(&error);
+                self.count_failure(Call::GetRecords, &error);
                 let delay = self.backoff.next_random();
                 debug!(message = "GetRecords failed; backing off.", shard_id = %self.shard, %error, delay_ms = delay.as_millis() as u64);
-                // A server that keeps failing one iterator (kinesis-mock and moto answer
-                // a bad one with a bare 500) is not waited out: a fresh iterator from the
-                // last record delivered. Throttling is not the iterator's fault.
-                if matches!(error, StreamError::Transient { .. })
-                    && self.failures_in_row.is_multiple_of(FRESH_ITERATOR_AFTER)
-                {
+                // A fresh iterator from the last record delivered, now and then.
+                if pure::renew_iterator(
+                    matches!(error, StreamError::Transient { .. }),
+                    self.failures_in_row,
+                ) {
                     self.iterator = None;
                 }
                 self.schedule_fetch(myself, delay);
@@ -696,12 +599,12 @@ impl ReaderState {
         Ok(())
     }
 
-    fn count_failure(&mut self, error: &StreamError) {
+    fn count_failure(&mut self, call: Call, error: &StreamError) {
         self.throttled = error.call_failure() == CallFailure::Throttled;
         self.last_error = Some(error.to_string());
         self.failures_in_row += 1;
         // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
-        if self.failures_in_row.is_multiple_of(STALL_REPORT_EVERY) {
+        if pure::stall_report_due(self.failures_in_row) {
             error!(
                 message = "Shard not read: its calls keep failing; retrying with backoff.",
                 shard_id = %self.shard,
@@ -709,8 +612,11 @@ impl ReaderState {
                 %error,
             );
         }
-        let metric = Metric::failed_call(error);
-        self.report(vec![Sample::shard(metric, &self.shard, 1.0)]);
+        self.args.telemetry.emit(CallFailed {
+            call,
+            shard: Some(&self.shard),
+            error,
+        });
     }
 
     /// De-aggregates, drops what a checkpoint inside an aggregate already covers, and
@@ -719,39 +625,24 @@ impl ReaderState {
         if raw.is_empty() {
             return Ok(());
         }
-        let mut records = Vec::with_capacity(raw.len());
         let range = self.args.lease.hash_range;
-        for record in raw {
-            kpl::deaggregate(record, range.as_ref(), &mut records);
-        }
-        if let Some(skip) = &self.skip_through {
-            records.retain(|r| {
-                (&r.sequence_number, r.sub_sequence_number) > (&skip.sequence, skip.sub_sequence)
-            });
-            if !records.is_empty() {
-                self.skip_through = None;
-            }
-        }
+        let records = pure::fresh_records(raw, range.as_ref(), &mut self.skip_through);
         let Some(last) = records.last() else {
             return Ok(());
         };
-        self.last_delivered = Some(ExtendedSequenceNumber::new(
-            last.sequence_number.clone(),
-            last.sub_sequence_number,
-        ));
-        let bytes: u64 = records
-            .iter()
-            .map(|r| (r.data.len() + r.partition_key.len()) as u64)
-            .sum();
+        self.last_delivered = Some(pure::position_of(last));
+        let bytes = pure::record_bytes(&records);
         let len = records.len();
-        if self.window.is_empty() {
-            self.last_progress = Instant::now();
+        let now = Instant::now();
+        if self.ledger.is_empty() {
+            self.last_progress = now;
         }
-        let id = self.window.deliver(len, bytes);
+        let records: Arc<[Record]> = Arc::from(records);
+        let id = self.ledger.deliver(records.clone(), bytes, now);
         let batch = Batch {
             shard: self.shard.clone(),
             id,
-            records: Arc::from(records),
+            records,
             millis_behind_latest: self.millis_behind,
         };
         self.records_delivered += len as u64;
@@ -760,11 +651,6 @@ impl ReaderState {
         self.args
             .delivered
             .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
-        self.in_flight.push_back(InFlight {
-            batch: batch.clone(),
-            bytes,
-            delivered_at: Instant::now(),
-        });
         if let Some(processor) = &self.processor {
             processor.cast(ProcessorMsg::Process(batch, self.checkpointer()))?;
         }
@@ -785,91 +671,36 @@ impl ReaderState {
         myself: &ActorRef<ReaderMsg>,
         acks: Acks,
     ) -> Result<(), ActorProcessingErr> {
-        let mut moved: Option<Watermark> = None;
-        let mut acked_records = 0usize;
-        match acks {
-            Acks::Batch(id) => {
-                if let Some(f) = self.in_flight.iter().find(|f| f.batch.id == id) {
-                    acked_records = f.batch.len();
-                    let elapsed = f.delivered_at.elapsed().as_secs_f64() * 1000.0;
-                    self.report(vec![Sample::shard(
-                        Metric::ProcessingTime,
-                        &self.shard,
-                        elapsed,
-                    )]);
-                }
-                match self.window.ack_batch(id) {
-                    Ok(m) => moved = m,
-                    Err(error) => warn!(message = "Ack ignored.", shard_id = %self.shard, %error),
-                }
-            }
-            Acks::Records(tokens) => {
-                for token in tokens {
-                    match self.window.ack(token.batch, token.index) {
-                        Ok(Some(m)) => {
-                            acked_records += 1;
-                            moved = Some(m);
-                        }
-                        Ok(None) => acked_records += 1,
-                        Err(error) => {
-                            warn!(message = "Ack ignored.", shard_id = %self.shard, %error)
-                        }
-                    }
-                }
-            }
+        let now = Instant::now();
+        let acked = match acks {
+            Acks::Batch(id) => self.ledger.ack([Ack::Batch(id)], now),
+            Acks::Records(tokens) => self
+                .ledger
+                .ack(tokens.iter().map(|t| Ack::Record(t.batch, t.index)), now),
+        };
+        for error in &acked.errors {
+            warn!(message = "Ack ignored.", shard_id = %self.shard, %error);
         }
-        if acked_records > 0 {
-            self.last_progress = Instant::now();
+        self.args.telemetry.emit(RecordsProcessed {
+            shard: &self.shard,
+            records: acked.processed_records,
+            bytes: acked.processed_bytes,
+            processing_time: acked.processing_time,
+        });
+        if acked.records > 0 {
+            self.last_progress = now;
         }
-        if let Some(watermark) = moved {
-            self.advance(watermark);
-        }
-        match self.phase {
-            Phase::Draining => self.maybe_end_shard(myself),
-            Phase::Reading if !self.window_full() => self.schedule_fetch(myself, Duration::ZERO),
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// The contiguous acked prefix now ends at `watermark`: drop the batches it passed
-    /// and, unless the processor checkpoints itself, move the checkpoint there.
-    fn advance(&mut self, watermark: Watermark) {
-        let mut position = None;
-        let mut records = 0u64;
-        let mut bytes = 0u64;
-        while let Some(front) = self.in_flight.front() {
-            if front.batch.id < watermark.batch {
-                records += front.batch.len() as u64;
-                bytes += front.bytes;
-                let done = self.in_flight.pop_front();
-                if let Some(done) = done {
-                    position = done.batch.records.last().map(position_of);
-                }
-            } else if front.batch.id == watermark.batch {
-                position = front.batch.records.get(watermark.index).map(position_of);
-                if watermark.index + 1 >= front.batch.len() {
-                    records += front.batch.len() as u64;
-                    bytes += front.bytes;
-                    self.in_flight.pop_front();
-                }
-                break;
-            } else {
-                break;
-            }
-        }
-        if records > 0 {
-            self.report(vec![
-                Sample::shard(Metric::RecordsProcessed, &self.shard, records as f64),
-                Sample::shard(Metric::BytesProcessed, &self.shard, bytes as f64),
-            ]);
-        }
-        if !self.mode.reader_checkpoints_acked_prefix() {
-            return;
-        }
-        if let Some(at) = position {
+        if self.mode.reader_checkpoints_acked_prefix()
+            && let Some(at) = acked.checkpointable
+        {
             self.send_advance(at);
         }
+        match pure::after_ack(self.phase, self.window_full()) {
+            AfterAck::MaybeEnd => self.maybe_end_shard(myself),
+            AfterAck::Fetch => self.schedule_fetch(myself, Duration::ZERO),
+            AfterAck::Nothing => {}
+        }
+        Ok(())
     }
 
     fn send_advance(&mut self, at: ExtendedSequenceNumber) {
@@ -882,20 +713,19 @@ impl ReaderState {
     }
 
     fn manual_checkpoint(&mut self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
-        if matches!(self.phase, Phase::LeaseLost) {
-            return Err(CheckpointError::LeaseLost {
-                shard: self.shard.clone(),
-            });
-        }
-        match &self.last_delivered {
-            Some(last) if at <= *last => {
+        match pure::manual_checkpoint(self.phase, &at, self.last_delivered.as_ref()) {
+            Ok(()) => {
                 self.send_advance(at);
                 Ok(())
             }
-            last => Err(CheckpointError::BeyondDelivered {
+            Err(Refusal::LeaseLost) => Err(CheckpointError::LeaseLost {
+                shard: self.shard.clone(),
+            }),
+            Err(Refusal::BeyondDelivered) => Err(CheckpointError::BeyondDelivered {
                 shard: self.shard.clone(),
                 requested: at,
-                last: last
+                last: self
+                    .last_delivered
                     .as_ref()
                     .map(|l| l.to_string())
                     .unwrap_or_else(|| "none".to_owned()),
@@ -917,7 +747,7 @@ impl ReaderState {
     }
 
     fn maybe_end_shard(&mut self, myself: &ActorRef<ReaderMsg>) {
-        if self.phase != Phase::Draining || !self.window.is_empty() {
+        if !pure::ready_to_end(self.phase, self.ledger.is_empty()) {
             return;
         }
         self.phase = Phase::Ending;
@@ -938,21 +768,16 @@ impl ReaderState {
         let checkpointer = self.checkpointer();
         let (tx, rx) = ractor::concurrency::oneshot();
         if processor.cast(message(checkpointer, tx.into())).is_err() {
-            let _ = myself.cast(ReaderMsg::ProcessorDone(Err(
-                "the processor has stopped".to_owned()
-            )));
+            let _ = myself.cast(ReaderMsg::ProcessorDone(Err(ProcessorFailure::Stopped)));
             return;
         }
         let timeout = self.settings().supervision.shutdown_timeout;
         let reader = myself.clone();
         tokio::spawn(async move {
             let result = match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err("the processor stopped without answering".to_owned()),
-                Err(_) => Err(format!(
-                    "the processor did not answer within {}",
-                    humantime::format_duration(timeout)
-                )),
+                Ok(Ok(result)) => result.map_err(ProcessorFailure::Returned),
+                Ok(Err(_)) => Err(ProcessorFailure::NoAnswer),
+                Err(_) => Err(ProcessorFailure::TimedOut(timeout)),
             };
             let _ = reader.cast(ReaderMsg::ProcessorDone(result));
         });
@@ -961,7 +786,7 @@ impl ReaderState {
     async fn processor_done(
         &mut self,
         myself: &ActorRef<ReaderMsg>,
-        result: Result<(), String>,
+        result: Result<(), ProcessorFailure>,
     ) -> Result<(), ActorProcessingErr> {
         match self.phase {
             Phase::Ending => {
@@ -994,11 +819,11 @@ impl ReaderState {
                             children: self.children.take(),
                         });
                         self.stop_processor().await;
-                        myself.stop(Some(STOP_SHARD_END.to_owned()));
+                        myself.stop(StopReason::ShardEnd.text());
                     }
                     Ok(Err(CheckpointError::LeaseLost { .. })) => {
                         self.stop_processor().await;
-                        myself.stop(Some(STOP_LEASE_LOST.to_owned()));
+                        myself.stop(StopReason::LeaseLost.text());
                     }
                     Ok(Err(error)) => {
                         return Err(
@@ -1028,7 +853,7 @@ impl ReaderState {
                     let _ = reply.send(outcome);
                 }
                 self.stop_processor().await;
-                myself.stop(Some(STOP_SHUTDOWN.to_owned()));
+                myself.stop(StopReason::Shutdown.text());
             }
             _ => {}
         }
@@ -1060,44 +885,37 @@ impl ReaderState {
                     ReaderMsg::StopNow
                 });
             }
-            _ => myself.stop(Some(STOP_LEASE_LOST.to_owned())),
+            _ => myself.stop(StopReason::LeaseLost.text()),
         }
     }
 
     fn shutdown(&mut self, myself: &ActorRef<ReaderMsg>, reply: RpcReplyPort<ShardShutdown>) {
-        match self.phase {
-            Phase::LeaseLost | Phase::ShuttingDown | Phase::Ending => {
-                let _ = reply.send(ShardShutdown {
-                    shard_id: self.shard.clone(),
-                    processor_ok: true,
-                    checkpoint_flushed: false,
-                    error: Some(format!("the shard was already stopping ({:?})", self.phase)),
-                });
-            }
-            _ => {
-                self.phase = Phase::ShuttingDown;
-                self.stopping.store(true, Ordering::Release);
-                self.shutdown_reply = Some(reply);
-                self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
-            }
+        if pure::already_stopping(self.phase) {
+            let _ = reply.send(ShardShutdown {
+                shard_id: self.shard.clone(),
+                processor_ok: true,
+                checkpoint_flushed: false,
+                error: Some(format!("the shard was already stopping ({:?})", self.phase)),
+            });
+            return;
         }
+        self.phase = Phase::ShuttingDown;
+        self.stopping.store(true, Ordering::Release);
+        self.shutdown_reply = Some(reply);
+        self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
     }
 
     fn status(&self) -> ShardStatus {
         ShardStatus {
             shard_id: self.shard.clone(),
-            state: match self.phase {
-                Phase::Starting => ShardState::Initializing,
-                Phase::BlockedOnParent => ShardState::BlockedOnParent,
-                Phase::Reading if self.fenced.is_some() => ShardState::Fenced,
-                Phase::Reading if self.throttled => ShardState::Throttled,
-                Phase::Reading if self.caught_up => ShardState::CaughtUp,
-                Phase::Reading => ShardState::Processing,
-                Phase::Draining | Phase::Ending => ShardState::ShardEnding,
-                Phase::ShuttingDown => ShardState::ShuttingDown,
-                Phase::LeaseLost => ShardState::LeaseLost,
-                Phase::Failing => ShardState::Restarting,
-            },
+            state: pure::shard_state(
+                self.phase,
+                Signals {
+                    fenced: self.fenced.is_some(),
+                    throttled: self.throttled,
+                    caught_up: self.caught_up,
+                },
+            ),
             lease_counter: self.fence.counter,
             checkpoint: self.checkpoint.as_ref().map(|c| c.to_string()),
             last_delivered: self.last_delivered.as_ref().map(|p| p.to_string()),
@@ -1107,8 +925,8 @@ impl ReaderState {
             records_per_second: self.rate.per_second().0,
             bytes_per_second: self.rate.per_second().1,
             last_error: self.last_error.clone(),
-            in_flight_records: self.window.in_flight_records() as u64,
-            in_flight_bytes: self.window.in_flight_bytes(),
+            in_flight_records: self.ledger.in_flight_records() as u64,
+            in_flight_bytes: self.ledger.in_flight_bytes(),
             restarts: self.args.restarts,
             fenced: self.fenced.clone(),
         }
@@ -1155,8 +973,4 @@ impl RateMeter {
             self.last
         }
     }
-}
-
-fn position_of(record: &Record) -> ExtendedSequenceNumber {
-    ExtendedSequenceNumber::new(record.sequence_number.clone(), record.sub_sequence_number)
 }

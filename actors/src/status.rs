@@ -1,17 +1,19 @@
 //! Snapshots of a worker's state, as `Worker::status()` returns them and the status
-//! endpoint serves them. Plain data: no credentials, no endpoints with secrets.
+//! endpoint serves them. Plain data: no credentials, no endpoints with secrets. Every
+//! actor's snapshot type lives here, below the actors, so this module imports none.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::checkpoint_writer::CheckpointView;
-use crate::lease_keeper::{KeeperStatus, ReleaseReport};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::balance::{Observations, Peer};
 use crate::metrics_reporter::MetricsSnapshot;
-use crate::model::ShardId;
-use crate::shard_reader::ShardShutdown;
-use crate::stream_watcher::WatcherStatus;
+use crate::model::{Lease, LeaseKey, ShardId, WorkerId};
 
 /// Where a held shard is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -136,6 +138,144 @@ pub struct FleetView {
     pub malformed_rows: Vec<String>,
 }
 
+/// What the fleet view is built from: one scan, and what the observer made of it.
+pub(crate) struct FleetScan<'a> {
+    pub application: &'a str,
+    pub stream: &'a str,
+    pub observer: &'a WorkerId,
+    pub malformed: &'a [String],
+    /// Every lease row the scan read.
+    pub leases: &'a [Lease],
+    /// The rows the round dealt with, by key (what `processable` looks parents up in).
+    pub by_key: &'a BTreeMap<&'a LeaseKey, &'a Lease>,
+    /// Unreadable lease rows, with why.
+    pub unreadable: &'a BTreeMap<LeaseKey, String>,
+    /// Rows for shards the stream does not have, with why.
+    pub orphans: &'a BTreeMap<LeaseKey, String>,
+    pub observations: &'a Observations,
+    pub now: Instant,
+    pub failover: Duration,
+}
+
+/// The fleet as one scan shows it: workers with their liveness on this worker's
+/// clock, every lease with its state and its owner's last reported lag.
+pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
+    let FleetScan {
+        leases,
+        by_key,
+        unreadable,
+        orphans,
+        observations: obs,
+        now,
+        failover,
+        ..
+    } = *scan;
+    let mut view = FleetView {
+        application: scan.application.to_owned(),
+        stream: scan.stream.to_owned(),
+        observer: scan.observer.to_string(),
+        malformed_rows: scan.malformed.to_vec(),
+        ..FleetView::default()
+    };
+    let mut owned: BTreeMap<&WorkerId, u64> = BTreeMap::new();
+    let mut sorted: Vec<&Lease> = leases.iter().collect();
+    sorted.sort_by(|a, b| a.key.cmp(&b.key));
+    for lease in sorted {
+        let shard = lease.key.shard_id();
+        let owner_alive = lease
+            .owner
+            .as_ref()
+            .is_some_and(|o| obs.is_alive(o, now, failover));
+        let reason = orphans.get(&lease.key).cloned();
+        let state = if lease.checkpoint.is_shard_end() {
+            FleetLeaseState::Finished
+        } else if reason.is_some() {
+            FleetLeaseState::Stalled
+        } else if !crate::balance::processable(lease, by_key) {
+            FleetLeaseState::Blocked
+        } else if !owner_alive {
+            FleetLeaseState::Unassigned
+        } else if lease.handoff_to.is_some() {
+            FleetLeaseState::HandingOff
+        } else {
+            FleetLeaseState::Held
+        };
+        match (state, &reason) {
+            (FleetLeaseState::Unassigned, _) => view.unassigned.push(lease.key.to_string()),
+            (FleetLeaseState::Blocked, _) => view.blocked.push(lease.key.to_string()),
+            (FleetLeaseState::Stalled, Some(why)) => {
+                view.stalled.push(format!("{}: {why}", lease.key))
+            }
+            _ => {}
+        }
+        if let Some(owner) = &lease.owner
+            && !lease.checkpoint.is_shard_end()
+        {
+            *owned.entry(owner).or_default() += 1;
+        }
+        let lag = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.lag_ms.get(shard.as_str()).copied());
+        view.leases.push(FleetLease {
+            lease_key: lease.key.to_string(),
+            shard_id: shard.to_string(),
+            owner: lease.owner.as_ref().map(|o| o.to_string()),
+            state,
+            reason,
+            checkpoint: Some(lease.checkpoint.to_string()),
+            counter: Some(lease.counter),
+            handoff_to: lease.handoff_to.as_ref().map(|w| w.to_string()),
+            parents: lease
+                .parent_shard_ids
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            children: lease
+                .child_shard_ids
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
+        });
+    }
+    // Unreadable lease rows: in the listing of leases too, so every shard of the
+    // table shows in exactly one state.
+    for (key, why) in unreadable {
+        let reason = format!("unreadable row: {why}");
+        view.stalled.push(format!("{key}: {reason}"));
+        view.leases.push(FleetLease {
+            lease_key: key.to_string(),
+            shard_id: key.shard_id().to_string(),
+            owner: None,
+            state: FleetLeaseState::Stalled,
+            reason: Some(reason),
+            checkpoint: None,
+            counter: None,
+            handoff_to: None,
+            parents: Vec::new(),
+            children: Vec::new(),
+            millis_behind_latest: None,
+        });
+    }
+    view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
+    view.workers = obs
+        .peers(now, failover)
+        .into_iter()
+        .map(|peer| FleetWorker {
+            leases: owned.get(&peer.worker).copied().unwrap_or(0),
+            worker_id: peer.worker.to_string(),
+            alive: peer.alive,
+            draining: peer.load.draining,
+            has_heartbeat: peer.has_heartbeat,
+            records_per_second: peer.load.records_per_second,
+            silent_ms: peer.silent_ms,
+        })
+        .collect();
+    view
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FleetWorker {
     pub worker_id: String,
@@ -227,3 +367,76 @@ pub(crate) type ListingBoard = Arc<tokio::sync::watch::Sender<Option<Arc<ShardLi
 /// The keeper's latest fleet view and when its scan was taken.
 pub(crate) type FleetBoard =
     Arc<tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>>;
+
+/// What one shard's graceful stop achieved.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ShardShutdown {
+    pub shard_id: ShardId,
+    /// `shutdown_requested` returned Ok (or the processor had not started).
+    pub processor_ok: bool,
+    pub checkpoint_flushed: bool,
+    pub error: Option<String>,
+}
+
+/// What leaving the fleet at shutdown achieved.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ReleaseReport {
+    /// Leases passed to a worker that asked for them, each at its final checkpoint.
+    pub handed_off: Vec<String>,
+    pub released: Vec<String>,
+    pub failed: Vec<String>,
+    /// How the processors of handed-off shards finished.
+    #[serde(skip)]
+    pub handed_off_shards: Vec<ShardShutdown>,
+}
+
+/// The lease keeper's view, for status pages.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KeeperStatus {
+    pub held: Vec<String>,
+    pub live_workers: Vec<String>,
+    /// Every worker seen in the table, alive or not, with its last reported load.
+    pub peers: Vec<Peer>,
+    pub heartbeat_counter: u64,
+    /// Milliseconds since the last confirmed heartbeat was sent; `None` before the first.
+    pub heartbeat_age_ms: Option<u64>,
+    /// Heartbeats that failed in a row since the last confirmed one, and the last error.
+    pub heartbeat_failures: u32,
+    pub heartbeat_error: Option<String>,
+    pub malformed_rows: Vec<String>,
+    pub cooling: Vec<String>,
+    /// Requests this worker made that are not answered yet.
+    pub requested: Vec<String>,
+    /// Held leases being handed over now.
+    pub handing_off: Vec<String>,
+    pub draining: bool,
+    /// Leases this worker gained, counted by how: `new` (never owned before), `released`
+    /// (let go by its last owner), `expired` (its owner died), `handed_off` (given to
+    /// this worker on request), `resumed` (already this worker's by name).
+    pub gained: BTreeMap<String, u64>,
+    /// Leases this worker gave up, counted by why: `handed_off`, `released`,
+    /// `shard_ended`, `lost` (taken by another worker or refused a write),
+    /// `unreadable` (its row can no longer be read).
+    pub given: BTreeMap<String, u64>,
+}
+
+/// The watcher's view, for status pages.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct WatcherStatus {
+    pub shards: usize,
+    pub open_shards: usize,
+    pub leases_created: u64,
+    /// Rows of finished shards deleted after their children started.
+    pub leases_deleted: u64,
+    pub last_error: Option<String>,
+}
+
+/// What the writer knows of one shard, for status pages.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CheckpointView {
+    /// The last position written to the lease table by this worker.
+    pub written: Option<String>,
+    /// A position waiting for the next write.
+    pub pending: Option<String>,
+    pub writes: u64,
+}

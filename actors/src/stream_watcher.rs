@@ -13,36 +13,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
 use crate::backend::{ChildShard, LeaseTable, StreamClient};
 use crate::backoff::Backoff;
-use crate::lease_keeper::KeeperMsg;
-use crate::metrics_reporter::{Metric, MetricsMsg, Sample};
 use crate::model::{Checkpoint, Lease, ShardGraph, ShardId, plan_cleanup, plan_new_leases};
-
-#[derive(Debug)]
-pub(crate) enum WatcherMsg {
-    Sync,
-    /// A reader reached SHARD_END; `None` when the server did not name the children.
-    ChildrenFound(Option<Vec<ChildShard>>),
-    /// List now, off the periodic schedule (the lease keeper saw a row the last
-    /// listing does not explain).
-    ListNow,
-    Status(RpcReplyPort<WatcherStatus>),
-}
-
-/// The watcher's view, for status pages.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct WatcherStatus {
-    pub shards: usize,
-    pub open_shards: usize,
-    pub leases_created: u64,
-    /// Rows of finished shards deleted after their children started.
-    pub leases_deleted: u64,
-    pub last_error: Option<String>,
-}
+use crate::protocol::{KeeperMsg, WatcherMsg};
+use crate::status::WatcherStatus;
+use crate::telemetry::{Call, CallFailed, Telemetry};
 
 pub(crate) struct StreamWatcher;
 
@@ -54,7 +33,7 @@ pub(crate) struct WatcherArgs {
     pub initial: Checkpoint,
     pub interval: Duration,
     pub keeper: ActorRef<KeeperMsg>,
-    pub metrics: ActorRef<MetricsMsg>,
+    pub telemetry: Telemetry,
     /// Where each complete listing is published, for the lease keeper.
     pub listing: crate::status::ListingBoard,
 }
@@ -178,11 +157,11 @@ impl WatcherState {
             .list_shards(&self.args.stream)
             .await
             .map_err(|e| {
-                let metric = Metric::failed_call(&e);
-                let _ = self
-                    .args
-                    .metrics
-                    .cast(MetricsMsg::Record(vec![Sample::new(metric, 1.0)]));
+                self.args.telemetry.emit(CallFailed {
+                    call: Call::ListShards,
+                    shard: None,
+                    error: &e,
+                });
                 e.to_string()
             })?;
         let graph = ShardGraph::new(shards.iter().cloned());

@@ -20,51 +20,27 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::backend::clock::Clock;
-use crate::backend::{ChildShard, LeaseTable, MetricsSink, StreamClient};
+use crate::backend::{LeaseTable, MetricsSink, StreamClient};
 use crate::backoff::{Backoff, RestartIntensity, Verdict};
-use crate::checkpoint_writer::{CheckpointMsg, CheckpointWriter, WriterArgs};
+use crate::checkpoint_writer::{CheckpointWriter, WriterArgs};
 use crate::fencing::Fencing;
-use crate::lease_keeper::{KeeperArgs, KeeperMsg, LeaseKeeper, ReleaseReport};
-use crate::metrics_reporter::{Metric, MetricsArgs, MetricsMsg, MetricsReporter, Sample};
+use crate::lease_keeper::{KeeperArgs, LeaseKeeper};
+use crate::metrics_reporter::{MetricsArgs, MetricsMsg, MetricsReporter};
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, WorkerId};
+use crate::processor::ProcessorSource;
+use crate::protocol::{CheckpointMsg, KeeperMsg, ReaderMsg, StopReason, SupervisorMsg, WatcherMsg};
 use crate::settings::Settings;
-use crate::shard_reader::{
-    ReaderArgs, ReaderMsg, STOP_LEASE_LOST, STOP_SHARD_END, STOP_SHUTDOWN, ShardReader,
-    ShardShutdown,
+use crate::shard_reader::{ReaderArgs, ShardReader};
+use crate::status::{
+    CoreActorStatus, ReleaseReport, ShardShutdown, ShardState, ShardStatus, ShutdownReport,
+    WorkerStatus,
 };
-use crate::status::{CoreActorStatus, ShardState, ShardStatus, ShutdownReport, WorkerStatus};
 use crate::status_server::{StatusArgs, StatusMsg, StatusServer};
-use crate::stream_watcher::{StreamWatcher, WatcherArgs, WatcherMsg};
-use crate::worker::ProcessorSource;
+use crate::stream_watcher::{StreamWatcher, WatcherArgs};
+use crate::telemetry::{CoreActorFailed, Recovery, ShardFailed, Telemetry};
 
 /// How long a status request waits on each actor.
 const STATUS_TIMEOUT_MS: u64 = 2_000;
-
-#[derive(Debug)]
-pub(crate) enum SupervisorMsg {
-    LeaseGained(Box<Lease>),
-    /// The lease was lost under this fence (a newer epoch of it is left alone).
-    LeaseLost(LeaseKey, Fence),
-    ShardFinished {
-        key: LeaseKey,
-        children: Option<Vec<ChildShard>>,
-    },
-    RestartShard(LeaseKey),
-    /// A live worker asked for this lease: stop its reader gracefully, flush, and let
-    /// the keeper pass it on.
-    HandOff {
-        key: LeaseKey,
-        fence: Fence,
-        to: WorkerId,
-    },
-    /// The keeper has handed over what peers asked for (or the drain timed out): finish
-    /// the shutdown.
-    DrainDone,
-    /// The keeper saw a lease row the last listing does not explain: list now.
-    ListShardsNow,
-    Status(RpcReplyPort<WorkerStatus>),
-    Shutdown(RpcReplyPort<ShutdownReport>),
-}
 
 /// Everything a worker is built from; shared by its actors.
 pub(crate) struct WorkerContext {
@@ -110,6 +86,8 @@ enum ReaderEnd {
 
 struct Core {
     metrics: ActorRef<MetricsMsg>,
+    /// The metrics reporter as every actor emits to it.
+    telemetry: Telemetry,
     keeper: ActorRef<KeeperMsg>,
     writer: ActorRef<CheckpointMsg>,
     watcher: ActorRef<WatcherMsg>,
@@ -284,7 +262,7 @@ impl Actor for Supervisor {
                 state.shutting_down = true;
                 let report = state.shutdown().await;
                 let _ = reply.send(report);
-                myself.stop(Some(STOP_SHUTDOWN.to_owned()));
+                myself.stop(StopReason::Shutdown.text());
             }
         }
         Ok(())
@@ -303,18 +281,20 @@ impl Actor for Supervisor {
             SupervisionEvent::ActorFailed(cell, error) => {
                 (cell, ReaderEnd::Failed(error.to_string()))
             }
-            SupervisionEvent::ActorTerminated(cell, _, reason) => match reason.as_deref() {
-                Some(STOP_SHARD_END) => (cell, ReaderEnd::ShardEnd),
-                Some(STOP_LEASE_LOST) => (cell, ReaderEnd::LeaseLost),
-                Some(STOP_SHUTDOWN) => (cell, ReaderEnd::Shutdown),
-                other => (
-                    cell,
-                    ReaderEnd::Failed(format!(
-                        "stopped unexpectedly ({})",
-                        other.unwrap_or("no reason given")
-                    )),
-                ),
-            },
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                match StopReason::parse(reason.as_deref()) {
+                    Some(StopReason::ShardEnd) => (cell, ReaderEnd::ShardEnd),
+                    Some(StopReason::LeaseLost) => (cell, ReaderEnd::LeaseLost),
+                    Some(StopReason::Shutdown) => (cell, ReaderEnd::Shutdown),
+                    None => (
+                        cell,
+                        ReaderEnd::Failed(format!(
+                            "stopped unexpectedly ({})",
+                            reason.as_deref().unwrap_or("no reason given")
+                        )),
+                    ),
+                }
+            }
             _ => return Ok(()),
         };
         if let Some(key) = state.by_actor.remove(&cell.get_id()) {
@@ -413,6 +393,7 @@ async fn spawn_core(
         myself.get_cell(),
     )
     .await?;
+    let telemetry = Telemetry::new(metrics.clone());
     let (keeper, _) = Actor::spawn_linked(
         None,
         LeaseKeeper,
@@ -421,7 +402,7 @@ async fn spawn_core(
             me: ctx.me.clone(),
             settings: settings.clone(),
             supervisor: myself.clone(),
-            metrics: metrics.clone(),
+            telemetry: telemetry.clone(),
             fencing: fencing.clone(),
             delivered: ctx.delivered.clone(),
             lags: ctx.lags.clone(),
@@ -440,7 +421,7 @@ async fn spawn_core(
             table: ctx.table.clone(),
             interval: settings.checkpoint.interval,
             supervisor: myself.clone(),
-            metrics: metrics.clone(),
+            telemetry: telemetry.clone(),
         },
         myself.get_cell(),
     )
@@ -456,13 +437,14 @@ async fn spawn_core(
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
             listing: ctx.listing.clone(),
-            metrics: metrics.clone(),
+            telemetry: telemetry.clone(),
         },
         myself.get_cell(),
     )
     .await?;
     Ok(Core {
         metrics,
+        telemetry,
         keeper,
         writer,
         watcher,
@@ -484,7 +466,7 @@ impl SupervisorState {
             processor: self.ctx.processor.clone(),
             writer: self.core.writer.clone(),
             supervisor: myself.clone(),
-            metrics: self.core.metrics.clone(),
+            telemetry: self.core.telemetry.clone(),
             fencing: self.fencing.clone(),
             restarts: entry.restarts,
             delivered: self.ctx.delivered.clone(),
@@ -561,14 +543,6 @@ impl SupervisorState {
         };
         entry.reader = None;
         self.shard_restarts += 1;
-        let _ = self
-            .core
-            .metrics
-            .cast(MetricsMsg::Record(vec![Sample::shard(
-                Metric::ActorRestarts,
-                &key.shard_id(),
-                1.0,
-            )]));
         match entry.intensity.record(Instant::now().into_std()) {
             Verdict::Restart { attempt } => {
                 if attempt == 1 {
@@ -576,22 +550,19 @@ impl SupervisorState {
                 }
                 entry.restarts += 1;
                 let delay = entry.backoff.next_random();
-                warn!(
-                    message = "Shard failed; restarting from its last checkpoint.",
-                    lease_key = %key,
-                    error = %failure,
-                    attempt,
-                    delay_ms = delay.as_millis() as u64,
-                );
+                self.core.telemetry.emit(ShardFailed {
+                    key: &key,
+                    error: &failure,
+                    recovery: Recovery::Restart { attempt, delay },
+                });
                 myself.send_after(delay, move || SupervisorMsg::RestartShard(key));
             }
             Verdict::GiveUp { restarts_in_window } => {
-                error!(
-                    message = "Shard failed too often; releasing its lease and cooling down.",
-                    lease_key = %key,
-                    error = %failure,
-                    restarts_in_window,
-                );
+                self.core.telemetry.emit(ShardFailed {
+                    key: &key,
+                    error: &failure,
+                    recovery: Recovery::GiveUp { restarts_in_window },
+                });
                 self.shards.remove(&key);
                 let _ = self.core.writer.cast(CheckpointMsg::Forget(key.clone()));
                 let _ = self.core.keeper.cast(KeeperMsg::GiveUp(key));
@@ -669,25 +640,23 @@ impl SupervisorState {
         name: &'static str,
         why: String,
     ) -> Result<(), ActorProcessingErr> {
-        let _ = self.core.metrics.cast(MetricsMsg::Record(vec![Sample::new(
-            Metric::ActorRestarts,
-            1.0,
-        )]));
-        if let Verdict::GiveUp { restarts_in_window } =
-            self.core_intensity.record(Instant::now().into_std())
-        {
+        let verdict = self.core_intensity.record(Instant::now().into_std());
+        self.core.telemetry.emit(CoreActorFailed {
+            actor: name,
+            error: &why,
+            giving_up: matches!(verdict, Verdict::GiveUp { .. }),
+        });
+        if let Verdict::GiveUp { restarts_in_window } = verdict {
             let reason = format!(
                 "the {name} failed {restarts_in_window} times within {}: {why}",
                 humantime::format_duration(self.ctx.settings.supervision.core_restart_window)
             );
-            error!(message = "Worker stopping: a core actor keeps failing.", actor = name, error = %why);
             if let Ok(mut fatal) = self.ctx.fatal.lock() {
                 *fatal = Some(reason.clone());
             }
             myself.stop(Some(reason));
             return Ok(());
         }
-        warn!(message = "Core actor failed; restarting the worker's actors.", actor = name, error = %why);
         self.core_restarts += 1;
         // Readers hold references to the old core: stop them all, then start afresh.
         // The new lease keeper finds this worker's leases and takes them again.

@@ -16,22 +16,12 @@ use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::{LeaseError, LeaseTable, MetricsSink, StreamClient, StreamError};
 use crate::handle::WorkerHandle;
 use crate::model::{Checkpoint, WorkerId};
-use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorMsg, ShardInfo};
+pub use crate::processor::ProcessorActorFactory;
+use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
+use crate::protocol::{ProcessorMsg, ShardInfo, SupervisorMsg};
 use crate::settings::{AwsSettings, InitialPosition, Settings, SettingsError, StatusSettings};
 use crate::status::{ShutdownReport, WorkerStatus};
-use crate::supervisor::{Supervisor, SupervisorMsg, WorkerContext};
-
-/// Creates a user's own processor actor for a shard (the advanced route).
-pub type ProcessorActorFactory = Arc<
-    dyn Fn(ShardInfo) -> BoxFuture<'static, Result<ActorRef<ProcessorMsg>, String>> + Send + Sync,
->;
-
-/// Where a shard's batches go.
-#[derive(Clone)]
-pub(crate) enum ProcessorSource {
-    Factory(ProcessorFactory),
-    Actor(ProcessorActorFactory),
-}
+use crate::supervisor::{Supervisor, WorkerContext};
 
 /// Opens the lease table of an application by name.
 type OpenTable = Arc<dyn Fn(&str) -> Arc<dyn LeaseTable> + Send + Sync>;

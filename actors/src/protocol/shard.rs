@@ -1,0 +1,220 @@
+//! What a processor speaks to its shard reader with: the [`Batch`] it is handed, the
+//! [`Checkpointer`] it acks and checkpoints through, and, for a processor written as an
+//! actor of its own, the [`ProcessorMsg`] it receives. Below both the reader and the
+//! processor host, so neither imports the other's module for them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ractor::{ActorRef, RpcReplyPort};
+
+use super::{Acks, ReaderMsg};
+use crate::backend::Record;
+use crate::handle::WorkerHandle;
+use crate::model::{BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId};
+use crate::settings::CheckpointMode;
+
+/// What a processor learns about its shard when it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardInfo {
+    pub shard_id: ShardId,
+    /// The shards this one was split or merged from; all of them are finished.
+    pub parents: Vec<ShardId>,
+    pub hash_range: Option<HashKeyRange>,
+    /// Where reading starts: the last checkpoint, or the initial position.
+    pub starting_at: Checkpoint,
+}
+
+/// Records fetched by one GetRecords call (de-aggregated), in sequence order. Cheap to
+/// clone: the records are shared, not copied.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub(crate) shard: ShardId,
+    pub(crate) id: BatchId,
+    pub(crate) records: Arc<[Record]>,
+    pub(crate) millis_behind_latest: Option<u64>,
+}
+
+impl Batch {
+    pub fn shard_id(&self) -> &ShardId {
+        &self.shard
+    }
+
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// How far behind the tip of the shard this batch was when fetched.
+    pub fn millis_behind_latest(&self) -> Option<u64> {
+        self.millis_behind_latest
+    }
+
+    /// The token that acks record `index` of this batch (watermark mode).
+    pub fn ack_token(&self, index: usize) -> AckToken {
+        AckToken {
+            batch: self.id,
+            index,
+        }
+    }
+
+    /// Each record with the token that acks it.
+    pub fn iter_with_tokens(&self) -> impl Iterator<Item = (AckToken, &Record)> {
+        self.records
+            .iter()
+            .enumerate()
+            .map(|(index, record)| (self.ack_token(index), record))
+    }
+}
+
+/// Names one delivered record, so it can be acked after the batch is gone (watermark
+/// mode: a processor that hands records to tasks finishing in any order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AckToken {
+    pub(crate) batch: BatchId,
+    pub(crate) index: usize,
+}
+
+/// Why a checkpoint request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    /// Another worker owns the shard now; stop processing it.
+    #[error("shard {shard}: lease lost, the checkpoint was not written")]
+    LeaseLost { shard: ShardId },
+    /// A checkpoint past the last record delivered would skip records on a restart.
+    #[error("shard {shard}: cannot checkpoint {requested}, the last record delivered is {last}")]
+    BeyondDelivered {
+        shard: ShardId,
+        requested: ExtendedSequenceNumber,
+        last: String,
+    },
+    /// The lease table could not be written (throttled, unreachable); the position is
+    /// kept and written later.
+    #[error("shard {shard}: checkpoint not written yet: {why}")]
+    NotWritten { shard: ShardId, why: String },
+    /// The shard's reader is gone (the shard ended, the worker is stopping).
+    #[error("shard {shard}: the reader has stopped")]
+    ReaderGone { shard: ShardId },
+}
+
+/// Acks and checkpoints for one shard. Cheap to clone and `Send`: hand it to tasks.
+///
+/// * Auto mode (the default): nothing to do, a batch is acked when `process` returns Ok.
+/// * Manual mode: call [`Checkpointer::checkpoint`] with the last record you have
+///   finished; everything up to it is then considered processed.
+/// * Watermark mode: [`Checkpointer::ack`] each record (in any order); the checkpoint
+///   advances over the contiguous acked prefix only.
+///
+/// Writes are coalesced (at most one per shard per `checkpoint.interval`); use
+/// [`Checkpointer::flush`] to wait for one.
+///
+/// [`Checkpointer::worker`] reaches the worker itself, to ask it to stop.
+#[derive(Clone)]
+pub struct Checkpointer {
+    pub(crate) shard: ShardId,
+    pub(crate) reader: ActorRef<ReaderMsg>,
+    pub(crate) mode: CheckpointMode,
+    pub(crate) worker: WorkerHandle,
+}
+
+impl fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpointer")
+            .field("shard", &self.shard)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// How long a checkpointer waits for its reader to answer.
+const CALL_TIMEOUT_MS: u64 = 30_000;
+
+impl Checkpointer {
+    pub fn shard_id(&self) -> &ShardId {
+        &self.shard
+    }
+
+    pub fn mode(&self) -> CheckpointMode {
+        self.mode
+    }
+
+    /// The worker this shard runs in, for what one shard cannot get past on its own (a
+    /// poison record, a quota reached): `checkpointer.worker().request_shutdown(why)`
+    /// stops the whole worker gracefully and makes `Worker::wait` return the reason.
+    /// Checkpoint first (manual mode) what should not be read again.
+    pub fn worker(&self) -> &WorkerHandle {
+        &self.worker
+    }
+
+    /// Acks one record (watermark mode; in the other modes it only frees window space).
+    pub fn ack(&self, token: AckToken) {
+        let _ = self.reader.cast(ReaderMsg::Ack(Acks::Records(vec![token])));
+    }
+
+    /// Acks several records in one message.
+    pub fn ack_all(&self, tokens: impl IntoIterator<Item = AckToken>) {
+        let tokens: Vec<AckToken> = tokens.into_iter().collect();
+        if !tokens.is_empty() {
+            let _ = self.reader.cast(ReaderMsg::Ack(Acks::Records(tokens)));
+        }
+    }
+
+    /// Acks every record of a batch.
+    pub fn ack_batch(&self, batch: &Batch) {
+        let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+    }
+
+    /// Marks everything up to and including `at` as processed (manual mode). The write
+    /// follows within `checkpoint.interval`.
+    pub async fn checkpoint(&self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
+        let shard = self.shard.clone();
+        ractor::call_t!(self.reader, ReaderMsg::Checkpoint, CALL_TIMEOUT_MS, at)
+            .map_err(|_| CheckpointError::ReaderGone { shard })?
+    }
+
+    /// Manual checkpoint at a record.
+    pub async fn checkpoint_record(&self, record: &Record) -> Result<(), CheckpointError> {
+        self.checkpoint(ExtendedSequenceNumber::new(
+            record.sequence_number.clone(),
+            record.sub_sequence_number,
+        ))
+        .await
+    }
+
+    /// Manual checkpoint at the last record of a batch.
+    pub async fn checkpoint_batch(&self, batch: &Batch) -> Result<(), CheckpointError> {
+        match batch.records.last() {
+            Some(last) => self.checkpoint_record(last).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the shard's checkpoint now and waits for the write.
+    pub async fn flush(&self) -> Result<(), CheckpointError> {
+        let shard = self.shard.clone();
+        ractor::call_t!(self.reader, ReaderMsg::Flush, CALL_TIMEOUT_MS)
+            .map_err(|_| CheckpointError::ReaderGone { shard })?
+    }
+}
+
+/// What a shard reader sends to its processor actor. Advanced users may implement an
+/// actor of their own that handles these instead of a [`Processor`]: it must ack every
+/// batch through the checkpointer (as in watermark mode) and answer the reply ports.
+/// Such an actor is fenced only at the reader (no new batches while the heartbeat is
+/// unconfirmed); batches already in its mailbox are its own to hold back.
+#[derive(Debug)]
+pub enum ProcessorMsg {
+    Initialize(ShardInfo),
+    Process(Batch, Checkpointer),
+    /// The lease is gone: stop, and do not checkpoint.
+    LeaseLost,
+    ShardEnded(Checkpointer, RpcReplyPort<Result<(), String>>),
+    ShutdownRequested(Checkpointer, RpcReplyPort<Result<(), String>>),
+}

@@ -1,0 +1,877 @@
+//! The shard reader's pure core: its phase machine, the rules each step follows, and
+//! the ledger of what it has delivered and seen acked.
+//!
+//! The actor around it receives a message, asks this core what to do, and does the
+//! I/O. Nothing here awaits, reads a clock or touches a channel: time arrives as
+//! parameters, and every rule is a function with a table of scenarios below, so a
+//! broken rule fails a test that names it rather than showing up as "lost records"
+//! seconds of paused time away from its cause.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::backend::{IteratorPosition, Record};
+use crate::model::{
+    AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, Watermark,
+};
+use crate::status::ShardState;
+
+/// Transient GetRecords failures in a row after which the iterator is replaced.
+pub(crate) const FRESH_ITERATOR_AFTER: u32 = 3;
+/// Failed calls in a row that make an ERROR line (and every this many more).
+pub(crate) const STALL_REPORT_EVERY: u32 = 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Starting,
+    BlockedOnParent,
+    Reading,
+    /// The shard's last batch is delivered; waiting for every record to be acked.
+    Draining,
+    /// `shard_ended` sent to the processor.
+    Ending,
+    ShuttingDown,
+    LeaseLost,
+    /// The processor failed; the reader fails after counting the acks already sent.
+    Failing,
+}
+
+impl Phase {
+    /// Whether the shard is still on its way to reading. A shutdown or a lost lease can
+    /// arrive between the start-up steps (each is a message, and each awaits the table):
+    /// the steps still queued must not start the processor and the reads after it, or
+    /// the shutdown waits for an answer nobody will give.
+    pub(crate) fn starting(self) -> bool {
+        matches!(self, Phase::Starting | Phase::BlockedOnParent)
+    }
+}
+
+/// What the reader knows about its last read, for the state it shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Signals {
+    /// Delivery is paused by self-fencing.
+    pub fenced: bool,
+    /// The last GetRecords was throttled.
+    pub throttled: bool,
+    /// The last GetRecords returned nothing and said the shard is at its tip.
+    pub caught_up: bool,
+}
+
+/// The state the status page shows for a phase. Fencing outranks throttling, which
+/// outranks being caught up: the most actionable reason a shard is not delivering.
+pub(crate) fn shard_state(phase: Phase, signals: Signals) -> ShardState {
+    match phase {
+        Phase::Starting => ShardState::Initializing,
+        Phase::BlockedOnParent => ShardState::BlockedOnParent,
+        Phase::Reading if signals.fenced => ShardState::Fenced,
+        Phase::Reading if signals.throttled => ShardState::Throttled,
+        Phase::Reading if signals.caught_up => ShardState::CaughtUp,
+        Phase::Reading => ShardState::Processing,
+        Phase::Draining | Phase::Ending => ShardState::ShardEnding,
+        Phase::ShuttingDown => ShardState::ShuttingDown,
+        Phase::LeaseLost => ShardState::LeaseLost,
+        Phase::Failing => ShardState::Restarting,
+    }
+}
+
+/// Where reading starts from a lease's checkpoint: the iterator position, and the
+/// position whose records (and everything before) are skipped. `None`: nothing to read.
+///
+/// A checkpoint is read AT its record and that record skipped, not AFTER it: a
+/// checkpoint may fall inside a KPL aggregate, whose rest must still be delivered.
+pub(crate) fn start_position(
+    checkpoint: &Checkpoint,
+    initial_timestamp: Option<SystemTime>,
+) -> Result<Option<(IteratorPosition, Option<ExtendedSequenceNumber>)>, StartError> {
+    Ok(Some(match checkpoint {
+        Checkpoint::TrimHorizon => (IteratorPosition::TrimHorizon, None),
+        Checkpoint::Latest => (IteratorPosition::Latest, None),
+        Checkpoint::AtTimestamp => match initial_timestamp {
+            Some(at) => (IteratorPosition::AtTimestamp(at), None),
+            None => return Err(StartError::NoInitialTimestamp),
+        },
+        Checkpoint::At(at) => (
+            IteratorPosition::AtSequence(at.sequence.clone()),
+            Some(at.clone()),
+        ),
+        Checkpoint::ShardEnd => return Ok(None),
+    }))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum StartError {
+    #[error("the lease says AT_TIMESTAMP but worker.initial_timestamp is not set")]
+    NoInitialTimestamp,
+}
+
+/// Where a new iterator starts: after the last record delivered (so nothing delivered
+/// is read twice and nothing after it is skipped), or at the start position.
+pub(crate) fn iterator_position(
+    last_delivered: Option<&ExtendedSequenceNumber>,
+    start: Option<&IteratorPosition>,
+) -> Option<IteratorPosition> {
+    match last_delivered {
+        Some(last) => Some(IteratorPosition::AfterSequence(last.sequence.clone())),
+        None => start.cloned(),
+    }
+}
+
+/// What a scheduled fetch does, in the order the checks are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FetchStep {
+    /// Not reading (starting, draining, stopping): nothing to do.
+    Skip,
+    /// The processor has acked nothing for `processor_timeout` with records pending:
+    /// the shard fails (and restarts from its checkpoint).
+    ProcessorStalled,
+    /// Fenced, or the window is full: look again after `poll_interval` (acks also
+    /// wake a full window).
+    Wait,
+    /// No iterator: get one first.
+    Acquire,
+    /// Call GetRecords.
+    Read,
+}
+
+/// What a fetch checks, gathered by the actor. `may_deliver` is asked only when the
+/// earlier checks pass, as it logs each change of the fencing verdict.
+pub(crate) struct FetchGate<F: FnOnce() -> bool> {
+    pub phase: Phase,
+    pub stalled: bool,
+    pub may_deliver: F,
+    pub window_full: bool,
+    pub has_iterator: bool,
+}
+
+pub(crate) fn fetch_step<F: FnOnce() -> bool>(gate: FetchGate<F>) -> FetchStep {
+    if gate.phase != Phase::Reading {
+        return FetchStep::Skip;
+    }
+    if gate.stalled {
+        return FetchStep::ProcessorStalled;
+    }
+    if !(gate.may_deliver)() || gate.window_full {
+        return FetchStep::Wait;
+    }
+    if !gate.has_iterator {
+        return FetchStep::Acquire;
+    }
+    FetchStep::Read
+}
+
+/// Whether the processor is stalled: records pending and no ack for longer than the
+/// timeout.
+pub(crate) fn processor_stalled(
+    window_empty: bool,
+    since_progress: Duration,
+    timeout: Duration,
+) -> bool {
+    !window_empty && since_progress > timeout
+}
+
+/// When to read again after an answer that did not end the shard, and the idle delay
+/// to use next time. Calls start `poll` apart (Kinesis counts calls per second), not a
+/// pause after each: a shard that is behind loses no time to a slow answer. A shard at
+/// its tip backs off from `poll` to `idle_max`, doubling.
+pub(crate) fn next_read(
+    got_records: bool,
+    caught_up: bool,
+    poll: Duration,
+    idle: Duration,
+    idle_max: Duration,
+    call_took: Duration,
+) -> (Duration, Duration) {
+    if got_records || !caught_up {
+        (poll.saturating_sub(call_took), poll)
+    } else {
+        (idle, (idle * 2).min(idle_max))
+    }
+}
+
+/// Whether a retryable GetRecords failure replaces the iterator: a server that keeps
+/// failing one iterator (kinesis-mock and moto answer a bad one with a bare 500) is not
+/// waited out. Throttling is not the iterator's fault.
+pub(crate) fn renew_iterator(transient: bool, failures_in_row: u32) -> bool {
+    transient && failures_in_row.is_multiple_of(FRESH_ITERATOR_AFTER)
+}
+
+/// Whether this failure in a row makes an ERROR line: a shard that cannot be read is a
+/// stall, said at ERROR, but not at every retry.
+pub(crate) fn stall_report_due(failures_in_row: u32) -> bool {
+    failures_in_row > 0 && failures_in_row.is_multiple_of(STALL_REPORT_EVERY)
+}
+
+/// What follows an ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterAck {
+    /// The shard is read to its end: end it if nothing is pending any more.
+    MaybeEnd,
+    /// Room in the window again: fetch now.
+    Fetch,
+    Nothing,
+}
+
+pub(crate) fn after_ack(phase: Phase, window_full: bool) -> AfterAck {
+    match phase {
+        Phase::Draining => AfterAck::MaybeEnd,
+        Phase::Reading if !window_full => AfterAck::Fetch,
+        _ => AfterAck::Nothing,
+    }
+}
+
+/// A drained shard ends (`shard_ended` to the processor) once every record is acked.
+pub(crate) fn ready_to_end(phase: Phase, window_empty: bool) -> bool {
+    phase == Phase::Draining && window_empty
+}
+
+/// What the reader does when its processor actor stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProcessorExit {
+    /// The lease is lost anyway: stop as lost.
+    StopLeaseLost,
+    /// It failed: stop fetching now, and fail once the acks it sent are counted.
+    FailAfterAcks,
+    /// It was asked to stop (shutdown, shard end): expected.
+    Expected,
+    /// It stopped on its own: the shard fails.
+    Fail,
+}
+
+pub(crate) fn processor_exit(phase: Phase, failed: bool) -> ProcessorExit {
+    match (phase, failed) {
+        (Phase::LeaseLost, _) => ProcessorExit::StopLeaseLost,
+        (_, true) => ProcessorExit::FailAfterAcks,
+        (Phase::ShuttingDown | Phase::Ending, false) => ProcessorExit::Expected,
+        (_, false) => ProcessorExit::Fail,
+    }
+}
+
+/// Whether a shutdown request starts one, or finds the shard already stopping.
+pub(crate) fn already_stopping(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::LeaseLost | Phase::ShuttingDown | Phase::Ending
+    )
+}
+
+/// Why a manual checkpoint is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    LeaseLost,
+    /// Past the last record delivered (or nothing delivered yet): a restart would skip
+    /// records.
+    BeyondDelivered,
+}
+
+pub(crate) fn manual_checkpoint(
+    phase: Phase,
+    at: &ExtendedSequenceNumber,
+    last_delivered: Option<&ExtendedSequenceNumber>,
+) -> Result<(), Refusal> {
+    if phase == Phase::LeaseLost {
+        return Err(Refusal::LeaseLost);
+    }
+    match last_delivered {
+        Some(last) if at <= last => Ok(()),
+        _ => Err(Refusal::BeyondDelivered),
+    }
+}
+
+/// De-aggregates a GetRecords answer (keeping the sub-records in this shard's hash
+/// range) and drops what a checkpoint inside an aggregate already covers; `skip` is
+/// cleared once a record past it is seen.
+pub(crate) fn fresh_records(
+    raw: Vec<Record>,
+    range: Option<&HashKeyRange>,
+    skip: &mut Option<ExtendedSequenceNumber>,
+) -> Vec<Record> {
+    let mut records = Vec::with_capacity(raw.len());
+    for record in raw {
+        crate::kpl::deaggregate(record, range, &mut records);
+    }
+    if let Some(through) = skip {
+        records.retain(|r| {
+            (&r.sequence_number, r.sub_sequence_number) > (&through.sequence, through.sub_sequence)
+        });
+        if !records.is_empty() {
+            *skip = None;
+        }
+    }
+    records
+}
+
+pub(crate) fn position_of(record: &Record) -> ExtendedSequenceNumber {
+    ExtendedSequenceNumber::new(record.sequence_number.clone(), record.sub_sequence_number)
+}
+
+/// The bytes a record counts for in the window: its data and partition key.
+pub(crate) fn record_bytes(records: &[Record]) -> u64 {
+    records
+        .iter()
+        .map(|r| (r.data.len() + r.partition_key.len()) as u64)
+        .sum()
+}
+
+/// Everything one reader has delivered and not yet seen acked: the ack window (which
+/// records are acked, where the contiguous acked prefix ends) and, per batch, the
+/// records it maps back to sequence numbers. One structure, so the two can never
+/// disagree about which batches are pending.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    window: AckWindow,
+    /// The batches from the oldest not yet passed by the watermark to the newest.
+    batches: VecDeque<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: BatchId,
+    records: Arc<[Record]>,
+    bytes: u64,
+    delivered_at: Instant,
+}
+
+/// How far an ack moved the shard.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Acked {
+    /// Records the acks covered (counted once each).
+    pub records: usize,
+    /// For a batch ack: how long the batch took from delivery to ack.
+    pub processing_time: Option<Duration>,
+    /// The last record of the contiguous acked prefix, when the prefix moved: where
+    /// the checkpoint may now be.
+    pub checkpointable: Option<ExtendedSequenceNumber>,
+    /// Records and bytes of the batches the prefix passed entirely (processed).
+    pub processed_records: u64,
+    pub processed_bytes: u64,
+    /// Acks that named no delivered record (a bug in the caller): ignored, reported.
+    pub errors: Vec<AckError>,
+}
+
+/// One ack, as the processor sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ack {
+    Batch(BatchId),
+    Record(BatchId, usize),
+}
+
+impl Ledger {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a delivered batch; its id orders it after every earlier one.
+    pub(crate) fn deliver(&mut self, records: Arc<[Record]>, bytes: u64, at: Instant) -> BatchId {
+        let id = self.window.deliver(records.len(), bytes);
+        self.batches.push_back(Entry {
+            id,
+            records,
+            bytes,
+            delivered_at: at,
+        });
+        id
+    }
+
+    pub(crate) fn in_flight_records(&self) -> usize {
+        self.window.in_flight_records()
+    }
+
+    pub(crate) fn in_flight_bytes(&self) -> u64 {
+        self.window.in_flight_bytes()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.window.is_empty()
+    }
+
+    /// Whether the un-acked records or bytes reach their limit.
+    pub(crate) fn is_full(&self, records: u64, bytes: u64) -> bool {
+        self.in_flight_records() as u64 >= records || self.in_flight_bytes() >= bytes
+    }
+
+    /// Applies acks (in any order) and says what moved.
+    pub(crate) fn ack(&mut self, acks: impl IntoIterator<Item = Ack>, now: Instant) -> Acked {
+        let mut acked = Acked::default();
+        let mut moved: Option<Watermark> = None;
+        for ack in acks {
+            match ack {
+                Ack::Batch(id) => {
+                    if let Some(entry) = self.batches.iter().find(|e| e.id == id) {
+                        acked.records += entry.records.len();
+                        acked.processing_time =
+                            Some(now.saturating_duration_since(entry.delivered_at));
+                    }
+                    match self.window.ack_batch(id) {
+                        Ok(m) => moved = m.or(moved),
+                        Err(error) => acked.errors.push(error),
+                    }
+                }
+                Ack::Record(id, index) => match self.window.ack(id, index) {
+                    Ok(m) => {
+                        acked.records += 1;
+                        moved = m.or(moved);
+                    }
+                    Err(error) => acked.errors.push(error),
+                },
+            }
+        }
+        if let Some(watermark) = moved {
+            self.advance(watermark, &mut acked);
+        }
+        acked
+    }
+
+    /// The contiguous acked prefix now ends at `watermark`: drop the batches it passed
+    /// entirely, and name the record it ends at.
+    fn advance(&mut self, watermark: Watermark, acked: &mut Acked) {
+        while let Some(front) = self.batches.front() {
+            if front.id < watermark.batch {
+                acked.processed_records += front.records.len() as u64;
+                acked.processed_bytes += front.bytes;
+                acked.checkpointable = front.records.last().map(position_of);
+                self.batches.pop_front();
+            } else if front.id == watermark.batch {
+                acked.checkpointable = front.records.get(watermark.index).map(position_of);
+                if watermark.index + 1 >= front.records.len() {
+                    acked.processed_records += front.records.len() as u64;
+                    acked.processed_bytes += front.bytes;
+                    self.batches.pop_front();
+                }
+                break;
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::model::SequenceNumber;
+
+    const ALL_PHASES: [Phase; 8] = [
+        Phase::Starting,
+        Phase::BlockedOnParent,
+        Phase::Reading,
+        Phase::Draining,
+        Phase::Ending,
+        Phase::ShuttingDown,
+        Phase::LeaseLost,
+        Phase::Failing,
+    ];
+
+    fn sig(fenced: bool, throttled: bool, caught_up: bool) -> Signals {
+        Signals {
+            fenced,
+            throttled,
+            caught_up,
+        }
+    }
+
+    #[test]
+    fn the_state_shown_for_each_phase() {
+        use ShardState as S;
+        let table: &[(Phase, Signals, ShardState)] = &[
+            (Phase::Starting, sig(true, true, true), S::Initializing),
+            (
+                Phase::BlockedOnParent,
+                sig(true, false, false),
+                S::BlockedOnParent,
+            ),
+            (Phase::Reading, sig(false, false, false), S::Processing),
+            (Phase::Reading, sig(false, false, true), S::CaughtUp),
+            (Phase::Reading, sig(false, true, true), S::Throttled),
+            (Phase::Reading, sig(true, true, true), S::Fenced),
+            (Phase::Draining, sig(true, false, false), S::ShardEnding),
+            (Phase::Ending, sig(false, false, false), S::ShardEnding),
+            (
+                Phase::ShuttingDown,
+                sig(true, false, false),
+                S::ShuttingDown,
+            ),
+            (Phase::LeaseLost, sig(false, false, false), S::LeaseLost),
+            (Phase::Failing, sig(false, false, false), S::Restarting),
+        ];
+        for (phase, signals, want) in table {
+            assert_eq!(
+                shard_state(*phase, *signals),
+                *want,
+                "{phase:?} {signals:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_a_fetch_does() {
+        use FetchStep::*;
+        // (phase, stalled, may deliver, window full, has iterator) → step
+        let table: &[(Phase, bool, bool, bool, bool, FetchStep)] = &[
+            (Phase::Reading, false, true, false, true, Read),
+            (Phase::Reading, false, true, false, false, Acquire),
+            (Phase::Reading, false, true, true, true, Wait),
+            (Phase::Reading, false, false, false, true, Wait),
+            (Phase::Reading, true, true, false, true, ProcessorStalled),
+            // A stalled processor fails the shard even while fenced or full.
+            (Phase::Reading, true, false, true, true, ProcessorStalled),
+            (Phase::Draining, false, true, false, true, Skip),
+            (Phase::Starting, false, true, false, true, Skip),
+            (Phase::ShuttingDown, true, true, false, true, Skip),
+            (Phase::LeaseLost, false, true, false, true, Skip),
+        ];
+        for &(phase, stalled, may, full, iterator, want) in table {
+            let got = fetch_step(FetchGate {
+                phase,
+                stalled,
+                may_deliver: || may,
+                window_full: full,
+                has_iterator: iterator,
+            });
+            assert_eq!(
+                got, want,
+                "{phase:?} stalled={stalled} may={may} full={full} it={iterator}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fencing_verdict_is_asked_only_when_it_matters() {
+        for phase in ALL_PHASES {
+            for stalled in [false, true] {
+                let mut asked = false;
+                fetch_step(FetchGate {
+                    phase,
+                    stalled,
+                    may_deliver: || {
+                        asked = true;
+                        true
+                    },
+                    window_full: false,
+                    has_iterator: true,
+                });
+                assert_eq!(
+                    asked,
+                    phase == Phase::Reading && !stalled,
+                    "{phase:?} {stalled}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn processor_stall() {
+        let t = Duration::from_secs(10);
+        let table = [
+            (true, Duration::from_secs(60), false),
+            (false, Duration::from_secs(10), false),
+            (false, Duration::from_millis(10_001), true),
+        ];
+        for (empty, since, want) in table {
+            assert_eq!(
+                processor_stalled(empty, since, t),
+                want,
+                "{empty} {since:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn when_to_read_again() {
+        let ms = Duration::from_millis;
+        let (poll, max) = (ms(200), ms(1_600));
+        // (got records, caught up, idle now, call took) → (delay, idle next)
+        let table = [
+            ((true, true, ms(800), ms(50)), (ms(150), ms(200))),
+            ((false, false, ms(800), ms(50)), (ms(150), ms(200))),
+            ((true, false, ms(200), ms(500)), (ms(0), ms(200))),
+            ((false, true, ms(200), ms(5)), (ms(200), ms(400))),
+            ((false, true, ms(800), ms(5)), (ms(800), ms(1_600))),
+            ((false, true, ms(1_600), ms(5)), (ms(1_600), ms(1_600))),
+        ];
+        for ((got, caught_up, idle, took), want) in table {
+            assert_eq!(
+                next_read(got, caught_up, poll, idle, max, took),
+                want,
+                "got={got} caught_up={caught_up} idle={idle:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn failures_renew_the_iterator_and_report_a_stall() {
+        let table = [
+            // (transient, failures in row) → (renew, report)
+            ((true, 1), (false, false)),
+            ((true, 3), (true, false)),
+            ((false, 3), (false, false)),
+            ((true, 6), (true, false)),
+            ((false, 20), (false, true)),
+            ((true, 40), (false, true)),
+            ((true, 60), (true, true)),
+        ];
+        for ((transient, n), (renew, report)) in table {
+            assert_eq!(renew_iterator(transient, n), renew, "renew {transient} {n}");
+            assert_eq!(stall_report_due(n), report, "report {n}");
+        }
+    }
+
+    #[test]
+    fn what_follows_an_ack_and_a_processor_exit() {
+        for phase in ALL_PHASES {
+            for full in [false, true] {
+                let want = match phase {
+                    Phase::Draining => AfterAck::MaybeEnd,
+                    Phase::Reading if !full => AfterAck::Fetch,
+                    _ => AfterAck::Nothing,
+                };
+                assert_eq!(after_ack(phase, full), want, "{phase:?} full={full}");
+            }
+            assert_eq!(ready_to_end(phase, true), phase == Phase::Draining);
+            assert!(!ready_to_end(phase, false));
+        }
+        use ProcessorExit::*;
+        let table = [
+            (Phase::LeaseLost, true, StopLeaseLost),
+            (Phase::LeaseLost, false, StopLeaseLost),
+            (Phase::Reading, true, FailAfterAcks),
+            (Phase::ShuttingDown, true, FailAfterAcks),
+            (Phase::ShuttingDown, false, Expected),
+            (Phase::Ending, false, Expected),
+            (Phase::Reading, false, Fail),
+            (Phase::Draining, false, Fail),
+        ];
+        for (phase, failed, want) in table {
+            assert_eq!(
+                processor_exit(phase, failed),
+                want,
+                "{phase:?} failed={failed}"
+            );
+        }
+        let stopping: Vec<Phase> = ALL_PHASES
+            .into_iter()
+            .filter(|p| already_stopping(*p))
+            .collect();
+        assert_eq!(
+            stopping,
+            [Phase::Ending, Phase::ShuttingDown, Phase::LeaseLost]
+        );
+        let starting: Vec<Phase> = ALL_PHASES.into_iter().filter(|p| p.starting()).collect();
+        assert_eq!(starting, [Phase::Starting, Phase::BlockedOnParent]);
+    }
+
+    fn esn(seq: u64, sub: u64) -> ExtendedSequenceNumber {
+        ExtendedSequenceNumber::new(SequenceNumber::parse(&seq.to_string()).unwrap(), sub)
+    }
+
+    #[test]
+    fn manual_checkpoints() {
+        let table = [
+            (Phase::Reading, esn(5, 0), Some(esn(9, 0)), Ok(())),
+            (Phase::Reading, esn(9, 0), Some(esn(9, 0)), Ok(())),
+            (
+                Phase::Reading,
+                esn(9, 1),
+                Some(esn(9, 0)),
+                Err(Refusal::BeyondDelivered),
+            ),
+            (
+                Phase::Reading,
+                esn(1, 0),
+                None,
+                Err(Refusal::BeyondDelivered),
+            ),
+            (
+                Phase::LeaseLost,
+                esn(5, 0),
+                Some(esn(9, 0)),
+                Err(Refusal::LeaseLost),
+            ),
+            (Phase::Draining, esn(9, 0), Some(esn(9, 0)), Ok(())),
+        ];
+        for (phase, at, last, want) in table {
+            assert_eq!(
+                manual_checkpoint(phase, &at, last.as_ref()),
+                want,
+                "{phase:?} {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn where_reading_starts() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let cp = esn(7, 2);
+        assert_eq!(
+            start_position(&Checkpoint::TrimHorizon, None),
+            Ok(Some((IteratorPosition::TrimHorizon, None)))
+        );
+        assert_eq!(
+            start_position(&Checkpoint::Latest, Some(at)),
+            Ok(Some((IteratorPosition::Latest, None)))
+        );
+        assert_eq!(
+            start_position(&Checkpoint::AtTimestamp, Some(at)),
+            Ok(Some((IteratorPosition::AtTimestamp(at), None)))
+        );
+        assert_eq!(
+            start_position(&Checkpoint::AtTimestamp, None),
+            Err(StartError::NoInitialTimestamp)
+        );
+        assert_eq!(
+            start_position(&Checkpoint::At(cp.clone()), None),
+            Ok(Some((
+                IteratorPosition::AtSequence(cp.sequence.clone()),
+                Some(cp.clone())
+            )))
+        );
+        assert_eq!(start_position(&Checkpoint::ShardEnd, None), Ok(None));
+        // A new iterator resumes after the last record delivered, whatever the start.
+        let start = IteratorPosition::TrimHorizon;
+        assert_eq!(
+            iterator_position(Some(&cp), Some(&start)),
+            Some(IteratorPosition::AfterSequence(cp.sequence.clone()))
+        );
+        assert_eq!(iterator_position(None, Some(&start)), Some(start));
+        assert_eq!(iterator_position(None, None), None);
+    }
+
+    fn record(seq: u64, sub: u64) -> Record {
+        Record {
+            sequence_number: SequenceNumber::parse(&seq.to_string()).unwrap(),
+            sub_sequence_number: sub,
+            partition_key: "k".into(),
+            explicit_hash_key: None,
+            data: bytes::Bytes::from_static(b"abcd"),
+            approximate_arrival: None,
+        }
+    }
+
+    #[test]
+    fn records_a_checkpoint_inside_an_aggregate_covers_are_skipped_once() {
+        let mut skip = Some(esn(5, 1));
+        let got = fresh_records(vec![record(5, 0), record(5, 1)], None, &mut skip);
+        assert!(got.is_empty());
+        assert_eq!(skip, Some(esn(5, 1)), "kept until a record past it is seen");
+        let got = fresh_records(
+            vec![record(5, 1), record(5, 2), record(6, 0)],
+            None,
+            &mut skip,
+        );
+        let seen: Vec<(String, u64)> = got
+            .iter()
+            .map(|r| (r.sequence_number.to_string(), r.sub_sequence_number))
+            .collect();
+        assert_eq!(seen, [("5".to_owned(), 2), ("6".to_owned(), 0)]);
+        assert_eq!(skip, None);
+        let got = fresh_records(vec![record(4, 0)], None, &mut skip);
+        assert_eq!(got.len(), 1, "no skip once cleared");
+    }
+
+    /// One step of a ledger scenario.
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        /// Deliver a batch of records with these sequence numbers (sub 0).
+        Deliver(&'static [u64]),
+        AckBatch(u64),
+        AckRecord(u64, usize),
+    }
+
+    /// After the step: (records acked, checkpointable sequence, processed records, in
+    /// flight records, errors).
+    type Expect = (usize, Option<u64>, u64, usize, usize);
+
+    #[test]
+    fn ledger_scenarios() {
+        use Step::*;
+        let table: &[(&str, &[(Step, Expect)])] = &[
+            (
+                "batch acks in order checkpoint each batch's last record",
+                &[
+                    (Deliver(&[1, 2]), (0, None, 0, 2, 0)),
+                    (Deliver(&[3, 4, 5]), (0, None, 0, 5, 0)),
+                    (AckBatch(0), (2, Some(2), 2, 3, 0)),
+                    (AckBatch(1), (3, Some(5), 3, 0, 0)),
+                ],
+            ),
+            (
+                "a later batch acked first checkpoints nothing until the gap closes",
+                &[
+                    (Deliver(&[1, 2]), (0, None, 0, 2, 0)),
+                    (Deliver(&[3, 4, 5]), (0, None, 0, 5, 0)),
+                    (AckBatch(1), (3, None, 0, 2, 0)),
+                    (AckBatch(0), (2, Some(5), 5, 0, 0)),
+                ],
+            ),
+            (
+                "record acks checkpoint inside a batch without counting it processed",
+                &[
+                    (Deliver(&[1, 2, 3]), (0, None, 0, 3, 0)),
+                    (AckRecord(0, 1), (1, None, 0, 2, 0)),
+                    (AckRecord(0, 0), (1, Some(2), 0, 1, 0)),
+                    (AckRecord(0, 2), (1, Some(3), 3, 0, 0)),
+                ],
+            ),
+            (
+                "acks of unknown batches or indexes are errors and move nothing",
+                &[
+                    (Deliver(&[1]), (0, None, 0, 1, 0)),
+                    (AckBatch(7), (0, None, 0, 1, 1)),
+                    (AckRecord(0, 3), (0, None, 0, 1, 1)),
+                    (AckRecord(0, 0), (1, Some(1), 1, 0, 0)),
+                ],
+            ),
+        ];
+        for (name, steps) in table {
+            let mut ledger = Ledger::new();
+            let t0 = Instant::now();
+            for (i, (step, want)) in steps.iter().enumerate() {
+                let got = match *step {
+                    Deliver(seqs) => {
+                        let records: Arc<[Record]> = seqs.iter().map(|s| record(*s, 0)).collect();
+                        let bytes = record_bytes(&records);
+                        ledger.deliver(records, bytes, t0);
+                        Acked::default()
+                    }
+                    AckBatch(id) => ledger.ack([Ack::Batch(BatchId(id))], t0),
+                    AckRecord(id, index) => ledger.ack([Ack::Record(BatchId(id), index)], t0),
+                };
+                let checkpointable = got
+                    .checkpointable
+                    .as_ref()
+                    .map(|p| p.sequence.to_string().parse::<u64>().unwrap());
+                let seen: Expect = (
+                    got.records,
+                    checkpointable,
+                    got.processed_records,
+                    ledger.in_flight_records(),
+                    got.errors.len(),
+                );
+                assert_eq!(seen, *want, "{name}, step {i} ({step:?})");
+                assert_eq!(
+                    got.processed_bytes,
+                    got.processed_records * 5,
+                    "{name}, step {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ledger_limits_and_processing_time() {
+        let mut ledger = Ledger::new();
+        let t0 = Instant::now();
+        let records: Arc<[Record]> = (1..=4).map(|s| record(s, 0)).collect();
+        let id = ledger.deliver(records, 20, t0);
+        assert!(ledger.is_full(4, 1_000));
+        assert!(ledger.is_full(100, 20));
+        assert!(!ledger.is_full(5, 21));
+        let acked = ledger.ack([Ack::Batch(id)], t0 + Duration::from_millis(250));
+        assert_eq!(acked.processing_time, Some(Duration::from_millis(250)));
+        assert!(ledger.is_empty());
+        assert!(!ledger.is_full(1, 1));
+    }
+}

@@ -1,0 +1,480 @@
+//! Telemetry as types (after vector's `internal_events`): one struct per event, whose
+//! [`Event::log`] writes the log line and [`Event::samples`] the metric, and
+//! [`Telemetry::emit`] does both, so the two cannot drift apart. An actor reaches the
+//! metrics reporter only through [`Telemetry`]: it imports this module, not the
+//! reporter's.
+//!
+//! Per-batch events (records processed, lag) count without a log line: at thousands of
+//! batches a second a line each would be the bottleneck. Everything that is news (a
+//! lease moving, a shard failing, a checkpoint refused, delivery paused) logs.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use ractor::ActorRef;
+use tracing::{debug, error, info, warn};
+
+use crate::backend::{CallFailure, Classified};
+use crate::balance::Gain;
+use crate::fencing::FenceReason;
+use crate::metrics_reporter::MetricsMsg;
+pub(crate) use crate::metrics_reporter::{Metric, Sample};
+use crate::model::{LeaseKey, ShardId, WorkerId};
+use crate::protocol::LeaseMove;
+
+/// Something that happened, with its log line and its samples.
+pub(crate) trait Event {
+    /// Writes the event's log line (if it has one).
+    fn log(&self);
+    /// What it counts.
+    fn samples(&self) -> Vec<Sample>;
+}
+
+/// The metrics reporter as the actors see it. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Telemetry(ActorRef<MetricsMsg>);
+
+impl Telemetry {
+    pub(crate) fn new(reporter: ActorRef<MetricsMsg>) -> Self {
+        Self(reporter)
+    }
+
+    /// Logs the event and counts it: one call, so a site cannot do one and forget the
+    /// other.
+    pub(crate) fn emit(&self, event: impl Event) {
+        event.log();
+        self.record(event.samples());
+    }
+
+    /// Gauges and counts that are not events (held leases, lag): no log line.
+    pub(crate) fn record(&self, samples: Vec<Sample>) {
+        if !samples.is_empty() {
+            let _ = self.0.cast(MetricsMsg::Record(samples));
+        }
+    }
+}
+
+/// The AWS calls whose failures are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    GetRecords,
+    GetShardIterator,
+    ListShards,
+    Heartbeat,
+    Checkpoint,
+}
+
+impl Call {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Call::GetRecords => "GetRecords",
+            Call::GetShardIterator => "GetShardIterator",
+            Call::ListShards => "ListShards",
+            Call::Heartbeat => "heartbeat",
+            Call::Checkpoint => "checkpoint",
+        }
+    }
+}
+
+/// An AWS call failed. The one rule for "throttle or API error" is
+/// [`Classified::call_failure`] (through [`Metric::failed_call`]); every call site
+/// emits this event, so no site can count it differently. The DEBUG line is per
+/// failure; what a run of failures means (a stall) is the site's own WARN or ERROR.
+pub(crate) struct CallFailed<'a, E> {
+    pub call: Call,
+    /// The shard the call was for, when it was for one.
+    pub shard: Option<&'a ShardId>,
+    pub error: &'a E,
+}
+
+impl<E: Classified + Display> Event for CallFailed<'_, E> {
+    fn log(&self) {
+        let kind = match self.error.call_failure() {
+            CallFailure::Throttled => "throttled",
+            CallFailure::Failed => "failed",
+        };
+        debug!(
+            message = "AWS call failed.",
+            call = self.call.as_str(),
+            kind,
+            shard_id = self.shard.map(|s| s.as_str()),
+            error = %self.error,
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        let metric = Metric::failed_call(self.error);
+        vec![match self.shard {
+            Some(shard) => Sample::shard(metric, shard, 1.0),
+            None => Sample::new(metric, 1.0),
+        }]
+    }
+}
+
+/// A lease came to this worker.
+pub(crate) struct LeaseGained<'a> {
+    pub key: &'a LeaseKey,
+    pub counter: u64,
+    pub from: Option<&'a WorkerId>,
+    pub to: &'a WorkerId,
+    pub why: Gain,
+}
+
+impl Event for LeaseGained<'_> {
+    fn log(&self) {
+        info!(
+            message = "Lease moved.",
+            event = "lease_moved",
+            reason = self.why.as_str(),
+            lease_key = %self.key,
+            from = self.from.map(|o| o.as_str()).unwrap_or("nobody"),
+            to = %self.to,
+            counter = self.counter,
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        let mut samples = vec![Sample::new(Metric::LeasesTaken, 1.0)];
+        match self.why {
+            Gain::Expired => samples.push(Sample::new(Metric::LeasesExpired, 1.0)),
+            Gain::HandedOff => samples.push(Sample::new(Metric::LeasesStolen, 1.0)),
+            Gain::New | Gain::Released | Gain::Resumed => {}
+        }
+        samples
+    }
+}
+
+/// A lease left this worker.
+pub(crate) struct LeaseGiven<'a> {
+    pub key: &'a LeaseKey,
+    pub from: &'a WorkerId,
+    pub to: Option<&'a WorkerId>,
+    pub why: LeaseMove,
+}
+
+impl Event for LeaseGiven<'_> {
+    fn log(&self) {
+        info!(
+            message = "Lease moved.",
+            event = "lease_moved",
+            reason = self.why.as_str(),
+            lease_key = %self.key,
+            from = %self.from,
+            to = self.to.map(|w| w.as_str()).unwrap_or("nobody"),
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        let metric = match self.why {
+            LeaseMove::HandedOff => Metric::LeasesHandedOff,
+            LeaseMove::Released => Metric::LeasesReleased,
+            LeaseMove::ShardEnded => Metric::LeasesEnded,
+            LeaseMove::Lost | LeaseMove::Unreadable => Metric::LeasesLost,
+        };
+        vec![Sample::new(metric, 1.0)]
+    }
+}
+
+/// What the supervisor does about a failed shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recovery {
+    Restart {
+        attempt: u32,
+        delay: Duration,
+    },
+    /// Failed too often: the lease is released and the shard cools down.
+    GiveUp {
+        restarts_in_window: u32,
+    },
+}
+
+/// A shard's reader failed.
+pub(crate) struct ShardFailed<'a> {
+    pub key: &'a LeaseKey,
+    pub error: &'a str,
+    pub recovery: Recovery,
+}
+
+impl Event for ShardFailed<'_> {
+    fn log(&self) {
+        match self.recovery {
+            Recovery::Restart { attempt, delay } => warn!(
+                message = "Shard failed; restarting from its last checkpoint.",
+                lease_key = %self.key,
+                error = %self.error,
+                attempt,
+                delay_ms = delay.as_millis() as u64,
+            ),
+            Recovery::GiveUp { restarts_in_window } => error!(
+                message = "Shard failed too often; releasing its lease and cooling down.",
+                lease_key = %self.key,
+                error = %self.error,
+                restarts_in_window,
+            ),
+        }
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(
+            Metric::ActorRestarts,
+            &self.key.shard_id(),
+            1.0,
+        )]
+    }
+}
+
+/// One of the worker's core actors failed.
+pub(crate) struct CoreActorFailed<'a> {
+    pub actor: &'static str,
+    pub error: &'a str,
+    /// Past the restart intensity: the worker stops.
+    pub giving_up: bool,
+}
+
+impl Event for CoreActorFailed<'_> {
+    fn log(&self) {
+        if self.giving_up {
+            error!(message = "Worker stopping: a core actor keeps failing.", actor = self.actor, error = %self.error);
+        } else {
+            warn!(message = "Core actor failed; restarting the worker's actors.", actor = self.actor, error = %self.error);
+        }
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::new(Metric::ActorRestarts, 1.0)]
+    }
+}
+
+/// A checkpoint was written.
+pub(crate) struct CheckpointWritten<'a> {
+    pub key: &'a LeaseKey,
+    pub at: &'a dyn Display,
+}
+
+impl Event for CheckpointWritten<'_> {
+    fn log(&self) {
+        debug!(message = "Checkpoint written.", lease_key = %self.key, checkpoint = %self.at);
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(
+            Metric::CheckpointWrites,
+            &self.key.shard_id(),
+            1.0,
+        )]
+    }
+}
+
+/// A checkpoint write was refused: the lease has another owner or epoch.
+pub(crate) struct CheckpointRefused<'a> {
+    pub key: &'a LeaseKey,
+    /// The owner the row names, when it names one.
+    pub owner: Option<&'a WorkerId>,
+}
+
+impl Event for CheckpointRefused<'_> {
+    fn log(&self) {
+        warn!(
+            message = "Checkpoint refused: the lease has another owner or epoch.",
+            lease_key = %self.key,
+            owner = ?self.owner,
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(
+            Metric::CheckpointFailures,
+            &self.key.shard_id(),
+            1.0,
+        )]
+    }
+}
+
+/// Self-fencing paused a shard's delivery (logged once per change of reason; the fleet
+/// count of fenced shards is the keeper's gauge).
+pub(crate) struct DeliveryPaused<'a> {
+    pub shard: &'a ShardId,
+    pub reason: &'a FenceReason,
+}
+
+impl Event for DeliveryPaused<'_> {
+    fn log(&self) {
+        warn!(message = "Delivery paused (self-fencing).", shard_id = %self.shard, reason = %self.reason);
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        Vec::new()
+    }
+}
+
+/// Self-fencing let a shard deliver again.
+pub(crate) struct DeliveryResumed<'a> {
+    pub shard: &'a ShardId,
+    pub was: &'a FenceReason,
+}
+
+impl Event for DeliveryResumed<'_> {
+    fn log(&self) {
+        info!(message = "Delivery resumed.", shard_id = %self.shard, was_fenced_because = %self.was);
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        Vec::new()
+    }
+}
+
+/// Acks moved a shard's processed prefix (per batch: counted, not logged).
+pub(crate) struct RecordsProcessed<'a> {
+    pub shard: &'a ShardId,
+    /// Records and bytes of the batches the prefix passed entirely.
+    pub records: u64,
+    pub bytes: u64,
+    /// For a batch ack: from delivery to ack.
+    pub processing_time: Option<Duration>,
+}
+
+impl Event for RecordsProcessed<'_> {
+    fn log(&self) {}
+
+    fn samples(&self) -> Vec<Sample> {
+        let mut samples = Vec::new();
+        if let Some(took) = self.processing_time {
+            let millis = took.as_secs_f64() * 1000.0;
+            samples.push(Sample::shard(Metric::ProcessingTime, self.shard, millis));
+        }
+        if self.records > 0 {
+            samples.push(Sample::shard(
+                Metric::RecordsProcessed,
+                self.shard,
+                self.records as f64,
+            ));
+            samples.push(Sample::shard(
+                Metric::BytesProcessed,
+                self.shard,
+                self.bytes as f64,
+            ));
+        }
+        samples
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{LeaseError, StreamError};
+
+    fn metrics(samples: Vec<Sample>) -> Vec<Metric> {
+        samples.into_iter().map(|s| s.metric).collect()
+    }
+
+    /// The one throttle rule: every call's failure is counted by the error's
+    /// classification, whichever call and whichever port it came from.
+    #[test]
+    fn every_call_counts_failures_by_the_one_rule() {
+        let shard = ShardId::from_index(1);
+        let throttled_stream = StreamError::Throttled {
+            op: "GetRecords",
+            message: "slow down".into(),
+        };
+        let failed_stream = StreamError::Transient {
+            op: "GetRecords",
+            endpoint: "local".into(),
+            message: "500".into(),
+        };
+        let throttled_table = LeaseError::Throttled {
+            op: "UpdateItem",
+            message: "slow down".into(),
+        };
+        let failed_table = LeaseError::Transient {
+            op: "UpdateItem",
+            endpoint: "local".into(),
+            message: "500".into(),
+        };
+        for call in [Call::GetRecords, Call::GetShardIterator, Call::ListShards] {
+            for shard in [None, Some(&shard)] {
+                let got = |error| metrics(CallFailed { call, shard, error }.samples());
+                assert_eq!(got(&throttled_stream), [Metric::Throttles], "{call:?}");
+                assert_eq!(got(&failed_stream), [Metric::ApiErrors], "{call:?}");
+            }
+        }
+        for call in [Call::Heartbeat, Call::Checkpoint] {
+            let got = |error| {
+                metrics(
+                    CallFailed {
+                        call,
+                        shard: None,
+                        error,
+                    }
+                    .samples(),
+                )
+            };
+            assert_eq!(got(&throttled_table), [Metric::Throttles], "{call:?}");
+            assert_eq!(got(&failed_table), [Metric::ApiErrors], "{call:?}");
+        }
+    }
+
+    #[test]
+    fn lease_moves_count_by_their_reason() {
+        let key = LeaseKey::from(&ShardId::from_index(0));
+        let me = WorkerId::new("me");
+        let gained = [
+            (Gain::New, vec![Metric::LeasesTaken]),
+            (Gain::Released, vec![Metric::LeasesTaken]),
+            (Gain::Resumed, vec![Metric::LeasesTaken]),
+            (
+                Gain::Expired,
+                vec![Metric::LeasesTaken, Metric::LeasesExpired],
+            ),
+            (
+                Gain::HandedOff,
+                vec![Metric::LeasesTaken, Metric::LeasesStolen],
+            ),
+        ];
+        for (why, want) in gained {
+            let event = LeaseGained {
+                key: &key,
+                counter: 1,
+                from: None,
+                to: &me,
+                why,
+            };
+            assert_eq!(metrics(event.samples()), want, "{why:?}");
+        }
+        let given = [
+            (LeaseMove::HandedOff, Metric::LeasesHandedOff),
+            (LeaseMove::Released, Metric::LeasesReleased),
+            (LeaseMove::ShardEnded, Metric::LeasesEnded),
+            (LeaseMove::Lost, Metric::LeasesLost),
+            (LeaseMove::Unreadable, Metric::LeasesLost),
+        ];
+        for (why, want) in given {
+            let event = LeaseGiven {
+                key: &key,
+                from: &me,
+                to: None,
+                why,
+            };
+            assert_eq!(metrics(event.samples()), [want], "{why:?}");
+        }
+    }
+
+    #[test]
+    fn processed_records_count_only_what_the_prefix_passed() {
+        let shard = ShardId::from_index(0);
+        let event = |records, took| RecordsProcessed {
+            shard: &shard,
+            records,
+            bytes: records * 10,
+            processing_time: took,
+        };
+        assert!(event(0, None).samples().is_empty());
+        assert_eq!(
+            metrics(event(0, Some(Duration::from_millis(5))).samples()),
+            [Metric::ProcessingTime]
+        );
+        assert_eq!(
+            metrics(event(3, None).samples()),
+            [Metric::RecordsProcessed, Metric::BytesProcessed]
+        );
+    }
+}
