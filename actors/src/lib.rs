@@ -17,10 +17,15 @@
 //!   time is a parameter. `fleet_sim` runs whole fleets on it, round by round.
 //! * `settings`: every tunable with its default and its validation, and
 //!   [`Settings::load`] (defaults, a TOML file, `FLOTILLA__…` variables).
+//! * `protocol`: every message the actors exchange, the reasons that travel with them,
+//!   and the types a processor speaks to its reader with; `status`: every snapshot;
+//!   `telemetry`: events that log and count together. Below the actors, so no actor
+//!   imports another (only a parent its children).
 //! * The actors, one module each: `supervisor` (the root), `stream_watcher`,
 //!   `lease_keeper`, `shard_reader`, `processor` (the user's trait and its host),
 //!   `checkpoint_writer`, `metrics_reporter`. They reach the outside only through
-//!   `backend`.
+//!   `backend`; the reader's and the keeper's decisions are their pure cores
+//!   (`shard_reader/pure.rs`, `lease_keeper/pure.rs`).
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
 //!   the snapshots it returns.
