@@ -18,6 +18,14 @@ pub struct Events(Arc<Mutex<Vec<Event>>>);
 impl Events {
     /// Records every event on this thread until the guard is dropped.
     pub fn capture() -> (Events, tracing::subscriber::DefaultGuard) {
+        // While a single dispatcher is registered, tracing caches a callsite's interest
+        // from the dispatcher of whichever thread first reaches it: a test running
+        // beside this one (no subscriber) could switch an event off for this capture
+        // too (seen: `lease_moved` events of the giving side missing, about one run in
+        // ten of fleet_handoff). A second dispatcher, kept for the process, makes it
+        // combine every dispatcher's interest instead.
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let events = Events::default();
         let subscriber = tracing_subscriber::registry().with(events.clone());
         (events, tracing::subscriber::set_default(subscriber))
