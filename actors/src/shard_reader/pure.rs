@@ -778,6 +778,8 @@ mod tests {
         Deliver(&'static [u64]),
         AckBatch(u64),
         AckRecord(u64, usize),
+        /// Several record acks in one message.
+        AckRecords(&'static [(u64, usize)]),
     }
 
     /// After the step: (records acked, checkpointable sequence, processed records, in
@@ -816,6 +818,17 @@ mod tests {
                 ],
             ),
             (
+                "several acks in one message move the checkpoint to the furthest",
+                &[
+                    (Deliver(&[1, 2, 3]), (0, None, 0, 3, 0)),
+                    (Deliver(&[4]), (0, None, 0, 4, 0)),
+                    (
+                        AckRecords(&[(0, 0), (0, 1), (0, 2), (1, 0)]),
+                        (4, Some(4), 4, 0, 0),
+                    ),
+                ],
+            ),
+            (
                 "acks of unknown batches or indexes are errors and move nothing",
                 &[
                     (Deliver(&[1]), (0, None, 0, 1, 0)),
@@ -838,6 +851,11 @@ mod tests {
                     }
                     AckBatch(id) => ledger.ack([Ack::Batch(BatchId(id))], t0),
                     AckRecord(id, index) => ledger.ack([Ack::Record(BatchId(id), index)], t0),
+                    AckRecords(acks) => ledger.ack(
+                        acks.iter()
+                            .map(|(id, index)| Ack::Record(BatchId(*id), *index)),
+                        t0,
+                    ),
                 };
                 let checkpointable = got
                     .checkpointable
