@@ -39,6 +39,7 @@ pub mod fleet_sim;
 mod handle;
 pub mod kpl;
 mod lease_keeper;
+mod metrics;
 pub mod metrics_reporter;
 pub mod model;
 pub mod mutants;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::balance::{Observations, Peer};
-use crate::metrics_reporter::MetricsSnapshot;
+use crate::metrics::MetricsSnapshot;
 use crate::model::{Lease, LeaseKey, ShardId, WorkerId};
 
 /// Where a held shard is in its life.

@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::metrics_reporter::{Kind, Metric};
+use crate::metrics::{Kind, Metric};
 use crate::protocol::SupervisorMsg;
 use crate::settings::Settings;
 use crate::status::{FleetBoard, WorkerStatus};

@@ -17,8 +17,8 @@ use tracing::{debug, error, info, warn};
 use crate::backend::{CallFailure, Classified};
 use crate::balance::Gain;
 use crate::fencing::FenceReason;
+pub(crate) use crate::metrics::{Metric, Sample};
 use crate::metrics_reporter::MetricsMsg;
-pub(crate) use crate::metrics_reporter::{Metric, Sample};
 use crate::model::{LeaseKey, ShardId, WorkerId};
 use crate::protocol::LeaseMove;
 

@@ -2,8 +2,8 @@
 //! running totals for the status snapshot and publishes each interval's statistics to
 //! CloudWatch through the [`MetricsSink`] port.
 //!
-//! * `aggregate`: the pure part — samples to datums per level, running totals, the
-//!   retry backlog. No I/O, no clock.
+//! * `crate::metrics`: the pure part — what is measured, samples to datums per level,
+//!   running totals, the retry backlog, the snapshot. No I/O, no clock.
 //! * this file: the thin actor — a timer, and the publish it does each tick.
 //!
 //! Invariants: at most one publish in flight, and at most one per tick (plus one per
@@ -12,9 +12,6 @@
 //! so a slow or unreachable CloudWatch never holds up `Record` or `Snapshot`. At level
 //! `None` the sink is never called.
 
-mod aggregate;
-
-use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -24,18 +21,15 @@ use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{error, warn};
 
-use aggregate::Backlog;
-pub use aggregate::{
-    APPLICATION_DIMENSION, Aggregator, Kind, Metric, SHARD_DIMENSION, STREAM_DIMENSION, Sample,
+use crate::metrics::Backlog;
+pub use crate::metrics::{
+    APPLICATION_DIMENSION, Aggregator, Kind, Metric, MetricsSnapshot, RETRY_INTERVALS,
+    SHARD_DIMENSION, STREAM_DIMENSION, Sample,
 };
 
 use crate::backend::clock::Clock;
 use crate::backend::{MetricDatum, MetricsError, MetricsSink, batches};
 use crate::settings::{MetricsLevel, MetricsSettings};
-
-/// How many intervals of datums are kept for retry while publishing fails; older ones
-/// are dropped (and counted), so an unreachable CloudWatch costs bounded memory.
-pub const RETRY_INTERVALS: u32 = 10;
 
 pub enum MetricsMsg {
     /// Samples from any actor; fire-and-forget. Send one message per batch of records.
@@ -81,30 +75,6 @@ struct Published {
     refused: usize,
     error: Option<MetricsError>,
     flushes: Vec<RpcReplyPort<Result<usize, String>>>,
-}
-
-/// What the status endpoint shows about metrics.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct MetricsSnapshot {
-    /// Per metric name since start: a counter's sum; a gauge's highest current reading
-    /// across shards (the worst lag), or its latest reading when worker-wide.
-    pub totals: BTreeMap<String, f64>,
-    /// Per shard id, per metric name: a counter's sum since start, a gauge's latest
-    /// reading.
-    pub per_shard: BTreeMap<String, BTreeMap<String, f64>>,
-    /// Successful PutMetricData calls.
-    pub published_batches: u64,
-    pub published_datums: u64,
-    /// Publishes that failed (each is retried at the next tick).
-    pub publish_failures: u64,
-    pub last_error: Option<String>,
-    /// Datums waiting for a retry or in flight.
-    pub pending_datums: u64,
-    /// Datums given up on: older than [`RETRY_INTERVALS`] intervals, or refused as
-    /// invalid by the sink.
-    pub dropped_datums: u64,
-    /// Samples ignored because their value was not a finite number.
-    pub rejected_samples: u64,
 }
 
 pub struct MetricsArgs {

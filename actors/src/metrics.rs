@@ -1,6 +1,7 @@
-//! The pure half of the metrics reporter: samples in, CloudWatch datums out. No I/O and
-//! no clock; the actor passes the time in, so every rule here is tested without a
-//! runtime.
+//! What a worker measures, and the pure half of the metrics reporter: samples in,
+//! CloudWatch datums and the status snapshot out. No I/O and no clock; the actor passes
+//! the time in, so every rule here is tested without a runtime. Below the actors: the
+//! status snapshots and the status endpoint read it without importing the reporter.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
@@ -13,6 +14,34 @@ use crate::settings::MetricsLevel;
 pub const APPLICATION_DIMENSION: &str = "Application";
 pub const STREAM_DIMENSION: &str = "StreamName";
 pub const SHARD_DIMENSION: &str = "ShardId";
+
+/// How many intervals of datums are kept for retry while publishing fails; older ones
+/// are dropped (and counted), so an unreachable CloudWatch costs bounded memory.
+pub const RETRY_INTERVALS: u32 = 10;
+
+/// What the status endpoint shows about metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct MetricsSnapshot {
+    /// Per metric name since start: a counter's sum; a gauge's highest current reading
+    /// across shards (the worst lag), or its latest reading when worker-wide.
+    pub totals: BTreeMap<String, f64>,
+    /// Per shard id, per metric name: a counter's sum since start, a gauge's latest
+    /// reading.
+    pub per_shard: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Successful PutMetricData calls.
+    pub published_batches: u64,
+    pub published_datums: u64,
+    /// Publishes that failed (each is retried at the next tick).
+    pub publish_failures: u64,
+    pub last_error: Option<String>,
+    /// Datums waiting for a retry or in flight.
+    pub pending_datums: u64,
+    /// Datums given up on: older than [`RETRY_INTERVALS`] intervals, or refused as
+    /// invalid by the sink.
+    pub dropped_datums: u64,
+    /// Samples ignored because their value was not a finite number.
+    pub rejected_samples: u64,
+}
 
 const METRIC_COUNT: usize = 21;
 
