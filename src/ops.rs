@@ -568,7 +568,6 @@ pub async fn import(
 
 /// Adds what to do to the lease-table errors an operator can fix.
 pub fn explain(error: LeaseError, table: &str) -> anyhow::Error {
-    let text = error.to_string();
     let hint = match &error {
         LeaseError::WrongKeySchema { .. } => Some(format!(
             "table {table} is not a lease table. Pick another application name (--table), \
@@ -579,7 +578,7 @@ pub fn explain(error: LeaseError, table: &str) -> anyhow::Error {
             "there is no table {table} in this region: create it with `flotilla init --table \
              {table}`, or check --region / AWS_REGION and --dynamodb-endpoint"
         )),
-        _ if is_access_denied(&text) => Some(format!(
+        LeaseError::AccessDenied { .. } => Some(format!(
             "the AWS credentials in use may not do this. Grant them dynamodb:DescribeTable, \
              CreateTable, Scan, GetItem, PutItem, UpdateItem and DeleteItem on \
              arn:aws:dynamodb:REGION:ACCOUNT:table/{table}, or use other credentials \
@@ -591,19 +590,6 @@ pub fn explain(error: LeaseError, table: &str) -> anyhow::Error {
         Some(hint) => anyhow!(error).context(hint),
         None => anyhow!(error),
     }
-}
-
-fn is_access_denied(text: &str) -> bool {
-    [
-        "AccessDenied",
-        "not authorized",
-        "UnrecognizedClientException",
-        "security token included in the request is invalid",
-        "InvalidSignatureException",
-        "ExpiredToken",
-    ]
-    .iter()
-    .any(|needle| text.contains(needle))
 }
 
 /// Whether `url` names a server on this machine (loopback address or `localhost`).
@@ -662,7 +648,7 @@ mod tests {
 
     #[test]
     fn access_denied_and_key_schema_errors_say_what_to_do() {
-        let denied = LeaseError::Other {
+        let denied = LeaseError::AccessDenied {
             op: "DescribeTable",
             message:
                 "table app: service error: AccessDeniedException: User: arn:aws:iam::1:user/x \

@@ -973,6 +973,45 @@ async fn an_unreachable_endpoint_is_named_in_the_error() {
     assert!(err.is_retryable(), "{err:?}");
 }
 
+/// Credentials that may not make a call (or are not valid) are a typed error, neither
+/// retried nor taken for a fault of the server, whatever the code's spelling or a bare
+/// 403: the binary's hint (what to grant) matches the type, not the text.
+#[tokio::test]
+async fn a_refusal_of_the_credentials_is_access_denied() {
+    let upstream = servers::start_dynoxide().await;
+    let proxy = StrippingProxy::start(&upstream, Options::default()).await;
+    let env = Env::aws(proxy.url().to_owned(), "stripped_dynoxide").await;
+    let table = env.fresh().await;
+    let refusals = [
+        (
+            400,
+            serde_json::json!({
+                "__type": "com.amazon.coral.service#AccessDeniedException",
+                "message": "User: arn:aws:iam::1:user/x is not authorized to perform: dynamodb:Scan"
+            }),
+        ),
+        (
+            400,
+            serde_json::json!({
+                "__type": "com.amazon.coral.service#UnrecognizedClientException",
+                "message": "The security token included in the request is invalid."
+            }),
+        ),
+        (403, serde_json::json!({})),
+    ];
+    for (status, body) in refusals {
+        proxy.fault_next("Scan", 1, Fault::Refuse(status, body.clone()));
+        let err = table.scan().await.unwrap_err();
+        assert!(
+            matches!(err, LeaseError::AccessDenied { op: "Scan", .. }),
+            "{status} {body}: {err:?}"
+        );
+        assert!(!err.is_retryable(), "{err:?}");
+    }
+    // The next call, not refused, goes through.
+    table.scan().await.unwrap();
+}
+
 /// A server without transactions (TransactWriteItems an unknown operation, as in some
 /// emulators): the take of a dead owner's lease falls back to the plain conditional take
 /// (said once at WARN) rather than never taking it, and stops asking.

@@ -73,6 +73,10 @@ pub enum LeaseError {
         key: String,
         missing: String,
     },
+    /// The credentials may not make this call, or are not valid (expired, unknown, a
+    /// bad signature): it fails the same way until IAM or the credentials change.
+    #[error("{op}: access denied: {message}")]
+    AccessDenied { op: &'static str, message: String },
     #[error("{op}: {message}")]
     Other { op: &'static str, message: String },
 }

@@ -128,6 +128,10 @@ pub enum StreamError {
     },
     #[error("{op}: {message}")]
     Other { op: &'static str, message: String },
+    /// The credentials may not make this call, or are not valid (expired, unknown, a
+    /// bad signature): it fails the same way until IAM or the credentials change.
+    #[error("{op}: access denied: {message}")]
+    AccessDenied { op: &'static str, message: String },
 }
 
 impl StreamError {

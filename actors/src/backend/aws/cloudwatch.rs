@@ -71,7 +71,7 @@ impl CloudWatchMetrics {
                 endpoint: self.endpoint.clone(),
                 message,
             },
-            Failure::Other => MetricsError::Other { message },
+            Failure::Denied | Failure::Other => MetricsError::Other { message },
         }
     }
 }

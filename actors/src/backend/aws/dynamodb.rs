@@ -267,6 +267,7 @@ impl DynamoLeaseTable {
                 endpoint: self.endpoint.clone(),
                 message,
             },
+            (_, Failure::Denied) => LeaseError::AccessDenied { op, message },
             (_, Failure::Other) => LeaseError::Other { op, message },
         }
     }

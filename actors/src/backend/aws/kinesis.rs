@@ -129,6 +129,7 @@ impl KinesisStream {
                 endpoint: self.endpoint.clone(),
                 message,
             },
+            (_, Failure::Denied) => StreamError::AccessDenied { op, message },
             (_, Failure::Other) => StreamError::Other { op, message },
         }
     }

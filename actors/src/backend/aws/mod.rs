@@ -77,6 +77,22 @@ pub(crate) const THROTTLING_CODES: &[&str] = &[
 /// DynamoDB names its 500s `InternalServerError`, Kinesis `InternalFailure`; both may
 /// answer `ServiceUnavailable` (503). Matched whatever the HTTP status, because an
 /// emulator may send them with a 400.
+/// Error codes that mean the credentials may not make the call or are not valid. The
+/// same request fails the same way until IAM or the credentials change; the binary
+/// says what to grant.
+pub(crate) const DENIED_CODES: &[&str] = &[
+    "AccessDeniedException",
+    "AccessDenied",
+    "UnrecognizedClientException",
+    "InvalidSignatureException",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "MissingAuthenticationToken",
+    "InvalidClientTokenId",
+    "ExpiredTokenException",
+    "ExpiredToken",
+];
+
 pub(crate) const TRANSIENT_CODES: &[&str] = &[
     "InternalFailure",
     "InternalServerError",
@@ -95,6 +111,8 @@ pub(crate) enum Failure {
     /// No answer, a timeout, an answer cut short, a 5xx (with or without an error
     /// code), or a [`TRANSIENT_CODES`] code: the service failed, not the request.
     Transient,
+    /// A [`DENIED_CODES`] code, or HTTP 403.
+    Denied,
     Other,
 }
 
@@ -108,9 +126,11 @@ pub(crate) fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>)
     match (err, err.raw_response().map(|r| r.status().as_u16())) {
         _ if code.is_some_and(|c| THROTTLING_CODES.contains(&c)) => Failure::Throttled,
         _ if code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) => Failure::Transient,
+        _ if code.is_some_and(|c| DENIED_CODES.contains(&c)) => Failure::Denied,
         (SdkError::DispatchFailure(_) | SdkError::TimeoutError(_), _) => Failure::Transient,
         (SdkError::ResponseError(_), _) => Failure::Transient,
         (_, Some(429)) => Failure::Throttled,
+        (_, Some(403)) => Failure::Denied,
         (_, Some(500..=599)) => Failure::Transient,
         _ => Failure::Other,
     }
