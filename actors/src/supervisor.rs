@@ -37,7 +37,7 @@ use crate::status::{
 };
 use crate::status_server::{StatusArgs, StatusMsg, StatusServer};
 use crate::stream_watcher::{StreamWatcher, WatcherArgs};
-use crate::telemetry::{CoreActorFailed, Recovery, ShardFailed, Telemetry};
+use crate::telemetry::{CoreActorFailed, Recovery, ShardEnded, ShardFailed, Telemetry};
 
 /// How long a status request waits on each actor.
 const STATUS_TIMEOUT_MS: u64 = 2_000;
@@ -220,11 +220,10 @@ impl Actor for Supervisor {
                 let _ = state.core.writer.cast(CheckpointMsg::Forget(key));
             }
             SupervisorMsg::ShardFinished { key, children } => {
-                info!(
-                    message = "Shard finished.",
-                    lease_key = %key,
-                    children = ?children.as_ref().map(|c| c.iter().map(|c| c.id.to_string()).collect::<Vec<_>>()),
-                );
+                state.core.telemetry.emit(ShardEnded {
+                    key: &key,
+                    children: children.as_deref(),
+                });
                 let _ = state.core.watcher.cast(WatcherMsg::ChildrenFound(children));
             }
             SupervisorMsg::RestartShard(key) => {

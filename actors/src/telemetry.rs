@@ -14,7 +14,7 @@ use std::time::Duration;
 use ractor::ActorRef;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{CallFailure, Classified};
+use crate::backend::{CallFailure, ChildShard, Classified};
 use crate::balance::Gain;
 use crate::fencing::FenceReason;
 pub(crate) use crate::metrics::{Metric, Sample};
@@ -172,6 +172,28 @@ impl Event for LeaseGiven<'_> {
             LeaseMove::Lost | LeaseMove::Unreadable => Metric::LeasesLost,
         };
         vec![Sample::new(metric, 1.0)]
+    }
+}
+
+/// A shard reached SHARD_END and its checkpoint says so (the lease's move is
+/// [`LeaseGiven`] with `ShardEnded`, counted there).
+pub(crate) struct ShardEnded<'a> {
+    pub key: &'a LeaseKey,
+    /// The children the last GetRecords named; `None` when the server named none.
+    pub children: Option<&'a [ChildShard]>,
+}
+
+impl Event for ShardEnded<'_> {
+    fn log(&self) {
+        info!(
+            message = "Shard finished.",
+            lease_key = %self.key,
+            children = ?self.children.map(|c| c.iter().map(|c| c.id.to_string()).collect::<Vec<_>>()),
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        Vec::new()
     }
 }
 
