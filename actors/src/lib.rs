@@ -42,6 +42,7 @@ mod lease_keeper;
 mod metrics;
 pub mod metrics_reporter;
 pub mod model;
+pub mod multilang;
 pub mod mutants;
 pub mod oracle;
 mod processor;
