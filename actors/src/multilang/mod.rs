@@ -3,5 +3,7 @@
 //! properties file and speaks its protocol to one child process per held lease.
 //!
 //! * `properties`: the Java properties-file syntax, read as the daemon reads it.
+//! * `protocol`: the messages, one JSON object a line, both ways.
 
 pub mod properties;
+pub mod protocol;
