@@ -4,6 +4,10 @@
 //!
 //! * `properties`: the Java properties-file syntax, read as the daemon reads it.
 //! * `protocol`: the messages, one JSON object a line, both ways.
+//! * `child`: [`MultiLangProcessor`], the processor that runs the child per shard.
 
+pub mod child;
 pub mod properties;
 pub mod protocol;
+
+pub use child::{ChildCommand, ChildError, MultiLangProcessor};

@@ -1,0 +1,398 @@
+//! [`MultiLangProcessor`]: a [`Processor`] that runs one child process per held lease
+//! and speaks the MultiLangDaemon protocol to it, as the KCL's daemon does.
+//!
+//! Each call writes one action and reads the child's lines until its `status` for that
+//! action, answering the `checkpoint` requests that come before it through the shard's
+//! [`Checkpointer`] (manual mode: the child decides what is done). A checkpoint is
+//! answered once it is written, as the KCL's synchronous checkpoint is. Anything else
+//! fails the call, and with it the shard, which restarts from its checkpoint with a new
+//! child: the child exiting, closing its stdout, a line that is not the protocol, a
+//! `status` for another action, or no answer within the watchdog.
+//!
+//! The child's stderr goes to the log, a line each, with the shard id.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tracing::{info, warn};
+
+use super::protocol::{CheckpointRefusal, FromChild, ToChild};
+use crate::model::{ExtendedSequenceNumber, ShardId};
+use crate::protocol::{Batch, CheckpointError, Checkpointer, ShardInfo};
+use crate::{Processor, ProcessorError};
+
+/// How a child is started and watched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildCommand {
+    /// The program and its arguments (the properties' `executableName`, split).
+    pub argv: Vec<String>,
+    /// The longest a child may take to answer one action; `None`: no limit of its own
+    /// (the reader's `processor_timeout` still fails a shard whose child never acks).
+    pub watchdog: Option<Duration>,
+}
+
+/// Runs a MultiLang record processor as a child process per shard.
+pub struct MultiLangProcessor {
+    command: Arc<ChildCommand>,
+    shard: Option<ShardId>,
+    child: Option<Running>,
+    /// The last record delivered, for a checkpoint without a sequence number.
+    last_delivered: Option<ExtendedSequenceNumber>,
+    /// The last checkpoint the child made: a lower one is refused, as the KCL does.
+    last_checkpoint: Option<ExtendedSequenceNumber>,
+}
+
+impl std::fmt::Debug for MultiLangProcessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiLangProcessor")
+            .field("command", &self.command)
+            .field("shard", &self.shard)
+            .field("running", &self.child.as_ref().and_then(|c| c.process.id()))
+            .finish()
+    }
+}
+
+struct Running {
+    process: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+/// Why a call to the child failed (the shard restarts).
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("the child is not running (it failed earlier)")]
+    NotRunning,
+    #[error("writing {action} to the child: {source}")]
+    Write {
+        action: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the child closed its stdout while flotilla waited for its status for {action}{exit}")]
+    Closed { action: &'static str, exit: String },
+    #[error("reading the child's stdout: {0}")]
+    Read(std::io::Error),
+    #[error(
+        "the child wrote something that is not the protocol while flotilla waited for {action}: {error}"
+    )]
+    NotProtocol {
+        action: &'static str,
+        error: super::protocol::LineError,
+    },
+    #[error("the child answered status for {got} while flotilla waited for {action}")]
+    WrongStatus { action: &'static str, got: String },
+    #[error("the child did not finish {action} within {}", humantime::format_duration(*.limit))]
+    Timeout {
+        action: &'static str,
+        limit: Duration,
+    },
+}
+
+impl MultiLangProcessor {
+    pub fn new(command: Arc<ChildCommand>) -> Self {
+        Self {
+            command,
+            shard: None,
+            child: None,
+            last_delivered: None,
+            last_checkpoint: None,
+        }
+    }
+
+    fn start(&mut self, shard: &ShardId) -> Result<(), ChildError> {
+        let Some((program, args)) = self.command.argv.split_first() else {
+            return Err(ChildError::Spawn {
+                program: String::new(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "executableName is empty",
+                ),
+            });
+        };
+        let mut process = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| ChildError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
+        let (Some(stdin), Some(stdout)) = (process.stdin.take(), process.stdout.take()) else {
+            return Err(ChildError::NotRunning);
+        };
+        if let Some(stderr) = process.stderr.take() {
+            let shard = shard.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    warn!(message = "MultiLang child wrote to stderr.", shard_id = %shard, line = %line);
+                }
+            });
+        }
+        info!(message = "MultiLang child started.", shard_id = %shard, program = %program, pid = process.id());
+        self.child = Some(Running {
+            process,
+            stdin,
+            stdout: BufReader::new(stdout).lines(),
+        });
+        Ok(())
+    }
+
+    /// Sends `message` and serves the child until its status for it.
+    async fn call(
+        &mut self,
+        message: ToChild<'_>,
+        checkpointer: Option<&Checkpointer>,
+    ) -> Result<(), ChildError> {
+        let action = message.action();
+        let watchdog = self.command.watchdog;
+        let work = self.exchange(message, checkpointer);
+        let result = match watchdog {
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(result) => result,
+                Err(_) => Err(ChildError::Timeout { action, limit }),
+            },
+            None => work.await,
+        };
+        if result.is_err() {
+            // The shard restarts with a new child; this one must not live on.
+            if let Some(mut child) = self.child.take() {
+                let _ = child.process.start_kill();
+            }
+        }
+        result
+    }
+
+    async fn exchange(
+        &mut self,
+        message: ToChild<'_>,
+        checkpointer: Option<&Checkpointer>,
+    ) -> Result<(), ChildError> {
+        let action = message.action();
+        self.send(&message).await?;
+        loop {
+            let line = {
+                let child = self.child.as_mut().ok_or(ChildError::NotRunning)?;
+                child.stdout.next_line().await.map_err(ChildError::Read)?
+            };
+            let Some(line) = line else {
+                let exit = self.exit_status().await;
+                return Err(ChildError::Closed { action, exit });
+            };
+            match FromChild::parse(&line) {
+                Ok(None) => {}
+                Ok(Some(FromChild::Status { response_for })) if response_for == action => {
+                    return Ok(());
+                }
+                Ok(Some(FromChild::Status { response_for })) => {
+                    return Err(ChildError::WrongStatus {
+                        action,
+                        got: response_for,
+                    });
+                }
+                Ok(Some(FromChild::Checkpoint { at })) => {
+                    let answer = self.checkpoint(at, action, checkpointer).await;
+                    let (at, error) = match &answer {
+                        Ok(at) => (at.as_ref(), None),
+                        Err(refusal) => (None, Some(*refusal)),
+                    };
+                    let reply = ToChild::Checkpoint { at, error };
+                    let line = reply.to_line();
+                    self.write(line.as_bytes(), "checkpoint").await?;
+                }
+                Err(error) => return Err(ChildError::NotProtocol { action, error }),
+            }
+        }
+    }
+
+    async fn send(&mut self, message: &ToChild<'_>) -> Result<(), ChildError> {
+        let line = message.to_line();
+        self.write(line.as_bytes(), message.action()).await
+    }
+
+    async fn write(&mut self, bytes: &[u8], action: &'static str) -> Result<(), ChildError> {
+        let child = self.child.as_mut().ok_or(ChildError::NotRunning)?;
+        child
+            .stdin
+            .write_all(bytes)
+            .await
+            .map_err(|source| ChildError::Write { action, source })?;
+        child
+            .stdin
+            .flush()
+            .await
+            .map_err(|source| ChildError::Write { action, source })
+    }
+
+    async fn exit_status(&mut self) -> String {
+        let Some(child) = self.child.as_mut() else {
+            return String::new();
+        };
+        match tokio::time::timeout(Duration::from_secs(1), child.process.wait()).await {
+            Ok(Ok(status)) => format!(" ({status})"),
+            _ => String::new(),
+        }
+    }
+
+    /// Serves one checkpoint request; the position checkpointed, or the KCL's refusal.
+    async fn checkpoint(
+        &mut self,
+        at: Option<ExtendedSequenceNumber>,
+        action: &'static str,
+        checkpointer: Option<&Checkpointer>,
+    ) -> Result<Option<ExtendedSequenceNumber>, CheckpointRefusal> {
+        // At SHARD_END flotilla writes the SHARD_END checkpoint itself once `shardEnded`
+        // is answered: the child's checkpoint there is the one the KCL requires, and
+        // is granted as it is.
+        if action == "shardEnded" {
+            return Ok(at);
+        }
+        let Some(checkpointer) = checkpointer else {
+            // initialize and leaseLost: no checkpoint is possible.
+            return Err(match action {
+                "leaseLost" => CheckpointRefusal::Shutdown,
+                _ => CheckpointRefusal::InvalidState,
+            });
+        };
+        let at = match at.or_else(|| self.last_delivered.clone()) {
+            Some(at) => at,
+            None => return Err(CheckpointRefusal::InvalidState),
+        };
+        if self.last_checkpoint.as_ref().is_some_and(|last| at < *last) {
+            return Err(CheckpointRefusal::IllegalArgument);
+        }
+        let written = match checkpointer.checkpoint(at.clone()).await {
+            Ok(()) => checkpointer.flush().await,
+            Err(error) => Err(error),
+        };
+        match written {
+            Ok(()) => {
+                self.last_checkpoint = Some(at.clone());
+                Ok(Some(at))
+            }
+            Err(error) => Err(refusal(&error)),
+        }
+    }
+
+    fn shard_label(&self) -> String {
+        self.shard
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "?".to_owned())
+    }
+}
+
+/// The KCL's name for why a checkpoint was refused.
+fn refusal(error: &CheckpointError) -> CheckpointRefusal {
+    match error {
+        CheckpointError::LeaseLost { .. } | CheckpointError::ReaderGone { .. } => {
+            CheckpointRefusal::Shutdown
+        }
+        CheckpointError::BeyondDelivered { .. } => CheckpointRefusal::IllegalArgument,
+        CheckpointError::NotWritten { .. } => CheckpointRefusal::Throttling,
+    }
+}
+
+fn failed(shard: &str, error: ChildError) -> ProcessorError {
+    ProcessorError::msg(format!("shard {shard}: MultiLang child: {error}"))
+}
+
+impl Processor for MultiLangProcessor {
+    async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
+        let label = shard.shard_id.to_string();
+        self.shard = Some(shard.shard_id.clone());
+        if let crate::model::Checkpoint::At(at) = &shard.starting_at {
+            self.last_checkpoint = Some(at.clone());
+        }
+        self.start(&shard.shard_id).map_err(|e| failed(&label, e))?;
+        let message = ToChild::Initialize {
+            shard_id: shard.shard_id.as_str(),
+            starting_at: &shard.starting_at,
+        };
+        self.call(message, None)
+            .await
+            .map_err(|e| failed(&label, e))
+    }
+
+    async fn process(
+        &mut self,
+        batch: &Batch,
+        checkpointer: &Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        if let Some(last) = batch.records().last() {
+            self.last_delivered = Some(ExtendedSequenceNumber::new(
+                last.sequence_number.clone(),
+                last.sub_sequence_number,
+            ));
+        }
+        let message = ToChild::ProcessRecords {
+            records: batch.records(),
+            millis_behind_latest: batch.millis_behind_latest(),
+        };
+        let label = self.shard_label();
+        // Manual mode: the host acks the batch when this returns (its window space is
+        // freed); what counts as processed is what the child checkpointed.
+        self.call(message, Some(checkpointer))
+            .await
+            .map_err(|e| failed(&label, e))
+    }
+
+    async fn lease_lost(&mut self) {
+        let label = self.shard_label();
+        if let Err(error) = self.call(ToChild::LeaseLost, None).await {
+            warn!(message = "MultiLang child did not finish leaseLost.", shard_id = %label, %error);
+        }
+        self.stop().await;
+    }
+
+    async fn shard_ended(&mut self, checkpointer: &Checkpointer) -> Result<(), ProcessorError> {
+        let label = self.shard_label();
+        let result = self
+            .call(ToChild::ShardEnded, Some(checkpointer))
+            .await
+            .map_err(|e| failed(&label, e));
+        self.stop().await;
+        result
+    }
+
+    async fn shutdown_requested(
+        &mut self,
+        checkpointer: &Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let label = self.shard_label();
+        let result = self
+            .call(ToChild::ShutdownRequested, Some(checkpointer))
+            .await
+            .map_err(|e| failed(&label, e));
+        self.stop().await;
+        result
+    }
+}
+
+impl MultiLangProcessor {
+    /// Closes the child's stdin (the client libraries end on it) and waits briefly for
+    /// it to exit; kills it otherwise.
+    async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        drop(child.stdin);
+        if tokio::time::timeout(Duration::from_secs(5), child.process.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.process.start_kill();
+        }
+    }
+}
