@@ -1,0 +1,160 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should panic
+//! MultiLang record processors run under flotilla with no JVM: the npm `aws-kcl`
+//! package's client, with a processor written as its sample consumer is
+//! (`multilang/consumer.js`), on the memory backend in real time (child processes).
+//! `scripts/test.sh` unpacks the package and names it in `FLOTILLA_TEST_AWS_KCL`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_actors::backend::LeaseTable as _;
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::model::{Checkpoint, LeaseKey, ShardId};
+use flotilla_actors::multilang::{ChildCommand, MultiLangProcessor};
+use flotilla_actors::oracle::OrderCheck;
+use flotilla_actors::{CheckpointMode, Worker};
+use support::probe::{Producer, fast_settings};
+use support::rig::{APP, Rig, STREAM};
+
+/// The unpacked npm package; the test fails loudly without it.
+fn aws_kcl() -> String {
+    std::env::var("FLOTILLA_TEST_AWS_KCL").expect(
+        "FLOTILLA_TEST_AWS_KCL must name the unpacked npm aws-kcl package (scripts/test.sh sets it)",
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("flotilla-multilang-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("out.txt")
+}
+
+fn consumer(out: &Path, crash_at: Option<u32>) -> Arc<ChildCommand> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/multilang/consumer.js");
+    let mut argv = vec![
+        "node".to_owned(),
+        script.display().to_string(),
+        out.display().to_string(),
+    ];
+    if let Some(n) = crash_at {
+        argv.push(n.to_string());
+    }
+    // The child finds the package through the environment it inherits.
+    aws_kcl();
+    Arc::new(ChildCommand {
+        argv,
+        watchdog: Some(Duration::from_secs(30)),
+    })
+}
+
+/// The lines the consumer wrote, through the library's order oracle.
+fn check(out: &Path) -> (OrderCheck, usize) {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    let mut check = OrderCheck::default();
+    let mut lines = 0;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ' ');
+        let (_shard, key, data) = (parts.next(), parts.next(), parts.next());
+        if let (Some(key), Some(data)) = (key, data) {
+            check.observe(key, data.as_bytes());
+            lines += 1;
+        }
+    }
+    (check, lines)
+}
+
+async fn wait_for(out: &Path, distinct: u64, limit: Duration) {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        let (check, _) = check(out);
+        if check.processed() >= distinct {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "only {} of {distinct} records processed by the child",
+            check.processed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn start(rig: &Rig, command: Arc<ChildCommand>) -> Worker {
+    let mut settings = fast_settings(STREAM, APP);
+    settings.checkpoint.mode = CheckpointMode::Manual;
+    Worker::builder()
+        .settings(settings)
+        .backend(rig.backend())
+        .processor(move |_| MultiLangProcessor::new(command.clone()))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The sample processor consumes every record in order per key; its checkpoints (the
+/// last record of each batch, then one more at shutdown) are what the lease table
+/// holds afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_npm_clients_sample_processor_consumes_and_checkpoints() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 4, 25).await;
+    let out = scratch("sample");
+    let worker = start(&rig, consumer(&out, None)).await;
+    wait_for(&out, producer.total(), Duration::from_secs(30)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let (check, lines) = check(&out);
+    assert_eq!(check.violations(), 0, "{:?}", check.examples());
+    assert_eq!(
+        check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
+        0
+    );
+    assert_eq!(
+        lines as u64,
+        producer.total(),
+        "no record twice without a crash"
+    );
+    let table = rig.dynamo.lease_table(APP);
+    for shard in 0..2 {
+        let lease = table
+            .get(&LeaseKey::from(&ShardId::from_index(shard)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(lease.checkpoint, Checkpoint::At(_)),
+            "shard {shard}: {:?}",
+            lease.checkpoint
+        );
+    }
+}
+
+/// A child that dies mid-batch: its shard restarts from the child's last checkpoint
+/// with a new child, and nothing is lost (records after that checkpoint come again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_child_restarts_its_shard_from_its_checkpoint() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 10).await;
+    let out = scratch("crash");
+    let worker = start(&rig, consumer(&out, Some(7))).await;
+    wait_for(&out, producer.total(), Duration::from_secs(30)).await;
+    assert!(
+        Path::new(&format!("{}.crashed", out.display())).exists(),
+        "the child was to crash once"
+    );
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let (check, _) = check(&out);
+    assert_eq!(check.violations(), 0, "{:?}", check.examples());
+    assert_eq!(
+        check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
+        0
+    );
+}
