@@ -5,9 +5,12 @@
 //! * `properties`: the Java properties-file syntax, read as the daemon reads it.
 //! * `protocol`: the messages, one JSON object a line, both ways.
 //! * `child`: [`MultiLangProcessor`], the processor that runs the child per shard.
+//! * `daemon_config`: a properties file as the child's command and flotilla settings.
 
 pub mod child;
+pub mod daemon_config;
 pub mod properties;
 pub mod protocol;
 
 pub use child::{ChildCommand, ChildError, MultiLangProcessor};
+pub use daemon_config::{DaemonConfig, DaemonConfigError};

@@ -60,6 +60,15 @@ pub enum LoadError {
     /// The layers together do not make settings (each one alone did).
     #[error("settings: {why}")]
     Merge { why: String },
+    /// A value of the base layer a caller gave (`Settings::load_over`): `origin` names
+    /// where it came from (e.g. a MultiLang properties file).
+    #[error("{origin}: setting {key} = {value:?}: {why}")]
+    Base {
+        origin: String,
+        key: String,
+        value: String,
+        why: String,
+    },
     /// The settings parse but cannot work ([`Settings::validate`]).
     #[error(transparent)]
     Invalid(#[from] SettingsError),
@@ -112,7 +121,22 @@ impl Settings {
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, LoadError> {
-        let settings = merge(file, env)?;
+        let settings = merge(&[], "", file, env)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// [`Settings::load_from`] over a base layer of settings by dotted key
+    /// (`("worker.stream", "orders")`, values as text the settings accept), which the
+    /// file and the variables override: how `flotilla multilang` puts a MultiLang
+    /// properties file under flotilla's own settings. `origin` names the base in errors.
+    pub fn load_over(
+        base: &[(String, String)],
+        origin: &str,
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, LoadError> {
+        let settings = merge(base, origin, file, env)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -120,6 +144,8 @@ impl Settings {
 
 /// The layers merged, not yet validated.
 fn merge(
+    base: &[(String, String)],
+    origin: &str,
     file: Option<&Path>,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Settings, LoadError> {
@@ -137,7 +163,23 @@ fn merge(
         .or_else(|| config_file.filter(|f| !f.is_empty()).map(PathBuf::from));
 
     // The defaults are the fields' own (`#[serde(default)]`): nothing to add for them.
+    // The base is the config crate's "defaults": under every source.
     let mut layers = Config::builder();
+    for (key, value) in base {
+        let base_error = |why: String| LoadError::Base {
+            origin: origin.to_owned(),
+            key: key.clone(),
+            value: value.clone(),
+            why,
+        };
+        let alone = Config::builder()
+            .set_default(key.as_str(), value.as_str())
+            .map_err(|e| base_error(error_text(&e)))?;
+        deserialize(alone).map_err(base_error)?;
+        layers = layers
+            .set_default(key.as_str(), value.as_str())
+            .map_err(|e| base_error(error_text(&e)))?;
+    }
     if let Some(path) = file {
         let text = std::fs::read_to_string(&path).map_err(|source| LoadError::ReadFile {
             path: path.clone(),
@@ -371,10 +413,13 @@ mod tests {
     fn default_toml_is_exactly_the_defaults() {
         let parsed: Settings = toml::from_str(DEFAULTS).unwrap();
         assert_eq!(parsed, Settings::default());
-        assert_eq!(merge(None, []).unwrap(), Settings::default());
+        assert_eq!(merge(&[], "", None, []).unwrap(), Settings::default());
         // Loading the documented file changes nothing either.
         let file = TempFile::new("defaults", DEFAULTS);
-        assert_eq!(merge(Some(&file.0), []).unwrap(), Settings::default());
+        assert_eq!(
+            merge(&[], "", Some(&file.0), []).unwrap(),
+            Settings::default()
+        );
     }
 
     #[test]
@@ -481,6 +526,39 @@ mod tests {
         let prod = load_from(Some(&config_file("example-prod.toml")), []).unwrap();
         assert_eq!(prod.worker.stream, "orders");
         assert_eq!(prod.checkpoint.mode, CheckpointMode::Watermark);
+    }
+
+    #[test]
+    fn a_base_layer_is_under_the_file_and_the_environment() {
+        let base = vec![
+            ("worker.stream".to_owned(), "from-base".to_owned()),
+            ("worker.application".to_owned(), "app".to_owned()),
+            ("reader.poll_interval".to_owned(), "250ms".to_owned()),
+            ("reader.max_records".to_owned(), "2500".to_owned()),
+        ];
+        let file = TempFile::new("over-base", "[reader]\nmax_records = 100\n");
+        let settings = Settings::load_over(
+            &base,
+            "app.properties",
+            Some(&file.0),
+            vars(&[("FLOTILLA__READER__POLL_INTERVAL", "1s")]),
+        )
+        .unwrap();
+        assert_eq!(settings.worker.stream, "from-base");
+        assert_eq!(settings.reader.max_records, 100, "the file over the base");
+        assert_eq!(
+            settings.reader.poll_interval,
+            Duration::from_secs(1),
+            "the variable over both"
+        );
+        let bad = vec![("reader.max_records".to_owned(), "many".to_owned())];
+        let error = Settings::load_over(&bad, "app.properties", None, with_required(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("app.properties: setting reader.max_records = \"many\""),
+            "{error}"
+        );
     }
 
     #[test]
