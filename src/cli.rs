@@ -12,9 +12,11 @@ use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
 use flotilla_actors::model::{Checkpoint, Lease};
-use flotilla_actors::{Backend, Settings, ShutdownReport, Worker};
+use flotilla_actors::multilang::properties::Properties;
+use flotilla_actors::multilang::{DaemonConfig, MultiLangProcessor};
+use flotilla_actors::{Backend, CheckpointMode, Settings, ShutdownReport, Worker};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::demo::{self, DemoArgs};
 use crate::stdout_processor::StdoutProcessor;
@@ -54,6 +56,20 @@ pub enum Command {
         flotilla run --config worker.toml\n  \
         FLOTILLA__WORKER__STREAM=orders FLOTILLA__WORKER__APPLICATION=orders-audit flotilla run")]
     Run(RunArgs),
+    /// Run a KCL MultiLang record processor (Python, Node.js, Ruby, .NET, ...) with no JVM.
+    ///
+    /// Reads the MultiLangDaemon properties file (executableName, streamName,
+    /// applicationName, initialPositionInStream, regionName, maxRecords, ...), starts one
+    /// `executableName` child per held lease and speaks the daemon's protocol to it over
+    /// its stdin and stdout; its stderr goes to the log. The child's checkpoints are the
+    /// checkpoints (KCL lease table, so a Java KCL's checkpoints carry over). A
+    /// flotilla settings file (--config) and FLOTILLA__SECTION__KEY variables override
+    /// the properties. Keys flotilla does not use are named in a warning; keys it cannot
+    /// honour stop the start with what to do.
+    #[command(after_help = "Examples:\n  \
+        flotilla multilang --properties sample.properties\n  \
+        FLOTILLA__AWS__KINESIS_ENDPOINT=http://127.0.0.1:4567 flotilla multilang --properties app.properties")]
+    Multilang(MultiLangArgs),
     /// Create the lease table if it does not exist (PAY_PER_REQUEST, hash key leaseKey).
     ///
     /// An existing lease table is fine. With --stream, also create a Kinesis stream, on a
@@ -200,6 +216,17 @@ pub struct RunArgs {
     pub config: Option<PathBuf>,
 }
 
+#[derive(Debug, Args)]
+pub struct MultiLangArgs {
+    /// The MultiLangDaemon properties file.
+    #[arg(long, value_name = "FILE")]
+    pub properties: PathBuf,
+    /// A TOML settings file over the properties; FLOTILLA__SECTION__KEY variables
+    /// override both.
+    #[arg(long, env = "FLOTILLA_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
 /// Where the lease table is.
 #[derive(Debug, Args)]
 pub struct TableArgs {
@@ -248,6 +275,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(args) => demo::run(args).await,
         Command::Run(args) => run_worker(args).await,
+        Command::Multilang(args) => multilang(args).await,
         Command::Init(args) => init(args).await,
         Command::Leases(args) => {
             let table = args.open().await;
@@ -402,15 +430,64 @@ async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
     let backend = Backend::aws(&settings.aws).await;
     // Listen before starting: a SIGTERM during start-up must not kill the process
     // with its leases held.
-    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    let mut worker = Worker::builder()
+    let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let worker = Worker::builder()
         .settings(settings)
         .backend(backend)
         .processor(|shard| StdoutProcessor::new(shard.shard_id.clone()))
         .start()
         .await
         .with_context(|| format!("cannot start a worker on stream {stream}"))?;
+    serve(worker, terminate).await
+}
 
+/// `flotilla multilang`: the properties file as the lowest settings layer, one child
+/// per lease.
+async fn multilang(args: MultiLangArgs) -> anyhow::Result<()> {
+    let path = args.properties.display().to_string();
+    let text = std::fs::read_to_string(&args.properties)
+        .with_context(|| format!("cannot read properties file {path}"))?;
+    let properties = Properties::parse(&text).with_context(|| format!("properties file {path}"))?;
+    let daemon = DaemonConfig::from_properties(&properties)
+        .with_context(|| format!("properties file {path}"))?;
+    for note in &daemon.warnings {
+        warn!(message = "MultiLang property not used.", file = %path, note = %note);
+    }
+    let mut base = daemon.settings.clone();
+    // The child decides what is processed: its checkpoints are the only ones.
+    base.push(("checkpoint.mode".to_owned(), "manual".to_owned()));
+    let settings = Settings::load_over(
+        &base,
+        &format!("properties file {path}"),
+        args.config.as_deref(),
+        Settings::environment()?,
+    )?;
+    if settings.checkpoint.mode != CheckpointMode::Manual {
+        bail!(
+            "checkpoint.mode = {:?}: a MultiLang processor checkpoints itself, so the mode must be manual (remove the override)",
+            settings.checkpoint.mode
+        );
+    }
+    let stream = settings.worker.stream.clone();
+    let backend = Backend::aws(&settings.aws).await;
+    let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let command = Arc::new(daemon.command);
+    let worker = Worker::builder()
+        .settings(settings)
+        .backend(backend)
+        .processor(move |_| MultiLangProcessor::new(command.clone()))
+        .start()
+        .await
+        .with_context(|| format!("cannot start a worker on stream {stream}"))?;
+    serve(worker, terminate).await
+}
+
+/// Runs a started worker until Ctrl-C, SIGTERM or its own stop, then shuts it down
+/// gracefully and reports how.
+async fn serve(
+    mut worker: Worker,
+    mut terminate: tokio::signal::unix::Signal,
+) -> anyhow::Result<()> {
     let signal_name = tokio::select! {
         result = tokio::signal::ctrl_c() => {
             result.context("cannot listen for Ctrl-C")?;

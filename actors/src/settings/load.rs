@@ -97,6 +97,12 @@ impl Settings {
     /// # }
     /// ```
     pub fn load(file: Option<&Path>) -> Result<Settings, LoadError> {
+        Self::load_from(file, Self::environment()?)
+    }
+
+    /// The process's variables that settings read: `FLOTILLA_CONFIG` and the
+    /// `FLOTILLA__…` ones (for [`Settings::load_over`]).
+    pub fn environment() -> Result<Vec<(String, String)>, LoadError> {
         let mut env = Vec::new();
         for (name, value) in std::env::vars_os() {
             // Names that are not UTF-8 cannot be ours, which are ASCII.
@@ -111,7 +117,7 @@ impl Settings {
                 .map_err(|_| LoadError::NotUtf8 { name: name.clone() })?;
             env.push((name, value));
         }
-        Self::load_from(file, env)
+        Ok(env)
     }
 
     /// [`Settings::load`] with the environment given instead of the process's (for tests,
