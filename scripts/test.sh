@@ -50,6 +50,12 @@ readonly KINESIS_VERSION=0.6.2
 #  - moto (PyPI), the Python emulator many AWS users test with: an independent
 #    reading of the DynamoDB and Kinesis APIs (it returns the least they promise).
 readonly MOTO_VERSION=5.2.5
+#  - aws-kcl (npm), the Node.js client of the KCL MultiLangDaemon protocol: the
+#    MultiLang tests run a record processor written with it under flotilla. Its
+#    runtime needs nothing but node (the jars it can fetch are for the Java daemon,
+#    which flotilla replaces).
+readonly AWS_KCL_PKG=aws-kcl
+readonly AWS_KCL_VERSION=2.3.2
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly ROOT
@@ -58,6 +64,7 @@ readonly LOG_DIR="$SERVERS_DIR/logs"
 readonly DDB_DIR="$SERVERS_DIR/$DDB_PKG-$DDB_VERSION/emulator"
 readonly KINESIS_DIR="$SERVERS_DIR/$KINESIS_PKG-$KINESIS_VERSION"
 readonly MOTO_DIR="$SERVERS_DIR/moto-$MOTO_VERSION"
+readonly AWS_KCL_DIR="$SERVERS_DIR/$AWS_KCL_PKG-$AWS_KCL_VERSION"
 readonly WAIT_SECONDS="${FLOTILLA_TEST_SERVER_WAIT:-60}"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
@@ -190,6 +197,7 @@ install_all() {
     rm -rf "$SERVERS_DIR"/.tmp-* # left by an install that was interrupted
     install_npm_tarball "$DDB_PKG" "$DDB_VERSION"
     install_npm_tarball "$KINESIS_PKG" "$KINESIS_VERSION"
+    install_npm_tarball "$AWS_KCL_PKG" "$AWS_KCL_VERSION"
     install_moto
     exec {lock_fd}>&-
 }
@@ -449,6 +457,7 @@ test_env=(
     FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT="$KINESIS_ENDPOINT"
     FLOTILLA_TEST_MOTO_ENDPOINT="$MOTO_ENDPOINT"
     FLOTILLA_TEST_CHROMIUM="$CHROMIUM"
+    FLOTILLA_TEST_AWS_KCL="$AWS_KCL_DIR"
     AWS_ACCESS_KEY_ID=test
     AWS_SECRET_ACCESS_KEY=test
     AWS_REGION=us-east-1
