@@ -4,10 +4,17 @@
 //! Each call writes one action and reads the child's lines until its `status` for that
 //! action, answering the `checkpoint` requests that come before it through the shard's
 //! [`Checkpointer`] (manual mode: the child decides what is done). A checkpoint is
-//! answered once it is written, as the KCL's synchronous checkpoint is. Anything else
-//! fails the call, and with it the shard, which restarts from its checkpoint with a new
-//! child: the child exiting, closing its stdout, a line that is not the protocol, a
-//! `status` for another action, or no answer within the watchdog.
+//! answered once it is written, as the KCL's synchronous checkpoint is, echoing the
+//! request, with the KCL's exception name when refused. Lines that are not messages are
+//! skipped and logged, as the daemon skips them (children print to stdout). The child
+//! exiting, closing its stdout, a `status` for another action, or no line within the
+//! watchdog (`timeoutInSeconds`, per line as in the daemon) fail the call, and with it
+//! the shard, which restarts from its checkpoint with a new child. (The Java daemon
+//! exits the whole process there, every shard with it.)
+//!
+//! As the daemon: `shardEnded` must be answered with a checkpoint at SHARD_END (no
+//! sequence number, or the last record delivered) or the shard does not end (here: it
+//! fails, and restarts, visibly); `shutdownRequested` is followed by `leaseLost`.
 //!
 //! The child's stderr goes to the log, a line each, with the shard id.
 
@@ -19,7 +26,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tracing::{info, warn};
 
-use super::protocol::{CheckpointRefusal, FromChild, ToChild};
+use super::protocol::{CheckpointRefusal, CheckpointRequest, FromChild, ToChild};
 use crate::model::{ExtendedSequenceNumber, ShardId};
 use crate::protocol::{Batch, CheckpointError, Checkpointer, ShardInfo};
 use crate::{Processor, ProcessorError};
@@ -43,6 +50,8 @@ pub struct MultiLangProcessor {
     last_delivered: Option<ExtendedSequenceNumber>,
     /// The last checkpoint the child made: a lower one is refused, as the KCL does.
     last_checkpoint: Option<ExtendedSequenceNumber>,
+    /// During `shardEnded`: the child checkpointed at SHARD_END.
+    reached_shard_end: bool,
 }
 
 impl std::fmt::Debug for MultiLangProcessor {
@@ -89,11 +98,15 @@ pub enum ChildError {
     },
     #[error("the child answered status for {got} while flotilla waited for {action}")]
     WrongStatus { action: &'static str, got: String },
-    #[error("the child did not finish {action} within {}", humantime::format_duration(*.limit))]
+    #[error("the child wrote no line for {} while flotilla waited for its status for {action} (timeoutInSeconds)", humantime::format_duration(*.limit))]
     Timeout {
         action: &'static str,
         limit: Duration,
     },
+    #[error(
+        "the child answered shardEnded without checkpointing at SHARD_END; a MultiLang processor must call checkpoint() in shardEnded, or the shard never ends"
+    )]
+    NoShardEndCheckpoint,
 }
 
 impl MultiLangProcessor {
@@ -104,6 +117,7 @@ impl MultiLangProcessor {
             child: None,
             last_delivered: None,
             last_checkpoint: None,
+            reached_shard_end: false,
         }
     }
 
@@ -155,16 +169,7 @@ impl MultiLangProcessor {
         message: ToChild<'_>,
         checkpointer: Option<&Checkpointer>,
     ) -> Result<(), ChildError> {
-        let action = message.action();
-        let watchdog = self.command.watchdog;
-        let work = self.exchange(message, checkpointer);
-        let result = match watchdog {
-            Some(limit) => match tokio::time::timeout(limit, work).await {
-                Ok(result) => result,
-                Err(_) => Err(ChildError::Timeout { action, limit }),
-            },
-            None => work.await,
-        };
+        let result = self.exchange(message, checkpointer).await;
         if result.is_err() {
             // The shard restarts with a new child; this one must not live on.
             if let Some(mut child) = self.child.take() {
@@ -180,11 +185,19 @@ impl MultiLangProcessor {
         checkpointer: Option<&Checkpointer>,
     ) -> Result<(), ChildError> {
         let action = message.action();
+        let watchdog = self.command.watchdog;
         self.send(&message).await?;
         loop {
             let line = {
                 let child = self.child.as_mut().ok_or(ChildError::NotRunning)?;
-                child.stdout.next_line().await.map_err(ChildError::Read)?
+                let next = child.stdout.next_line();
+                match watchdog {
+                    Some(limit) => tokio::time::timeout(limit, next)
+                        .await
+                        .map_err(|_| ChildError::Timeout { action, limit })?,
+                    None => next.await,
+                }
+                .map_err(ChildError::Read)?
             };
             let Some(line) = line else {
                 let exit = self.exit_status().await;
@@ -201,15 +214,22 @@ impl MultiLangProcessor {
                         got: response_for,
                     });
                 }
-                Ok(Some(FromChild::Checkpoint { at })) => {
-                    let answer = self.checkpoint(at, action, checkpointer).await;
-                    let (at, error) = match &answer {
-                        Ok(at) => (at.as_ref(), None),
-                        Err(refusal) => (None, Some(*refusal)),
+                Ok(Some(FromChild::Checkpoint(request))) => {
+                    let error = self.checkpoint(&request, action, checkpointer).await.err();
+                    let reply = ToChild::Checkpoint {
+                        request: &request,
+                        error,
                     };
-                    let reply = ToChild::Checkpoint { at, error };
                     let line = reply.to_line();
                     self.write(line.as_bytes(), "checkpoint").await?;
+                }
+                Err(error) if error.is_skippable() => {
+                    warn!(
+                        message = "MultiLang child wrote a line that is not a message; skipped.",
+                        shard_id = %self.shard_label(),
+                        waiting_for = action,
+                        %error,
+                    );
                 }
                 Err(error) => return Err(ChildError::NotProtocol { action, error }),
             }
@@ -245,29 +265,37 @@ impl MultiLangProcessor {
         }
     }
 
-    /// Serves one checkpoint request; the position checkpointed, or the KCL's refusal.
+    /// Serves one checkpoint request, or says why the KCL would refuse it.
     async fn checkpoint(
         &mut self,
-        at: Option<ExtendedSequenceNumber>,
+        request: &CheckpointRequest,
         action: &'static str,
         checkpointer: Option<&Checkpointer>,
-    ) -> Result<Option<ExtendedSequenceNumber>, CheckpointRefusal> {
-        // At SHARD_END flotilla writes the SHARD_END checkpoint itself once `shardEnded`
-        // is answered: the child's checkpoint there is the one the KCL requires, and
-        // is granted as it is.
-        if action == "shardEnded" {
-            return Ok(at);
-        }
+    ) -> Result<(), CheckpointRefusal> {
+        // During initialize and leaseLost the daemon has no checkpointer.
         let Some(checkpointer) = checkpointer else {
-            // initialize and leaseLost: no checkpoint is possible.
-            return Err(match action {
-                "leaseLost" => CheckpointRefusal::Shutdown,
-                _ => CheckpointRefusal::InvalidState,
-            });
+            return Err(CheckpointRefusal::InvalidState);
         };
-        let at = match at.or_else(|| self.last_delivered.clone()) {
+        let asked = request
+            .position()
+            .map_err(|_| CheckpointRefusal::IllegalArgument)?;
+        if action == "shardEnded" {
+            // No sequence number, or the last record delivered: SHARD_END, which
+            // flotilla writes once shardEnded is answered (with the children).
+            let at_end = match &asked {
+                None => true,
+                Some(at) => self.last_delivered.as_ref().is_none_or(|last| at == last),
+            };
+            if at_end {
+                self.reached_shard_end = true;
+                return Ok(());
+            }
+        }
+        let at = match asked.or_else(|| self.last_delivered.clone()) {
             Some(at) => at,
-            None => return Err(CheckpointRefusal::InvalidState),
+            // Nothing delivered yet: the largest permitted position is where the
+            // shard started; nothing to move.
+            None => return Ok(()),
         };
         if self.last_checkpoint.as_ref().is_some_and(|last| at < *last) {
             return Err(CheckpointRefusal::IllegalArgument);
@@ -278,8 +306,8 @@ impl MultiLangProcessor {
         };
         match written {
             Ok(()) => {
-                self.last_checkpoint = Some(at.clone());
-                Ok(Some(at))
+                self.last_checkpoint = Some(at);
+                Ok(())
             }
             Err(error) => Err(refusal(&error)),
         }
@@ -358,12 +386,13 @@ impl Processor for MultiLangProcessor {
 
     async fn shard_ended(&mut self, checkpointer: &Checkpointer) -> Result<(), ProcessorError> {
         let label = self.shard_label();
-        let result = self
-            .call(ToChild::ShardEnded, Some(checkpointer))
-            .await
-            .map_err(|e| failed(&label, e));
+        self.reached_shard_end = false;
+        let mut result = self.call(ToChild::ShardEnded, Some(checkpointer)).await;
+        if result.is_ok() && !self.reached_shard_end {
+            result = Err(ChildError::NoShardEndCheckpoint);
+        }
         self.stop().await;
-        result
+        result.map_err(|e| failed(&label, e))
     }
 
     async fn shutdown_requested(
@@ -375,6 +404,13 @@ impl Processor for MultiLangProcessor {
             .call(ToChild::ShutdownRequested, Some(checkpointer))
             .await
             .map_err(|e| failed(&label, e));
+        // The daemon ends a child that was asked to shut down with leaseLost (its lease
+        // is passed on); the client libraries end the processor there.
+        if result.is_ok()
+            && let Err(error) = self.call(ToChild::LeaseLost, None).await
+        {
+            warn!(message = "MultiLang child did not finish leaseLost.", shard_id = %label, %error);
+        }
         self.stop().await;
         result
     }

@@ -51,9 +51,12 @@ const MILLIS: &[(&str, &str)] = &[
         "parentShardPollIntervalMillis",
         "reader.parent_poll_interval",
     ),
-    ("taskBackoffTimeMillis", "reader.backoff_min"),
+    ("taskBackoffTimeMillis", "supervision.restart_backoff_min"),
     ("metricsBufferTimeMillis", "metrics.interval"),
 ];
+
+/// The KCL's floor for `idleTimeBetweenReadsInMillis` (a lower value reads as this).
+const MIN_IDLE_MILLIS: u64 = 200;
 
 /// Keys whose value is a count, and the setting each sets.
 const COUNTS: &[(&str, &str)] = &[
@@ -65,15 +68,28 @@ const COUNTS: &[(&str, &str)] = &[
 /// Keys taken as text as they are.
 const TEXTS: &[(&str, &str)] = &[
     ("streamName", "worker.stream"),
-    ("streamArn", "worker.stream"),
     ("applicationName", "worker.application"),
     ("workerId", "worker.worker_id"),
-    ("workerIdentifier", "worker.worker_id"),
     ("regionName", "aws.region"),
     ("kinesisEndpoint", "aws.kinesis_endpoint"),
     ("dynamoDBEndpoint", "aws.dynamodb_endpoint"),
-    ("dynamoDbEndpoint", "aws.dynamodb_endpoint"),
-    ("cloudWatchEndpoint", "aws.cloudwatch_endpoint"),
+];
+
+/// Keys that make the daemon poll: with `retrievalMode` DEFAULT (or absent) it reads
+/// with enhanced fan-out unless one of them is set.
+const POLLING_KEYS: &[&str] = &[
+    "maxRecords",
+    "idleTimeBetweenReadsInMillis",
+    "retryGetRecordsInSeconds",
+    "maxGetRecordsThreadPool",
+];
+
+/// The credentials providers that are the AWS SDK's default chain, which flotilla uses.
+const DEFAULT_CHAIN: &[&str] = &[
+    "DefaultAWSCredentialsProviderChain",
+    "DefaultCredentialsProvider",
+    "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
+    "com.amazonaws.auth.DefaultAWSCredentialsProviderChain",
 ];
 
 /// Keys of the daemon's that mean nothing to flotilla, with why they are not needed.
@@ -85,7 +101,15 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "validateSequenceNumberBeforeCheckpointing",
-        "flotilla checks every checkpoint against the records delivered",
+        "no effect in the KCL 2.x and 3.x either; flotilla checks every checkpoint against the records delivered",
+    ),
+    (
+        "ignoreUnexpectedChildShards",
+        "flotilla follows every child the stream lists",
+    ),
+    (
+        "skipShardSyncAtWorkerInitializationIfLeasesExist",
+        "flotilla lists the stream at start; that creates no row that exists",
     ),
     (
         "initialLeaseTableReadCapacity",
@@ -104,12 +128,22 @@ const IGNORED: &[(&str, &str)] = &[
         "ListShards is retried until it answers",
     ),
     (
+        "maxLeaseRenewalThreads",
+        "flotilla renews no lease: one heartbeat row per worker",
+    ),
+    (
         "shutdownGraceMillis",
         "the graceful shutdown is flotilla's supervision.shutdown_timeout",
     ),
     ("maxActiveThreads", "flotilla runs on tokio's threads"),
-    ("userAgent", "not sent"),
-    ("logLevel", "flotilla logs through RUST_LOG"),
+    (
+        "metricsMaxQueueSize",
+        "flotilla aggregates metrics in place",
+    ),
+    (
+        "metricsEnabledDimensions",
+        "flotilla's dimensions follow metricsLevel",
+    ),
 ];
 
 impl DaemonConfig {
@@ -118,6 +152,11 @@ impl DaemonConfig {
         let mut warnings = Vec::new();
         let mut watchdog = None;
         let mut argv = Vec::new();
+        let mut stream_arn = None;
+        let mut table_name = None;
+        let mut position_key = None;
+        let mut timestamp = None;
+        let mut retrieval_mode: Option<String> = None;
         for (key, raw) in properties.iter() {
             let value = raw.trim();
             let bad = |why: &str| DaemonConfigError::BadValue {
@@ -125,17 +164,28 @@ impl DaemonConfig {
                 value: raw.to_owned(),
                 why: why.to_owned(),
             };
+            let unsupported = |what_to_do: &str| DaemonConfigError::Unsupported {
+                key: key.to_owned(),
+                value: raw.to_owned(),
+                what_to_do: what_to_do.to_owned(),
+            };
             if key == "executableName" {
-                // Split as the daemon splits it: on runs of spaces.
+                // Split as the daemon splits it: on runs of spaces, no quoting.
                 argv = value
                     .split(' ')
                     .filter(|s| !s.is_empty())
                     .map(str::to_owned)
                     .collect();
             } else if let Some((_, setting)) = MILLIS.iter().find(|(k, _)| *k == key) {
-                let millis: u64 = value
+                let mut millis: u64 = value
                     .parse()
                     .map_err(|_| bad("not a whole number of milliseconds"))?;
+                if key == "idleTimeBetweenReadsInMillis" && millis < MIN_IDLE_MILLIS {
+                    warnings.push(format!(
+                        "{key} = {millis} reads as {MIN_IDLE_MILLIS}, the KCL's floor"
+                    ));
+                    millis = MIN_IDLE_MILLIS;
+                }
                 settings.push(((*setting).to_owned(), format!("{millis}ms")));
             } else if let Some((_, setting)) = COUNTS.iter().find(|(k, _)| *k == key) {
                 let count: u32 = value.parse().map_err(|_| bad("not a whole number"))?;
@@ -144,24 +194,34 @@ impl DaemonConfig {
                 if !value.is_empty() {
                     settings.push(((*setting).to_owned(), value.to_owned()));
                 }
+            } else if key == "streamArn" {
+                // The daemon takes the stream's name from the ARN, and prefers it.
+                let name = value
+                    .rsplit_once(":stream/")
+                    .map(|(_, name)| name)
+                    .filter(|name| !name.is_empty() && !name.contains('/'))
+                    .ok_or_else(|| {
+                        bad("not a Kinesis stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)")
+                    })?;
+                stream_arn = Some(name.to_owned());
+            } else if key == "tableName" {
+                table_name = Some(value.to_owned());
             } else if key == "initialPositionInStream" {
-                let position = match value {
-                    "TRIM_HORIZON" | "LATEST" | "AT_TIMESTAMP" => value,
-                    _ => return Err(bad("expected TRIM_HORIZON, LATEST or AT_TIMESTAMP")),
-                };
-                settings.push(("worker.initial_position".to_owned(), position.to_owned()));
-            } else if key == "initialPositionInStreamExtended"
-                || key == "timestampAtInitialPositionInStream"
-            {
-                // The time for AT_TIMESTAMP, as epoch milliseconds or RFC 3339.
-                let text = match value.parse::<u64>() {
-                    Ok(millis) => humantime::format_rfc3339_millis(
-                        std::time::UNIX_EPOCH + Duration::from_millis(millis),
-                    )
-                    .to_string(),
-                    Err(_) => value.to_owned(),
-                };
-                settings.push(("worker.initial_timestamp".to_owned(), text));
+                position_key = Some(match value.to_ascii_uppercase().as_str() {
+                    "TRIM_HORIZON" => "TRIM_HORIZON",
+                    "LATEST" => "LATEST",
+                    _ => {
+                        return Err(bad(
+                            "expected TRIM_HORIZON or LATEST (for a time: initialPositionInStreamExtended = seconds since the epoch)",
+                        ));
+                    }
+                });
+            } else if key == "initialPositionInStreamExtended" {
+                let secs: u64 = value
+                    .parse()
+                    .map_err(|_| bad("not a whole number of seconds since the epoch"))?;
+                let at = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+                timestamp = Some(humantime::format_rfc3339_seconds(at).to_string());
             } else if key == "metricsLevel" {
                 let level = match value.to_ascii_uppercase().as_str() {
                     "NONE" => "none",
@@ -181,38 +241,34 @@ impl DaemonConfig {
                 match value.to_ascii_lowercase().as_str() {
                     "false" => {}
                     "true" => {
-                        return Err(DaemonConfigError::Unsupported {
-                            key: key.to_owned(),
-                            value: raw.to_owned(),
-                            what_to_do: "flotilla calls processRecords only with records; remove the key, and act on time in the processor if it relied on empty calls".to_owned(),
-                        });
+                        return Err(unsupported(
+                            "flotilla calls processRecords only with records; remove the key, and act on time in the processor if it relied on empty calls",
+                        ));
                     }
                     _ => return Err(bad("expected true or false")),
                 }
             } else if key == "retrievalMode" {
-                if !value.eq_ignore_ascii_case("POLLING") && !value.eq_ignore_ascii_case("DEFAULT")
-                {
-                    return Err(DaemonConfigError::Unsupported {
-                        key: key.to_owned(),
-                        value: raw.to_owned(),
-                        what_to_do: "flotilla reads by polling; set retrievalMode = POLLING"
-                            .to_owned(),
-                    });
+                let mode = value.to_ascii_uppercase();
+                if mode != "POLLING" && mode != "DEFAULT" {
+                    return Err(unsupported(
+                        "flotilla reads by polling GetRecords; set retrievalMode = POLLING",
+                    ));
                 }
-            } else if key == "AWSCredentialsProvider" || key == "AwsCredentialsProvider" {
-                let first = value.split([',', '|']).next().unwrap_or("").trim();
-                let default_chain = [
-                    "DefaultAWSCredentialsProviderChain",
-                    "DefaultCredentialsProvider",
-                    "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
-                    "com.amazonaws.auth.DefaultAWSCredentialsProviderChain",
-                ];
-                if !default_chain.contains(&first) {
-                    return Err(DaemonConfigError::Unsupported {
-                        key: key.to_owned(),
-                        value: raw.to_owned(),
-                        what_to_do: "flotilla uses the AWS SDK's default chain (environment, profile via AWS_PROFILE, web identity, container and instance credentials); set DefaultCredentialsProvider and pick the credentials through that chain".to_owned(),
-                    });
+                retrieval_mode = Some(mode);
+            } else if key
+                .to_ascii_lowercase()
+                .starts_with("awscredentialsprovider")
+            {
+                // A chain is comma-separated, arguments follow `|`: flotilla uses the
+                // SDK's default chain, so only that may be named.
+                let all_default = value
+                    .split(',')
+                    .map(|p| p.split('|').next().unwrap_or("").trim())
+                    .all(|p| DEFAULT_CHAIN.contains(&p));
+                if !all_default {
+                    return Err(unsupported(
+                        "flotilla uses the AWS SDK's default chain (environment, a profile through AWS_PROFILE, web identity, container and instance credentials); set DefaultCredentialsProvider and choose the credentials through that chain",
+                    ));
                 }
             } else if let Some((_, why)) = IGNORED.iter().find(|(k, _)| *k == key) {
                 warnings.push(format!("{key} is not used: {why}"));
@@ -224,6 +280,36 @@ impl DaemonConfig {
             return Err(DaemonConfigError::Missing {
                 key: "executableName",
             });
+        }
+        if let Some(name) = stream_arn {
+            settings.push(("worker.stream".to_owned(), name));
+        }
+        if let Some(table) = table_name {
+            let application = properties.get("applicationName").map(str::trim);
+            if application != Some(table.as_str()) {
+                return Err(DaemonConfigError::Unsupported {
+                    key: "tableName".to_owned(),
+                    value: table,
+                    what_to_do: "flotilla names the lease table after applicationName, as the KCL does by default; set applicationName to the table's name, or remove tableName".to_owned(),
+                });
+            }
+        }
+        // Where a new application starts: AT_TIMESTAMP when a time is given, else
+        // initialPositionInStream, else LATEST (the KCL's default, not flotilla's).
+        let position = match (timestamp, position_key) {
+            (Some(at), _) => {
+                settings.push(("worker.initial_timestamp".to_owned(), at));
+                "AT_TIMESTAMP"
+            }
+            (None, Some(position)) => position,
+            (None, None) => "LATEST",
+        };
+        settings.push(("worker.initial_position".to_owned(), position.to_owned()));
+        let polls = POLLING_KEYS.iter().any(|k| properties.get(k).is_some());
+        if retrieval_mode.is_none_or(|m| m == "DEFAULT") && !polls {
+            warnings.push(
+                "retrievalMode: with no polling key set (maxRecords, idleTimeBetweenReadsInMillis) the KCL would read with enhanced fan-out; flotilla polls GetRecords".to_owned(),
+            );
         }
         Ok(Self {
             command: ChildCommand { argv, watchdog },
@@ -251,7 +337,7 @@ mod tests {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The npm sample's properties file, as published.
+    /// The npm sample's properties file (samples/basic_sample/consumer), as published.
     const SAMPLE: &str = "\
 executableName = node sample_kcl_app.js
 streamName = kclnodejssample
@@ -276,19 +362,30 @@ regionName = us-east-1
         for (key, want) in table {
             assert_eq!(setting(&c, key), Some(want), "{key}");
         }
-        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
-        assert!(c.warnings[0].starts_with("processingLanguage"));
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(c.warnings[0].starts_with("processingLanguage is not used"));
+        assert!(
+            c.warnings[1].contains("enhanced fan-out"),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]
     fn every_mapped_key() {
         let c = config(
             "executableName = python3  -u   app.py --flag\n\
+             streamName = old-name\n\
+             streamArn = arn:aws:kinesis:eu-west-1:123456789012:stream/orders\n\
+             applicationName = orders-app\n\
+             tableName = orders-app\n\
              maxRecords = 2500\n\
-             idleTimeBetweenReadsInMillis = 250\n\
+             idleTimeBetweenReadsInMillis = 50\n\
              failoverTimeMillis = 20000\n\
              shardSyncIntervalMillis = 60000\n\
              parentShardPollIntervalMillis = 5000\n\
+             taskBackoffTimeMillis = 700\n\
+             metricsBufferTimeMillis = 10000\n\
              maxLeasesForWorker = 40\n\
              maxLeasesToStealAtOneTime = 2\n\
              kinesisEndpoint = http://127.0.0.1:4567\n\
@@ -297,35 +394,55 @@ regionName = us-east-1
              metricsLevel = summary\n\
              timeoutInSeconds = 90\n\
              callProcessRecordsEvenForEmptyRecordList = false\n\
-             retrievalMode = POLLING\n\
-             initialPositionInStream = AT_TIMESTAMP\n\
-             initialPositionInStreamExtended = 1700000000000\n\
+             retrievalMode = polling\n\
+             initialPositionInStream = TRIM_HORIZON\n\
+             initialPositionInStreamExtended = 1700000000\n\
+             AwsCredentialsProviderDynamoDB = DefaultCredentialsProvider\n\
              someFutureKey = 1\n",
         )
         .unwrap();
         assert_eq!(c.command.argv, ["python3", "-u", "app.py", "--flag"]);
         assert_eq!(c.command.watchdog, Some(Duration::from_secs(90)));
         let table = [
+            ("worker.stream", "orders"),
+            ("worker.application", "orders-app"),
             ("reader.max_records", "2500"),
-            ("reader.poll_interval", "250ms"),
+            ("reader.poll_interval", "200ms"),
             ("lease.failover_time", "20000ms"),
             ("reader.shard_sync_interval", "60000ms"),
             ("reader.parent_poll_interval", "5000ms"),
+            ("supervision.restart_backoff_min", "700ms"),
+            ("metrics.interval", "10000ms"),
             ("lease.max_leases", "40"),
             ("lease.max_moves_per_round", "2"),
             ("aws.kinesis_endpoint", "http://127.0.0.1:4567"),
             ("aws.dynamodb_endpoint", "http://127.0.0.1:8000"),
             ("worker.worker_id", "w-1"),
             ("metrics.level", "summary"),
+            // A time wins over initialPositionInStream.
             ("worker.initial_position", "AT_TIMESTAMP"),
-            ("worker.initial_timestamp", "2023-11-14T22:13:20.000Z"),
+            ("worker.initial_timestamp", "2023-11-14T22:13:20Z"),
         ];
         for (key, want) in table {
             assert_eq!(setting(&c, key), Some(want), "{key}");
         }
         assert_eq!(
             c.warnings,
-            ["someFutureKey is not a key flotilla knows; ignored"]
+            [
+                "idleTimeBetweenReadsInMillis = 50 reads as 200, the KCL's floor",
+                "someFutureKey is not a key flotilla knows; ignored",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_file_without_a_position_starts_at_latest_as_the_kcl_does() {
+        let c = config("executableName = x\nmaxRecords = 100\n").unwrap();
+        assert_eq!(setting(&c, "worker.initial_position"), Some("LATEST"));
+        assert!(
+            c.warnings.is_empty(),
+            "a polling key: no fan-out warning: {:?}",
+            c.warnings
         );
     }
 
@@ -342,8 +459,12 @@ regionName = us-east-1
                 "failoverTimeMillis",
             ),
             (
-                "executableName = x\ninitialPositionInStream = EARLIEST\n",
-                "expected TRIM_HORIZON",
+                "executableName = x\ninitialPositionInStream = AT_TIMESTAMP\n",
+                "initialPositionInStreamExtended",
+            ),
+            (
+                "executableName = x\ninitialPositionInStreamExtended = 2024-01-01\n",
+                "seconds since the epoch",
             ),
             (
                 "executableName = x\ncallProcessRecordsEvenForEmptyRecordList = true\n",
@@ -358,8 +479,20 @@ regionName = us-east-1
                 "AWS_PROFILE",
             ),
             (
+                "executableName = x\nAwsCredentialsProviderCloudWatch = DefaultCredentialsProvider,StaticCredentialsProvider|a|b\n",
+                "default chain",
+            ),
+            (
                 "executableName = x\nmetricsLevel = LOUD\n",
                 "expected NONE, SUMMARY or DETAILED",
+            ),
+            (
+                "executableName = x\nstreamArn = orders\n",
+                "not a Kinesis stream ARN",
+            ),
+            (
+                "executableName = x\napplicationName = a\ntableName = b\n",
+                "names the lease table after applicationName",
             ),
         ];
         for (text, want) in table {

@@ -1,7 +1,12 @@
-//! The MultiLangDaemon protocol: one JSON object per line on the child's stdin (from
-//! flotilla) and stdout (from the child). Pure: values in, lines out, and lines in,
-//! values out, leniently (unknown fields are ignored, blank lines skipped: the npm
-//! client writes a blank line before each message).
+//! The MultiLangDaemon protocol (unchanged since KCL 2.1.0): one JSON object per line
+//! on the child's stdin (from flotilla) and stdout (from the child). Pure: values in,
+//! lines out, and lines in, values out.
+//!
+//! Written as the Java daemon writes it: every field present, `null` when empty (the
+//! Python client fails on a missing key), no blank lines (it fails on those too), each
+//! record with `"action":"record"`. Read more leniently than the daemon reads: blank
+//! lines are skipped (both clients write one before each message), unknown fields are
+//! ignored, numbers may be strings and the reverse.
 //!
 //! To the child: `initialize`, `processRecords`, `leaseLost`, `shardEnded`,
 //! `shutdownRequested`, and the answer to each of its `checkpoint` requests. From the
@@ -31,10 +36,10 @@ pub enum ToChild<'a> {
     LeaseLost,
     ShardEnded,
     ShutdownRequested,
-    /// The answer to a `checkpoint` request: the position it asked for (or the one it
-    /// got, for "the last record"), and the KCL's name of the error, if any.
+    /// The answer to a `checkpoint` request: the request's own position, echoed as the
+    /// daemon echoes it, and the KCL's name of the error, if any.
     Checkpoint {
-        at: Option<&'a ExtendedSequenceNumber>,
+        request: &'a CheckpointRequest,
         error: Option<CheckpointRefusal>,
     },
 }
@@ -52,7 +57,7 @@ pub enum CheckpointRefusal {
     Throttling,
     /// The lease table failed.
     Dependency,
-    /// Not valid in this state (e.g. no record delivered yet).
+    /// No checkpoint is possible now: during `initialize` and `leaseLost`.
     InvalidState,
 }
 
@@ -105,17 +110,17 @@ impl ToChild<'_> {
             } => serde_json::to_string(&ProcessRecordsOut {
                 action: "processRecords",
                 records: records.iter().map(RecordOut::from).collect(),
-                millis_behind_latest: millis_behind_latest.unwrap_or(0),
+                millis_behind_latest: *millis_behind_latest,
             }),
             ToChild::LeaseLost | ToChild::ShardEnded | ToChild::ShutdownRequested => {
                 serde_json::to_string(&ActionOnly {
                     action: self.action(),
                 })
             }
-            ToChild::Checkpoint { at, error } => serde_json::to_string(&CheckpointOut {
+            ToChild::Checkpoint { request, error } => serde_json::to_string(&CheckpointOut {
                 action: "checkpoint",
-                sequence_number: at.map(|a| a.sequence.to_string()),
-                sub_sequence_number: at.map(|a| a.sub_sequence),
+                sequence_number: request.sequence.as_deref(),
+                sub_sequence_number: request.sub_sequence.clone(),
                 error: error.map(CheckpointRefusal::kcl_name),
             }),
         }
@@ -141,7 +146,7 @@ struct InitializeOut<'a> {
 struct ProcessRecordsOut<'a> {
     action: &'static str,
     records: Vec<RecordOut<'a>>,
-    millis_behind_latest: u64,
+    millis_behind_latest: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -152,7 +157,6 @@ struct RecordOut<'a> {
     partition_key: &'a str,
     sequence_number: String,
     sub_sequence_number: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
     approximate_arrival_timestamp: Option<u64>,
 }
 
@@ -180,23 +184,67 @@ struct ActionOnly {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct CheckpointOut {
+struct CheckpointOut<'a> {
     action: &'static str,
-    sequence_number: Option<String>,
-    sub_sequence_number: Option<u64>,
+    sequence_number: Option<&'a str>,
+    sub_sequence_number: Option<Value>,
     error: Option<&'static str>,
 }
 
 /// What a child sends.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum FromChild {
     /// It finished the action named.
-    Status { response_for: String },
-    /// Checkpoint here (`None`: at the last record delivered).
-    Checkpoint { at: Option<ExtendedSequenceNumber> },
+    Status {
+        response_for: String,
+    },
+    Checkpoint(CheckpointRequest),
 }
 
-/// A line that is not the protocol.
+/// A child's checkpoint request, as it wrote it (the answer echoes it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckpointRequest {
+    /// `None`: at the last record delivered (during `shardEnded`: SHARD_END).
+    pub sequence: Option<String>,
+    pub sub_sequence: Option<Value>,
+}
+
+/// A checkpoint request whose sequence or sub-sequence number is not one (the KCL
+/// answers `IllegalArgumentException`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a checkpoint position: sequenceNumber {sequence:?}, subSequenceNumber {sub_sequence}")]
+pub struct NotAPosition {
+    pub sequence: String,
+    pub sub_sequence: String,
+}
+
+impl CheckpointRequest {
+    /// The position asked for: `Ok(None)` for "the last record delivered".
+    pub fn position(&self) -> Result<Option<ExtendedSequenceNumber>, NotAPosition> {
+        let Some(text) = &self.sequence else {
+            return Ok(None);
+        };
+        let bad = || NotAPosition {
+            sequence: text.clone(),
+            sub_sequence: self
+                .sub_sequence
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "null".to_owned()),
+        };
+        let sequence = SequenceNumber::parse(text).map_err(|_| bad())?;
+        let sub = match &self.sub_sequence {
+            None | Some(Value::Null) => 0,
+            Some(Value::Number(n)) => n.as_u64().ok_or_else(bad)?,
+            Some(Value::String(s)) => s.parse().map_err(|_| bad())?,
+            Some(_) => return Err(bad()),
+        };
+        Ok(Some(ExtendedSequenceNumber::new(sequence, sub)))
+    }
+}
+
+/// A line that is not a message. The daemon skips such lines (a child may print to
+/// stdout: the Python sample does); [`LineError::is_skippable`] says which.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LineError {
     #[error("not a JSON object: {line}")]
@@ -235,6 +283,14 @@ fn quote(line: &str) -> String {
     }
 }
 
+impl LineError {
+    /// Not a message at all (text, JSON without a known action): skipped, as the daemon
+    /// skips it. A known message without what it must carry is a protocol violation.
+    pub fn is_skippable(&self) -> bool {
+        !matches!(self, LineError::BadField { .. })
+    }
+}
+
 impl FromChild {
     /// One line from the child's stdout: `Ok(None)` for a blank line.
     pub fn parse(line: &str) -> Result<Option<FromChild>, LineError> {
@@ -260,42 +316,22 @@ impl FromChild {
                 }),
             },
             "checkpoint" => {
-                let bad = || LineError::BadField {
-                    action: "checkpoint",
-                    field: "sequenceNumber",
-                    line: quote(trimmed),
-                };
                 let sequence = match incoming.sequence_number {
                     None | Some(Value::Null) => None,
-                    Some(Value::String(s)) => Some(SequenceNumber::parse(&s).map_err(|_| bad())?),
-                    Some(Value::Number(n)) => {
-                        Some(SequenceNumber::parse(&n.to_string()).map_err(|_| bad())?)
-                    }
-                    Some(_) => return Err(bad()),
-                };
-                let sub = match incoming.sub_sequence_number {
-                    None | Some(Value::Null) => 0,
-                    Some(Value::Number(n)) => n.as_u64().ok_or_else(|| LineError::BadField {
-                        action: "checkpoint",
-                        field: "subSequenceNumber",
-                        line: quote(trimmed),
-                    })?,
-                    Some(Value::String(s)) => s.parse().map_err(|_| LineError::BadField {
-                        action: "checkpoint",
-                        field: "subSequenceNumber",
-                        line: quote(trimmed),
-                    })?,
+                    Some(Value::String(s)) => Some(s),
+                    Some(Value::Number(n)) => Some(n.to_string()),
                     Some(_) => {
                         return Err(LineError::BadField {
                             action: "checkpoint",
-                            field: "subSequenceNumber",
+                            field: "sequenceNumber",
                             line: quote(trimmed),
                         });
                     }
                 };
-                Ok(Some(FromChild::Checkpoint {
-                    at: sequence.map(|s| ExtendedSequenceNumber::new(s, sub)),
-                }))
+                Ok(Some(FromChild::Checkpoint(CheckpointRequest {
+                    sequence,
+                    sub_sequence: incoming.sub_sequence_number.filter(|v| !v.is_null()),
+                })))
             }
             other => Err(LineError::UnknownAction {
                 action: other.to_owned(),
@@ -340,26 +376,42 @@ mod tests {
         .to_line();
         assert_eq!(json(&line)["sequenceNumber"], "TRIM_HORIZON");
 
-        let record = Record {
+        let record = |arrival: Option<u64>| Record {
             sequence_number: SequenceNumber::parse("123").unwrap(),
             sub_sequence_number: 1,
             partition_key: "k".into(),
             explicit_hash_key: None,
-            data: bytes::Bytes::from_static(b"hello"),
-            approximate_arrival: Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)),
+            data: bytes::Bytes::from_static(&[0xfb, 0xff, b'h']),
+            approximate_arrival: arrival.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
         };
+        let records = [record(Some(1_700_000_000_123)), record(None)];
         let line = ToChild::ProcessRecords {
-            records: std::slice::from_ref(&record),
+            records: &records,
             millis_behind_latest: Some(42),
+        }
+        .to_line();
+        // Every field present, null when unknown, as the Java daemon writes them.
+        assert_eq!(
+            json(&line),
+            serde_json::json!({"action": "processRecords", "millisBehindLatest": 42,
+                "records": [
+                    {"action": "record", "data": "+/9o", "partitionKey": "k",
+                     "sequenceNumber": "123", "subSequenceNumber": 1,
+                     "approximateArrivalTimestamp": 1_700_000_000_123u64},
+                    {"action": "record", "data": "+/9o", "partitionKey": "k",
+                     "sequenceNumber": "123", "subSequenceNumber": 1,
+                     "approximateArrivalTimestamp": null}]})
+        );
+        let line = ToChild::ProcessRecords {
+            records: &[],
+            millis_behind_latest: None,
         }
         .to_line();
         assert_eq!(
             json(&line),
-            serde_json::json!({"action": "processRecords", "millisBehindLatest": 42,
-                "records": [{"action": "record", "data": "aGVsbG8=", "partitionKey": "k",
-                    "sequenceNumber": "123", "subSequenceNumber": 1,
-                    "approximateArrivalTimestamp": 1_700_000_000_123u64}]})
+            serde_json::json!({"action": "processRecords", "records": [], "millisBehindLatest": null})
         );
+        assert_eq!(line.matches('\n').count(), 1, "one line, no blank ones");
         for (message, action) in [
             (ToChild::LeaseLost, "leaseLost"),
             (ToChild::ShardEnded, "shardEnded"),
@@ -370,29 +422,40 @@ mod tests {
                 serde_json::json!({"action": action})
             );
         }
-        let done = esn("123", 0);
+        // The answer echoes the request, as the daemon does.
+        let asked = CheckpointRequest {
+            sequence: Some("123".into()),
+            sub_sequence: None,
+        };
         assert_eq!(
             json(
                 &ToChild::Checkpoint {
-                    at: Some(&done),
+                    request: &asked,
                     error: None
                 }
                 .to_line()
             ),
             serde_json::json!({"action": "checkpoint", "sequenceNumber": "123",
-                "subSequenceNumber": 0, "error": null})
+                "subSequenceNumber": null, "error": null})
         );
         assert_eq!(
             json(
                 &ToChild::Checkpoint {
-                    at: None,
-                    error: Some(CheckpointRefusal::Shutdown)
+                    request: &CheckpointRequest::default(),
+                    error: Some(CheckpointRefusal::InvalidState)
                 }
                 .to_line()
             ),
             serde_json::json!({"action": "checkpoint", "sequenceNumber": null,
-                "subSequenceNumber": null, "error": "ShutdownException"})
+                "subSequenceNumber": null, "error": "InvalidStateException"})
         );
+    }
+
+    fn request(sequence: Option<&str>, sub: Option<Value>) -> FromChild {
+        FromChild::Checkpoint(CheckpointRequest {
+            sequence: sequence.map(str::to_owned),
+            sub_sequence: sub,
+        })
     }
 
     #[test]
@@ -406,37 +469,41 @@ mod tests {
                     response_for: "processRecords".into(),
                 })),
             ),
+            // The Python client's spacing; the Node client's checkpoint without a sub.
+            (
+                r#"{"action": "status", "responseFor": "initialize"}"#,
+                Ok(Some(FromChild::Status {
+                    response_for: "initialize".into(),
+                })),
+            ),
             (
                 r#"{"action":"checkpoint","sequenceNumber":null}"#,
-                Ok(Some(FromChild::Checkpoint { at: None })),
+                Ok(Some(request(None, None))),
             ),
+            (r#"{"action":"checkpoint"}"#, Ok(Some(request(None, None)))),
             (
-                r#"{"action":"checkpoint"}"#,
-                Ok(Some(FromChild::Checkpoint { at: None })),
-            ),
-            (
-                r#"{"action":"checkpoint","sequenceNumber":"4950","subSequenceNumber":3,"error":null}"#,
-                Ok(Some(FromChild::Checkpoint {
-                    at: Some(esn("4950", 3)),
-                })),
+                r#"{"action": "checkpoint", "sequenceNumber": "4950", "subSequenceNumber": 3}"#,
+                Ok(Some(request(Some("4950"), Some(serde_json::json!(3))))),
             ),
             (
                 r#"{"action":"checkpoint","sequenceNumber":4950,"extra":[1]}"#,
-                Ok(Some(FromChild::Checkpoint {
-                    at: Some(esn("4950", 0)),
-                })),
+                Ok(Some(request(Some("4950"), None))),
+            ),
+            // A bad number is the checkpoint's to refuse, not the line's.
+            (
+                r#"{"action":"checkpoint","sequenceNumber":"12x"}"#,
+                Ok(Some(request(Some("12x"), None))),
             ),
             ("hello there", Err("not a JSON object")),
             (r#"{"responseFor":"x"}"#, Err("no \"action\"")),
-            (r#"{"action":"dance"}"#, Err("unknown action \"dance\"")),
+            (
+                r#"{"action":"log","message":"hi"}"#,
+                Err("unknown action \"log\""),
+            ),
             (r#"{"action":"status"}"#, Err("without a valid responseFor")),
             (
-                r#"{"action":"checkpoint","sequenceNumber":"12x"}"#,
+                r#"{"action":"checkpoint","sequenceNumber":[1]}"#,
                 Err("without a valid sequenceNumber"),
-            ),
-            (
-                r#"{"action":"checkpoint","sequenceNumber":"12","subSequenceNumber":-1}"#,
-                Err("without a valid subSequenceNumber"),
             ),
         ];
         for (line, want) in table {
@@ -449,6 +516,45 @@ mod tests {
                 _ => panic!("{line}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn what_is_skipped_and_what_is_a_violation() {
+        for (line, skippable) in [
+            ("print from the child", true),
+            ("[1, 2]", true),
+            (r#"{"action":"dance"}"#, true),
+            (r#"{"action":"status"}"#, false),
+        ] {
+            assert_eq!(
+                FromChild::parse(line).unwrap_err().is_skippable(),
+                skippable,
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn checkpoint_positions() {
+        let position = |seq: Option<&str>, sub: Option<Value>| {
+            CheckpointRequest {
+                sequence: seq.map(str::to_owned),
+                sub_sequence: sub,
+            }
+            .position()
+        };
+        assert_eq!(position(None, None), Ok(None));
+        assert_eq!(position(Some("77"), None), Ok(Some(esn("77", 0))));
+        assert_eq!(
+            position(Some("77"), Some(serde_json::json!("4"))),
+            Ok(Some(esn("77", 4)))
+        );
+        assert!(position(Some("77x"), None).is_err());
+        let error = position(Some("77"), Some(serde_json::json!(-1))).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "not a checkpoint position: sequenceNumber \"77\", subSequenceNumber -1"
+        );
     }
 
     #[test]
