@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should panic
 //! MultiLang record processors run under flotilla with no JVM: the npm `aws-kcl`
 //! package's client, with a processor written as its sample consumer is
-//! (`multilang/consumer.js`), on the memory backend in real time (child processes).
+//! (`multilang/consumer.js`), and a child that misbehaves on purpose
+//! (`multilang/scripted.py`), on the memory backend in real time (child processes).
 //! `scripts/test.sh` unpacks the package and names it in `FLOTILLA_TEST_AWS_KCL`.
 
 mod support;
@@ -10,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_actors::backend::LeaseTable as _;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::backend::{LeaseTable as _, StreamAdmin as _};
 use flotilla_actors::model::{Checkpoint, LeaseKey, ShardId};
 use flotilla_actors::multilang::{ChildCommand, MultiLangProcessor};
 use flotilla_actors::oracle::OrderCheck;
@@ -157,4 +158,186 @@ async fn a_crashing_child_restarts_its_shard_from_its_checkpoint() {
         check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
         0
     );
+}
+
+/// A read to the end of a split parent: the sample's `checkpoint()` in `shardEnded`
+/// ends it at SHARD_END, the children start after it, every key stays in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_processor_ends_a_split_parent_and_its_children_follow() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 8, 10).await;
+    let parent = rig.shards().await[0].clone();
+    let mid = parent.hash_range.start + (parent.hash_range.end - parent.hash_range.start) / 2;
+    rig.streams
+        .split_shard(STREAM, &parent.id, mid)
+        .await
+        .unwrap();
+    producer.put_round(&rig.streams, STREAM, 8, 10).await;
+    let out = scratch("split");
+    let worker = start(&rig, consumer(&out, None)).await;
+    wait_for(&out, producer.total(), Duration::from_secs(30)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let (check, _) = check(&out);
+    assert_eq!(check.violations(), 0, "{:?}", check.examples());
+    assert_eq!(
+        check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
+        0
+    );
+    let row = rig
+        .dynamo
+        .lease_table(APP)
+        .get(&LeaseKey::from(&parent.id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
+}
+
+fn scripted(mode: &str, out: &Path, watchdog: Option<Duration>) -> Arc<ChildCommand> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/multilang/scripted.py");
+    Arc::new(ChildCommand {
+        argv: vec![
+            "python3".to_owned(),
+            script.display().to_string(),
+            mode.to_owned(),
+            out.display().to_string(),
+        ],
+        watchdog,
+    })
+}
+
+fn lines(out: &Path) -> Vec<String> {
+    std::fs::read_to_string(out)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn wait_line(out: &Path, what: &str, count: usize, limit: Duration) {
+    let end = tokio::time::Instant::now() + limit;
+    while lines(out).iter().filter(|l| l.starts_with(what)).count() < count {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no {count} × {what:?} in {:?}",
+            lines(out)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the KCL refuses, flotilla refuses with the same names: a checkpoint past the
+/// last record delivered (`IllegalArgumentException`, echoing what was asked), any
+/// checkpoint during `initialize` (`InvalidStateException`); a checkpoint at the last
+/// record is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_are_refused_with_the_kcls_names() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 5).await;
+    let out = scratch("beyond");
+    let worker = start(&rig, scripted("beyond", &out, None)).await;
+    wait_line(&out, "last-answer", 1, Duration::from_secs(30)).await;
+    let seen = lines(&out);
+    assert!(
+        seen.contains(&"initialize-checkpoint-answer InvalidStateException".to_owned()),
+        "{seen:?}"
+    );
+    let beyond = seen
+        .iter()
+        .find(|l| l.starts_with("beyond-answer"))
+        .unwrap();
+    assert!(
+        beyond.starts_with("beyond-answer IllegalArgumentException "),
+        "{beyond}"
+    );
+    assert!(
+        !beyond.ends_with(" None"),
+        "the answer echoes the request: {beyond}"
+    );
+    assert!(seen.contains(&"last-answer None".to_owned()), "{seen:?}");
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let row = rig
+        .dynamo
+        .lease_table(APP)
+        .get(&LeaseKey::from(&ShardId::from_index(0)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(row.checkpoint, Checkpoint::At(_)),
+        "{:?}",
+        row.checkpoint
+    );
+}
+
+/// Text and unknown JSON on the child's stdout are skipped, as the daemon skips them
+/// (the Python sample prints there); the records are processed all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_that_are_not_messages_are_skipped() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 5).await;
+    let out = scratch("garbage");
+    let worker = start(&rig, scripted("garbage", &out, None)).await;
+    wait_line(&out, "processRecords", 1, Duration::from_secs(30)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    assert_eq!(
+        lines(&out).iter().filter(|l| *l == "started").count(),
+        1,
+        "no restart: {:?}",
+        lines(&out)
+    );
+}
+
+/// A child that stops answering is stopped by the watchdog (`timeoutInSeconds`) and
+/// its shard restarts with a new child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_stops_answering_is_replaced_after_the_watchdog() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 5).await;
+    let out = scratch("hang");
+    let worker = start(&rig, scripted("hang", &out, Some(Duration::from_secs(1)))).await;
+    wait_line(&out, "started", 2, Duration::from_secs(30)).await;
+    worker.abort();
+}
+
+/// A child that answers `shardEnded` without checkpointing does not end its shard (the
+/// KCL's rule): the shard fails and is tried again, SHARD_END is not written, and the
+/// children do not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_shard_end_checkpoint_the_shard_does_not_end() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 5).await;
+    let parent = rig.shards().await[0].clone();
+    let mid = parent.hash_range.start + (parent.hash_range.end - parent.hash_range.start) / 2;
+    rig.streams
+        .split_shard(STREAM, &parent.id, mid)
+        .await
+        .unwrap();
+    let out = scratch("no-shard-end");
+    let worker = start(&rig, scripted("no-shard-end", &out, None)).await;
+    wait_line(&out, "shardEnded", 2, Duration::from_secs(30)).await;
+    let row = rig
+        .dynamo
+        .lease_table(APP)
+        .get(&LeaseKey::from(&parent.id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
+    assert!(
+        !lines(&out)
+            .iter()
+            .any(|l| l.starts_with("initialize shardId-000000000001")),
+        "a child started before its parent ended: {:?}",
+        lines(&out)
+    );
+    worker.abort();
 }
