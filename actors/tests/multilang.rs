@@ -2,8 +2,10 @@
 //! MultiLang record processors run under flotilla with no JVM: the npm `aws-kcl`
 //! package's client, with a processor written as its sample consumer is
 //! (`multilang/consumer.js`), and a child that misbehaves on purpose
-//! (`multilang/scripted.py`), on the memory backend in real time (child processes).
-//! `scripts/test.sh` unpacks the package and names it in `FLOTILLA_TEST_AWS_KCL`.
+//! (`multilang/scripted.py`), and the Python client's own published sample
+//! (amazon_kclpy's `samples/sample_kclpy_app.py`), on the memory backend in real time
+//! (child processes). `scripts/test.sh` unpacks the packages and names them in
+//! `FLOTILLA_TEST_AWS_KCL` and `FLOTILLA_TEST_AMAZON_KCLPY`.
 
 mod support;
 
@@ -340,4 +342,65 @@ async fn without_a_shard_end_checkpoint_the_shard_does_not_end() {
         lines(&out)
     );
     worker.abort();
+}
+
+/// The Python client's published sample processor, unchanged (it checkpoints its
+/// largest sequence and sub-sequence number at its first batch and at
+/// `shutdown_requested`, and prints to stdout now and then): every record is delivered,
+/// and after a graceful shutdown each shard's checkpoint is its last record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_clients_published_sample_runs_unchanged() {
+    let kclpy = std::env::var("FLOTILLA_TEST_AMAZON_KCLPY").expect(
+        "FLOTILLA_TEST_AMAZON_KCLPY must name the unpacked amazon_kclpy source package (scripts/test.sh sets it)",
+    );
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 4, 10).await;
+    let sample = Path::new(&kclpy).join("samples/sample_kclpy_app.py");
+    let command = Arc::new(ChildCommand {
+        argv: vec![
+            "env".to_owned(),
+            format!("PYTHONPATH={kclpy}"),
+            "python3".to_owned(),
+            sample.display().to_string(),
+        ],
+        watchdog: Some(Duration::from_secs(30)),
+    });
+    let worker = start(&rig, command).await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = worker.status().await.unwrap();
+        let delivered: u64 = status.shards.iter().map(|s| s.records_delivered).sum();
+        if delivered >= producer.total() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{delivered} delivered: {status:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let table = rig.dynamo.lease_table(APP);
+    for shard in rig.shards().await {
+        let lease = table
+            .get(&LeaseKey::from(&shard.id))
+            .await
+            .unwrap()
+            .unwrap();
+        let last = rig
+            .records(&shard.id)
+            .await
+            .last()
+            .map(|r| r.sequence_number.clone());
+        match &lease.checkpoint {
+            Checkpoint::At(at) => assert_eq!(Some(&at.sequence), last.as_ref(), "{}", shard.id),
+            other => assert!(
+                last.is_none(),
+                "{}: {other:?} with records in the shard",
+                shard.id
+            ),
+        }
+    }
 }

@@ -367,6 +367,7 @@ impl Processor for MultiLangProcessor {
         let message = ToChild::ProcessRecords {
             records: batch.records(),
             millis_behind_latest: batch.millis_behind_latest(),
+            received_at: std::time::SystemTime::now(),
         };
         let label = self.shard_label();
         // Manual mode: the host acks the batch when this returns (its window space is

@@ -13,6 +13,8 @@
 //! child: `checkpoint` (a sequence number, or none for "the last record delivered"),
 //! and `status` with `responseFor` naming the action it finished.
 
+use std::time::SystemTime;
+
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -32,6 +34,10 @@ pub enum ToChild<'a> {
     ProcessRecords {
         records: &'a [Record],
         millis_behind_latest: Option<u64>,
+        /// When flotilla received the batch: the arrival time of a record whose server
+        /// did not say (Kinesis always does; emulators and stripped answers may not).
+        /// The Python client cannot take a null there.
+        received_at: SystemTime,
     },
     LeaseLost,
     ShardEnded,
@@ -107,9 +113,13 @@ impl ToChild<'_> {
             ToChild::ProcessRecords {
                 records,
                 millis_behind_latest,
+                received_at,
             } => serde_json::to_string(&ProcessRecordsOut {
                 action: "processRecords",
-                records: records.iter().map(RecordOut::from).collect(),
+                records: records
+                    .iter()
+                    .map(|r| RecordOut::new(r, *received_at))
+                    .collect(),
                 millis_behind_latest: *millis_behind_latest,
             }),
             ToChild::LeaseLost | ToChild::ShardEnded | ToChild::ShutdownRequested => {
@@ -157,22 +167,23 @@ struct RecordOut<'a> {
     partition_key: &'a str,
     sequence_number: String,
     sub_sequence_number: u64,
-    approximate_arrival_timestamp: Option<u64>,
+    approximate_arrival_timestamp: u64,
 }
 
-impl<'a> From<&'a Record> for RecordOut<'a> {
-    fn from(record: &'a Record) -> Self {
+impl<'a> RecordOut<'a> {
+    fn new(record: &'a Record, received_at: SystemTime) -> Self {
         RecordOut {
             action: "record",
             data: base64::engine::general_purpose::STANDARD.encode(&record.data),
             partition_key: &record.partition_key,
             sequence_number: record.sequence_number.to_string(),
             sub_sequence_number: record.sub_sequence_number,
-            approximate_arrival_timestamp: record.approximate_arrival.and_then(|at| {
-                at.duration_since(std::time::UNIX_EPOCH)
-                    .ok()
-                    .map(|d| d.as_millis() as u64)
-            }),
+            approximate_arrival_timestamp: record
+                .approximate_arrival
+                .unwrap_or(received_at)
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
         }
     }
 }
@@ -385,12 +396,15 @@ mod tests {
             approximate_arrival: arrival.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
         };
         let records = [record(Some(1_700_000_000_123)), record(None)];
+        let received_at = UNIX_EPOCH + Duration::from_millis(1_700_000_005_000);
         let line = ToChild::ProcessRecords {
             records: &records,
             millis_behind_latest: Some(42),
+            received_at,
         }
         .to_line();
-        // Every field present, null when unknown, as the Java daemon writes them.
+        // Every field present, null when unknown, as the Java daemon writes them; an
+        // arrival time the server did not give is when flotilla received the batch.
         assert_eq!(
             json(&line),
             serde_json::json!({"action": "processRecords", "millisBehindLatest": 42,
@@ -400,11 +414,12 @@ mod tests {
                      "approximateArrivalTimestamp": 1_700_000_000_123u64},
                     {"action": "record", "data": "+/9o", "partitionKey": "k",
                      "sequenceNumber": "123", "subSequenceNumber": 1,
-                     "approximateArrivalTimestamp": null}]})
+                     "approximateArrivalTimestamp": 1_700_000_005_000u64}]})
         );
         let line = ToChild::ProcessRecords {
             records: &[],
             millis_behind_latest: None,
+            received_at,
         }
         .to_line();
         assert_eq!(
