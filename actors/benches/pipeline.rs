@@ -5,6 +5,10 @@
 //! * P7 memory: RSS holding 1,000 idle leases, and while draining 1,000 shards; each
 //!   measurement in a fresh child process (this binary re-executed with `--child`).
 //! * P8 latency: put → process at a steady 1,000 records/s on 4 shards, real time.
+//! * P10 the MultiLang pipe: a no-op child process per shard (the npm aws-kcl client,
+//!   `multilang_noop.js`, from `$FLOTILLA_BENCH_AWS_KCL`) against the built-in no-op
+//!   processor, side by side. Only when asked for (`-- p10`): it needs node and the
+//!   package.
 //!
 //! `cargo bench -p flotilla-actors --bench pipeline [-- p1|p7|p8]`. Each measurement is
 //! repeated `FLOTILLA_BENCH_RUNS` times (default 5); the table at the end shows
@@ -20,6 +24,7 @@ use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
 use flotilla_actors::backend::{IteratorPosition, PutRecord, StreamAdmin, StreamClient};
+use flotilla_actors::multilang::{ChildCommand, MultiLangProcessor};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, ShardInfo,
     Worker,
@@ -703,6 +708,120 @@ async fn p8(rows: &mut Vec<Row>) {
 }
 
 // ---------------------------------------------------------------------------------------
+// P10: the MultiLang pipe
+
+/// Counts a batch once the processor it wraps has finished it.
+struct Counted<P> {
+    inner: P,
+    count: Arc<AtomicU64>,
+}
+
+impl<P: Processor> Processor for Counted<P> {
+    async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
+        self.inner.initialize(shard).await
+    }
+
+    async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        self.inner.process(batch, cp).await?;
+        self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.inner.lease_lost().await
+    }
+
+    async fn shard_ended(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        self.inner.shard_ended(cp).await
+    }
+
+    async fn shutdown_requested(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        self.inner.shutdown_requested(cp).await
+    }
+}
+
+async fn p10(rows: &mut Vec<Row>) {
+    let aws_kcl = std::env::var("FLOTILLA_BENCH_AWS_KCL")
+        .expect("P10 needs FLOTILLA_BENCH_AWS_KCL: the unpacked npm aws-kcl package (scripts/test.sh leaves one in .test-servers/)");
+    let shards = 4;
+    let total = env_usize("FLOTILLA_BENCH_P10_RECORDS", 400_000);
+    let streams = MemoryStreams::new(MemoryStreamsConfig::default());
+    streams.create_stream(STREAM, shards as u32).await.unwrap();
+    preload(&streams, shards, total).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/multilang_noop.js");
+    let command = Arc::new(ChildCommand {
+        argv: vec!["node".into(), script.display().to_string(), aws_kcl],
+        watchdog: None,
+    });
+    let mut builtin = Vec::new();
+    let mut piped = Vec::new();
+    let mut ratio = Vec::new();
+    for run in 0..runs() {
+        let count = Arc::new(AtomicU64::new(0));
+        let t = Instant::now();
+        let worker = start_worker(&streams, throughput_settings(), &count, None).await;
+        assert!(wait_for(&count, total as u64, Duration::from_secs(300)).await);
+        let b = total as f64 / t.elapsed().as_secs_f64();
+        let _ = worker.shutdown().await;
+
+        let count = Arc::new(AtomicU64::new(0));
+        let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
+        let mut settings = throughput_settings();
+        settings.checkpoint.mode = flotilla_actors::CheckpointMode::Manual;
+        let (c, command) = (count.clone(), command.clone());
+        let t = Instant::now();
+        let worker = Worker::builder()
+            .settings(settings)
+            .backend(backend)
+            .processor(move |_: &ShardInfo| Counted {
+                inner: MultiLangProcessor::new(command.clone()),
+                count: c.clone(),
+            })
+            .start()
+            .await
+            .unwrap();
+        assert!(
+            wait_for(&count, total as u64, Duration::from_secs(300)).await,
+            "the MultiLang children processed {} of {total}",
+            count.load(Ordering::Relaxed)
+        );
+        let m = total as f64 / t.elapsed().as_secs_f64();
+        let _ = worker.shutdown().await;
+        eprintln!(
+            "p10: run {run}: built-in {b:>10.0} rec/s, MultiLang child {m:>10.0} rec/s, ratio {:.2}",
+            m / b
+        );
+        builtin.push(b);
+        piped.push(m);
+        ratio.push(m / b);
+    }
+    rows.push(Row {
+        id: "P10-builtin".into(),
+        what: format!("no-op built-in processor, {shards} shards, {total} × {RECORD_BYTES} B"),
+        unit: "rec/s",
+        samples: builtin,
+        target: None,
+        higher_is_better: true,
+    });
+    rows.push(Row {
+        id: "P10-multilang".into(),
+        what: format!("no-op MultiLang child (node, aws-kcl), {shards} shards"),
+        unit: "rec/s",
+        samples: piped,
+        target: None,
+        higher_is_better: true,
+    });
+    rows.push(Row {
+        id: "P10-ratio".into(),
+        what: "MultiLang child / built-in (per run)".into(),
+        unit: "x",
+        samples: ratio,
+        target: None,
+        higher_is_better: true,
+    });
+}
+
+// ---------------------------------------------------------------------------------------
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -736,6 +855,9 @@ fn main() {
     }
     if wanted("p8") {
         runtime.block_on(p8(&mut rows));
+    }
+    if filters.iter().any(|f| f == "p10") {
+        runtime.block_on(p10(&mut rows));
     }
     eprintln!("runs per measurement: {}", runs());
     print_table(&rows);
