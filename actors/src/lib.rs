@@ -26,6 +26,9 @@
 //!   `checkpoint_writer`, `metrics_reporter`. They reach the outside only through
 //!   `backend`; the reader's and the keeper's decisions are their pure cores
 //!   (`shard_reader/pure.rs`, `lease_keeper/pure.rs`).
+//! * `multilang`: KCL MultiLangDaemon record processors (Python, Node.js, …) as child
+//!   processes, one per shard, behind the [`Processor`] trait; the binary's `flotilla
+//!   multilang` reads the daemon's properties file.
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
 //!   the snapshots it returns.
