@@ -4,6 +4,10 @@
 //! and the unpacked package named in `FLOTILLA_TEST_AWS_KCL` (scripts/test.sh sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../actors/tests/support/servers.rs"]
+#[allow(dead_code)]
+mod servers;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -12,28 +16,6 @@ use flotilla_actors::backend::LeaseTable as _;
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::{PutRecord, StreamAdmin as _};
 use flotilla_actors::model::Checkpoint;
-
-async fn dynoxide() -> String {
-    let db = dynoxide::Database::memory().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(dynoxide::server::serve_on(listener, db));
-    url
-}
-
-async fn ferrokinesis() -> String {
-    let options = ferrokinesis::store::StoreOptions {
-        create_stream_ms: 10,
-        delete_stream_ms: 10,
-        update_stream_ms: 10,
-        ..ferrokinesis::store::StoreOptions::default()
-    };
-    let (app, _store) = ferrokinesis::create_app(options);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-ml-{}-{name}", std::process::id()));
@@ -50,15 +32,9 @@ async fn the_npm_sample_runs_under_flotilla_multilang() {
     let aws_kcl = std::env::var("FLOTILLA_TEST_AWS_KCL").expect(
         "FLOTILLA_TEST_AWS_KCL must name the unpacked npm aws-kcl package (scripts/test.sh sets it)",
     );
-    let dynamodb = dynoxide().await;
-    let kinesis = ferrokinesis().await;
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
-            aws_sdk_dynamodb::config::Credentials::new("test", "test", None, None, "ml-test"),
-        ))
-        .load()
-        .await;
+    let dynamodb = servers::start_dynoxide().await;
+    let kinesis = servers::start_ferrokinesis(300).await;
+    let sdk = servers::sdk_config();
     let stream = KinesisStream::new(&sdk, Some(&kinesis));
     stream.create_stream("kclnodejssample", 2).await.unwrap();
     let records: Vec<PutRecord> = (0..40)

@@ -14,12 +14,16 @@
 //! repeated `FLOTILLA_BENCH_RUNS` times (default 5); the table at the end shows
 //! median / min / max. Nothing here asserts a wall-clock limit.
 
+#[path = "../tests/support/counted.rs"]
+mod counted;
+
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use counted::Counted;
 use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
@@ -709,36 +713,6 @@ async fn p8(rows: &mut Vec<Row>) {
 
 // ---------------------------------------------------------------------------------------
 // P10: the MultiLang pipe
-
-/// Counts a batch once the processor it wraps has finished it.
-struct Counted<P> {
-    inner: P,
-    count: Arc<AtomicU64>,
-}
-
-impl<P: Processor> Processor for Counted<P> {
-    async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
-        self.inner.initialize(shard).await
-    }
-
-    async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
-        self.inner.process(batch, cp).await?;
-        self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    async fn lease_lost(&mut self) {
-        self.inner.lease_lost().await
-    }
-
-    async fn shard_ended(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
-        self.inner.shard_ended(cp).await
-    }
-
-    async fn shutdown_requested(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
-        self.inner.shutdown_requested(cp).await
-    }
-}
 
 async fn p10(rows: &mut Vec<Row>) {
     let aws_kcl = std::env::var("FLOTILLA_BENCH_AWS_KCL")

@@ -86,14 +86,17 @@ enum ReaderEnd {
 
 struct Core {
     metrics: ActorRef<MetricsMsg>,
-    /// The metrics reporter as every actor emits to it.
-    telemetry: Telemetry,
     keeper: ActorRef<KeeperMsg>,
     writer: ActorRef<CheckpointMsg>,
     watcher: ActorRef<WatcherMsg>,
 }
 
 impl Core {
+    /// The metrics reporter as the actors emit to it.
+    fn telemetry(&self) -> Telemetry {
+        Telemetry::new(self.metrics.clone())
+    }
+
     fn cells(&self) -> [(&'static str, ActorCell); 4] {
         [
             ("stream_watcher", self.watcher.get_cell()),
@@ -220,7 +223,7 @@ impl Actor for Supervisor {
                 let _ = state.core.writer.cast(CheckpointMsg::Forget(key));
             }
             SupervisorMsg::ShardFinished { key, children } => {
-                state.core.telemetry.emit(ShardEnded {
+                state.core.telemetry().emit(ShardEnded {
                     key: &key,
                     children: children.as_deref(),
                 });
@@ -443,7 +446,6 @@ async fn spawn_core(
     .await?;
     Ok(Core {
         metrics,
-        telemetry,
         keeper,
         writer,
         watcher,
@@ -465,7 +467,7 @@ impl SupervisorState {
             processor: self.ctx.processor.clone(),
             writer: self.core.writer.clone(),
             supervisor: myself.clone(),
-            telemetry: self.core.telemetry.clone(),
+            telemetry: self.core.telemetry(),
             fencing: self.fencing.clone(),
             restarts: entry.restarts,
             delivered: self.ctx.delivered.clone(),
@@ -549,7 +551,7 @@ impl SupervisorState {
                 }
                 entry.restarts += 1;
                 let delay = entry.backoff.next_random();
-                self.core.telemetry.emit(ShardFailed {
+                self.core.telemetry().emit(ShardFailed {
                     key: &key,
                     error: &failure,
                     recovery: Recovery::Restart { attempt, delay },
@@ -557,7 +559,7 @@ impl SupervisorState {
                 myself.send_after(delay, move || SupervisorMsg::RestartShard(key));
             }
             Verdict::GiveUp { restarts_in_window } => {
-                self.core.telemetry.emit(ShardFailed {
+                self.core.telemetry().emit(ShardFailed {
                     key: &key,
                     error: &failure,
                     recovery: Recovery::GiveUp { restarts_in_window },
@@ -640,7 +642,7 @@ impl SupervisorState {
         why: String,
     ) -> Result<(), ActorProcessingErr> {
         let verdict = self.core_intensity.record(Instant::now().into_std());
-        self.core.telemetry.emit(CoreActorFailed {
+        self.core.telemetry().emit(CoreActorFailed {
             actor: name,
             error: &why,
             giving_up: matches!(verdict, Verdict::GiveUp { .. }),

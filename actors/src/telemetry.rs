@@ -26,8 +26,10 @@ use crate::protocol::LeaseMove;
 pub(crate) trait Event {
     /// Writes the event's log line (if it has one).
     fn log(&self);
-    /// What it counts.
-    fn samples(&self) -> Vec<Sample>;
+    /// What it counts (nothing, for an event that is only news).
+    fn samples(&self) -> Vec<Sample> {
+        Vec::new()
+    }
 }
 
 /// The metrics reporter as the actors see it. Cheap to clone.
@@ -191,10 +193,6 @@ impl Event for ShardEnded<'_> {
             children = ?self.children.map(|c| c.iter().map(|c| c.id.to_string()).collect::<Vec<_>>()),
         );
     }
-
-    fn samples(&self) -> Vec<Sample> {
-        Vec::new()
-    }
 }
 
 /// What the supervisor does about a failed shard.
@@ -323,10 +321,6 @@ impl Event for DeliveryPaused<'_> {
     fn log(&self) {
         warn!(message = "Delivery paused (self-fencing).", shard_id = %self.shard, reason = %self.reason);
     }
-
-    fn samples(&self) -> Vec<Sample> {
-        Vec::new()
-    }
 }
 
 /// Self-fencing let a shard deliver again.
@@ -338,10 +332,6 @@ pub(crate) struct DeliveryResumed<'a> {
 impl Event for DeliveryResumed<'_> {
     fn log(&self) {
         info!(message = "Delivery resumed.", shard_id = %self.shard, was_fenced_because = %self.was);
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        Vec::new()
     }
 }
 

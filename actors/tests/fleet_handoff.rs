@@ -7,9 +7,9 @@ mod support;
 
 use std::time::Duration;
 
+use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::FaultPlan;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
-use flotilla_actors::backend::{LeaseTable, StreamAdmin};
 use flotilla_actors::{Settings, Worker};
 
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
@@ -156,11 +156,7 @@ async fn a_finished_parents_row_is_deleted_past_retention_once_its_children_star
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 16, 20).await;
     let parent = rig.shards().await[0].clone();
-    let mid = parent.hash_range.start + (parent.hash_range.end - parent.hash_range.start) / 2;
-    rig.streams
-        .split_shard(STREAM, &parent.id, mid)
-        .await
-        .unwrap();
+    rig.split_in_half(&parent).await;
     producer.put_round(&rig.streams, STREAM, 16, 20).await;
     probes
         .wait_distinct(producer.total(), Duration::from_secs(30))

@@ -15,13 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
-use flotilla_actors::backend::{LeaseTable as _, StreamAdmin as _};
-use flotilla_actors::model::{Checkpoint, LeaseKey, ShardId};
+use flotilla_actors::model::{Checkpoint, ShardId};
 use flotilla_actors::multilang::{ChildCommand, MultiLangProcessor};
 use flotilla_actors::oracle::OrderCheck;
-use flotilla_actors::{
-    Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, ShardInfo, Worker,
-};
+use flotilla_actors::{CheckpointMode, Worker};
+use support::counted::Counted;
 use support::probe::{Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM};
 
@@ -123,13 +121,8 @@ async fn the_npm_clients_sample_processor_consumes_and_checkpoints() {
         producer.total(),
         "no record twice without a crash"
     );
-    let table = rig.dynamo.lease_table(APP);
     for shard in 0..2 {
-        let lease = table
-            .get(&LeaseKey::from(&ShardId::from_index(shard)))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = rig.lease_of(&ShardId::from_index(shard)).await;
         assert!(
             matches!(lease.checkpoint, Checkpoint::At(_)),
             "shard {shard}: {:?}",
@@ -180,11 +173,7 @@ async fn the_sample_processor_ends_a_split_parent_and_its_children_follow() {
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 8, 10).await;
     let parent = rig.shards().await[0].clone();
-    let mid = parent.hash_range.start + (parent.hash_range.end - parent.hash_range.start) / 2;
-    rig.streams
-        .split_shard(STREAM, &parent.id, mid)
-        .await
-        .unwrap();
+    rig.split_in_half(&parent).await;
     producer.put_round(&rig.streams, STREAM, 8, 10).await;
     let out = scratch("split");
     let worker = start(&rig, consumer(&out, None)).await;
@@ -197,13 +186,7 @@ async fn the_sample_processor_ends_a_split_parent_and_its_children_follow() {
         check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
         0
     );
-    let row = rig
-        .dynamo
-        .lease_table(APP)
-        .get(&LeaseKey::from(&parent.id))
-        .await
-        .unwrap()
-        .unwrap();
+    let row = rig.lease_of(&parent.id).await;
     assert!(row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
 }
 
@@ -272,13 +255,7 @@ async fn checkpoints_are_refused_with_the_kcls_names() {
     assert!(seen.contains(&"last-answer None".to_owned()), "{seen:?}");
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let row = rig
-        .dynamo
-        .lease_table(APP)
-        .get(&LeaseKey::from(&ShardId::from_index(0)))
-        .await
-        .unwrap()
-        .unwrap();
+    let row = rig.lease_of(&ShardId::from_index(0)).await;
     assert!(
         matches!(row.checkpoint, Checkpoint::At(_)),
         "{:?}",
@@ -328,21 +305,11 @@ async fn without_a_shard_end_checkpoint_the_shard_does_not_end() {
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 2, 5).await;
     let parent = rig.shards().await[0].clone();
-    let mid = parent.hash_range.start + (parent.hash_range.end - parent.hash_range.start) / 2;
-    rig.streams
-        .split_shard(STREAM, &parent.id, mid)
-        .await
-        .unwrap();
+    rig.split_in_half(&parent).await;
     let out = scratch("no-shard-end");
     let worker = start(&rig, scripted("no-shard-end", &out, None)).await;
     wait_line(&out, "shardEnded", 2, Duration::from_secs(30)).await;
-    let row = rig
-        .dynamo
-        .lease_table(APP)
-        .get(&LeaseKey::from(&parent.id))
-        .await
-        .unwrap()
-        .unwrap();
+    let row = rig.lease_of(&parent.id).await;
     assert!(!row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
     assert!(
         !lines(&out)
@@ -385,7 +352,7 @@ async fn the_python_clients_published_sample_runs_unchanged() {
     let worker = Worker::builder()
         .settings(settings)
         .backend(rig.backend())
-        .processor(move |_| Finished {
+        .processor(move |_| Counted {
             inner: MultiLangProcessor::new(command.clone()),
             count: counter.clone(),
         })
@@ -404,13 +371,8 @@ async fn the_python_clients_published_sample_runs_unchanged() {
     }
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let table = rig.dynamo.lease_table(APP);
     for shard in rig.shards().await {
-        let lease = table
-            .get(&LeaseKey::from(&shard.id))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = rig.lease_of(&shard.id).await;
         let last = rig
             .records(&shard.id)
             .await
@@ -424,35 +386,5 @@ async fn the_python_clients_published_sample_runs_unchanged() {
                 shard.id
             ),
         }
-    }
-}
-
-/// Counts the records of each batch its processor has finished.
-struct Finished<P> {
-    inner: P,
-    count: Arc<AtomicU64>,
-}
-
-impl<P: Processor> Processor for Finished<P> {
-    async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
-        self.inner.initialize(shard).await
-    }
-
-    async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
-        self.inner.process(batch, cp).await?;
-        self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    async fn lease_lost(&mut self) {
-        self.inner.lease_lost().await
-    }
-
-    async fn shard_ended(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
-        self.inner.shard_ended(cp).await
-    }
-
-    async fn shutdown_requested(&mut self, cp: &Checkpointer) -> Result<(), ProcessorError> {
-        self.inner.shutdown_requested(cp).await
     }
 }

@@ -226,7 +226,7 @@ impl MultiLangProcessor {
                 Err(error) if error.is_skippable() => {
                     warn!(
                         message = "MultiLang child wrote a line that is not a message; skipped.",
-                        shard_id = %self.shard_label(),
+                        shard_id = %self.shard_str(),
                         waiting_for = action,
                         %error,
                     );
@@ -313,11 +313,16 @@ impl MultiLangProcessor {
         }
     }
 
-    fn shard_label(&self) -> String {
-        self.shard
-            .as_ref()
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "?".to_owned())
+    /// The shard this child serves, for log lines and errors ("?" before initialize).
+    fn shard_str(&self) -> &str {
+        self.shard.as_ref().map_or("?", |s| s.as_str())
+    }
+
+    fn failed(&self, error: ChildError) -> ProcessorError {
+        ProcessorError::msg(format!(
+            "shard {}: MultiLang child: {error}",
+            self.shard_str()
+        ))
     }
 }
 
@@ -332,25 +337,18 @@ fn refusal(error: &CheckpointError) -> CheckpointRefusal {
     }
 }
 
-fn failed(shard: &str, error: ChildError) -> ProcessorError {
-    ProcessorError::msg(format!("shard {shard}: MultiLang child: {error}"))
-}
-
 impl Processor for MultiLangProcessor {
     async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
-        let label = shard.shard_id.to_string();
         self.shard = Some(shard.shard_id.clone());
         if let crate::model::Checkpoint::At(at) = &shard.starting_at {
             self.last_checkpoint = Some(at.clone());
         }
-        self.start(&shard.shard_id).map_err(|e| failed(&label, e))?;
+        self.start(&shard.shard_id).map_err(|e| self.failed(e))?;
         let message = ToChild::Initialize {
             shard_id: shard.shard_id.as_str(),
             starting_at: &shard.starting_at,
         };
-        self.call(message, None)
-            .await
-            .map_err(|e| failed(&label, e))
+        self.call(message, None).await.map_err(|e| self.failed(e))
     }
 
     async fn process(
@@ -369,48 +367,44 @@ impl Processor for MultiLangProcessor {
             millis_behind_latest: batch.millis_behind_latest(),
             received_at: std::time::SystemTime::now(),
         };
-        let label = self.shard_label();
         // Manual mode: the host acks the batch when this returns (its window space is
         // freed); what counts as processed is what the child checkpointed.
         self.call(message, Some(checkpointer))
             .await
-            .map_err(|e| failed(&label, e))
+            .map_err(|e| self.failed(e))
     }
 
     async fn lease_lost(&mut self) {
-        let label = self.shard_label();
         if let Err(error) = self.call(ToChild::LeaseLost, None).await {
-            warn!(message = "MultiLang child did not finish leaseLost.", shard_id = %label, %error);
+            warn!(message = "MultiLang child did not finish leaseLost.", shard_id = %self.shard_str(), %error);
         }
         self.stop().await;
     }
 
     async fn shard_ended(&mut self, checkpointer: &Checkpointer) -> Result<(), ProcessorError> {
-        let label = self.shard_label();
         self.reached_shard_end = false;
         let mut result = self.call(ToChild::ShardEnded, Some(checkpointer)).await;
         if result.is_ok() && !self.reached_shard_end {
             result = Err(ChildError::NoShardEndCheckpoint);
         }
         self.stop().await;
-        result.map_err(|e| failed(&label, e))
+        result.map_err(|e| self.failed(e))
     }
 
     async fn shutdown_requested(
         &mut self,
         checkpointer: &Checkpointer,
     ) -> Result<(), ProcessorError> {
-        let label = self.shard_label();
         let result = self
             .call(ToChild::ShutdownRequested, Some(checkpointer))
             .await
-            .map_err(|e| failed(&label, e));
+            .map_err(|e| self.failed(e));
         // The daemon ends a child that was asked to shut down with leaseLost (its lease
         // is passed on); the client libraries end the processor there.
         if result.is_ok()
             && let Err(error) = self.call(ToChild::LeaseLost, None).await
         {
-            warn!(message = "MultiLang child did not finish leaseLost.", shard_id = %label, %error);
+            warn!(message = "MultiLang child did not finish leaseLost.", shard_id = %self.shard_str(), %error);
         }
         self.stop().await;
         result

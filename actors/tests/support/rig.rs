@@ -12,7 +12,7 @@ use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryLeaseTable, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, Record, StreamAdmin, StreamClient};
-use flotilla_actors::model::{Lease, Shard, ShardId};
+use flotilla_actors::model::{Lease, LeaseKey, Shard, ShardId};
 use flotilla_actors::{Backend, Settings, ShutdownReport, Worker};
 
 use super::probe::{ProbeFactory, Producer, fast_settings};
@@ -131,6 +131,25 @@ impl Rig {
             .collect();
         open.sort_by_key(|s| s.hash_range.start);
         open
+    }
+
+    /// Splits `shard` at the middle of its hash key range.
+    pub async fn split_in_half(&self, shard: &Shard) {
+        let range = shard.hash_range;
+        let mid = range.start + (range.end - range.start) / 2;
+        self.streams
+            .split_shard(STREAM, &shard.id, mid)
+            .await
+            .unwrap();
+    }
+
+    /// The lease row of `shard`, which must exist.
+    pub async fn lease_of(&self, shard: &ShardId) -> Lease {
+        self.table()
+            .get(&LeaseKey::from(shard))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no lease row for {shard}"))
     }
 
     /// Every lease row of the application's table (heartbeat rows left out).
