@@ -72,6 +72,14 @@ fn check(out: &Path) -> (OrderCheck, usize) {
     (check, lines)
 }
 
+/// Every record produced reached the child, in order for its key; the lines written.
+fn assert_all_in_order(out: &Path, producer: &Producer) -> usize {
+    let (seen, lines) = check(out);
+    assert_eq!(seen.violations(), 0, "{:?}", seen.examples());
+    assert_eq!(seen.lost(producer.produced.iter().map(|(k, n)| (k, *n))), 0);
+    lines
+}
+
 async fn wait_for(out: &Path, distinct: u64, limit: Duration) {
     let end = tokio::time::Instant::now() + limit;
     loop {
@@ -113,9 +121,7 @@ async fn the_npm_clients_sample_processor_consumes_and_checkpoints() {
     wait_for(&out, producer.total(), Duration::from_secs(30)).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let (seen, lines) = check(&out);
-    assert_eq!(seen.violations(), 0, "{:?}", seen.examples());
-    assert_eq!(seen.lost(producer.produced.iter().map(|(k, n)| (k, *n))), 0);
+    let lines = assert_all_in_order(&out, &producer);
     assert_eq!(
         lines as u64,
         producer.total(),
@@ -157,12 +163,7 @@ async fn a_crashing_child_restarts_its_shard_from_its_checkpoint() {
     );
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let (check, _) = check(&out);
-    assert_eq!(check.violations(), 0, "{:?}", check.examples());
-    assert_eq!(
-        check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
-        0
-    );
+    assert_all_in_order(&out, &producer);
 }
 
 /// A read to the end of a split parent: the sample's `checkpoint()` in `shardEnded`
@@ -180,12 +181,7 @@ async fn the_sample_processor_ends_a_split_parent_and_its_children_follow() {
     wait_for(&out, producer.total(), Duration::from_secs(30)).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
-    let (check, _) = check(&out);
-    assert_eq!(check.violations(), 0, "{:?}", check.examples());
-    assert_eq!(
-        check.lost(producer.produced.iter().map(|(k, n)| (k, *n))),
-        0
-    );
+    assert_all_in_order(&out, &producer);
     let row = rig.lease_of(&parent.id).await;
     assert!(row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
 }
