@@ -68,10 +68,12 @@ pub fn render_status(status: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "worker {}  application {}  stream {}  state {}  up {}  shards {}  shard restarts {}",
+        "worker {}  application {}  stream {}  reading {}  state {}  up {}  shards {}  shard \
+         restarts {}",
         text(&status["worker_id"]),
         text(&status["application"]),
         text(&status["stream"]),
+        text(&status["read_mode"]),
         text(&status["state"]),
         millis_as_duration(&status["uptime_ms"]),
         status["shards"].as_array().map_or(0, Vec::len),
@@ -110,7 +112,7 @@ pub fn render_status(status: &Value) -> String {
                 text(&shard["restarts"]),
                 match fence_text(&shard["fenced"]) {
                     Some(why) => format!("fenced: {why}"),
-                    None => text(&shard["last_error"]),
+                    None => subscription_note(&shard["subscription"], &shard["last_error"]),
                 },
             ]
         })
@@ -130,6 +132,27 @@ pub fn render_status(status: &Value) -> String {
         rows,
     ));
     out
+}
+
+/// A fan-out shard's note: its subscription (how old, or why there is none), then the
+/// last error; a polling shard's: the last error.
+fn subscription_note(subscription: &Value, last_error: &Value) -> String {
+    let error = text(last_error);
+    match subscription["state"].as_str() {
+        Some("open") => {
+            let open = format!(
+                "subscribed {} ago",
+                millis_as_duration(&subscription["age_ms"])
+            );
+            if error == "-" {
+                open
+            } else {
+                format!("{open}; last error: {error}")
+            }
+        }
+        Some(_) => format!("not subscribed; last error: {error}"),
+        None => error,
+    }
 }
 
 /// The fleet as the worker sees it (`GET /fleet`): its workers, then its leases.

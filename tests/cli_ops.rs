@@ -460,7 +460,8 @@ async fn import_refuses_while_a_live_worker_holds_leases() {
 async fn status_server() -> String {
     use flotilla_actors::FenceReason;
     use flotilla_actors::status::{
-        FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus, WorkerStatus,
+        FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus,
+        SubscriptionView, WorkerStatus,
     };
 
     let shard = |index: u64, state: ShardState, error: Option<&str>| ShardStatus {
@@ -479,11 +480,18 @@ async fn status_server() -> String {
         in_flight_bytes: 700,
         restarts: 1,
         fenced: None,
+        subscription: Some(SubscriptionView {
+            state: if error.is_some() { "none" } else { "open" },
+            age_ms: if error.is_some() { None } else { Some(62_000) },
+            events: 31,
+            subscriptions: 2,
+        }),
     };
     let status = WorkerStatus {
         worker_id: "w-1".into(),
         application: "orders-audit".into(),
         stream: "orders".into(),
+        read_mode: "fanout",
         state: "running",
         uptime_ms: 3_723_000,
         shutting_down: false,
@@ -491,7 +499,7 @@ async fn status_server() -> String {
             shard(
                 1,
                 ShardState::Throttled,
-                Some("GetRecords: throttled by Kinesis"),
+                Some("SubscribeToShard: throttled by Kinesis"),
             ),
             shard(0, ShardState::CaughtUp, None),
             ShardStatus {
@@ -606,13 +614,15 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     let lines: Vec<&str> = table.lines().collect();
     assert!(
         lines[0].starts_with(
-            "worker w-1  application orders-audit  stream orders  state running  up 1h 2m 3s"
+            "worker w-1  application orders-audit  stream orders  reading fanout  state running  \
+             up 1h 2m 3s"
         ),
         "{table}"
     );
     assert!(lines[1].starts_with("SHARD "), "{table}");
     assert!(
-        lines[2].starts_with("shardId-000000000000  caught_up  49680458…600470908946  1200"),
+        lines[2].starts_with("shardId-000000000000  caught_up  49680458…600470908946  1200")
+            && lines[2].ends_with("subscribed 1m 2s ago"),
         "{table}"
     );
     assert!(
@@ -620,7 +630,7 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         "{table}"
     );
     assert!(
-        lines[3].ends_with("GetRecords: throttled by Kinesis"),
+        lines[3].ends_with("not subscribed; last error: SubscribeToShard: throttled by Kinesis"),
         "{table}"
     );
     assert!(

@@ -37,6 +37,7 @@ pub mod backend;
 pub mod backoff;
 pub mod balance;
 mod checkpoint_writer;
+pub mod fanout;
 mod fencing;
 pub mod fleet_sim;
 mod handle;

@@ -122,6 +122,11 @@ impl Default for LeaseSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReaderSettings {
+    /// How records are read: GetRecords polling, or enhanced fan-out (SubscribeToShard).
+    pub mode: ReadMode,
+    /// The enhanced fan-out consumer's name; `None`: the application's name (as the
+    /// Java KCL names it). Only read in fan-out mode.
+    pub consumer_name: Option<String>,
     /// The `Limit` of each GetRecords call (1..=10000).
     pub max_records: u32,
     /// The least time between two GetRecords calls on one shard (Kinesis allows five
@@ -155,6 +160,8 @@ pub struct ReaderSettings {
 impl Default for ReaderSettings {
     fn default() -> Self {
         Self {
+            mode: ReadMode::Polling,
+            consumer_name: None,
             max_records: 10_000,
             poll_interval: Duration::from_millis(200),
             idle_max: Duration::from_secs(1),
@@ -165,6 +172,27 @@ impl Default for ReaderSettings {
             processor_timeout: Duration::from_secs(300),
             parent_poll_interval: Duration::from_secs(1),
             shard_sync_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a reader gets records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadMode {
+    /// GetRecords calls: 5 per second and 2 MB/s per shard, shared by every polling
+    /// application of the stream. No extra cost.
+    Polling,
+    /// Enhanced fan-out: a registered consumer gets its own 2 MB/s per shard, pushed
+    /// over HTTP/2 (SubscribeToShard). Billed per consumer-shard-hour and per GB.
+    Fanout,
+}
+
+impl ReadMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Polling => "polling",
+            Self::Fanout => "fanout",
         }
     }
 }
@@ -589,7 +617,25 @@ impl LeaseSettings {
 }
 
 impl ReaderSettings {
+    /// The fan-out consumer's name for an application.
+    pub fn consumer_name_for<'a>(&'a self, application: &'a str) -> &'a str {
+        self.consumer_name.as_deref().unwrap_or(application)
+    }
+
     fn validate(&self) -> Result<(), SettingsError> {
+        if let Some(name) = &self.consumer_name {
+            let valid = (1..=128).contains(&name.len())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+            if !valid {
+                return Err(invalid(
+                    "reader.consumer_name",
+                    format!("{name:?}"),
+                    "Kinesis consumer names are 1 to 128 letters, digits, '_', '.' or '-'",
+                ));
+            }
+        }
         if !(1..=10_000).contains(&self.max_records) {
             return Err(invalid(
                 "reader.max_records",

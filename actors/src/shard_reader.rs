@@ -2,6 +2,14 @@
 //! batches to its processor actor (a child of the reader), tracks acks, and ends the
 //! shard.
 //!
+//! In fan-out mode (`reader.mode = "fanout"`) the same reader subscribes instead
+//! (SubscribeToShard) and pulls one event at a time from a small task that owns the
+//! subscription ([`Feed`]): an event is asked for only when the window has room, so a
+//! slow processor holds the server back through flow control instead of filling memory.
+//! Everything after the answer (fencing, de-aggregation, the ledger, acks, the shard's
+//! end) is the polling path's. Dropping the feed cancels the subscription: lease loss,
+//! fencing and shutdown do so at once, and its late events are recognised and dropped.
+//!
 //! Driven by messages to itself (`Start`, `WaitParents`, `Acquire`, `Fetch`), never by a
 //! loop, so acks, status requests, lease loss and shutdown are handled between any two
 //! calls. The reader fetches the next batch while the processor works on the previous
@@ -19,19 +27,21 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{
-    CallFailure, ChildShard, Classified, IteratorPosition, LeaseTable, Record, ShardIterator,
-    StreamClient, StreamError,
+    CallFailure, ChildShard, Classified, IteratorPosition, LeaseTable, Record, ShardEvent,
+    ShardIterator, StreamClient, StreamError, Subscription,
 };
 use crate::backoff::Backoff;
 use crate::fencing::{FenceReason, Fencing};
-use crate::model::{Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId};
+use crate::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId,
+};
 use crate::processor::{HostArgs, HostFence, ProcessorSource};
 use crate::protocol::{
     Acks, Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorFailure, ProcessorMsg,
     ReaderMsg, ShardInfo, StopReason, SupervisorMsg,
 };
 use crate::settings::{CheckpointMode, Settings};
-use crate::status::{ShardShutdown, ShardStatus};
+use crate::status::{ShardShutdown, ShardStatus, SubscriptionView};
 use crate::telemetry::{
     Call, CallFailed, DeliveryPaused, DeliveryResumed, Metric, RecordsProcessed, Sample, Telemetry,
 };
@@ -62,6 +72,58 @@ pub(crate) struct ReaderArgs {
     pub lags: crate::status::LagBoard,
     /// Handed to the processor in its checkpointer, to ask the worker to stop.
     pub worker: crate::handle::WorkerHandle,
+    /// The fan-out consumer's ARN in fan-out mode; `None` polls.
+    pub consumer: Option<Arc<str>>,
+}
+
+/// An open fan-out subscription: a task that owns it and sends one event to the reader
+/// per pull. Dropping the feed aborts the task, which drops (closes) the subscription.
+struct Feed {
+    generation: u64,
+    pull: tokio::sync::mpsc::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    since: Instant,
+    /// An event has been asked for and not yet received.
+    pulling: bool,
+    events: u64,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Feed {
+    fn open(
+        subscription: Box<dyn Subscription>,
+        reader: ActorRef<ReaderMsg>,
+        generation: u64,
+    ) -> Feed {
+        let (pull, mut pulls) = tokio::sync::mpsc::channel::<()>(1);
+        let task = tokio::spawn(async move {
+            let mut subscription = subscription;
+            while pulls.recv().await.is_some() {
+                let event = subscription.next_event().await;
+                let last = !matches!(event, Ok(Some(_)));
+                if reader
+                    .cast(ReaderMsg::Event { generation, event })
+                    .is_err()
+                    || last
+                {
+                    return;
+                }
+            }
+        });
+        Feed {
+            generation,
+            pull,
+            task,
+            since: Instant::now(),
+            pulling: false,
+            events: 0,
+        }
+    }
 }
 
 pub(crate) struct ReaderState {
@@ -108,6 +170,12 @@ pub(crate) struct ReaderState {
     /// Stream calls that failed since the last GetRecords answered.
     failures_in_row: u32,
     shutdown_reply: Option<RpcReplyPort<ShardShutdown>>,
+    /// Fan-out: the open subscription, the last event's continuation, when the last
+    /// subscription was made, and how many have been.
+    feed: Option<Feed>,
+    continuation: Option<SequenceNumber>,
+    subscribed_at: Option<Instant>,
+    subscriptions: u64,
 }
 
 impl Actor for ShardReader {
@@ -160,6 +228,10 @@ impl Actor for ShardReader {
             fenced: None,
             failures_in_row: 0,
             shutdown_reply: None,
+            feed: None,
+            continuation: None,
+            subscribed_at: None,
+            subscriptions: 0,
             args,
         })
     }
@@ -194,6 +266,9 @@ impl Actor for ShardReader {
             }
             ReaderMsg::Status(reply) => {
                 let _ = reply.send(state.status());
+            }
+            ReaderMsg::Event { generation, event } => {
+                state.on_event(&myself, generation, event).await?;
             }
         }
         Ok(())
@@ -393,6 +468,9 @@ impl ReaderState {
         if !matches!(self.phase, Phase::Reading) {
             return Ok(());
         }
+        if let Some(consumer) = self.args.consumer.clone() {
+            return self.subscribe(myself, &consumer).await;
+        }
         let Some(position) =
             pure::iterator_position(self.last_delivered.as_ref(), self.start_position.as_ref())
         else {
@@ -427,6 +505,176 @@ impl ReaderState {
             }
         }
         Ok(())
+    }
+
+    /// Fan-out: opens a subscription where reading continues, at most once a second.
+    async fn subscribe(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+        consumer: &str,
+    ) -> Result<(), ActorProcessingErr> {
+        if self.feed.is_some() {
+            return Ok(());
+        }
+        let wait = pure::subscribe_delay(self.subscribed_at.map(|at| at.elapsed()));
+        if !wait.is_zero() {
+            myself.send_after(wait, || ReaderMsg::Acquire);
+            return Ok(());
+        }
+        let Some((position, skip)) = pure::subscribe_position(
+            self.continuation.as_ref(),
+            self.last_delivered.as_ref(),
+            self.start_position.as_ref(),
+        ) else {
+            return Ok(());
+        };
+        self.subscribed_at = Some(Instant::now());
+        match self
+            .args
+            .streams
+            .subscribe_to_shard(consumer, &self.shard, &position)
+            .await
+        {
+            Ok(subscription) => {
+                if skip.is_some() {
+                    self.skip_through = skip;
+                }
+                self.subscriptions += 1;
+                self.feed = Some(Feed::open(
+                    subscription,
+                    myself.clone(),
+                    self.subscriptions,
+                ));
+                debug!(message = "Shard subscribed.", shard_id = %self.shard, ?position);
+                self.schedule_fetch(myself, Duration::ZERO);
+            }
+            // The previous owner's subscription still open (a handoff, a failover), the
+            // once-a-second limit, a network failure: back off and subscribe again. The
+            // lease stays held.
+            Err(error) if error.is_retryable() => {
+                self.count_failure(Call::SubscribeToShard, &error);
+                myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
+            }
+            Err(error @ StreamError::NotFound { .. }) => {
+                return Err(format!(
+                    "shard {} of stream {} cannot be subscribed to (is the consumer still \
+                     registered?): {error}",
+                    self.shard, self.args.stream
+                )
+                .into());
+            }
+            Err(error) => {
+                return Err(format!("shard {}: SubscribeToShard: {error}", self.shard).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Fan-out: one event of the subscription, handled as a GetRecords answer is.
+    async fn on_event(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+        generation: u64,
+        event: Result<Option<ShardEvent>, StreamError>,
+    ) -> Result<(), ActorProcessingErr> {
+        match self.feed.as_mut() {
+            Some(feed) if feed.generation == generation => {
+                feed.pulling = false;
+                feed.events += 1;
+            }
+            // A cancelled subscription's late event.
+            _ => return Ok(()),
+        }
+        if !matches!(self.phase, Phase::Reading) {
+            self.feed = None;
+            return Ok(());
+        }
+        if event.is_ok() {
+            self.answered();
+        }
+        match event {
+            // Fenced while the event was on its way: not handed over. The subscription
+            // is cancelled; the next one starts after the last event delivered.
+            Ok(Some(_)) if !self.may_deliver() => {
+                self.feed = None;
+                self.schedule_fetch(myself, self.settings().reader.poll_interval);
+            }
+            Ok(Some(event)) => {
+                self.backoff.reset();
+                self.throttled = false;
+                self.caught_up =
+                    event.records.is_empty() && event.millis_behind_latest.unwrap_or(0) == 0;
+                self.note_lag(event.millis_behind_latest);
+                let at_end = event.is_shard_end();
+                if at_end {
+                    self.children = Some(event.child_shards);
+                    self.feed = None;
+                } else if let Some(continuation) = event.continuation {
+                    self.continuation = Some(continuation);
+                }
+                self.deliver(event.records)?;
+                if at_end {
+                    info!(message = "Shard read to its end.", shard_id = %self.shard);
+                    self.phase = Phase::Draining;
+                    self.maybe_end_shard(myself);
+                    return Ok(());
+                }
+                self.fetch(myself).await?;
+            }
+            // The server ended the subscription (its five minutes are up): the next
+            // starts from the continuation.
+            Ok(None) => {
+                self.feed = None;
+                let _ = myself.cast(ReaderMsg::Acquire);
+            }
+            Err(error) if error.is_retryable() => {
+                self.feed = None;
+                self.count_failure(Call::SubscribeToShard, &error);
+                myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
+            }
+            Err(error) => {
+                return Err(format!("shard {}: SubscribeToShard: {error}", self.shard).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Fan-out: asks the subscription for its next event, unless one is on its way.
+    /// The periodic fetch keeps running meanwhile, for the processor-stall check.
+    fn pull(&mut self, myself: &ActorRef<ReaderMsg>) {
+        if let Some(feed) = self.feed.as_mut()
+            && !feed.pulling
+        {
+            feed.pulling = true;
+            if feed.pull.try_send(()).is_err() {
+                // The task ended (its last event was an error or the end, still queued
+                // for us): that event says what to do next.
+                feed.pulling = false;
+            }
+        }
+        self.schedule_fetch(myself, self.settings().reader.poll_interval);
+    }
+
+    /// A call on the stream answered: ends a run of failures.
+    fn answered(&mut self) {
+        if self.failures_in_row > 0 {
+            if self.failures_in_row >= pure::STALL_REPORT_EVERY {
+                info!(message = "Shard read again.", shard_id = %self.shard, after_failures = self.failures_in_row);
+            }
+            self.failures_in_row = 0;
+        }
+    }
+
+    fn note_lag(&mut self, millis_behind_latest: Option<u64>) {
+        self.millis_behind = millis_behind_latest;
+        if let Some(millis) = millis_behind_latest {
+            self.args.lags.set(&self.shard, millis);
+            self.report(vec![Sample::shard(
+                Metric::MillisBehindLatest,
+                &self.shard,
+                millis as f64,
+            )]);
+        }
     }
 
     fn schedule_fetch(&mut self, myself: &ActorRef<ReaderMsg>, delay: Duration) {
@@ -485,7 +733,12 @@ impl ReaderState {
             timeout,
         );
         let window_full = self.window_full();
-        let has_iterator = self.iterator.is_some();
+        let fanout = self.args.consumer.is_some();
+        let has_iterator = if fanout {
+            self.feed.is_some()
+        } else {
+            self.iterator.is_some()
+        };
         let step = pure::fetch_step(FetchGate {
             phase: self.phase,
             stalled,
@@ -506,11 +759,19 @@ impl ReaderState {
             }
             // Re-checked on each ack, and periodically for the stall check above.
             FetchStep::Wait => {
+                if self.fenced.is_some() {
+                    // No event may be delivered: cancel the subscription at once.
+                    self.feed = None;
+                }
                 self.schedule_fetch(myself, poll);
                 return Ok(());
             }
             FetchStep::Acquire => {
                 let _ = myself.cast(ReaderMsg::Acquire);
+                return Ok(());
+            }
+            FetchStep::Read if fanout => {
+                self.pull(myself);
                 return Ok(());
             }
             FetchStep::Read => match self.iterator.clone() {
@@ -521,11 +782,8 @@ impl ReaderState {
         let limit = self.settings().reader.max_records;
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
-        if answer.is_ok() && self.failures_in_row > 0 {
-            if self.failures_in_row >= pure::STALL_REPORT_EVERY {
-                info!(message = "Shard read again.", shard_id = %self.shard, after_failures = self.failures_in_row);
-            }
-            self.failures_in_row = 0;
+        if answer.is_ok() {
+            self.answered();
         }
         match answer {
             // Fenced while the call was out (the worker froze, the keeper found the
@@ -540,15 +798,7 @@ impl ReaderState {
                 self.throttled = false;
                 self.caught_up =
                     batch.records.is_empty() && batch.millis_behind_latest.unwrap_or(0) == 0;
-                self.millis_behind = batch.millis_behind_latest;
-                if let Some(millis) = batch.millis_behind_latest {
-                    self.args.lags.set(&self.shard, millis);
-                    self.report(vec![Sample::shard(
-                        Metric::MillisBehindLatest,
-                        &self.shard,
-                        millis as f64,
-                    )]);
-                }
+                self.note_lag(batch.millis_behind_latest);
                 let got_records = !batch.records.is_empty();
                 let caught_up = batch.millis_behind_latest.unwrap_or(0) == 0;
                 let at_end = batch.next_iterator.is_none();
@@ -874,6 +1124,7 @@ impl ReaderState {
         }
         info!(message = "Lease lost; stopping the shard.", shard_id = %self.shard);
         self.revoked.store(true, Ordering::Release);
+        self.feed = None;
         self.phase = Phase::LeaseLost;
         let _ = self
             .args
@@ -901,6 +1152,7 @@ impl ReaderState {
         }
         self.phase = Phase::ShuttingDown;
         self.stopping.store(true, Ordering::Release);
+        self.feed = None;
         self.shutdown_reply = Some(reply);
         self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
     }
@@ -929,6 +1181,15 @@ impl ReaderState {
             in_flight_bytes: self.ledger.in_flight_bytes(),
             restarts: self.args.restarts,
             fenced: self.fenced.clone(),
+            subscription: self.args.consumer.as_ref().map(|_| SubscriptionView {
+                state: if self.feed.is_some() { "open" } else { "none" },
+                age_ms: self
+                    .feed
+                    .as_ref()
+                    .map(|f| f.since.elapsed().as_millis() as u64),
+                events: self.feed.as_ref().map_or(0, |f| f.events),
+                subscriptions: self.subscriptions,
+            }),
         }
     }
 }

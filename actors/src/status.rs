@@ -63,6 +63,22 @@ pub struct ShardStatus {
     /// Why delivery is paused (state `fenced`): the heartbeat is not confirmed, the
     /// lease awaits a fresh read after a gap, or it was revoked.
     pub fenced: Option<crate::fencing::FenceReason>,
+    /// The shard's enhanced fan-out subscription (fan-out mode only).
+    pub subscription: Option<SubscriptionView>,
+}
+
+/// A shard's fan-out subscription, for the status page.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SubscriptionView {
+    /// `open` (events flow), or `none` between two subscriptions (backing off after a
+    /// failure, waiting out the once-a-second limit, fenced, or at the shard's end).
+    pub state: &'static str,
+    /// How long the open subscription has lasted (Kinesis ends each after 5 minutes).
+    pub age_ms: Option<u64>,
+    /// Events received over the open subscription.
+    pub events: u64,
+    /// Subscriptions this reader has made for the shard.
+    pub subscriptions: u64,
 }
 
 /// One of the worker's long-lived actors.
@@ -79,6 +95,8 @@ pub struct WorkerStatus {
     pub worker_id: String,
     pub application: String,
     pub stream: String,
+    /// How the worker reads: `polling` or `fanout`.
+    pub read_mode: &'static str,
     /// `running`, `draining` (handing leases over before it stops) or `stopping`.
     pub state: &'static str,
     pub uptime_ms: u64,

@@ -72,6 +72,8 @@ pub(crate) struct WorkerContext {
     pub status_listener: Mutex<Option<tokio::net::TcpListener>>,
     /// Given to every processor (in its checkpointer) to ask for a graceful shutdown.
     pub handle: crate::handle::WorkerHandle,
+    /// The enhanced fan-out consumer's ARN, in fan-out mode.
+    pub consumer: Option<Arc<str>>,
 }
 
 pub(crate) struct Supervisor;
@@ -473,6 +475,7 @@ impl SupervisorState {
             delivered: self.ctx.delivered.clone(),
             lags: self.ctx.lags.clone(),
             worker: self.ctx.handle.clone(),
+            consumer: self.ctx.consumer.clone(),
         };
         match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
             Ok((reader, _)) => {
@@ -697,6 +700,7 @@ impl SupervisorState {
                 in_flight_bytes: 0,
                 restarts: entry.restarts,
                 fenced: None,
+                subscription: None,
             };
             let reader = entry.reader.clone();
             let handing_off = entry.handing_off.is_some();
@@ -721,6 +725,7 @@ impl SupervisorState {
             worker_id: self.ctx.me.to_string(),
             application: self.ctx.application.clone(),
             stream: self.ctx.stream.clone(),
+            read_mode: self.ctx.settings.reader.mode.as_str(),
             state: if self.shutting_down {
                 "stopping"
             } else if self.shutdown_reply.is_some() {

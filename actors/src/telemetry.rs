@@ -61,6 +61,7 @@ impl Telemetry {
 pub(crate) enum Call {
     GetRecords,
     GetShardIterator,
+    SubscribeToShard,
     ListShards,
     Heartbeat,
     Checkpoint,
@@ -71,6 +72,7 @@ impl Call {
         match self {
             Call::GetRecords => "GetRecords",
             Call::GetShardIterator => "GetShardIterator",
+            Call::SubscribeToShard => "SubscribeToShard",
             Call::ListShards => "ListShards",
             Call::Heartbeat => "heartbeat",
             Call::Checkpoint => "checkpoint",

@@ -19,7 +19,9 @@ use crate::model::{Checkpoint, WorkerId};
 pub use crate::processor::ProcessorActorFactory;
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
 use crate::protocol::{ProcessorMsg, ShardInfo, SupervisorMsg};
-use crate::settings::{AwsSettings, InitialPosition, Settings, SettingsError, StatusSettings};
+use crate::settings::{
+    AwsSettings, InitialPosition, ReadMode, Settings, SettingsError, StatusSettings,
+};
 use crate::status::{ShutdownReport, WorkerStatus};
 use crate::supervisor::{Supervisor, WorkerContext};
 
@@ -151,6 +153,8 @@ pub enum WorkerError {
         #[source]
         source: StreamError,
     },
+    #[error(transparent)]
+    Consumer(#[from] crate::fanout::ConsumerError),
     #[error("lease table {table}")]
     LeaseTable {
         table: String,
@@ -315,7 +319,7 @@ impl WorkerBuilder {
         );
         let status_listener = bind_status(&settings.status).await?;
         // The stream before the table: a misspelt stream must not leave a billable table.
-        retrying(
+        let summary = retrying(
             || backend.streams.describe_stream_summary(&stream),
             StreamError::is_retryable,
         )
@@ -324,6 +328,21 @@ impl WorkerBuilder {
             stream: stream.clone(),
             source,
         })?;
+        let consumer = match settings.reader.mode {
+            ReadMode::Polling => None,
+            ReadMode::Fanout => {
+                let name = settings.reader.consumer_name_for(&application);
+                let consumer = crate::fanout::ensure_consumer(
+                    backend.streams.as_ref(),
+                    &stream,
+                    &summary.arn,
+                    name,
+                    CONSUMER_WAIT,
+                )
+                .await?;
+                Some(Arc::<str>::from(consumer.arn))
+            }
+        };
         let table = backend.lease_table(&application);
         retrying(|| table.ensure_table(), LeaseError::is_retryable)
             .await
@@ -361,6 +380,7 @@ impl WorkerBuilder {
             status_addr: status_addr.clone(),
             status_listener: Mutex::new(status_listener),
             handle: handle.clone(),
+            consumer,
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
             .await
@@ -549,6 +569,9 @@ impl fmt::Debug for Worker {
 
 /// How long `status()` waits for the whole tree to answer.
 const STATUS_TIMEOUT_MS: u64 = 30_000;
+
+/// How long a starting worker waits for its fan-out consumer to be ACTIVE.
+const CONSUMER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Worker {
     pub fn builder() -> WorkerBuilder {

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::backend::{
     IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError, MetricsSink, PutRecord,
-    PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
+    PutResult, RecordBatch, Subscription, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
     StreamSummary, TableState,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
@@ -477,8 +477,92 @@ impl<B: StreamClient> StreamClient for Faulty<B> {
         ))
     }
 
+    fn register_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<crate::backend::Consumer, StreamError>> {
+        Box::pin(self.run(
+            "RegisterStreamConsumer",
+            self.inner.register_stream_consumer(stream_arn, name),
+        ))
+    }
+
+    fn describe_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<crate::backend::Consumer, StreamError>> {
+        Box::pin(self.run(
+            "DescribeStreamConsumer",
+            self.inner.describe_stream_consumer(stream_arn, name),
+        ))
+    }
+
+    fn list_stream_consumers<'a>(
+        &'a self,
+        stream_arn: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<crate::backend::Consumer>, StreamError>> {
+        Box::pin(self.run(
+            "ListStreamConsumers",
+            self.inner.list_stream_consumers(stream_arn),
+        ))
+    }
+
+    fn deregister_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.run(
+            "DeregisterStreamConsumer",
+            self.inner.deregister_stream_consumer(stream_arn, name),
+        ))
+    }
+
+    /// The subscription's events go through the injector too, as op
+    /// `SubscribeToShardEvent`: a transient fault there is a dropped connection.
+    fn subscribe_to_shard<'a>(
+        &'a self,
+        consumer_arn: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>> {
+        Box::pin(async move {
+            let inner = self
+                .run(
+                    "SubscribeToShard",
+                    self.inner.subscribe_to_shard(consumer_arn, shard, position),
+                )
+                .await?;
+            let faults = Faulty {
+                inner: (),
+                state: self.state.clone(),
+                freezer: self.freezer.clone(),
+            };
+            Ok(Box::new(FaultySubscription { inner, faults }) as Box<dyn Subscription>)
+        })
+    }
+
     fn capabilities(&self) -> crate::backend::Capabilities {
         self.inner.capabilities()
+    }
+}
+
+/// A subscription whose events pass the fault injector and the freezer.
+struct FaultySubscription {
+    inner: Box<dyn Subscription>,
+    faults: Faulty<()>,
+}
+
+impl Subscription for FaultySubscription {
+    fn next_event(
+        &mut self,
+    ) -> BoxFuture<'_, Result<Option<crate::backend::ShardEvent>, StreamError>> {
+        Box::pin(
+            self.faults
+                .run("SubscribeToShardEvent", self.inner.next_event()),
+        )
     }
 }
 

@@ -62,8 +62,9 @@ impl Classified for MetricsError {
 }
 
 pub use stream::{
-    Capabilities, ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch,
-    ShardIterator, StreamAdmin, StreamClient, StreamError, StreamSummary,
+    Capabilities, ChildShard, Consumer, ConsumerStatus, IteratorPosition, PutRecord, PutResult,
+    Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
+    StreamSummary, Subscription,
 };
 
 #[cfg(test)]

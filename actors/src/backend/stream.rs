@@ -72,6 +72,83 @@ impl RecordBatch {
     }
 }
 
+/// A registered enhanced fan-out consumer of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub name: String,
+    pub arn: String,
+    pub status: ConsumerStatus,
+    pub created: Option<SystemTime>,
+}
+
+/// A consumer's status: only an `Active` one can subscribe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsumerStatus {
+    Creating,
+    Active,
+    Deleting,
+    /// A status this code does not know, kept as the server spelled it.
+    Other(String),
+}
+
+impl ConsumerStatus {
+    pub fn parse(text: &str) -> Self {
+        match text {
+            "CREATING" => Self::Creating,
+            "ACTIVE" => Self::Active,
+            "DELETING" => Self::Deleting,
+            other => Self::Other(other.to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for ConsumerStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Creating => "CREATING",
+            Self::Active => "ACTIVE",
+            Self::Deleting => "DELETING",
+            Self::Other(other) => other,
+        })
+    }
+}
+
+/// One event of a shard subscription.
+#[derive(Debug, Clone, Default)]
+pub struct ShardEvent {
+    pub records: Vec<Record>,
+    /// Where a subscription after this event resumes (`AfterSequence` of it): it moves
+    /// on through empty stretches too. `None` when the server sent none (the last event
+    /// of a shard).
+    pub continuation: Option<SequenceNumber>,
+    pub millis_behind_latest: Option<u64>,
+    /// The children of the shard, reported once it is closed. Empty when not reported.
+    pub child_shards: Vec<ChildShard>,
+}
+
+impl ShardEvent {
+    /// Whether this event ends the shard: it names the children and nothing follows
+    /// (no records in it, or no continuation). Children alone do not end it: a server
+    /// may name them on every event of a closed shard still being read.
+    pub fn is_shard_end(&self) -> bool {
+        !self.child_shards.is_empty() && (self.records.is_empty() || self.continuation.is_none())
+    }
+}
+
+/// An open SubscribeToShard: events pulled one at a time. Dropping it closes the
+/// subscription (the connection's stream is reset), so nothing more is received.
+pub trait Subscription: Send + 'static {
+    /// The next event; `Ok(None)` when the server ended the subscription (after five
+    /// minutes, or at the end of the shard).
+    fn next_event(&mut self) -> BoxFuture<'_, Result<Option<ShardEvent>, StreamError>>;
+}
+
+impl fmt::Debug for dyn Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Subscription")
+    }
+}
+
 /// DescribeStreamSummary, reduced to what a consumer needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSummary {
@@ -126,6 +203,11 @@ pub enum StreamError {
         what: String,
         missing: &'static str,
     },
+    /// The resource is busy: a consumer still being created or deleted, or a shard
+    /// subscription of the same consumer still open (the previous owner's, during a
+    /// handoff). Back off and retry.
+    #[error("{op}: resource in use: {message}")]
+    InUse { op: &'static str, message: String },
     #[error("{op}: {message}")]
     Other { op: &'static str, message: String },
     /// The credentials may not make this call, or are not valid (expired, unknown, a
@@ -139,7 +221,9 @@ impl StreamError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            StreamError::Throttled { .. } | StreamError::Transient { .. }
+            StreamError::Throttled { .. }
+                | StreamError::Transient { .. }
+                | StreamError::InUse { .. }
         )
     }
 }
@@ -180,6 +264,45 @@ pub trait StreamClient: Send + Sync + 'static {
         &'a self,
         stream: &'a str,
     ) -> BoxFuture<'a, Result<StreamSummary, StreamError>>;
+
+    /// RegisterStreamConsumer: registers an enhanced fan-out consumer of the stream
+    /// (by its ARN). A consumer of that name already there is `InUse`.
+    fn register_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>>;
+
+    /// DescribeStreamConsumer by the stream's ARN and the consumer's name; an unknown
+    /// consumer is `NotFound`.
+    fn describe_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>>;
+
+    /// ListStreamConsumers, every page.
+    fn list_stream_consumers<'a>(
+        &'a self,
+        stream_arn: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>>;
+
+    /// DeregisterStreamConsumer by the stream's ARN and the consumer's name.
+    fn deregister_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), StreamError>>;
+
+    /// SubscribeToShard: opens a push subscription of `consumer_arn` to `shard`. The
+    /// answer is a [`Subscription`] the caller pulls events from, one at a time: what
+    /// it does not pull, the server is not sent for (flow control holds it).
+    fn subscribe_to_shard<'a>(
+        &'a self,
+        consumer_arn: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>>;
 
     /// What this server reports; see [`Capabilities`].
     fn capabilities(&self) -> Capabilities {

@@ -235,6 +235,12 @@ pub(crate) enum ReaderMsg {
     /// processor sent before failing (supervision events overtake messages).
     ProcessorFailed(String),
     Status(RpcReplyPort<ShardStatus>),
+    /// An event of the shard's fan-out subscription (`generation` tells a current
+    /// subscription's events from a cancelled one's).
+    Event {
+        generation: u64,
+        event: Result<Option<crate::backend::ShardEvent>, crate::backend::StreamError>,
+    },
 }
 
 #[cfg(test)]

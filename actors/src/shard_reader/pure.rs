@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::backend::{IteratorPosition, Record};
 use crate::model::{
-    AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, Watermark,
+    AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, SequenceNumber,
+    Watermark,
 };
 use crate::status::ShardState;
 
@@ -117,6 +118,39 @@ pub(crate) fn iterator_position(
         Some(last) => Some(IteratorPosition::AfterSequence(last.sequence.clone())),
         None => start.cloned(),
     }
+}
+
+/// Kinesis allows one SubscribeToShard per second per consumer and shard.
+pub(crate) const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where a fan-out subscription starts, and which records it must drop.
+///
+/// After the first event, from the last event's continuation (AFTER it: it moves on
+/// through empty stretches, so a shard started at LATEST or past trimmed data loses
+/// nothing between two subscriptions). Servers disagree on whether the continuation is
+/// the last record sent or the position after it; records at or before the last one
+/// delivered are dropped, so the seam has no duplicate either way. Before any event,
+/// where an iterator would start (the start position, with its aggregate skip).
+pub(crate) fn subscribe_position(
+    continuation: Option<&SequenceNumber>,
+    last_delivered: Option<&ExtendedSequenceNumber>,
+    start: Option<&IteratorPosition>,
+) -> Option<(IteratorPosition, Option<ExtendedSequenceNumber>)> {
+    match continuation {
+        Some(at) => Some((
+            IteratorPosition::AfterSequence(at.clone()),
+            last_delivered.cloned(),
+        )),
+        None => iterator_position(last_delivered, start).map(|p| (p, None)),
+    }
+}
+
+/// How long to wait before subscribing to a shard again, `since_last` after the last
+/// subscription was made.
+pub(crate) fn subscribe_delay(since_last: Option<Duration>) -> Duration {
+    since_last.map_or(Duration::ZERO, |since| {
+        SUBSCRIBE_INTERVAL.saturating_sub(since)
+    })
 }
 
 /// What a scheduled fetch does, in the order the checks are made.
@@ -452,7 +486,6 @@ impl Ledger {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::model::SequenceNumber;
 
     const ALL_PHASES: [Phase; 8] = [
         Phase::Starting,
@@ -737,6 +770,66 @@ mod tests {
         );
         assert_eq!(iterator_position(None, Some(&start)), Some(start));
         assert_eq!(iterator_position(None, None), None);
+    }
+
+    #[test]
+    fn a_subscription_resumes_after_the_continuation_and_drops_what_was_delivered() {
+        let seq = |n: u64| SequenceNumber::parse(&n.to_string()).unwrap();
+        let delivered = ExtendedSequenceNumber::new(seq(40), 2);
+        let start = IteratorPosition::Latest;
+        let table = [
+            // First subscription: the start position, nothing to drop.
+            (None, None, Some(start.clone()), Some((start.clone(), None))),
+            // Resubscribed before any record was delivered (LATEST, idle): after the
+            // continuation, not LATEST again (that would skip what came in between).
+            (
+                Some(seq(77)),
+                None,
+                Some(start.clone()),
+                Some((IteratorPosition::AfterSequence(seq(77)), None)),
+            ),
+            // After records: after the continuation, dropping up to the last delivered
+            // (a server whose continuation is the last record sends it again).
+            (
+                Some(seq(41)),
+                Some(delivered.clone()),
+                Some(start.clone()),
+                Some((
+                    IteratorPosition::AfterSequence(seq(41)),
+                    Some(delivered.clone()),
+                )),
+            ),
+            // No continuation yet but records delivered (a subscription that failed on
+            // its first event after a restart... ): after the last delivered.
+            (
+                None,
+                Some(delivered.clone()),
+                Some(start.clone()),
+                Some((IteratorPosition::AfterSequence(seq(40)), None)),
+            ),
+            (None, None, None, None),
+        ];
+        for (continuation, last, start, expected) in table {
+            assert_eq!(
+                subscribe_position(continuation.as_ref(), last.as_ref(), start.as_ref()),
+                expected,
+                "continuation {continuation:?}, last delivered {last:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn subscriptions_to_a_shard_are_at_least_a_second_apart() {
+        let ms = Duration::from_millis;
+        for (since, wait) in [
+            (None, ms(0)),
+            (Some(ms(0)), ms(1000)),
+            (Some(ms(300)), ms(700)),
+            (Some(ms(1000)), ms(0)),
+            (Some(ms(300_000)), ms(0)),
+        ] {
+            assert_eq!(subscribe_delay(since), wait, "{since:?}");
+        }
     }
 
     fn record(seq: u64, sub: u64) -> Record {

@@ -25,18 +25,26 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
+use aws_sdk_kinesis::types::error::SubscribeToShardEventStreamError;
+use aws_sdk_kinesis::types::{
+    PutRecordsRequestEntry, ShardIteratorType, StartingPosition, StreamStatus,
+    SubscribeToShardEventStream,
+};
+use aws_sdk_kinesis::primitives::event_stream::EventReceiver;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_types::DateTime;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{Failure, THROTTLING_CODES, TRANSIENT_CODES, classify, error_text};
+use super::{
+    DENIED_CODES, Failure, THROTTLING_CODES, TRANSIENT_CODES, cause_chain, classify, error_text,
+};
 
 use crate::backend::{
-    Capabilities, ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch,
-    ShardIterator, StreamAdmin, StreamClient, StreamError, StreamSummary,
+    Capabilities, ChildShard, Consumer, ConsumerStatus, IteratorPosition, PutRecord, PutResult,
+    Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
+    StreamSummary, Subscription,
 };
 use crate::model::{HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId};
 
@@ -55,14 +63,21 @@ const WAIT_LIMIT: Duration = Duration::from_secs(60);
 /// The IAM actions this adapter calls, one per SDK operation in this file; a test
 /// (`tests/deploy.rs`) reads the file and keeps the two equal.
 ///
-/// A worker ([`StreamClient`]) needs only the first four, on the stream's ARN. The rest
-/// are [`StreamAdmin`]'s (the demo producer, tests, operators): `deploy/` grants none
+/// A polling worker ([`StreamClient`]) needs only the first four, on the stream's ARN; a
+/// fan-out worker also the next two on the stream and `SubscribeToShard` on its
+/// consumer's ARN. `ListStreamConsumers` and `DeregisterStreamConsumer` are for the
+/// `flotilla consumer` commands (operators). The rest are [`StreamAdmin`]'s (the demo producer, tests, operators): `deploy/` grants none
 /// of them to a worker.
 pub const IAM_ACTIONS: &[&str] = &[
     "kinesis:ListShards",
     "kinesis:GetShardIterator",
     "kinesis:GetRecords",
     "kinesis:DescribeStreamSummary",
+    "kinesis:RegisterStreamConsumer",
+    "kinesis:DescribeStreamConsumer",
+    "kinesis:SubscribeToShard",
+    "kinesis:ListStreamConsumers",
+    "kinesis:DeregisterStreamConsumer",
     "kinesis:CreateStream",
     "kinesis:DeleteStream",
     "kinesis:PutRecords",
@@ -118,6 +133,7 @@ impl KinesisStream {
         match (err.code(), classify(&err)) {
             (Some("ExpiredIteratorException"), _) => StreamError::IteratorExpired { op, message },
             (Some("ResourceNotFoundException"), _) => StreamError::NotFound { op, message },
+            (Some("ResourceInUseException"), _) => StreamError::InUse { op, message },
             (Some("InvalidArgumentException" | "ValidationException"), _) => {
                 StreamError::InvalidArgument { op, message }
             }
@@ -245,6 +261,144 @@ impl KinesisStream {
             millis_behind_latest,
             child_shards,
         })
+    }
+
+    async fn register_consumer(
+        &self,
+        stream_arn: &str,
+        name: &str,
+    ) -> Result<Consumer, StreamError> {
+        const OP: &str = "RegisterStreamConsumer";
+        let output = self
+            .client
+            .register_stream_consumer()
+            .stream_arn(stream_arn)
+            .consumer_name(name)
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        let consumer = output.consumer().ok_or_else(|| StreamError::IncompleteAnswer {
+            op: OP,
+            what: format!("consumer {name}"),
+            missing: "Consumer",
+        })?;
+        consumer_from_parts(
+            OP,
+            consumer.consumer_name(),
+            consumer.consumer_arn(),
+            consumer.consumer_status().as_str(),
+            Some(consumer.consumer_creation_timestamp()),
+        )
+    }
+
+    async fn describe_consumer(
+        &self,
+        stream_arn: &str,
+        name: &str,
+    ) -> Result<Consumer, StreamError> {
+        const OP: &str = "DescribeStreamConsumer";
+        let output = self
+            .client
+            .describe_stream_consumer()
+            .stream_arn(stream_arn)
+            .consumer_name(name)
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        let consumer = output
+            .consumer_description()
+            .ok_or_else(|| StreamError::IncompleteAnswer {
+                op: OP,
+                what: format!("consumer {name}"),
+                missing: "ConsumerDescription",
+            })?;
+        consumer_from_parts(
+            OP,
+            consumer.consumer_name(),
+            consumer.consumer_arn(),
+            consumer.consumer_status().as_str(),
+            Some(consumer.consumer_creation_timestamp()),
+        )
+    }
+
+    async fn list_consumers(&self, stream_arn: &str) -> Result<Vec<Consumer>, StreamError> {
+        const OP: &str = "ListStreamConsumers";
+        let mut consumers = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let request = self.client.list_stream_consumers();
+            // A NextToken request names no stream (the service refuses both at once).
+            let request = match &token {
+                Some(token) => request.next_token(token),
+                None => request.stream_arn(stream_arn),
+            };
+            let page = request.send().await.map_err(|e| self.classify(OP, e))?;
+            for consumer in page.consumers() {
+                consumers.push(consumer_from_parts(
+                    OP,
+                    consumer.consumer_name(),
+                    consumer.consumer_arn(),
+                    consumer.consumer_status().as_str(),
+                    Some(consumer.consumer_creation_timestamp()),
+                )?);
+            }
+            match page.next_token() {
+                Some(next) if !page.consumers().is_empty() => token = Some(next.to_owned()),
+                _ => return Ok(consumers),
+            }
+        }
+    }
+
+    async fn deregister_consumer(&self, stream_arn: &str, name: &str) -> Result<(), StreamError> {
+        const OP: &str = "DeregisterStreamConsumer";
+        self.client
+            .deregister_stream_consumer()
+            .stream_arn(stream_arn)
+            .consumer_name(name)
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        Ok(())
+    }
+
+    async fn subscribe(
+        &self,
+        consumer_arn: &str,
+        shard: &ShardId,
+        position: &IteratorPosition,
+    ) -> Result<Box<dyn Subscription>, StreamError> {
+        const OP: &str = "SubscribeToShard";
+        let start = StartingPosition::builder();
+        let start = match position {
+            IteratorPosition::TrimHorizon => start.r#type(ShardIteratorType::TrimHorizon),
+            IteratorPosition::Latest => start.r#type(ShardIteratorType::Latest),
+            IteratorPosition::AtSequence(seq) => start
+                .r#type(ShardIteratorType::AtSequenceNumber)
+                .sequence_number(seq.as_str()),
+            IteratorPosition::AfterSequence(seq) => start
+                .r#type(ShardIteratorType::AfterSequenceNumber)
+                .sequence_number(seq.as_str()),
+            IteratorPosition::AtTimestamp(at) => start
+                .r#type(ShardIteratorType::AtTimestamp)
+                .timestamp(DateTime::from(*at)),
+        };
+        let start = start.build().map_err(|e| StreamError::InvalidArgument {
+            op: OP,
+            message: format!("starting position: {e}"),
+        })?;
+        let output = self
+            .client
+            .subscribe_to_shard()
+            .consumer_arn(consumer_arn)
+            .shard_id(shard.as_str())
+            .starting_position(start)
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        Ok(Box::new(SdkSubscription {
+            events: output.event_stream,
+            endpoint: self.endpoint.clone(),
+        }))
     }
 
     async fn summary(&self, stream: &str) -> Result<StreamSummary, StreamError> {
@@ -599,6 +753,107 @@ fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, St
     })
 }
 
+fn consumer_from_parts(
+    op: &'static str,
+    name: &str,
+    arn: &str,
+    status: &str,
+    created: Option<&DateTime>,
+) -> Result<Consumer, StreamError> {
+    if arn.is_empty() {
+        return Err(StreamError::IncompleteAnswer {
+            op,
+            what: format!("consumer {name}"),
+            missing: "ConsumerARN",
+        });
+    }
+    Ok(Consumer {
+        name: name.to_owned(),
+        arn: arn.to_owned(),
+        status: ConsumerStatus::parse(status),
+        // Informational only: a missing or odd timestamp is not worth failing over.
+        created: created.and_then(|at| SystemTime::try_from(*at).ok()),
+    })
+}
+
+/// A SubscribeToShard event stream, read one event at a time.
+struct SdkSubscription {
+    events: EventReceiver<SubscribeToShardEventStream, SubscribeToShardEventStreamError>,
+    endpoint: String,
+}
+
+impl SdkSubscription {
+    async fn next(&mut self) -> Result<Option<ShardEvent>, StreamError> {
+        const OP: &str = "SubscribeToShard";
+        loop {
+            let message = self.events.recv().await.map_err(|e| {
+                let message = cause_chain(&e);
+                match e.code() {
+                    Some("ResourceInUseException") => StreamError::InUse { op: OP, message },
+                    Some("ResourceNotFoundException") => StreamError::NotFound { op: OP, message },
+                    Some(code) if THROTTLING_CODES.contains(&code) => {
+                        StreamError::Throttled { op: OP, message }
+                    }
+                    Some(code) if DENIED_CODES.contains(&code) => {
+                        StreamError::AccessDenied { op: OP, message }
+                    }
+                    // A dropped connection, a reset stream, an internal failure: the
+                    // reader subscribes again from where it got to.
+                    _ => StreamError::Transient {
+                        op: OP,
+                        endpoint: self.endpoint.clone(),
+                        message,
+                    },
+                }
+            })?;
+            match message {
+                None => return Ok(None),
+                Some(SubscribeToShardEventStream::SubscribeToShardEvent(event)) => {
+                    return event_from_sdk(&event).map(Some);
+                }
+                // An event type newer than this SDK: nothing in it is needed.
+                Some(_) => continue,
+            }
+        }
+    }
+}
+
+impl Subscription for SdkSubscription {
+    fn next_event(&mut self) -> BoxFuture<'_, Result<Option<ShardEvent>, StreamError>> {
+        Box::pin(self.next())
+    }
+}
+
+fn event_from_sdk(
+    event: &aws_sdk_kinesis::types::SubscribeToShardEvent,
+) -> Result<ShardEvent, StreamError> {
+    const OP: &str = "SubscribeToShard";
+    let records = event
+        .records()
+        .iter()
+        .map(record_from_sdk)
+        .collect::<Result<Vec<_>, _>>()?;
+    // Required by the model, so the SDK fills in "" and 0 when a server leaves them out:
+    // an empty continuation is none, and a lag of 0 is what it says.
+    let continuation = match event.continuation_sequence_number() {
+        "" => None,
+        text => Some(parse_sequence(OP, "ContinuationSequenceNumber", text)?),
+    };
+    let millis_behind_latest = u64::try_from(event.millis_behind_latest()).ok();
+    let child_shards = event
+        .child_shards()
+        .iter()
+        .map(child_from_sdk)
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default();
+    Ok(ShardEvent {
+        records,
+        continuation,
+        millis_behind_latest,
+        child_shards,
+    })
+}
+
 /// A reported child, or `None` if its hash range is missing or unreadable.
 fn child_from_sdk(child: &aws_sdk_kinesis::types::ChildShard) -> Option<ChildShard> {
     let range = child.hash_key_range()?;
@@ -643,6 +898,46 @@ impl StreamClient for KinesisStream {
         stream: &'a str,
     ) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
         Box::pin(self.summary(stream))
+    }
+
+    fn register_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
+        Box::pin(self.register_consumer(stream_arn, name))
+    }
+
+    fn describe_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
+        Box::pin(self.describe_consumer(stream_arn, name))
+    }
+
+    fn list_stream_consumers<'a>(
+        &'a self,
+        stream_arn: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>> {
+        Box::pin(self.list_consumers(stream_arn))
+    }
+
+    fn deregister_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(self.deregister_consumer(stream_arn, name))
+    }
+
+    fn subscribe_to_shard<'a>(
+        &'a self,
+        consumer_arn: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>> {
+        Box::pin(self.subscribe(consumer_arn, shard, position))
     }
 
     fn capabilities(&self) -> Capabilities {

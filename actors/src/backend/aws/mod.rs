@@ -136,14 +136,10 @@ pub(crate) fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>)
     }
 }
 
-/// The error and its causes, `: `-separated (what `DisplayErrorContext` prints, without
-/// its trailing Debug dump of the whole response), and the HTTP status if there was one.
-pub(crate) fn error_text<E>(err: &SdkError<E, HttpResponse>) -> String
-where
-    E: std::error::Error + 'static,
-{
+/// An error and its causes, `: `-separated, each said once.
+pub(crate) fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
-    let mut source = std::error::Error::source(err);
+    let mut source = err.source();
     while let Some(cause) = source {
         // Generated errors wrap a struct that displays the same text: say it once.
         let cause_text = cause.to_string();
@@ -153,6 +149,16 @@ where
         }
         source = cause.source();
     }
+    text
+}
+
+/// The error and its causes, `: `-separated (what `DisplayErrorContext` prints, without
+/// its trailing Debug dump of the whole response), and the HTTP status if there was one.
+pub(crate) fn error_text<E>(err: &SdkError<E, HttpResponse>) -> String
+where
+    E: std::error::Error + 'static,
+{
+    let mut text = cause_chain(err);
     if let Some(response) = err.raw_response() {
         text.push_str(&format!(" (HTTP {})", response.status().as_u16()));
     }

@@ -18,8 +18,9 @@ use tokio::time::Instant;
 
 use crate::backend::clock::Clock;
 use crate::backend::{
-    ChildShard, IteratorPosition, PutRecord, PutResult, Record, RecordBatch, ShardIterator,
-    StreamAdmin, StreamClient, StreamError, StreamSummary,
+    ChildShard, Consumer, ConsumerStatus, IteratorPosition, PutRecord, PutResult, Record,
+    RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
+    StreamSummary, Subscription,
 };
 use crate::model::{
     HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId, partition_key_hash,
@@ -48,6 +49,11 @@ pub struct MemoryStreamsConfig {
     pub retention: Duration,
     /// `None` reads without limits; `Some` throttles like a provisioned shard.
     pub read_limits: Option<ReadLimits>,
+    /// How long a SubscribeToShard subscription lasts before the server ends it
+    /// (Kinesis: 5 minutes).
+    pub subscription_ttl: Duration,
+    /// How long a registered consumer stays CREATING before it is ACTIVE.
+    pub consumer_activation: Duration,
 }
 
 impl Default for MemoryStreamsConfig {
@@ -56,9 +62,22 @@ impl Default for MemoryStreamsConfig {
             iterator_ttl: Duration::from_secs(300),
             retention: Duration::from_secs(24 * 3600),
             read_limits: None,
+            subscription_ttl: Duration::from_secs(300),
+            consumer_activation: Duration::from_millis(500),
         }
     }
 }
+
+/// Registered consumers per stream, as Kinesis allows: at most 20.
+pub const MAX_CONSUMERS_PER_STREAM: usize = 20;
+/// A subscription sends an event at least this often, records or not (its lag and its
+/// continuation move on through idle stretches).
+const SUBSCRIPTION_HEARTBEAT: Duration = Duration::from_secs(1);
+/// A second subscription of one consumer to one shard within this long of the first is
+/// refused (ResourceInUse); after it, the new one replaces the old.
+const SUBSCRIPTION_REPLACE_AFTER: Duration = Duration::from_secs(5);
+/// SubscribeToShard may be called once per second per consumer and shard.
+const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// GetRecords caps: 10,000 records and 10 MB per call.
 pub const MAX_RECORDS_PER_CALL: u32 = 10_000;
@@ -173,6 +192,27 @@ impl StreamState {
 struct State {
     streams: BTreeMap<String, StreamState>,
     next_counter: u64,
+    /// Registered consumers by stream name.
+    consumers: BTreeMap<String, Vec<ConsumerState>>,
+    /// Per (consumer ARN, stream, shard index): the open subscription's id and when it
+    /// was made, and when SubscribeToShard was last called.
+    subscriptions: BTreeMap<(String, String, usize), OpenSubscription>,
+    next_subscription: u64,
+}
+
+#[derive(Debug)]
+struct ConsumerState {
+    name: String,
+    arn: String,
+    created: SystemTime,
+    active_at: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenSubscription {
+    id: u64,
+    open: bool,
+    since: Instant,
 }
 
 impl State {
@@ -228,6 +268,8 @@ pub struct MemoryStreams {
     state: Arc<Mutex<State>>,
     config: MemoryStreamsConfig,
     clock: Clock,
+    /// Woken on every change of the streams, for subscriptions waiting on records.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 /// What an iterator string holds. It is self-contained (no server-side table to grow):
@@ -273,6 +315,7 @@ impl MemoryStreams {
             state: Arc::new(Mutex::new(State::default())),
             config,
             clock: Clock::new(),
+            changed: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -431,6 +474,17 @@ impl MemoryStreams {
     }
 
     fn read(&self, iterator: &ShardIterator, limit: u32) -> Result<RecordBatch, StreamError> {
+        self.read_from(iterator, limit, true)
+    }
+
+    /// GetRecords; `limited`: counted against the shard's read limits (a subscription's
+    /// reads are not: each consumer has its own throughput).
+    fn read_from(
+        &self,
+        iterator: &ShardIterator,
+        limit: u32,
+        limited: bool,
+    ) -> Result<RecordBatch, StreamError> {
         const OP: &str = "GetRecords";
         if limit == 0 || limit > MAX_RECORDS_PER_CALL {
             return Err(StreamError::InvalidArgument {
@@ -468,7 +522,7 @@ impl MemoryStreams {
                 message: "shard iterator names no shard of this stream".into(),
             });
         };
-        if let Some(limits) = self.config.read_limits {
+        if limited && let Some(limits) = self.config.read_limits {
             while shard
                 .reads
                 .front()
@@ -508,7 +562,7 @@ impl MemoryStreams {
                 approximate_arrival: Some(stored.arrival),
             });
         }
-        if self.config.read_limits.is_some() {
+        if limited && self.config.read_limits.is_some() {
             shard.reads.push_back((now, bytes));
         }
         let next = start + records.len() as u64;
@@ -708,6 +762,337 @@ impl MemoryStreams {
     }
 }
 
+/// The stream named by a stream ARN (`arn:...:stream/NAME`) or a consumer ARN
+/// (`arn:...:stream/NAME/consumer/CONSUMER:EPOCH`).
+fn stream_of_arn(op: &'static str, arn: &str) -> Result<String, StreamError> {
+    arn.split_once(":stream/")
+        .map(|(_, rest)| rest.split('/').next().unwrap_or(rest).to_owned())
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| StreamError::InvalidArgument {
+            op,
+            message: format!("{arn} is not a stream or consumer ARN"),
+        })
+}
+
+impl MemoryStreams {
+    fn consumer_view(&self, consumer: &ConsumerState) -> Consumer {
+        Consumer {
+            name: consumer.name.clone(),
+            arn: consumer.arn.clone(),
+            status: if self.clock.now() >= consumer.active_at {
+                ConsumerStatus::Active
+            } else {
+                ConsumerStatus::Creating
+            },
+            created: Some(consumer.created),
+        }
+    }
+
+    fn register_consumer(&self, stream_arn: &str, name: &str) -> Result<Consumer, StreamError> {
+        const OP: &str = "RegisterStreamConsumer";
+        let stream = stream_of_arn(OP, stream_arn)?;
+        let now = self.clock.now();
+        let created = self.clock.wall();
+        let mut state = self.lock();
+        state.stream_mut(OP, &stream)?;
+        let consumers = state.consumers.entry(stream.clone()).or_default();
+        if consumers.iter().any(|c| c.name == name) {
+            return Err(StreamError::InUse {
+                op: OP,
+                message: format!("consumer {name} of stream {stream} already exists"),
+            });
+        }
+        if consumers.len() >= MAX_CONSUMERS_PER_STREAM {
+            return Err(StreamError::Throttled {
+                op: OP,
+                message: format!(
+                    "LimitExceededException: stream {stream} has {MAX_CONSUMERS_PER_STREAM} \
+                     consumers, the most allowed"
+                ),
+            });
+        }
+        let epoch = created
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        consumers.push(ConsumerState {
+            name: name.to_owned(),
+            arn: format!("{stream_arn}/consumer/{name}:{epoch}"),
+            created,
+            active_at: now + self.config.consumer_activation,
+        });
+        let view = consumers.last().map(|c| self.consumer_view(c));
+        view.ok_or_else(|| StreamError::Other {
+            op: OP,
+            message: "consumer vanished".into(),
+        })
+    }
+
+    fn find_consumer(
+        &self,
+        op: &'static str,
+        stream_arn: &str,
+        name: &str,
+    ) -> Result<Consumer, StreamError> {
+        let stream = stream_of_arn(op, stream_arn)?;
+        let state = self.lock();
+        state
+            .consumers
+            .get(&stream)
+            .and_then(|all| all.iter().find(|c| c.name == name))
+            .map(|c| self.consumer_view(c))
+            .ok_or_else(|| StreamError::NotFound {
+                op,
+                message: format!("consumer {name} of stream {stream}"),
+            })
+    }
+
+    fn list_consumers(&self, stream_arn: &str) -> Result<Vec<Consumer>, StreamError> {
+        const OP: &str = "ListStreamConsumers";
+        let stream = stream_of_arn(OP, stream_arn)?;
+        let mut state = self.lock();
+        state.stream_mut(OP, &stream)?;
+        Ok(state
+            .consumers
+            .get(&stream)
+            .map(|all| all.iter().map(|c| self.consumer_view(c)).collect())
+            .unwrap_or_default())
+    }
+
+    fn deregister_consumer(&self, stream_arn: &str, name: &str) -> Result<(), StreamError> {
+        const OP: &str = "DeregisterStreamConsumer";
+        let consumer = self.find_consumer(OP, stream_arn, name)?;
+        let stream = stream_of_arn(OP, stream_arn)?;
+        let mut state = self.lock();
+        if let Some(all) = state.consumers.get_mut(&stream) {
+            all.retain(|c| c.name != name);
+        }
+        // Its subscriptions end.
+        state
+            .subscriptions
+            .retain(|(arn, _, _), _| arn != &consumer.arn);
+        drop(state);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    fn subscribe(
+        &self,
+        consumer_arn: &str,
+        shard: &ShardId,
+        position: &IteratorPosition,
+    ) -> Result<MemorySubscription, StreamError> {
+        const OP: &str = "SubscribeToShard";
+        let stream = stream_of_arn(OP, consumer_arn)?;
+        let consumer = {
+            let state = self.lock();
+            state
+                .consumers
+                .get(&stream)
+                .and_then(|all| all.iter().find(|c| c.arn == consumer_arn))
+                .map(|c| self.consumer_view(c))
+        };
+        match consumer {
+            None => {
+                return Err(StreamError::NotFound {
+                    op: OP,
+                    message: format!("consumer {consumer_arn}"),
+                });
+            }
+            Some(c) if c.status != ConsumerStatus::Active => {
+                return Err(StreamError::InUse {
+                    op: OP,
+                    message: format!("consumer {consumer_arn} is {}, not ACTIVE", c.status),
+                });
+            }
+            Some(_) => {}
+        }
+        let iterator = self.iterator(&stream, shard, position).map_err(|e| match e {
+            StreamError::InvalidArgument { message, .. } => {
+                StreamError::InvalidArgument { op: OP, message }
+            }
+            StreamError::NotFound { message, .. } => StreamError::NotFound { op: OP, message },
+            other => other,
+        })?;
+        let token = IteratorToken::decode(&iterator).ok_or_else(|| StreamError::Other {
+            op: OP,
+            message: "an iterator this server issued does not decode".into(),
+        })?;
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let key = (consumer_arn.to_owned(), stream.clone(), token.shard);
+        if let Some(last) = state.subscriptions.get(&key) {
+            let since = now.duration_since(last.since);
+            if since < SUBSCRIBE_INTERVAL {
+                return Err(StreamError::Throttled {
+                    op: OP,
+                    message: format!(
+                        "LimitExceededException: {shard} was subscribed {} ms ago by the same \
+                         consumer; once per second is allowed",
+                        since.as_millis()
+                    ),
+                });
+            }
+            if last.open && since < SUBSCRIPTION_REPLACE_AFTER {
+                return Err(StreamError::InUse {
+                    op: OP,
+                    message: format!(
+                        "another subscription of this consumer to {shard} is open (made {} ms \
+                         ago)",
+                        since.as_millis()
+                    ),
+                });
+            }
+        }
+        state.next_subscription += 1;
+        let id = state.next_subscription;
+        state.subscriptions.insert(
+            key.clone(),
+            OpenSubscription {
+                id,
+                open: true,
+                since: now,
+            },
+        );
+        Ok(MemorySubscription {
+            streams: self.clone(),
+            key,
+            id,
+            offset: token.offset,
+            started: now,
+            last_event: now,
+            done: false,
+        })
+    }
+
+    /// A sequence number `c` such that AFTER_SEQUENCE_NUMBER `c` starts at `offset`.
+    fn continuation(&self, stream: &str, shard: usize, offset: u64) -> Option<SequenceNumber> {
+        let state = self.lock();
+        let s = state.streams.get(stream)?.shards.get(shard)?;
+        let next = offset.max(s.trimmed);
+        let counter = match s.records.get((next - s.trimmed) as usize) {
+            Some(record) => record.counter - 1,
+            // Nothing after `offset` yet: what comes will have a higher counter.
+            None => state.next_counter.max(s.start_counter),
+        };
+        Some(sequence_number(counter))
+    }
+}
+
+/// A subscription of the memory backend: reads the shard from its own offset, outside
+/// the shard's GetRecords limits, and sends an event when records arrive, at the end of
+/// the shard, or after [`SUBSCRIPTION_HEARTBEAT`] without either.
+#[derive(Debug)]
+struct MemorySubscription {
+    streams: MemoryStreams,
+    key: (String, String, usize),
+    id: u64,
+    offset: u64,
+    started: Instant,
+    last_event: Instant,
+    done: bool,
+}
+
+impl MemorySubscription {
+    fn current(&self) -> bool {
+        self.streams
+            .lock()
+            .subscriptions
+            .get(&self.key)
+            .is_some_and(|s| s.id == self.id && s.open)
+    }
+
+    fn close(&mut self) {
+        self.done = true;
+        let mut state = self.streams.lock();
+        if let Some(open) = state.subscriptions.get_mut(&self.key)
+            && open.id == self.id
+        {
+            open.open = false;
+        }
+    }
+
+    async fn next(&mut self) -> Result<Option<ShardEvent>, StreamError> {
+        const OP: &str = "SubscribeToShard";
+        if self.done {
+            return Ok(None);
+        }
+        let deadline = self.started + self.streams.config.subscription_ttl;
+        loop {
+            if !self.current() {
+                self.done = true;
+                return Err(StreamError::InUse {
+                    op: OP,
+                    message: "the subscription was replaced or its consumer deregistered".into(),
+                });
+            }
+            let now = self.streams.clock.now();
+            if now >= deadline {
+                self.close();
+                return Ok(None);
+            }
+            let changed = self.streams.changed.clone();
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (stream, shard) = (self.key.1.clone(), self.key.2);
+            let token = IteratorToken {
+                stream: stream.clone(),
+                shard,
+                offset: self.offset,
+                issued_nanos: self.streams.clock.elapsed().as_nanos(),
+            }
+            .encode();
+            let batch = self
+                .streams
+                .read_from(&token, MAX_RECORDS_PER_CALL, false)
+                .map_err(|e| match e {
+                    StreamError::NotFound { message, .. } => {
+                        StreamError::NotFound { op: OP, message }
+                    }
+                    other => other,
+                })?;
+            let at_end = batch.next_iterator.is_none();
+            let heartbeat = now >= self.last_event + SUBSCRIPTION_HEARTBEAT;
+            if !batch.records.is_empty() || at_end || heartbeat {
+                self.offset = batch
+                    .next_iterator
+                    .as_ref()
+                    .and_then(IteratorToken::decode)
+                    .map(|t| t.offset)
+                    .unwrap_or(self.offset + batch.records.len() as u64);
+                self.last_event = now;
+                let continuation = if at_end {
+                    self.close();
+                    None
+                } else {
+                    self.streams.continuation(&stream, shard, self.offset)
+                };
+                return Ok(Some(ShardEvent {
+                    records: batch.records,
+                    continuation,
+                    millis_behind_latest: batch.millis_behind_latest,
+                    child_shards: batch.child_shards.unwrap_or_default(),
+                }));
+            }
+            let wake = (self.last_event + SUBSCRIPTION_HEARTBEAT).min(deadline);
+            let _ = tokio::time::timeout_at(wake, notified).await;
+        }
+    }
+}
+
+impl Drop for MemorySubscription {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Subscription for MemorySubscription {
+    fn next_event(&mut self) -> BoxFuture<'_, Result<Option<ShardEvent>, StreamError>> {
+        Box::pin(self.next())
+    }
+}
+
 fn new_shard(
     id: ShardId,
     parent: Option<ShardId>,
@@ -753,6 +1138,49 @@ impl StreamClient for MemoryStreams {
         limit: u32,
     ) -> BoxFuture<'a, Result<RecordBatch, StreamError>> {
         Box::pin(async move { self.read(iterator, limit) })
+    }
+
+    fn register_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
+        Box::pin(async move { self.register_consumer(stream_arn, name) })
+    }
+
+    fn describe_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
+        Box::pin(async move { self.find_consumer("DescribeStreamConsumer", stream_arn, name) })
+    }
+
+    fn list_stream_consumers<'a>(
+        &'a self,
+        stream_arn: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>> {
+        Box::pin(async move { self.list_consumers(stream_arn) })
+    }
+
+    fn deregister_stream_consumer<'a>(
+        &'a self,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async move { self.deregister_consumer(stream_arn, name) })
+    }
+
+    fn subscribe_to_shard<'a>(
+        &'a self,
+        consumer_arn: &'a str,
+        shard: &'a ShardId,
+        position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>> {
+        Box::pin(async move {
+            let subscription = self.subscribe(consumer_arn, shard, position)?;
+            Ok(Box::new(subscription) as Box<dyn Subscription>)
+        })
     }
 
     fn describe_stream_summary<'a>(
@@ -804,7 +1232,11 @@ impl StreamAdmin for MemoryStreams {
         stream: &'a str,
         records: &'a [PutRecord],
     ) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>> {
-        Box::pin(async move { self.put(stream, records) })
+        Box::pin(async move {
+            let put = self.put(stream, records);
+            self.changed.notify_waiters();
+            put
+        })
     }
 
     fn split_shard<'a>(
@@ -813,7 +1245,11 @@ impl StreamAdmin for MemoryStreams {
         shard: &'a ShardId,
         new_starting_hash_key: u128,
     ) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(async move { self.split(stream, shard, new_starting_hash_key) })
+        Box::pin(async move {
+            let split = self.split(stream, shard, new_starting_hash_key);
+            self.changed.notify_waiters();
+            split
+        })
     }
 
     fn merge_shards<'a>(
@@ -822,7 +1258,11 @@ impl StreamAdmin for MemoryStreams {
         shard: &'a ShardId,
         adjacent: &'a ShardId,
     ) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(async move { self.merge(stream, shard, adjacent) })
+        Box::pin(async move {
+            let merged = self.merge(stream, shard, adjacent);
+            self.changed.notify_waiters();
+            merged
+        })
     }
 }
 
