@@ -157,10 +157,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_fleet_starting_at_once_registers_one_consumer_and_all_wait_for_it() {
         let (streams, arn) = stream().await;
-        let all = futures::future::join_all((0..5).map(|_| {
-            ensure_consumer(&streams, "orders", &arn, "app", Duration::from_secs(30))
-        }))
-        .await;
+        let all =
+            futures::future::join_all((0..5).map(|_| {
+                ensure_consumer(&streams, "orders", &arn, "app", Duration::from_secs(30))
+            }))
+            .await;
         let arns: Vec<String> = all.into_iter().map(|c| c.unwrap().arn).collect();
         assert!(arns.iter().all(|a| a == &arns[0]), "{arns:?}");
         let listed = streams.list_stream_consumers(&arn).await.unwrap();
@@ -181,8 +182,14 @@ mod tests {
             .await
             .unwrap_err();
         let text = error.to_string();
-        assert!(matches!(error, ConsumerError::Limit { count: 20, .. }), "{text}");
-        assert!(text.contains("stream orders") && text.contains("(20)"), "{text}");
+        assert!(
+            matches!(error, ConsumerError::Limit { count: 20, .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains("stream orders") && text.contains("(20)"),
+            "{text}"
+        );
         assert!(text.contains("other-0"), "{text}");
     }
 

@@ -106,11 +106,7 @@ impl Feed {
             while pulls.recv().await.is_some() {
                 let event = subscription.next_event().await;
                 let last = !matches!(event, Ok(Some(_)));
-                if reader
-                    .cast(ReaderMsg::Event { generation, event })
-                    .is_err()
-                    || last
-                {
+                if reader.cast(ReaderMsg::Event { generation, event }).is_err() || last {
                     return;
                 }
             }
@@ -176,6 +172,8 @@ pub(crate) struct ReaderState {
     continuation: Option<SequenceNumber>,
     subscribed_at: Option<Instant>,
     subscriptions: u64,
+    /// When GetRecords was last asked whether an idle fan-out shard has ended.
+    last_end_probe: Instant,
 }
 
 impl Actor for ShardReader {
@@ -232,6 +230,7 @@ impl Actor for ShardReader {
             continuation: None,
             subscribed_at: None,
             subscriptions: 0,
+            last_end_probe: Instant::now(),
             args,
         })
     }
@@ -540,11 +539,7 @@ impl ReaderState {
                     self.skip_through = skip;
                 }
                 self.subscriptions += 1;
-                self.feed = Some(Feed::open(
-                    subscription,
-                    myself.clone(),
-                    self.subscriptions,
-                ));
+                self.feed = Some(Feed::open(subscription, myself.clone(), self.subscriptions));
                 debug!(message = "Shard subscribed.", shard_id = %self.shard, ?position);
                 self.schedule_fetch(myself, Duration::ZERO);
             }
@@ -612,8 +607,19 @@ impl ReaderState {
                 } else if let Some(continuation) = event.continuation {
                     self.continuation = Some(continuation);
                 }
+                let idle = event.records.is_empty();
                 self.deliver(event.records)?;
-                if at_end {
+                let mut ended = at_end;
+                if !at_end
+                    && idle
+                    && self.end_probe_due()
+                    && let Some(children) = self.probe_end().await
+                {
+                    self.children = children;
+                    self.feed = None;
+                    ended = true;
+                }
+                if ended {
                     info!(message = "Shard read to its end.", shard_id = %self.shard);
                     self.phase = Phase::Draining;
                     self.maybe_end_shard(myself);
@@ -637,6 +643,48 @@ impl ReaderState {
             }
         }
         Ok(())
+    }
+
+    /// Whether to ask GetRecords if this idle fan-out shard has ended: rarely where the
+    /// server ends subscriptions at a shard's end (a safety net), often where it does not.
+    fn end_probe_due(&self) -> bool {
+        let reader = &self.settings().reader;
+        let every = if self.args.streams.capabilities().shard_end_in_subscriptions {
+            reader.shard_sync_interval
+        } else {
+            reader.parent_poll_interval
+        };
+        self.last_end_probe.elapsed() >= every
+    }
+
+    /// One GetRecords where the subscription would resume: `Some(children)` if the shard
+    /// is at its end there (everything before it was delivered), `None` if not or if the
+    /// calls failed (asked again later).
+    async fn probe_end(&mut self) -> Option<Option<Vec<ChildShard>>> {
+        self.last_end_probe = Instant::now();
+        let (position, _) = pure::subscribe_position(
+            self.continuation.as_ref(),
+            self.last_delivered.as_ref(),
+            self.start_position.as_ref(),
+        )?;
+        let streams = &self.args.streams;
+        let probe = async {
+            let iterator = streams
+                .get_shard_iterator(&self.args.stream, &self.shard, &position)
+                .await?;
+            streams.get_records(&iterator, 1).await
+        };
+        match probe.await {
+            Ok(batch) if batch.is_shard_end() && batch.records.is_empty() => {
+                debug!(message = "The idle subscription's shard has ended (found by GetRecords).", shard_id = %self.shard);
+                Some(batch.child_shards)
+            }
+            Ok(_) => None,
+            Err(error) => {
+                debug!(message = "Asking GetRecords whether the shard ended failed.", shard_id = %self.shard, %error);
+                None
+            }
+        }
     }
 
     /// Fan-out: asks the subscription for its next event, unless one is on its way.

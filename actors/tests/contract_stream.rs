@@ -16,8 +16,8 @@ use flotilla_actors::backend::aws::KinesisStream;
 use flotilla_actors::backend::clock::Clock;
 use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
 use flotilla_actors::backend::{
-    Capabilities, IteratorPosition, PutRecord, Record, ShardIterator, StreamAdmin, StreamClient,
-    StreamError,
+    Capabilities, Consumer, ConsumerStatus, IteratorPosition, PutRecord, Record, ShardEvent,
+    ShardIterator, StreamAdmin, StreamClient, StreamError, Subscription,
 };
 use flotilla_actors::model::{
     HashKeyRange, SequenceNumber, Shard, ShardGraph, ShardId, partition_key_hash,
@@ -98,6 +98,17 @@ struct Expect {
     /// Why a put at hash key 2^128 - 1 fails, where it does (moto's shards exclude
     /// their ending hash key).
     top_hash_key_refused: Option<&'static str>,
+    /// Why SubscribeToShard cannot be used, where it cannot (moto lacks it).
+    no_subscribe: Option<&'static str>,
+    /// Why a subscription AT or AFTER a sequence number starts elsewhere, where it does
+    /// (ferrokinesis starts it at the shard's start; the reader drops what it had).
+    subscribe_positions_ignored: Option<&'static str>,
+    /// A second subscription of one consumer to one shard while the first is open is
+    /// refused (`InUse`); `Some(why)` where the server accepts it.
+    second_subscription_accepted: Option<&'static str>,
+    /// A second RegisterStreamConsumer of one name is `InUse`; `Some(why)` where the
+    /// server registers the name twice.
+    duplicate_consumer_accepted: Option<&'static str>,
 }
 
 struct Env {
@@ -127,6 +138,10 @@ impl Env {
                 resharding: Resharding::Full,
                 zero_limit_refused: true,
                 top_hash_key_refused: None,
+                no_subscribe: None,
+                subscribe_positions_ignored: None,
+                second_subscription_accepted: None,
+                duplicate_consumer_accepted: None,
             },
             tier: "memory",
         }
@@ -163,6 +178,7 @@ impl Env {
             capabilities: Capabilities {
                 child_shards_in_get_records: false,
                 millis_behind_latest: false,
+                shard_end_in_subscriptions: true,
             },
             expiry: Expiry::Sleep(Duration::from_millis(4500)),
             garbage_iterator: GarbageIterator::InvalidArgument,
@@ -173,6 +189,15 @@ impl Env {
             resharding: Resharding::Full,
             zero_limit_refused: true,
             top_hash_key_refused: None,
+            no_subscribe: None,
+            subscribe_positions_ignored: Some(
+                "ferrokinesis starts every AT/AFTER_SEQUENCE_NUMBER subscription at \
+                 TRIM_HORIZON",
+            ),
+            second_subscription_accepted: Some(
+                "ferrokinesis serves any number of subscriptions to one shard",
+            ),
+            duplicate_consumer_accepted: None,
         };
         Env::server(endpoint, expect, "ferrokinesis").await
     }
@@ -197,6 +222,7 @@ impl Env {
             capabilities: Capabilities {
                 child_shards_in_get_records: false,
                 millis_behind_latest: false,
+                shard_end_in_subscriptions: false,
             },
             expiry: Expiry::Fixed("moto's iterators never expire"),
             garbage_iterator: GarbageIterator::ServerError,
@@ -209,6 +235,12 @@ impl Env {
             ),
             zero_limit_refused: false,
             top_hash_key_refused: Some("moto's shards exclude their EndingHashKey"),
+            no_subscribe: Some("moto has no SubscribeToShard (it answers a bare 500)"),
+            subscribe_positions_ignored: None,
+            second_subscription_accepted: None,
+            duplicate_consumer_accepted: Some(
+                "moto registers a second consumer of the same name and ARN",
+            ),
         };
         Env::server(&endpoint, expect, "moto").await
     }
@@ -218,9 +250,11 @@ impl Env {
         let endpoint = servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT");
         let expect = Expect {
             // ChildShards, yes; MillisBehindLatest is always 0.
+            // A closed shard's subscription never ends nor names the children.
             capabilities: Capabilities {
                 child_shards_in_get_records: true,
                 millis_behind_latest: false,
+                shard_end_in_subscriptions: false,
             },
             expiry: Expiry::Fixed("kinesis-mock's iterator TTL is a fixed five minutes"),
             garbage_iterator: GarbageIterator::ServerError,
@@ -231,6 +265,10 @@ impl Env {
             resharding: Resharding::Full,
             zero_limit_refused: true,
             top_hash_key_refused: None,
+            no_subscribe: None,
+            subscribe_positions_ignored: None,
+            second_subscription_accepted: None,
+            duplicate_consumer_accepted: None,
         };
         Env::server(&endpoint, expect, "kinesis_mock").await
     }
@@ -275,6 +313,86 @@ impl Env {
     }
 
     /// Reads a shard from `position` until it is caught up (or ends), a batch of `limit` at a time.
+    /// The stream's ARN and an ACTIVE consumer of it, named for the test.
+    async fn consumer(&self, stream: &str) -> (String, Consumer) {
+        let arn = self
+            .stream
+            .describe_stream_summary(stream)
+            .await
+            .unwrap()
+            .arn;
+        let consumer = flotilla_actors::fanout::ensure_consumer(
+            self.stream.as_ref(),
+            stream,
+            &arn,
+            &servers::unique_name("consumer"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        (arn, consumer)
+    }
+
+    /// Subscribes, retrying while the server still holds a previous subscription or
+    /// asks to slow down (kinesis-mock keeps a closed one for 2-3 s). Errors that
+    /// arrive as the first event (kinesis-mock sends them so) count as the subscribe's.
+    async fn subscribe(
+        &self,
+        consumer: &Consumer,
+        shard: &ShardId,
+        position: IteratorPosition,
+    ) -> Box<dyn Subscription> {
+        for _ in 0..100 {
+            match self
+                .stream
+                .subscribe_to_shard(&consumer.arn, shard, &position)
+                .await
+            {
+                Ok(subscription) => return subscription,
+                Err(StreamError::InUse { .. } | StreamError::Throttled { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => panic!("{}: SubscribeToShard: {error}", self.tier),
+            }
+        }
+        panic!("{}: {shard} stayed in use for 20 s", self.tier);
+    }
+
+    /// Pulls events until `want` records came (or the subscription ended, or 30 s of
+    /// waiting); the records and every event.
+    async fn collect(
+        &self,
+        subscription: &mut Box<dyn Subscription>,
+        want: usize,
+    ) -> (Vec<Record>, Vec<ShardEvent>) {
+        self.collect_until(subscription, |records| records.len() >= want)
+            .await
+    }
+
+    /// Pulls events until `done` says so of the records so far (or the subscription
+    /// ended, or 30 s of waiting).
+    async fn collect_until(
+        &self,
+        subscription: &mut Box<dyn Subscription>,
+        done: impl Fn(&[Record]) -> bool,
+    ) -> (Vec<Record>, Vec<ShardEvent>) {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(&records) {
+            let next = tokio::time::timeout_at(deadline, subscription.next_event()).await;
+            match next {
+                Ok(Ok(Some(event))) => {
+                    records.extend(event.records.iter().cloned());
+                    events.push(event);
+                }
+                Ok(Ok(None)) | Err(_) => break,
+                Ok(Err(error)) => panic!("{}: subscription event: {error}", self.tier),
+            }
+        }
+        (records, events)
+    }
+
     async fn read_all(
         &self,
         stream: &str,
@@ -801,6 +919,262 @@ mod cases {
             env.tier
         );
     }
+
+    pub async fn consumers_are_registered_once_listed_and_deregistered(env: Env) {
+        let stream = env.fresh(1).await;
+        let arn = env
+            .stream
+            .describe_stream_summary(&stream)
+            .await
+            .unwrap()
+            .arn;
+        let name = servers::unique_name("app");
+        let registered = env
+            .stream
+            .register_stream_consumer(&arn, &name)
+            .await
+            .unwrap();
+        assert_eq!(registered.name, name, "{}", env.tier);
+        assert!(registered.arn.contains(&name), "{}", registered.arn);
+        let again = env.stream.register_stream_consumer(&arn, &name).await;
+        match env.expect.duplicate_consumer_accepted {
+            None => assert!(
+                matches!(again, Err(StreamError::InUse { .. })),
+                "{}: {again:?}",
+                env.tier
+            ),
+            Some(why) => eprintln!("{}: a duplicate consumer is accepted ({why})", env.tier),
+        }
+        let mut status = registered.status.clone();
+        for _ in 0..300 {
+            if status == ConsumerStatus::Active {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            status = env
+                .stream
+                .describe_stream_consumer(&arn, &name)
+                .await
+                .unwrap()
+                .status;
+        }
+        assert_eq!(status, ConsumerStatus::Active, "{}", env.tier);
+        let listed = env.stream.list_stream_consumers(&arn).await.unwrap();
+        assert!(
+            listed
+                .iter()
+                .any(|c| c.name == name && c.arn == registered.arn),
+            "{}: {listed:?}",
+            env.tier
+        );
+        env.stream
+            .deregister_stream_consumer(&registered.arn)
+            .await
+            .unwrap();
+        // DELETING for a while on some servers, then gone.
+        let mut gone = None;
+        for _ in 0..300 {
+            match env.stream.describe_stream_consumer(&arn, &name).await {
+                Err(error @ StreamError::NotFound { .. }) => {
+                    gone = Some(error);
+                    break;
+                }
+                Ok(c) if c.status == ConsumerStatus::Deleting => {}
+                Ok(c) if env.expect.duplicate_consumer_accepted.is_some() => {
+                    // The duplicate registered above; deregistered by the same ARN.
+                    let _ = env.stream.deregister_stream_consumer(&c.arn).await;
+                }
+                other => panic!("{}: after deregistering: {other:?}", env.tier),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(gone.is_some(), "{}: the consumer was never gone", env.tier);
+        let err = env
+            .stream
+            .describe_stream_consumer(&arn, "no-such-consumer")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StreamError::NotFound { .. }), "{err:?}");
+    }
+
+    pub async fn a_subscription_delivers_in_order_and_resumes_after_its_continuation(env: Env) {
+        let stream = env.fresh(1).await;
+        let shard = ShardId::from_index(0);
+        let (_, consumer) = env.consumer(&stream).await;
+        if let Some(why) = env.expect.no_subscribe {
+            let err = env
+                .stream
+                .subscribe_to_shard(&consumer.arn, &shard, &IteratorPosition::TrimHorizon)
+                .await
+                .map(|_| ())
+                .unwrap_err();
+            eprintln!("{}: no fan-out ({why}): {err}", env.tier);
+            return;
+        }
+        let first = env.put(&stream, keys(50, "efo")).await;
+        let mut subscription = env
+            .subscribe(&consumer, &shard, IteratorPosition::TrimHorizon)
+            .await;
+        let (got, events) = env.collect(&mut subscription, first.len()).await;
+        let sequences = |records: &[Record]| -> Vec<SequenceNumber> {
+            records.iter().map(|r| r.sequence_number.clone()).collect()
+        };
+        let want: Vec<SequenceNumber> = first.iter().map(|(_, _, s)| s.clone()).collect();
+        assert_eq!(sequences(&got), want, "{}", env.tier);
+        assert!(
+            got.iter()
+                .zip(&first)
+                .all(|(r, (key, _, _))| &r.partition_key == key
+                    && r.data == Bytes::from(format!("data-{key}"))),
+            "{}",
+            env.tier
+        );
+        let continuation = events
+            .iter()
+            .rev()
+            .find_map(|e| e.continuation.clone())
+            .expect("events carry a continuation");
+        assert!(events.iter().all(|e| !e.is_shard_end()), "{}", env.tier);
+        drop(subscription);
+
+        // What comes after, from AT the continuation: the last record again where the
+        // continuation is that record, nothing before it, and no gap. The reader drops
+        // what it delivered already; so does this check.
+        let last = got.last().unwrap().sequence_number.clone();
+        let second = env.put(&stream, keys(20, "efo-next")).await;
+        let newest = second.last().unwrap().2.clone();
+        let mut subscription = env
+            .subscribe(
+                &consumer,
+                &shard,
+                IteratorPosition::AtSequence(continuation),
+            )
+            .await;
+        let (got, _) = env
+            .collect_until(&mut subscription, |r| {
+                r.last().is_some_and(|r| r.sequence_number == newest)
+            })
+            .await;
+        let (again, after): (Vec<SequenceNumber>, Vec<SequenceNumber>) =
+            sequences(&got).into_iter().partition(|s| s <= &last);
+        let want: Vec<SequenceNumber> = second.iter().map(|(_, _, s)| s.clone()).collect();
+        assert_eq!(after, want, "{}: the seam", env.tier);
+        match env.expect.subscribe_positions_ignored {
+            None => assert!(again.len() <= 1, "{}: {again:?} again", env.tier),
+            Some(why) => eprintln!(
+                "{}: {} records before the seam sent again ({why})",
+                env.tier,
+                again.len()
+            ),
+        }
+    }
+
+    pub async fn a_closed_shards_subscription_ends_naming_its_children(env: Env) {
+        if let Some(why) = env.expect.no_subscribe {
+            eprintln!("{}: no fan-out ({why})", env.tier);
+            return;
+        }
+        let stream = env.fresh(1).await;
+        let parent = ShardId::from_index(0);
+        let range = env.shard_map(&stream).await[&parent].hash_range;
+        let put = env.put(&stream, keys(10, "pre")).await;
+        let mid = range.start + (range.end - range.start) / 2;
+        env.stream.split_shard(&stream, &parent, mid).await.unwrap();
+        let (_, consumer) = env.consumer(&stream).await;
+        let mut subscription = env
+            .subscribe(&consumer, &parent, IteratorPosition::TrimHorizon)
+            .await;
+        let (got, mut events) = env.collect(&mut subscription, put.len()).await;
+        assert_eq!(got.len(), put.len(), "{}", env.tier);
+        if !env.expect.capabilities.shard_end_in_subscriptions {
+            // Declared: only empty events follow; the reader asks GetRecords instead.
+            let (more, idle) = tokio::time::timeout(Duration::from_secs(3), async {
+                env.collect(&mut subscription, 1).await
+            })
+            .await
+            .unwrap_or_default();
+            assert!(more.is_empty(), "{}", env.tier);
+            assert!(idle.iter().all(|e| !e.is_shard_end()), "{}", env.tier);
+            eprintln!(
+                "{}: a closed shard's subscription never ends (declared)",
+                env.tier
+            );
+            return;
+        }
+        while !events.last().is_some_and(ShardEvent::is_shard_end) {
+            match subscription.next_event().await.unwrap() {
+                Some(event) => {
+                    assert!(event.records.is_empty(), "{}", env.tier);
+                    events.push(event);
+                }
+                None => panic!("{}: ended without naming the children", env.tier),
+            }
+        }
+        let end = events.last().unwrap();
+        let mut children: Vec<HashKeyRange> =
+            end.child_shards.iter().map(|c| c.hash_range).collect();
+        children.sort();
+        assert_eq!(
+            children,
+            [
+                HashKeyRange {
+                    start: range.start,
+                    end: mid - 1
+                },
+                HashKeyRange {
+                    start: mid,
+                    end: range.end
+                }
+            ],
+            "{}",
+            env.tier
+        );
+        assert!(
+            end.child_shards
+                .iter()
+                .all(|c| c.parents == [parent.clone()]),
+            "{}",
+            env.tier
+        );
+        let after = tokio::time::timeout(Duration::from_secs(10), subscription.next_event())
+            .await
+            .expect("the subscription ends after the shard's end");
+        assert!(matches!(after, Ok(None)), "{}: {after:?}", env.tier);
+    }
+
+    pub async fn a_second_subscription_to_a_shard_is_in_use(env: Env) {
+        if let Some(why) = env.expect.no_subscribe {
+            eprintln!("{}: no fan-out ({why})", env.tier);
+            return;
+        }
+        let stream = env.fresh(1).await;
+        let shard = ShardId::from_index(0);
+        let (_, consumer) = env.consumer(&stream).await;
+        let mut first = env
+            .subscribe(&consumer, &shard, IteratorPosition::Latest)
+            .await;
+        assert!(first.next_event().await.unwrap().is_some());
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let second = match env
+            .stream
+            .subscribe_to_shard(&consumer.arn, &shard, &IteratorPosition::Latest)
+            .await
+        {
+            Ok(mut second) => second.next_event().await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        match env.expect.second_subscription_accepted {
+            None => assert!(
+                matches!(second, Err(StreamError::InUse { .. })),
+                "{}: {second:?}",
+                env.tier
+            ),
+            Some(why) => {
+                assert!(second.is_ok(), "{}: {second:?}", env.tier);
+                eprintln!("{}: a second subscription is accepted ({why})", env.tier);
+            }
+        }
+    }
 }
 
 impl Env {
@@ -835,6 +1209,10 @@ macro_rules! suite {
                 millis_behind_latest,
                 errors_are_typed,
                 iterators_expire,
+                consumers_are_registered_once_listed_and_deregistered,
+                a_subscription_delivers_in_order_and_resumes_after_its_continuation,
+                a_closed_shards_subscription_ends_naming_its_children,
+                a_second_subscription_to_a_shard_is_in_use,
             );
         }
     };

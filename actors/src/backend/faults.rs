@@ -16,8 +16,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::backend::{
     IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError, MetricsSink, PutRecord,
-    PutResult, RecordBatch, Subscription, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
-    StreamSummary, TableState,
+    PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
+    StreamSummary, Subscription, TableState,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
 
@@ -511,12 +511,11 @@ impl<B: StreamClient> StreamClient for Faulty<B> {
 
     fn deregister_stream_consumer<'a>(
         &'a self,
-        stream_arn: &'a str,
-        name: &'a str,
+        consumer_arn: &'a str,
     ) -> BoxFuture<'a, Result<(), StreamError>> {
         Box::pin(self.run(
             "DeregisterStreamConsumer",
-            self.inner.deregister_stream_consumer(stream_arn, name),
+            self.inner.deregister_stream_consumer(consumer_arn),
         ))
     }
 

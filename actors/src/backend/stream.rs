@@ -117,9 +117,10 @@ impl fmt::Display for ConsumerStatus {
 #[derive(Debug, Clone, Default)]
 pub struct ShardEvent {
     pub records: Vec<Record>,
-    /// Where a subscription after this event resumes (`AfterSequence` of it): it moves
-    /// on through empty stretches too. `None` when the server sent none (the last event
-    /// of a shard).
+    /// Where a subscription after this event resumes: it moves on through empty
+    /// stretches too. Kinesis sends the last record's sequence number, some emulators
+    /// the position after it (see `subscribe_position` in the reader). `None` when the
+    /// server sent none (the last event of a shard).
     pub continuation: Option<SequenceNumber>,
     pub millis_behind_latest: Option<u64>,
     /// The children of the shard, reported once it is closed. Empty when not reported.
@@ -165,12 +166,18 @@ pub struct StreamSummary {
 pub struct Capabilities {
     pub child_shards_in_get_records: bool,
     pub millis_behind_latest: bool,
+    /// A subscription to a closed shard ends with an event naming its children.
+    /// kinesis-mock's never does (it sends empty events until its five minutes are up),
+    /// so a fan-out reader there asks GetRecords whether an idle shard has ended every
+    /// `parent_poll_interval` instead of every `shard_sync_interval`.
+    pub shard_end_in_subscriptions: bool,
 }
 
 impl Capabilities {
     pub const FULL: Capabilities = Capabilities {
         child_shards_in_get_records: true,
         millis_behind_latest: true,
+        shard_end_in_subscriptions: true,
     };
 }
 
@@ -287,11 +294,11 @@ pub trait StreamClient: Send + Sync + 'static {
         stream_arn: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>>;
 
-    /// DeregisterStreamConsumer by the stream's ARN and the consumer's name.
+    /// DeregisterStreamConsumer by the consumer's ARN (by name, moto deletes every
+    /// other consumer of the stream instead).
     fn deregister_stream_consumer<'a>(
         &'a self,
-        stream_arn: &'a str,
-        name: &'a str,
+        consumer_arn: &'a str,
     ) -> BoxFuture<'a, Result<(), StreamError>>;
 
     /// SubscribeToShard: opens a push subscription of `consumer_arn` to `shard`. The

@@ -125,12 +125,17 @@ pub(crate) const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where a fan-out subscription starts, and which records it must drop.
 ///
-/// After the first event, from the last event's continuation (AFTER it: it moves on
-/// through empty stretches, so a shard started at LATEST or past trimmed data loses
-/// nothing between two subscriptions). Servers disagree on whether the continuation is
-/// the last record sent or the position after it; records at or before the last one
-/// delivered are dropped, so the seam has no duplicate either way. Before any event,
-/// where an iterator would start (the start position, with its aggregate skip).
+/// After the first event, from the last event's continuation: it moves on through empty
+/// stretches, so a shard started at LATEST or past trimmed data loses nothing between
+/// two subscriptions. Servers disagree on what the continuation is: Kinesis and
+/// kinesis-mock send the last record sent, ferrokinesis a position just after it (and
+/// its AFTER_SEQUENCE_NUMBER of that replays the shard from its start). So AT it, which
+/// never skips on either; the last record sent comes again where the continuation is
+/// that record, and records at or before the last one delivered are dropped, so the
+/// seam has no duplicate either. Before any event, where an iterator would start (the
+/// start position, whose aggregate skip the caller keeps), dropping what was delivered
+/// too: ferrokinesis starts every subscription at a sequence number at the shard's
+/// start instead.
 pub(crate) fn subscribe_position(
     continuation: Option<&SequenceNumber>,
     last_delivered: Option<&ExtendedSequenceNumber>,
@@ -138,10 +143,10 @@ pub(crate) fn subscribe_position(
 ) -> Option<(IteratorPosition, Option<ExtendedSequenceNumber>)> {
     match continuation {
         Some(at) => Some((
-            IteratorPosition::AfterSequence(at.clone()),
+            IteratorPosition::AtSequence(at.clone()),
             last_delivered.cloned(),
         )),
-        None => iterator_position(last_delivered, start).map(|p| (p, None)),
+        None => iterator_position(last_delivered, start).map(|p| (p, last_delivered.cloned())),
     }
 }
 
@@ -780,32 +785,36 @@ mod tests {
         let table = [
             // First subscription: the start position, nothing to drop.
             (None, None, Some(start.clone()), Some((start.clone(), None))),
-            // Resubscribed before any record was delivered (LATEST, idle): after the
+            // Resubscribed before any record was delivered (LATEST, idle): at the
             // continuation, not LATEST again (that would skip what came in between).
             (
                 Some(seq(77)),
                 None,
                 Some(start.clone()),
-                Some((IteratorPosition::AfterSequence(seq(77)), None)),
+                Some((IteratorPosition::AtSequence(seq(77)), None)),
             ),
-            // After records: after the continuation, dropping up to the last delivered
+            // After records: at the continuation, dropping up to the last delivered
             // (a server whose continuation is the last record sends it again).
             (
                 Some(seq(41)),
                 Some(delivered.clone()),
                 Some(start.clone()),
                 Some((
-                    IteratorPosition::AfterSequence(seq(41)),
+                    IteratorPosition::AtSequence(seq(41)),
                     Some(delivered.clone()),
                 )),
             ),
-            // No continuation yet but records delivered (a subscription that failed on
-            // its first event after a restart... ): after the last delivered.
+            // No continuation yet but records delivered (the first subscription's first
+            // event failed after records came by another path): after the last one,
+            // dropping it and what came before wherever the server starts.
             (
                 None,
                 Some(delivered.clone()),
                 Some(start.clone()),
-                Some((IteratorPosition::AfterSequence(seq(40)), None)),
+                Some((
+                    IteratorPosition::AfterSequence(seq(40)),
+                    Some(delivered.clone()),
+                )),
             ),
             (None, None, None, None),
         ];

@@ -19,7 +19,8 @@
 //!   `NextShardIterator`; no `MillisBehindLatest`, no arrival timestamps, and children
 //!   (`ChildShards`) without hash ranges. `GetShardIterator` → `ShardIterator`;
 //!   `ListShards` → shards and `NextToken`; `DescribeStreamSummary` → its required
-//!   fields; `PutRecords` → `Records`.
+//!   fields; `PutRecords` → `Records`. `SubscribeToShard` streams through untouched (its
+//!   events are event-stream frames, not JSON).
 //!
 //! The proxy reads nothing but the `X-Amz-Target` header and the JSON bodies; it does
 //! not sign, so it fronts only servers that do not check signatures.
@@ -163,6 +164,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
     let (parts, body) = request.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
+    if operation == "SubscribeToShard" {
+        return shared.forward_streaming(&parts, body).await;
+    }
     let Ok(mut input) = serde_json::from_slice::<Value>(&body) else {
         return shared.forward(&parts, body).await;
     };
@@ -222,6 +226,13 @@ fn respond(status: u16, content_type: Option<String>, body: Bytes) -> Response {
 
 impl Shared {
     async fn forward(&self, parts: &axum::http::request::Parts, body: Bytes) -> Response {
+        let (head, body) = self.forward_streaming(parts, body).await.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Response::from_parts(head, Body::from(body))
+    }
+
+    /// Forwards, passing the answer's body on as it comes (a subscription's events).
+    async fn forward_streaming(&self, parts: &axum::http::request::Parts, body: Bytes) -> Response {
         let mut builder = hyper::Request::builder()
             .method(parts.method.clone())
             .uri(format!(
@@ -240,8 +251,7 @@ impl Shared {
                 panic!("stripping proxy: {} did not answer: {e}", self.upstream)
             });
         let (head, body) = response.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        Response::from_parts(head, Body::from(body))
+        Response::from_parts(head, Body::new(body))
     }
 
     /// The row an UpdateItem is about, as it is before the update (`Null` if absent).

@@ -25,12 +25,12 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::primitives::event_stream::EventReceiver;
 use aws_sdk_kinesis::types::error::SubscribeToShardEventStreamError;
 use aws_sdk_kinesis::types::{
     PutRecordsRequestEntry, ShardIteratorType, StartingPosition, StreamStatus,
     SubscribeToShardEventStream,
 };
-use aws_sdk_kinesis::primitives::event_stream::EventReceiver;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_types::DateTime;
 use bytes::Bytes;
@@ -277,11 +277,13 @@ impl KinesisStream {
             .send()
             .await
             .map_err(|e| self.classify(OP, e))?;
-        let consumer = output.consumer().ok_or_else(|| StreamError::IncompleteAnswer {
-            op: OP,
-            what: format!("consumer {name}"),
-            missing: "Consumer",
-        })?;
+        let consumer = output
+            .consumer()
+            .ok_or_else(|| StreamError::IncompleteAnswer {
+                op: OP,
+                what: format!("consumer {name}"),
+                missing: "Consumer",
+            })?;
         consumer_from_parts(
             OP,
             consumer.consumer_name(),
@@ -305,13 +307,14 @@ impl KinesisStream {
             .send()
             .await
             .map_err(|e| self.classify(OP, e))?;
-        let consumer = output
-            .consumer_description()
-            .ok_or_else(|| StreamError::IncompleteAnswer {
-                op: OP,
-                what: format!("consumer {name}"),
-                missing: "ConsumerDescription",
-            })?;
+        let consumer =
+            output
+                .consumer_description()
+                .ok_or_else(|| StreamError::IncompleteAnswer {
+                    op: OP,
+                    what: format!("consumer {name}"),
+                    missing: "ConsumerDescription",
+                })?;
         consumer_from_parts(
             OP,
             consumer.consumer_name(),
@@ -349,12 +352,11 @@ impl KinesisStream {
         }
     }
 
-    async fn deregister_consumer(&self, stream_arn: &str, name: &str) -> Result<(), StreamError> {
+    async fn deregister_consumer(&self, consumer_arn: &str) -> Result<(), StreamError> {
         const OP: &str = "DeregisterStreamConsumer";
         self.client
             .deregister_stream_consumer()
-            .stream_arn(stream_arn)
-            .consumer_name(name)
+            .consumer_arn(consumer_arn)
             .send()
             .await
             .map_err(|e| self.classify(OP, e))?;
@@ -925,10 +927,9 @@ impl StreamClient for KinesisStream {
 
     fn deregister_stream_consumer<'a>(
         &'a self,
-        stream_arn: &'a str,
-        name: &'a str,
+        consumer_arn: &'a str,
     ) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(self.deregister_consumer(stream_arn, name))
+        Box::pin(self.deregister_consumer(consumer_arn))
     }
 
     fn subscribe_to_shard<'a>(

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use crate::backend::clock::Clock;
 use crate::backend::{
     ChildShard, Consumer, ConsumerStatus, IteratorPosition, PutRecord, PutResult, Record,
-    RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
-    StreamSummary, Subscription,
+    RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError, StreamSummary,
+    Subscription,
 };
 use crate::model::{
     HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId, partition_key_hash,
@@ -859,18 +859,23 @@ impl MemoryStreams {
             .unwrap_or_default())
     }
 
-    fn deregister_consumer(&self, stream_arn: &str, name: &str) -> Result<(), StreamError> {
+    fn deregister_consumer(&self, consumer_arn: &str) -> Result<(), StreamError> {
         const OP: &str = "DeregisterStreamConsumer";
-        let consumer = self.find_consumer(OP, stream_arn, name)?;
-        let stream = stream_of_arn(OP, stream_arn)?;
+        let stream = stream_of_arn(OP, consumer_arn)?;
         let mut state = self.lock();
-        if let Some(all) = state.consumers.get_mut(&stream) {
-            all.retain(|c| c.name != name);
+        let all = state.consumers.entry(stream.clone()).or_default();
+        let before = all.len();
+        all.retain(|c| c.arn != consumer_arn);
+        if all.len() == before {
+            return Err(StreamError::NotFound {
+                op: OP,
+                message: format!("consumer {consumer_arn}"),
+            });
         }
         // Its subscriptions end.
         state
             .subscriptions
-            .retain(|(arn, _, _), _| arn != &consumer.arn);
+            .retain(|(arn, _, _), _| arn != consumer_arn);
         drop(state);
         self.changed.notify_waiters();
         Ok(())
@@ -907,13 +912,15 @@ impl MemoryStreams {
             }
             Some(_) => {}
         }
-        let iterator = self.iterator(&stream, shard, position).map_err(|e| match e {
-            StreamError::InvalidArgument { message, .. } => {
-                StreamError::InvalidArgument { op: OP, message }
-            }
-            StreamError::NotFound { message, .. } => StreamError::NotFound { op: OP, message },
-            other => other,
-        })?;
+        let iterator = self
+            .iterator(&stream, shard, position)
+            .map_err(|e| match e {
+                StreamError::InvalidArgument { message, .. } => {
+                    StreamError::InvalidArgument { op: OP, message }
+                }
+                StreamError::NotFound { message, .. } => StreamError::NotFound { op: OP, message },
+                other => other,
+            })?;
         let token = IteratorToken::decode(&iterator).ok_or_else(|| StreamError::Other {
             op: OP,
             message: "an iterator this server issued does not decode".into(),
@@ -923,22 +930,22 @@ impl MemoryStreams {
         let key = (consumer_arn.to_owned(), stream.clone(), token.shard);
         if let Some(last) = state.subscriptions.get(&key) {
             let since = now.duration_since(last.since);
-            if since < SUBSCRIBE_INTERVAL {
-                return Err(StreamError::Throttled {
-                    op: OP,
-                    message: format!(
-                        "LimitExceededException: {shard} was subscribed {} ms ago by the same \
-                         consumer; once per second is allowed",
-                        since.as_millis()
-                    ),
-                });
-            }
             if last.open && since < SUBSCRIPTION_REPLACE_AFTER {
                 return Err(StreamError::InUse {
                     op: OP,
                     message: format!(
                         "another subscription of this consumer to {shard} is open (made {} ms \
                          ago)",
+                        since.as_millis()
+                    ),
+                });
+            }
+            if since < SUBSCRIBE_INTERVAL {
+                return Err(StreamError::Throttled {
+                    op: OP,
+                    message: format!(
+                        "LimitExceededException: {shard} was subscribed {} ms ago by the same \
+                         consumer; once per second is allowed",
                         since.as_millis()
                     ),
                 });
@@ -1165,10 +1172,9 @@ impl StreamClient for MemoryStreams {
 
     fn deregister_stream_consumer<'a>(
         &'a self,
-        stream_arn: &'a str,
-        name: &'a str,
+        consumer_arn: &'a str,
     ) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(async move { self.deregister_consumer(stream_arn, name) })
+        Box::pin(async move { self.deregister_consumer(consumer_arn) })
     }
 
     fn subscribe_to_shard<'a>(
