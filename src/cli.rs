@@ -113,6 +113,69 @@ pub enum Command {
     /// Save every shard's checkpoint as JSON, or restore them from it.
     #[command(subcommand)]
     Position(PositionCommand),
+    /// List or deregister a stream's enhanced fan-out consumers (reader.mode = "fanout").
+    ///
+    /// A fan-out worker registers its consumer (reader.consumer_name, by default the
+    /// application's name) when it starts and leaves it registered: Kinesis bills it per
+    /// consumer-shard-hour while it exists, and a stream holds at most 20.
+    #[command(subcommand)]
+    Consumer(ConsumerCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConsumerCommand {
+    /// Print each consumer of the stream as one JSON object per line (name, status,
+    /// created, arn).
+    #[command(after_help = "Examples:\n  \
+        flotilla consumer list --stream orders\n  \
+        flotilla consumer list --stream orders | jq -r .name")]
+    List(StreamArgs),
+    /// Deregister a consumer of the stream: its subscriptions end, its billing stops.
+    ///
+    /// Workers still running in fan-out mode with that consumer lose their
+    /// subscriptions and register it again when they restart; stop them first, or
+    /// switch them to reader.mode = "polling".
+    #[command(after_help = "Examples:\n  \
+        flotilla consumer deregister --stream orders --name orders-audit")]
+    Deregister(DeregisterArgs),
+}
+
+/// Where a Kinesis stream is.
+#[derive(Debug, Args)]
+pub struct StreamArgs {
+    /// The stream's name.
+    #[arg(long, env = "FLOTILLA__WORKER__STREAM")]
+    pub stream: String,
+    /// AWS region; default: the SDK's chain (AWS_REGION, profile, ...).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// A Kinesis endpoint to use instead of AWS's (a local server).
+    #[arg(long, env = "FLOTILLA__AWS__KINESIS_ENDPOINT")]
+    pub kinesis_endpoint: Option<String>,
+}
+
+/// `flotilla consumer deregister`.
+#[derive(Debug, Args)]
+pub struct DeregisterArgs {
+    #[command(flatten)]
+    pub stream: StreamArgs,
+    /// The consumer's name (a worker's reader.consumer_name, by default its
+    /// application's name).
+    #[arg(long)]
+    pub name: String,
+}
+
+impl StreamArgs {
+    /// The client and the stream's ARN (consumers are addressed by it).
+    async fn open(&self) -> anyhow::Result<(KinesisStream, String)> {
+        let sdk = load_sdk_config(self.region.clone()).await;
+        let client = KinesisStream::new(&sdk, self.kinesis_endpoint.as_deref());
+        let summary = client
+            .describe_stream_summary(&self.stream)
+            .await
+            .with_context(|| format!("cannot look up stream {}", self.stream))?;
+        Ok((client, summary.arn))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -344,6 +407,60 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Consumer(ConsumerCommand::List(args)) => {
+            let (client, arn) = args.open().await?;
+            let consumers = client
+                .list_stream_consumers(&arn)
+                .await
+                .with_context(|| format!("cannot list the consumers of stream {}", args.stream))?;
+            let mut out = std::io::stdout().lock();
+            for consumer in &consumers {
+                let created = consumer
+                    .created
+                    .map(|at| humantime::format_rfc3339_seconds(at).to_string());
+                let line = serde_json::json!({
+                    "name": consumer.name,
+                    "status": consumer.status.to_string(),
+                    "created": created,
+                    "arn": consumer.arn,
+                });
+                writeln!(out, "{line}")?;
+            }
+            eprintln!(
+                "flotilla: stream {} has {} of at most {} enhanced fan-out consumers",
+                args.stream,
+                consumers.len(),
+                flotilla_actors::fanout::MAX_CONSUMERS
+            );
+            Ok(())
+        }
+        Command::Consumer(ConsumerCommand::Deregister(args)) => {
+            let (client, arn) = args.stream.open().await?;
+            let stream = &args.stream.stream;
+            let consumer = match client.describe_stream_consumer(&arn, &args.name).await {
+                Ok(consumer) => consumer,
+                Err(StreamError::NotFound { .. }) => bail!(
+                    "stream {stream} has no consumer named {}; `flotilla consumer list --stream \
+                     {stream}` shows those it has",
+                    args.name
+                ),
+                Err(error) => {
+                    return Err(anyhow::Error::new(error))
+                        .with_context(|| format!("cannot look up consumer {}", args.name));
+                }
+            };
+            // By its ARN: by name, moto deletes the stream's other consumers instead.
+            client
+                .deregister_stream_consumer(&consumer.arn)
+                .await
+                .with_context(|| format!("cannot deregister consumer {}", args.name))?;
+            println!(
+                "consumer {} of stream {stream}: deregistered (was {}; Kinesis deletes it \
+                 within seconds, ending its subscriptions)",
+                args.name, consumer.status
+            );
+            Ok(())
+        }
         Command::Position(PositionCommand::Import(args)) => {
             let table = args.table.open().await;
             ops::import(
@@ -399,6 +516,7 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
                 match client.create_stream(&stream, args.shards).await {
                     Ok(()) => {}
                     // Created by someone else since the look-up: as good.
+                    Err(StreamError::InUse { .. }) => {}
                     Err(error) if error.to_string().contains("ResourceInUse") => {}
                     Err(error) => {
                         return Err(anyhow::Error::new(error)).with_context(|| {

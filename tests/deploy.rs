@@ -32,7 +32,21 @@ const NEVER_GRANTED: &[&str] = &[
     "kinesis:PutRecords",
     "kinesis:SplitShard",
     "kinesis:MergeShards",
+    // `flotilla consumer deregister`.
+    "kinesis:DeregisterStreamConsumer",
 ];
+
+/// What only a worker in fan-out mode calls (reader.mode = "fanout"): granted by the
+/// stack with `ReadMode=fanout`, and by `deploy/iam-policy-fanout.json`.
+const FANOUT_ONLY: &[&str] = &[
+    "kinesis:RegisterStreamConsumer",
+    "kinesis:ListStreamConsumers",
+    "kinesis:DescribeStreamConsumer",
+    "kinesis:SubscribeToShard",
+];
+
+/// The actions on a fan-out consumer's ARN rather than the stream's.
+const ON_THE_CONSUMER: &[&str] = &["kinesis:DescribeStreamConsumer", "kinesis:SubscribeToShard"];
 
 /// Not granted by the CloudFormation stack, which makes the lease table itself (a
 /// worker calls CreateTable only when the table is missing). `deploy/iam-policy.json`,
@@ -457,10 +471,28 @@ fn resource<'a>(template: &'a Value, kind: &str) -> &'a Value {
     found[0]
 }
 
-fn statements(policy_document: &Value) -> &[Value] {
+/// The statements in force in a read mode: a statement may be `!If [FanOut, S,
+/// !Ref AWS::NoValue]`, present in fan-out mode only.
+fn statements(policy_document: &Value, fanout: bool) -> Vec<&Value> {
     at(policy_document, "policy", &["Statement"])
         .as_sequence()
         .expect("Statement is not a list")
+        .iter()
+        .filter_map(|statement| match tagged(statement) {
+            Some((tag, args)) if tag == "!If" => {
+                let args = args.as_sequence().expect("!If takes a list");
+                assert_eq!(args[0].as_str(), Some("FanOut"), "{statement:?}");
+                assert_eq!(
+                    tagged(&args[2]).map(|(tag, v)| (tag, v.as_str().map(str::to_owned))),
+                    Some(("!Ref".to_owned(), Some("AWS::NoValue".to_owned()))),
+                    "{statement:?}"
+                );
+                fanout.then_some(&args[1])
+            }
+            Some((tag, _)) => panic!("a statement tagged {tag}"),
+            None => Some(statement),
+        })
+        .collect()
 }
 
 /// A statement's actions: `Action` as one string or a list.
@@ -481,9 +513,9 @@ fn actions(statement: &Value) -> Vec<String> {
 
 /// Every action the policy allows; refuses wildcards and Deny statements (whose
 /// arithmetic this test does not do).
-fn granted(policy_document: &Value) -> BTreeSet<String> {
+fn granted(policy_document: &Value, fanout: bool) -> BTreeSet<String> {
     let mut all = BTreeSet::new();
-    for statement in statements(policy_document) {
+    for statement in statements(policy_document, fanout) {
         assert_eq!(text(statement, "statement", &["Effect"]), "Allow");
         for action in actions(statement) {
             assert!(
@@ -498,8 +530,8 @@ fn granted(policy_document: &Value) -> BTreeSet<String> {
 
 /// The statement that grants `action`.
 fn statement_for<'a>(policy_document: &'a Value, action: &str) -> &'a Value {
-    statements(policy_document)
-        .iter()
+    statements(policy_document, true)
+        .into_iter()
         .find(|s| actions(s).iter().any(|a| a == action))
         .unwrap_or_else(|| panic!("no statement grants {action}"))
 }
@@ -620,7 +652,23 @@ fn kinesis_and_dynamodb_actions_are_scoped_to_the_stream_and_the_table() {
     let policy = worker_policy(&template);
     let stream_arn =
         "arn:${AWS::Partition}:kinesis:${AWS::Region}:${AWS::AccountId}:stream/${StreamName}";
-    for action in granted(policy) {
+    let consumer_arn = format!("{stream_arn}/consumer/${{Consumer}}:*");
+    for action in granted(policy, true) {
+        if ON_THE_CONSUMER.contains(&action.as_str()) {
+            // !Sub [ARN, {Consumer: !If [named for the app, !Ref app, !Ref name]}]
+            let statement = statement_for(policy, &action);
+            let resource = at(statement, &action, &["Resource"]);
+            let (tag, args) = tagged(resource).expect("a !Sub");
+            let args = args.as_sequence().expect("!Sub [text, variables]");
+            assert_eq!(
+                (tag.as_str(), args[0].as_str()),
+                ("!Sub", Some(consumer_arn.as_str())),
+                "{action}"
+            );
+            let consumer = tagged(&args[1]["Consumer"]).expect("Consumer: !If");
+            assert_eq!(consumer.0, "!If", "{action}");
+            continue;
+        }
         let expected = match action.split(':').next().unwrap() {
             "kinesis" => ("!Sub", stream_arn),
             "dynamodb" => ("!GetAtt", "LeaseTable.Arn"),
@@ -703,13 +751,18 @@ fn difference(a: &BTreeSet<String>, b: &BTreeSet<String>) -> Vec<String> {
     a.difference(b).cloned().collect()
 }
 
-/// Every action the adapters declare, less the ones no worker needs.
-fn worker_actions() -> BTreeSet<String> {
+/// Every action the adapters declare, less the ones no worker needs (and, for a polling
+/// worker, the fan-out calls).
+fn worker_actions(fanout: bool) -> BTreeSet<String> {
     let all: BTreeSet<String> = ADAPTERS
         .iter()
         .flat_map(|(_, _, actions)| actions.iter().map(|a| a.to_string()))
         .collect();
-    for action in NEVER_GRANTED.iter().chain(MADE_BY_THE_STACK) {
+    for action in NEVER_GRANTED
+        .iter()
+        .chain(MADE_BY_THE_STACK)
+        .chain(FANOUT_ONLY)
+    {
         assert!(
             all.contains(*action),
             "{action} is listed as not granted, but no adapter calls it any more: drop it from tests/deploy.rs"
@@ -717,6 +770,7 @@ fn worker_actions() -> BTreeSet<String> {
     }
     all.into_iter()
         .filter(|a| !NEVER_GRANTED.contains(&a.as_str()))
+        .filter(|a| fanout || !FANOUT_ONLY.contains(&a.as_str()))
         .collect()
 }
 
@@ -778,40 +832,57 @@ fn each_adapters_iam_actions_are_the_sdk_calls_in_its_source() {
 #[test]
 fn the_stacks_policy_grants_exactly_what_a_worker_calls() {
     let template = template();
-    let granted = granted(worker_policy(&template));
-    let needed: BTreeSet<String> = worker_actions()
-        .into_iter()
-        .filter(|a| !MADE_BY_THE_STACK.contains(&a.as_str()))
-        .collect();
-    assert!(
-        granted == needed,
-        "deploy/cloudformation/flotilla.yaml's WorkerPolicy is not what the adapters call.\n  \
-         called but not granted (workers will get AccessDenied): {:?}\n  \
-         granted but never called (not least privilege): {:?}",
-        difference(&needed, &granted),
-        difference(&granted, &needed),
-    );
+    for fanout in [false, true] {
+        let granted = granted(worker_policy(&template), fanout);
+        let needed: BTreeSet<String> = worker_actions(fanout)
+            .into_iter()
+            .filter(|a| !MADE_BY_THE_STACK.contains(&a.as_str()))
+            .collect();
+        assert!(
+            granted == needed,
+            "deploy/cloudformation/flotilla.yaml's WorkerPolicy (fan-out: {fanout}) is not what \
+             the adapters call.\n  \
+             called but not granted (workers will get AccessDenied): {:?}\n  \
+             granted but never called (not least privilege): {:?}",
+            difference(&needed, &granted),
+            difference(&granted, &needed),
+        );
+    }
+    at(&template, "template", &["Conditions", "FanOut"]);
+    text(&template, "template", &["Parameters", "ReadMode", "Type"]);
 }
 
 #[test]
 fn the_standalone_policy_grants_exactly_what_a_worker_calls() {
-    let policy = yaml("deploy/iam-policy.json");
-    let granted = granted(&policy);
-    let needed = worker_actions();
-    assert!(
-        granted == needed,
-        "deploy/iam-policy.json is not what the adapters call.\n  \
-         called but not granted (workers will get AccessDenied): {:?}\n  \
-         granted but never called (not least privilege): {:?}",
-        difference(&needed, &granted),
-        difference(&granted, &needed),
-    );
-    let statement = statement_for(&policy, "cloudwatch:PutMetricData");
-    at(
-        statement,
-        "PutMetricData statement",
-        &["Condition", "StringEquals", "cloudwatch:namespace"],
-    );
+    for (file, fanout) in [
+        ("deploy/iam-policy.json", false),
+        ("deploy/iam-policy-fanout.json", true),
+    ] {
+        let policy = yaml(file);
+        let granted = granted(&policy, fanout);
+        let needed = worker_actions(fanout);
+        assert!(
+            granted == needed,
+            "{file} is not what the adapters call.\n  \
+             called but not granted (workers will get AccessDenied): {:?}\n  \
+             granted but never called (not least privilege): {:?}",
+            difference(&needed, &granted),
+            difference(&granted, &needed),
+        );
+        let statement = statement_for(&policy, "cloudwatch:PutMetricData");
+        at(
+            statement,
+            "PutMetricData statement",
+            &["Condition", "StringEquals", "cloudwatch:namespace"],
+        );
+        for action in ON_THE_CONSUMER.iter().filter(|_| fanout) {
+            let resource = text(statement_for(&policy, action), action, &["Resource"]);
+            assert!(
+                resource.ends_with("/consumer/${ConsumerName}:*"),
+                "{file}: {resource}"
+            );
+        }
+    }
 }
 
 // ---- Dockerfile ------------------------------------------------------------------

@@ -174,6 +174,19 @@ pub(crate) struct ReaderState {
     subscriptions: u64,
     /// When GetRecords was last asked whether an idle fan-out shard has ended.
     last_end_probe: Instant,
+    /// Records of the last event not yet delivered (the window was full), and what to
+    /// do once they are.
+    held: std::collections::VecDeque<Record>,
+    held_after: Option<HeldAfter>,
+}
+
+/// What a fan-out event says beyond its records, acted on once they are delivered.
+struct HeldAfter {
+    continuation: Option<SequenceNumber>,
+    /// The shard ended, with these children.
+    end: Option<Vec<ChildShard>>,
+    /// The event had no records.
+    idle: bool,
 }
 
 impl Actor for ShardReader {
@@ -231,6 +244,8 @@ impl Actor for ShardReader {
             subscribed_at: None,
             subscriptions: 0,
             last_end_probe: Instant::now(),
+            held: Default::default(),
+            held_after: None,
             args,
         })
     }
@@ -581,7 +596,7 @@ impl ReaderState {
             _ => return Ok(()),
         }
         if !matches!(self.phase, Phase::Reading) {
-            self.feed = None;
+            self.drop_feed();
             return Ok(());
         }
         if event.is_ok() {
@@ -591,7 +606,7 @@ impl ReaderState {
             // Fenced while the event was on its way: not handed over. The subscription
             // is cancelled; the next one starts after the last event delivered.
             Ok(Some(_)) if !self.may_deliver() => {
-                self.feed = None;
+                self.drop_feed();
                 self.schedule_fetch(myself, self.settings().reader.poll_interval);
             }
             Ok(Some(event)) => {
@@ -601,40 +616,22 @@ impl ReaderState {
                     event.records.is_empty() && event.millis_behind_latest.unwrap_or(0) == 0;
                 self.note_lag(event.millis_behind_latest);
                 let at_end = event.is_shard_end();
-                if at_end {
-                    self.children = Some(event.child_shards);
-                    self.feed = None;
-                } else if let Some(continuation) = event.continuation {
-                    self.continuation = Some(continuation);
-                }
-                let idle = event.records.is_empty();
-                self.deliver(event.records)?;
-                let mut ended = at_end;
-                if !at_end
-                    && idle
-                    && self.end_probe_due()
-                    && let Some(children) = self.probe_end().await
-                {
-                    self.children = children;
-                    self.feed = None;
-                    ended = true;
-                }
-                if ended {
-                    info!(message = "Shard read to its end.", shard_id = %self.shard);
-                    self.phase = Phase::Draining;
-                    self.maybe_end_shard(myself);
-                    return Ok(());
-                }
-                self.fetch(myself).await?;
+                self.held_after = Some(HeldAfter {
+                    continuation: event.continuation.filter(|_| !at_end),
+                    end: at_end.then_some(event.child_shards),
+                    idle: event.records.is_empty(),
+                });
+                self.held.extend(event.records);
+                self.advance_fanout(myself).await?;
             }
             // The server ended the subscription (its five minutes are up): the next
             // starts from the continuation.
             Ok(None) => {
-                self.feed = None;
+                self.drop_feed();
                 let _ = myself.cast(ReaderMsg::Acquire);
             }
             Err(error) if error.is_retryable() => {
-                self.feed = None;
+                self.drop_feed();
                 self.count_failure(Call::SubscribeToShard, &error);
                 myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
             }
@@ -643,6 +640,61 @@ impl ReaderState {
             }
         }
         Ok(())
+    }
+
+    /// Fan-out: hands the held event's records over in batches of at most max_records
+    /// while the window has room (an event holds up to 10,000 records, more than a
+    /// small window: the rest waits here for acks, as polling's next call would wait).
+    /// Once all are delivered, takes the event's continuation, ends the shard if the
+    /// event (or, for an idle one, GetRecords) says so, and asks for the next event.
+    async fn advance_fanout(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+    ) -> Result<(), ActorProcessingErr> {
+        let most = self.settings().reader.max_records.max(1) as usize;
+        while !self.held.is_empty() && !self.window_full() {
+            let take = most.min(self.held.len());
+            let batch: Vec<Record> = self.held.drain(..take).collect();
+            self.deliver(batch)?;
+        }
+        let poll = self.settings().reader.poll_interval;
+        if !self.held.is_empty() {
+            self.schedule_fetch(myself, poll);
+            return Ok(());
+        }
+        let Some(after) = self.held_after.take() else {
+            return Ok(());
+        };
+        if let Some(continuation) = after.continuation {
+            self.continuation = Some(continuation);
+        }
+        let mut ended = after.end.map(Some);
+        if ended.is_none() && after.idle && self.end_probe_due() {
+            ended = self.probe_end().await;
+        }
+        if let Some(children) = ended {
+            self.children = children;
+            self.feed = None;
+            info!(message = "Shard read to its end.", shard_id = %self.shard);
+            self.phase = Phase::Draining;
+            self.maybe_end_shard(myself);
+            return Ok(());
+        }
+        if self.window_full() {
+            self.schedule_fetch(myself, poll);
+        } else {
+            self.pull(myself);
+        }
+        Ok(())
+    }
+
+    /// Fan-out: forgets the subscription and any records of its last event not yet
+    /// delivered (the continuation stays before them, so the next subscription brings
+    /// them again).
+    fn drop_feed(&mut self) {
+        self.feed = None;
+        self.held.clear();
+        self.held_after = None;
     }
 
     /// Whether to ask GetRecords if this idle fan-out shard has ended: rarely where the
@@ -662,20 +714,26 @@ impl ReaderState {
     /// calls failed (asked again later).
     async fn probe_end(&mut self) -> Option<Option<Vec<ChildShard>>> {
         self.last_end_probe = Instant::now();
-        let (position, _) = pure::subscribe_position(
-            self.continuation.as_ref(),
-            self.last_delivered.as_ref(),
-            self.start_position.as_ref(),
-        )?;
+        // Where polling would read next (a continuation is no GetShardIterator position
+        // on every server).
+        let position =
+            pure::iterator_position(self.last_delivered.as_ref(), self.start_position.as_ref())?;
+        let covered = std::cmp::max(self.last_delivered.clone(), self.skip_through.clone());
         let streams = &self.args.streams;
         let probe = async {
             let iterator = streams
                 .get_shard_iterator(&self.args.stream, &self.shard, &position)
                 .await?;
-            streams.get_records(&iterator, 1).await
+            streams.get_records(&iterator, 2).await
         };
         match probe.await {
-            Ok(batch) if batch.is_shard_end() && batch.records.is_empty() => {
+            Ok(batch)
+                if pure::idle_shard_ended(
+                    batch.is_shard_end(),
+                    &batch.records,
+                    covered.as_ref(),
+                ) =>
+            {
                 debug!(message = "The idle subscription's shard has ended (found by GetRecords).", shard_id = %self.shard);
                 Some(batch.child_shards)
             }
@@ -809,7 +867,7 @@ impl ReaderState {
             FetchStep::Wait => {
                 if self.fenced.is_some() {
                     // No event may be delivered: cancel the subscription at once.
-                    self.feed = None;
+                    self.drop_feed();
                 }
                 self.schedule_fetch(myself, poll);
                 return Ok(());
@@ -819,6 +877,9 @@ impl ReaderState {
                 return Ok(());
             }
             FetchStep::Read if fanout => {
+                if self.held_after.is_some() {
+                    return self.advance_fanout(myself).await;
+                }
                 self.pull(myself);
                 return Ok(());
             }
@@ -1172,7 +1233,7 @@ impl ReaderState {
         }
         info!(message = "Lease lost; stopping the shard.", shard_id = %self.shard);
         self.revoked.store(true, Ordering::Release);
-        self.feed = None;
+        self.drop_feed();
         self.phase = Phase::LeaseLost;
         let _ = self
             .args
@@ -1200,7 +1261,7 @@ impl ReaderState {
         }
         self.phase = Phase::ShuttingDown;
         self.stopping.store(true, Ordering::Release);
-        self.feed = None;
+        self.drop_feed();
         self.shutdown_reply = Some(reply);
         self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
     }

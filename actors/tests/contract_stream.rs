@@ -335,7 +335,8 @@ impl Env {
 
     /// Subscribes, retrying while the server still holds a previous subscription or
     /// asks to slow down (kinesis-mock keeps a closed one for 2-3 s). Errors that
-    /// arrive as the first event (kinesis-mock sends them so) count as the subscribe's.
+    /// arrive as the first event (kinesis-mock sends them so) count as the subscribe's:
+    /// the first event is pulled here and handed out first.
     async fn subscribe(
         &self,
         consumer: &Consumer,
@@ -343,12 +344,19 @@ impl Env {
         position: IteratorPosition,
     ) -> Box<dyn Subscription> {
         for _ in 0..100 {
-            match self
+            let subscribed = self
                 .stream
                 .subscribe_to_shard(&consumer.arn, shard, &position)
-                .await
-            {
-                Ok(subscription) => return subscription,
+                .await;
+            let first = match subscribed {
+                Ok(mut subscription) => match subscription.next_event().await {
+                    Ok(first) => Ok((subscription, first)),
+                    Err(error) => Err(error),
+                },
+                Err(error) => Err(error),
+            };
+            match first {
+                Ok((inner, first)) => return Box::new(Primed { first, inner }),
                 Err(StreamError::InUse { .. } | StreamError::Throttled { .. }) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -423,6 +431,23 @@ impl Env {
                     return (out, false);
                 }
             }
+        }
+    }
+}
+
+/// A subscription whose first event was pulled already: it comes first.
+struct Primed {
+    first: Option<ShardEvent>,
+    inner: Box<dyn Subscription>,
+}
+
+impl Subscription for Primed {
+    fn next_event(
+        &mut self,
+    ) -> futures::future::BoxFuture<'_, Result<Option<ShardEvent>, StreamError>> {
+        match self.first.take() {
+            Some(first) => Box::pin(async move { Ok(Some(first)) }),
+            None => self.inner.next_event(),
         }
     }
 }

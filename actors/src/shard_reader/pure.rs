@@ -158,6 +158,21 @@ pub(crate) fn subscribe_delay(since_last: Option<Duration>) -> Duration {
     })
 }
 
+/// Whether a GetRecords answer, read where a fan-out subscription went idle, shows the
+/// shard ended: at its end (no next iterator) with nothing past what was covered (the
+/// last record delivered, or the checkpoint a restart skips to). A server that reads a
+/// sequence position inclusively sends the covered record again; that is not news.
+pub(crate) fn idle_shard_ended(
+    at_end: bool,
+    records: &[Record],
+    covered: Option<&ExtendedSequenceNumber>,
+) -> bool {
+    at_end
+        && records
+            .iter()
+            .all(|r| covered.is_some_and(|c| &position_of(r) <= c))
+}
+
 /// What a scheduled fetch does, in the order the checks are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FetchStep {
@@ -823,6 +838,39 @@ mod tests {
                 subscribe_position(continuation.as_ref(), last.as_ref(), start.as_ref()),
                 expected,
                 "continuation {continuation:?}, last delivered {last:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_idle_shard_has_ended_when_nothing_past_what_was_covered_remains() {
+        let covered = ExtendedSequenceNumber::new(SequenceNumber::parse("40").unwrap(), 0);
+        let table = [
+            // (at end, records, covered, ended)
+            (true, vec![], Some(covered.clone()), true),
+            (true, vec![], None, true),
+            // The covered record again (AT a position): nothing new.
+            (true, vec![record(40, 0)], Some(covered.clone()), true),
+            (
+                true,
+                vec![record(39, 0), record(40, 0)],
+                Some(covered.clone()),
+                true,
+            ),
+            // Something past it: the subscription will bring it first.
+            (true, vec![record(41, 0)], Some(covered.clone()), false),
+            (true, vec![record(40, 1)], Some(covered.clone()), false),
+            (true, vec![record(40, 0)], None, false),
+            // Not at the end.
+            (false, vec![], Some(covered.clone()), false),
+            (false, vec![record(40, 0)], Some(covered.clone()), false),
+        ];
+        for (at_end, records, covered, ended) in table {
+            assert_eq!(
+                idle_shard_ended(at_end, &records, covered.as_ref()),
+                ended,
+                "at end {at_end}, {} records, covered {covered:?}",
+                records.len()
             );
         }
     }

@@ -12,6 +12,7 @@ use flotilla_actors::backend::{PutRecord, StreamAdmin};
 use flotilla_actors::kpl::{UserRecord, aggregate};
 use flotilla_actors::model::{Checkpoint, SequenceNumber, ShardId};
 use flotilla_actors::oracle::{KeyedProducer, OrderCheck, parse_record};
+use flotilla_actors::settings::ReadMode;
 use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo};
 
 /// Settings for tests: short intervals, so paused-time runs take little virtual time and
@@ -35,7 +36,28 @@ pub fn fast_settings(stream: &str, application: &str) -> Settings {
     s.supervision.shutdown_timeout = Duration::from_secs(10);
     // Many workers per test process: each gets a free port.
     s.status.bind = "127.0.0.1:0".to_owned();
+    s.reader.mode = read_mode();
     s
+}
+
+/// The call that reads records in the tests' read mode, as the fault injector names
+/// it: GetRecords, or a subscription's next event.
+pub fn read_call() -> &'static str {
+    match read_mode() {
+        ReadMode::Polling => "GetRecords",
+        ReadMode::Fanout => "SubscribeToShardEvent",
+    }
+}
+
+/// The read mode the worker tests run in: polling, or fan-out when
+/// `FLOTILLA_TEST_READ_MODE=fanout` (scripts/test.sh runs the worker and fleet suites
+/// once in each mode).
+pub fn read_mode() -> ReadMode {
+    match std::env::var("FLOTILLA_TEST_READ_MODE").as_deref() {
+        Ok("fanout") => ReadMode::Fanout,
+        Ok("polling") | Err(_) => ReadMode::Polling,
+        Ok(other) => panic!("FLOTILLA_TEST_READ_MODE={other}: expected polling or fanout"),
+    }
 }
 
 /// What every processor of a test saw.

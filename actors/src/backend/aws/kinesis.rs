@@ -329,12 +329,12 @@ impl KinesisStream {
         let mut consumers = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let request = self.client.list_stream_consumers();
-            // A NextToken request names no stream (the service refuses both at once).
-            let request = match &token {
-                Some(token) => request.next_token(token),
-                None => request.stream_arn(stream_arn),
-            };
+            // The SDK needs the stream's ARN on every page (it picks the endpoint by it).
+            let request = self
+                .client
+                .list_stream_consumers()
+                .stream_arn(stream_arn)
+                .set_next_token(token.clone());
             let page = request.send().await.map_err(|e| self.classify(OP, e))?;
             for consumer in page.consumers() {
                 consumers.push(consumer_from_parts(
@@ -790,7 +790,22 @@ impl SdkSubscription {
         loop {
             let message = self.events.recv().await.map_err(|e| {
                 let message = cause_chain(&e);
-                match e.code() {
+                // An exception event names its type by its variant; its metadata may
+                // carry no code (kinesis-mock's do not).
+                let code = match e.as_service_error() {
+                    Some(SubscribeToShardEventStreamError::ResourceInUseException(_)) => {
+                        Some("ResourceInUseException")
+                    }
+                    Some(SubscribeToShardEventStreamError::ResourceNotFoundException(_)) => {
+                        Some("ResourceNotFoundException")
+                    }
+                    Some(SubscribeToShardEventStreamError::KmsThrottlingException(_)) => {
+                        Some(KMS_THROTTLING)
+                    }
+                    Some(other) => other.code(),
+                    None => None,
+                };
+                match code {
                     Some("ResourceInUseException") => StreamError::InUse { op: OP, message },
                     Some("ResourceNotFoundException") => StreamError::NotFound { op: OP, message },
                     Some(code) if THROTTLING_CODES.contains(&code) => {
