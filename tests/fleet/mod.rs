@@ -217,6 +217,7 @@ impl Env {
              heartbeat_interval = \"{HEARTBEAT_INTERVAL}\"\n\
              fence_margin = \"{FENCE_MARGIN}\"\n\
              [reader]\n\
+             mode = \"{mode}\"\n\
              poll_interval = \"100ms\"\n\
              idle_max = \"200ms\"\n\
              parent_poll_interval = \"200ms\"\n\
@@ -239,6 +240,8 @@ impl Env {
             shutdown = SHUTDOWN_TIMEOUT.as_secs(),
             kinesis = self.kinesis_endpoint,
             dynamodb = self.dynamodb_endpoint,
+            // scripts/test.sh runs the fleet once in each read mode.
+            mode = std::env::var("FLOTILLA_TEST_READ_MODE").unwrap_or_else(|_| "polling".into()),
         );
         let path = self.dir.join(format!("{id}.toml"));
         std::fs::write(&path, text).unwrap();

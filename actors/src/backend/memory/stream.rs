@@ -54,6 +54,9 @@ pub struct MemoryStreamsConfig {
     pub subscription_ttl: Duration,
     /// How long a registered consumer stays CREATING before it is ACTIVE.
     pub consumer_activation: Duration,
+    /// A subscription sends an event at least this often, records or not (its lag and
+    /// its continuation move on through idle stretches).
+    pub subscription_heartbeat: Duration,
 }
 
 impl Default for MemoryStreamsConfig {
@@ -64,15 +67,13 @@ impl Default for MemoryStreamsConfig {
             read_limits: None,
             subscription_ttl: Duration::from_secs(300),
             consumer_activation: Duration::from_millis(500),
+            subscription_heartbeat: Duration::from_secs(1),
         }
     }
 }
 
 /// Registered consumers per stream, as Kinesis allows: at most 20.
 pub const MAX_CONSUMERS_PER_STREAM: usize = 20;
-/// A subscription sends an event at least this often, records or not (its lag and its
-/// continuation move on through idle stretches).
-const SUBSCRIPTION_HEARTBEAT: Duration = Duration::from_secs(1);
 /// A second subscription of one consumer to one shard within this long of the first is
 /// refused (ResourceInUse); after it, the new one replaces the old.
 const SUBSCRIPTION_REPLACE_AFTER: Duration = Duration::from_secs(5);
@@ -972,6 +973,24 @@ impl MemoryStreams {
         })
     }
 
+    /// How many subscriptions to `shard` of `stream` are open, of any consumer: what a
+    /// test checks to see a subscription cancelled.
+    pub fn open_subscriptions(&self, stream: &str, shard: &ShardId) -> usize {
+        let state = self.lock();
+        let Some(index) = state
+            .streams
+            .get(stream)
+            .and_then(|s| s.shards.iter().position(|s| &s.id == shard))
+        else {
+            return 0;
+        };
+        state
+            .subscriptions
+            .iter()
+            .filter(|((_, name, i), open)| name == stream && *i == index && open.open)
+            .count()
+    }
+
     /// A sequence number `c` such that AFTER_SEQUENCE_NUMBER `c` starts at `offset`.
     fn continuation(&self, stream: &str, shard: usize, offset: u64) -> Option<SequenceNumber> {
         let state = self.lock();
@@ -988,7 +1007,7 @@ impl MemoryStreams {
 
 /// A subscription of the memory backend: reads the shard from its own offset, outside
 /// the shard's GetRecords limits, and sends an event when records arrive, at the end of
-/// the shard, or after [`SUBSCRIPTION_HEARTBEAT`] without either.
+/// the shard, or after `subscription_heartbeat` without either.
 #[derive(Debug)]
 struct MemorySubscription {
     streams: MemoryStreams,
@@ -1060,7 +1079,7 @@ impl MemorySubscription {
                     other => other,
                 })?;
             let at_end = batch.next_iterator.is_none();
-            let heartbeat = now >= self.last_event + SUBSCRIPTION_HEARTBEAT;
+            let heartbeat = now >= self.last_event + self.streams.config.subscription_heartbeat;
             if !batch.records.is_empty() || at_end || heartbeat {
                 self.offset = batch
                     .next_iterator
@@ -1082,7 +1101,7 @@ impl MemorySubscription {
                     child_shards: batch.child_shards.unwrap_or_default(),
                 }));
             }
-            let wake = (self.last_event + SUBSCRIPTION_HEARTBEAT).min(deadline);
+            let wake = (self.last_event + self.streams.config.subscription_heartbeat).min(deadline);
             let _ = tokio::time::timeout_at(wake, notified).await;
         }
     }
