@@ -23,6 +23,9 @@
 #                              300; setting it also runs the simulator when extra
 #                              `cargo test` arguments are given).
 #   FLOTILLA_SIM_MUTANT_SEEDS  seeds at most per mutant in the mutation table (400).
+#   FLOTILLA_SIM_FANOUT_SEEDS  seeds the simulator runs again in fan-out mode (100).
+#   FLOTILLA_TEST_FANOUT=1     runs the fan-out pass of the worker and fleet suites
+#                              (FLOTILLA_TEST_READ_MODE=fanout) with extra arguments too.
 #
 #   FLOTILLA_TEST_CHROMIUM     a Chromium binary for tests/fleet_page.rs; when
 #                              unset, `chromium` (or `chromium-browser`) from PATH.
@@ -512,6 +515,27 @@ fi
 status=0
 wait "${GROUP_PGID[tests]}" || status=$?
 
+# The worker and fleet suites once more with every worker reading by enhanced fan-out
+# (reader.mode = "fanout", through FLOTILLA_TEST_READ_MODE), on every tier that has
+# SubscribeToShard: the same checks, the other read path. Whole-suite runs only, or
+# with FLOTILLA_TEST_FANOUT=1.
+if [[ -z "${FLOTILLA_TEST_CMD:-}" && ($# -eq 0 || "${FLOTILLA_TEST_FANOUT:-}" == 1) ]]; then
+    log "the worker and fleet suites in fan-out mode ..."
+    : >"$LOG_DIR/cargo-test-fanout.log"
+    fanout_tests=(
+        --test worker_memory --test worker_modes --test worker_servers
+        --test worker_supervision --test fleet_handoff --test fleet_memory --test stalls
+        --test fencing_gaps --test embedding --test status_http --test fleet_processes
+    )
+    # shellcheck disable=SC2016 # expanded by the inner bash, not here
+    spawn_group fanout - "${test_env[@]}" FLOTILLA_TEST_READ_MODE=fanout bash -c \
+        'cargo test --workspace --no-fail-fast --features flotilla-actors/external-servers "${@:2}" 2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' \
+        test.sh "$LOG_DIR/cargo-test-fanout.log" "${fanout_tests[@]}"
+    wait "${GROUP_PGID[fanout]}" || status=$?
+    awk '/^test result: / { p += $4; f += $6 } END { printf "fan-out tests: %d passed, %d failed\n", p, f }' \
+        "$LOG_DIR/cargo-test-fanout.log"
+fi
+
 # How many tests ran on each tier of the contract and worker suites (test names start with
 # the tier), so a tier that silently ran nothing would show.
 if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
@@ -556,6 +580,9 @@ if [[ $# -eq 0 || -n "${FLOTILLA_SIM_SEEDS:-}" ]]; then
         sim="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/simulate"
         log "fault simulator: seeds 0..$sim_seeds"
         "$sim" --seeds "$sim_seeds" || { log "ERROR: the fault simulator found a violation (replay command above)"; status=1; }
+        fanout_seeds="${FLOTILLA_SIM_FANOUT_SEEDS:-100}"
+        log "fault simulator: seeds 0..$fanout_seeds, every worker reading by enhanced fan-out"
+        FLOTILLA_TEST_READ_MODE=fanout "$sim" --seeds "$fanout_seeds" || { log "ERROR: the fault simulator found a violation in fan-out mode (replay with FLOTILLA_TEST_READ_MODE=fanout)"; status=1; }
         log "fault simulator: mutation table (up to $mutant_seeds seeds each)"
         "$sim" --mutants --seeds "$mutant_seeds" || { log "ERROR: a deliberate protocol bug went uncaught"; status=1; }
     fi

@@ -160,9 +160,10 @@ pub fn render_fleet(fleet: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "application {}  stream {}  seen by {} {} ago",
+        "application {}  stream {}  reading {}  seen by {} {} ago",
         text(&fleet["application"]),
         text(&fleet["stream"]),
+        text(&fleet["read_mode"]),
         text(&fleet["observer"]),
         millis_as_duration(&fleet["scanned_ms_ago"]),
     );

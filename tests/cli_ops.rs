@@ -517,6 +517,7 @@ async fn status_server() -> String {
     let fleet = FleetView {
         application: "orders-audit".into(),
         stream: "orders".into(),
+        read_mode: "fanout",
         observer: "w-1".into(),
         scanned_ms_ago: 800,
         workers: vec![
@@ -643,7 +644,10 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     let out = flotilla(&["status", "--url", &format!("{url}/"), "--fleet"]).await;
     assert_ok(&out);
     let table = text(&out.stdout);
-    assert!(table.contains("seen by w-1 800ms ago"), "{table}");
+    assert!(
+        table.contains("reading fanout  seen by w-1 800ms ago"),
+        "{table}"
+    );
     assert!(
         table
             .lines()

@@ -503,6 +503,7 @@ impl KeeperState {
             let view = fleet_view(&FleetScan {
                 application: &self.args.application,
                 stream: &self.args.stream,
+                read_mode: self.args.settings.reader.mode.as_str(),
                 observer: &self.args.me,
                 malformed: &self.malformed,
                 leases: &scan.leases,

@@ -43,7 +43,7 @@ pub struct MetricsSnapshot {
     pub rejected_samples: u64,
 }
 
-const METRIC_COUNT: usize = 21;
+const METRIC_COUNT: usize = 22;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -77,6 +77,10 @@ pub enum Metric {
     LeasesUnreadable,
     /// Lease rows for shards the stream does not have (left alone, not taken).
     LeasesOrphaned,
+    /// Enhanced fan-out subscriptions made, per shard: about one per 5 minutes when
+    /// all is well; more means subscriptions drop or are refused (see `ApiErrors` and
+    /// `Throttles`, which count the SubscribeToShard failures).
+    Subscriptions,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -121,6 +125,7 @@ impl Metric {
         Metric::ShardsFenced,
         Metric::LeasesUnreadable,
         Metric::LeasesOrphaned,
+        Metric::Subscriptions,
     ];
 
     /// The CloudWatch metric name.
@@ -147,6 +152,7 @@ impl Metric {
             Metric::ShardsFenced => "ShardsFenced",
             Metric::LeasesUnreadable => "LeasesUnreadable",
             Metric::LeasesOrphaned => "LeasesOrphaned",
+            Metric::Subscriptions => "Subscriptions",
         }
     }
 
@@ -171,7 +177,8 @@ impl Metric {
             | Metric::HeartbeatFailures
             | Metric::ShardsFenced
             | Metric::LeasesUnreadable
-            | Metric::LeasesOrphaned => Unit::Count,
+            | Metric::LeasesOrphaned
+            | Metric::Subscriptions => Unit::Count,
         }
     }
 

@@ -554,6 +554,7 @@ impl ReaderState {
                     self.skip_through = skip;
                 }
                 self.subscriptions += 1;
+                self.report(vec![Sample::shard(Metric::Subscriptions, &self.shard, 1.0)]);
                 self.feed = Some(Feed::open(subscription, myself.clone(), self.subscriptions));
                 debug!(message = "Shard subscribed.", shard_id = %self.shard, ?position);
                 self.schedule_fetch(myself, Duration::ZERO);

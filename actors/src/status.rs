@@ -139,6 +139,8 @@ impl ShutdownReport {
 pub struct FleetView {
     pub application: String,
     pub stream: String,
+    /// How the observer reads (`polling` or `fanout`; a fleet runs one settings file).
+    pub read_mode: &'static str,
     /// The worker whose view this is.
     pub observer: String,
     /// Milliseconds since that worker's last scan.
@@ -160,6 +162,7 @@ pub struct FleetView {
 pub(crate) struct FleetScan<'a> {
     pub application: &'a str,
     pub stream: &'a str,
+    pub read_mode: &'static str,
     pub observer: &'a WorkerId,
     pub malformed: &'a [String],
     /// Every lease row the scan read.
@@ -191,6 +194,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     let mut view = FleetView {
         application: scan.application.to_owned(),
         stream: scan.stream.to_owned(),
+        read_mode: scan.read_mode,
         observer: scan.observer.to_string(),
         malformed_rows: scan.malformed.to_vec(),
         ..FleetView::default()

@@ -100,6 +100,10 @@ impl Actor for StreamWatcher {
                     warn!(message = "Shard sync failed.", stream = %state.args.stream, %error);
                     state.status.last_error = Some(error);
                 }
+                // The children may start now: whether their rows are new, were made by an
+                // earlier listing, or by this one, the keeper takes them at once instead
+                // of at its next round.
+                let _ = state.args.keeper.cast(KeeperMsg::ScanNow);
             }
             WatcherMsg::ListNow => match state.sync().await {
                 // The keeper is waiting on this listing: let it act at once.

@@ -9,7 +9,9 @@
 //! * at the moment a batch is handed to a processor, the shard's lease row names that
 //!   worker, and no other worker is inside `process()` for the shard unless that
 //!   worker's last confirmed heartbeat is older than the fence time (it is fenced, or
-//!   frozen, and its call began before it lost the lease);
+//!   frozen, and its call began before it lost the lease), or it was thawed this very
+//!   instant and its call began before (it has not run since; fan-out delivers on the
+//!   thaw instant, polling at its next tick);
 //! * every checkpoint in the table names a record some processor finished, and no
 //!   checkpoint goes back;
 //! * per key, records are first finished in order;
@@ -285,8 +287,10 @@ struct Log {
     tail: VecDeque<String>,
     violations: Vec<String>,
     checks: u64,
-    /// Per shard, the workers inside `process()` now (worker, call id).
-    inside: HashMap<ShardId, Vec<(String, u64)>>,
+    /// Per shard, the workers inside `process()` now (worker, call id, when it entered).
+    inside: HashMap<ShardId, Vec<(String, u64, Instant)>>,
+    /// When each worker was last thawed after a freeze.
+    thawed: HashMap<String, Instant>,
     next_call: u64,
     process_calls: u64,
     /// Records finished (process returned Ok), per shard.
@@ -389,7 +393,7 @@ impl Drop for Inside {
     fn drop(&mut self) {
         let mut log = self.shared.lock();
         if let Some(inside) = log.inside.get_mut(&self.shard) {
-            inside.retain(|(_, c)| *c != self.call);
+            inside.retain(|(_, c, _)| *c != self.call);
         }
     }
 }
@@ -436,14 +440,23 @@ impl SimProcessor {
             log.violation(what);
         }
         let now = Instant::now();
-        let others: Vec<(String, u64)> = log.inside.get(&self.shard).cloned().unwrap_or_default();
-        for (other, _) in others.iter().filter(|(w, _)| *w != self.me) {
-            let fenced = log.members.get(other).is_none_or(|(table, freezer)| {
-                freezer.is_frozen()
-                    || table
-                        .last_confirmed("heartbeat")
-                        .is_none_or(|sent| now.saturating_duration_since(sent) >= self.fresh_for)
-            });
+        let others: Vec<(String, u64, Instant)> =
+            log.inside.get(&self.shard).cloned().unwrap_or_default();
+        for (other, _, entered) in others.iter().filter(|(w, _, _)| *w != self.me) {
+            // Thawed this very instant, with a call begun before: the call is frozen
+            // still in every sense but the flag (its task has not run since the thaw),
+            // though a heartbeat sent on the thaw may already be confirmed.
+            let resuming = log
+                .thawed
+                .get(other)
+                .is_some_and(|at| *at == now && entered < at);
+            let fenced = resuming
+                || log.members.get(other).is_none_or(|(table, freezer)| {
+                    freezer.is_frozen()
+                        || table.last_confirmed("heartbeat").is_none_or(|sent| {
+                            now.saturating_duration_since(sent) >= self.fresh_for
+                        })
+                });
             if !fenced {
                 let what = format!(
                     "{} entered process() for {} while {other}, not fenced, was inside",
@@ -455,7 +468,7 @@ impl SimProcessor {
         log.inside
             .entry(self.shard.clone())
             .or_default()
-            .push((self.me.clone(), call));
+            .push((self.me.clone(), call, now));
         Inside {
             shared: self.shared.clone(),
             shard: self.shard.clone(),
@@ -1133,6 +1146,12 @@ impl Sim {
         member.fault = None;
         member.table.set_plan(FaultPlan::seeded(0));
         member.stream.set_plan(FaultPlan::seeded(0));
+        if member.freezer.is_frozen() {
+            shared
+                .lock()
+                .thawed
+                .insert(member.id.clone(), Instant::now());
+        }
         member.freezer.thaw();
         member.hang.thaw();
         shared.lock().chaos.remove(&member.id);
