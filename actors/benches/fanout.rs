@@ -118,7 +118,7 @@ impl Processor for Probe {
             }
         }
         let mut times = self.seen.times.lock().unwrap();
-        let entry = times.entry(batch.shard().to_string()).or_insert((now, now));
+        let entry = times.entry(batch.shard_id().to_string()).or_insert((now, now));
         entry.1 = now;
         Ok(())
     }
@@ -499,7 +499,7 @@ async fn calls_run(mode: ReadMode, busy: bool) -> BTreeMap<&'static str, f64> {
         "DescribeStreamConsumer",
         "RegisterStreamConsumer",
     ];
-    let before: Vec<usize> = ops.iter().map(|op| faulty.calls(op)).collect();
+    let before: Vec<u64> = ops.iter().map(|op| faulty.calls(op)).collect();
     let started = tokio::time::Instant::now();
     let mut n = 0u64;
     while started.elapsed() < Duration::from_secs(MINUTES * 60) {
