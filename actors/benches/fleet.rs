@@ -3,7 +3,8 @@
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
-//! `-- p3` runs P3 with both settings and P3e). `FLEET_RUNS=n` overrides the run counts.
+//! `-- p3` runs P3 with both settings and P3e). `FLEET_RUNS=n` overrides the run counts;
+//! `FLOTILLA_BENCH_READ_MODE=fanout` reads by enhanced fan-out instead of polling.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -93,6 +94,10 @@ fn settings(id: &str, short: bool) -> Settings {
     s.worker.application = APP.to_owned();
     s.worker.worker_id = Some(id.to_owned());
     s.status.enabled = false;
+    // `FLOTILLA_BENCH_READ_MODE=fanout`: the same cases with every worker subscribing.
+    if std::env::var("FLOTILLA_BENCH_READ_MODE").as_deref() == Ok("fanout") {
+        s.reader.mode = flotilla_actors::settings::ReadMode::Fanout;
+    }
     if short {
         s.lease.failover_time = Duration::from_secs(4);
         s.lease.heartbeat_interval = Duration::from_secs(1);

@@ -18,8 +18,11 @@ use crate::backoff::Backoff;
 /// The most enhanced fan-out consumers Kinesis allows per stream.
 pub const MAX_CONSUMERS: usize = 20;
 
-/// How often a consumer is described while it is CREATING (Kinesis takes seconds).
-const ACTIVE_POLL: Duration = Duration::from_millis(500);
+/// How often a consumer is described while it is CREATING: from 50 ms (an emulator
+/// activates it at once) doubling to 1 s (Kinesis takes seconds; DescribeStreamConsumer
+/// allows 20 calls a second per stream, shared by the fleet), with jitter.
+const ACTIVE_POLL_MIN: Duration = Duration::from_millis(50);
+const ACTIVE_POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Why the application's consumer could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +69,7 @@ pub async fn ensure_consumer(
 ) -> Result<Consumer, ConsumerError> {
     let started = tokio::time::Instant::now();
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut active_poll = Backoff::new(ACTIVE_POLL_MIN, ACTIVE_POLL_MAX);
     let failed = |source: StreamError| ConsumerError::Stream {
         stream: stream.to_owned(),
         name: name.to_owned(),
@@ -90,7 +94,7 @@ pub async fn ensure_consumer(
                     announced = true;
                 }
                 last_status = consumer.status;
-                ACTIVE_POLL
+                active_poll.next_random()
             }
             Err(StreamError::NotFound { .. }) => {
                 match streams.register_stream_consumer(stream_arn, name).await {
