@@ -754,6 +754,93 @@ async fn init_creates_a_local_stream_once_and_refuses_a_remote_one() {
     );
 }
 
+/// `flotilla consumer list` shows the stream's fan-out consumers as JSON lines and the
+/// count against the limit; `deregister` removes the one named (and only it), and a name
+/// the stream does not have is an error saying how to see the names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_list_and_deregister() {
+    use flotilla_actors::backend::aws::KinesisStream;
+    use flotilla_actors::backend::{StreamAdmin as _, StreamClient as _};
+
+    let kinesis = servers::start_ferrokinesis(300).await;
+    let client = KinesisStream::new(&servers::sdk_config(), Some(&kinesis));
+    client.create_stream("fan", 1).await.unwrap();
+    let arn = client.describe_stream_summary("fan").await.unwrap().arn;
+    for name in ["app-a", "app-b"] {
+        client.register_stream_consumer(&arn, name).await.unwrap();
+    }
+    let names = |out: &Output| -> Vec<String> {
+        text(&out.stdout)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                assert!(v["arn"].as_str().unwrap().contains("/consumer/"), "{l}");
+                v["name"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let list = || {
+        let kinesis = kinesis.clone();
+        async move {
+            flotilla(&[
+                "consumer",
+                "list",
+                "--stream",
+                "fan",
+                "--kinesis-endpoint",
+                &kinesis,
+            ])
+            .await
+        }
+    };
+    let out = list().await;
+    assert_ok(&out);
+    assert_eq!(names(&out), ["app-a", "app-b"]);
+    assert!(
+        text(&out.stderr).contains("2 of at most 20"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let deregister = |name: &'static str| {
+        let kinesis = kinesis.clone();
+        async move {
+            flotilla(&[
+                "consumer",
+                "deregister",
+                "--stream",
+                "fan",
+                "--name",
+                name,
+                "--kinesis-endpoint",
+                &kinesis,
+            ])
+            .await
+        }
+    };
+    let out = deregister("app-a").await;
+    assert_ok(&out);
+    assert!(text(&out.stdout).contains("consumer app-a of stream fan: deregistered"));
+    // Gone, or DELETING for a moment.
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = names(&list().await);
+        if left == ["app-b"] {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, ["app-b"]);
+
+    let out = deregister("nope").await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no consumer named nope") && err.contains("flotilla consumer list"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn every_subcommand_has_help_with_an_example() {
     for command in [
@@ -765,6 +852,8 @@ async fn every_subcommand_has_help_with_an_example() {
         vec!["rewind"],
         vec!["position", "export"],
         vec!["position", "import"],
+        vec!["consumer", "list"],
+        vec!["consumer", "deregister"],
     ] {
         let mut args = command.clone();
         args.push("--help");

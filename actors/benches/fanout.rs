@@ -118,7 +118,9 @@ impl Processor for Probe {
             }
         }
         let mut times = self.seen.times.lock().unwrap();
-        let entry = times.entry(batch.shard_id().to_string()).or_insert((now, now));
+        let entry = times
+            .entry(batch.shard_id().to_string())
+            .or_insert((now, now));
         entry.1 = now;
         Ok(())
     }

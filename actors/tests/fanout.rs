@@ -15,12 +15,31 @@ use std::time::Duration;
 use flotilla_actors::Settings;
 use flotilla_actors::backend::faults::FaultPlan;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
-use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamClient, StreamError};
+use flotilla_actors::backend::{Consumer, IteratorPosition, LeaseTable, StreamClient, StreamError};
 use flotilla_actors::model::{ShardId, WorkerId};
 use flotilla_actors::settings::ReadMode;
 
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Feed, Rig, STREAM, heartbeat_outage, shutdown_clean, wait_held};
+
+/// The application's consumer, registered and ACTIVE, as a worker would have it.
+async fn consumer(rig: &Rig) -> Consumer {
+    let arn = rig
+        .streams
+        .describe_stream_summary(STREAM)
+        .await
+        .unwrap()
+        .arn;
+    flotilla_actors::fanout::ensure_consumer(
+        &rig.streams,
+        STREAM,
+        &arn,
+        APP,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+}
 
 fn fanout() -> Settings {
     let mut s = fast_settings(STREAM, APP);
@@ -213,21 +232,7 @@ async fn a_fenced_worker_cancels_its_subscriptions_and_resubscribes_after() {
 async fn a_previous_owners_open_subscription_is_waited_out_keeping_the_lease() {
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
     let shard = ShardId::from_index(0);
-    let arn = rig
-        .streams
-        .describe_stream_summary(STREAM)
-        .await
-        .unwrap()
-        .arn;
-    let consumer = flotilla_actors::fanout::ensure_consumer(
-        &rig.streams,
-        STREAM,
-        &arn,
-        APP,
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
+    let consumer = consumer(&rig).await;
     let mut mine = Producer::default();
     mine.put_round(&rig.streams, STREAM, 10, 10).await;
     // The old owner's subscription, kept open by reading from it every second.
@@ -280,21 +285,7 @@ async fn a_previous_owners_open_subscription_is_waited_out_keeping_the_lease() {
 async fn a_second_subscription_is_in_use_then_replaces_the_first() {
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
     let shard = ShardId::from_index(0);
-    let arn = rig
-        .streams
-        .describe_stream_summary(STREAM)
-        .await
-        .unwrap()
-        .arn;
-    let consumer = flotilla_actors::fanout::ensure_consumer(
-        &rig.streams,
-        STREAM,
-        &arn,
-        APP,
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
+    let consumer = consumer(&rig).await;
     let subscribe = || {
         rig.streams
             .subscribe_to_shard(&consumer.arn, &shard, &IteratorPosition::Latest)

@@ -284,13 +284,7 @@ impl KinesisStream {
                 what: format!("consumer {name}"),
                 missing: "Consumer",
             })?;
-        consumer_from_parts(
-            OP,
-            consumer.consumer_name(),
-            consumer.consumer_arn(),
-            consumer.consumer_status().as_str(),
-            Some(consumer.consumer_creation_timestamp()),
-        )
+        consumer_from_sdk(OP, consumer)
     }
 
     async fn describe_consumer(
@@ -315,13 +309,7 @@ impl KinesisStream {
                     what: format!("consumer {name}"),
                     missing: "ConsumerDescription",
                 })?;
-        consumer_from_parts(
-            OP,
-            consumer.consumer_name(),
-            consumer.consumer_arn(),
-            consumer.consumer_status().as_str(),
-            Some(consumer.consumer_creation_timestamp()),
-        )
+        consumer_from_sdk(OP, consumer)
     }
 
     async fn list_consumers(&self, stream_arn: &str) -> Result<Vec<Consumer>, StreamError> {
@@ -337,13 +325,7 @@ impl KinesisStream {
                 .set_next_token(token.clone());
             let page = request.send().await.map_err(|e| self.classify(OP, e))?;
             for consumer in page.consumers() {
-                consumers.push(consumer_from_parts(
-                    OP,
-                    consumer.consumer_name(),
-                    consumer.consumer_arn(),
-                    consumer.consumer_status().as_str(),
-                    Some(consumer.consumer_creation_timestamp()),
-                )?);
+                consumers.push(consumer_from_sdk(OP, consumer)?);
             }
             match page.next_token() {
                 Some(next) if !page.consumers().is_empty() => token = Some(next.to_owned()),
@@ -755,13 +737,39 @@ fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, St
     })
 }
 
-fn consumer_from_parts(
+/// What RegisterStreamConsumer's `Consumer`, ListStreamConsumers' `Consumer`s and
+/// DescribeStreamConsumer's `ConsumerDescription` have in common.
+trait SdkConsumer {
+    fn parts(&self) -> (&str, &str, &str, &DateTime);
+}
+
+impl SdkConsumer for aws_sdk_kinesis::types::Consumer {
+    fn parts(&self) -> (&str, &str, &str, &DateTime) {
+        (
+            self.consumer_name(),
+            self.consumer_arn(),
+            self.consumer_status().as_str(),
+            self.consumer_creation_timestamp(),
+        )
+    }
+}
+
+impl SdkConsumer for aws_sdk_kinesis::types::ConsumerDescription {
+    fn parts(&self) -> (&str, &str, &str, &DateTime) {
+        (
+            self.consumer_name(),
+            self.consumer_arn(),
+            self.consumer_status().as_str(),
+            self.consumer_creation_timestamp(),
+        )
+    }
+}
+
+fn consumer_from_sdk(
     op: &'static str,
-    name: &str,
-    arn: &str,
-    status: &str,
-    created: Option<&DateTime>,
+    consumer: &impl SdkConsumer,
 ) -> Result<Consumer, StreamError> {
+    let (name, arn, status, created) = consumer.parts();
     if arn.is_empty() {
         return Err(StreamError::IncompleteAnswer {
             op,
@@ -774,7 +782,7 @@ fn consumer_from_parts(
         arn: arn.to_owned(),
         status: ConsumerStatus::parse(status),
         // Informational only: a missing or odd timestamp is not worth failing over.
-        created: created.and_then(|at| SystemTime::try_from(*at).ok()),
+        created: SystemTime::try_from(*created).ok(),
     })
 }
 
