@@ -409,10 +409,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Consumer(ConsumerCommand::List(args)) => {
             let (client, arn) = args.open().await?;
-            let consumers = client
+            let mut consumers = client
                 .list_stream_consumers(&arn)
                 .await
                 .with_context(|| format!("cannot list the consumers of stream {}", args.stream))?;
+            consumers.sort_by(|a, b| a.name.cmp(&b.name));
             let mut out = std::io::stdout().lock();
             for consumer in &consumers {
                 let created = consumer

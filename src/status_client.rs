@@ -155,6 +155,17 @@ fn subscription_note(subscription: &Value, last_error: &Value) -> String {
     }
 }
 
+/// In a fan-out fleet, a lease being read says whether its owner's subscription is
+/// open (from the owner's last heartbeat).
+fn fleet_subscription_note(lease: &Value, fanout: bool) -> String {
+    let read = matches!(lease["state"].as_str(), Some("held" | "handing_off"));
+    match &lease["subscribed_ms"] {
+        _ if !fanout || !read => String::new(),
+        Value::Null => "not subscribed".to_owned(),
+        age => format!("subscribed {}", millis_as_duration(age)),
+    }
+}
+
 /// The fleet as the worker sees it (`GET /fleet`): its workers, then its leases.
 pub fn render_fleet(fleet: &Value) -> String {
     let mut out = String::new();
@@ -199,6 +210,7 @@ pub fn render_fleet(fleet: &Value) -> String {
             workers,
         ));
     }
+    let fanout = fleet["read_mode"].as_str() == Some("fanout");
     let leases: Vec<Vec<String>> = items(&fleet["leases"], "lease_key")
         .iter()
         .map(|lease| {
@@ -213,7 +225,7 @@ pub fn render_fleet(fleet: &Value) -> String {
                 checkpoint(&lease["checkpoint"]),
                 text(&lease["millis_behind_latest"]),
                 match &lease["reason"] {
-                    Value::Null => String::new(),
+                    Value::Null => fleet_subscription_note(lease, fanout),
                     reason => text(reason),
                 },
             ]

@@ -553,6 +553,7 @@ async fn status_server() -> String {
                 parents: vec![],
                 children: vec![],
                 millis_behind_latest: Some(1200),
+                subscribed_ms: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000002".into(),
@@ -566,6 +567,7 @@ async fn status_server() -> String {
                 parents: vec![],
                 children: vec![],
                 millis_behind_latest: None,
+                subscribed_ms: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000009".into(),
@@ -579,6 +581,7 @@ async fn status_server() -> String {
                 parents: vec![],
                 children: vec![],
                 millis_behind_latest: None,
+                subscribed_ms: None,
             },
         ],
         unassigned: vec!["shardId-000000000002".into()],
@@ -658,6 +661,13 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         table
             .lines()
             .any(|l| l.starts_with("shardId-000000000002  w-2    unassigned  TRIM_HORIZON")),
+        "{table}"
+    );
+    // A fan-out fleet's held lease whose owner reported no open subscription.
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("shardId-000000000000  w-1") && l.ends_with("not subscribed")),
         "{table}"
     );
     assert!(

@@ -331,13 +331,17 @@ impl KeeperState {
         let (before, at) = self.last_rate;
         let rate = pure::rate(delivered, before, now.saturating_duration_since(at));
         self.last_rate = (delivered, now);
+        let held = |shard: &String| self.held.contains_key(&LeaseKey::new(shard.as_str()));
         let mut lag_ms = self.args.lags.snapshot();
-        lag_ms.retain(|shard, _| self.held.contains_key(&LeaseKey::new(shard.as_str())));
+        lag_ms.retain(|shard, _| held(shard));
+        let mut subscribed_ms = self.args.lags.subscription_ages();
+        subscribed_ms.retain(|shard, _| held(shard));
         WorkerLoad {
             leases: self.held.len() as u64,
             records_per_second: rate,
             draining: self.drain.is_some(),
             lag_ms,
+            subscribed_ms,
         }
     }
 

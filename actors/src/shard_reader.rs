@@ -556,6 +556,7 @@ impl ReaderState {
                 self.subscriptions += 1;
                 self.report(vec![Sample::shard(Metric::Subscriptions, &self.shard, 1.0)]);
                 self.feed = Some(Feed::open(subscription, myself.clone(), self.subscriptions));
+                self.args.lags.subscribed(&self.shard, Some(Instant::now()));
                 debug!(message = "Shard subscribed.", shard_id = %self.shard, ?position);
                 self.schedule_fetch(myself, Duration::ZERO);
             }
@@ -675,7 +676,7 @@ impl ReaderState {
         }
         if let Some(children) = ended {
             self.children = children;
-            self.feed = None;
+            self.drop_feed();
             info!(message = "Shard read to its end.", shard_id = %self.shard);
             self.phase = Phase::Draining;
             self.maybe_end_shard(myself);
@@ -694,6 +695,7 @@ impl ReaderState {
     /// them again).
     fn drop_feed(&mut self) {
         self.feed = None;
+        self.args.lags.subscribed(&self.shard, None);
         self.held.clear();
         self.held_after = None;
     }

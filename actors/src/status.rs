@@ -240,6 +240,11 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             .as_ref()
             .and_then(|o| obs.load_of(o))
             .and_then(|load| load.lag_ms.get(shard.as_str()).copied());
+        let subscribed_ms = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.subscribed_ms.get(shard.as_str()).copied());
         view.leases.push(FleetLease {
             lease_key: lease.key.to_string(),
             shard_id: shard.to_string(),
@@ -260,6 +265,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
                 .map(|s| s.to_string())
                 .collect(),
             millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
+            subscribed_ms: subscribed_ms.filter(|_| state != FleetLeaseState::Finished),
         });
     }
     // Unreadable lease rows: in the listing of leases too, so every shard of the
@@ -279,6 +285,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             parents: Vec::new(),
             children: Vec::new(),
             millis_behind_latest: None,
+            subscribed_ms: None,
         });
     }
     view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
@@ -349,15 +356,44 @@ pub struct FleetLease {
     pub children: Vec<String>,
     /// The owner's last reported MillisBehindLatest for it (from its heartbeat).
     pub millis_behind_latest: Option<u64>,
+    /// In a fan-out fleet, for a lease being read: how long the owner's subscription to
+    /// the shard had lasted at its last heartbeat, or `None` if it had none.
+    pub subscribed_ms: Option<u64>,
 }
 
 /// MillisBehindLatest of the shards this worker reads, written by readers as they
-/// fetch and read by the lease keeper for its heartbeat: the fleet page shows every
-/// shard's lag from the table alone.
+/// fetch, and in fan-out mode since when each shard's subscription is open; read by the
+/// lease keeper for its heartbeat: the fleet page shows every shard's lag, and which
+/// fan-out shards have no subscription, from the table alone.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct LagBoard(Arc<Mutex<BTreeMap<String, u64>>>);
+pub(crate) struct LagBoard(
+    Arc<Mutex<BTreeMap<String, u64>>>,
+    Arc<Mutex<BTreeMap<String, tokio::time::Instant>>>,
+);
 
 impl LagBoard {
+    /// The shard's subscription is open since `since`, or (`None`) it has none.
+    pub fn subscribed(&self, shard: &ShardId, since: Option<tokio::time::Instant>) {
+        if let Ok(mut map) = self.1.lock() {
+            match since {
+                Some(at) => map.insert(shard.as_str().to_owned(), at),
+                None => map.remove(shard.as_str()),
+            };
+        }
+    }
+
+    /// How long each open subscription has lasted, in ms.
+    pub fn subscription_ages(&self) -> BTreeMap<String, u64> {
+        self.1
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, at)| (k.clone(), at.elapsed().as_millis() as u64))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn set(&self, shard: &ShardId, millis: u64) {
         if let Ok(mut map) = self.0.lock() {
             map.insert(shard.as_str().to_owned(), millis);
@@ -368,6 +404,7 @@ impl LagBoard {
         if let Ok(mut map) = self.0.lock() {
             map.remove(shard.as_str());
         }
+        self.subscribed(shard, None);
     }
 
     pub fn snapshot(&self) -> BTreeMap<String, u64> {

@@ -586,6 +586,7 @@ mod cases {
                 ("shardId-000000000002".to_owned(), 86_400_000),
             ]
             .into(),
+            subscribed_ms: [("shardId-000000000002".to_owned(), 299_000)].into(),
         };
         assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 1);
         assert_eq!(table.heartbeat(&me(), &busy).await.unwrap(), 2);

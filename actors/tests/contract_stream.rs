@@ -1049,8 +1049,7 @@ mod cases {
         assert!(
             got.iter()
                 .zip(&first)
-                .all(|(r, (key, _, _))| &r.partition_key == key
-                    && r.data == Bytes::from(format!("data-{key}"))),
+                .all(|(r, (key, _, _))| &r.partition_key == key && r.data == format!("data-{key}")),
             "{}",
             env.tier
         );

@@ -237,3 +237,66 @@ async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
     assert_eq!(code, 200, "{body}");
     shutdown_clean(a).await;
 }
+
+/// A fan-out shard whose subscriptions keep failing (here every SubscribeToShard call
+/// fails): the worker keeps the lease, and the shard shows unread everywhere: `/fleet`
+/// (the owner's heartbeat reports no open subscription for it), `/status` (its
+/// subscription `none`, with the failing call), and `/metrics` (API errors for the
+/// shard). Once subscribing works, the fleet shows it subscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_shard_that_cannot_subscribe_shows_unsubscribed_fleet_wide() {
+    use flotilla_actors::Backend;
+    use flotilla_actors::backend::faults::{FaultPlan, Faulty};
+    use flotilla_actors::settings::ReadMode;
+    use std::sync::Arc;
+
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut refuse = FaultPlan::seeded(5);
+    refuse.only_ops = vec!["SubscribeToShard"];
+    refuse.transient = 1.0;
+    let streams = Faulty::new(rig.streams.clone(), refuse);
+    let backend = Backend::new(
+        Arc::new(streams.clone()),
+        {
+            let table = rig.dynamo.lease_table(APP);
+            move |_| Arc::new(table.clone())
+        },
+        Arc::new(rig.metrics.clone()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let mut s = settings("a");
+    s.reader.mode = ReadMode::Fanout;
+    let a = rig.start_on(backend, &probes, s).await;
+    wait_held(&[&a], &[1], Duration::from_secs(10)).await;
+    let shard = ShardId::from_index(0);
+
+    let fleet = json_until(&a, "/fleet", "shows the held shard unsubscribed", |f| {
+        f["read_mode"] == "fanout"
+            && lease(f, shard.as_str())
+                .is_some_and(|l| l["state"] == "held" && l["subscribed_ms"].is_null())
+    })
+    .await;
+    assert_eq!(lease(&fleet, shard.as_str()).unwrap()["owner"], "a");
+    let status = json_until(&a, "/status", "shows the subscription failing", |s| {
+        s["shards"][0]["subscription"]["state"] == "none"
+            && s["shards"][0]["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("SubscribeToShard"))
+    })
+    .await;
+    assert_eq!(status["read_mode"], "fanout");
+    let text = get(&url(&a, "/metrics"), "*/*").await.2;
+    assert!(
+        text.lines()
+            .any(|l| l.contains("shard=\"shardId-000000000000\"")
+                && l.starts_with("flotilla_api_errors")),
+        "{text}"
+    );
+
+    streams.set_plan(FaultPlan::seeded(6));
+    json_until(&a, "/fleet", "shows the shard subscribed", |f| {
+        lease(f, shard.as_str()).is_some_and(|l| l["subscribed_ms"].is_u64())
+    })
+    .await;
+    shutdown_clean(a).await;
+}

@@ -76,6 +76,7 @@ pub mod attr {
     pub const WORKER_RECORDS_PER_SECOND: &str = "flotillaRecordsPerSecond";
     pub const WORKER_DRAINING: &str = "flotillaDraining";
     pub const WORKER_LAG: &str = "flotillaLagMs";
+    pub const WORKER_SUBSCRIBED: &str = "flotillaSubscribedMs";
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
@@ -214,6 +215,7 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
                     records_per_second: r.number(attr::WORKER_RECORDS_PER_SECOND)?.unwrap_or(0),
                     draining: r.boolean(attr::WORKER_DRAINING)?.unwrap_or(false),
                     lag_ms: r.number_map(attr::WORKER_LAG)?,
+                    subscribed_ms: r.number_map(attr::WORKER_SUBSCRIBED)?,
                 },
             }))
         }
@@ -410,16 +412,19 @@ pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
 }
 
 /// The load attributes a heartbeat write sets.
-pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 4] {
+pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 5] {
+    let number_map = |map: &std::collections::BTreeMap<String, u64>| {
+        AttrValue::M(
+            map.iter()
+                .map(|(k, v)| (k.clone(), AttrValue::N(v.to_string())))
+                .collect(),
+        )
+    };
     [
+        (attr::WORKER_LAG.into(), number_map(&load.lag_ms)),
         (
-            attr::WORKER_LAG.into(),
-            AttrValue::M(
-                load.lag_ms
-                    .iter()
-                    .map(|(k, v)| (k.clone(), AttrValue::N(v.to_string())))
-                    .collect(),
-            ),
+            attr::WORKER_SUBSCRIBED.into(),
+            number_map(&load.subscribed_ms),
         ),
         (
             attr::WORKER_LEASES.into(),
@@ -486,6 +491,7 @@ mod tests {
                 records_per_second: 1200,
                 draining: true,
                 lag_ms: [("shardId-000000000001".to_owned(), 250)].into(),
+                subscribed_ms: [("shardId-000000000001".to_owned(), 61_000)].into(),
             },
         };
         assert_eq!(decode_row(&encode_heartbeat(&hb)), Ok(Row::Heartbeat(hb)));

@@ -241,6 +241,9 @@ pub struct WorkerLoad {
     /// MillisBehindLatest per shard it reads (shard id → ms), so any worker can show the
     /// whole fleet's lag without reading the stream.
     pub lag_ms: std::collections::BTreeMap<String, u64>,
+    /// In fan-out mode, per shard whose subscription is open: how long it has been (ms).
+    /// A held shard missing here has none (a fan-out worker's stall, shown fleet-wide).
+    pub subscribed_ms: std::collections::BTreeMap<String, u64>,
 }
 
 #[cfg(test)]
