@@ -189,11 +189,15 @@ fn fixture_view() -> serde_json::Value {
             "checkpoint": "49650000000000000000000000000000000000000000000000000123",
             "counter": 7, "handoff_to": if state == "handing_off" { Some("demo-3") } else { None },
             "parents": parents, "children": children, "millis_behind_latest": 1500,
+            // A fan-out fleet: the held lease's owner has a subscription open, the one
+            // being handed over has none.
+            "subscribed_ms": if state == "held" { Some(62_000) } else { None },
         })
     };
     serde_json::json!({
         "application": "demo-app",
         "stream": "demo-stream",
+        "read_mode": "fanout",
         "observer": "demo-1",
         "scanned_ms_ago": 420,
         "workers": [
@@ -304,9 +308,12 @@ async fn the_page_renders_a_fleet_view() {
         "id=\"scan-age\">420 ms ago<",
         "2/3 workers alive; 5 leases: 1 held, 1 handing off, 1 unassigned, 1 blocked, 1 stalled, 0 finished.",
         "class=\"rps\">250 records/s<",
-        "496500…000123<",                              // the checkpoint, shortened
-        "1.5 s<",                                      // the lag
-        ">demo-3</td><td class=\"reason\"></td></tr>", // the handoff target
+        "496500…000123<", // the checkpoint, shortened
+        "1.5 s<",         // the lag
+        // The handoff target, and no subscription open for it.
+        ">demo-3</td><td class=\"reason\">not subscribed</td></tr>",
+        "<td class=\"reason\">subscribed 1.0 min</td></tr>",
+        "id=\"read-mode\">enhanced fan-out<",
         // The stalled lease: no owner, checkpoint or counter, and why.
         &format!("<tr class=\"lease\" data-shard=\"{STALLED}\" data-state=\"stalled\">"),
         &format!("<td class=\"reason\">{STALLED_REASON}</td></tr>"),
