@@ -12,14 +12,16 @@
 #[allow(dead_code)]
 mod servers;
 
+#[path = "common/load.rs"]
+mod load;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use flotilla_actors::backend::aws::KinesisStream;
 use flotilla_actors::backend::memory::{MemoryDynamo, MemoryMetrics};
-use flotilla_actors::backend::{IteratorPosition, PutRecord, StreamAdmin, StreamClient};
+use flotilla_actors::backend::{IteratorPosition, StreamClient};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, Worker,
 };
@@ -35,21 +37,6 @@ impl Processor for Count {
         self.0
             .fetch_add(batch.records().len() as u64, Ordering::Relaxed);
         Ok(())
-    }
-}
-
-async fn load(streams: &KinesisStream, stream: &str) {
-    streams.create_stream(stream, SHARDS).await.unwrap();
-    let payload = Bytes::from(vec![b'x'; 100]);
-    let records: Vec<PutRecord> = (0..RECORDS)
-        .map(|i| PutRecord {
-            partition_key: format!("k{}", i % 1024),
-            explicit_hash_key: None,
-            data: payload.clone(),
-        })
-        .collect();
-    for chunk in records.chunks(500) {
-        streams.put_records(stream, chunk).await.unwrap();
     }
 }
 
@@ -141,7 +128,7 @@ fn main() {
         let sdk = servers::sdk_config();
         let streams = Arc::new(KinesisStream::new(&sdk, Some(&endpoint)));
         let stream = "drain";
-        load(&streams, stream).await;
+        load::load(streams.as_ref(), stream, SHARDS, RECORDS).await;
         let (mut plain_rates, mut flotilla_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..RUNS {
             let p = plain(&streams, stream).await;

@@ -21,6 +21,9 @@
 #[allow(dead_code)]
 mod servers;
 
+#[path = "common/load.rs"]
+mod load;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -143,21 +146,6 @@ async fn start(settings: Settings, backend: Backend, seen: &Arc<Seen>, stamped: 
 // ---------------------------------------------------------------------------------------
 // drain
 
-async fn load(streams: &KinesisStream, stream: &str) {
-    streams.create_stream(stream, SHARDS).await.unwrap();
-    let payload = Bytes::from(vec![b'x'; 100]);
-    let records: Vec<PutRecord> = (0..RECORDS)
-        .map(|i| PutRecord {
-            partition_key: format!("k{}", i % 1024),
-            explicit_hash_key: None,
-            data: payload.clone(),
-        })
-        .collect();
-    for chunk in records.chunks(500) {
-        streams.put_records(stream, chunk).await.unwrap();
-    }
-}
-
 /// The raw loop: the SDK's SubscribeToShard per shard from TRIM_HORIZON, events pulled
 /// as they come, until every record is in.
 async fn raw(client: &aws_sdk_kinesis::Client, consumer: &str, shards: &[String]) -> Duration {
@@ -213,7 +201,7 @@ async fn drain() {
     let sdk = servers::sdk_config();
     let streams = KinesisStream::new(&sdk, Some(&endpoint));
     let stream = "drain";
-    load(&streams, stream).await;
+    load::load(&streams, stream, SHARDS, RECORDS).await;
     let client = aws_sdk_kinesis::Client::from_conf(
         aws_sdk_kinesis::config::Builder::from(&sdk)
             .endpoint_url(&endpoint)

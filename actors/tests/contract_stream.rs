@@ -313,6 +313,14 @@ impl Env {
     }
 
     /// Reads a shard from `position` until it is caught up (or ends), a batch of `limit` at a time.
+    /// Whether the tier has no SubscribeToShard (declared, and said).
+    fn no_fanout(&self) -> bool {
+        if let Some(why) = self.expect.no_subscribe {
+            eprintln!("{}: no fan-out ({why})", self.tier);
+        }
+        self.expect.no_subscribe.is_some()
+    }
+
     /// The stream's ARN and an ACTIVE consumer of it, named for the test.
     async fn consumer(&self, stream: &str) -> (String, Consumer) {
         let arn = self
@@ -1094,8 +1102,7 @@ mod cases {
     }
 
     pub async fn a_closed_shards_subscription_ends_naming_its_children(env: Env) {
-        if let Some(why) = env.expect.no_subscribe {
-            eprintln!("{}: no fan-out ({why})", env.tier);
+        if env.no_fanout() {
             return;
         }
         let stream = env.fresh(1).await;
@@ -1167,8 +1174,7 @@ mod cases {
     }
 
     pub async fn a_second_subscription_to_a_shard_is_in_use(env: Env) {
-        if let Some(why) = env.expect.no_subscribe {
-            eprintln!("{}: no fan-out ({why})", env.tier);
+        if env.no_fanout() {
             return;
         }
         let stream = env.fresh(1).await;

@@ -245,24 +245,15 @@ async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
 /// shard). Once subscribing works, the fleet shows it subscribed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fanout_shard_that_cannot_subscribe_shows_unsubscribed_fleet_wide() {
-    use flotilla_actors::Backend;
     use flotilla_actors::backend::faults::{FaultPlan, Faulty};
     use flotilla_actors::settings::ReadMode;
-    use std::sync::Arc;
 
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
     let mut refuse = FaultPlan::seeded(5);
     refuse.only_ops = vec!["SubscribeToShard"];
     refuse.transient = 1.0;
     let streams = Faulty::new(rig.streams.clone(), refuse);
-    let backend = Backend::new(
-        Arc::new(streams.clone()),
-        {
-            let table = rig.dynamo.lease_table(APP);
-            move |_| Arc::new(table.clone())
-        },
-        Arc::new(rig.metrics.clone()),
-    );
+    let backend = rig.backend_with_streams(streams.clone());
     let probes = ProbeFactory::new(Misbehave::default());
     let mut s = settings("a");
     s.reader.mode = ReadMode::Fanout;

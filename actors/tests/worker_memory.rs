@@ -682,18 +682,9 @@ async fn batches_already_queued_wait_while_the_worker_is_fenced() {
 /// continuation. The shard is not restarted, and nothing is lost or repeated.
 #[tokio::test(start_paused = true)]
 async fn an_iterator_that_keeps_failing_is_replaced_not_retried_forever() {
-    use std::sync::Arc;
-
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
     let streams = Faulty::new(rig.streams.clone(), FaultPlan::seeded(3));
-    let backend = Backend::new(
-        Arc::new(streams.clone()),
-        {
-            let table = rig.dynamo.lease_table(APP);
-            move |_| Arc::new(table.clone())
-        },
-        Arc::new(rig.metrics.clone()),
-    );
+    let backend = rig.backend_with_streams(streams.clone());
     let probes = ProbeFactory::new(Misbehave::default());
     let worker = rig
         .start_on(backend, &probes, fast_settings(STREAM, APP))

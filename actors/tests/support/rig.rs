@@ -89,6 +89,17 @@ impl Rig {
         (worker, table)
     }
 
+    /// The memory services, with `streams` as the Kinesis (a fault injector around
+    /// `self.streams`, say).
+    pub fn backend_with_streams<S: StreamClient + Clone>(&self, streams: S) -> Backend {
+        let table = self.dynamo.lease_table(APP);
+        Backend::new(
+            Arc::new(streams),
+            move |_| Arc::new(table.clone()),
+            Arc::new(self.metrics.clone()),
+        )
+    }
+
     /// The memory services, with `table` as the lease table.
     pub fn backend_with_table<T: LeaseTable + Clone>(&self, table: T) -> Backend {
         Backend::new(
