@@ -34,7 +34,7 @@ use flotilla_actors::backend::memory::{
 use flotilla_actors::backend::{StreamAdmin as _, StreamClient as _};
 use flotilla_actors::model::Shard;
 use flotilla_actors::oracle::{KeyedProducer, OrderCheck};
-use flotilla_actors::settings::MetricsLevel;
+use flotilla_actors::settings::{MetricsLevel, ReadMode};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, KeeperStatus, Processor, ProcessorError, Settings,
     ShutdownReport, Worker, WorkerStatus,
@@ -80,6 +80,10 @@ pub struct DemoArgs {
     /// ports. Port 0 gives every worker a free port. Each prints its URL at start.
     #[arg(long, default_value = "127.0.0.1:9797", value_name = "ADDR")]
     pub status_bind: std::net::SocketAddr,
+    /// How the workers read: "polling" (GetRecords) or "fanout" (enhanced fan-out: each
+    /// shard subscribed, its records pushed as they are put).
+    #[arg(long, default_value = "polling", value_parser = ["polling", "fanout"])]
+    pub read_mode: String,
 }
 
 impl DemoArgs {
@@ -101,8 +105,13 @@ impl DemoArgs {
 /// Tuned for a run of seconds rather than days: frequent checkpoints and shard
 /// listings, short polls, and lease timings short enough that a crashed worker's leases
 /// fail over within the run. Metrics stay in the worker (they feed the progress line).
-fn demo_settings(worker_id: String, status_bind: std::net::SocketAddr) -> Settings {
+fn demo_settings(
+    worker_id: String,
+    status_bind: std::net::SocketAddr,
+    read_mode: ReadMode,
+) -> Settings {
     let mut settings = Settings::default();
+    settings.reader.mode = read_mode;
     settings.status.bind = status_bind.to_string();
     settings.worker.stream = STREAM.to_owned();
     settings.worker.application = APPLICATION.to_owned();
@@ -131,7 +140,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // One backend for all: the workers meet in its lease table, as processes would in
     // DynamoDB.
     let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
-    let mut fleet = Fleet::start(args.workers, &backend, &check, args.status_bind).await?;
+    let read_mode = if args.read_mode == "fanout" {
+        ReadMode::Fanout
+    } else {
+        ReadMode::Polling
+    };
+    let mut fleet =
+        Fleet::start(args.workers, &backend, &check, args.status_bind, read_mode).await?;
 
     let duration = (args.duration > 0).then(|| Duration::from_secs(args.duration));
     eprintln!(
@@ -310,6 +325,7 @@ impl Fleet {
         backend: &Backend,
         check: &SharedCheck,
         status_bind: std::net::SocketAddr,
+        read_mode: ReadMode,
     ) -> anyhow::Result<Self> {
         let mut members = Vec::new();
         for n in 1..=workers {
@@ -323,7 +339,7 @@ impl Fleet {
                 bind.set_port(port);
             }
             let worker = Worker::builder()
-                .settings(demo_settings(id.clone(), bind))
+                .settings(demo_settings(id.clone(), bind, read_mode))
                 .backend(backend.clone())
                 .processor(move |_shard| CheckingProcessor {
                     check: for_processors.clone(),
@@ -945,6 +961,7 @@ mod tests {
             workers,
             crashes,
             status_bind: ([127, 0, 0, 1], 0).into(),
+            read_mode: "polling".into(),
         };
         assert_eq!(args(1, None).crashes().unwrap(), 0);
         assert_eq!(args(3, None).crashes().unwrap(), 1);

@@ -106,12 +106,23 @@ fn a_lone_worker_delivers_every_record_exactly_once() {
     assert!(!stderr.contains("demo: crashed"), "{stderr}");
 }
 
+/// The same run with every worker reading by enhanced fan-out: the split, the merge and
+/// the crash pass just the same.
+#[test]
+fn a_fanout_fleet_loses_and_reorders_nothing_across_a_crash_and_reshards() {
+    let (counts, stderr) = passing_run(&["--duration", "8", "--read-mode", "fanout"]);
+    assert_eq!((counts["workers"], counts["crashes"]), (3, 1), "{counts:?}");
+    assert!(stderr.contains("demo: split shardId-"), "{stderr}");
+    assert!(stderr.contains("demo: merged shardId-"), "{stderr}");
+}
+
 #[test]
 fn bad_demo_flags_are_refused() {
     for (args, named) in [
         (&["--shards", "0"][..], "--shards"),
         (&["--workers", "0"], "--workers"),
         (&["--workers", "2", "--crashes", "2"], "--crashes"),
+        (&["--read-mode", "push"], "--read-mode"),
     ] {
         let out = demo(args);
         assert!(!out.status.success(), "{args:?}");
