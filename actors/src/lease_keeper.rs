@@ -727,12 +727,20 @@ impl KeeperState {
         }
     }
 
+    /// Notes a release in the shutdown report. Released in the end, a lease is not also
+    /// reported as failed by an earlier attempt (the sweep by name retries those).
+    fn report_released(&mut self, key: &LeaseKey) {
+        let failed = format!("{key}: ");
+        self.report.failed.retain(|f| !f.starts_with(&failed));
+        self.report.released.push(key.to_string());
+    }
+
     /// Lets go of a lease this worker owns by name but does not process.
     async fn release_unheld(&mut self, key: &LeaseKey, fence: &Fence) {
         match self.args.table.release(key, fence).await {
             Ok(_) => {
                 self.moved_away(key, LeaseMove::Released, None);
-                self.report.released.push(key.to_string());
+                self.report_released(key);
             }
             Err(error) => {
                 debug!(message = "Lease owned by name not released.", lease_key = %key, %error)
@@ -863,7 +871,7 @@ impl KeeperState {
                 match self.args.table.release(&key, &fence).await {
                     Ok(_) => {
                         self.moved_away(&key, LeaseMove::Released, None);
-                        self.report.released.push(key.to_string());
+                        self.report_released(&key);
                         self.report.handed_off_shards.push(outcome);
                     }
                     Err(error) => {
@@ -905,7 +913,7 @@ impl KeeperState {
                 Ok(_) => {
                     failing = None;
                     self.moved_away(&key, LeaseMove::Released, None);
-                    self.report.released.push(key.to_string());
+                    self.report_released(&key);
                 }
                 Err(error) => {
                     warn!(message = "Lease could not be released.", lease_key = %key, %error);
@@ -945,7 +953,7 @@ impl KeeperState {
                             .push(format!("{}: not released: {error}", lease.key));
                     } else {
                         self.moved_away(&lease.key, LeaseMove::Released, None);
-                        self.report.released.push(lease.key.to_string());
+                        self.report_released(&lease.key);
                     }
                 }
             }

@@ -675,7 +675,7 @@ impl ReaderState {
             ended = self.probe_end().await;
         }
         if let Some(children) = ended {
-            self.children = children;
+            self.children = pure::reported_children(children, self.args.lease.hash_range.as_ref());
             self.drop_feed();
             info!(message = "Shard read to its end.", shard_id = %self.shard);
             self.phase = Phase::Draining;
@@ -916,7 +916,10 @@ impl ReaderState {
                 let at_end = batch.next_iterator.is_none();
                 self.iterator = batch.next_iterator;
                 if at_end {
-                    self.children = batch.child_shards;
+                    self.children = pure::reported_children(
+                        batch.child_shards,
+                        self.args.lease.hash_range.as_ref(),
+                    );
                 }
                 self.deliver(batch.records)?;
                 if at_end {

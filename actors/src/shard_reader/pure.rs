@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::backend::{IteratorPosition, Record};
+use crate::backend::{ChildShard, IteratorPosition, Record};
 use crate::model::{
     AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, SequenceNumber,
     Watermark,
@@ -171,6 +171,26 @@ pub(crate) fn idle_shard_ended(
         && records
             .iter()
             .all(|r| covered.is_some_and(|c| &position_of(r) <= c))
+}
+
+/// The children a shard's end reports, if they can be trusted to name all their
+/// parents; `None` sends the watcher to list the shards instead (its answer names both
+/// parents of a merge). A child reaching outside this shard's hash range came of a merge
+/// and must name the other parent too: ferrokinesis names only the shard being read,
+/// and a merged child made from that would be read before its other parent ended.
+pub(crate) fn reported_children(
+    children: Option<Vec<ChildShard>>,
+    range: Option<&HashKeyRange>,
+) -> Option<Vec<ChildShard>> {
+    let children = children?;
+    let Some(range) = range else {
+        return Some(children);
+    };
+    let named_all = children.iter().all(|c| {
+        c.parents.len() > 1
+            || (range.contains(c.hash_range.start) && range.contains(c.hash_range.end))
+    });
+    named_all.then_some(children)
 }
 
 /// What a scheduled fetch does, in the order the checks are made.
@@ -873,6 +893,46 @@ mod tests {
                 records.len()
             );
         }
+    }
+
+    #[test]
+    fn a_merged_child_naming_one_parent_is_left_to_the_listing() {
+        use crate::model::ShardId;
+        let shard = |n: u64| ShardId::from_index(n);
+        let range = |start: u128, end: u128| HashKeyRange { start, end };
+        let child = |parents: &[u64], r: HashKeyRange| ChildShard {
+            id: shard(9),
+            parents: parents.iter().map(|&p| shard(p)).collect(),
+            hash_range: r,
+        };
+        let mine = range(100, 199);
+        let table = [
+            // A split: both children inside this shard's range.
+            (
+                Some(vec![
+                    child(&[0], range(100, 149)),
+                    child(&[0], range(150, 199)),
+                ]),
+                true,
+            ),
+            // A merge that names both parents.
+            (Some(vec![child(&[0, 1], range(100, 299))]), true),
+            // A merge that names only this shard (ferrokinesis): not trusted.
+            (Some(vec![child(&[0], range(100, 299))]), false),
+            (Some(vec![child(&[1], range(0, 199))]), false),
+            (Some(vec![]), true),
+        ];
+        for (children, kept) in table {
+            let out = reported_children(children.clone(), Some(&mine));
+            assert_eq!(out.is_some(), kept, "{children:?}");
+        }
+        assert_eq!(reported_children(None, Some(&mine)), None);
+        let merged = Some(vec![child(&[0], range(100, 299))]);
+        assert_eq!(
+            reported_children(merged.clone(), None),
+            merged,
+            "no range known"
+        );
     }
 
     #[test]
