@@ -612,11 +612,7 @@ impl ReaderState {
                 self.schedule_fetch(myself, self.settings().reader.poll_interval);
             }
             Ok(Some(event)) => {
-                self.backoff.reset();
-                self.throttled = false;
-                self.caught_up =
-                    event.records.is_empty() && event.millis_behind_latest.unwrap_or(0) == 0;
-                self.note_lag(event.millis_behind_latest);
+                self.read_ok(event.records.is_empty(), event.millis_behind_latest);
                 let at_end = event.is_shard_end();
                 self.held_after = Some(HeldAfter {
                     continuation: event.continuation.filter(|_| !at_end),
@@ -675,7 +671,7 @@ impl ReaderState {
             ended = self.probe_end().await;
         }
         if let Some(children) = ended {
-            self.children = pure::reported_children(children, self.args.lease.hash_range.as_ref());
+            self.children = children;
             self.drop_feed();
             info!(message = "Shard read to its end.", shard_id = %self.shard);
             self.phase = Phase::Draining;
@@ -774,7 +770,12 @@ impl ReaderState {
         }
     }
 
-    fn note_lag(&mut self, millis_behind_latest: Option<u64>) {
+    /// A read answered (a GetRecords batch or a subscription's event): no backoff, no
+    /// throttle, caught up if it was empty at the tip, and its lag.
+    fn read_ok(&mut self, empty: bool, millis_behind_latest: Option<u64>) {
+        self.backoff.reset();
+        self.throttled = false;
+        self.caught_up = empty && millis_behind_latest.unwrap_or(0) == 0;
         self.millis_behind = millis_behind_latest;
         if let Some(millis) = millis_behind_latest {
             self.args.lags.set(&self.shard, millis);
@@ -906,20 +907,13 @@ impl ReaderState {
                 self.schedule_fetch(myself, poll);
             }
             Ok(batch) => {
-                self.backoff.reset();
-                self.throttled = false;
-                self.caught_up =
-                    batch.records.is_empty() && batch.millis_behind_latest.unwrap_or(0) == 0;
-                self.note_lag(batch.millis_behind_latest);
+                self.read_ok(batch.records.is_empty(), batch.millis_behind_latest);
                 let got_records = !batch.records.is_empty();
                 let caught_up = batch.millis_behind_latest.unwrap_or(0) == 0;
                 let at_end = batch.next_iterator.is_none();
                 self.iterator = batch.next_iterator;
                 if at_end {
-                    self.children = pure::reported_children(
-                        batch.child_shards,
-                        self.args.lease.hash_range.as_ref(),
-                    );
+                    self.children = batch.child_shards;
                 }
                 self.deliver(batch.records)?;
                 if at_end {
@@ -1181,7 +1175,10 @@ impl ReaderState {
                         self.checkpoint = Some(Checkpoint::ShardEnd);
                         let _ = self.args.supervisor.cast(SupervisorMsg::ShardFinished {
                             key: self.key.clone(),
-                            children: self.children.take(),
+                            children: pure::reported_children(
+                                self.children.take(),
+                                self.args.lease.hash_range.as_ref(),
+                            ),
                         });
                         self.stop_processor().await;
                         myself.stop(StopReason::ShardEnd.text());

@@ -460,6 +460,20 @@ impl Subscription for Primed {
     }
 }
 
+/// The hash ranges of the two children of a split of `range` at `mid`.
+fn halves(range: HashKeyRange, mid: u128) -> [HashKeyRange; 2] {
+    [
+        HashKeyRange {
+            start: range.start,
+            end: mid - 1,
+        },
+        HashKeyRange {
+            start: mid,
+            end: range.end,
+        },
+    ]
+}
+
 /// ListShards page size on the server tiers: small, so every listing paginates.
 const LIST_PAGE: i32 = 2;
 
@@ -679,19 +693,7 @@ mod cases {
         assert_eq!(children.len(), 2);
         let mut ranges: Vec<HashKeyRange> = children.iter().map(|c| c.hash_range).collect();
         ranges.sort();
-        assert_eq!(
-            ranges,
-            [
-                HashKeyRange {
-                    start: range.start,
-                    end: mid - 1
-                },
-                HashKeyRange {
-                    start: mid,
-                    end: range.end
-                }
-            ]
-        );
+        assert_eq!(ranges, halves(range, mid));
         assert!(
             children
                 .iter()
@@ -1118,13 +1120,19 @@ mod cases {
         let (got, mut events) = env.collect(&mut subscription, put.len()).await;
         assert_eq!(got.len(), put.len(), "{}", env.tier);
         if !env.expect.capabilities.shard_end_in_subscriptions {
-            // Declared: only empty events follow; the reader asks GetRecords instead.
-            let (more, idle) = tokio::time::timeout(Duration::from_secs(3), async {
-                env.collect(&mut subscription, 1).await
-            })
-            .await
-            .unwrap_or_default();
-            assert!(more.is_empty(), "{}", env.tier);
+            // Declared: for 3 s, only empty events that end nothing, and the subscription
+            // stays open; the reader asks GetRecords instead.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+            let mut idle = Vec::new();
+            while let Ok(next) = tokio::time::timeout_at(deadline, subscription.next_event()).await
+            {
+                match next.unwrap() {
+                    Some(event) => idle.push(event),
+                    None => panic!("{}: the subscription ended (no longer a gap?)", env.tier),
+                }
+            }
+            assert!(!idle.is_empty(), "{}: no event in 3 s", env.tier);
+            assert!(idle.iter().all(|e| e.records.is_empty()), "{}", env.tier);
             assert!(idle.iter().all(|e| !e.is_shard_end()), "{}", env.tier);
             eprintln!(
                 "{}: a closed shard's subscription never ends (declared)",
@@ -1145,21 +1153,7 @@ mod cases {
         let mut children: Vec<HashKeyRange> =
             end.child_shards.iter().map(|c| c.hash_range).collect();
         children.sort();
-        assert_eq!(
-            children,
-            [
-                HashKeyRange {
-                    start: range.start,
-                    end: mid - 1
-                },
-                HashKeyRange {
-                    start: mid,
-                    end: range.end
-                }
-            ],
-            "{}",
-            env.tier
-        );
+        assert_eq!(children, halves(range, mid), "{}", env.tier);
         assert!(
             end.child_shards
                 .iter()

@@ -130,7 +130,19 @@ impl KinesisStream {
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         let message = error_text(&err);
-        match (err.code(), classify(&err)) {
+        self.sorted(op, err.code(), classify(&err), message)
+    }
+
+    /// One answer's error, by its code first and its [`Failure`] second: the one mapping
+    /// of calls and of a subscription's error events.
+    fn sorted(
+        &self,
+        op: &'static str,
+        code: Option<&str>,
+        failure: Failure,
+        message: String,
+    ) -> StreamError {
+        match (code, failure) {
             (Some("ExpiredIteratorException"), _) => StreamError::IteratorExpired { op, message },
             (Some("ResourceNotFoundException"), _) => StreamError::NotFound { op, message },
             (Some("ResourceInUseException"), _) => StreamError::InUse { op, message },
@@ -381,7 +393,7 @@ impl KinesisStream {
             .map_err(|e| self.classify(OP, e))?;
         Ok(Box::new(SdkSubscription {
             events: output.event_stream,
-            endpoint: self.endpoint.clone(),
+            kinesis: self.clone(),
         }))
     }
 
@@ -789,7 +801,8 @@ fn consumer_from_sdk(
 /// A SubscribeToShard event stream, read one event at a time.
 struct SdkSubscription {
     events: EventReceiver<SubscribeToShardEventStream, SubscribeToShardEventStreamError>,
-    endpoint: String,
+    /// For its error mapping (and the endpoint its errors name).
+    kinesis: KinesisStream,
 }
 
 impl SdkSubscription {
@@ -813,23 +826,15 @@ impl SdkSubscription {
                     Some(other) => other.code(),
                     None => None,
                 };
-                match code {
-                    Some("ResourceInUseException") => StreamError::InUse { op: OP, message },
-                    Some("ResourceNotFoundException") => StreamError::NotFound { op: OP, message },
-                    Some(code) if THROTTLING_CODES.contains(&code) => {
-                        StreamError::Throttled { op: OP, message }
-                    }
-                    Some(code) if DENIED_CODES.contains(&code) => {
-                        StreamError::AccessDenied { op: OP, message }
-                    }
-                    // A dropped connection, a reset stream, an internal failure: the
-                    // reader subscribes again from where it got to.
-                    _ => StreamError::Transient {
-                        op: OP,
-                        endpoint: self.endpoint.clone(),
-                        message,
-                    },
-                }
+                // No HTTP status to go by: a dropped connection, a reset stream or an
+                // internal failure is transient (the reader subscribes again from where
+                // it got to), unless the code says otherwise.
+                let failure = match code {
+                    Some(code) if THROTTLING_CODES.contains(&code) => Failure::Throttled,
+                    Some(code) if DENIED_CODES.contains(&code) => Failure::Denied,
+                    _ => Failure::Transient,
+                };
+                self.kinesis.sorted(OP, code, failure, message)
             })?;
             match message {
                 None => return Ok(None),
