@@ -50,7 +50,8 @@ pub enum InitialPosition {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
-    /// The Kinesis stream to consume.
+    /// The source to consume: a Kinesis stream's name, a DynamoDB table's stream by its
+    /// ARN, or `dynamodb:TABLE` for the table's current stream (see [`crate::model::Source`]).
     pub stream: String,
     /// The application name; also the lease table's name.
     pub application: String,
@@ -445,27 +446,8 @@ impl WorkerSettings {
     }
 
     fn validate(&self) -> Result<(), SettingsError> {
-        let key = "worker.stream";
-        if self.stream.is_empty() {
-            return Err(invalid(
-                key,
-                quoted(&self.stream),
-                "must be set: it names the Kinesis stream to consume",
-            ));
-        }
-        if self.stream.starts_with("arn:") {
-            return Err(invalid(
-                key,
-                quoted(&self.stream),
-                "must be the stream's name, not its ARN",
-            ));
-        }
-        aws_name(
-            key,
-            &self.stream,
-            1..=128,
-            "Kinesis stream names are 1 to 128 characters of A-Z a-z 0-9 _ . -",
-        )?;
+        let source = crate::model::Source::parse(&self.stream)
+            .map_err(|why| invalid("worker.stream", quoted(&self.stream), why))?;
 
         let key = "worker.application";
         if self.application.is_empty() {
@@ -483,6 +465,18 @@ impl WorkerSettings {
             "the application name is the lease table's name, and DynamoDB table names are \
              3 to 255 characters of A-Z a-z 0-9 _ . -",
         )?;
+        if source.table() == Some(self.application.as_str()) {
+            return Err(invalid(
+                key,
+                quoted(&self.application),
+                format!(
+                    "is the lease table's name, and {} reads the changes of that same table: \
+                     every lease write would be a change to read, without end; name the \
+                     application differently",
+                    quoted(&self.stream)
+                ),
+            ));
+        }
 
         if let Some(id) = &self.worker_id {
             let key = "worker.worker_id";
@@ -1012,6 +1006,16 @@ mod tests {
             }),
             ("worker.application", |s| {
                 s.worker.application = "orders/consumer".into()
+            }),
+            ("worker.stream", |s| s.worker.stream = "dynamodb:x".into()),
+            ("worker.application", |s| {
+                s.worker.stream = "dynamodb:orders-audit".into();
+                s.worker.application = "orders-audit".into();
+            }),
+            ("worker.application", |s| {
+                s.worker.stream =
+                    "arn:aws:dynamodb:us-east-1:1:table/orders-audit/stream/2024".into();
+                s.worker.application = "orders-audit".into();
             }),
             ("worker.worker_id", |s| {
                 s.worker.worker_id = Some(String::new())

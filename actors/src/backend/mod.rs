@@ -62,9 +62,9 @@ impl Classified for MetricsError {
 }
 
 pub use stream::{
-    Capabilities, ChildShard, Consumer, ConsumerStatus, IteratorPosition, PutRecord, PutResult,
-    Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
-    StreamSummary, Subscription,
+    Capabilities, ChildShard, Consumer, ConsumerStatus, ItemWrite, IteratorPosition, PutRecord,
+    PutResult, Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient,
+    StreamError, StreamSummary, Subscription, TABLE_KEY, TableStreamAdmin,
 };
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use crate::model::{HashKeyRange, SequenceNumber, Shard, ShardId};
+use crate::model::change::{ChangeError, Item};
+use crate::model::{DynamoChange, HashKeyRange, SequenceNumber, Shard, ShardId};
 
 /// Where a shard iterator starts: the five iterator types of GetShardIterator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,15 @@ pub struct Record {
     pub explicit_hash_key: Option<String>,
     pub data: Bytes,
     pub approximate_arrival: Option<SystemTime>,
+}
+
+impl Record {
+    /// The change this record carries, when the source is a DynamoDB table's stream:
+    /// its `data` is the change as JSON (see [`DynamoChange`]). An error for a record of
+    /// a Kinesis stream, or any data not in that shape.
+    pub fn dynamodb_change(&self) -> Result<DynamoChange, ChangeError> {
+        DynamoChange::from_json(&self.data)
+    }
 }
 
 /// A shard created by a split or merge, as GetRecords reports it at the end of a parent.
@@ -171,6 +181,11 @@ pub struct Capabilities {
     /// so a fan-out reader there asks GetRecords whether an idle shard has ended every
     /// `parent_poll_interval` instead of every `shard_sync_interval`.
     pub shard_end_in_subscriptions: bool,
+    /// Shards carry hash key ranges that together cover every key once, so a listing
+    /// whose open shards do not is one taken mid-reshard. A DynamoDB table's stream has
+    /// no ranges (its adapters give every shard the whole key space, and several open
+    /// shards at once are normal), so its listing is not checked for coverage.
+    pub hash_ranges: bool,
 }
 
 impl Capabilities {
@@ -178,6 +193,16 @@ impl Capabilities {
         child_shards_in_get_records: true,
         millis_behind_latest: true,
         shard_end_in_subscriptions: true,
+        hash_ranges: true,
+    };
+
+    /// A DynamoDB table's stream: GetRecords names no children and no lag, there is no
+    /// SubscribeToShard, and shards have no hash key ranges.
+    pub const TABLE_STREAM: Capabilities = Capabilities {
+        child_shards_in_get_records: false,
+        millis_behind_latest: false,
+        shard_end_in_subscriptions: false,
+        hash_ranges: false,
     };
 }
 
@@ -215,6 +240,12 @@ pub enum StreamError {
     /// handoff). Back off and retry.
     #[error("{op}: resource in use: {message}")]
     InUse { op: &'static str, message: String },
+    /// The position asked for is older than the oldest record the shard still keeps
+    /// (DynamoDB Streams' TrimmedDataAccessException: a checkpoint past the 24-hour
+    /// retention). Repeating the call fails the same way: what lies between the
+    /// position and the shard's trim horizon is gone.
+    #[error("{op}: the records asked for are past the stream's retention: {message}")]
+    Trimmed { op: &'static str, message: String },
     #[error("{op}: {message}")]
     Other { op: &'static str, message: String },
     /// The credentials may not make this call, or are not valid (expired, unknown, a
@@ -367,5 +398,39 @@ pub trait StreamAdmin: StreamClient {
         stream: &'a str,
         shard: &'a ShardId,
         adjacent: &'a ShardId,
+    ) -> BoxFuture<'a, Result<(), StreamError>>;
+}
+
+/// One write to a table whose changes a stream carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemWrite {
+    /// PutItem: an INSERT, or a MODIFY of an item already there. `attributes` must hold
+    /// the table's key attribute ([`TABLE_KEY`], a string).
+    Put { attributes: Item },
+    /// DeleteItem by key: a REMOVE (nothing, if the item is not there).
+    Delete { key: String },
+}
+
+/// The key attribute of the tables [`TableStreamAdmin`] creates: a string named `pk`.
+pub const TABLE_KEY: &str = "pk";
+
+/// Making tables with streams and writing their items: what the demo, the tests and the
+/// benchmarks need of a DynamoDB Streams source. A consumer never calls these.
+///
+/// Contract: `create_table_with_stream` returns the stream's ARN once table and stream
+/// are ACTIVE (key [`TABLE_KEY`], stream view NEW_AND_OLD_IMAGES); `write_items`
+/// applies the writes one after another, in order, each a change on the stream.
+pub trait TableStreamAdmin: StreamClient {
+    fn create_table_with_stream<'a>(
+        &'a self,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<String, StreamError>>;
+
+    fn delete_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), StreamError>>;
+
+    fn write_items<'a>(
+        &'a self,
+        table: &'a str,
+        writes: &'a [ItemWrite],
     ) -> BoxFuture<'a, Result<(), StreamError>>;
 }

@@ -5,17 +5,22 @@
 //! * `graph`: [`ShardGraph`], the lineage of splits and merges and read readiness.
 //! * `lease`: [`Lease`], [`Checkpoint`], [`Fence`], [`Heartbeat`].
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
+//! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
+//! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
 //! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
 //!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
+pub mod change;
 mod graph;
 pub mod item;
 mod lease;
 mod lease_plan;
 mod sequence;
 mod shard;
+pub mod source;
 mod watermark;
 
+pub use change::DynamoChange;
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
@@ -26,4 +31,5 @@ pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
 };
+pub use source::{Source, SourceKind};
 pub use watermark::{AckError, AckWindow, BatchId, Watermark};
