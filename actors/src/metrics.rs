@@ -43,7 +43,7 @@ pub struct MetricsSnapshot {
     pub rejected_samples: u64,
 }
 
-const METRIC_COUNT: usize = 22;
+const METRIC_COUNT: usize = 23;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -81,6 +81,9 @@ pub enum Metric {
     /// all is well; more means subscriptions drop or are refused (see `ApiErrors` and
     /// `Throttles`, which count the SubscribeToShard failures).
     Subscriptions,
+    /// Checkpoints found past the stream's retention (a DynamoDB table's stream keeps
+    /// 24 hours): each one is changes lost, whatever `reader.trimmed_checkpoint` does.
+    TrimmedCheckpoints,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -126,6 +129,7 @@ impl Metric {
         Metric::LeasesUnreadable,
         Metric::LeasesOrphaned,
         Metric::Subscriptions,
+        Metric::TrimmedCheckpoints,
     ];
 
     /// The CloudWatch metric name.
@@ -153,6 +157,7 @@ impl Metric {
             Metric::LeasesUnreadable => "LeasesUnreadable",
             Metric::LeasesOrphaned => "LeasesOrphaned",
             Metric::Subscriptions => "Subscriptions",
+            Metric::TrimmedCheckpoints => "TrimmedCheckpoints",
         }
     }
 
@@ -178,7 +183,8 @@ impl Metric {
             | Metric::ShardsFenced
             | Metric::LeasesUnreadable
             | Metric::LeasesOrphaned
-            | Metric::Subscriptions => Unit::Count,
+            | Metric::Subscriptions
+            | Metric::TrimmedCheckpoints => Unit::Count,
         }
     }
 

@@ -156,6 +156,23 @@ pub struct ReaderSettings {
     /// How often the shard list is read (with jitter), to find new shards.
     #[serde(with = "duration_text")]
     pub shard_sync_interval: Duration,
+    /// What a reader does when its checkpoint is past the stream's retention (DynamoDB
+    /// Streams keeps 24 hours): the changes between the checkpoint and the oldest one
+    /// kept are gone either way.
+    pub trimmed_checkpoint: TrimmedCheckpoint,
+}
+
+/// What to do about a checkpoint past the stream's retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrimmedCheckpoint {
+    /// Stop reading the shard, with an error that names it and the lost window; the
+    /// shard shows as failing until an operator decides (`flotilla rewind`, or this
+    /// setting).
+    Fail,
+    /// Say so at ERROR, count it (`TrimmedCheckpoints`), and go on from the oldest
+    /// change still kept (TRIM_HORIZON).
+    TrimHorizon,
 }
 
 impl Default for ReaderSettings {
@@ -173,6 +190,7 @@ impl Default for ReaderSettings {
             processor_timeout: Duration::from_secs(300),
             parent_poll_interval: Duration::from_secs(1),
             shard_sync_interval: Duration::from_secs(60),
+            trimmed_checkpoint: TrimmedCheckpoint::Fail,
         }
     }
 }
@@ -411,7 +429,22 @@ impl Settings {
         self.checkpoint.validate()?;
         self.supervision.validate()?;
         self.metrics.validate()?;
-        self.aws.validate()
+        self.aws.validate()?;
+        let source = crate::model::Source::parse(&self.worker.stream)
+            .map_err(|why| invalid("worker.stream", quoted(&self.worker.stream), why))?;
+        if source.is_table_stream() && self.reader.mode == ReadMode::Fanout {
+            return Err(invalid(
+                "reader.mode",
+                quoted(self.reader.mode.as_str()),
+                format!(
+                    "enhanced fan-out is a Kinesis feature, and worker.stream = {} is a \
+                     DynamoDB table's stream, which is read by polling: set reader.mode = \
+                     \"polling\"",
+                    quoted(&self.worker.stream)
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

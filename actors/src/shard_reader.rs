@@ -40,10 +40,11 @@ use crate::protocol::{
     Acks, Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorFailure, ProcessorMsg,
     ReaderMsg, ShardInfo, StopReason, SupervisorMsg,
 };
-use crate::settings::{CheckpointMode, Settings};
+use crate::settings::{CheckpointMode, Settings, TrimmedCheckpoint};
 use crate::status::{ShardShutdown, ShardStatus, SubscriptionView};
 use crate::telemetry::{
-    Call, CallFailed, DeliveryPaused, DeliveryResumed, Metric, RecordsProcessed, Sample, Telemetry,
+    Call, CallFailed, CheckpointTrimmed, DeliveryPaused, DeliveryResumed, Metric, RecordsProcessed,
+    Sample, Telemetry,
 };
 use pure::{Ack, AfterAck, FetchGate, FetchStep, Ledger, Phase, ProcessorExit, Refusal, Signals};
 
@@ -514,6 +515,9 @@ impl ReaderState {
                 )
                 .into());
             }
+            Err(error @ StreamError::Trimmed { .. }) => {
+                return self.trimmed(myself, Call::GetShardIterator, &error).await;
+            }
             Err(error) => {
                 return Err(format!("shard {}: GetShardIterator: {error}", self.shard).into());
             }
@@ -951,11 +955,84 @@ impl ReaderState {
                 }
                 self.schedule_fetch(myself, delay);
             }
+            Err(error @ StreamError::Trimmed { .. }) => {
+                return self.trimmed(myself, Call::GetRecords, &error).await;
+            }
             Err(error) => {
                 return Err(format!("shard {}: GetRecords: {error}", self.shard).into());
             }
         }
         Ok(())
+    }
+
+    /// Where reading was to resume is past the stream's retention. The loss is said and
+    /// counted either way; then the reader stops (the shard restarts and fails again
+    /// until an operator decides) or, where the settings allow it, goes on from the
+    /// oldest change kept.
+    async fn trimmed(
+        &mut self,
+        myself: &ActorRef<ReaderMsg>,
+        call: Call,
+        error: &StreamError,
+    ) -> Result<(), ActorProcessingErr> {
+        let from = match &self.last_delivered {
+            Some(position) => position.to_string(),
+            None => self.args.lease.checkpoint.to_string(),
+        };
+        let oldest_kept = self.oldest_kept().await;
+        let going_on = self.settings().reader.trimmed_checkpoint == TrimmedCheckpoint::TrimHorizon;
+        self.args.telemetry.emit(CheckpointTrimmed {
+            shard: &self.shard,
+            from: &from,
+            oldest_kept: &oldest_kept,
+            going_on,
+        });
+        if !going_on {
+            return Err(format!(
+                "shard {}: {}: {error}; the changes after {from} up to {oldest_kept} are lost. \
+                 To go on from the oldest change kept, set reader.trimmed_checkpoint = \
+                 \"trim_horizon\" or run `flotilla rewind --to trim-horizon`",
+                self.shard,
+                call.as_str()
+            )
+            .into());
+        }
+        self.last_delivered = None;
+        self.skip_through = None;
+        self.start_position = Some(IteratorPosition::TrimHorizon);
+        self.iterator = None;
+        let _ = myself.cast(ReaderMsg::Acquire);
+        Ok(())
+    }
+
+    /// The oldest change the shard keeps, for the message about a trimmed checkpoint:
+    /// its sequence number and time, or why it is not known.
+    async fn oldest_kept(&self) -> String {
+        let streams = &self.args.streams;
+        let first = async {
+            let iterator = streams
+                .get_shard_iterator(
+                    &self.args.stream,
+                    &self.shard,
+                    &IteratorPosition::TrimHorizon,
+                )
+                .await?;
+            streams.get_records(&iterator, 1).await
+        };
+        match first.await {
+            Ok(batch) => match batch.records.first() {
+                Some(record) => match record.approximate_arrival {
+                    Some(at) => format!(
+                        "{} (made {})",
+                        record.sequence_number,
+                        humantime::format_rfc3339_seconds(at)
+                    ),
+                    None => record.sequence_number.to_string(),
+                },
+                None => "TRIM_HORIZON (the shard keeps no change now)".to_owned(),
+            },
+            Err(error) => format!("TRIM_HORIZON (not read: {error})"),
+        }
     }
 
     fn count_failure(&mut self, call: Call, error: &StreamError) {

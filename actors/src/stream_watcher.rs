@@ -187,7 +187,10 @@ impl WatcherState {
             })));
         let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
         let leased: BTreeSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
-        let planned = plan_new_leases(&shards, &leased, &self.args.initial);
+        let mut planned = plan_new_leases(&shards, &leased, &self.args.initial);
+        for lease in &mut planned {
+            lease.source = Some(self.args.stream.clone());
+        }
         let mut created = 0;
         for lease in &planned {
             match self.args.table.create_if_absent(lease).await {

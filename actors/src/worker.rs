@@ -13,9 +13,10 @@ use tracing::info;
 use crate::backend::aws::{self, CloudWatchMetrics, DynamoLeaseTable, KinesisStream};
 use crate::backend::clock::Clock;
 use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
+use crate::backend::time_scan::TimeScan;
 use crate::backend::{LeaseError, LeaseTable, MetricsSink, StreamClient, StreamError};
 use crate::handle::WorkerHandle;
-use crate::model::{Checkpoint, WorkerId};
+use crate::model::{Checkpoint, Source, SourceKind, WorkerId};
 pub use crate::processor::ProcessorActorFactory;
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
 use crate::protocol::{ProcessorMsg, ShardInfo, SupervisorMsg};
@@ -32,6 +33,9 @@ type OpenTable = Arc<dyn Fn(&str) -> Arc<dyn LeaseTable> + Send + Sync>;
 #[derive(Clone)]
 pub struct Backend {
     streams: Arc<dyn StreamClient>,
+    /// DynamoDB Streams, for a `worker.stream` that names a table's stream; `None` where
+    /// the backend has none (a memory backend built without one).
+    table_streams: Option<Arc<dyn StreamClient>>,
     tables: OpenTable,
     metrics: Arc<dyn MetricsSink>,
     clock: Clock,
@@ -56,6 +60,7 @@ impl Backend {
     ) -> Self {
         Self {
             streams,
+            table_streams: None,
             tables: Arc::new(tables),
             metrics,
             clock: Clock::new(),
@@ -68,6 +73,7 @@ impl Backend {
         let clock = streams.clock();
         Self {
             streams: Arc::new(streams),
+            table_streams: None,
             tables: Arc::new(move |name: &str| -> Arc<dyn LeaseTable> {
                 Arc::new(dynamo.lease_table(name))
             }),
@@ -115,6 +121,7 @@ impl Backend {
         let table_sdk = sdk.clone();
         Self {
             streams: Arc::new(KinesisStream::new(&sdk, endpoints.kinesis.as_deref())),
+            table_streams: None,
             tables: Arc::new(move |name: &str| -> Arc<dyn LeaseTable> {
                 Arc::new(DynamoLeaseTable::new(
                     &table_sdk,
@@ -131,8 +138,32 @@ impl Backend {
         }
     }
 
+    /// The DynamoDB Streams a worker reads when `worker.stream` names a table's stream
+    /// (e.g. a [`crate::backend::memory::MemoryTableStreams`], or any implementation
+    /// of the port wrapped in [`crate::backend::faults::Faulty`]). [`Backend::aws`]
+    /// has them already.
+    pub fn with_table_streams(mut self, streams: Arc<dyn StreamClient>) -> Self {
+        self.table_streams = Some(streams);
+        self
+    }
+
     pub fn streams(&self) -> &Arc<dyn StreamClient> {
         &self.streams
+    }
+
+    /// The client that reads `source`: Kinesis, or DynamoDB Streams (which gets
+    /// AT_TIMESTAMP by a scan, see [`TimeScan`]).
+    fn reader_of(&self, source: &Source) -> Result<Arc<dyn StreamClient>, WorkerError> {
+        match source.kind() {
+            SourceKind::Kinesis => Ok(self.streams.clone()),
+            SourceKind::DynamoDbStreams => {
+                let streams = self
+                    .table_streams
+                    .clone()
+                    .ok_or(WorkerError::NoTableStreams)?;
+                Ok(Arc::new(TimeScan::new(streams)))
+            }
+        }
     }
 
     pub fn lease_table(&self, application: &str) -> Arc<dyn LeaseTable> {
@@ -155,6 +186,13 @@ pub enum WorkerError {
     },
     #[error(transparent)]
     Consumer(#[from] crate::fanout::ConsumerError),
+    /// `worker.stream` names a DynamoDB table's stream and the backend reads none.
+    #[error(
+        "worker.stream names a DynamoDB table's stream, and this backend has no DynamoDB \
+         Streams client: build it with Backend::aws, or add one with \
+         Backend::with_table_streams"
+    )]
+    NoTableStreams,
     #[error("lease table {table}")]
     LeaseTable {
         table: String,
@@ -308,6 +346,13 @@ impl WorkerBuilder {
         }
         let processor = self.processor.ok_or(WorkerError::Missing("processor"))?;
         let initial_timestamp = settings.worker.initial_timestamp()?;
+        let source =
+            Source::parse(&settings.worker.stream).map_err(|why| SettingsError::Invalid {
+                key: "worker.stream".to_owned(),
+                value: format!("{:?}", settings.worker.stream),
+                why,
+            })?;
+        let streams = backend.reader_of(&source)?;
         let stream = settings.worker.stream.clone();
         let application = settings.worker.application.clone();
         let me = WorkerId::new(
@@ -320,7 +365,7 @@ impl WorkerBuilder {
         let status_listener = bind_status(&settings.status).await?;
         // The stream before the table: a misspelt stream must not leave a billable table.
         let summary = retrying(
-            || backend.streams.describe_stream_summary(&stream),
+            || streams.describe_stream_summary(&stream),
             StreamError::is_retryable,
         )
         .await
@@ -328,12 +373,19 @@ impl WorkerBuilder {
             stream: stream.clone(),
             source,
         })?;
+        // A table's stream is named by its ARN in every later call (`dynamodb:TABLE`
+        // was resolved to the table's current stream just now).
+        let stream = if source.is_table_stream() {
+            summary.arn.clone()
+        } else {
+            stream
+        };
         let consumer = match settings.reader.mode {
             ReadMode::Polling => None,
             ReadMode::Fanout => {
                 let name = settings.reader.consumer_name_for(&application);
                 let consumer = crate::fanout::ensure_consumer(
-                    backend.streams.as_ref(),
+                    streams.as_ref(),
                     &stream,
                     &summary.arn,
                     name,
@@ -364,7 +416,7 @@ impl WorkerBuilder {
             me: me.clone(),
             application,
             stream,
-            streams: backend.streams.clone(),
+            streams,
             table,
             metrics_sink: backend.metrics.clone(),
             settings: Arc::new(settings),

@@ -5,6 +5,7 @@
 //! * `memory`: in-process adapters that keep state and conditions like the services do;
 //!   the embedded default of `flotilla demo` and the fast test double.
 //! * `faults`: a wrapper that injects throttling, errors, latency and timeouts.
+//! * `time_scan`: AT_TIMESTAMP for DynamoDB Streams, which has no such iterator.
 //! * `clock`: wall-clock time derived from tokio's clock, so paused tests move it too.
 
 pub mod aws;
@@ -14,6 +15,7 @@ mod lease_table;
 pub mod memory;
 mod metrics;
 mod stream;
+pub mod time_scan;
 
 pub use lease_table::{LeaseError, LeaseTable, ScanOutput, TableState};
 pub use metrics::{

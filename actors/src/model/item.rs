@@ -77,6 +77,7 @@ pub mod attr {
     pub const WORKER_DRAINING: &str = "flotillaDraining";
     pub const WORKER_LAG: &str = "flotillaLagMs";
     pub const WORKER_SUBSCRIBED: &str = "flotillaSubscribedMs";
+    pub const SOURCE: &str = "flotillaSource";
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
@@ -306,6 +307,7 @@ fn decode_lease(r: &Reader<'_>, key: String) -> Result<Lease, MalformedRow> {
         pending_checkpoint,
         checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
         handoff_to: r.string(attr::HANDOFF_TO)?.map(WorkerId::new),
+        source: r.string(attr::SOURCE)?.map(str::to_owned),
     })
 }
 
@@ -385,6 +387,9 @@ pub fn encode_lease(lease: &Lease) -> Item {
     }
     if let Some(to) = &lease.handoff_to {
         item.insert(attr::HANDOFF_TO.into(), AttrValue::S(to.as_str().into()));
+    }
+    if let Some(source) = &lease.source {
+        item.insert(attr::SOURCE.into(), AttrValue::S(source.clone()));
     }
     item
 }
@@ -475,6 +480,7 @@ mod tests {
             0,
         ));
         lease.handoff_to = Some(WorkerId::new("w-2"));
+        lease.source = Some("arn:aws:dynamodb:us-east-1:1:table/t/stream/x".into());
         assert_eq!(
             decode_row(&encode_lease(&lease)),
             Ok(Row::Lease(Box::new(lease)))

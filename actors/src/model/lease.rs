@@ -177,6 +177,11 @@ pub struct Lease {
     /// Written by the requester, honoured or cleared by the owner; never changes the
     /// counter, so the owner's checkpoints go on succeeding until it hands over.
     pub handoff_to: Option<WorkerId>,
+    /// The stream the shard belongs to (`flotillaSource`: a Kinesis stream's name or a
+    /// DynamoDB stream's ARN), written once when the row is created, so that position
+    /// tokens can say which source they belong to. `None` on rows a KCL (or an older
+    /// flotilla) created.
+    pub source: Option<String>,
 }
 
 impl Lease {
@@ -199,6 +204,7 @@ impl Lease {
             pending_checkpoint: None,
             checkpoint_owner: None,
             handoff_to: None,
+            source: None,
         }
     }
 
