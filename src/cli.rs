@@ -546,6 +546,8 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
 async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings::load(args.config.as_deref())?;
     let stream = settings.worker.stream.clone();
+    let changes = flotilla_actors::model::SourceKind::of_stream(&stream)
+        == flotilla_actors::model::SourceKind::DynamoDbStreams;
     let backend = Backend::aws(&settings.aws).await;
     // Listen before starting: a SIGTERM during start-up must not kill the process
     // with its leases held.
@@ -553,7 +555,7 @@ async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
     let worker = Worker::builder()
         .settings(settings)
         .backend(backend)
-        .processor(|shard| StdoutProcessor::new(shard.shard_id.clone()))
+        .processor(move |shard| StdoutProcessor::new(shard.shard_id.clone(), changes))
         .start()
         .await
         .with_context(|| format!("cannot start a worker on stream {stream}"))?;

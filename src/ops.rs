@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, anyhow, bail};
 use flotilla_actors::backend::{LeaseError, LeaseTable, ScanOutput};
-use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, WorkerId};
+use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, SourceKind, WorkerId};
 use serde::{Deserialize, Serialize};
 
 /// What a liveness check found against one owner.
@@ -358,6 +358,12 @@ pub struct PositionToken {
     /// When, RFC 3339 in UTC; informational.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_at: Option<String>,
+    /// The stream the positions belong to (a Kinesis stream's name or a DynamoDB
+    /// stream's ARN), as the lease rows name it; absent when they do not (rows a KCL
+    /// or an older flotilla created). A position means nothing in another stream, so
+    /// `import` refuses a token of another source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// By lease key (the shard id, for a single-stream application).
     pub shards: BTreeMap<String, ShardPosition>,
 }
@@ -392,9 +398,24 @@ pub async fn export(table: &dyn LeaseTable) -> anyhow::Result<PositionToken> {
     Ok(PositionToken {
         version: TOKEN_VERSION,
         application: table.table_name().to_owned(),
+        source: source_of(&scan.leases, table.table_name())?,
         exported_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
         shards,
     })
+}
+
+/// The one source the leases name; `None` when none names one. Leases of two sources
+/// in one table are an error: a token must say which stream its positions are in.
+fn source_of(leases: &[Lease], table: &str) -> anyhow::Result<Option<String>> {
+    let sources: BTreeSet<&str> = leases.iter().filter_map(|l| l.source.as_deref()).collect();
+    match sources.len() {
+        0 | 1 => Ok(sources.first().map(|s| (*s).to_owned())),
+        _ => bail!(
+            "lease table {table} holds leases of several sources ({}); a position token is \
+             of one",
+            sources.into_iter().collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
 /// Reads a token from a file, or stdin for `-`, checking its version and checkpoints.
@@ -496,6 +517,19 @@ pub async fn import(
         );
     }
     let scan = scan(table).await?;
+    let table_source = source_of(&scan.leases, application)?;
+    if let (Some(from), Some(to)) = (&token.source, &table_source)
+        && from != to
+    {
+        bail!(
+            "position token {} holds positions in {} ({from}), and table {application}'s \
+             leases read {} ({to}): a position in one stream means nothing in another, so \
+             it is not applied (not even with --force)",
+            path.display(),
+            SourceKind::of_stream(from),
+            SourceKind::of_stream(to),
+        );
+    }
     let mut scan =
         refuse_while_alive(table, scan, force, failover_time, "import positions").await?;
     scan.leases.sort_by(|a, b| a.key.cmp(&b.key));
@@ -513,11 +547,30 @@ pub async fn import(
         }
     }
     let rows: BTreeSet<&str> = scan.leases.iter().map(|l| l.key.as_str()).collect();
-    let missing: Vec<&str> = checkpoints
+    let mut missing: Vec<&str> = checkpoints
         .keys()
         .map(String::as_str)
         .filter(|key| !rows.contains(key))
         .collect();
+    // A table stream's shards close every few hours and leave the stream 24 hours
+    // later, their finished rows with them: a token's shards gone from a table that
+    // reads the same stream are past retention. They are pruned, named; their children
+    // start at TRIM_HORIZON, the oldest change kept.
+    let past_retention = token
+        .source
+        .as_deref()
+        .is_some_and(|s| SourceKind::of_stream(s) == SourceKind::DynamoDbStreams)
+        && table_source.is_some();
+    if past_retention && !missing.is_empty() {
+        eprintln!(
+            "flotilla: warning: pruned {} shards of the token that the table no longer has \
+             (past the stream's retention, or finished and deleted): {}; their children \
+             start at TRIM_HORIZON",
+            missing.len(),
+            missing.join(", ")
+        );
+        missing.clear();
+    }
     eprintln!(
         "flotilla: {} leases set, {} already there, {} not in the token left as is{}",
         writes.written,

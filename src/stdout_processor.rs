@@ -4,7 +4,10 @@
 //! Each line holds `shard_id`, `sequence_number` (a string: Kinesis sequence numbers do
 //! not fit a JSON number), `sub_sequence_number`, `partition_key`, `approximate_arrival`
 //! (RFC 3339 with milliseconds, or null) and `data`: the payload as text when it is
-//! UTF-8, else base64 with `"data_encoding":"base64"` beside it.
+//! UTF-8, else base64 with `"data_encoding":"base64"` beside it. When the source is a
+//! DynamoDB table's stream, `change` replaces `data`: the change record as a JSON
+//! object (eventName, dynamodb.Keys/NewImage/OldImage, ...), so `jq .change.dynamodb`
+//! reads it without decoding a string.
 
 use std::io::Write as _;
 
@@ -19,11 +22,13 @@ use serde::Serialize;
 #[derive(Debug)]
 pub struct StdoutProcessor {
     shard: ShardId,
+    /// The source is a table's stream: each record's data is a change, as JSON.
+    changes: bool,
 }
 
 impl StdoutProcessor {
-    pub fn new(shard: ShardId) -> Self {
-        Self { shard }
+    pub fn new(shard: ShardId, changes: bool) -> Self {
+        Self { shard, changes }
     }
 }
 
@@ -34,7 +39,10 @@ impl Processor for StdoutProcessor {
         let stdout = std::io::stdout().lock();
         let mut out = std::io::BufWriter::new(stdout);
         for record in batch.records() {
-            serde_json::to_writer(&mut out, &RecordLine::new(&self.shard, record))?;
+            serde_json::to_writer(
+                &mut out,
+                &RecordLine::new(&self.shard, record, self.changes),
+            )?;
             out.write_all(b"\n")?;
         }
         out.flush()?;
@@ -50,16 +58,25 @@ struct RecordLine<'a> {
     sub_sequence_number: u64,
     partition_key: &'a str,
     approximate_arrival: Option<String>,
-    data: std::borrow::Cow<'a, str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    change: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<std::borrow::Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     data_encoding: Option<&'static str>,
 }
 
 impl<'a> RecordLine<'a> {
-    fn new(shard: &'a ShardId, record: &'a Record) -> Self {
-        let (data, data_encoding) = match std::str::from_utf8(&record.data) {
-            Ok(text) => (text.into(), None),
-            Err(_) => (STANDARD.encode(&record.data).into(), Some("base64")),
+    /// With `changes`, data that is JSON is written as `change`, an object; anything
+    /// else (never the case on a table's stream) as `data`, so nothing is lost.
+    fn new(shard: &'a ShardId, record: &'a Record, changes: bool) -> Self {
+        let change = changes
+            .then(|| serde_json::from_slice::<serde_json::Value>(&record.data).ok())
+            .flatten();
+        let (data, data_encoding) = match (&change, std::str::from_utf8(&record.data)) {
+            (Some(_), _) => (None, None),
+            (None, Ok(text)) => (Some(text.into()), None),
+            (None, Err(_)) => (Some(STANDARD.encode(&record.data).into()), Some("base64")),
         };
         Self {
             shard_id: shard.as_str(),
@@ -69,6 +86,7 @@ impl<'a> RecordLine<'a> {
             approximate_arrival: record
                 .approximate_arrival
                 .map(|at| humantime::format_rfc3339_millis(at).to_string()),
+            change,
             data,
             data_encoding,
         }
@@ -78,7 +96,7 @@ impl<'a> RecordLine<'a> {
 /// The line for one record, without the newline.
 #[cfg(test)]
 fn line(shard: &ShardId, record: &Record) -> String {
-    serde_json::to_string(&RecordLine::new(shard, record)).unwrap_or_default()
+    serde_json::to_string(&RecordLine::new(shard, record, false)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -130,6 +148,21 @@ mod tests {
             STANDARD.decode(value["data"].as_str().unwrap()).unwrap(),
             [0xff, 0x00, 0xfe, b'a']
         );
+    }
+
+    #[test]
+    fn a_change_of_a_table_stream_is_written_as_an_object() {
+        let change = br#"{"eventID":"1","eventName":"INSERT","dynamodb":{"Keys":{"pk":{"S":"a"}},"SequenceNumber":"7"}}"#;
+        let text =
+            serde_json::to_string(&RecordLine::new(&shard(), &record(change, None), true)).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["change"]["dynamodb"]["Keys"]["pk"]["S"], "a");
+        assert_eq!(value["change"]["eventName"], "INSERT");
+        assert!(value.get("data").is_none(), "{text}");
+        // Not JSON: kept as data, never dropped.
+        let text =
+            serde_json::to_string(&RecordLine::new(&shard(), &record(b"x", None), true)).unwrap();
+        assert!(text.contains(r#""data":"x""#), "{text}");
     }
 
     #[test]
