@@ -896,7 +896,11 @@ impl ReaderState {
                 None => return Ok(()),
             },
         };
-        let limit = self.settings().reader.max_records;
+        let limit = self
+            .settings()
+            .reader
+            .max_records
+            .min(self.args.streams.capabilities().max_records_per_call);
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
         if answer.is_ok() {

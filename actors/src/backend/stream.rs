@@ -186,6 +186,10 @@ pub struct Capabilities {
     /// no ranges (its adapters give every shard the whole key space, and several open
     /// shards at once are normal), so its listing is not checked for coverage.
     pub hash_ranges: bool,
+    /// The largest `limit` GetRecords takes: 10,000 on Kinesis, 1,000 on DynamoDB
+    /// Streams (which refuses more). Readers ask for at most this, whatever
+    /// `reader.max_records` says.
+    pub max_records_per_call: u32,
 }
 
 impl Capabilities {
@@ -194,6 +198,7 @@ impl Capabilities {
         millis_behind_latest: true,
         shard_end_in_subscriptions: true,
         hash_ranges: true,
+        max_records_per_call: 10_000,
     };
 
     /// A DynamoDB table's stream: GetRecords names no children and no lag, there is no
@@ -203,6 +208,7 @@ impl Capabilities {
         millis_behind_latest: false,
         shard_end_in_subscriptions: false,
         hash_ranges: false,
+        max_records_per_call: 1_000,
     };
 }
 
