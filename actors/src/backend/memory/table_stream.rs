@@ -691,3 +691,577 @@ impl TableStreamAdmin for MemoryTableStreams {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "orders";
+
+    fn item(key: &str, fields: &[(&str, &str)]) -> Item {
+        let mut item = Item::from([(TABLE_KEY.to_owned(), AttributeValue::S(key.into()))]);
+        for (name, value) in fields {
+            item.insert((*name).to_owned(), AttributeValue::S((*value).into()));
+        }
+        item
+    }
+
+    fn put(key: &str, fields: &[(&str, &str)]) -> ItemWrite {
+        ItemWrite::Put {
+            attributes: item(key, fields),
+        }
+    }
+
+    fn delete(key: &str) -> ItemWrite {
+        ItemWrite::Delete { key: key.into() }
+    }
+
+    async fn table(config: MemoryTableStreamsConfig) -> (MemoryTableStreams, String) {
+        let tables = MemoryTableStreams::new(config);
+        let arn = tables.create_table_with_stream(TABLE).await.unwrap();
+        (tables, arn)
+    }
+
+    async fn iterator(
+        tables: &MemoryTableStreams,
+        arn: &str,
+        shard: &ShardId,
+        position: IteratorPosition,
+    ) -> ShardIterator {
+        tables
+            .get_shard_iterator(arn, shard, &position)
+            .await
+            .unwrap()
+    }
+
+    /// Every change of one shard from `position` to the end of what it holds (or of
+    /// the shard, if closed): the changes, and whether the shard ended.
+    async fn read_shard(
+        tables: &MemoryTableStreams,
+        arn: &str,
+        shard: &ShardId,
+        position: IteratorPosition,
+    ) -> (Vec<DynamoChange>, bool) {
+        let mut it = iterator(tables, arn, shard, position).await;
+        let mut changes = Vec::new();
+        loop {
+            let batch = tables.get_records(&it, 1000).await.unwrap();
+            let empty = batch.records.is_empty();
+            changes.extend(batch.records.iter().map(|r| r.dynamodb_change().unwrap()));
+            match batch.next_iterator {
+                None => return (changes, true),
+                Some(_) if empty => return (changes, false),
+                Some(next) => it = next,
+            }
+        }
+    }
+
+    fn only_shard(shards: &[Shard]) -> ShardId {
+        assert_eq!(shards.len(), 1, "{shards:?}");
+        shards[0].id.clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_become_changes_with_the_right_images() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        let a1 = item("a", &[("v", "1")]);
+        let a2 = item("a", &[("v", "2")]);
+        let b1 = item("b", &[]);
+        // (write, the change it records: kind, old image, new image)
+        type Expected = Option<(ChangeKind, Option<Item>, Option<Item>)>;
+        let cases: Vec<(ItemWrite, Expected)> = vec![
+            (
+                put("a", &[("v", "1")]),
+                Some((ChangeKind::Insert, None, Some(a1.clone()))),
+            ),
+            (put("a", &[("v", "1")]), None),
+            (
+                put("a", &[("v", "2")]),
+                Some((ChangeKind::Modify, Some(a1.clone()), Some(a2.clone()))),
+            ),
+            (
+                put("b", &[]),
+                Some((ChangeKind::Insert, None, Some(b1.clone()))),
+            ),
+            (
+                delete("a"),
+                Some((ChangeKind::Remove, Some(a2.clone()), None)),
+            ),
+            (delete("a"), None),
+            (delete("never"), None),
+            (
+                put("a", &[("v", "2")]),
+                Some((ChangeKind::Insert, None, Some(a2.clone()))),
+            ),
+        ];
+        for (write, _) in &cases {
+            tables
+                .write_items(TABLE, std::slice::from_ref(write))
+                .await
+                .unwrap();
+        }
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let (changes, ended) =
+            read_shard(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        assert!(!ended);
+        let got: Vec<_> = changes
+            .iter()
+            .map(|c| {
+                (
+                    c.event_name,
+                    c.dynamodb.old_image.clone(),
+                    c.dynamodb.new_image.clone(),
+                )
+            })
+            .collect();
+        let expected: Vec<_> = cases.into_iter().filter_map(|(_, e)| e).collect();
+        assert_eq!(got, expected);
+        assert!(changes.iter().all(|c| !c.is_ttl_delete()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_carries_what_aws_documents() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        tables
+            .write_items(TABLE, &[put("a", &[("v", "1")]), put("b", &[])])
+            .await
+            .unwrap();
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let it = iterator(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        let batch = tables.get_records(&it, 10).await.unwrap();
+        assert_eq!(batch.millis_behind_latest, None);
+        assert_eq!(batch.child_shards, None);
+        let arrival = tables.clock().wall();
+        let seconds = arrival
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let mut ids = Vec::new();
+        for record in &batch.records {
+            let change = record.dynamodb_change().unwrap();
+            assert_eq!(record.partition_key, change.key_text());
+            assert_eq!(record.approximate_arrival, Some(arrival));
+            assert_eq!(
+                change.dynamodb.sequence_number,
+                record.sequence_number.as_str()
+            );
+            assert_eq!(change.event_version.as_deref(), Some("1.1"));
+            assert_eq!(change.event_source.as_deref(), Some("aws:dynamodb"));
+            assert_eq!(change.aws_region.as_deref(), Some("us-east-1"));
+            assert_eq!(
+                change.dynamodb.stream_view_type,
+                Some(StreamViewType::NewAndOldImages)
+            );
+            assert_eq!(change.dynamodb.approximate_creation_secs, Some(seconds));
+            assert!(change.dynamodb.size_bytes.is_some_and(|s| s > 0));
+            assert_eq!(change.event_id.len(), 32);
+            ids.push(change.event_id);
+        }
+        assert_eq!(batch.records[0].partition_key, r#"{"pk":{"S":"a"}}"#);
+        ids.dedup();
+        assert_eq!(ids.len(), 2, "event ids are unique");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_put_without_a_string_key_is_refused() {
+        let (tables, _) = table(MemoryTableStreamsConfig::default()).await;
+        let numbered = Item::from([(TABLE_KEY.to_owned(), AttributeValue::N("1".into()))]);
+        let huge = item("big", &[("blob", &"x".repeat(MAX_ITEM_BYTES))]);
+        let cases = [
+            (
+                "no key",
+                Item::from([("v".to_owned(), AttributeValue::S("1".into()))]),
+            ),
+            ("a number key", numbered),
+            ("an empty key", item("", &[])),
+            ("over 400 KB", huge),
+        ];
+        for (name, attributes) in cases {
+            let error = tables
+                .write_items(TABLE, &[ItemWrite::Put { attributes }])
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(error, StreamError::InvalidArgument { .. }),
+                "{name}: {error}"
+            );
+        }
+        let error = tables
+            .write_items("nope", &[put("a", &[])])
+            .await
+            .unwrap_err();
+        assert!(matches!(error, StreamError::NotFound { .. }), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ttl_delete_names_the_dynamodb_service() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        tables.write_items(TABLE, &[put("a", &[])]).await.unwrap();
+        tables.expire_item(TABLE, "a").unwrap();
+        tables.expire_item(TABLE, "a").unwrap();
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let (changes, _) = read_shard(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        assert_eq!(changes.len(), 2, "expiring an absent item records nothing");
+        assert!(changes[1].is_ttl_delete());
+        assert_eq!(changes[1].user_identity, Some(UserIdentity::ttl()));
+        assert_eq!(changes[1].dynamodb.old_image, Some(item("a", &[])));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_item_keeps_its_order_across_rotations_and_splits() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        let keys: Vec<String> = (0..20).map(|i| format!("item-{i}")).collect();
+        let mut version = 0;
+        let mut write_round = async |tables: &MemoryTableStreams| {
+            version += 1;
+            let writes: Vec<_> = keys
+                .iter()
+                .map(|k| put(k, &[("version", &version.to_string())]))
+                .collect();
+            tables.write_items(TABLE, &writes).await.unwrap();
+        };
+        write_round(&tables).await;
+        let root = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let rotated = tables.rotate_shard(&arn, &root).unwrap();
+        write_round(&tables).await;
+        let halves = tables.split_shard(&arn, &rotated).unwrap();
+        write_round(&tables).await;
+        let again = tables.rotate_all(&arn).unwrap();
+        assert_eq!(again.len(), 2);
+        write_round(&tables).await;
+
+        let shards = tables.list_shards(&arn).await.unwrap();
+        assert_eq!(shards.len(), 6);
+        for shard in &shards {
+            assert_eq!(shard.hash_range, HashKeyRange::FULL);
+            assert_eq!(shard.adjacent_parent, None);
+        }
+        let parent_of = |id: &ShardId| {
+            shards
+                .iter()
+                .find(|s| &s.id == id)
+                .and_then(|s| s.parent.clone())
+        };
+        assert_eq!(parent_of(&root), None);
+        assert_eq!(parent_of(&rotated), Some(root.clone()));
+        for half in &halves {
+            assert_eq!(parent_of(half), Some(rotated.clone()));
+        }
+        for (child, half) in again.iter().zip(&halves) {
+            assert_eq!(parent_of(child), Some(half.clone()));
+        }
+        assert_eq!(
+            tables
+                .describe_stream_summary(&arn)
+                .await
+                .unwrap()
+                .open_shard_count,
+            2
+        );
+
+        // Read as a worker does: a parent to its end before its children.
+        let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut closed_ends = 0;
+        for shard in [
+            &root, &rotated, &halves[0], &halves[1], &again[0], &again[1],
+        ] {
+            let (changes, ended) =
+                read_shard(&tables, &arn, shard, IteratorPosition::TrimHorizon).await;
+            closed_ends += usize::from(ended);
+            for change in changes {
+                let key = change.dynamodb.keys[TABLE_KEY].as_s().unwrap().to_owned();
+                let image = change.dynamodb.new_image.unwrap();
+                seen.entry(key)
+                    .or_default()
+                    .push(image["version"].as_s().unwrap().to_owned());
+            }
+        }
+        assert_eq!(
+            closed_ends, 4,
+            "the closed shards end, the open ones do not"
+        );
+        for key in &keys {
+            assert_eq!(seen[key], ["1", "2", "3", "4"], "{key}");
+        }
+        let error = tables.rotate_shard(&arn, &root).unwrap_err();
+        assert!(error.to_string().contains("is closed"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_checkpoint_past_retention_is_trimmed() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        tables
+            .write_items(TABLE, &[put("a", &[]), put("b", &[])])
+            .await
+            .unwrap();
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let (changes, _) = read_shard(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        let first = SequenceNumber::parse(&changes[0].dynamodb.sequence_number).unwrap();
+        let last = SequenceNumber::parse(&changes[1].dynamodb.sequence_number).unwrap();
+        tokio::time::advance(Duration::from_secs(24 * 3600 + 1)).await;
+        tables.write_items(TABLE, &[put("c", &[])]).await.unwrap();
+
+        for position in [
+            IteratorPosition::AtSequence(first.clone()),
+            IteratorPosition::AfterSequence(first),
+            IteratorPosition::AtSequence(last.clone()),
+        ] {
+            let error = tables
+                .get_shard_iterator(&arn, &shard, &position)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(error, StreamError::Trimmed { .. }),
+                "{position:?}: {error}"
+            );
+        }
+        // After the newest trimmed record nothing is missing: the read goes on.
+        let (rest, _) =
+            read_shard(&tables, &arn, &shard, IteratorPosition::AfterSequence(last)).await;
+        assert_eq!(rest.len(), 1);
+        let (horizon, _) = read_shard(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        assert_eq!(horizon, rest);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_iterator_pointing_at_trimmed_records_is_trimmed() {
+        // Retention shorter than an iterator's life, so that one outlives its records.
+        let config = MemoryTableStreamsConfig {
+            retention: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let (tables, arn) = table(config).await;
+        tables.write_items(TABLE, &[put("a", &[])]).await.unwrap();
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let it = iterator(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let error = tables.get_records(&it, 10).await.unwrap_err();
+        assert!(matches!(error, StreamError::Trimmed { .. }), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_iterator_expires_after_fifteen_minutes() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let it = iterator(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        tokio::time::advance(Duration::from_secs(14 * 60)).await;
+        assert!(tables.get_records(&it, 10).await.is_ok());
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let error = tables.get_records(&it, 10).await.unwrap_err();
+        assert!(
+            matches!(error, StreamError::IteratorExpired { .. }),
+            "{error}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn get_records_returns_at_most_a_thousand_records_and_a_megabyte() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let it = iterator(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        for limit in [0, 1001] {
+            let error = tables.get_records(&it, limit).await.unwrap_err();
+            assert!(
+                matches!(error, StreamError::InvalidArgument { .. }),
+                "{limit}: {error}"
+            );
+        }
+        let writes: Vec<_> = (0..1500).map(|i| put(&format!("k{i}"), &[])).collect();
+        tables.write_items(TABLE, &writes).await.unwrap();
+        let batch = tables.get_records(&it, 1000).await.unwrap();
+        assert_eq!(batch.records.len(), 1000);
+        let rest = tables
+            .get_records(&batch.next_iterator.unwrap(), 1000)
+            .await
+            .unwrap();
+        assert_eq!(rest.records.len(), 500);
+
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        let blob = "x".repeat(300 * 1024);
+        let writes: Vec<_> = (0..4)
+            .map(|i| put(&format!("k{i}"), &[("blob", &blob)]))
+            .collect();
+        tables.write_items(TABLE, &writes).await.unwrap();
+        let it = iterator(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        let batch = tables.get_records(&it, 1000).await.unwrap();
+        assert_eq!(batch.records.len(), 3, "1 MB per call");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latest_sees_only_what_is_written_after_it() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        tables.write_items(TABLE, &[put("old", &[])]).await.unwrap();
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let it = iterator(&tables, &arn, &shard, IteratorPosition::Latest).await;
+        tables.write_items(TABLE, &[put("new", &[])]).await.unwrap();
+        let batch = tables.get_records(&it, 10).await.unwrap();
+        let keys: Vec<_> = batch
+            .records
+            .iter()
+            .map(|r| r.dynamodb_change().unwrap().dynamodb.keys[TABLE_KEY].clone())
+            .collect();
+        assert_eq!(keys, [AttributeValue::S("new".into())]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_table_name_resolves_to_its_current_stream() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        assert!(
+            arn.starts_with("arn:aws:dynamodb:us-east-1:000000000000:table/orders/stream/"),
+            "{arn}"
+        );
+        assert_eq!(crate::model::source::table_of_stream_arn(&arn), Some(TABLE));
+        assert_eq!(tables.stream_arn(TABLE), Some(arn.clone()));
+        let summary = tables
+            .describe_stream_summary("dynamodb:orders")
+            .await
+            .unwrap();
+        assert_eq!(
+            summary,
+            StreamSummary {
+                name: TABLE.into(),
+                arn: arn.clone(),
+                status: "ENABLED".into(),
+                open_shard_count: 1,
+                retention_hours: 24,
+            }
+        );
+        assert_eq!(tables.describe_stream_summary(&arn).await.unwrap(), summary);
+
+        tables.create_table_without_stream("plain").unwrap();
+        tables.write_items("plain", &[put("a", &[])]).await.unwrap();
+        let error = tables
+            .describe_stream_summary("dynamodb:plain")
+            .await
+            .unwrap_err();
+        assert!(matches!(error, StreamError::NotFound { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("table plain has no stream"), "{message}");
+        assert!(
+            message.contains(
+                "aws dynamodb update-table --table-name plain --stream-specification \
+                 StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES"
+            ),
+            "{message}"
+        );
+        for unknown in [
+            "dynamodb:missing",
+            "arn:aws:dynamodb:us-east-1:0:table/x/stream/y",
+        ] {
+            let error = tables.describe_stream_summary(unknown).await.unwrap_err();
+            assert!(
+                matches!(error, StreamError::NotFound { .. }),
+                "{unknown}: {error}"
+            );
+        }
+        let error = tables.create_table_with_stream(TABLE).await.unwrap_err();
+        assert!(error.to_string().contains("already exists"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_table_leaves_its_stream_readable_but_disabled() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        tables.write_items(TABLE, &[put("a", &[])]).await.unwrap();
+        tables.delete_table(TABLE).await.unwrap();
+        let summary = tables.describe_stream_summary(&arn).await.unwrap();
+        assert_eq!(
+            (summary.status.as_str(), summary.open_shard_count),
+            ("DISABLED", 0)
+        );
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let (changes, ended) =
+            read_shard(&tables, &arn, &shard, IteratorPosition::TrimHorizon).await;
+        assert_eq!((changes.len(), ended), (1, true));
+        assert!(
+            tables
+                .describe_stream_summary("dynamodb:orders")
+                .await
+                .is_err()
+        );
+
+        // A new table of the same name has a new stream, with its own label.
+        let again = tables.create_table_with_stream(TABLE).await.unwrap();
+        assert_ne!(again, arn);
+        tokio::time::advance(Duration::from_secs(24 * 3600 + 1)).await;
+        let error = tables.list_shards(&arn).await.unwrap_err();
+        assert!(matches!(error, StreamError::NotFound { .. }), "{error}");
+        assert!(tables.list_shards(&again).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_shard_leaves_the_listing_after_retention_and_its_child_stays() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        tables.write_items(TABLE, &[put("a", &[])]).await.unwrap();
+        let root = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let child = tables.rotate_shard(&arn, &root).unwrap();
+        let listed = tables.list_shards(&arn).await.unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(
+            listed[0].sequence_range.end.is_some(),
+            "the parent is closed"
+        );
+        tokio::time::advance(Duration::from_secs(24 * 3600 + 1)).await;
+        let listed = tables.list_shards(&arn).await.unwrap();
+        assert_eq!(only_shard(&listed), child);
+        assert_eq!(
+            listed[0].parent,
+            Some(root),
+            "the child still names its parent"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kinesis_only_calls_are_refused() {
+        let (tables, arn) = table(MemoryTableStreamsConfig::default()).await;
+        assert_eq!(tables.capabilities(), Capabilities::TABLE_STREAM);
+        let shard = only_shard(&tables.list_shards(&arn).await.unwrap());
+        let error = tables
+            .get_shard_iterator(
+                &arn,
+                &shard,
+                &IteratorPosition::AtTimestamp(SystemTime::now()),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, StreamError::InvalidArgument { .. }),
+            "{error}"
+        );
+        let errors = [
+            tables
+                .register_stream_consumer(&arn, "c")
+                .await
+                .unwrap_err(),
+            tables.list_stream_consumers(&arn).await.unwrap_err(),
+            tables
+                .subscribe_to_shard("c", &shard, &IteratorPosition::Latest)
+                .await
+                .unwrap_err(),
+        ];
+        for error in errors {
+            assert!(error.to_string().contains("read by polling"), "{error}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn several_shards_share_the_items_by_key() {
+        let config = MemoryTableStreamsConfig {
+            shards_per_table: 4,
+            ..Default::default()
+        };
+        let (tables, arn) = table(config).await;
+        let writes: Vec<_> = (0..200).map(|i| put(&format!("k{i}"), &[])).collect();
+        tables.write_items(TABLE, &writes).await.unwrap();
+        let shards = tables.list_shards(&arn).await.unwrap();
+        assert_eq!(shards.len(), 4);
+        let mut total = 0;
+        for shard in &shards {
+            let (changes, _) =
+                read_shard(&tables, &arn, &shard.id, IteratorPosition::TrimHorizon).await;
+            assert!(!changes.is_empty(), "{} got nothing", shard.id);
+            total += changes.len();
+        }
+        assert_eq!(total, 200);
+    }
+}
