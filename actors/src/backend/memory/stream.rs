@@ -1608,6 +1608,41 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_trimmed_position_starts_at_the_horizon_unless_the_rules_say_trimmed() {
+        let retention = Duration::from_secs(60);
+        let rules = [
+            (ReadRules::KINESIS, false),
+            (ReadRules::DYNAMODB_STREAMS, true),
+        ];
+        for (read_rules, refused) in rules {
+            let config = MemoryStreamsConfig {
+                retention,
+                read_rules,
+                ..Default::default()
+            };
+            let (streams, it) = one_shard(config).await;
+            let put = streams
+                .put_records("s", &[record("old", 1), record("older", 1)])
+                .await
+                .unwrap();
+            tokio::time::advance(retention + Duration::from_secs(1)).await;
+            streams.put_records("s", &[record("new", 1)]).await.unwrap();
+            let at = IteratorPosition::AtSequence(put[0].sequence_number.clone());
+            let shard = ShardId::from_index(0);
+            let positioned = streams.get_shard_iterator("s", &shard, &at).await;
+            let read = streams.get_records(&it, 10).await;
+            if refused {
+                assert!(matches!(positioned, Err(StreamError::Trimmed { .. })));
+                assert!(matches!(read, Err(StreamError::Trimmed { .. })));
+            } else {
+                let from = streams.get_records(&positioned.unwrap(), 10).await.unwrap();
+                assert_eq!(from.records[0].partition_key, "new");
+                assert_eq!(read.unwrap().records[0].partition_key, "new");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_shard_that_ends_empty_reports_its_children() {
         let (streams, it) = one_shard(MemoryStreamsConfig::default()).await;
         streams
