@@ -164,7 +164,8 @@ fn parse_arn(text: &str) -> Result<Source, String> {
     })
 }
 
-fn check_table_name(table: &str) -> Result<(), String> {
+/// Whether `table` is a valid DynamoDB table name; the error says what is wrong.
+pub(crate) fn check_table_name(table: &str) -> Result<(), String> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
     if !(3..=255).contains(&table.len()) || !table.chars().all(allowed) {
         return Err(format!(

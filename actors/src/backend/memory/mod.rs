@@ -5,7 +5,9 @@
 mod lease_table;
 mod metrics;
 mod stream;
+mod table_stream;
 
 pub use lease_table::{MemoryDynamo, MemoryLeaseTable};
 pub use metrics::MemoryMetrics;
-pub use stream::{MemoryStreams, MemoryStreamsConfig, ReadLimits};
+pub use stream::{MemoryStreams, MemoryStreamsConfig, ReadLimits, ReadRules};
+pub use table_stream::{MemoryTableStreams, MemoryTableStreamsConfig};

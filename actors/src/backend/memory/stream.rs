@@ -41,6 +41,37 @@ impl ReadLimits {
     };
 }
 
+/// What GetRecords and GetShardIterator do where Kinesis and DynamoDB Streams differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRules {
+    /// The largest `limit` GetRecords accepts (a larger one is `InvalidArgument`).
+    pub max_records: u32,
+    /// GetRecords stops before the record that would take the answer past this size.
+    pub max_bytes: usize,
+    /// Whether a position older than the shard's trim horizon (an AT/AFTER sequence
+    /// number whose following records were trimmed, or an iterator pointing at trimmed
+    /// records) is `StreamError::Trimmed`. Kinesis silently starts at the horizon;
+    /// DynamoDB Streams answers TrimmedDataAccessException, so that a consumer knows it
+    /// lost changes instead of skipping them unawares.
+    pub trimmed_position_is_error: bool,
+}
+
+impl ReadRules {
+    /// Kinesis: 10,000 records and 10 MB per call; old positions start at the horizon.
+    pub const KINESIS: ReadRules = ReadRules {
+        max_records: MAX_RECORDS_PER_CALL,
+        max_bytes: MAX_BYTES_PER_CALL,
+        trimmed_position_is_error: false,
+    };
+
+    /// DynamoDB Streams: 1,000 records and 1 MB per call; a trimmed position is an error.
+    pub const DYNAMODB_STREAMS: ReadRules = ReadRules {
+        max_records: 1_000,
+        max_bytes: 1024 * 1024,
+        trimmed_position_is_error: true,
+    };
+}
+
 #[derive(Debug, Clone)]
 pub struct MemoryStreamsConfig {
     /// How long an iterator stays valid after it is issued (Kinesis: 5 minutes).
@@ -57,6 +88,8 @@ pub struct MemoryStreamsConfig {
     /// A subscription sends an event at least this often, records or not (its lag and
     /// its continuation move on through idle stretches).
     pub subscription_heartbeat: Duration,
+    /// Kinesis's by default; see [`ReadRules`].
+    pub read_rules: ReadRules,
 }
 
 impl Default for MemoryStreamsConfig {
@@ -68,6 +101,7 @@ impl Default for MemoryStreamsConfig {
             subscription_ttl: Duration::from_secs(300),
             consumer_activation: Duration::from_millis(500),
             subscription_heartbeat: Duration::from_secs(1),
+            read_rules: ReadRules::KINESIS,
         }
     }
 }
@@ -128,6 +162,8 @@ struct ShardState {
     records: VecDeque<StoredRecord>,
     /// Records trimmed from the front: the logical offset of `records[0]`.
     trimmed: u64,
+    /// The counter of the newest trimmed record: positions up to it are gone.
+    last_trimmed: Option<u64>,
     /// Recent GetRecords calls, for the read limits: (when, bytes returned).
     reads: VecDeque<(Instant, usize)>,
 }
@@ -155,6 +191,7 @@ impl ShardState {
             if now.duration_since(front.arrived_at) <= retention {
                 break;
             }
+            self.last_trimmed = Some(front.counter);
             self.records.pop_front();
             self.trimmed += 1;
         }
@@ -335,7 +372,7 @@ impl MemoryStreams {
         &self.config
     }
 
-    fn create(&self, name: &str, shards: u32) -> Result<(), StreamError> {
+    pub(super) fn create(&self, name: &str, shards: u32) -> Result<(), StreamError> {
         if shards == 0 {
             return Err(StreamError::InvalidArgument {
                 op: "CreateStream",
@@ -389,42 +426,83 @@ impl MemoryStreams {
                 });
             }
         }
-        let now = self.clock.now();
-        let arrival = self.clock.wall();
         let mut state = self.lock();
         state.stream_mut(OP, stream)?;
-        let mut out = Vec::with_capacity(records.len());
-        for record in records {
-            let hash = record
-                .explicit_hash_key
-                .unwrap_or_else(|| partition_key_hash(&record.partition_key));
-            let counter = state.allocate();
-            let target = state.stream_mut(OP, stream)?;
-            let shard = target
-                .shards
-                .iter_mut()
-                .find(|s| s.end_counter.is_none() && s.range.contains(hash))
-                .ok_or_else(|| StreamError::Other {
-                    op: OP,
-                    message: format!("no open shard of {stream} covers hash key {hash}"),
-                })?;
-            let sequence = sequence_number(counter);
-            shard.trim(now, self.config.retention);
-            shard.records.push_back(StoredRecord {
-                counter,
-                sequence: sequence.clone(),
-                partition_key: record.partition_key.clone(),
-                explicit_hash_key: record.explicit_hash_key,
-                data: record.data.clone(),
-                arrival,
-                arrived_at: now,
-            });
-            out.push(PutResult {
-                shard: shard.id.clone(),
-                sequence_number: sequence,
-            });
-        }
-        Ok(out)
+        records
+            .iter()
+            .map(|record| {
+                self.append(
+                    &mut state,
+                    OP,
+                    stream,
+                    &record.partition_key,
+                    record.explicit_hash_key,
+                    |_, _| record.data.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Puts one record whose data is made once its sequence number and arrival time are
+    /// known: a DynamoDB change record carries both. The partition key is not checked
+    /// against Kinesis's limits (an item's key may be longer than 256 characters).
+    pub(super) fn put_with(
+        &self,
+        stream: &str,
+        partition_key: &str,
+        data: impl FnOnce(&SequenceNumber, SystemTime) -> Bytes,
+    ) -> Result<PutResult, StreamError> {
+        let put = self.append(
+            &mut self.lock(),
+            "PutRecord",
+            stream,
+            partition_key,
+            None,
+            data,
+        );
+        self.changed.notify_waiters();
+        put
+    }
+
+    /// Appends one record to the open shard of `stream` whose range holds the hash key.
+    fn append(
+        &self,
+        state: &mut State,
+        op: &'static str,
+        stream: &str,
+        partition_key: &str,
+        explicit_hash_key: Option<u128>,
+        data: impl FnOnce(&SequenceNumber, SystemTime) -> Bytes,
+    ) -> Result<PutResult, StreamError> {
+        let now = self.clock.now();
+        let arrival = self.clock.wall();
+        let hash = explicit_hash_key.unwrap_or_else(|| partition_key_hash(partition_key));
+        state.stream_mut(op, stream)?;
+        let counter = state.allocate();
+        let target = state.stream_mut(op, stream)?;
+        let shard = target
+            .shards
+            .iter_mut()
+            .find(|s| s.end_counter.is_none() && s.range.contains(hash))
+            .ok_or_else(|| StreamError::Other {
+                op,
+                message: format!("no open shard of {stream} covers hash key {hash}"),
+            })?;
+        let sequence = sequence_number(counter);
+        shard.trim(now, self.config.retention);
+        shard.records.push_back(StoredRecord {
+            counter,
+            data: data(&sequence, arrival),
+            sequence: sequence.clone(),
+            partition_key: partition_key.to_owned(),
+            explicit_hash_key,
+            arrival,
+            arrived_at: now,
+        });
+        Ok(PutResult {
+            shard: shard.id.clone(),
+            sequence_number: sequence,
+        })
     }
 
     fn iterator(
@@ -454,13 +532,29 @@ impl MemoryStreams {
             }
             Ok(counter)
         };
+        // The first counter the position asks for: a trimmed record at or after it means
+        // records between the position and the horizon are gone.
+        let trimmed = |first: u64| -> Result<u64, StreamError> {
+            match shard.last_trimmed {
+                Some(last) if self.config.read_rules.trimmed_position_is_error && first <= last => {
+                    Err(StreamError::Trimmed {
+                        op: OP,
+                        message: format!(
+                            "shard {shard_id} of stream {stream} no longer holds the records \
+                             from {} on: its oldest retained record is after {}",
+                            sequence_number(first),
+                            sequence_number(last)
+                        ),
+                    })
+                }
+                _ => Ok(shard.offset_of(first)),
+            }
+        };
         let offset = match position {
             IteratorPosition::TrimHorizon => shard.trimmed,
             IteratorPosition::Latest => shard.total(),
-            IteratorPosition::AtSequence(seq) => shard.offset_of(in_range(seq)?),
-            IteratorPosition::AfterSequence(seq) => {
-                shard.offset_of(in_range(seq)?.saturating_add(1))
-            }
+            IteratorPosition::AtSequence(seq) => trimmed(in_range(seq)?)?,
+            IteratorPosition::AfterSequence(seq) => trimmed(in_range(seq)?.saturating_add(1))?,
             IteratorPosition::AtTimestamp(at) => {
                 shard.trimmed + shard.records.partition_point(|r| r.arrival < *at) as u64
             }
@@ -487,10 +581,11 @@ impl MemoryStreams {
         limited: bool,
     ) -> Result<RecordBatch, StreamError> {
         const OP: &str = "GetRecords";
-        if limit == 0 || limit > MAX_RECORDS_PER_CALL {
+        let rules = self.config.read_rules;
+        if limit == 0 || limit > rules.max_records {
             return Err(StreamError::InvalidArgument {
                 op: OP,
-                message: format!("limit {limit} must be between 1 and {MAX_RECORDS_PER_CALL}"),
+                message: format!("limit {limit} must be between 1 and {}", rules.max_records),
             });
         }
         let token =
@@ -544,13 +639,25 @@ impl MemoryStreams {
             }
         }
         shard.trim(now, self.config.retention);
+        if rules.trimmed_position_is_error && token.offset < shard.trimmed {
+            return Err(StreamError::Trimmed {
+                op: OP,
+                message: format!(
+                    "the iterator points at records of shard {} that are past retention ({} \
+                     records were trimmed, it points at the {}th)",
+                    shard.id,
+                    shard.trimmed,
+                    token.offset + 1
+                ),
+            });
+        }
         let start = token.offset.max(shard.trimmed);
         let skip = (start - shard.trimmed) as usize;
         let mut records = Vec::new();
         let mut bytes = 0usize;
         for stored in shard.records.iter().skip(skip).take(limit as usize) {
             let size = stored.data.len() + stored.partition_key.len();
-            if !records.is_empty() && bytes + size > MAX_BYTES_PER_CALL {
+            if !records.is_empty() && bytes + size > rules.max_bytes {
                 break;
             }
             bytes += size;
@@ -640,7 +747,13 @@ impl MemoryStreams {
         Ok(index)
     }
 
-    fn split(&self, stream: &str, id: &ShardId, at: u128) -> Result<(), StreamError> {
+    /// SplitShard; returns the two children.
+    pub(super) fn split(
+        &self,
+        stream: &str,
+        id: &ShardId,
+        at: u128,
+    ) -> Result<Vec<ShardId>, StreamError> {
         const OP: &str = "SplitShard";
         let now = self.clock.now();
         let mut state = self.lock();
@@ -661,35 +774,80 @@ impl MemoryStreams {
                 ),
             });
         }
-        let index = Self::close(&mut state, stream, id, OP)?;
-        let (a, b) = (state.allocate(), state.allocate());
-        let target = state.stream_mut(OP, stream)?;
-        let next = target.shards.len() as u64;
-        let left = new_shard(
-            ShardId::from_index(next),
-            Some(id.clone()),
-            None,
+        let halves = [
             HashKeyRange {
                 start: range.start,
                 end: at - 1,
             },
-            a,
-        );
-        let right = new_shard(
-            ShardId::from_index(next + 1),
-            Some(id.clone()),
-            None,
             HashKeyRange {
                 start: at,
                 end: range.end,
             },
-            b,
-        );
-        target.shards[index].children = vec![left.id.clone(), right.id.clone()];
+        ];
+        Self::replace(&mut state, OP, stream, id, now, &halves)
+    }
+
+    /// Closes open shard `id` and opens one child per range, each naming `id` as its
+    /// only parent (no ranges: the shard just closes). The caller checks the ranges.
+    fn replace(
+        state: &mut State,
+        op: &'static str,
+        stream: &str,
+        id: &ShardId,
+        now: Instant,
+        ranges: &[HashKeyRange],
+    ) -> Result<Vec<ShardId>, StreamError> {
+        let index = Self::close(state, stream, id, op)?;
+        let starts: Vec<u64> = ranges.iter().map(|_| state.allocate()).collect();
+        let target = state.stream_mut(op, stream)?;
+        let mut children = Vec::with_capacity(ranges.len());
+        for (range, start) in ranges.iter().zip(starts) {
+            let child = ShardId::from_index(target.shards.len() as u64);
+            target.shards.push(new_shard(
+                child.clone(),
+                Some(id.clone()),
+                None,
+                *range,
+                start,
+            ));
+            children.push(child);
+        }
+        target.shards[index].children = children.clone();
         target.shards[index].closed_at = Some(now);
-        target.shards.push(left);
-        target.shards.push(right);
-        Ok(())
+        Ok(children)
+    }
+
+    /// Closes open shard `shard` and opens one child with the same hash key range,
+    /// naming it as parent: what DynamoDB Streams does to every shard about every four
+    /// hours. Returns the child.
+    pub fn rotate_shard(&self, stream: &str, shard: &ShardId) -> Result<ShardId, StreamError> {
+        const OP: &str = "RotateShard";
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let range = state
+            .stream_mut(OP, stream)?
+            .shard_mut(OP, stream, shard)?
+            .1
+            .range;
+        let children = Self::replace(&mut state, OP, stream, shard, now, &[range])?;
+        drop(state);
+        self.changed.notify_waiters();
+        children
+            .into_iter()
+            .next()
+            .ok_or_else(|| StreamError::Other {
+                op: OP,
+                message: format!("rotating {shard} of {stream} opened no child"),
+            })
+    }
+
+    /// Closes open shard `shard` without children: what disabling a table's stream (or
+    /// deleting the table) does. Its records stay readable until retention passes.
+    pub fn close_shard(&self, stream: &str, shard: &ShardId) -> Result<(), StreamError> {
+        let now = self.clock.now();
+        let closed = Self::replace(&mut self.lock(), "CloseShard", stream, shard, now, &[]);
+        self.changed.notify_waiters();
+        closed.map(|_| ())
     }
 
     fn merge(&self, stream: &str, first: &ShardId, second: &ShardId) -> Result<(), StreamError> {
@@ -741,7 +899,8 @@ impl MemoryStreams {
         Ok(())
     }
 
-    fn listing(&self, stream: &str) -> Result<Vec<Shard>, StreamError> {
+    /// ListShards: every shard, a closed one until retention has passed since it closed.
+    pub(super) fn listing(&self, stream: &str) -> Result<Vec<Shard>, StreamError> {
         const OP: &str = "ListShards";
         let now = self.clock.now();
         let retention = self.config.retention;
@@ -1071,7 +1230,7 @@ impl MemorySubscription {
             .encode();
             let batch = self
                 .streams
-                .read_from(&token, MAX_RECORDS_PER_CALL, false)
+                .read_from(&token, self.streams.config.read_rules.max_records, false)
                 .map_err(|e| match e {
                     StreamError::NotFound { message, .. } => {
                         StreamError::NotFound { op: OP, message }
@@ -1137,6 +1296,7 @@ fn new_shard(
         children: Vec::new(),
         records: VecDeque::new(),
         trimmed: 0,
+        last_trimmed: None,
         reads: VecDeque::new(),
     }
 }
@@ -1273,7 +1433,7 @@ impl StreamAdmin for MemoryStreams {
         Box::pin(async move {
             let split = self.split(stream, shard, new_starting_hash_key);
             self.changed.notify_waiters();
-            split
+            split.map(|_| ())
         })
     }
 
@@ -1445,6 +1605,41 @@ mod tests {
             [ShardId::from_index(1), ShardId::from_index(2)],
             "the parent aged out"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trimmed_position_starts_at_the_horizon_unless_the_rules_say_trimmed() {
+        let retention = Duration::from_secs(60);
+        let rules = [
+            (ReadRules::KINESIS, false),
+            (ReadRules::DYNAMODB_STREAMS, true),
+        ];
+        for (read_rules, refused) in rules {
+            let config = MemoryStreamsConfig {
+                retention,
+                read_rules,
+                ..Default::default()
+            };
+            let (streams, it) = one_shard(config).await;
+            let put = streams
+                .put_records("s", &[record("old", 1), record("older", 1)])
+                .await
+                .unwrap();
+            tokio::time::advance(retention + Duration::from_secs(1)).await;
+            streams.put_records("s", &[record("new", 1)]).await.unwrap();
+            let at = IteratorPosition::AtSequence(put[0].sequence_number.clone());
+            let shard = ShardId::from_index(0);
+            let positioned = streams.get_shard_iterator("s", &shard, &at).await;
+            let read = streams.get_records(&it, 10).await;
+            if refused {
+                assert!(matches!(positioned, Err(StreamError::Trimmed { .. })));
+                assert!(matches!(read, Err(StreamError::Trimmed { .. })));
+            } else {
+                let from = streams.get_records(&positioned.unwrap(), 10).await.unwrap();
+                assert_eq!(from.records[0].partition_key, "new");
+                assert_eq!(read.unwrap().records[0].partition_key, "new");
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]
