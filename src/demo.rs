@@ -7,7 +7,11 @@
 //! * The producer puts `--rate` records a second round-robin over [`KEYS`] partition
 //!   keys; a record's data is `key-17:42`, its key and its place in that key's sequence.
 //! * At a third of the run a shard is split, at two thirds two adjacent shards are
-//!   merged, so records of a key cross from parents to children mid-run. Between the
+//!   merged, so records of a key cross from parents to children mid-run. With
+//!   `--source dynamodb-streams` the records are changes of an in-memory table's items
+//!   (a put per record: an INSERT, then MODIFYs), read from the table's stream; at a
+//!   third every shard rotates (as DynamoDB's do about every four hours), at two thirds
+//!   one splits. Between the
 //!   two, `--crashes` workers are killed without a shutdown (the one holding the most
 //!   leases first), and the survivors must take over their leases once they expire.
 //! * Every delivery of every worker goes through one [`OrderCheck`], which counts
@@ -29,10 +33,15 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use flotilla_actors::backend::memory::{
-    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
+    MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig, MemoryTableStreams,
+    MemoryTableStreamsConfig,
 };
-use flotilla_actors::backend::{StreamAdmin as _, StreamClient as _};
+use flotilla_actors::backend::{
+    ItemWrite, PutRecord, StreamAdmin as _, StreamClient as _, StreamError, TABLE_KEY,
+    TableStreamAdmin as _,
+};
 use flotilla_actors::model::Shard;
+use flotilla_actors::model::change::{AttributeValue, Item};
 use flotilla_actors::oracle::{KeyedProducer, OrderCheck};
 use flotilla_actors::settings::{MetricsLevel, ReadMode};
 use flotilla_actors::{
@@ -44,6 +53,10 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 const STREAM: &str = "flotilla-demo";
+/// The table whose changes `--source dynamodb-streams` reads.
+const TABLE: &str = "flotilla-demo-orders";
+/// The item attribute holding what a Kinesis record's data would (`key-17:42`).
+const DATA_ATTRIBUTE: &str = "data";
 const APPLICATION: &str = "flotilla-demo";
 /// Distinct partition keys: enough that every shard, and both halves of a split, get some.
 const KEYS: u32 = 100;
@@ -84,6 +97,11 @@ pub struct DemoArgs {
     /// shard subscribed, its records pushed as they are put).
     #[arg(long, default_value = "polling", value_parser = ["polling", "fanout"])]
     pub read_mode: String,
+    /// What the fleet reads: "kinesis" (a stream the producer puts records to, split and
+    /// merged mid-run) or "dynamodb-streams" (a table's change stream: the producer
+    /// writes items, every shard rotates and one splits mid-run).
+    #[arg(long, default_value = "kinesis", value_parser = ["kinesis", "dynamodb-streams"])]
+    pub source: String,
 }
 
 impl DemoArgs {
@@ -109,11 +127,12 @@ fn demo_settings(
     worker_id: String,
     status_bind: std::net::SocketAddr,
     read_mode: ReadMode,
+    stream: &str,
 ) -> Settings {
     let mut settings = Settings::default();
     settings.reader.mode = read_mode;
     settings.status.bind = status_bind.to_string();
-    settings.worker.stream = STREAM.to_owned();
+    settings.worker.stream = stream.to_owned();
     settings.worker.application = APPLICATION.to_owned();
     settings.worker.worker_id = Some(worker_id);
     settings.lease.failover_time = Duration::from_secs(3);
@@ -130,28 +149,58 @@ fn demo_settings(
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let crashes = args.crashes()?;
-    let streams = MemoryStreams::new(MemoryStreamsConfig::default());
-    streams
-        .create_stream(STREAM, args.shards)
-        .await
-        .context("cannot create the in-memory stream")?;
-
-    let check = SharedCheck::default();
-    // One backend for all: the workers meet in its lease table, as processes would in
-    // DynamoDB.
-    let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
     let read_mode = if args.read_mode == "fanout" {
         ReadMode::Fanout
     } else {
         ReadMode::Polling
     };
-    let mut fleet =
-        Fleet::start(args.workers, &backend, &check, args.status_bind, read_mode).await?;
+    let streams = MemoryStreams::new(MemoryStreamsConfig::default());
+    let feed = if args.source == "dynamodb-streams" {
+        if read_mode == ReadMode::Fanout {
+            bail!(
+                "--read-mode fanout reads Kinesis streams only: a DynamoDB table's stream is \
+                 read by polling"
+            );
+        }
+        let tables = MemoryTableStreams::new(MemoryTableStreamsConfig {
+            shards_per_table: args.shards,
+            ..MemoryTableStreamsConfig::default()
+        });
+        let arn = tables
+            .create_table_with_stream(TABLE)
+            .await
+            .context("cannot create the in-memory table")?;
+        Feed::Table { tables, arn }
+    } else {
+        streams
+            .create_stream(STREAM, args.shards)
+            .await
+            .context("cannot create the in-memory stream")?;
+        Feed::Stream(streams.clone())
+    };
+
+    let check = SharedCheck::default();
+    // One backend for all: the workers meet in its lease table, as processes would in
+    // DynamoDB.
+    let mut backend = Backend::memory(streams, MemoryDynamo::new(), MemoryMetrics::new());
+    if let Feed::Table { tables, .. } = &feed {
+        backend = backend.with_table_streams(Arc::new(tables.clone()));
+    }
+    let mut fleet = Fleet::start(
+        args.workers,
+        &backend,
+        &check,
+        args.status_bind,
+        read_mode,
+        &feed,
+    )
+    .await?;
 
     let duration = (args.duration > 0).then(|| Duration::from_secs(args.duration));
     eprintln!(
-        "demo: {} shards, {} records/s, {} workers, {crashes} to crash, {}",
+        "demo: {} shards of {}, {} records/s, {} workers, {crashes} to crash, {}",
         args.shards,
+        feed.worker_stream(),
         args.rate,
         args.workers,
         match duration {
@@ -163,12 +212,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let producer = Producer::new(args.rate);
     let produced_so_far = producer.counter();
-    let producing = tokio::spawn(producer.run(streams.clone(), stopped));
+    let producing = tokio::spawn(producer.run(feed.clone(), stopped));
     let (split_at, merge_at) = match duration {
         Some(d) => (d / 3, d * 2 / 3),
         None => (OPEN_ENDED_SPLIT, OPEN_ENDED_MERGE),
     };
-    let resharding = tokio::spawn(reshard(streams, split_at, merge_at));
+    let resharding = tokio::spawn(reshard(feed, split_at, merge_at));
 
     let started = Instant::now();
     let mut crash_schedule = crash_times(split_at, merge_at, crashes).into_iter();
@@ -326,8 +375,11 @@ impl Fleet {
         check: &SharedCheck,
         status_bind: std::net::SocketAddr,
         read_mode: ReadMode,
+        feed: &Feed,
     ) -> anyhow::Result<Self> {
         let mut members = Vec::new();
+        let stream = feed.worker_stream();
+        let changes = matches!(feed, Feed::Table { .. });
         for n in 1..=workers {
             let id = format!("demo-{n}");
             let for_processors = check.clone();
@@ -339,10 +391,11 @@ impl Fleet {
                 bind.set_port(port);
             }
             let worker = Worker::builder()
-                .settings(demo_settings(id.clone(), bind, read_mode))
+                .settings(demo_settings(id.clone(), bind, read_mode, &stream))
                 .backend(backend.clone())
                 .processor(move |_shard| CheckingProcessor {
                     check: for_processors.clone(),
+                    changes,
                 })
                 .start()
                 .await
@@ -557,16 +610,37 @@ fn checkpoint_writes(status: &WorkerStatus) -> u64 {
 /// The processor of the demo: every record through the shared [`OrderCheck`].
 struct CheckingProcessor {
     check: SharedCheck,
+    /// Records are changes of a table's items: the producer's key and data are the
+    /// item's `pk` and `data`, read with the typed accessor a Rust user would use.
+    changes: bool,
 }
 
 impl Processor for CheckingProcessor {
     async fn process(&mut self, batch: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
         let mut check = self.check.lock();
         for record in batch.records() {
-            check.observe(&record.partition_key, &record.data);
+            match self.changes.then(|| produced_by_change(record)).flatten() {
+                Some((key, data)) => check.observe(&key, data.as_bytes()),
+                // Not a change the producer wrote: the check counts it as malformed.
+                None => check.observe(&record.partition_key, &record.data),
+            };
         }
         Ok(())
     }
+}
+
+/// The producer's key and data in a change: the item after it (before it, for a
+/// REMOVE).
+fn produced_by_change(record: &flotilla_actors::Record) -> Option<(String, String)> {
+    let change = record.dynamodb_change().ok()?;
+    let image = change
+        .dynamodb
+        .new_image
+        .as_ref()
+        .or(change.dynamodb.old_image.as_ref())?;
+    let key = image.get(TABLE_KEY)?.as_s()?;
+    let data = image.get(DATA_ATTRIBUTE)?.as_s()?;
+    Some((key.to_owned(), data.to_owned()))
 }
 
 /// One check shared by the processors of every shard: a key moves between shards when
@@ -706,7 +780,7 @@ impl Producer {
 
     async fn run(
         mut self,
-        streams: MemoryStreams,
+        feed: Feed,
         mut stop: watch::Receiver<bool>,
     ) -> anyhow::Result<Produced> {
         let started = Instant::now();
@@ -727,8 +801,7 @@ impl Producer {
                 continue;
             }
             let records = self.keys.next_records(count);
-            streams
-                .put_records(STREAM, &records)
+            feed.put(&records)
                 .await
                 .with_context(|| format!("cannot put {} records", records.len()))?;
             // Counted only once the put succeeded: a refused record was never produced.
@@ -742,8 +815,84 @@ impl Producer {
     }
 }
 
+/// Where the producer's records go, and what the fleet reads.
+#[derive(Clone)]
+enum Feed {
+    Stream(MemoryStreams),
+    Table {
+        tables: MemoryTableStreams,
+        arn: String,
+    },
+}
+
+impl Feed {
+    /// `worker.stream` for the fleet: the stream, or the table's current stream.
+    fn worker_stream(&self) -> String {
+        match self {
+            Feed::Stream(_) => STREAM.to_owned(),
+            Feed::Table { .. } => format!("dynamodb:{TABLE}"),
+        }
+    }
+
+    /// Puts the records, or writes each as an item: `pk` its key, `data` its data.
+    async fn put(&self, records: &[PutRecord]) -> Result<(), StreamError> {
+        match self {
+            Feed::Stream(streams) => streams.put_records(STREAM, records).await.map(drop),
+            Feed::Table { tables, .. } => {
+                let writes: Vec<ItemWrite> = records
+                    .iter()
+                    .map(|record| ItemWrite::Put {
+                        attributes: Item::from([
+                            (
+                                TABLE_KEY.to_owned(),
+                                AttributeValue::S(record.partition_key.clone()),
+                            ),
+                            (
+                                DATA_ATTRIBUTE.to_owned(),
+                                AttributeValue::S(
+                                    String::from_utf8_lossy(&record.data).into_owned(),
+                                ),
+                            ),
+                        ]),
+                    })
+                    .collect();
+                tables.write_items(TABLE, &writes).await
+            }
+        }
+    }
+}
+
+/// Changes the shape of what the fleet reads at `split_at` and `merge_at` (from now):
+/// a stream's shard splits, then two merge; a table stream's shards all rotate, then
+/// one splits.
+async fn reshard(feed: Feed, split_at: Duration, merge_at: Duration) -> anyhow::Result<()> {
+    match feed {
+        Feed::Stream(streams) => reshard_stream(streams, split_at, merge_at).await,
+        Feed::Table { tables, arn } => {
+            let start = Instant::now();
+            tokio::time::sleep_until(start + split_at).await;
+            let rotated = tables
+                .rotate_all(&arn)
+                .context("cannot rotate the table stream's shards")?;
+            eprintln!(
+                "demo: rotated every shard of the table stream ({} new)",
+                rotated.len()
+            );
+            tokio::time::sleep_until(start + merge_at).await;
+            let Some(shard) = rotated.first() else {
+                bail!("the table stream has no open shard to split");
+            };
+            let children = tables
+                .split_shard(&arn, shard)
+                .with_context(|| format!("cannot split {shard}"))?;
+            eprintln!("demo: split {shard} into {} children", children.len());
+            Ok(())
+        }
+    }
+}
+
 /// Splits a shard at `split_at` and merges two at `merge_at` (from now).
-async fn reshard(
+async fn reshard_stream(
     streams: MemoryStreams,
     split_at: Duration,
     merge_at: Duration,
@@ -962,6 +1111,7 @@ mod tests {
             crashes,
             status_bind: ([127, 0, 0, 1], 0).into(),
             read_mode: "polling".into(),
+            source: "kinesis".into(),
         };
         assert_eq!(args(1, None).crashes().unwrap(), 0);
         assert_eq!(args(3, None).crashes().unwrap(), 1);
