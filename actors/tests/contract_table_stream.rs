@@ -39,12 +39,15 @@ enum Expiry {
     Fixed(&'static str),
 }
 
+/// Closes the open shards of the named table's stream, each continued by a child.
+type Rotate = Box<dyn Fn(&str) -> BoxFuture<'static, ()> + Send + Sync>;
+
 /// Whether a test can make the stream close a shard and open its child. DynamoDB
 /// rotates a table's shards by itself (about every four hours); nothing asks it to.
 #[allow(dead_code)] // `Forced` is the in-memory tier's.
 enum Rotation {
     /// This closes the table's open shards, each continued by a child naming it.
-    Forced(Box<dyn Fn(&str) -> BoxFuture<'static, ()> + Send + Sync>),
+    Forced(Rotate),
     /// The server never closes a shard within a test: checked (every shard stays open
     /// through the suite's writes), with why.
     Never(&'static str),

@@ -1049,7 +1049,8 @@ mod tests {
 
     #[test]
     fn stream_codes_map_to_what_the_caller_does() {
-        let cases: [(&str, Failure, fn(&StreamError) -> bool); 8] = [
+        type Check = fn(&StreamError) -> bool;
+        let cases: [(&str, Failure, Check); 8] = [
             ("TrimmedDataAccessException", Failure::Other, |e| {
                 matches!(e, StreamError::Trimmed { .. })
             }),
