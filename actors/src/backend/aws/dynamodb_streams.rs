@@ -44,7 +44,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::sdk_stream_error;
+use super::{parse_sequence, sdk_stream_error};
 
 use crate::backend::{
     Capabilities, Consumer, ItemWrite, IteratorPosition, Record, RecordBatch, ShardIterator,
@@ -442,13 +442,6 @@ fn no_stream_message(table: &str) -> String {
          --table-name {table} --stream-specification \
          StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES`"
     )
-}
-
-fn parse_sequence(op: &'static str, what: &str, text: &str) -> Result<SequenceNumber, StreamError> {
-    SequenceNumber::parse(text).map_err(|e| StreamError::Other {
-        op,
-        message: format!("{what}: malformed sequence number from the server: {e}"),
-    })
 }
 
 /// A shard of DescribeStream. DynamoDB shards have no hash key ranges: each gets the

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use super::{
     DENIED_CODES, Failure, KMS_THROTTLING, THROTTLING_CODES, TRANSIENT_CODES, cause_chain,
-    sdk_stream_error, stream_error,
+    parse_sequence, sdk_stream_error, stream_error,
 };
 
 use crate::backend::{
@@ -47,7 +47,7 @@ use crate::backend::{
     Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
     StreamSummary, Subscription,
 };
-use crate::model::{HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId};
+use crate::model::{HashKeyRange, SequenceRange, Shard, ShardId};
 
 /// PutRecords limits: records per call, and bytes (data plus partition keys) per call.
 const MAX_PUT_RECORDS: usize = 500;
@@ -639,13 +639,6 @@ fn chunk_end(records: &[PutRecord], start: usize) -> usize {
         end += 1;
     }
     end
-}
-
-fn parse_sequence(op: &'static str, what: &str, text: &str) -> Result<SequenceNumber, StreamError> {
-    SequenceNumber::parse(text).map_err(|e| StreamError::Other {
-        op,
-        message: format!("{what}: malformed sequence number from the server: {e}"),
-    })
 }
 
 fn parse_range(

@@ -189,6 +189,18 @@ where
     stream_error(op, err.code(), classify(&err), message, endpoint)
 }
 
+/// A sequence number from a stream service's answer; `what` names where it was.
+pub(crate) fn parse_sequence(
+    op: &'static str,
+    what: &str,
+    text: &str,
+) -> Result<crate::model::SequenceNumber, StreamError> {
+    crate::model::SequenceNumber::parse(text).map_err(|e| StreamError::Other {
+        op,
+        message: format!("{what}: malformed sequence number from the server: {e}"),
+    })
+}
+
 /// An error and its causes, `: `-separated, each said once.
 pub(crate) fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
