@@ -38,7 +38,8 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use super::{
-    DENIED_CODES, Failure, THROTTLING_CODES, TRANSIENT_CODES, cause_chain, classify, error_text,
+    DENIED_CODES, Failure, KMS_THROTTLING, THROTTLING_CODES, TRANSIENT_CODES, cause_chain,
+    parse_sequence, sdk_stream_error, stream_error,
 };
 
 use crate::backend::{
@@ -46,10 +47,7 @@ use crate::backend::{
     Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
     StreamSummary, Subscription,
 };
-use crate::model::{HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId};
-
-/// Kinesis' throttling code for its KMS calls, throttling on top of [`THROTTLING_CODES`].
-const KMS_THROTTLING: &str = "KMSThrottlingException";
+use crate::model::{HashKeyRange, SequenceRange, Shard, ShardId};
 
 /// PutRecords limits: records per call, and bytes (data plus partition keys) per call.
 const MAX_PUT_RECORDS: usize = 500;
@@ -129,12 +127,11 @@ impl KinesisStream {
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        let message = error_text(&err);
-        self.sorted(op, err.code(), classify(&err), message)
+        sdk_stream_error(op, err, &self.endpoint)
     }
 
-    /// One answer's error, by its code first and its [`Failure`] second: the one mapping
-    /// of calls and of a subscription's error events.
+    /// A subscription error event's error, by its code first and its [`Failure`] second
+    /// (the one mapping, [`stream_error`]).
     fn sorted(
         &self,
         op: &'static str,
@@ -142,24 +139,7 @@ impl KinesisStream {
         failure: Failure,
         message: String,
     ) -> StreamError {
-        match (code, failure) {
-            (Some("ExpiredIteratorException"), _) => StreamError::IteratorExpired { op, message },
-            (Some("ResourceNotFoundException"), _) => StreamError::NotFound { op, message },
-            (Some("ResourceInUseException"), _) => StreamError::InUse { op, message },
-            (Some("InvalidArgumentException" | "ValidationException"), _) => {
-                StreamError::InvalidArgument { op, message }
-            }
-            (Some(KMS_THROTTLING), _) | (_, Failure::Throttled) => {
-                StreamError::Throttled { op, message }
-            }
-            (_, Failure::Transient) => StreamError::Transient {
-                op,
-                endpoint: self.endpoint.clone(),
-                message,
-            },
-            (_, Failure::Denied) => StreamError::AccessDenied { op, message },
-            (_, Failure::Other) => StreamError::Other { op, message },
-        }
+        stream_error(op, code, failure, message, &self.endpoint)
     }
 
     async fn list(&self, stream: &str) -> Result<Vec<Shard>, StreamError> {
@@ -659,13 +639,6 @@ fn chunk_end(records: &[PutRecord], start: usize) -> usize {
         end += 1;
     }
     end
-}
-
-fn parse_sequence(op: &'static str, what: &str, text: &str) -> Result<SequenceNumber, StreamError> {
-    SequenceNumber::parse(text).map_err(|e| StreamError::Other {
-        op,
-        message: format!("{what}: malformed sequence number from the server: {e}"),
-    })
 }
 
 fn parse_range(

@@ -6,6 +6,7 @@
 
 mod cloudwatch;
 mod dynamodb;
+mod dynamodb_streams;
 mod kinesis;
 
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
@@ -16,7 +17,10 @@ pub use cloudwatch::{CloudWatchMetrics, IAM_ACTIONS as CLOUDWATCH_IAM_ACTIONS};
 pub use dynamodb::{
     DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, item_from_sdk, item_to_sdk,
 };
+pub use dynamodb_streams::{DynamoStreams, IAM_ACTIONS as DYNAMODB_STREAMS_IAM_ACTIONS};
 pub use kinesis::{IAM_ACTIONS as KINESIS_IAM_ACTIONS, KinesisStream};
+
+use crate::backend::StreamError;
 
 /// Endpoint URLs that replace the AWS ones (local servers). `None` means AWS.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -134,6 +138,67 @@ pub(crate) fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>)
         (_, Some(500..=599)) => Failure::Transient,
         _ => Failure::Other,
     }
+}
+
+/// Kinesis' throttling code for its KMS calls, throttling on top of [`THROTTLING_CODES`].
+pub(crate) const KMS_THROTTLING: &str = "KMSThrottlingException";
+
+/// The one mapping of a stream service's error to a [`StreamError`], by its code first
+/// and its [`Failure`] second: Kinesis calls, Kinesis subscription events and DynamoDB
+/// Streams calls all go through it, so the two sources cannot disagree on what a code
+/// means. Codes only one service sends (`TrimmedDataAccessException` is DynamoDB
+/// Streams', `KMSThrottlingException` Kinesis') never reach the other.
+pub(crate) fn stream_error(
+    op: &'static str,
+    code: Option<&str>,
+    failure: Failure,
+    message: String,
+    endpoint: &str,
+) -> StreamError {
+    match (code, failure) {
+        (Some("ExpiredIteratorException"), _) => StreamError::IteratorExpired { op, message },
+        (Some("ResourceNotFoundException"), _) => StreamError::NotFound { op, message },
+        (Some("ResourceInUseException"), _) => StreamError::InUse { op, message },
+        (Some("TrimmedDataAccessException"), _) => StreamError::Trimmed { op, message },
+        (Some("InvalidArgumentException" | "ValidationException"), _) => {
+            StreamError::InvalidArgument { op, message }
+        }
+        (Some(KMS_THROTTLING), _) | (_, Failure::Throttled) => {
+            StreamError::Throttled { op, message }
+        }
+        (_, Failure::Transient) => StreamError::Transient {
+            op,
+            endpoint: endpoint.to_owned(),
+            message,
+        },
+        (_, Failure::Denied) => StreamError::AccessDenied { op, message },
+        (_, Failure::Other) => StreamError::Other { op, message },
+    }
+}
+
+/// An SDK error of a stream service's call as a [`StreamError`] (see [`stream_error`]).
+pub(crate) fn sdk_stream_error<E>(
+    op: &'static str,
+    err: SdkError<E, HttpResponse>,
+    endpoint: &str,
+) -> StreamError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let message = error_text(&err);
+    stream_error(op, err.code(), classify(&err), message, endpoint)
+}
+
+/// A sequence number from a stream service's answer; `what` names where it was.
+pub(crate) fn parse_sequence(
+    op: &'static str,
+    what: &str,
+    text: &str,
+) -> Result<crate::model::SequenceNumber, StreamError> {
+    crate::model::SequenceNumber::parse(text).map_err(|e| StreamError::Other {
+        op,
+        message: format!("{what}: malformed sequence number from the server: {e}"),
+    })
 }
 
 /// An error and its causes, `: `-separated, each said once.
