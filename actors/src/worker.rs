@@ -10,7 +10,9 @@ use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use crate::backend::aws::{self, CloudWatchMetrics, DynamoLeaseTable, KinesisStream};
+use crate::backend::aws::{
+    self, CloudWatchMetrics, DynamoLeaseTable, DynamoStreams, KinesisStream,
+};
 use crate::backend::clock::Clock;
 use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::time_scan::TimeScan;
@@ -121,7 +123,11 @@ impl Backend {
         let table_sdk = sdk.clone();
         Self {
             streams: Arc::new(KinesisStream::new(&sdk, endpoints.kinesis.as_deref())),
-            table_streams: None,
+            // A local server serves DynamoDB Streams where it serves DynamoDB.
+            table_streams: Some(Arc::new(DynamoStreams::new(
+                &sdk,
+                endpoints.dynamodb.as_deref(),
+            ))),
             tables: Arc::new(move |name: &str| -> Arc<dyn LeaseTable> {
                 Arc::new(DynamoLeaseTable::new(
                     &table_sdk,

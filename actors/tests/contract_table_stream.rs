@@ -21,6 +21,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use flotilla_actors::backend::aws::DynamoStreams;
+use flotilla_actors::backend::memory::{MemoryTableStreams, MemoryTableStreamsConfig};
 use flotilla_actors::backend::{
     Capabilities, ItemWrite, IteratorPosition, Record, ShardIterator, StreamError, TABLE_KEY,
     TableStreamAdmin,
@@ -30,7 +31,6 @@ use flotilla_actors::model::{HashKeyRange, SequenceNumber, Shard, ShardId};
 use support::servers;
 
 /// How a tier's iterators can be made to expire within a test.
-#[allow(dead_code)] // `Advance` is the in-memory tier's.
 enum Expiry {
     /// Advance paused tokio time by this much: past the TTL.
     Advance(std::time::Duration),
@@ -44,7 +44,6 @@ type Rotate = Box<dyn Fn(&str) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Whether a test can make the stream close a shard and open its child. DynamoDB
 /// rotates a table's shards by itself (about every four hours); nothing asks it to.
-#[allow(dead_code)] // `Forced` is the in-memory tier's.
 enum Rotation {
     /// This closes the table's open shards, each continued by a child naming it.
     Forced(Rotate),
@@ -84,10 +83,13 @@ struct Env {
     streams: Arc<dyn TableStreamAdmin>,
     expect: Expect,
     tier: &'static str,
-    /// The server's DynamoDB endpoint, for a table made around the port (one without a
-    /// stream, which [`TableStreamAdmin`] cannot make); `None` on an in-memory tier.
-    endpoint: Option<String>,
+    /// Makes a table without a stream, which [`TableStreamAdmin`] cannot: around the
+    /// port, through the server's DynamoDB endpoint, or the memory backend's own call.
+    plain_table: MakeTable,
 }
+
+/// Makes the named table, without a stream.
+type MakeTable = Box<dyn Fn(&str) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl Env {
     fn server(endpoint: String, expect: Expect, tier: &'static str) -> Env {
@@ -95,7 +97,39 @@ impl Env {
             streams: Arc::new(DynamoStreams::new(&servers::sdk_config(), Some(&endpoint))),
             expect,
             tier,
-            endpoint: Some(endpoint),
+            plain_table: Box::new(move |table| {
+                let (endpoint, table) = (endpoint.clone(), table.to_owned());
+                Box::pin(async move { plain_table(&endpoint, &table).await })
+            }),
+        }
+    }
+
+    /// The memory backend, in paused time: iterators expire when time is advanced past
+    /// their 15 minutes, and shards rotate on demand.
+    async fn memory() -> Env {
+        let config = MemoryTableStreamsConfig::default();
+        let ttl = config.iterator_ttl;
+        let streams = MemoryTableStreams::new(config);
+        let (rotating, plain) = (streams.clone(), streams.clone());
+        Env {
+            streams: Arc::new(streams),
+            tier: "memory",
+            plain_table: Box::new(move |table| {
+                plain.create_table_without_stream(table).unwrap();
+                Box::pin(async {})
+            }),
+            expect: Expect {
+                expiry: Expiry::Advance(ttl + std::time::Duration::from_secs(1)),
+                rotation: Rotation::Forced(Box::new(move |table| {
+                    let arn = rotating.stream_arn(table).unwrap();
+                    rotating.rotate_all(&arn).unwrap();
+                    Box::pin(async {})
+                })),
+                garbage_iterator: Answer::AsDynamoDb,
+                unknown_shard: Answer::AsDynamoDb,
+                foreign_sequence: Answer::AsDynamoDb,
+                open_shard_has_end: None,
+            },
         }
     }
 
@@ -362,12 +396,8 @@ mod cases {
             env.tier
         );
 
-        let Some(endpoint) = &env.endpoint else {
-            eprintln!("{}: no table without a stream can be made here", env.tier);
-            return;
-        };
         let table = servers::unique_name("flotilla-plain");
-        plain_table(endpoint, &table).await;
+        (env.plain_table)(&table).await;
         let error = env
             .streams
             .describe_stream_summary(&format!("dynamodb:{table}"))
@@ -755,8 +785,11 @@ macro_rules! suite {
     };
 }
 
-// The in-memory tier goes here (paused time), once `MemoryTableStreams` is in this
-// branch: `suite!(memory, Env::memory().await, tokio::test(start_paused = true));`
+suite!(
+    memory,
+    Env::memory().await,
+    tokio::test(start_paused = true)
+);
 suite!(
     dynoxide,
     Env::dynoxide().await,

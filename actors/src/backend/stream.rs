@@ -281,7 +281,8 @@ impl StreamError {
 /// * `get_shard_iterator` with `AtSequence`/`AfterSequence` of a number that is not in
 ///   the shard is `InvalidArgument` (kinesis-mock answers `NotFound`); an unknown shard
 ///   is `NotFound`.
-/// * `get_records` returns at most `limit` records (1..=10,000), in increasing sequence
+/// * `get_records` returns at most `limit` records (1..=10,000; a DynamoDB Streams adapter
+///   serves at most [`Capabilities::max_records_per_call`], 1,000), in increasing sequence
 ///   order, none twice across successive iterators. An iterator older than five minutes
 ///   is `IteratorExpired`; a garbage iterator is `InvalidArgument` (or `Transient` where
 ///   the server answers with a bare 500, as kinesis-mock and moto do: a 5xx is always
