@@ -68,11 +68,12 @@ pub fn render_status(status: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "worker {}  application {}  stream {}  reading {}  state {}  up {}  shards {}  shard \
-         restarts {}",
+        "worker {}  application {}  stream {}  source {}  reading {}  state {}  up {}  shards {}  \
+         shard restarts {}",
         text(&status["worker_id"]),
         text(&status["application"]),
         text(&status["stream"]),
+        text(&status["source"]),
         text(&status["read_mode"]),
         text(&status["state"]),
         millis_as_duration(&status["uptime_ms"]),
@@ -171,9 +172,10 @@ pub fn render_fleet(fleet: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "application {}  stream {}  reading {}  seen by {} {} ago",
+        "application {}  stream {}  source {}  reading {}  seen by {} {} ago",
         text(&fleet["application"]),
         text(&fleet["stream"]),
+        text(&fleet["source"]),
         text(&fleet["read_mode"]),
         text(&fleet["observer"]),
         millis_as_duration(&fleet["scanned_ms_ago"]),

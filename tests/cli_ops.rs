@@ -491,6 +491,7 @@ async fn status_server() -> String {
         worker_id: "w-1".into(),
         application: "orders-audit".into(),
         stream: "orders".into(),
+        source: "kinesis",
         read_mode: "fanout",
         state: "running",
         uptime_ms: 3_723_000,
@@ -517,6 +518,7 @@ async fn status_server() -> String {
     let fleet = FleetView {
         application: "orders-audit".into(),
         stream: "orders".into(),
+        source: "kinesis",
         read_mode: "fanout",
         observer: "w-1".into(),
         scanned_ms_ago: 800,
@@ -618,7 +620,8 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     let lines: Vec<&str> = table.lines().collect();
     assert!(
         lines[0].starts_with(
-            "worker w-1  application orders-audit  stream orders  reading fanout  state running  \
+            "worker w-1  application orders-audit  stream orders  source kinesis  reading fanout  \
+             state running  \
              up 1h 2m 3s"
         ),
         "{table}"

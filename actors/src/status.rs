@@ -95,6 +95,8 @@ pub struct WorkerStatus {
     pub worker_id: String,
     pub application: String,
     pub stream: String,
+    /// What `stream` is: `kinesis` or `dynamodb-streams` (a table's change stream).
+    pub source: &'static str,
     /// How the worker reads: `polling` or `fanout`.
     pub read_mode: &'static str,
     /// `running`, `draining` (handing leases over before it stops) or `stopping`.
@@ -139,6 +141,8 @@ impl ShutdownReport {
 pub struct FleetView {
     pub application: String,
     pub stream: String,
+    /// What `stream` is: `kinesis` or `dynamodb-streams`.
+    pub source: &'static str,
     /// How the observer reads (`polling` or `fanout`; a fleet runs one settings file).
     pub read_mode: &'static str,
     /// The worker whose view this is.
@@ -194,6 +198,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     let mut view = FleetView {
         application: scan.application.to_owned(),
         stream: scan.stream.to_owned(),
+        source: crate::model::SourceKind::of_stream(scan.stream).as_str(),
         read_mode: scan.read_mode,
         observer: scan.observer.to_string(),
         malformed_rows: scan.malformed.to_vec(),

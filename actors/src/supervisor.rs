@@ -725,6 +725,7 @@ impl SupervisorState {
             worker_id: self.ctx.me.to_string(),
             application: self.ctx.application.clone(),
             stream: self.ctx.stream.clone(),
+            source: crate::model::SourceKind::of_stream(&self.ctx.stream).as_str(),
             read_mode: self.ctx.settings.reader.mode.as_str(),
             state: if self.shutting_down {
                 "stopping"
