@@ -115,6 +115,9 @@ struct ShardEntry {
     intensity: RestartIntensity,
     backoff: Backoff,
     restarts: u32,
+    /// Why the reader last failed: the status shows it while the shard waits to
+    /// restart (a shard that fails at once, as on a trimmed checkpoint, is mostly there).
+    last_failure: Option<String>,
     /// Being handed over to this worker: its end is the handoff task's to report.
     handing_off: Option<WorkerId>,
 }
@@ -206,6 +209,7 @@ impl Actor for Supervisor {
                             supervision.restart_backoff_max,
                         ),
                         restarts: 0,
+                        last_failure: None,
                         handing_off: None,
                     },
                 );
@@ -546,6 +550,7 @@ impl SupervisorState {
             return;
         };
         entry.reader = None;
+        entry.last_failure = Some(failure.clone());
         self.shard_restarts += 1;
         match entry.intensity.record(Instant::now().into_std()) {
             Verdict::Restart { attempt } => {
@@ -695,7 +700,7 @@ impl SupervisorState {
                 bytes_delivered: 0,
                 records_per_second: 0.0,
                 bytes_per_second: 0.0,
-                last_error: None,
+                last_error: entry.last_failure.clone(),
                 in_flight_records: 0,
                 in_flight_bytes: 0,
                 restarts: entry.restarts,

@@ -3,9 +3,12 @@
 //! The rule follows the KCL: a shard is leased when it is open, when one of its parents
 //! is (or is about to be) leased, or always when the application starts from the oldest
 //! records (TRIM_HORIZON / AT_TIMESTAMP). A shard whose parent is leased starts at
-//! TRIM_HORIZON whatever the initial position: its first records follow its parent's
-//! last ones, and skipping them would lose data. Other shards start at the initial
-//! position.
+//! TRIM_HORIZON (even at LATEST): its first records follow its parent's last ones, and
+//! skipping them would lose data. At AT_TIMESTAMP it starts at the time, as the KCL's
+//! do: its changes from the time on follow its parent's, and those before it follow a
+//! parent that ended before the time (a DynamoDB stream's shards rotate every few
+//! hours), before where the application asked to start. Other shards start at the
+//! initial position.
 //!
 //! A closed shard with no row whose child has one is finished: its row was deleted
 //! after it ended and its children started. It is never leased again (reading it anew
@@ -63,10 +66,18 @@ pub fn plan_new_leases(
             decided.insert(shard.id.clone());
             let parent_leased = shard.parents().any(|p| known.contains(p));
             if lease_everything || shard.is_open() || parent_leased {
-                let checkpoint = if parent_leased {
+                let checkpoint = match initial {
+                    Checkpoint::AtTimestamp => Checkpoint::AtTimestamp,
                     Checkpoint::TrimHorizon
-                } else {
-                    initial.clone()
+                    | Checkpoint::Latest
+                    | Checkpoint::At(_)
+                    | Checkpoint::ShardEnd => {
+                        if parent_leased {
+                            Checkpoint::TrimHorizon
+                        } else {
+                            initial.clone()
+                        }
+                    }
                 };
                 known.insert(shard.id.clone());
                 planned.push(lease_for(shard, checkpoint));
@@ -261,11 +272,16 @@ mod tests {
     }
 
     #[test]
-    fn at_timestamp_roots_start_at_the_timestamp() {
+    fn at_timestamp_starts_every_shard_at_the_timestamp_children_too() {
         let got = plan(&history(), &[0, 1, 2, 3], Checkpoint::AtTimestamp);
-        assert_eq!(got, vec![(4, Checkpoint::TrimHorizon)]);
+        assert_eq!(got, vec![(4, Checkpoint::AtTimestamp)]);
         let got = plan(&[shard(3, &[], true)], &[], Checkpoint::AtTimestamp);
         assert_eq!(got, vec![(3, Checkpoint::AtTimestamp)]);
+        // A shard that ended before the time starts at its end; its children at
+        // TRIM_HORIZON would deliver their changes from before the time.
+        let got = plan(&history(), &[], Checkpoint::AtTimestamp);
+        let all: Vec<_> = (0..5).map(|i| (i, Checkpoint::AtTimestamp)).collect();
+        assert_eq!(got, all);
     }
 
     #[test]
