@@ -312,46 +312,70 @@ pub trait StreamClient: Send + Sync + 'static {
 
     /// RegisterStreamConsumer: registers an enhanced fan-out consumer of the stream
     /// (by its ARN). A consumer of that name already there is `InUse`.
+    ///
+    /// The five fan-out calls default to [`no_fan_out`]: a source without enhanced
+    /// fan-out (a DynamoDB table's stream) leaves them out; every Kinesis adapter
+    /// implements them.
     fn register_stream_consumer<'a>(
         &'a self,
-        stream_arn: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Consumer, StreamError>>;
+        _stream_arn: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
+        Box::pin(async { Err(no_fan_out("RegisterStreamConsumer")) })
+    }
 
     /// DescribeStreamConsumer by the stream's ARN and the consumer's name; an unknown
     /// consumer is `NotFound`.
     fn describe_stream_consumer<'a>(
         &'a self,
-        stream_arn: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Consumer, StreamError>>;
+        _stream_arn: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
+        Box::pin(async { Err(no_fan_out("DescribeStreamConsumer")) })
+    }
 
     /// ListStreamConsumers, every page.
     fn list_stream_consumers<'a>(
         &'a self,
-        stream_arn: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>>;
+        _stream_arn: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>> {
+        Box::pin(async { Err(no_fan_out("ListStreamConsumers")) })
+    }
 
     /// DeregisterStreamConsumer by the consumer's ARN (by name, moto deletes every
     /// other consumer of the stream instead).
     fn deregister_stream_consumer<'a>(
         &'a self,
-        consumer_arn: &'a str,
-    ) -> BoxFuture<'a, Result<(), StreamError>>;
+        _consumer_arn: &'a str,
+    ) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async { Err(no_fan_out("DeregisterStreamConsumer")) })
+    }
 
     /// SubscribeToShard: opens a push subscription of `consumer_arn` to `shard`. The
     /// answer is a [`Subscription`] the caller pulls events from, one at a time: what
     /// it does not pull, the server is not sent for (flow control holds it).
     fn subscribe_to_shard<'a>(
         &'a self,
-        consumer_arn: &'a str,
-        shard: &'a ShardId,
-        position: &'a IteratorPosition,
-    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>>;
+        _consumer_arn: &'a str,
+        _shard: &'a ShardId,
+        _position: &'a IteratorPosition,
+    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>> {
+        Box::pin(async { Err(no_fan_out("SubscribeToShard")) })
+    }
 
     /// What this server reports; see [`Capabilities`].
     fn capabilities(&self) -> Capabilities {
         Capabilities::FULL
+    }
+}
+
+/// The answer of a fan-out call to a source that has no enhanced fan-out.
+pub fn no_fan_out(op: &'static str) -> StreamError {
+    StreamError::InvalidArgument {
+        op,
+        message: "enhanced fan-out is a Kinesis feature; DynamoDB Streams are read by polling \
+                  (reader.mode = \"polling\")"
+            .to_owned(),
     }
 }
 

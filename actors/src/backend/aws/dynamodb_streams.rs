@@ -47,8 +47,8 @@ use tokio::time::Instant;
 use super::{parse_sequence, sdk_stream_error};
 
 use crate::backend::{
-    Capabilities, Consumer, ItemWrite, IteratorPosition, Record, RecordBatch, ShardIterator,
-    StreamClient, StreamError, StreamSummary, Subscription, TABLE_KEY, TableStreamAdmin,
+    Capabilities, ItemWrite, IteratorPosition, Record, RecordBatch, ShardIterator, StreamClient,
+    StreamError, StreamSummary, TABLE_KEY, TableStreamAdmin,
 };
 use crate::model::change::{
     AttributeValue, ChangeBody, ChangeKind, Item, StreamViewType, UserIdentity, item_key_text,
@@ -81,10 +81,6 @@ pub const IAM_ACTIONS: &[&str] = &[
     "dynamodb:GetRecords",
     "dynamodb:DescribeTable",
 ];
-
-/// What a polling reader is told when asked for enhanced fan-out.
-const NO_FAN_OUT: &str = "enhanced fan-out (reader.mode = \"fanout\") is a Kinesis feature: \
-     DynamoDB Streams are read by polling (reader.mode = \"polling\")";
 
 /// A DynamoDB Streams client (and the DynamoDB client its table calls need).
 #[derive(Debug, Clone)]
@@ -685,56 +681,9 @@ impl StreamClient for DynamoStreams {
         Box::pin(self.summary(stream))
     }
 
-    fn register_stream_consumer<'a>(
-        &'a self,
-        _stream_arn: &'a str,
-        _name: &'a str,
-    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
-        Box::pin(no_fan_out("RegisterStreamConsumer"))
-    }
-
-    fn describe_stream_consumer<'a>(
-        &'a self,
-        _stream_arn: &'a str,
-        _name: &'a str,
-    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
-        Box::pin(no_fan_out("DescribeStreamConsumer"))
-    }
-
-    fn list_stream_consumers<'a>(
-        &'a self,
-        _stream_arn: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>> {
-        Box::pin(no_fan_out("ListStreamConsumers"))
-    }
-
-    fn deregister_stream_consumer<'a>(
-        &'a self,
-        _consumer_arn: &'a str,
-    ) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(no_fan_out("DeregisterStreamConsumer"))
-    }
-
-    fn subscribe_to_shard<'a>(
-        &'a self,
-        _consumer_arn: &'a str,
-        _shard: &'a ShardId,
-        _position: &'a IteratorPosition,
-    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>> {
-        Box::pin(no_fan_out("SubscribeToShard"))
-    }
-
     fn capabilities(&self) -> Capabilities {
         Capabilities::TABLE_STREAM
     }
-}
-
-/// The answer to every enhanced fan-out call.
-async fn no_fan_out<T>(op: &'static str) -> Result<T, StreamError> {
-    Err(StreamError::InvalidArgument {
-        op,
-        message: NO_FAN_OUT.to_owned(),
-    })
 }
 
 impl TableStreamAdmin for DynamoStreams {

@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use super::stream::{MemoryStreams, MemoryStreamsConfig, ReadRules};
 use crate::backend::clock::Clock;
 use crate::backend::{
-    Capabilities, Consumer, ItemWrite, IteratorPosition, RecordBatch, ShardIterator, StreamClient,
-    StreamError, StreamSummary, Subscription, TABLE_KEY, TableStreamAdmin,
+    Capabilities, ItemWrite, IteratorPosition, RecordBatch, ShardIterator, StreamClient,
+    StreamError, StreamSummary, TABLE_KEY, TableStreamAdmin,
 };
 use crate::model::change::{
     AttributeValue, ChangeBody, ChangeKind, Item, StreamViewType, UserIdentity, item_key_text,
@@ -526,14 +526,6 @@ fn value_size(value: &AttributeValue) -> usize {
     }
 }
 
-fn no_fan_out(op: &'static str) -> StreamError {
-    StreamError::InvalidArgument {
-        op,
-        message: "enhanced fan-out is a Kinesis feature; DynamoDB Streams are read by polling"
-            .into(),
-    }
-}
-
 impl StreamClient for MemoryTableStreams {
     /// DescribeStream's shards: every shard, open and closed (until retention passes
     /// after it closed), each with the whole key space: a table stream's shards have
@@ -618,45 +610,6 @@ impl StreamClient for MemoryTableStreams {
                 retention_hours: (self.config.retention.as_secs() / 3600) as u32,
             })
         })
-    }
-
-    fn register_stream_consumer<'a>(
-        &'a self,
-        _stream_arn: &'a str,
-        _name: &'a str,
-    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
-        Box::pin(async move { Err(no_fan_out("RegisterStreamConsumer")) })
-    }
-
-    fn describe_stream_consumer<'a>(
-        &'a self,
-        _stream_arn: &'a str,
-        _name: &'a str,
-    ) -> BoxFuture<'a, Result<Consumer, StreamError>> {
-        Box::pin(async move { Err(no_fan_out("DescribeStreamConsumer")) })
-    }
-
-    fn list_stream_consumers<'a>(
-        &'a self,
-        _stream_arn: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<Consumer>, StreamError>> {
-        Box::pin(async move { Err(no_fan_out("ListStreamConsumers")) })
-    }
-
-    fn deregister_stream_consumer<'a>(
-        &'a self,
-        _consumer_arn: &'a str,
-    ) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(async move { Err(no_fan_out("DeregisterStreamConsumer")) })
-    }
-
-    fn subscribe_to_shard<'a>(
-        &'a self,
-        _consumer_arn: &'a str,
-        _shard: &'a ShardId,
-        _position: &'a IteratorPosition,
-    ) -> BoxFuture<'a, Result<Box<dyn Subscription>, StreamError>> {
-        Box::pin(async move { Err(no_fan_out("SubscribeToShard")) })
     }
 
     fn capabilities(&self) -> Capabilities {
