@@ -10,7 +10,6 @@
 //! [`crate::Record::dynamodb_change`] and get this type. Both adapters (AWS and memory)
 //! build it, so the two cannot drift apart.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -18,44 +17,11 @@ use serde::{Deserialize, Serialize};
 /// One DynamoDB attribute value, in DynamoDB's JSON: `{"S": "text"}`, `{"N": "12.5"}`,
 /// `{"B": "<base64>"}`, sets, `{"M": {...}}`, `{"L": [...]}`, `{"NULL": true}`,
 /// `{"BOOL": false}`. Numbers stay text (DynamoDB's are 38 digits, wider than `f64`).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum AttributeValue {
-    S(String),
-    N(String),
-    /// Base64 of the bytes, as DynamoDB's JSON carries them.
-    B(String),
-    SS(Vec<String>),
-    NS(Vec<String>),
-    BS(Vec<String>),
-    M(BTreeMap<String, AttributeValue>),
-    L(Vec<AttributeValue>),
-    #[serde(rename = "NULL")]
-    Null(bool),
-    #[serde(rename = "BOOL")]
-    Bool(bool),
-}
-
-impl AttributeValue {
-    /// The text of a string value; `None` for any other type.
-    pub fn as_s(&self) -> Option<&str> {
-        match self {
-            Self::S(text) => Some(text),
-            _ => None,
-        }
-    }
-
-    /// The text of a number value; `None` for any other type.
-    pub fn as_n(&self) -> Option<&str> {
-        match self {
-            Self::N(text) => Some(text),
-            _ => None,
-        }
-    }
-}
-
+/// The lease-table codec's type: one definition of DynamoDB's values.
+pub use super::item::AttrValue as AttributeValue;
 /// An item (or a key) as a map of attribute names to values, ordered by name so that
 /// its JSON is the same text for the same item.
-pub type Item = BTreeMap<String, AttributeValue>;
+pub use super::item::Item;
 
 /// What happened to the item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -13,8 +13,10 @@ use super::{
     SequenceNumber, ShardId, WorkerId, WorkerLoad,
 };
 
-/// A DynamoDB attribute value, serialised the way DynamoDB JSON writes it (`{"S": ".."}`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+/// A DynamoDB attribute value, serialised the way DynamoDB JSON writes it (`{"S": ".."}`):
+/// the lease table's rows and a table stream's item images alike
+/// ([`super::change::AttributeValue`] is this type).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AttrValue {
     S(String),
     /// Numbers travel as decimal text.
@@ -33,6 +35,22 @@ pub enum AttrValue {
 }
 
 impl AttrValue {
+    /// The text of a string value; `None` for any other type.
+    pub fn as_s(&self) -> Option<&str> {
+        match self {
+            Self::S(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The text of a number value; `None` for any other type.
+    pub fn as_n(&self) -> Option<&str> {
+        match self {
+            Self::N(text) => Some(text),
+            _ => None,
+        }
+    }
+
     /// The DynamoDB type letter, for error messages.
     pub fn type_name(&self) -> &'static str {
         match self {

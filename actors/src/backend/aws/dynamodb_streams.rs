@@ -400,11 +400,12 @@ impl DynamoStreams {
             match write {
                 ItemWrite::Put { attributes } => {
                     const OP: &str = "PutItem";
-                    let item =
-                        item_to_sdk(attributes).map_err(|why| StreamError::InvalidArgument {
+                    let item = super::dynamodb::item_to_sdk(OP, attributes).map_err(|why| {
+                        StreamError::InvalidArgument {
                             op: OP,
                             message: format!("table {table}: write {index}: {why}"),
-                        })?;
+                        }
+                    })?;
                     self.tables
                         .put_item()
                         .table_name(table)
@@ -604,51 +605,6 @@ fn attribute_from_sdk(
     })
 }
 
-/// An item to write, as aws-sdk-dynamodb takes it; binary values are base64 in ours.
-fn item_to_sdk(
-    item: &Item,
-) -> Result<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>, String> {
-    item.iter()
-        .map(|(name, value)| {
-            attribute_to_sdk(value)
-                .map(|v| (name.clone(), v))
-                .map_err(|why| format!("attribute {name}: {why}"))
-        })
-        .collect()
-}
-
-fn attribute_to_sdk(
-    value: &AttributeValue,
-) -> Result<aws_sdk_dynamodb::types::AttributeValue, String> {
-    use aws_sdk_dynamodb::types::AttributeValue as Sdk;
-    let blob = |text: &String| {
-        BASE64
-            .decode(text)
-            .map(Blob::new)
-            .map_err(|e| format!("binary value is not base64: {e}"))
-    };
-    Ok(match value {
-        AttributeValue::S(s) => Sdk::S(s.clone()),
-        AttributeValue::N(n) => Sdk::N(n.clone()),
-        AttributeValue::B(b) => Sdk::B(blob(b)?),
-        AttributeValue::SS(ss) => Sdk::Ss(ss.clone()),
-        AttributeValue::NS(ns) => Sdk::Ns(ns.clone()),
-        AttributeValue::BS(bs) => Sdk::Bs(bs.iter().map(blob).collect::<Result<_, _>>()?),
-        AttributeValue::M(map) => Sdk::M(
-            map.iter()
-                .map(|(k, v)| attribute_to_sdk(v).map(|v| (k.clone(), v)))
-                .collect::<Result<_, _>>()?,
-        ),
-        AttributeValue::L(list) => Sdk::L(
-            list.iter()
-                .map(attribute_to_sdk)
-                .collect::<Result<_, _>>()?,
-        ),
-        AttributeValue::Null(n) => Sdk::Null(*n),
-        AttributeValue::Bool(b) => Sdk::Bool(*b),
-    })
-}
-
 impl StreamClient for DynamoStreams {
     fn list_shards<'a>(
         &'a self,
@@ -782,9 +738,14 @@ mod tests {
             let data: serde_json::Value = serde_json::from_slice(&record.data).unwrap();
             assert_eq!(data["dynamodb"]["NewImage"][name], want, "{name}");
             // And back, for writes: the same value as aws-sdk-dynamodb's.
-            let ours = attribute_from_sdk(&value).unwrap();
-            let written = attribute_to_sdk(&ours).unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(format!("{written:?}"), format!("{value:?}"), "{name}");
+            let ours = Item::from([(name.to_owned(), attribute_from_sdk(&value).unwrap())]);
+            let written = super::super::dynamodb::item_to_sdk("PutItem", &ours)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                format!("{:?}", written[name]),
+                format!("{value:?}"),
+                "{name}"
+            );
         }
     }
 
@@ -982,9 +943,11 @@ mod tests {
             ("pk".to_owned(), AttributeValue::S("a".into())),
             ("b".to_owned(), AttributeValue::B("not base64!".into())),
         ]);
-        let error = item_to_sdk(&item).unwrap_err();
+        let error = super::super::dynamodb::item_to_sdk("PutItem", &item)
+            .unwrap_err()
+            .to_string();
         assert!(
-            error.contains("attribute b: binary value is not base64"),
+            error.contains("binary attribute value is not base64"),
             "{error}"
         );
     }
