@@ -4,40 +4,143 @@
 //!   service needs (a grace period that covers the drain, probes on the status port,
 //!   a locked-down pod, a lease table with PITR and deletion protection, metrics fenced
 //!   by namespace);
-//! * the IAM policies grant exactly the AWS actions the adapters call, no more and no
-//!   fewer: each adapter's `IAM_ACTIONS` is checked against the SDK calls in its source,
-//!   and the policies against the union of `IAM_ACTIONS`, less what a worker never does;
+//! * the IAM policies grant exactly the AWS actions the adapters call, on the resources
+//!   they call them on, no more and no fewer, for each source (a Kinesis stream, a
+//!   DynamoDB table's stream) and read mode: each adapter's `IAM_ACTIONS` is checked
+//!   against the SDK calls in its source, and the policies against the union of the
+//!   `IAM_ACTIONS` of the adapters a worker of that source uses, less what a worker
+//!   never does;
 //! * the Dockerfile is multi-stage, runs as a numeric non-root user and stops on SIGTERM.
 //!
 //! The CloudFormation template uses the short-form tags (`!Ref`, `!Sub`, `!GetAtt`...);
-//! serde_yaml_ng keeps them as `Value::Tagged`, which [`tagged`] unwraps.
+//! serde_yaml_ng keeps them as `Value::Tagged`, which [`tagged`] unwraps, and [`Stack`]
+//! evaluates the few the template uses (conditions, rules, outputs) for given parameters.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_actors::backend::aws::{
-    CLOUDWATCH_IAM_ACTIONS, DYNAMODB_IAM_ACTIONS, KINESIS_IAM_ACTIONS,
+    CLOUDWATCH_IAM_ACTIONS, DYNAMODB_IAM_ACTIONS, DYNAMODB_STREAMS_IAM_ACTIONS, KINESIS_IAM_ACTIONS,
 };
+use flotilla_actors::model::{Source, SourceKind};
 use flotilla_actors::settings::Settings;
 use serde_yaml_ng::Value;
 
-/// Actions the adapters call that a deployed worker never makes, so no policy in
-/// `deploy/` grants them: [`StreamAdmin`](flotilla_actors::backend::StreamAdmin)'s
-/// calls, for the demo's producer, tests and operators.
-const NEVER_GRANTED: &[&str] = &[
-    "kinesis:CreateStream",
-    "kinesis:DeleteStream",
-    "kinesis:PutRecords",
-    "kinesis:SplitShard",
-    "kinesis:MergeShards",
-    // `flotilla consumer deregister`.
-    "kinesis:DeregisterStreamConsumer",
+/// What a permission is on: the role of its IAM resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum On {
+    /// The Kinesis stream (`…:stream/NAME`).
+    Stream,
+    /// The fan-out consumer (`…:stream/NAME/consumer/CONSUMER:*`).
+    Consumer,
+    /// The source table's streams (`…:table/TABLE/stream/*`).
+    TableStream,
+    /// The source table itself (`…:table/TABLE`), to find its current stream.
+    SourceTable,
+    /// The lease table.
+    LeaseTable,
+    /// `*`: PutMetricData has no resource-level permissions (a condition fences it).
+    Anything,
+}
+
+/// An action on a resource.
+type Permission = (String, On);
+
+/// One adapter in `actors/src/backend/aws/`.
+struct Adapter {
+    file: &'static str,
+    /// Its SDK clients, as [`sdk_operations`] finds them: the scan's anchors.
+    clients: &'static [&'static str],
+    /// The IAM service prefix of its actions.
+    service: &'static str,
+    /// Its `IAM_ACTIONS`.
+    declared: &'static [&'static str],
+    /// Actions the file calls that a deployed worker never makes, so no policy in
+    /// `deploy/` grants them (whether or not `IAM_ACTIONS` lists them).
+    never_granted: &'static [&'static str],
+    /// The sources whose workers use it.
+    sources: &'static [SourceKind],
+    /// What each of its actions is on.
+    on: fn(&str) -> On,
+}
+
+const EVERY_SOURCE: &[SourceKind] = &[SourceKind::Kinesis, SourceKind::DynamoDbStreams];
+
+/// The four adapters. A Kinesis worker reads with `kinesis.rs`, a table-stream worker
+/// with `dynamodb_streams.rs` (and makes no Kinesis call); both keep their leases with
+/// `dynamodb.rs` and publish with `cloudwatch.rs`.
+const ADAPTERS: &[Adapter] = &[
+    Adapter {
+        file: "kinesis.rs",
+        clients: &["client"],
+        service: "kinesis",
+        declared: KINESIS_IAM_ACTIONS,
+        // StreamAdmin's calls (the demo's producer, tests, operators) and
+        // `flotilla consumer deregister`.
+        never_granted: &[
+            "kinesis:CreateStream",
+            "kinesis:DeleteStream",
+            "kinesis:PutRecords",
+            "kinesis:SplitShard",
+            "kinesis:MergeShards",
+            "kinesis:DeregisterStreamConsumer",
+        ],
+        sources: &[SourceKind::Kinesis],
+        on: |action| {
+            if ON_THE_CONSUMER.contains(&action) {
+                On::Consumer
+            } else {
+                On::Stream
+            }
+        },
+    },
+    Adapter {
+        file: "dynamodb_streams.rs",
+        clients: &[".streams", ".tables"],
+        service: "dynamodb",
+        declared: DYNAMODB_STREAMS_IAM_ACTIONS,
+        // TableStreamAdmin's calls on a source table (the demo's and tests'), which
+        // IAM_ACTIONS leaves out. (Its wait for a new table also calls DescribeTable,
+        // which a worker makes too, to find a table's current stream.)
+        never_granted: &[
+            "dynamodb:CreateTable",
+            "dynamodb:DeleteTable",
+            "dynamodb:PutItem",
+            "dynamodb:DeleteItem",
+        ],
+        sources: &[SourceKind::DynamoDbStreams],
+        on: |action| {
+            if action == "dynamodb:DescribeTable" {
+                On::SourceTable
+            } else {
+                On::TableStream
+            }
+        },
+    },
+    Adapter {
+        file: "dynamodb.rs",
+        clients: &["client"],
+        service: "dynamodb",
+        declared: DYNAMODB_IAM_ACTIONS,
+        never_granted: &[],
+        sources: EVERY_SOURCE,
+        on: |_| On::LeaseTable,
+    },
+    Adapter {
+        file: "cloudwatch.rs",
+        clients: &["client"],
+        service: "cloudwatch",
+        declared: CLOUDWATCH_IAM_ACTIONS,
+        never_granted: &[],
+        sources: EVERY_SOURCE,
+        on: |_| On::Anything,
+    },
 ];
 
-/// What only a worker in fan-out mode calls (reader.mode = "fanout"): granted by the
-/// stack with `ReadMode=fanout`, and by `deploy/iam-policy-fanout.json`.
+/// What only a worker in fan-out mode calls (reader.mode = "fanout", Kinesis only):
+/// granted by the stack with `ReadMode=fanout`, and by `deploy/iam-policy-fanout.json`.
 const FANOUT_ONLY: &[&str] = &[
     "kinesis:RegisterStreamConsumer",
     "kinesis:ListStreamConsumers",
@@ -49,15 +152,38 @@ const FANOUT_ONLY: &[&str] = &[
 const ON_THE_CONSUMER: &[&str] = &["kinesis:DescribeStreamConsumer", "kinesis:SubscribeToShard"];
 
 /// Not granted by the CloudFormation stack, which makes the lease table itself (a
-/// worker calls CreateTable only when the table is missing). `deploy/iam-policy.json`,
-/// for tables made by the first worker, does grant it.
-const MADE_BY_THE_STACK: &[&str] = &["dynamodb:CreateTable"];
+/// worker calls CreateTable only when the table is missing). The standalone policies,
+/// for tables made by the first worker, do grant it.
+const MADE_BY_THE_STACK: &[(&str, On)] = &[("dynamodb:CreateTable", On::LeaseTable)];
 
-/// The three adapters: file, IAM service prefix, and the `IAM_ACTIONS` it declares.
-const ADAPTERS: &[(&str, &str, &[&str])] = &[
-    ("kinesis.rs", "kinesis", KINESIS_IAM_ACTIONS),
-    ("dynamodb.rs", "dynamodb", DYNAMODB_IAM_ACTIONS),
-    ("cloudwatch.rs", "cloudwatch", CLOUDWATCH_IAM_ACTIONS),
+/// A worker's source and read mode: what decides the calls it makes.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    source: SourceKind,
+    fanout: bool,
+}
+
+/// Every valid combination (DynamoDB Streams has no fan-out).
+const CASES: &[Case] = &[
+    Case {
+        source: SourceKind::Kinesis,
+        fanout: false,
+    },
+    Case {
+        source: SourceKind::Kinesis,
+        fanout: true,
+    },
+    Case {
+        source: SourceKind::DynamoDbStreams,
+        fanout: false,
+    },
+];
+
+/// The standalone policies, and the worker each is for.
+const STANDALONE_POLICIES: &[(&str, Case)] = &[
+    ("deploy/iam-policy.json", CASES[0]),
+    ("deploy/iam-policy-fanout.json", CASES[1]),
+    ("deploy/iam-policy-dynamodb-streams.json", CASES[2]),
 ];
 
 const STATUS_PORT: u64 = 9797;
@@ -435,7 +561,6 @@ fn the_service_account_names_an_iam_role() {
 #[test]
 fn the_configmap_names_the_stream_application_and_namespace_of_the_stack() {
     let settings = pod_settings();
-    assert!(!settings.worker.stream.is_empty());
     assert!(!settings.worker.application.is_empty());
     assert!(
         settings.aws.region.is_some(),
@@ -451,6 +576,28 @@ fn the_configmap_names_the_stream_application_and_namespace_of_the_stack() {
         ),
         "the workers publish to another namespace than the policy allows by default"
     );
+
+    // worker.stream is what a stack for this source tells the workers to read, and
+    // that stack is valid with the ConfigMap's application as its ApplicationName.
+    let source = Source::parse(&settings.worker.stream)
+        .unwrap_or_else(|e| panic!("the ConfigMap's worker.stream: {e}"));
+    let application = settings.worker.application.as_str();
+    let stack = match &source {
+        Source::Kinesis { stream } => Stack::new(&[
+            ("ApplicationName", application),
+            ("SourceType", "kinesis"),
+            ("StreamName", stream),
+        ]),
+        Source::Table { table } | Source::TableStream { table, .. } => Stack::new(&[
+            ("ApplicationName", application),
+            ("SourceType", "dynamodb-streams"),
+            ("SourceTable", table),
+        ]),
+    };
+    assert_eq!(stack.refusals(), Vec::<String>::new());
+    if !matches!(source, Source::TableStream { .. }) {
+        assert_eq!(stack.output("WorkerStream"), settings.worker.stream);
+    }
 }
 
 // ---- CloudFormation --------------------------------------------------------------
@@ -471,9 +618,9 @@ fn resource<'a>(template: &'a Value, kind: &str) -> &'a Value {
     found[0]
 }
 
-/// The statements in force in a read mode: a statement may be `!If [FanOut, S,
-/// !Ref AWS::NoValue]`, present in fan-out mode only.
-fn statements(policy_document: &Value, fanout: bool) -> Vec<&Value> {
+/// The statements in force: a statement may be `!If [CONDITION, S, !Ref AWS::NoValue]`,
+/// present when `holds(CONDITION)`.
+fn statements<'a>(policy_document: &'a Value, holds: &dyn Fn(&str) -> bool) -> Vec<&'a Value> {
     at(policy_document, "policy", &["Statement"])
         .as_sequence()
         .expect("Statement is not a list")
@@ -481,18 +628,23 @@ fn statements(policy_document: &Value, fanout: bool) -> Vec<&Value> {
         .filter_map(|statement| match tagged(statement) {
             Some((tag, args)) if tag == "!If" => {
                 let args = args.as_sequence().expect("!If takes a list");
-                assert_eq!(args[0].as_str(), Some("FanOut"), "{statement:?}");
+                let condition = args[0].as_str().expect("!If [CONDITION, ...]");
                 assert_eq!(
                     tagged(&args[2]).map(|(tag, v)| (tag, v.as_str().map(str::to_owned))),
                     Some(("!Ref".to_owned(), Some("AWS::NoValue".to_owned()))),
                     "{statement:?}"
                 );
-                fanout.then_some(&args[1])
+                holds(condition).then_some(&args[1])
             }
             Some((tag, _)) => panic!("a statement tagged {tag}"),
             None => Some(statement),
         })
         .collect()
+}
+
+/// Every statement, whatever the conditions.
+fn all_statements(policy_document: &Value) -> Vec<&Value> {
+    statements(policy_document, &|_| true)
 }
 
 /// A statement's actions: `Action` as one string or a list.
@@ -511,26 +663,102 @@ fn actions(statement: &Value) -> Vec<String> {
     }
 }
 
-/// Every action the policy allows; refuses wildcards and Deny statements (whose
-/// arithmetic this test does not do).
-fn granted(policy_document: &Value, fanout: bool) -> BTreeSet<String> {
+/// The resources a policy may name, exactly, and what each is: in the template
+/// (`!Sub` text, or `!GetAtt LeaseTable.Arn`)...
+const TEMPLATE_RESOURCES: &[(&str, On)] = &[
+    (
+        "arn:${AWS::Partition}:kinesis:${AWS::Region}:${AWS::AccountId}:stream/${StreamName}",
+        On::Stream,
+    ),
+    (
+        "arn:${AWS::Partition}:kinesis:${AWS::Region}:${AWS::AccountId}:stream/${StreamName}/consumer/${Consumer}:*",
+        On::Consumer,
+    ),
+    (
+        "arn:${AWS::Partition}:dynamodb:${AWS::Region}:${AWS::AccountId}:table/${SourceTable}/stream/*",
+        On::TableStream,
+    ),
+    (
+        "arn:${AWS::Partition}:dynamodb:${AWS::Region}:${AWS::AccountId}:table/${SourceTable}",
+        On::SourceTable,
+    ),
+    ("!GetAtt LeaseTable.Arn", On::LeaseTable),
+    ("*", On::Anything),
+];
+
+/// ...and in the standalone policies (placeholders to replace).
+const POLICY_RESOURCES: &[(&str, On)] = &[
+    (
+        "arn:aws:kinesis:${Region}:${AccountId}:stream/${StreamName}",
+        On::Stream,
+    ),
+    (
+        "arn:aws:kinesis:${Region}:${AccountId}:stream/${StreamName}/consumer/${ConsumerName}:*",
+        On::Consumer,
+    ),
+    (
+        "arn:aws:dynamodb:${Region}:${AccountId}:table/${SourceTable}/stream/*",
+        On::TableStream,
+    ),
+    (
+        "arn:aws:dynamodb:${Region}:${AccountId}:table/${SourceTable}",
+        On::SourceTable,
+    ),
+    (
+        "arn:aws:dynamodb:${Region}:${AccountId}:table/${ApplicationName}",
+        On::LeaseTable,
+    ),
+    ("*", On::Anything),
+];
+
+/// A statement's one `Resource` as text: a string, the text of a `!Sub` (its first
+/// argument in the list form), or `!GetAtt X`.
+fn resource_text(statement: &Value) -> String {
+    let resource = at(statement, "statement", &["Resource"]);
+    match tagged(resource) {
+        None => resource
+            .as_str()
+            .unwrap_or_else(|| panic!("Resource {resource:?} is not one string"))
+            .to_owned(),
+        Some((tag, arg)) => match (tag.as_str(), arg) {
+            ("!Sub", Value::String(text)) => text.clone(),
+            ("!Sub", Value::Sequence(args)) => args[0].as_str().unwrap().to_owned(),
+            ("!GetAtt", Value::String(attribute)) => format!("!GetAtt {attribute}"),
+            _ => panic!("Resource {resource:?}: no rule for {tag} in this test"),
+        },
+    }
+}
+
+/// Every action the statements allow, each with what it is on; refuses wildcard
+/// actions, Deny statements (whose arithmetic this test does not do), a resource that
+/// is none of `resources`, and an action granted twice on one resource.
+fn granted(statements: &[&Value], resources: &[(&str, On)]) -> BTreeSet<Permission> {
     let mut all = BTreeSet::new();
-    for statement in statements(policy_document, fanout) {
+    for statement in statements {
         assert_eq!(text(statement, "statement", &["Effect"]), "Allow");
+        let resource = resource_text(statement);
+        let on = resources
+            .iter()
+            .find(|(known, _)| *known == resource)
+            .map(|(_, on)| *on)
+            .unwrap_or_else(|| panic!("Resource {resource}: not a resource a worker uses"));
         for action in actions(statement) {
             assert!(
                 !action.contains('*'),
                 "{action}: a wildcard is not least privilege"
             );
-            assert!(all.insert(action.clone()), "{action} is granted twice");
+            assert!(
+                all.insert((action.clone(), on)),
+                "{action} is granted twice on {resource}"
+            );
         }
     }
     all
 }
 
-/// The statement that grants `action`.
+/// The statement that grants `action` (the first, whatever the conditions).
 fn statement_for<'a>(policy_document: &'a Value, action: &str) -> &'a Value {
-    statements(policy_document, true)
+    all_statements(policy_document)
         .into_iter()
         .find(|s| actions(s).iter().any(|a| a == action))
         .unwrap_or_else(|| panic!("no statement grants {action}"))
@@ -544,30 +772,187 @@ fn worker_policy(template: &Value) -> &Value {
     )
 }
 
+/// The template for some parameters (the others at their defaults): its conditions,
+/// rules, policy statements and outputs, evaluated as CloudFormation would, for the
+/// intrinsics the template uses (`!Ref` of a parameter, `!Sub`, `!If`, `!Equals`,
+/// `!Not`, `!And`, `!Or`, `!Condition`); anything else panics.
+struct Stack {
+    template: Value,
+    parameters: BTreeMap<String, String>,
+}
+
+impl Stack {
+    fn new(given: &[(&str, &str)]) -> Self {
+        let template = template();
+        let declared = at(&template, "template", &["Parameters"])
+            .as_mapping()
+            .unwrap();
+        let mut parameters = BTreeMap::new();
+        for (name, parameter) in declared {
+            if let Some(default) = parameter.get("Default") {
+                let default = match default {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    other => panic!("{name:?}: Default {other:?}"),
+                };
+                parameters.insert(name.as_str().unwrap().to_owned(), default);
+            }
+        }
+        for (name, value) in given {
+            let parameter = declared
+                .get(*name)
+                .unwrap_or_else(|| panic!("the template has no parameter {name}"));
+            if let Some(allowed) = parameter.get("AllowedValues") {
+                assert!(
+                    allowed
+                        .as_sequence()
+                        .unwrap()
+                        .iter()
+                        .any(|a| a.as_str() == Some(value)),
+                    "{name}={value} is not among its AllowedValues"
+                );
+            }
+            parameters.insert((*name).to_owned(), (*value).to_owned());
+        }
+        Self {
+            template,
+            parameters,
+        }
+    }
+
+    /// The stack of a worker case, for the application orders-billing.
+    fn of(case: Case) -> Self {
+        let mode = if case.fanout { "fanout" } else { "polling" };
+        let (source_parameter, source) = match case.source {
+            SourceKind::Kinesis => ("StreamName", "orders"),
+            SourceKind::DynamoDbStreams => ("SourceTable", "orders"),
+        };
+        Self::new(&[
+            ("ApplicationName", "orders-billing"),
+            ("SourceType", case.source.as_str()),
+            (source_parameter, source),
+            ("ReadMode", mode),
+        ])
+    }
+
+    fn parameter(&self, name: &str) -> &str {
+        self.parameters
+            .get(name)
+            .unwrap_or_else(|| panic!("parameter {name} has no value and no default"))
+    }
+
+    /// A text value. `${AWS::...}` pseudo parameters are left as they are.
+    fn value(&self, value: &Value) -> String {
+        let Some((tag, arg)) = tagged(value) else {
+            return value
+                .as_str()
+                .unwrap_or_else(|| panic!("{value:?} is not text"))
+                .to_owned();
+        };
+        match (tag.as_str(), arg) {
+            ("!Ref", Value::String(name)) => self.parameter(name).to_owned(),
+            ("!Sub", Value::String(text)) => self.substitute(text, &BTreeMap::new()),
+            ("!Sub", Value::Sequence(args)) => {
+                let variables = args[1]
+                    .as_mapping()
+                    .unwrap()
+                    .iter()
+                    .map(|(name, v)| (name.as_str().unwrap().to_owned(), self.value(v)))
+                    .collect();
+                self.substitute(args[0].as_str().unwrap(), &variables)
+            }
+            ("!If", Value::Sequence(args)) => {
+                let condition = args[0].as_str().unwrap();
+                self.value(&args[if self.condition(condition) { 1 } else { 2 }])
+            }
+            _ => panic!("{tag} {arg:?}: no rule for it in this test"),
+        }
+    }
+
+    fn substitute(&self, text: &str, variables: &BTreeMap<String, String>) -> String {
+        let mut out = text.to_owned();
+        for (name, value) in variables.iter().chain(&self.parameters) {
+            out = out.replace(&format!("${{{name}}}"), value);
+        }
+        out
+    }
+
+    fn holds(&self, value: &Value) -> bool {
+        let (tag, arg) = tagged(value).unwrap_or_else(|| panic!("{value:?} is no condition"));
+        let args = || arg.as_sequence().unwrap();
+        match tag.as_str() {
+            "!Equals" => self.value(&args()[0]) == self.value(&args()[1]),
+            "!Not" => !self.holds(&args()[0]),
+            "!And" => args().iter().all(|c| self.holds(c)),
+            "!Or" => args().iter().any(|c| self.holds(c)),
+            "!Condition" => self.condition(arg.as_str().unwrap()),
+            _ => panic!("{tag}: no rule for it in this test"),
+        }
+    }
+
+    fn condition(&self, name: &str) -> bool {
+        self.holds(at(&self.template, "template", &["Conditions", name]))
+    }
+
+    /// The descriptions of the rules' assertions these parameters fail: CloudFormation
+    /// refuses the stack unless there are none.
+    fn refusals(&self) -> Vec<String> {
+        let mut refused = Vec::new();
+        let Some(rules) = self.template.get("Rules") else {
+            return refused;
+        };
+        for (name, rule) in rules.as_mapping().unwrap() {
+            if rule
+                .get("RuleCondition")
+                .is_some_and(|condition| !self.holds(condition))
+            {
+                continue;
+            }
+            let what = format!("rule {}", name.as_str().unwrap());
+            for assertion in at(rule, &what, &["Assertions"]).as_sequence().unwrap() {
+                if !self.holds(at(assertion, &what, &["Assert"])) {
+                    refused.push(text(assertion, &what, &["AssertDescription"]).to_owned());
+                }
+            }
+        }
+        refused
+    }
+
+    /// The worker policy's statements in force.
+    fn statements(&self) -> Vec<&Value> {
+        statements(worker_policy(&self.template), &|c| self.condition(c))
+    }
+
+    fn output(&self, name: &str) -> String {
+        self.value(at(&self.template, "template", &["Outputs", name, "Value"]))
+    }
+}
+
 #[test]
 fn the_template_declares_its_parameters_and_outputs() {
     let template = template();
     for name in [
         "ApplicationName",
+        "SourceType",
         "StreamName",
+        "SourceTable",
         "CreateStream",
         "ShardCount",
         "MetricsNamespace",
     ] {
         text(&template, "template", &["Parameters", name, "Type"]);
     }
-    assert_eq!(
-        text(
-            &template,
-            "template",
-            &["Parameters", "CreateStream", "Default"]
-        ),
-        "false"
-    );
+    for (name, default) in [("CreateStream", "false"), ("SourceType", "kinesis")] {
+        assert_eq!(
+            text(&template, "template", &["Parameters", name, "Default"]),
+            default
+        );
+    }
     for output in [
         "LeaseTableName",
         "LeaseTableArn",
         "StreamArn",
+        "WorkerStream",
         "WorkerPolicyArn",
     ] {
         at(&template, "template", &["Outputs", output, "Value"]);
@@ -646,59 +1031,19 @@ fn put_metric_data_is_fenced_by_the_namespace_parameter() {
     );
 }
 
-#[test]
-fn kinesis_and_dynamodb_actions_are_scoped_to_the_stream_and_the_table() {
-    let template = template();
-    let policy = worker_policy(&template);
-    let stream_arn =
-        "arn:${AWS::Partition}:kinesis:${AWS::Region}:${AWS::AccountId}:stream/${StreamName}";
-    let consumer_arn = format!("{stream_arn}/consumer/${{Consumer}}:*");
-    for action in granted(policy, true) {
-        if ON_THE_CONSUMER.contains(&action.as_str()) {
-            // !Sub [ARN, {Consumer: !If [named for the app, !Ref app, !Ref name]}]
-            let statement = statement_for(policy, &action);
-            let resource = at(statement, &action, &["Resource"]);
-            let (tag, args) = tagged(resource).expect("a !Sub");
-            let args = args.as_sequence().expect("!Sub [text, variables]");
-            assert_eq!(
-                (tag.as_str(), args[0].as_str()),
-                ("!Sub", Some(consumer_arn.as_str())),
-                "{action}"
-            );
-            let consumer = tagged(&args[1]["Consumer"]).expect("Consumer: !If");
-            assert_eq!(consumer.0, "!If", "{action}");
-            continue;
-        }
-        let expected = match action.split(':').next().unwrap() {
-            "kinesis" => ("!Sub", stream_arn),
-            "dynamodb" => ("!GetAtt", "LeaseTable.Arn"),
-            // No resource-level permissions: fenced by its namespace condition instead.
-            "cloudwatch" => continue,
-            other => panic!("{action}: no rule for {other} actions in this test"),
-        };
-        let statement = statement_for(policy, &action);
-        let resource = at(statement, &action, &["Resource"]);
-        let scoped = tagged(resource).map(|(tag, arg)| (tag, arg.as_str().map(str::to_owned)));
-        assert_eq!(
-            scoped,
-            Some((expected.0.to_owned(), Some(expected.1.to_owned()))),
-            "{action}: Resource {resource:?} is not {} {}",
-            expected.0,
-            expected.1
-        );
-    }
-}
-
 // ---- IAM actions against the code -------------------------------------------------
 
-/// The SDK operations `source` calls: each `client` (a whole word: `self.client`, or a
-/// `client` variable) followed, across whitespace and line breaks, by `.operation(`.
-/// Whole-line comments and the `#[cfg(test)]` module are not production calls.
+/// The SDK operations `source` calls: each of `clients` followed, across whitespace and
+/// line breaks, by `.operation(`. A client is a whole word (`"client"`: `self.client`,
+/// or a `client` variable), or, written with a leading dot, a field only (`".streams"`:
+/// `self.streams`, `self` and `.streams` possibly on two lines; not a `streams`
+/// variable, such as the config builder dynamodb_streams.rs names so). Whole-line
+/// comments and the `#[cfg(test)]` module are not production calls.
 ///
 /// A builder may be sent later (`let request = self.client.list_shards()...;
 /// request.send()`), so the scan does not look for `.send()`: every method on an SDK
 /// client but `config` is an operation.
-fn sdk_operations(source: &str) -> BTreeSet<String> {
+fn sdk_operations(source: &str, clients: &[&str]) -> BTreeSet<String> {
     let production = source.split("#[cfg(test)]").next().unwrap();
     let code: String = production
         .lines()
@@ -707,17 +1052,20 @@ fn sdk_operations(source: &str) -> BTreeSet<String> {
         .join("\n");
     let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut found = BTreeSet::new();
-    for (start, _) in code.match_indices("client") {
-        if code[..start].chars().next_back().is_some_and(is_ident) {
-            continue;
-        }
-        let rest = &code[start + "client".len()..];
-        let Some(call) = rest.trim_start().strip_prefix('.') else {
-            continue;
-        };
-        let name: String = call.chars().take_while(|&c| is_ident(c)).collect();
-        if call[name.len()..].starts_with('(') && name != "config" {
-            found.insert(name);
+    for client in clients {
+        for (start, _) in code.match_indices(client) {
+            let field = client.starts_with('.');
+            if !field && code[..start].chars().next_back().is_some_and(is_ident) {
+                continue;
+            }
+            let rest = &code[start + client.len()..];
+            let Some(call) = rest.trim_start().strip_prefix('.') else {
+                continue;
+            };
+            let name: String = call.chars().take_while(|&c| is_ident(c)).collect();
+            if call[name.len()..].starts_with('(') && name != "config" {
+                found.insert(name);
+            }
         }
     }
     found
@@ -747,31 +1095,41 @@ fn iam_actions(operation: &str) -> Vec<String> {
     }
 }
 
-fn difference(a: &BTreeSet<String>, b: &BTreeSet<String>) -> Vec<String> {
+fn difference<T: Ord + Clone>(a: &BTreeSet<T>, b: &BTreeSet<T>) -> Vec<T> {
     a.difference(b).cloned().collect()
 }
 
-/// Every action the adapters declare, less the ones no worker needs (and, for a polling
-/// worker, the fan-out calls).
-fn worker_actions(fanout: bool) -> BTreeSet<String> {
-    let all: BTreeSet<String> = ADAPTERS
-        .iter()
-        .flat_map(|(_, _, actions)| actions.iter().map(|a| a.to_string()))
-        .collect();
-    for action in NEVER_GRANTED
-        .iter()
-        .chain(MADE_BY_THE_STACK)
-        .chain(FANOUT_ONLY)
-    {
-        assert!(
-            all.contains(*action),
-            "{action} is listed as not granted, but no adapter calls it any more: drop it from tests/deploy.rs"
-        );
+/// What a worker of `case` calls, on what: the actions the adapters it uses declare,
+/// less the ones no worker makes (and, for a polling worker, the fan-out calls).
+fn worker_permissions(case: Case) -> BTreeSet<Permission> {
+    let mut needed = BTreeSet::new();
+    for adapter in ADAPTERS.iter().filter(|a| a.sources.contains(&case.source)) {
+        for action in adapter.declared {
+            if adapter.never_granted.contains(action)
+                || (!case.fanout && FANOUT_ONLY.contains(action))
+            {
+                continue;
+            }
+            needed.insert((action.to_string(), (adapter.on)(action)));
+        }
     }
-    all.into_iter()
-        .filter(|a| !NEVER_GRANTED.contains(&a.as_str()))
-        .filter(|a| fanout || !FANOUT_ONLY.contains(&a.as_str()))
-        .collect()
+    needed
+}
+
+/// The policy is `needed`, or the message says what differs.
+fn assert_grants_exactly(
+    what: &str,
+    granted: &BTreeSet<Permission>,
+    needed: &BTreeSet<Permission>,
+) {
+    assert!(
+        granted == needed,
+        "{what} is not what the adapters call.\n  \
+         called but not granted (workers will get AccessDenied): {:?}\n  \
+         granted but never called (not least privilege): {:?}",
+        difference(needed, granted),
+        difference(granted, needed),
+    );
 }
 
 #[test]
@@ -788,11 +1146,22 @@ fn the_call_scanner_finds_chained_and_later_sent_calls_and_skips_comments() {
         let c = aws_sdk_kinesis::Client::from_conf(config);
         self.client_endpoint.get_item();
         self.client.config();
+        self.streams.get_records().send().await;
+        let described = self
+            .tables
+            .describe_table();
+        self.my_tables.delete_item();
+        streams = streams.endpoint_url(url);
         #[cfg(test)]
         mod tests { fn f() { self.client.delete_stream(); } }
     "#;
-    let found: Vec<String> = sdk_operations(source).into_iter().collect();
+    let found: Vec<String> = sdk_operations(source, &["client"]).into_iter().collect();
     assert_eq!(found, ["list_shards", "put_item", "scan"]);
+    // Clients as fields: not the config builder variables of the same names.
+    let found: Vec<String> = sdk_operations(source, &[".streams", ".tables"])
+        .into_iter()
+        .collect();
+    assert_eq!(found, ["describe_table", "get_records"]);
     assert_eq!(
         action_name("describe_stream_summary"),
         "DescribeStreamSummary"
@@ -802,72 +1171,234 @@ fn the_call_scanner_finds_chained_and_later_sent_calls_and_skips_comments() {
 
 #[test]
 fn each_adapters_iam_actions_are_the_sdk_calls_in_its_source() {
-    for (file, service, declared) in ADAPTERS {
-        let path = format!("actors/src/backend/aws/{file}");
-        let called: BTreeSet<String> = sdk_operations(&read(&path))
+    let files: BTreeSet<String> = std::fs::read_dir(root().join("actors/src/backend/aws"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name != "mod.rs")
+        .collect();
+    let listed: BTreeSet<String> = ADAPTERS.iter().map(|a| a.file.to_owned()).collect();
+    assert_eq!(
+        files, listed,
+        "an adapter in actors/src/backend/aws is not checked"
+    );
+    for adapter in ADAPTERS {
+        let path = format!("actors/src/backend/aws/{}", adapter.file);
+        let called: BTreeSet<String> = sdk_operations(&read(&path), adapter.clients)
             .iter()
             .flat_map(|op| iam_actions(op))
-            .map(|action| format!("{service}:{action}"))
+            .map(|action| format!("{}:{action}", adapter.service))
             .collect();
-        let declared_set: BTreeSet<String> = declared.iter().map(|a| a.to_string()).collect();
+        let declared: BTreeSet<String> = adapter.declared.iter().map(|a| a.to_string()).collect();
         assert_eq!(
+            adapter.declared.len(),
             declared.len(),
-            declared_set.len(),
             "{path}: IAM_ACTIONS lists an action twice"
         );
         assert!(
             !called.is_empty(),
             "{path}: found no SDK call; is the scan broken?"
         );
+        // What the file calls is what IAM_ACTIONS declares, and the calls no worker
+        // makes that it leaves out (dynamodb_streams.rs's TableStreamAdmin).
+        let accounted: BTreeSet<String> = declared
+            .iter()
+            .cloned()
+            .chain(adapter.never_granted.iter().map(|a| a.to_string()))
+            .collect();
         assert!(
-            called == declared_set,
-            "{path}: IAM_ACTIONS does not match the SDK calls in the file.\n  \
-             called but not in IAM_ACTIONS: {:?}\n  in IAM_ACTIONS but not called: {:?}",
-            difference(&called, &declared_set),
-            difference(&declared_set, &called),
+            called == accounted,
+            "{path}: IAM_ACTIONS (and the calls tests/deploy.rs says no worker makes) do not \
+             match the SDK calls in the file.\n  \
+             called but not accounted for: {:?}\n  \
+             accounted for but not called (drop it from IAM_ACTIONS or tests/deploy.rs): {:?}",
+            difference(&called, &accounted),
+            difference(&accounted, &called),
         );
     }
+    for action in FANOUT_ONLY {
+        assert!(
+            KINESIS_IAM_ACTIONS.contains(action),
+            "{action} is listed as fan-out only, but the Kinesis adapter does not call it"
+        );
+    }
+}
+
+#[test]
+fn a_table_stream_worker_makes_no_kinesis_call_and_a_kinesis_worker_no_streams_call() {
+    for case in CASES {
+        let services: BTreeSet<On> = worker_permissions(*case)
+            .into_iter()
+            .map(|(_, on)| on)
+            .collect();
+        let expected: BTreeSet<On> = match (case.source, case.fanout) {
+            (SourceKind::Kinesis, false) => [On::Stream, On::LeaseTable, On::Anything].into(),
+            (SourceKind::Kinesis, true) => {
+                [On::Stream, On::Consumer, On::LeaseTable, On::Anything].into()
+            }
+            (SourceKind::DynamoDbStreams, _) => [
+                On::TableStream,
+                On::SourceTable,
+                On::LeaseTable,
+                On::Anything,
+            ]
+            .into(),
+        };
+        assert_eq!(services, expected, "{case:?}");
+    }
+    // The stream calls of a table-stream worker, on the stream; DescribeTable on the
+    // table (for dynamodb:TABLE).
+    let table: BTreeSet<Permission> = worker_permissions(CASES[2])
+        .into_iter()
+        .filter(|(_, on)| matches!(on, On::TableStream | On::SourceTable))
+        .collect();
+    let expected: BTreeSet<Permission> = [
+        ("dynamodb:DescribeStream", On::TableStream),
+        ("dynamodb:GetShardIterator", On::TableStream),
+        ("dynamodb:GetRecords", On::TableStream),
+        ("dynamodb:DescribeTable", On::SourceTable),
+    ]
+    .into_iter()
+    .map(|(a, on)| (a.to_owned(), on))
+    .collect();
+    assert_eq!(table, expected);
 }
 
 #[test]
 fn the_stacks_policy_grants_exactly_what_a_worker_calls() {
-    let template = template();
-    for fanout in [false, true] {
-        let granted = granted(worker_policy(&template), fanout);
-        let needed: BTreeSet<String> = worker_actions(fanout)
-            .into_iter()
-            .filter(|a| !MADE_BY_THE_STACK.contains(&a.as_str()))
-            .collect();
-        assert!(
-            granted == needed,
-            "deploy/cloudformation/flotilla.yaml's WorkerPolicy (fan-out: {fanout}) is not what \
-             the adapters call.\n  \
-             called but not granted (workers will get AccessDenied): {:?}\n  \
-             granted but never called (not least privilege): {:?}",
-            difference(&needed, &granted),
-            difference(&granted, &needed),
+    for case in CASES {
+        let stack = Stack::of(*case);
+        assert_eq!(stack.refusals(), Vec::<String>::new(), "{case:?}");
+        let granted = granted(&stack.statements(), TEMPLATE_RESOURCES);
+        let mut needed = worker_permissions(*case);
+        for (action, on) in MADE_BY_THE_STACK {
+            assert!(
+                needed.remove(&(action.to_string(), *on)),
+                "{action} is listed as made by the stack, but no worker calls it any more"
+            );
+        }
+        assert_grants_exactly(
+            &format!("deploy/cloudformation/flotilla.yaml's WorkerPolicy ({case:?})"),
+            &granted,
+            &needed,
         );
     }
-    at(&template, "template", &["Conditions", "FanOut"]);
+    // The source types are the ones the code names.
+    let template = template();
+    let allowed: Vec<&str> = at(
+        &template,
+        "template",
+        &["Parameters", "SourceType", "AllowedValues"],
+    )
+    .as_sequence()
+    .unwrap()
+    .iter()
+    .map(|v| v.as_str().unwrap())
+    .collect();
+    assert_eq!(
+        allowed,
+        EVERY_SOURCE.iter().map(|s| s.as_str()).collect::<Vec<_>>()
+    );
     text(&template, "template", &["Parameters", "ReadMode", "Type"]);
 }
 
 #[test]
-fn the_standalone_policy_grants_exactly_what_a_worker_calls() {
-    for (file, fanout) in [
-        ("deploy/iam-policy.json", false),
-        ("deploy/iam-policy-fanout.json", true),
+fn the_stack_refuses_a_source_without_its_name_and_kinesis_options_for_a_table() {
+    let table = [
+        ("ApplicationName", "orders-audit"),
+        ("SourceType", "dynamodb-streams"),
+        ("SourceTable", "orders"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut parameters = table.to_vec();
+        parameters.extend_from_slice(extra);
+        Stack::new(&parameters).refusals()
+    };
+    assert_eq!(with(&[]), Vec::<String>::new());
+    for bad in [
+        &[("SourceTable", "")][..],
+        &[("SourceTable", "orders-audit")],
+        &[("ReadMode", "fanout")],
+        &[("CreateStream", "true")],
     ] {
-        let policy = yaml(file);
-        let granted = granted(&policy, fanout);
-        let needed = worker_actions(fanout);
+        assert_eq!(with(bad).len(), 1, "{bad:?} is not refused (alone)");
+    }
+    // Kinesis, the default source, still needs its stream's name.
+    let refused = Stack::new(&[("ApplicationName", "orders-billing")]).refusals();
+    assert_eq!(
+        refused.len(),
+        1,
+        "a Kinesis stack without StreamName: {refused:?}"
+    );
+    // And a Kinesis stack never reads a table: SourceTable is ignored.
+    let stack = Stack::new(&[
+        ("ApplicationName", "orders-billing"),
+        ("StreamName", "orders"),
+        ("SourceTable", "orders"),
+    ]);
+    assert_eq!(stack.refusals(), Vec::<String>::new());
+    assert!(
+        granted(&stack.statements(), TEMPLATE_RESOURCES)
+            .iter()
+            .all(|(_, on)| !matches!(on, On::TableStream | On::SourceTable))
+    );
+}
+
+#[test]
+fn the_stack_tells_the_workers_what_to_read() {
+    for case in CASES {
+        let stack = Stack::of(*case);
+        let worker_stream = stack.output("WorkerStream");
+        let source = Source::parse(&worker_stream)
+            .unwrap_or_else(|e| panic!("{case:?}: WorkerStream {worker_stream}: {e}"));
+        assert_eq!(source.kind(), case.source, "{case:?}: {worker_stream}");
+        match case.source {
+            SourceKind::Kinesis => {
+                assert_eq!(worker_stream, stack.parameter("StreamName"));
+                assert!(stack.output("StreamArn").ends_with(":stream/orders"));
+            }
+            SourceKind::DynamoDbStreams => {
+                assert_eq!(source.table(), Some(stack.parameter("SourceTable")));
+                assert!(
+                    stack
+                        .output("StreamArn")
+                        .ends_with(":table/orders/stream/*")
+                );
+            }
+        }
+    }
+    // A fan-out worker's consumer: reader.consumer_name, by default the application.
+    for (consumer, expected) in [("", "orders-billing"), ("billing-efo", "billing-efo")] {
+        let stack = Stack::new(&[
+            ("ApplicationName", "orders-billing"),
+            ("StreamName", "orders"),
+            ("ReadMode", "fanout"),
+            ("ConsumerName", consumer),
+        ]);
+        let statements = stack.statements();
+        let subscribe = statements
+            .iter()
+            .find(|s| actions(s).iter().any(|a| a == "kinesis:SubscribeToShard"))
+            .unwrap();
+        let arn = stack.value(at(subscribe, "SubscribeToShard", &["Resource"]));
         assert!(
-            granted == needed,
-            "{file} is not what the adapters call.\n  \
-             called but not granted (workers will get AccessDenied): {:?}\n  \
-             granted but never called (not least privilege): {:?}",
-            difference(&needed, &granted),
-            difference(&granted, &needed),
+            arn.ends_with(&format!(":stream/orders/consumer/{expected}:*")),
+            "{arn}"
+        );
+    }
+}
+
+#[test]
+fn the_standalone_policies_grant_exactly_what_a_worker_calls() {
+    for (file, case) in STANDALONE_POLICIES {
+        let policy = yaml(file);
+        let granted = granted(
+            &statements(&policy, &|c| panic!("{file}: a condition {c}")),
+            POLICY_RESOURCES,
+        );
+        assert_grants_exactly(
+            &format!("{file} ({case:?})"),
+            &granted,
+            &worker_permissions(*case),
         );
         let statement = statement_for(&policy, "cloudwatch:PutMetricData");
         at(
@@ -875,13 +1406,6 @@ fn the_standalone_policy_grants_exactly_what_a_worker_calls() {
             "PutMetricData statement",
             &["Condition", "StringEquals", "cloudwatch:namespace"],
         );
-        for action in ON_THE_CONSUMER.iter().filter(|_| fanout) {
-            let resource = text(statement_for(&policy, action), action, &["Resource"]);
-            assert!(
-                resource.ends_with("/consumer/${ConsumerName}:*"),
-                "{file}: {resource}"
-            );
-        }
     }
 }
 
