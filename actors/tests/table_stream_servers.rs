@@ -23,13 +23,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flotilla_actors::backend::aws::{DynamoLeaseTable, DynamoStreams};
-use flotilla_actors::backend::{ItemWrite, LeaseTable, StreamClient, TABLE_KEY, TableStreamAdmin};
-use flotilla_actors::model::change::{AttributeValue, ChangeKind, Item, item_key_text};
+use flotilla_actors::backend::{ItemWrite, LeaseTable, StreamClient, TableStreamAdmin};
+use flotilla_actors::model::change::item_key_text;
 use flotilla_actors::model::{Checkpoint, SequenceNumber, Shard};
 use flotilla_actors::settings::{InitialPosition, MetricsLevel, ReadMode};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, Processor, ProcessorError, ShardInfo, ShutdownReport, Worker,
 };
+use support::changes::{Change, Model, change_of, counter, item, item_of, key_item};
 use support::probe::{fast_settings, wait_until};
 use support::servers;
 
@@ -103,102 +104,6 @@ impl Tier {
 // What was written, what was delivered
 // ---------------------------------------------------------------------------------------
 
-/// One change, in short: kind, the new image's counter, the old image's counter.
-type Change = (ChangeKind, Option<u64>, Option<u64>);
-
-/// The counter attribute every put raises.
-const COUNTER: &str = "n";
-
-fn item(key: &str, n: u64) -> Item {
-    BTreeMap::from([
-        (TABLE_KEY.to_owned(), AttributeValue::S(key.to_owned())),
-        (COUNTER.to_owned(), AttributeValue::N(n.to_string())),
-        (
-            "note".to_owned(),
-            AttributeValue::S(format!("{key} written {n} times")),
-        ),
-    ])
-}
-
-fn key_item(key: &str) -> Item {
-    BTreeMap::from([(TABLE_KEY.to_owned(), AttributeValue::S(key.to_owned()))])
-}
-
-/// The items as written, and the changes the stream owes for them, per item.
-#[derive(Debug, Default, Clone)]
-struct Model {
-    /// Each item's counter, while it exists.
-    items: BTreeMap<String, u64>,
-    /// Every put's counter comes from here, so no two puts of an item are alike (an
-    /// unchanged put would make no record).
-    next: u64,
-    expected: BTreeMap<String, Vec<Change>>,
-}
-
-impl Model {
-    /// Round `round` over keys `item-0..keys`: each item is put (an INSERT, or a MODIFY
-    /// with its old counter), except every seventh, rotating, which is deleted when it
-    /// exists (a REMOVE; it comes back as an INSERT on a later round).
-    fn round(&mut self, round: u64, keys: u64) -> Vec<ItemWrite> {
-        (0..keys)
-            .map(|i| {
-                let key = format!("item-{i}");
-                if (i + round).is_multiple_of(7) && self.items.contains_key(&key) {
-                    self.delete(&key)
-                } else {
-                    self.put(&key)
-                }
-            })
-            .collect()
-    }
-
-    fn put(&mut self, key: &str) -> ItemWrite {
-        self.next += 1;
-        let n = self.next;
-        let old = self.items.insert(key.to_owned(), n);
-        let kind = if old.is_some() {
-            ChangeKind::Modify
-        } else {
-            ChangeKind::Insert
-        };
-        self.owe(key, (kind, Some(n), old));
-        ItemWrite::Put {
-            attributes: item(key, n),
-        }
-    }
-
-    fn delete(&mut self, key: &str) -> ItemWrite {
-        let old = self.items.remove(key);
-        assert!(old.is_some(), "the model deletes only what exists: {key}");
-        self.owe(key, (ChangeKind::Remove, None, old));
-        ItemWrite::Delete {
-            key: key.to_owned(),
-        }
-    }
-
-    fn owe(&mut self, key: &str, change: Change) {
-        self.expected
-            .entry(key.to_owned())
-            .or_default()
-            .push(change);
-    }
-
-    fn total(&self) -> usize {
-        self.expected.values().map(Vec::len).sum()
-    }
-
-    /// What is owed since `before` was taken (a copy of this model, earlier).
-    fn since(&self, before: &Model) -> BTreeMap<String, Vec<Change>> {
-        self.expected
-            .iter()
-            .filter_map(|(key, all)| {
-                let skip = before.expected.get(key).map_or(0, Vec::len);
-                (all.len() > skip).then(|| (key.clone(), all[skip..].to_vec()))
-            })
-            .collect()
-    }
-}
-
 /// One record as a processor got it.
 #[derive(Debug, Clone)]
 struct Got {
@@ -238,15 +143,6 @@ impl Sink {
     }
 }
 
-fn counter(image: &Option<Item>) -> Option<u64> {
-    image.as_ref().map(|i| {
-        i.get(COUNTER)
-            .and_then(AttributeValue::as_n)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("an image without its counter: {i:?}"))
-    })
-}
-
 /// Decodes each record's change, checks what one record alone can show (the key as
 /// partition key, the whole new image, the sequence number), and files it.
 struct ChangeProbe {
@@ -259,25 +155,24 @@ impl Processor for ChangeProbe {
         let mut got = Vec::new();
         for record in batch.records() {
             let change = record.dynamodb_change()?;
-            let key = change.dynamodb.keys[TABLE_KEY]
-                .as_s()
-                .expect("a string key")
-                .to_owned();
+            let key = item_of(&change);
             assert_eq!(change.dynamodb.keys, key_item(&key));
             assert_eq!(record.partition_key, item_key_text(&key_item(&key)));
             assert_eq!(
                 change.dynamodb.sequence_number,
                 record.sequence_number.as_str()
             );
-            let new = counter(&change.dynamodb.new_image);
-            if let (Some(image), Some(n)) = (&change.dynamodb.new_image, new) {
+            if let (Some(image), Some(n)) = (
+                &change.dynamodb.new_image,
+                counter(&change.dynamodb.new_image),
+            ) {
                 assert_eq!(image, &item(&key, n), "the whole new image");
             }
             got.push(Got {
                 worker: self.worker,
                 sequence: record.sequence_number.clone(),
                 item: key,
-                change: (change.event_name, new, counter(&change.dynamodb.old_image)),
+                change: change_of(&change),
             });
         }
         self.sink.0.lock().unwrap().extend(got);
