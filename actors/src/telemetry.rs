@@ -372,6 +372,40 @@ impl Event for RecordsProcessed<'_> {
     }
 }
 
+/// A shard's checkpoint is past the stream's retention: the changes between it and the
+/// oldest one kept are lost. Always an ERROR and a count, whether the reader stops
+/// there or goes on from TRIM_HORIZON (`reader.trimmed_checkpoint`).
+pub(crate) struct CheckpointTrimmed<'a> {
+    pub shard: &'a ShardId,
+    /// Where reading was to resume: the last record delivered, or the checkpoint.
+    pub from: &'a str,
+    /// The oldest change the shard still keeps, and when it was made, as far as known.
+    pub oldest_kept: &'a str,
+    pub going_on: bool,
+}
+
+impl Event for CheckpointTrimmed<'_> {
+    fn log(&self) {
+        let action = if self.going_on {
+            "going on from the oldest change kept (reader.trimmed_checkpoint = \"trim_horizon\")"
+        } else {
+            "the shard is not read until an operator decides: flotilla rewind, or \
+             reader.trimmed_checkpoint = \"trim_horizon\""
+        };
+        error!(
+            message = "Shard's checkpoint is past the stream's retention: the changes after it up to the oldest one kept are lost.",
+            shard_id = %self.shard,
+            from = self.from,
+            oldest_kept = self.oldest_kept,
+            action,
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(Metric::TrimmedCheckpoints, self.shard, 1.0)]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,39 +524,5 @@ mod tests {
             metrics(event(3, None).samples()),
             [Metric::RecordsProcessed, Metric::BytesProcessed]
         );
-    }
-}
-
-/// A shard's checkpoint is past the stream's retention: the changes between it and the
-/// oldest one kept are lost. Always an ERROR and a count, whether the reader stops
-/// there or goes on from TRIM_HORIZON (`reader.trimmed_checkpoint`).
-pub(crate) struct CheckpointTrimmed<'a> {
-    pub shard: &'a ShardId,
-    /// Where reading was to resume: the last record delivered, or the checkpoint.
-    pub from: &'a str,
-    /// The oldest change the shard still keeps, and when it was made, as far as known.
-    pub oldest_kept: &'a str,
-    pub going_on: bool,
-}
-
-impl Event for CheckpointTrimmed<'_> {
-    fn log(&self) {
-        let action = if self.going_on {
-            "going on from the oldest change kept (reader.trimmed_checkpoint = \"trim_horizon\")"
-        } else {
-            "the shard is not read until an operator decides: flotilla rewind, or \
-             reader.trimmed_checkpoint = \"trim_horizon\""
-        };
-        error!(
-            message = "Shard's checkpoint is past the stream's retention: the changes after it up to the oldest one kept are lost.",
-            shard_id = %self.shard,
-            from = self.from,
-            oldest_kept = self.oldest_kept,
-            action,
-        );
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(Metric::TrimmedCheckpoints, self.shard, 1.0)]
     }
 }
