@@ -17,6 +17,14 @@
 //!   on is one that another worker delivered too (it hands over nothing of the shards it
 //!   lost), and it gets its share back by handoff. Nothing lost.
 //!
+//! * `a_table_stream_sigterm_hands_the_one_shard_over`: 2 workers on a DynamoDB Local
+//!   table's change stream (`FLOTILLA__WORKER__STREAM=dynamodb:TABLE`,
+//!   `FLOTILLA__AWS__DYNAMODB_ENDPOINT`), whose one shard the first holds while the
+//!   second holds and delivers nothing; the first gets SIGTERM while items are being
+//!   written and hands the shard over: no change delivered twice, none lost, each item's
+//!   changes in order, from the stdout lines' `change` objects. In the fan-out pass, a
+//!   worker with `reader.mode = "fanout"` on a table's stream must refuse to start.
+//!
 //! Measurements (gaps, duplicates, balance times) are printed as `fleet[TAG]: ...`
 //! lines in every run; scripts/test.sh repeats them in its summary. The tests run one
 //! after the other (a lock), so their processes do not compete for the servers.
@@ -31,8 +39,9 @@ mod fleet;
 use std::time::{Duration, Instant};
 
 use fleet::{
-    Checks, Env, FAILOVER_SECS, Fleet, Leases, Producer, SHUTDOWN_TIMEOUT, keys_crossing, ms,
-    order_of, record_duplicates_since, report, resume_gaps, wait_for,
+    Checks, Env, FAILOVER_SECS, Fleet, Leases, Producer, SHUTDOWN_TIMEOUT, TableEnv, TableWriter,
+    changes, keys_crossing, ms, order_of, read_mode, record_duplicates_since, report, resume_gaps,
+    wait_for,
 };
 use flotilla_actors::backend::StreamAdmin as _;
 use flotilla_actors::model::ShardId;
@@ -640,6 +649,280 @@ async fn a_worker_paused_past_the_failover_time_delivers_nothing_it_lost() {
     checks.check(
         rejoined.is_some(),
         format!("{victim} delivers again after SIGCONT (its share handed back)"),
+    );
+    checks.finish(&fleet);
+}
+
+/// (f) Items written to a table: 32 of them, one round of writes every 200 ms.
+const TABLE_ITEMS: u64 = 32;
+/// (f) How long the second worker is watched while the first holds the one shard.
+const TABLE_IDLE_FOR: Duration = Duration::from_secs(2 * FAILOVER_SECS);
+
+/// (f) The table-stream lines of a run, item by item, against what was written.
+#[derive(Debug, Default)]
+struct TableVerdict {
+    /// Lines with a `change` object.
+    changes: usize,
+    /// Lines of a change (shard, sequence) already delivered.
+    duplicates: u64,
+    /// Changes written and never delivered.
+    lost: usize,
+    /// Items whose changes came in another order than written (after duplicates).
+    misordered: Vec<String>,
+    /// Lines that are not a change of a written item, or whose `partition_key` is not
+    /// the change's key.
+    malformed: Vec<String>,
+}
+
+/// Reads every delivery's `change` (deliveries sorted by when read), as
+/// [`changes::Change`]s per item, and compares them with `model`'s.
+fn table_verdict(deliveries: &[fleet::Delivery], model: &changes::Model) -> TableVerdict {
+    use flotilla_actors::model::change::{DynamoChange, item_key_text};
+    let mut verdict = TableVerdict::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut got: std::collections::BTreeMap<String, Vec<changes::Change>> = Default::default();
+    for d in deliveries {
+        let Some(change) = d
+            .change
+            .clone()
+            .and_then(|c| serde_json::from_value::<DynamoChange>(c).ok())
+        else {
+            verdict.malformed.push(format!("{}: {}", d.worker, d.data));
+            continue;
+        };
+        verdict.changes += 1;
+        if !seen.insert(d.identity()) {
+            verdict.duplicates += 1;
+            continue;
+        }
+        if d.key != item_key_text(&change.dynamodb.keys)
+            || d.sequence != change.dynamodb.sequence_number
+        {
+            verdict
+                .malformed
+                .push(format!("{} {}: {change:?}", d.worker, d.key));
+            continue;
+        }
+        got.entry(changes::item_of(&change))
+            .or_default()
+            .push(changes::change_of(&change));
+    }
+    for (item, owed) in &model.expected {
+        let delivered = got.remove(item).unwrap_or_default();
+        let kept: Vec<&changes::Change> = owed.iter().filter(|c| delivered.contains(c)).collect();
+        verdict.lost += owed.len() - kept.len();
+        let known: Vec<&changes::Change> = delivered.iter().filter(|c| owed.contains(c)).collect();
+        if known != kept {
+            verdict
+                .misordered
+                .push(format!("{item}: written {owed:?}, delivered {delivered:?}"));
+        }
+        if known.len() != delivered.len() {
+            verdict
+                .malformed
+                .push(format!("{item}: delivered {delivered:?}, written {owed:?}"));
+        }
+    }
+    for (item, delivered) in got {
+        verdict
+            .malformed
+            .push(format!("{item}: never written, delivered {delivered:?}"));
+    }
+    verdict
+}
+
+/// (f) A table's change stream: two `flotilla run` processes, SIGTERM to the one
+/// holding its only shard while items are written, a handoff without loss or
+/// duplicates. In the fan-out pass: `reader.mode = "fanout"` is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_table_stream_sigterm_hands_the_one_shard_over() {
+    const TAG: &str = "table";
+    let _serial = SERIAL.lock().await;
+    let env = TableEnv::new("fleet-table").await;
+    let stream = format!("dynamodb:{}", env.table);
+    let mut fleet = Fleet::new(TAG);
+    let mut checks = Checks::new(TAG);
+    if read_mode() == "fanout" {
+        // DynamoDB Streams have no enhanced fan-out: a worker told to use it must stop
+        // at start, saying so, and hold nothing.
+        fleet.spawn_on_table(&env, "table-fanout", &stream, "fanout");
+        let status = fleet.wait_exit("table-fanout", START_LIMIT).await;
+        let log = fleet.log_tail("table-fanout", 20);
+        report(
+            TAG,
+            &format!("reader.mode = fanout on {stream}: {status:?}"),
+        );
+        checks.check(
+            status.is_some_and(|s| !s.success())
+                && log.contains("reader.mode = \"polling\"")
+                && env.leases().await.open.is_empty(),
+            format!(
+                "a fan-out worker on a table's stream refuses to start and takes no lease: \
+                 {status:?}\n{log}"
+            ),
+        );
+        checks.finish(&fleet);
+        return;
+    }
+
+    let writer = TableWriter::start(&env, TABLE_ITEMS);
+    fleet.spawn_on_table(&env, "table-w1", &stream, "polling");
+    let start = Instant::now();
+    loop {
+        let leases = env.leases().await;
+        if leases.held_by("table-w1").len() == 1 && fleet.with_deliveries(|all| !all.is_empty()) {
+            report(
+                TAG,
+                &format!(
+                    "table-w1 holds the one shard of {} and delivers after {}",
+                    env.arn,
+                    ms(start.elapsed())
+                ),
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < START_LIMIT,
+            "table-w1 not delivering within {START_LIMIT:?}: {leases:?}\n{}",
+            fleet.diagnostics()
+        );
+        tokio::time::sleep(TABLE_POLL).await;
+    }
+
+    fleet.spawn_on_table(&env, "table-w2", &stream, "polling");
+    let joined = Instant::now();
+    let mut held_by_w2 = false;
+    let mut w2_alive = false;
+    while joined.elapsed() < TABLE_IDLE_FOR {
+        let leases = env.leases().await;
+        held_by_w2 |= !leases.held_by("table-w2").is_empty();
+        w2_alive |= leases.heartbeats.contains("table-w2");
+        tokio::time::sleep(TABLE_POLL).await;
+    }
+    let w2_early =
+        fleet.with_deliveries(|all| all.iter().filter(|d| &*d.worker == "table-w2").count());
+    checks.check(
+        w2_alive && !held_by_w2 && w2_early == 0,
+        format!(
+            "for {TABLE_IDLE_FOR:?} beside table-w1, table-w2 runs (heartbeat: {w2_alive}) \
+             and holds nothing (held: {held_by_w2}) and delivers nothing ({w2_early} lines)"
+        ),
+    );
+
+    let shard = env.leases().await.held_by("table-w1");
+    let terminated = fleet.terminate("table-w1");
+    let status = fleet.wait_exit("table-w1", SHUTDOWN_EXIT_LIMIT).await;
+    report(
+        TAG,
+        &format!(
+            "SIGTERM table-w1 holding {shard:?}: exited after {}: {status:?}",
+            ms(terminated.elapsed())
+        ),
+    );
+    checks.check(
+        status.is_some_and(|s| s.success()),
+        format!(
+            "table-w1 exits 0 within {SHUTDOWN_EXIT_LIMIT:?} of SIGTERM: {status:?}\n{}",
+            fleet.log_tail("table-w1", 5)
+        ),
+    );
+    wait_for(HANDOFF_GAP_LIMIT + GRACE, STEP, || {
+        resume_gaps(&fleet, &shard, terminated, "table-w1")
+            .values()
+            .all(Option::is_some)
+    })
+    .await;
+    let gaps = resume_gaps(&fleet, &shard, terminated, "table-w1");
+    report(
+        TAG,
+        &format!(
+            "gap SIGTERM -> first change on table-w2: {}",
+            gaps_text(&gaps)
+        ),
+    );
+    checks.check(
+        !shard.is_empty()
+            && gaps
+                .values()
+                .all(|gap| gap.is_some_and(|g| g <= HANDOFF_GAP_LIMIT)),
+        format!("the shard resumed on table-w2 within {HANDOFF_GAP_LIMIT:?}"),
+    );
+    let owners = env.leases().await;
+    checks.check(
+        owners.held_by("table-w2") == shard,
+        format!("table-w2 holds the shard: {owners:?}"),
+    );
+
+    // More changes on table-w2 alone, then everything must have arrived.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (model, error) = writer.stop().await;
+    let caught_up = wait_for(CATCH_UP_LIMIT, Duration::from_millis(250), || {
+        table_verdict(&fleet.deliveries(), &model).lost == 0
+    })
+    .await;
+    let deliveries = fleet.deliveries();
+    let verdict = table_verdict(&deliveries, &model);
+    let (after_sigterm, examples) = record_duplicates_since(&deliveries, terminated);
+    let on = |w: &str| deliveries.iter().filter(|d| &*d.worker == w).count();
+    report(
+        TAG,
+        &format!(
+            "written {} changes of {TABLE_ITEMS} items; delivered {} (table-w1 {}, table-w2 {}), \
+             duplicates {} ({after_sigterm} after the SIGTERM {examples:?}), lost {}, \
+             misordered items {}, malformed {}; caught up {}",
+            model.total(),
+            verdict.changes,
+            on("table-w1"),
+            on("table-w2"),
+            verdict.duplicates,
+            verdict.lost,
+            verdict.misordered.len(),
+            verdict.malformed.len(),
+            caught_up.map_or("never".to_owned(), ms),
+        ),
+    );
+    checks.check(
+        error.is_none(),
+        format!("the writer wrote throughout: {error:?}"),
+    );
+    checks.check(
+        verdict.lost == 0,
+        format!("0 changes lost of {}: {} lost", model.total(), verdict.lost),
+    );
+    checks.check(
+        verdict.duplicates == 0,
+        format!(
+            "0 changes delivered twice (a handoff, no crash): {}",
+            verdict.duplicates
+        ),
+    );
+    checks.check(
+        verdict.misordered.is_empty(),
+        format!(
+            "each item's changes in order: {:?}",
+            &verdict.misordered[..verdict.misordered.len().min(3)]
+        ),
+    );
+    let bad = fleet.bad_lines();
+    checks.check(
+        verdict.malformed.is_empty() && bad.is_empty(),
+        format!(
+            "only written changes on stdout, each a `change` object keyed by its item: \
+             {:?}, other lines {:?}",
+            &verdict.malformed[..verdict.malformed.len().min(3)],
+            &bad[..bad.len().min(3)]
+        ),
+    );
+
+    // The last worker: SIGTERM with no one to hand to, a clean exit.
+    fleet.terminate("table-w2");
+    let status = fleet.wait_exit("table-w2", SHUTDOWN_EXIT_LIMIT).await;
+    let released = env.leases().await;
+    checks.check(
+        status.is_some_and(|s| s.success()) && released.held_by("table-w2").is_empty(),
+        format!(
+            "table-w2, alone, exits 0 on SIGTERM and releases the shard: {status:?} {released:?}"
+        ),
     );
     checks.finish(&fleet);
 }

@@ -10,6 +10,11 @@
 //!   per worker under `CARGO_TARGET_TMPDIR`, kept when the test fails. Dropping the
 //!   fleet kills every process still running (a failed test leaves no stray workers)
 //!   and, when the test is panicking, prints the end of each worker's log.
+//! * [`TableEnv`] and [`TableWriter`]: the same for a DynamoDB Local table's change
+//!   stream: a fresh table with a stream and lease table, and a writer of item rounds
+//!   keeping the changes owed per item ([`changes::Model`]); workers get the source by
+//!   `FLOTILLA__…` variables ([`Fleet::spawn_on_table`]). A line of such a worker
+//!   carries its change as a `change` object ([`Delivery::change`]).
 //! * [`Producer`]: writes per-key sequences (`k7:123` is the 124th record of key `k7`)
 //!   with PutRecords while the test runs. Each key has a fixed explicit hash key, spread
 //!   evenly over the key space, so every shard (and every child of a split) gets keys.
@@ -28,14 +33,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
-use flotilla_actors::backend::{LeaseTable as _, StreamAdmin as _, StreamClient as _};
+use flotilla_actors::backend::aws::{DynamoLeaseTable, DynamoStreams, KinesisStream};
+use flotilla_actors::backend::{
+    LeaseTable as _, StreamAdmin as _, StreamClient as _, TableStreamAdmin as _,
+};
 use flotilla_actors::model::Shard;
 use flotilla_actors::oracle::{KeyedProducer, OrderCheck};
 
 #[path = "../../actors/tests/support/servers.rs"]
 #[allow(dead_code)] // the in-process servers there are not used here
 mod servers;
+
+/// Items of a table with a stream, and the changes owed for them.
+#[path = "../../actors/tests/support/changes.rs"]
+#[allow(dead_code)]
+pub mod changes;
 
 /// Lease timings of every worker: short, so failover shows within seconds.
 pub const FAILOVER_SECS: u64 = 4;
@@ -169,39 +181,7 @@ impl Env {
     /// A full scan of the lease table with the DynamoDB API: `leaseKey`, `leaseOwner`
     /// and `checkpoint` of each row; rows keyed `flotilla-worker#ID` are heartbeats.
     pub async fn leases(&self) -> Leases {
-        let mut leases = Leases::default();
-        let mut start = None;
-        loop {
-            let page = self
-                .dynamodb
-                .scan()
-                .table_name(&self.application)
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .unwrap();
-            for item in page.items() {
-                let text = |name: &str| match item.get(name) {
-                    Some(AttributeValue::S(s)) => Some(s.clone()),
-                    _ => None,
-                };
-                let Some(key) = text("leaseKey") else {
-                    continue;
-                };
-                if let Some(worker) = key.strip_prefix("flotilla-worker#") {
-                    leases.heartbeats.insert(worker.to_owned());
-                } else if text("checkpoint").as_deref() == Some("SHARD_END") {
-                    leases.finished.insert(key);
-                } else {
-                    leases.open.insert(key, text("leaseOwner"));
-                }
-            }
-            match page.last_evaluated_key() {
-                Some(last) if !last.is_empty() => start = Some(last.clone()),
-                _ => return leases,
-            }
-        }
+        scan_leases(&self.dynamodb, &self.application).await
     }
 
     /// The settings file of worker `id`.
@@ -212,36 +192,17 @@ impl Env {
              application = \"{application}\"\n\
              worker_id = \"{id}\"\n\
              initial_position = \"TRIM_HORIZON\"\n\
-             [lease]\n\
-             failover_time = \"{FAILOVER_SECS}s\"\n\
-             heartbeat_interval = \"{HEARTBEAT_INTERVAL}\"\n\
-             fence_margin = \"{FENCE_MARGIN}\"\n\
-             [reader]\n\
-             mode = \"{mode}\"\n\
-             poll_interval = \"100ms\"\n\
-             idle_max = \"200ms\"\n\
-             parent_poll_interval = \"200ms\"\n\
-             shard_sync_interval = \"2s\"\n\
-             backoff_max = \"1s\"\n\
-             [checkpoint]\n\
-             interval = \"1s\"\n\
-             [supervision]\n\
-             shutdown_timeout = \"{shutdown}s\"\n\
-             [metrics]\n\
-             level = \"none\"\n\
-             [status]\n\
-             bind = \"127.0.0.1:0\"\n\
+             {common}\
              [aws]\n\
              region = \"us-east-1\"\n\
              kinesis_endpoint = \"{kinesis}\"\n\
              dynamodb_endpoint = \"{dynamodb}\"\n",
             stream = self.stream,
             application = self.application,
-            shutdown = SHUTDOWN_TIMEOUT.as_secs(),
+            // scripts/test.sh runs the fleet once in each read mode.
+            common = common_settings(&read_mode()),
             kinesis = self.kinesis_endpoint,
             dynamodb = self.dynamodb_endpoint,
-            // scripts/test.sh runs the fleet once in each read mode.
-            mode = std::env::var("FLOTILLA_TEST_READ_MODE").unwrap_or_else(|_| "polling".into()),
         );
         let path = self.dir.join(format!("{id}.toml"));
         std::fs::write(&path, text).unwrap();
@@ -249,8 +210,158 @@ impl Env {
     }
 }
 
+/// The read mode of this run: `polling`, or `fanout` in scripts/test.sh's fan-out pass
+/// (`FLOTILLA_TEST_READ_MODE`).
+pub fn read_mode() -> String {
+    std::env::var("FLOTILLA_TEST_READ_MODE").unwrap_or_else(|_| "polling".into())
+}
+
+/// Every worker's settings from `[lease]` to `[status]`: the fleet's short timings,
+/// reading in `mode`.
+fn common_settings(mode: &str) -> String {
+    format!(
+        "[lease]\n\
+         failover_time = \"{FAILOVER_SECS}s\"\n\
+         heartbeat_interval = \"{HEARTBEAT_INTERVAL}\"\n\
+         fence_margin = \"{FENCE_MARGIN}\"\n\
+         [reader]\n\
+         mode = \"{mode}\"\n\
+         poll_interval = \"100ms\"\n\
+         idle_max = \"200ms\"\n\
+         parent_poll_interval = \"200ms\"\n\
+         shard_sync_interval = \"2s\"\n\
+         backoff_max = \"1s\"\n\
+         [checkpoint]\n\
+         interval = \"1s\"\n\
+         [supervision]\n\
+         shutdown_timeout = \"{shutdown}s\"\n\
+         [metrics]\n\
+         level = \"none\"\n\
+         [status]\n\
+         bind = \"127.0.0.1:0\"\n",
+        shutdown = SHUTDOWN_TIMEOUT.as_secs(),
+    )
+}
+
+/// A full scan of `application`'s lease table with the DynamoDB API: `leaseKey`, `leaseOwner`
+/// and `checkpoint` of each row; rows keyed `flotilla-worker#ID` are heartbeats.
+pub async fn scan_leases(dynamodb: &aws_sdk_dynamodb::Client, application: &str) -> Leases {
+    let mut leases = Leases::default();
+    let mut start = None;
+    loop {
+        let page = dynamodb
+            .scan()
+            .table_name(application)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .unwrap();
+        for item in page.items() {
+            let text = |name: &str| match item.get(name) {
+                Some(AttributeValue::S(s)) => Some(s.clone()),
+                _ => None,
+            };
+            let Some(key) = text("leaseKey") else {
+                continue;
+            };
+            if let Some(worker) = key.strip_prefix("flotilla-worker#") {
+                leases.heartbeats.insert(worker.to_owned());
+            } else if text("checkpoint").as_deref() == Some("SHARD_END") {
+                leases.finished.insert(key);
+            } else {
+                leases.open.insert(key, text("leaseOwner"));
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(last) if !last.is_empty() => start = Some(last.clone()),
+            _ => return leases,
+        }
+    }
+}
+
 /// Worker logs are kept for a failed test only.
 impl Drop for Env {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A table with a stream on DynamoDB Local and one application (lease table), for
+/// workers that read the table's changes. Their settings file holds all but the source:
+/// `worker.stream` and `aws.dynamodb_endpoint` come from the environment
+/// (`FLOTILLA__WORKER__STREAM`, `FLOTILLA__AWS__DYNAMODB_ENDPOINT`), see
+/// [`Fleet::spawn_on_table`].
+pub struct TableEnv {
+    pub streams: DynamoStreams,
+    dynamodb: aws_sdk_dynamodb::Client,
+    pub table: String,
+    /// The table's stream.
+    pub arn: String,
+    pub application: String,
+    dynamodb_endpoint: String,
+    /// Worker settings files and logs.
+    pub dir: PathBuf,
+}
+
+impl TableEnv {
+    /// A new table with a stream (ACTIVE on return) and a new, empty lease table. Panics
+    /// unless scripts/test.sh set DynamoDB Local's endpoint.
+    pub async fn new(prefix: &str) -> Self {
+        let dynamodb_endpoint = servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT");
+        let sdk = servers::sdk_config();
+        let streams = DynamoStreams::new(&sdk, Some(&dynamodb_endpoint));
+        let table = servers::unique_name(prefix);
+        let arn = streams.create_table_with_stream(&table).await.unwrap();
+        let application = servers::unique_name(&format!("{prefix}-app"));
+        DynamoLeaseTable::new(&sdk, Some(&dynamodb_endpoint), &application)
+            .ensure_table()
+            .await
+            .unwrap();
+        let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&sdk)
+                .endpoint_url(&dynamodb_endpoint)
+                .build(),
+        );
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(&table);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            streams,
+            dynamodb,
+            table,
+            arn,
+            application,
+            dynamodb_endpoint,
+            dir,
+        }
+    }
+
+    pub async fn leases(&self) -> Leases {
+        scan_leases(&self.dynamodb, &self.application).await
+    }
+
+    /// The settings file of worker `id`, reading in `mode`; no source in it.
+    fn worker_config(&self, id: &str, mode: &str) -> PathBuf {
+        let text = format!(
+            "[worker]\n\
+             application = \"{application}\"\n\
+             worker_id = \"{id}\"\n\
+             initial_position = \"TRIM_HORIZON\"\n\
+             {common}\
+             [aws]\n\
+             region = \"us-east-1\"\n",
+            application = self.application,
+            common = common_settings(mode),
+        );
+        let path = self.dir.join(format!("{id}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for TableEnv {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -272,7 +383,10 @@ pub struct Delivery {
     pub sequence: String,
     pub sub_sequence: u64,
     pub key: String,
+    /// The record's data as text ("" on a line with a `change` instead).
     pub data: String,
+    /// A table stream's change, as the line's `change` object.
+    pub change: Option<serde_json::Value>,
 }
 
 impl Delivery {
@@ -286,12 +400,16 @@ impl Delivery {
             sequence: text("sequence_number")?,
             sub_sequence: value.get("sub_sequence_number")?.as_u64()?,
             key: text("partition_key")?,
-            data: text("data")?,
+            data: match value.get("change") {
+                Some(_) => text("data").unwrap_or_default(),
+                None => text("data")?,
+            },
+            change: value.get("change").filter(|c| c.is_object()).cloned(),
         })
     }
 
     /// What makes a record unique in the stream.
-    fn identity(&self) -> (&str, &str, u64) {
+    pub fn identity(&self) -> (&str, &str, u64) {
         (&self.shard, &self.sequence, self.sub_sequence)
     }
 }
@@ -325,22 +443,46 @@ impl Fleet {
     /// Starts `flotilla run` as worker `id` of `env`'s application.
     pub fn spawn(&mut self, env: &Env, id: &str) {
         let config = env.worker_config(id);
-        let log = env.dir.join(format!("{id}.log"));
+        self.spawn_process(id, &config, &env.dir, &[]);
+    }
+
+    /// Starts `flotilla run` as worker `id` of `env`'s application, reading the table's
+    /// stream named `stream` (`dynamodb:TABLE` or the ARN), in `mode`: the source and
+    /// the DynamoDB endpoint given as `FLOTILLA__…` variables over the settings file.
+    pub fn spawn_on_table(&mut self, env: &TableEnv, id: &str, stream: &str, mode: &str) {
+        let config = env.worker_config(id, mode);
+        self.spawn_process(
+            id,
+            &config,
+            &env.dir,
+            &[
+                ("FLOTILLA__WORKER__STREAM", stream),
+                ("FLOTILLA__AWS__DYNAMODB_ENDPOINT", &env.dynamodb_endpoint),
+            ],
+        );
+    }
+
+    /// `flotilla run --config CONFIG` as worker `id`, its stderr in `dir/ID.log`, with
+    /// only `settings` of the `FLOTILLA__…` variables.
+    fn spawn_process(&mut self, id: &str, config: &Path, dir: &Path, settings: &[(&str, &str)]) {
+        let log = dir.join(format!("{id}.log"));
         let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
         command
             .arg("run")
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(File::create(&log).unwrap());
-        // Only the file speaks: no FLOTILLA__* override nor AWS profile from the caller.
+        // Only the file and `settings` speak: no FLOTILLA__* override nor AWS profile
+        // from the caller.
         for (name, _) in std::env::vars_os() {
             let upper = name.to_string_lossy().to_ascii_uppercase();
             if upper.starts_with("FLOTILLA__") || upper == "FLOTILLA_CONFIG" {
                 command.env_remove(&name);
             }
         }
+        command.envs(settings.iter().copied());
         command
             .env_remove("AWS_PROFILE")
             .env_remove("AWS_DEFAULT_PROFILE")
@@ -604,6 +746,49 @@ impl Producer {
     }
 
     pub async fn stop(self) -> Produced {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap()
+    }
+}
+
+/// Writes rounds of a [`changes::Model`] to a [`TableEnv`]'s table, one every
+/// [`PRODUCE_EVERY`], until stopped: the table-stream counterpart of [`Producer`].
+pub struct TableWriter {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(changes::Model, Option<String>)>,
+}
+
+impl TableWriter {
+    /// Items `item-0` .. `item-{keys - 1}`.
+    pub fn start(env: &TableEnv, keys: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (streams, table, stopping) = (env.streams.clone(), env.table.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut model = changes::Model::default();
+            let mut tick = tokio::time::interval(PRODUCE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut round = 1;
+            while !stopping.load(Ordering::SeqCst) {
+                tick.tick().await;
+                // Item by item, each written once: a failed write ends the run (the
+                // model would not know whether it happened).
+                for write in model.round(round, keys) {
+                    if let Err(e) = streams
+                        .write_items(&table, std::slice::from_ref(&write))
+                        .await
+                    {
+                        return (model, Some(format!("round {round}: {e}")));
+                    }
+                }
+                round += 1;
+            }
+            (model, None)
+        });
+        Self { stop, task }
+    }
+
+    /// Stops writing: the model of what was written, and why it stopped early, if it did.
+    pub async fn stop(self) -> (changes::Model, Option<String>) {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await.unwrap()
     }

@@ -1,5 +1,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod changes;
 pub mod counted;
 pub mod events;
 pub mod http;
