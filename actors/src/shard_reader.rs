@@ -896,11 +896,12 @@ impl ReaderState {
                 None => return Ok(()),
             },
         };
+        let capabilities = self.args.streams.capabilities();
         let limit = self
             .settings()
             .reader
             .max_records
-            .min(self.args.streams.capabilities().max_records_per_call);
+            .min(capabilities.max_records_per_call);
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
         if answer.is_ok() {
@@ -916,8 +917,12 @@ impl ReaderState {
             }
             Ok(batch) => {
                 self.read_ok(batch.records.is_empty(), batch.millis_behind_latest);
-                let got_records = !batch.records.is_empty();
-                let caught_up = batch.millis_behind_latest.unwrap_or(0) == 0;
+                let read = pure::Read {
+                    got_records: !batch.records.is_empty(),
+                    caught_up: batch.millis_behind_latest.unwrap_or(0) == 0,
+                    full_unmetered: !capabilities.calls_metered
+                        && batch.records.len() >= limit as usize,
+                };
                 let at_end = batch.next_iterator.is_none();
                 self.iterator = batch.next_iterator;
                 if at_end {
@@ -931,8 +936,7 @@ impl ReaderState {
                     return Ok(());
                 }
                 let (delay, idle) = pure::next_read(
-                    got_records,
-                    caught_up,
+                    read,
                     poll,
                     self.idle,
                     self.settings().reader.idle_max,

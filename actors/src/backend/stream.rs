@@ -190,6 +190,13 @@ pub struct Capabilities {
     /// Streams (which refuses more). Readers ask for at most this, whatever
     /// `reader.max_records` says.
     pub max_records_per_call: u32,
+    /// Reads of a shard are metered per call (Kinesis: 5 GetRecords a second per shard,
+    /// shared by every consumer), so a reader spaces its calls `reader.poll_interval`
+    /// apart even with a backlog. DynamoDB Streams meters no calls per second (at most
+    /// two readers per shard), and a call returns at most 1,000 changes, so a reader
+    /// that got a full batch reads on at once: spaced, a backlog would drain at 5,000
+    /// changes a second.
+    pub calls_metered: bool,
 }
 
 impl Capabilities {
@@ -199,6 +206,7 @@ impl Capabilities {
         shard_end_in_subscriptions: true,
         hash_ranges: true,
         max_records_per_call: 10_000,
+        calls_metered: true,
     };
 
     /// A DynamoDB table's stream: GetRecords names no children and no lag, there is no
@@ -209,6 +217,7 @@ impl Capabilities {
         shard_end_in_subscriptions: false,
         hash_ranges: false,
         max_records_per_call: 1_000,
+        calls_metered: false,
     };
 }
 

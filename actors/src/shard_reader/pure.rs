@@ -249,20 +249,36 @@ pub(crate) fn processor_stalled(
 /// When to read again after an answer that did not end the shard, and the idle delay
 /// to use next time. Calls start `poll` apart (Kinesis counts calls per second), not a
 /// pause after each: a shard that is behind loses no time to a slow answer. A shard at
-/// its tip backs off from `poll` to `idle_max`, doubling.
+/// its tip backs off from `poll` to `idle_max`, doubling. Where calls are not metered
+/// (DynamoDB Streams), a full batch means a backlog: read on at once.
 pub(crate) fn next_read(
-    got_records: bool,
-    caught_up: bool,
+    read: Read,
     poll: Duration,
     idle: Duration,
     idle_max: Duration,
     call_took: Duration,
 ) -> (Duration, Duration) {
-    if got_records || !caught_up {
+    let Read {
+        got_records,
+        caught_up,
+        full_unmetered,
+    } = read;
+    if full_unmetered {
+        (Duration::ZERO, poll)
+    } else if got_records || !caught_up {
         (poll.saturating_sub(call_took), poll)
     } else {
         (idle, (idle * 2).min(idle_max))
     }
+}
+
+/// What one GetRecords answer said, for [`next_read`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Read {
+    pub got_records: bool,
+    pub caught_up: bool,
+    /// As many records as asked for, from a source that meters no calls per second.
+    pub full_unmetered: bool,
 }
 
 /// Whether a retryable GetRecords failure replaces the iterator: a server that keeps
@@ -656,20 +672,31 @@ mod tests {
     fn when_to_read_again() {
         let ms = Duration::from_millis;
         let (poll, max) = (ms(200), ms(1_600));
-        // (got records, caught up, idle now, call took) → (delay, idle next)
+        // (got records, caught up, full and unmetered, idle now, call took)
+        //   → (delay, idle next)
         let table = [
-            ((true, true, ms(800), ms(50)), (ms(150), ms(200))),
-            ((false, false, ms(800), ms(50)), (ms(150), ms(200))),
-            ((true, false, ms(200), ms(500)), (ms(0), ms(200))),
-            ((false, true, ms(200), ms(5)), (ms(200), ms(400))),
-            ((false, true, ms(800), ms(5)), (ms(800), ms(1_600))),
-            ((false, true, ms(1_600), ms(5)), (ms(1_600), ms(1_600))),
+            ((true, true, false, ms(800), ms(50)), (ms(150), ms(200))),
+            ((false, false, false, ms(800), ms(50)), (ms(150), ms(200))),
+            ((true, false, false, ms(200), ms(500)), (ms(0), ms(200))),
+            ((false, true, false, ms(200), ms(5)), (ms(200), ms(400))),
+            ((false, true, false, ms(800), ms(5)), (ms(800), ms(1_600))),
+            (
+                (false, true, false, ms(1_600), ms(5)),
+                (ms(1_600), ms(1_600)),
+            ),
+            // A full batch where calls are not metered: a backlog, read on at once.
+            ((true, true, true, ms(800), ms(5)), (ms(0), ms(200))),
         ];
-        for ((got, caught_up, idle, took), want) in table {
+        for ((got_records, caught_up, full_unmetered, idle, took), want) in table {
+            let read = Read {
+                got_records,
+                caught_up,
+                full_unmetered,
+            };
             assert_eq!(
-                next_read(got, caught_up, poll, idle, max, took),
+                next_read(read, poll, idle, max, took),
                 want,
-                "got={got} caught_up={caught_up} idle={idle:?}"
+                "{read:?} idle={idle:?}"
             );
         }
     }
