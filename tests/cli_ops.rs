@@ -80,12 +80,18 @@ impl Fixture {
     }
 
     async fn lease(&self, index: u64, checkpoint: Checkpoint) -> Lease {
-        let lease = Lease::new(
+        self.lease_of(None, index, checkpoint).await
+    }
+
+    /// A lease row as a worker reading `source` creates it (`flotillaSource`).
+    async fn lease_of(&self, source: Option<&str>, index: u64, checkpoint: Checkpoint) -> Lease {
+        let mut lease = Lease::new(
             &ShardId::from_index(index),
             Checkpoint::TrimHorizon,
             vec![],
             None,
         );
+        lease.source = source.map(str::to_owned);
         assert!(self.table.create_if_absent(&lease).await.unwrap());
         if checkpoint != Checkpoint::TrimHorizon {
             self.table
@@ -422,6 +428,77 @@ async fn import_refuses_another_applications_token_unless_forced() {
         .await;
     assert_ok(&out);
     assert_eq!(target.get(0).await.checkpoint, at(3));
+}
+
+const TABLE_STREAM_A: &str =
+    "arn:aws:dynamodb:us-east-1:1:table/orders/stream/2024-05-01T00:00:00.000";
+const TABLE_STREAM_B: &str =
+    "arn:aws:dynamodb:us-east-1:1:table/orders/stream/2024-06-01T00:00:00.000";
+
+/// A token says which stream its positions are in, and a table reading another stream
+/// refuses it, even with --force: a position of one stream means nothing in another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_names_its_source_and_another_source_refuses_it() {
+    let source = Fixture::new("source-a").await;
+    source.lease_of(Some(TABLE_STREAM_A), 0, at(3)).await;
+    let out = source.run(&["position", "export"], &[]).await;
+    assert_ok(&out);
+    let token: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(token["source"], TABLE_STREAM_A);
+    let file = TempFile::new("source-a", &out.stdout);
+
+    for (app, other) in [("source-b", TABLE_STREAM_B), ("source-k", "orders")] {
+        let target = Fixture::on(source.endpoint.clone(), app).await;
+        target
+            .lease_of(Some(other), 0, Checkpoint::TrimHorizon)
+            .await;
+        let out = target
+            .run(&["position", "import"], &[file.path(), "--force"])
+            .await;
+        assert!(!out.status.success(), "{app}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("({TABLE_STREAM_A})")) && err.contains(&format!("({other})")),
+            "{err}"
+        );
+        assert_eq!(target.get(0).await.checkpoint, Checkpoint::TrimHorizon);
+    }
+    // The same stream: applied.
+    let same = Fixture::on(source.endpoint.clone(), "source-a2").await;
+    same.lease_of(Some(TABLE_STREAM_A), 0, Checkpoint::TrimHorizon)
+        .await;
+    let out = same
+        .run(&["position", "import"], &[file.path(), "--force"])
+        .await;
+    assert_ok(&out);
+    assert_eq!(same.get(0).await.checkpoint, at(3));
+}
+
+/// A table stream's shards leave the stream 24 hours after they close, their rows with
+/// them: the token's shards the table no longer has are pruned, named, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_stream_tokens_shards_past_retention_are_pruned_with_a_warning() {
+    let fx = Fixture::new("pruned-app").await;
+    fx.lease_of(Some(TABLE_STREAM_A), 1, Checkpoint::TrimHorizon)
+        .await;
+    let token = serde_json::json!({
+        "version": 1,
+        "application": "pruned-app",
+        "source": TABLE_STREAM_A,
+        "shards": {
+            "shardId-000000000000": {"checkpoint": SEQ},
+            "shardId-000000000001": {"checkpoint": SEQ, "sub_sequence": 2},
+        },
+    });
+    let file = TempFile::new("pruned", token.to_string().as_bytes());
+    let out = fx.run(&["position", "import"], &[file.path()]).await;
+    assert_ok(&out);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("pruned 1 shards") && err.contains("shardId-000000000000"),
+        "{err}"
+    );
+    assert_eq!(fx.get(1).await.checkpoint, at(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
