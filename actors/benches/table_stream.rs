@@ -7,8 +7,10 @@
 //!   Limit 1000 until every change is in) and by flotilla workers with a no-op
 //!   processor that counts (polling; worker start included; a fresh lease table in
 //!   DynamoDB Local each run), one with the default settings and one with
-//!   `reader.poll_interval` lowered as a user draining a backlog would set it;
-//!   alternating, `FLOTILLA_BENCH_RUNS` rounds (default 5).
+//!   `reader.poll_interval` lowered as a user draining a backlog would set it (P2's
+//!   1 ms); and, to tell the adapter's time from the worker's, the plain loop through
+//!   flotilla's `DynamoStreams` adapter. Taking turns, `FLOTILLA_BENCH_RUNS` rounds
+//!   (default 7), after one plain drain not counted (DynamoDB Local's JIT warm-up).
 //! * latency: with a flotilla worker (default settings) and the plain loop caught up on
 //!   the same stream at the same time, one put every 100 ms for 30 s
 //!   (`FLOTILLA_BENCH_LATENCY_SECS`); put → process latency from the put instant the
@@ -34,8 +36,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{AttributeValue as DdbValue, PutRequest, WriteRequest};
 use aws_sdk_dynamodbstreams::types::ShardIteratorType;
-use flotilla_actors::backend::TableStreamAdmin;
 use flotilla_actors::backend::aws::DynamoStreams;
+use flotilla_actors::backend::{IteratorPosition, StreamClient, TableStreamAdmin};
 use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, Worker,
 };
@@ -270,6 +272,43 @@ async fn plain_drain(env: &Env, arn: &str, records: u64) -> Duration {
     took
 }
 
+/// The plain loop's schedule through flotilla's own adapter (`DynamoStreams` as a
+/// [`StreamClient`]: the SDK call plus each record turned into the change JSON the
+/// processor gets), without the worker: where the adapter's time ends and the
+/// worker's begins.
+async fn adapter_drain(env: &Env, arn: &str, records: u64) -> Duration {
+    let started = Instant::now();
+    let shards = env.admin.list_shards(arn).await.unwrap();
+    let total = Arc::new(AtomicU64::new(0));
+    let adapter = Arc::new(env.admin.clone());
+    let mut tasks = Vec::new();
+    for shard in shards {
+        let (adapter, arn, total) = (adapter.clone(), arn.to_owned(), total.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut it = adapter
+                .get_shard_iterator(&arn, &shard.id, &IteratorPosition::TrimHorizon)
+                .await
+                .unwrap();
+            while total.load(Ordering::Relaxed) < records {
+                let batch = adapter.get_records(&it, LIMIT as u32).await.unwrap();
+                total.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                match batch.next_iterator {
+                    Some(next) => it = next,
+                    None => break,
+                }
+            }
+        }));
+    }
+    while total.load(Ordering::Relaxed) < records {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = started.elapsed();
+    for t in tasks {
+        t.abort();
+    }
+    took
+}
+
 struct Count(Arc<AtomicU64>);
 
 impl Processor for Count {
@@ -306,13 +345,19 @@ async fn flotilla_drain(
     }
     let took = started.elapsed();
     worker.abort();
+    let _ = env
+        .tables
+        .delete_table()
+        .table_name(application)
+        .send()
+        .await;
     (took, first.unwrap_or(took))
 }
 
 async fn drain() {
     let env = Env::new();
     let records: u64 = env_or("FLOTILLA_BENCH_RECORDS", 20_000);
-    let runs: usize = env_or("FLOTILLA_BENCH_RUNS", 5usize).max(1);
+    let runs: usize = env_or("FLOTILLA_BENCH_RUNS", 7usize).max(1);
     let table = servers::unique_name("p12-drain");
     let loading = Instant::now();
     let arn = load(&env, &table, records).await;
@@ -321,50 +366,63 @@ async fn drain() {
         loading.elapsed(),
         records as f64 / loading.elapsed().as_secs_f64()
     );
-    let (mut plain, mut default, mut fast) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut ratio_default, mut ratio_fast) = (Vec::new(), Vec::new());
+    let (mut plain, mut adapter, mut default, mut fast) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut default_steady, mut fast_steady) = (Vec::new(), Vec::new());
+    let (mut ratio_default, mut ratio_fast, mut ratio_adapter) =
+        (Vec::new(), Vec::new(), Vec::new());
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
     // DynamoDB Local is a JVM: one drain, not counted, so no reader meets it cold.
     let warm = plain_drain(&env, &arn, records).await;
     println!("drain warm-up (plain loop, not counted): {warm:.2?}");
     for run in 0..runs {
         println!("  load average: {}", load_average());
-        let (mut p, mut d, mut f) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let (mut p, mut a, mut d, mut f) = (
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
         let (mut d_first, mut f_first) = (Duration::ZERO, Duration::ZERO);
-        // The readers take turns going first, round by round.
-        for turn in 0..3 {
-            match (turn + run) % 3 {
+        // The readers take turns going first, round by round. Each worker gets a lease
+        // table of its own: a table another (aborted, still "alive") worker used would
+        // have it wait out that worker's failover_time before taking the shard.
+        for turn in 0..4 {
+            match (turn + run) % 4 {
                 0 => p = plain_drain(&env, &arn, records).await,
-                1 => {
-                    (d, d_first) =
-                        flotilla_drain(&env, &arn, records, &format!("p12-default-{run}"), None)
-                            .await
+                1 => a = adapter_drain(&env, &arn, records).await,
+                2 => {
+                    let app = servers::unique_name("p12-default");
+                    (d, d_first) = flotilla_drain(&env, &arn, records, &app, None).await;
                 }
                 _ => {
-                    (f, f_first) = flotilla_drain(
-                        &env,
-                        &arn,
-                        records,
-                        &format!("p12-fast-{run}"),
-                        Some(FAST_POLL),
-                    )
-                    .await
+                    let app = servers::unique_name("p12-fast");
+                    (f, f_first) = flotilla_drain(&env, &arn, records, &app, Some(FAST_POLL)).await;
                 }
             }
         }
-        let (pr, dr, fr) = (rate(p), rate(d), rate(f));
+        let (pr, ar, dr, fr) = (rate(p), rate(a), rate(d), rate(f));
+        // From the first change processed to the last: the worker's start left out.
+        let (ds, fs) = (rate(d - d_first), rate(f - f_first));
         println!(
-            "drain run {run}: plain loop {pr:.0} rec/s ({p:.2?}), flotilla defaults {dr:.0} rec/s \
-             ({d:.2?}, first change at {d_first:.2?}), flotilla poll_interval {FAST_POLL:?} \
-             {fr:.0} rec/s ({f:.2?}, first change at {f_first:.2?}), ratios {:.2} / {:.2}",
+            "drain run {run}: plain loop {pr:.0} rec/s ({p:.2?}); adapter loop {ar:.0} rec/s \
+             ({a:.2?}); flotilla defaults {dr:.0} rec/s ({d:.2?}, first change at \
+             {d_first:.2?}, {ds:.0} rec/s after it); flotilla poll_interval {FAST_POLL:?} \
+             {fr:.0} rec/s ({f:.2?}, first change at {f_first:.2?}, {fs:.0} rec/s after it); \
+             flotilla / plain {:.2} (defaults), {:.2} (poll {FAST_POLL:?}); adapter / plain {:.2}",
             dr / pr,
-            fr / pr
+            fr / pr,
+            ar / pr
         );
         plain.push(pr);
+        adapter.push(ar);
         default.push(dr);
         fast.push(fr);
+        default_steady.push(ds);
+        fast_steady.push(fs);
         ratio_default.push(dr / pr);
         ratio_fast.push(fr / pr);
+        ratio_adapter.push(ar / pr);
     }
     let row = |what: &str, v: Vec<f64>, target: &str| {
         let (m, lo, hi) = median(v);
@@ -378,10 +436,25 @@ async fn drain() {
     println!("| id | what | median | min | max | target |");
     println!("|---|---|---|---|---|---|");
     row("plain aws-sdk-dynamodbstreams loop, rec/s", plain, "");
+    row(
+        "the same loop through flotilla's DynamoStreams adapter, rec/s",
+        adapter,
+        "",
+    );
     row("flotilla, default settings, rec/s", default, "");
+    row(
+        "flotilla, default settings, after its first change, rec/s",
+        default_steady,
+        "",
+    );
     row(
         &format!("flotilla, reader.poll_interval = {FAST_POLL:?}, rec/s"),
         fast,
+        "",
+    );
+    row(
+        &format!("flotilla, reader.poll_interval = {FAST_POLL:?}, after its first change, rec/s"),
+        fast_steady,
         "",
     );
     row("flotilla defaults / plain", ratio_default, "≥ 0.9");
@@ -390,6 +463,7 @@ async fn drain() {
         ratio_fast,
         "≥ 0.9",
     );
+    row("adapter loop / plain", ratio_adapter, "(diagnostic)");
     let _ = env.admin.delete_table(&table).await;
 }
 
@@ -533,6 +607,7 @@ async fn latency() {
         // A first change, so both readers are at the stream's tip when timing starts.
         put_stamped(&env, &table, 0).await;
         let (flotilla_seen, plain_seen) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
+        let application = servers::unique_name("p12-latency");
         let s = flotilla_seen.clone();
         let worker = env
             .start(
@@ -579,6 +654,12 @@ async fn latency() {
         worker.abort();
         plain.abort();
         let _ = env.admin.delete_table(&table).await;
+        let _ = env
+            .tables
+            .delete_table()
+            .table_name(&application)
+            .send()
+            .await;
     }
     let cell = |v: Vec<f64>| {
         let (m, lo, hi) = median(v);
@@ -600,6 +681,13 @@ async fn latency() {
 }
 
 fn main() {
+    // FLOTILLA_LOG=debug (a tracing filter) shows what the workers do, on stderr.
+    if let Ok(filter) = std::env::var("FLOTILLA_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
