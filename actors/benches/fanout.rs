@@ -20,10 +20,13 @@
 #[path = "../tests/support/servers.rs"]
 #[allow(dead_code)]
 mod servers;
+#[path = "common/stats.rs"]
+mod stats;
 
 #[path = "common/load.rs"]
 mod load;
 
+use stats::{median, percentile, wanted};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,23 +54,6 @@ fn runs() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3usize)
         .max(1)
-}
-
-fn wanted(name: &str) -> bool {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    args.is_empty() || args.iter().any(|a| a == name)
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn settings(stream: &str, application: &str, mode: ReadMode) -> Settings {

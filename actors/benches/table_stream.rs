@@ -28,7 +28,10 @@
 #[path = "../tests/support/servers.rs"]
 #[allow(dead_code)]
 mod servers;
+#[path = "common/stats.rs"]
+mod stats;
 
+use stats::{median, percentile, wanted};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,23 +63,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn wanted(name: &str) -> bool {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    args.is_empty() || args.iter().any(|a| a == name)
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// The 1, 5 and 15 minute load averages (what else the machine was doing).
