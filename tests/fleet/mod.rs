@@ -141,18 +141,8 @@ impl Env {
         let kinesis = KinesisStream::new(&sdk, Some(&kinesis_endpoint));
         let stream = servers::unique_name(prefix);
         kinesis.create_stream(&stream, shards).await.unwrap();
-        let application = servers::unique_name(&format!("{prefix}-app"));
-        DynamoLeaseTable::new(&sdk, Some(&dynamodb_endpoint), &application)
-            .ensure_table()
-            .await
-            .unwrap();
-        let dynamodb = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk)
-                .endpoint_url(&dynamodb_endpoint)
-                .build(),
-        );
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(&stream);
-        std::fs::create_dir_all(&dir).unwrap();
+        let (application, dynamodb, dir) =
+            application_on(&sdk, &dynamodb_endpoint, prefix, &stream).await;
         Self {
             kinesis,
             dynamodb,
@@ -315,18 +305,8 @@ impl TableEnv {
         let streams = DynamoStreams::new(&sdk, Some(&dynamodb_endpoint));
         let table = servers::unique_name(prefix);
         let arn = streams.create_table_with_stream(&table).await.unwrap();
-        let application = servers::unique_name(&format!("{prefix}-app"));
-        DynamoLeaseTable::new(&sdk, Some(&dynamodb_endpoint), &application)
-            .ensure_table()
-            .await
-            .unwrap();
-        let dynamodb = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk)
-                .endpoint_url(&dynamodb_endpoint)
-                .build(),
-        );
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(&table);
-        std::fs::create_dir_all(&dir).unwrap();
+        let (application, dynamodb, dir) =
+            application_on(&sdk, &dynamodb_endpoint, prefix, &table).await;
         Self {
             streams,
             dynamodb,
@@ -935,4 +915,28 @@ pub async fn wait_for(
         }
         tokio::time::sleep(step).await;
     }
+}
+
+/// A new, empty lease table (the application, named after `prefix`), a DynamoDB client
+/// on `endpoint` to read it, and a folder named after `source` for the workers'
+/// settings files and logs.
+async fn application_on(
+    sdk: &aws_config::SdkConfig,
+    endpoint: &str,
+    prefix: &str,
+    source: &str,
+) -> (String, aws_sdk_dynamodb::Client, PathBuf) {
+    let application = servers::unique_name(&format!("{prefix}-app"));
+    DynamoLeaseTable::new(sdk, Some(endpoint), &application)
+        .ensure_table()
+        .await
+        .unwrap();
+    let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(sdk)
+            .endpoint_url(endpoint)
+            .build(),
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(source);
+    std::fs::create_dir_all(&dir).unwrap();
+    (application, dynamodb, dir)
 }
