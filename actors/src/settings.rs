@@ -430,8 +430,7 @@ impl Settings {
         self.supervision.validate()?;
         self.metrics.validate()?;
         self.aws.validate()?;
-        let source = crate::model::Source::parse(&self.worker.stream)
-            .map_err(|why| invalid("worker.stream", quoted(&self.worker.stream), why))?;
+        let source = self.worker.source()?;
         if source.is_table_stream() && self.reader.mode == ReadMode::Fanout {
             return Err(invalid(
                 "reader.mode",
@@ -478,9 +477,14 @@ impl WorkerSettings {
         })
     }
 
+    /// `worker.stream` as a source: a Kinesis stream or a DynamoDB table's stream.
+    pub fn source(&self) -> Result<crate::model::Source, SettingsError> {
+        crate::model::Source::parse(&self.stream)
+            .map_err(|why| invalid("worker.stream", quoted(&self.stream), why))
+    }
+
     fn validate(&self) -> Result<(), SettingsError> {
-        let source = crate::model::Source::parse(&self.stream)
-            .map_err(|why| invalid("worker.stream", quoted(&self.stream), why))?;
+        let source = self.source()?;
 
         let key = "worker.application";
         if self.application.is_empty() {

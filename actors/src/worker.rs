@@ -352,12 +352,7 @@ impl WorkerBuilder {
         }
         let processor = self.processor.ok_or(WorkerError::Missing("processor"))?;
         let initial_timestamp = settings.worker.initial_timestamp()?;
-        let source =
-            Source::parse(&settings.worker.stream).map_err(|why| SettingsError::Invalid {
-                key: "worker.stream".to_owned(),
-                value: format!("{:?}", settings.worker.stream),
-                why,
-            })?;
+        let source = settings.worker.source()?;
         let streams = backend.reader_of(&source)?;
         let stream = settings.worker.stream.clone();
         let application = settings.worker.application.clone();

@@ -480,6 +480,15 @@ fn shard_from_sdk(
 }
 
 /// A stream record as a [`Record`] whose `data` is the [`DynamoChange`] JSON.
+/// "record SEQ", for the errors about one record.
+struct RecordName<'a>(&'a str);
+
+impl std::fmt::Display for RecordName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "record {}", self.0)
+    }
+}
+
 fn record_from_sdk(record: &aws_sdk_dynamodbstreams::types::Record) -> Result<Record, StreamError> {
     const OP: &str = "GetRecords";
     let incomplete = |what: &str, missing: &'static str| StreamError::IncompleteAnswer {
@@ -494,13 +503,14 @@ fn record_from_sdk(record: &aws_sdk_dynamodbstreams::types::Record) -> Result<Re
         .sequence_number()
         .filter(|s| !s.is_empty())
         .ok_or_else(|| incomplete("a record", "SequenceNumber"))?;
-    let what = format!("record {seq}");
+    // Named only in errors: nothing is formatted per record on the way through.
+    let what = RecordName(seq);
     let event_id = record
         .event_id()
-        .ok_or_else(|| incomplete(&what, "eventID"))?;
+        .ok_or_else(|| incomplete(&what.to_string(), "eventID"))?;
     let event_name = record
         .event_name()
-        .ok_or_else(|| incomplete(&what, "eventName"))?;
+        .ok_or_else(|| incomplete(&what.to_string(), "eventName"))?;
     let event_name = ChangeKind::parse(event_name.as_str()).ok_or_else(|| StreamError::Other {
         op: OP,
         message: format!(
@@ -518,7 +528,8 @@ fn record_from_sdk(record: &aws_sdk_dynamodbstreams::types::Record) -> Result<Re
         };
     let keys = image(
         "Keys",
-        body.keys().ok_or_else(|| incomplete(&what, "Keys"))?,
+        body.keys()
+            .ok_or_else(|| incomplete(&what.to_string(), "Keys"))?,
     )?;
     let created = body.approximate_creation_date_time();
     let approximate_arrival = created

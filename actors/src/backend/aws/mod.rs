@@ -192,7 +192,7 @@ where
 /// A sequence number from a stream service's answer; `what` names where it was.
 pub(crate) fn parse_sequence(
     op: &'static str,
-    what: &str,
+    what: impl std::fmt::Display,
     text: &str,
 ) -> Result<crate::model::SequenceNumber, StreamError> {
     crate::model::SequenceNumber::parse(text).map_err(|e| StreamError::Other {
