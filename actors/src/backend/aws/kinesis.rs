@@ -580,7 +580,7 @@ impl KinesisStream {
             };
             results.push(PutResult {
                 shard: ShardId::new(shard),
-                sequence_number: parse_sequence(OP, &format!("record {index}"), seq)?,
+                sequence_number: parse_sequence(OP, format_args!("record {index}"), seq)?,
             });
         }
         Ok(results)
