@@ -53,6 +53,9 @@ pub struct WorkerSettings {
     /// The source to consume: a Kinesis stream's name, a DynamoDB table's stream by its
     /// ARN, or `dynamodb:TABLE` for the table's current stream (see [`crate::model::Source`]).
     pub stream: String,
+    /// Many streams for one application (instead of `stream`): one fleet and one lease
+    /// table for all, keys in the KCL's multi-stream form. Kinesis streams only.
+    pub streams: Vec<StreamEntry>,
     /// The application name; also the lease table's name.
     pub application: String,
     /// This worker's id in the lease table; a random one when absent.
@@ -66,12 +69,41 @@ impl Default for WorkerSettings {
     fn default() -> Self {
         Self {
             stream: String::new(),
+            streams: Vec::new(),
             application: String::new(),
             worker_id: None,
             initial_position: InitialPosition::TrimHorizon,
             initial_timestamp: None,
         }
     }
+}
+
+/// One stream of `worker.streams`: a name, or a table with what differs for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StreamEntry {
+    Name(String),
+    Table(StreamTable),
+}
+
+/// A stream of `worker.streams` with its own settings; what it leaves out is the
+/// worker's (`worker.initial_position`, `worker.initial_timestamp`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamTable {
+    pub name: String,
+    #[serde(default)]
+    pub initial_position: Option<InitialPosition>,
+    #[serde(default)]
+    pub initial_timestamp: Option<String>,
+}
+
+/// A stream of `worker.streams` as read: its name, and where its new shards start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSpec {
+    pub name: String,
+    pub initial_position: InitialPosition,
+    pub initial_timestamp: Option<SystemTime>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -430,6 +462,17 @@ impl Settings {
         self.supervision.validate()?;
         self.metrics.validate()?;
         self.aws.validate()?;
+        if !self.worker.streams.is_empty() {
+            if self.reader.mode == ReadMode::Fanout {
+                return Err(invalid(
+                    "reader.mode",
+                    quoted(self.reader.mode.as_str()),
+                    "enhanced fan-out does not yet read several streams (worker.streams): \
+                     set reader.mode = \"polling\"",
+                ));
+            }
+            return Ok(());
+        }
         let source = self.worker.source()?;
         if source.is_table_stream() && self.reader.mode == ReadMode::Fanout {
             return Err(invalid(
@@ -483,8 +526,72 @@ impl WorkerSettings {
             .map_err(|why| invalid("worker.stream", quoted(&self.stream), why))
     }
 
+    /// `worker.streams` as read, each with its initial position; empty for a worker of
+    /// one stream (`worker.stream`). The error names the entry at fault.
+    pub fn stream_specs(&self) -> Result<Vec<StreamSpec>, SettingsError> {
+        let mut specs: Vec<StreamSpec> = Vec::new();
+        for (i, entry) in self.streams.iter().enumerate() {
+            let (name, position, timestamp) = match entry {
+                StreamEntry::Name(name) => (name, None, None),
+                StreamEntry::Table(t) => (&t.name, t.initial_position, t.initial_timestamp.as_ref()),
+            };
+            let key = format!("worker.streams[{i}]");
+            match crate::model::Source::parse(name) {
+                Ok(crate::model::Source::Kinesis { .. }) => {}
+                Ok(_) => {
+                    return Err(invalid(
+                        &key,
+                        quoted(name),
+                        "is a DynamoDB table's stream, and worker.streams reads Kinesis \
+                         streams only: consume a table's stream with worker.stream",
+                    ));
+                }
+                Err(why) => return Err(invalid(&key, quoted(name), why)),
+            }
+            if specs.iter().any(|s| &s.name == name) {
+                return Err(invalid(&key, quoted(name), "is listed twice"));
+            }
+            // What the entry leaves out is the worker's; a timestamp goes with the
+            // position it belongs to.
+            let (position, timestamp) = match position {
+                Some(position) => (position, timestamp.map(String::as_str)),
+                None => (
+                    self.initial_position,
+                    timestamp
+                        .map(String::as_str)
+                        .or(self.initial_timestamp.as_deref()),
+                ),
+            };
+            let initial_timestamp = check_timestamp(&key, position, timestamp)?;
+            specs.push(StreamSpec {
+                name: name.clone(),
+                initial_position: position,
+                initial_timestamp,
+            });
+        }
+        Ok(specs)
+    }
+
     fn validate(&self) -> Result<(), SettingsError> {
-        let source = self.source()?;
+        if !self.streams.is_empty() && !self.stream.is_empty() {
+            return Err(invalid(
+                "worker.streams",
+                format!("{} streams", self.streams.len()),
+                format!(
+                    "and worker.stream = {} are both set: a worker reads either one stream \
+                     or a list; keep one of them",
+                    quoted(&self.stream)
+                ),
+            ));
+        }
+        if !self.streams.is_empty() {
+            self.stream_specs()?;
+        }
+        let source = if self.streams.is_empty() {
+            Some(self.source()?)
+        } else {
+            None
+        };
 
         let key = "worker.application";
         if self.application.is_empty() {
@@ -502,7 +609,9 @@ impl WorkerSettings {
             "the application name is the lease table's name, and DynamoDB table names are \
              3 to 255 characters of A-Z a-z 0-9 _ . -",
         )?;
-        if source.table() == Some(self.application.as_str()) {
+        if let Some(source) = &source
+            && source.table() == Some(self.application.as_str())
+        {
             return Err(invalid(
                 key,
                 quoted(&self.application),
@@ -902,6 +1011,40 @@ impl AwsSettings {
 /// How an absent optional value is shown in an error.
 const UNSET: &str = "(unset)";
 
+/// A stream entry's start time: required with AT_TIMESTAMP, refused otherwise (the
+/// worker's own keys are checked by the same rules in `WorkerSettings::validate`).
+fn check_timestamp(
+    key: &str,
+    position: InitialPosition,
+    timestamp: Option<&str>,
+) -> Result<Option<SystemTime>, SettingsError> {
+    match (position, timestamp) {
+        (InitialPosition::AtTimestamp, None) => Err(invalid(
+            key,
+            UNSET,
+            "starts at AT_TIMESTAMP and has no initial_timestamp (nor has the worker)",
+        )),
+        (InitialPosition::AtTimestamp, Some(text)) => humantime::parse_rfc3339(text)
+            .map(Some)
+            .map_err(|e| {
+                invalid(
+                    key,
+                    quoted(text),
+                    format!("initial_timestamp is not an RFC 3339 time in UTC ({e})"),
+                )
+            }),
+        (position, Some(text)) => Err(invalid(
+            key,
+            quoted(text),
+            format!(
+                "initial_timestamp is only used with AT_TIMESTAMP, and this stream starts at {}",
+                position.as_str()
+            ),
+        )),
+        (_, None) => Ok(None),
+    }
+}
+
 fn invalid(key: &str, value: impl fmt::Display, why: impl Into<String>) -> SettingsError {
     SettingsError::Invalid {
         key: key.to_owned(),
@@ -1026,6 +1169,55 @@ mod tests {
         assert!(err.to_string().contains("must be set"), "{err}");
     }
 
+    /// `worker.streams` takes names and tables in one list; what a table leaves out is
+    /// the worker's.
+    #[test]
+    fn streams_are_names_or_tables_with_their_own_start() {
+        let settings: Settings = toml::from_str(
+            r#"
+            [worker]
+            application = "app"
+            initial_position = "LATEST"
+            streams = [
+                "orders",
+                { name = "audit", initial_position = "TRIM_HORIZON" },
+                { name = "clicks", initial_position = "AT_TIMESTAMP", initial_timestamp = "2024-05-01T00:00:00Z" },
+            ]
+            "#,
+        )
+        .unwrap();
+        settings.validate().unwrap();
+        let specs = settings.worker.stream_specs().unwrap();
+        let got: Vec<(&str, InitialPosition, bool)> = specs
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.initial_position,
+                    s.initial_timestamp.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("orders", InitialPosition::Latest, false),
+                ("audit", InitialPosition::TrimHorizon, false),
+                ("clicks", InitialPosition::AtTimestamp, true),
+            ]
+        );
+        // A misspelt key in a table is refused, not ignored.
+        assert!(
+            toml::from_str::<Settings>(
+                r#"
+                [worker]
+                streams = [{ name = "a", initial_postion = "LATEST" }]
+                "#
+            )
+            .is_err()
+        );
+    }
+
     #[test]
     fn each_bad_value_names_its_key() {
         type Case = (&'static str, fn(&mut Settings));
@@ -1076,6 +1268,48 @@ mod tests {
             }),
             ("worker.initial_timestamp", |s| {
                 s.worker.initial_timestamp = Some("2024-05-01T00:00:00Z".into())
+            }),
+            ("worker.streams", |s| {
+                s.worker.streams = vec![StreamEntry::Name("a".into())]
+            }),
+            ("worker.streams[1]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![
+                    StreamEntry::Name("a".into()),
+                    StreamEntry::Name("dynamodb:t".into()),
+                ]
+            }),
+            ("worker.streams[1]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![
+                    StreamEntry::Name("a".into()),
+                    StreamEntry::Name("a".into()),
+                ]
+            }),
+            ("worker.streams[0]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![StreamEntry::Name("my stream".into())]
+            }),
+            ("worker.streams[0]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![StreamEntry::Table(StreamTable {
+                    name: "a".into(),
+                    initial_position: Some(InitialPosition::AtTimestamp),
+                    initial_timestamp: None,
+                })]
+            }),
+            ("worker.streams[0]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![StreamEntry::Table(StreamTable {
+                    name: "a".into(),
+                    initial_position: Some(InitialPosition::Latest),
+                    initial_timestamp: Some("2024-05-01T00:00:00Z".into()),
+                })]
+            }),
+            ("reader.mode", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![StreamEntry::Name("a".into())];
+                s.reader.mode = ReadMode::Fanout;
             }),
             ("lease.failover_time", |s| s.lease.failover_time = secs(0)),
             ("lease.heartbeat_interval", |s| {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
-use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, ShardId, WorkerId};
+use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, ShardId, StreamIdentifier, WorkerId};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/lease-table")
@@ -114,6 +114,41 @@ fn multi_stream_keys_name_their_shards() {
             .iter()
             .all(|l| l.key.as_str().starts_with("123456789012:fixture-ms-"))
     );
+    // The key's stream part is the row's streamName, an identifier flotilla reads, and
+    // the key flotilla would make for that stream and shard is the KCL's key.
+    for item in items("fixture-multi-app.json") {
+        let lease = lease(&item);
+        let Some(AttrValue::S(stream_name)) = item.get("streamName") else {
+            panic!("{item:?}")
+        };
+        assert_eq!(lease.key.stream_id(), Some(stream_name.as_str()));
+        let id = StreamIdentifier::parse(stream_name).unwrap();
+        assert_eq!((id.account.as_str(), id.creation_epoch), ("123456789012", 1_795_345_735));
+        assert_eq!(id.lease_key(&lease.key.shard_id()), lease.key);
+    }
+}
+
+/// A multi-stream row flotilla creates is the row the KCL created, attribute for
+/// attribute (the conditional PutItems of the operation log), so either reads the
+/// other's table.
+#[test]
+fn created_multi_stream_rows_are_written_as_the_kcl_writes_them() {
+    let mut created = 0;
+    for line in read("fixture-multi-app.dynamodb-ops.jsonl").lines() {
+        let op: serde_json::Value = serde_json::from_str(line).unwrap();
+        if op["target"] != "DynamoDB_20120810.PutItem" {
+            continue;
+        }
+        let item: Item = serde_json::from_value(op["request"]["Item"].clone()).unwrap();
+        let ours = encode_lease(&lease(&item));
+        let theirs: BTreeSet<&String> = item.keys().collect();
+        assert_eq!(ours.keys().collect::<BTreeSet<_>>(), theirs);
+        for (name, value) in &ours {
+            assert_eq!(sorted(value), sorted(&item[name]), "{name}");
+        }
+        created += 1;
+    }
+    assert_eq!(created, 4);
 }
 
 /// What flotilla writes for a lease is what the other implementation wrote: same names,
@@ -133,16 +168,10 @@ fn flotilla_writes_the_same_attributes() {
             unwritten.extend(item.keys().filter(|k| !ours.contains_key(*k)).cloned());
         }
     }
-    // throughputKBps is KCL 3.x load data; streamName and shardId are multi-stream
-    // extras. None of them is needed to resume from a checkpoint.
-    assert_eq!(
-        unwritten,
-        BTreeSet::from([
-            "shardId".into(),
-            "streamName".into(),
-            "throughputKBps".into()
-        ])
-    );
+    // throughputKBps is KCL 3.x load data, not needed to resume from a checkpoint.
+    // (streamName and shardId, the multi-stream extras, are written: the KCL's
+    // multi-stream serializer needs them to read a row.)
+    assert_eq!(unwritten, BTreeSet::from(["throughputKBps".into()]));
 }
 
 fn sorted(value: &AttrValue) -> AttrValue {

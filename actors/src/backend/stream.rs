@@ -168,6 +168,11 @@ pub struct StreamSummary {
     pub status: String,
     pub open_shard_count: u32,
     pub retention_hours: u32,
+    /// When the stream was created (Kinesis' `StreamCreationTimestamp`): with the
+    /// account in the ARN, it names the stream in multi-stream lease keys. `None` where
+    /// the server gives none (an emulator's missing or zero timestamp; DynamoDB
+    /// Streams, which multi-stream mode does not read).
+    pub created: Option<std::time::SystemTime>,
 }
 
 /// What a Kinesis server reports beyond the bare minimum. The real service does all of

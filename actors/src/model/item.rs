@@ -96,6 +96,10 @@ pub mod attr {
     pub const WORKER_LAG: &str = "flotillaLagMs";
     pub const WORKER_SUBSCRIBED: &str = "flotillaSubscribedMs";
     pub const SOURCE: &str = "flotillaSource";
+    /// A multi-stream lease's stream identifier (`account:stream:creationEpoch`) and
+    /// shard, which the Java KCL's multi-stream serializer requires in every row.
+    pub const STREAM_NAME: &str = "streamName";
+    pub const SHARD_ID: &str = "shardId";
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
@@ -351,6 +355,15 @@ pub fn encode_lease(lease: &Lease) -> Item {
         AttrValue::S(lease.key.as_str().into()),
     );
     item.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_LEASE.into()));
+    // What the KCL's multi-stream serializer reads back from a row (it does not parse
+    // the key); derived from the key, so the two never disagree.
+    if let Some(stream) = lease.key.stream_id() {
+        item.insert(attr::STREAM_NAME.into(), AttrValue::S(stream.to_owned()));
+        item.insert(
+            attr::SHARD_ID.into(),
+            AttrValue::S(lease.key.shard_id().as_str().to_owned()),
+        );
+    }
     if let Some(owner) = &lease.owner {
         item.insert(
             attr::LEASE_OWNER.into(),

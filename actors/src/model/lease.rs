@@ -24,6 +24,21 @@ impl LeaseKey {
     pub fn shard_id(&self) -> ShardId {
         ShardId::new(self.0.rsplit(':').next().unwrap_or(&self.0))
     }
+
+    /// The stream identifier of a multi-stream key (`account:stream:creationEpoch`, what
+    /// the KCL writes as `streamName`); `None` for a single-stream key.
+    pub fn stream_id(&self) -> Option<&str> {
+        self.0.rsplit_once(':').map(|(stream, _)| stream)
+    }
+
+    /// The key of another shard of the same stream (a parent, a child): a shard id alone
+    /// names a shard only within its stream.
+    pub fn sibling(&self, shard: &ShardId) -> LeaseKey {
+        match self.stream_id() {
+            Some(stream) => LeaseKey(format!("{stream}:{shard}")),
+            None => LeaseKey::from(shard),
+        }
+    }
 }
 
 impl From<&ShardId> for LeaseKey {
@@ -292,6 +307,16 @@ mod tests {
         assert_eq!(
             LeaseKey::new("shardId-000000000004").shard_id(),
             ShardId::from_index(4)
+        );
+        assert_eq!(
+            key.sibling(&ShardId::from_index(7)).as_str(),
+            "123456789012:fixture-ms-a:1700000000:shardId-000000000007"
+        );
+        let single = LeaseKey::new("shardId-000000000004");
+        assert_eq!(single.stream_id(), None);
+        assert_eq!(
+            single.sibling(&ShardId::from_index(7)),
+            LeaseKey::from(&ShardId::from_index(7))
         );
     }
 }

@@ -7,6 +7,8 @@
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
 //! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
+//! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix) and
+//!   [`ConsumedStreams`], the streams a worker reads and which one a lease belongs to.
 //! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
 //!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
@@ -18,6 +20,7 @@ mod lease_plan;
 mod sequence;
 mod shard;
 pub mod source;
+mod stream_id;
 mod watermark;
 
 pub use change::DynamoChange;
@@ -32,4 +35,5 @@ pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
 };
 pub use source::{Source, SourceKind};
+pub use stream_id::{ConsumedStream, ConsumedStreams, StreamIdError, StreamIdentifier};
 pub use watermark::{AckError, AckWindow, BatchId, Watermark};

@@ -206,6 +206,7 @@ impl DynamoStreams {
             status: described.status,
             arn,
             retention_hours: RETENTION_HOURS,
+            created: None,
         })
     }
 

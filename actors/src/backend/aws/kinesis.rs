@@ -415,6 +415,11 @@ impl KinesisStream {
             status: summary.stream_status().as_str().to_owned(),
             open_shard_count: count("OpenShardCount", summary.open_shard_count())?,
             retention_hours: count("RetentionPeriodHours", summary.retention_period_hours())?,
+            // Lenient: a server that leaves it out reads as the epoch (the SDK's default
+            // for a missing required field), which names no real stream.
+            created: SystemTime::try_from(*summary.stream_creation_timestamp())
+                .ok()
+                .filter(|at| *at > SystemTime::UNIX_EPOCH),
         })
     }
 

@@ -206,6 +206,8 @@ impl ShardState {
 #[derive(Debug)]
 struct StreamState {
     shards: Vec<ShardState>,
+    /// When it was created (the clock's wall time), as DescribeStreamSummary says.
+    created: SystemTime,
 }
 
 impl StreamState {
@@ -386,6 +388,7 @@ impl MemoryStreams {
                 message: format!("stream {name} already exists"),
             });
         }
+        let created = self.clock.wall();
         let mut list = Vec::new();
         for (i, range) in HashKeyRange::even_split(shards).into_iter().enumerate() {
             let start = state.allocate();
@@ -399,7 +402,7 @@ impl MemoryStreams {
         }
         state
             .streams
-            .insert(name.to_owned(), StreamState { shards: list });
+            .insert(name.to_owned(), StreamState { shards: list, created });
         Ok(())
     }
 
@@ -1385,6 +1388,7 @@ impl StreamClient for MemoryStreams {
                     .filter(|s| s.end_counter.is_none())
                     .count() as u32,
                 retention_hours: (self.config.retention.as_secs() / 3600) as u32,
+                created: Some(target.created),
             })
         })
     }

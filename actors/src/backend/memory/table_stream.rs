@@ -608,6 +608,7 @@ impl StreamClient for MemoryTableStreams {
                 arn,
                 status: if enabled { "ENABLED" } else { "DISABLED" }.to_owned(),
                 retention_hours: (self.config.retention.as_secs() / 3600) as u32,
+                created: None,
             })
         })
     }
@@ -1080,6 +1081,7 @@ mod tests {
                 status: "ENABLED".into(),
                 open_shard_count: 1,
                 retention_hours: 24,
+                created: None,
             }
         );
         assert_eq!(tables.describe_stream_summary(&arn).await.unwrap(), summary);
