@@ -298,7 +298,7 @@ pub fn processable(lease: &Lease, by_key: &BTreeMap<&LeaseKey, &Lease>) -> bool 
     !lease.checkpoint.is_shard_end()
         && lease.parent_shard_ids.iter().all(|parent| {
             by_key
-                .get(&LeaseKey::from(parent))
+                .get(&lease.key.sibling(parent))
                 .is_none_or(|p| p.checkpoint.is_shard_end())
         })
 }

@@ -533,7 +533,9 @@ impl WorkerSettings {
         for (i, entry) in self.streams.iter().enumerate() {
             let (name, position, timestamp) = match entry {
                 StreamEntry::Name(name) => (name, None, None),
-                StreamEntry::Table(t) => (&t.name, t.initial_position, t.initial_timestamp.as_ref()),
+                StreamEntry::Table(t) => {
+                    (&t.name, t.initial_position, t.initial_timestamp.as_ref())
+                }
             };
             let key = format!("worker.streams[{i}]");
             match crate::model::Source::parse(name) {
@@ -1024,15 +1026,15 @@ fn check_timestamp(
             UNSET,
             "starts at AT_TIMESTAMP and has no initial_timestamp (nor has the worker)",
         )),
-        (InitialPosition::AtTimestamp, Some(text)) => humantime::parse_rfc3339(text)
-            .map(Some)
-            .map_err(|e| {
+        (InitialPosition::AtTimestamp, Some(text)) => {
+            humantime::parse_rfc3339(text).map(Some).map_err(|e| {
                 invalid(
                     key,
                     quoted(text),
                     format!("initial_timestamp is not an RFC 3339 time in UTC ({e})"),
                 )
-            }),
+            })
+        }
         (position, Some(text)) => Err(invalid(
             key,
             quoted(text),
@@ -1281,10 +1283,8 @@ mod tests {
             }),
             ("worker.streams[1]", |s| {
                 s.worker.stream.clear();
-                s.worker.streams = vec![
-                    StreamEntry::Name("a".into()),
-                    StreamEntry::Name("a".into()),
-                ]
+                s.worker.streams =
+                    vec![StreamEntry::Name("a".into()), StreamEntry::Name("a".into())]
             }),
             ("worker.streams[0]", |s| {
                 s.worker.stream.clear();

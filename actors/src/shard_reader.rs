@@ -294,7 +294,7 @@ impl Actor for ShardReader {
         _myself: ActorRef<Self::Msg>,
         state: &mut ReaderState,
     ) -> Result<(), ActorProcessingErr> {
-        state.args.lags.remove(&state.shard);
+        state.args.lags.remove(&state.args.lease.key);
         Ok(())
     }
 
@@ -404,7 +404,12 @@ impl ReaderState {
             return Ok(());
         }
         while let Some(parent) = self.waiting_on.first().cloned() {
-            match self.args.table.get(&LeaseKey::from(&parent)).await {
+            match self
+                .args
+                .table
+                .get(&self.args.lease.key.sibling(&parent))
+                .await
+            {
                 Ok(Some(p)) if !p.checkpoint.is_shard_end() => {
                     if self.phase != Phase::BlockedOnParent {
                         info!(message = "Shard waits for its parent to finish.", shard_id = %self.shard, parent = %parent);
@@ -442,6 +447,7 @@ impl ReaderState {
             };
         let info = ShardInfo {
             shard_id: self.shard.clone(),
+            stream: self.args.stream.clone(),
             parents: lease.parent_shard_ids.clone(),
             hash_range: lease.hash_range,
             starting_at: lease.checkpoint.clone(),
@@ -560,7 +566,9 @@ impl ReaderState {
                 self.subscriptions += 1;
                 self.report(vec![Sample::shard(Metric::Subscriptions, &self.shard, 1.0)]);
                 self.feed = Some(Feed::open(subscription, myself.clone(), self.subscriptions));
-                self.args.lags.subscribed(&self.shard, Some(Instant::now()));
+                self.args
+                    .lags
+                    .subscribed(&self.args.lease.key, Some(Instant::now()));
                 debug!(message = "Shard subscribed.", shard_id = %self.shard, ?position);
                 self.schedule_fetch(myself, Duration::ZERO);
             }
@@ -695,7 +703,7 @@ impl ReaderState {
     /// them again).
     fn drop_feed(&mut self) {
         self.feed = None;
-        self.args.lags.subscribed(&self.shard, None);
+        self.args.lags.subscribed(&self.args.lease.key, None);
         self.held.clear();
         self.held_after = None;
     }
@@ -782,7 +790,7 @@ impl ReaderState {
         self.caught_up = empty && millis_behind_latest.unwrap_or(0) == 0;
         self.millis_behind = millis_behind_latest;
         if let Some(millis) = millis_behind_latest {
-            self.args.lags.set(&self.shard, millis);
+            self.args.lags.set(&self.args.lease.key, millis);
             self.report(vec![Sample::shard(
                 Metric::MillisBehindLatest,
                 &self.shard,

@@ -244,12 +244,12 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             .owner
             .as_ref()
             .and_then(|o| obs.load_of(o))
-            .and_then(|load| load.lag_ms.get(shard.as_str()).copied());
+            .and_then(|load| load.lag_ms.get(lease.key.as_str()).copied());
         let subscribed_ms = lease
             .owner
             .as_ref()
             .and_then(|o| obs.load_of(o))
-            .and_then(|load| load.subscribed_ms.get(shard.as_str()).copied());
+            .and_then(|load| load.subscribed_ms.get(lease.key.as_str()).copied());
         view.leases.push(FleetLease {
             lease_key: lease.key.to_string(),
             shard_id: shard.to_string(),
@@ -369,7 +369,8 @@ pub struct FleetLease {
 /// MillisBehindLatest of the shards this worker reads, written by readers as they
 /// fetch, and in fan-out mode since when each shard's subscription is open; read by the
 /// lease keeper for its heartbeat: the fleet page shows every shard's lag, and which
-/// fan-out shards have no subscription, from the table alone.
+/// fan-out shards have no subscription, from the table alone. Keyed by lease key (a
+/// shard id names a shard only within its stream; for a single stream they are one).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LagBoard(
     Arc<Mutex<BTreeMap<String, u64>>>,
@@ -378,11 +379,11 @@ pub(crate) struct LagBoard(
 
 impl LagBoard {
     /// The shard's subscription is open since `since`, or (`None`) it has none.
-    pub fn subscribed(&self, shard: &ShardId, since: Option<tokio::time::Instant>) {
+    pub fn subscribed(&self, key: &LeaseKey, since: Option<tokio::time::Instant>) {
         if let Ok(mut map) = self.1.lock() {
             match since {
-                Some(at) => map.insert(shard.as_str().to_owned(), at),
-                None => map.remove(shard.as_str()),
+                Some(at) => map.insert(key.as_str().to_owned(), at),
+                None => map.remove(key.as_str()),
             };
         }
     }
@@ -399,17 +400,17 @@ impl LagBoard {
             .unwrap_or_default()
     }
 
-    pub fn set(&self, shard: &ShardId, millis: u64) {
+    pub fn set(&self, key: &LeaseKey, millis: u64) {
         if let Ok(mut map) = self.0.lock() {
-            map.insert(shard.as_str().to_owned(), millis);
+            map.insert(key.as_str().to_owned(), millis);
         }
     }
 
-    pub fn remove(&self, shard: &ShardId) {
+    pub fn remove(&self, key: &LeaseKey) {
         if let Ok(mut map) = self.0.lock() {
-            map.remove(shard.as_str());
+            map.remove(key.as_str());
         }
-        self.subscribed(shard, None);
+        self.subscribed(key, None);
     }
 
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
@@ -417,11 +418,12 @@ impl LagBoard {
     }
 }
 
-/// The shards of the stream's last complete listing, and when it was requested: the
-/// lease keeper tells orphan rows (shards the stream does not have) from new ones.
+/// The shards of the streams' last complete listing, and when it was requested: the
+/// lease keeper tells orphan rows (shards no stream read has) from new ones.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ShardListing {
-    pub shards: std::collections::BTreeSet<ShardId>,
+    /// Every listed shard of every stream read, as the key of its lease.
+    pub shards: std::collections::BTreeSet<LeaseKey>,
     pub sent: tokio::time::Instant,
 }
 

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
@@ -26,7 +26,7 @@ use crate::checkpoint_writer::{CheckpointWriter, WriterArgs};
 use crate::fencing::Fencing;
 use crate::lease_keeper::{KeeperArgs, LeaseKeeper};
 use crate::metrics_reporter::{MetricsArgs, MetricsMsg, MetricsReporter};
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, WorkerId};
+use crate::model::{ConsumedStreams, Fence, Lease, LeaseKey, WorkerId};
 use crate::processor::ProcessorSource;
 use crate::protocol::{CheckpointMsg, KeeperMsg, ReaderMsg, StopReason, SupervisorMsg, WatcherMsg};
 use crate::settings::Settings;
@@ -48,12 +48,12 @@ pub(crate) struct WorkerContext {
     pub application: String,
     pub stream: String,
     pub streams: Arc<dyn StreamClient>,
+    /// The streams read, each with where its new shards start; which one a lease is of.
+    pub consumed: Arc<ConsumedStreams>,
     pub table: Arc<dyn LeaseTable>,
     pub metrics_sink: Arc<dyn MetricsSink>,
     pub settings: Arc<Settings>,
     pub processor: ProcessorSource,
-    pub initial: Checkpoint,
-    pub initial_timestamp: Option<SystemTime>,
     pub clock: Clock,
     /// Why the worker stopped on its own, for `Worker::wait`.
     pub fatal: Arc<Mutex<Option<String>>>,
@@ -233,7 +233,10 @@ impl Actor for Supervisor {
                     key: &key,
                     children: children.as_deref(),
                 });
-                let _ = state.core.watcher.cast(WatcherMsg::ChildrenFound(children));
+                let _ = state.core.watcher.cast(WatcherMsg::ChildrenFound {
+                    parent: key,
+                    children,
+                });
             }
             SupervisorMsg::RestartShard(key) => {
                 if !state.shutting_down
@@ -440,8 +443,7 @@ async fn spawn_core(
         WatcherArgs {
             streams: ctx.streams.clone(),
             table: ctx.table.clone(),
-            stream: ctx.stream.clone(),
-            initial: ctx.initial.clone(),
+            consumed: ctx.consumed.clone(),
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
             listing: ctx.listing.clone(),
@@ -463,13 +465,22 @@ impl SupervisorState {
         let Some(entry) = self.shards.get_mut(key) else {
             return;
         };
+        // A lease is read from its own stream. The keeper deals only leases of listed
+        // shards, so one of no stream read here is a bug or a race with the table: it is
+        // given up (released) rather than read from the wrong stream.
+        let Some(stream) = self.ctx.consumed.of_key(key) else {
+            error!(message = "Lease is of no stream this worker reads; giving it up.", lease_key = %key);
+            self.shards.remove(key);
+            let _ = self.core.keeper.cast(KeeperMsg::GiveUp(key.clone()));
+            return;
+        };
         let args = ReaderArgs {
             lease: entry.lease.clone(),
-            stream: self.ctx.stream.clone(),
+            stream: stream.stream.clone(),
             streams: self.ctx.streams.clone(),
             table: self.ctx.table.clone(),
             settings: self.ctx.settings.clone(),
-            initial_timestamp: self.ctx.initial_timestamp,
+            initial_timestamp: stream.initial_timestamp,
             processor: self.ctx.processor.clone(),
             writer: self.core.writer.clone(),
             supervisor: myself.clone(),

@@ -18,7 +18,9 @@ use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::time_scan::TimeScan;
 use crate::backend::{LeaseError, LeaseTable, MetricsSink, StreamClient, StreamError};
 use crate::handle::WorkerHandle;
-use crate::model::{Checkpoint, Source, SourceKind, WorkerId};
+use crate::model::{
+    Checkpoint, ConsumedStream, ConsumedStreams, Source, SourceKind, StreamIdentifier, WorkerId,
+};
 pub use crate::processor::ProcessorActorFactory;
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
 use crate::protocol::{ProcessorMsg, ShardInfo, SupervisorMsg};
@@ -190,6 +192,10 @@ pub enum WorkerError {
         #[source]
         source: StreamError,
     },
+    /// A stream of `worker.streams` could not be named as multi-stream lease keys need
+    /// (the server gave no creation time, or an ARN without an account).
+    #[error("stream {stream}: cannot name it in multi-stream lease keys: {why}")]
+    StreamIdentity { stream: String, why: String },
     #[error(transparent)]
     Consumer(#[from] crate::fanout::ConsumerError),
     /// `worker.stream` names a DynamoDB table's stream and the backend reads none.
@@ -352,7 +358,15 @@ impl WorkerBuilder {
         }
         let processor = self.processor.ok_or(WorkerError::Missing("processor"))?;
         let initial_timestamp = settings.worker.initial_timestamp()?;
-        let source = settings.worker.source()?;
+        let specs = settings.worker.stream_specs()?;
+        // Several streams are all Kinesis (validated); one may be a table's stream.
+        let source = if specs.is_empty() {
+            settings.worker.source()?
+        } else {
+            crate::model::Source::Kinesis {
+                stream: String::new(),
+            }
+        };
         let streams = backend.reader_of(&source)?;
         let stream = settings.worker.stream.clone();
         let application = settings.worker.application.clone();
@@ -364,26 +378,37 @@ impl WorkerBuilder {
                 .unwrap_or_else(generated_worker_id),
         );
         let status_listener = bind_status(&settings.status).await?;
-        // The stream before the table: a misspelt stream must not leave a billable table.
-        let summary = retrying(
-            || streams.describe_stream_summary(&stream),
-            StreamError::is_retryable,
-        )
-        .await
-        .map_err(|source| WorkerError::Stream {
-            stream: stream.clone(),
-            source,
-        })?;
+        let initial = initial_checkpoint(settings.worker.initial_position);
+        // Every stream before the table: a misspelt stream must not leave a billable table.
+        let consumed = if specs.is_empty() {
+            None
+        } else {
+            Some(identify_streams(streams.as_ref(), &specs).await?)
+        };
+        let summary = match &consumed {
+            // Many streams: fan-out is refused by validation, so no summary is needed.
+            Some(_) => None,
+            None => Some(
+                retrying(
+                    || streams.describe_stream_summary(&stream),
+                    StreamError::is_retryable,
+                )
+                .await
+                .map_err(|source| WorkerError::Stream {
+                    stream: stream.clone(),
+                    source,
+                })?,
+            ),
+        };
         // A table's stream is named by its ARN in every later call (`dynamodb:TABLE`
         // was resolved to the table's current stream just now).
-        let stream = if source.is_table_stream() {
-            summary.arn.clone()
-        } else {
-            stream
+        let stream = match &summary {
+            Some(summary) if source.is_table_stream() => summary.arn.clone(),
+            _ => stream,
         };
-        let consumer = match settings.reader.mode {
-            ReadMode::Polling => None,
-            ReadMode::Fanout => {
+        let consumer = match (settings.reader.mode, &summary) {
+            (ReadMode::Polling, _) | (ReadMode::Fanout, None) => None,
+            (ReadMode::Fanout, Some(summary)) => {
                 let name = settings.reader.consumer_name_for(&application);
                 let consumer = crate::fanout::ensure_consumer(
                     streams.as_ref(),
@@ -403,10 +428,19 @@ impl WorkerBuilder {
                 table: application.clone(),
                 source,
             })?;
-        let initial = match settings.worker.initial_position {
-            InitialPosition::TrimHorizon => Checkpoint::TrimHorizon,
-            InitialPosition::Latest => Checkpoint::Latest,
-            InitialPosition::AtTimestamp => Checkpoint::AtTimestamp,
+        let consumed = Arc::new(consumed.unwrap_or_else(|| {
+            ConsumedStreams::single(ConsumedStream {
+                stream: stream.clone(),
+                id: None,
+                initial,
+                initial_timestamp,
+            })
+        }));
+        // Status, logs and metrics name the application's streams.
+        let stream = if consumed.is_multi() {
+            consumed.names()
+        } else {
+            stream
         };
         let fatal = Arc::new(Mutex::new(None));
         let shutdown_timeout = settings.supervision.shutdown_timeout;
@@ -418,12 +452,11 @@ impl WorkerBuilder {
             application,
             stream,
             streams,
+            consumed,
             table,
             metrics_sink: backend.metrics.clone(),
             settings: Arc::new(settings),
             processor,
-            initial,
-            initial_timestamp,
             clock: backend.clock,
             fatal: fatal.clone(),
             delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
@@ -476,6 +509,50 @@ impl WorkerBuilder {
 /// The one graceful shutdown's result, whoever started it: `Worker::shutdown` or a
 /// [`WorkerHandle`] request. An error is the call's, as text.
 type Outcome = Arc<OnceCell<Result<ShutdownReport, String>>>;
+
+fn initial_checkpoint(position: InitialPosition) -> Checkpoint {
+    match position {
+        InitialPosition::TrimHorizon => Checkpoint::TrimHorizon,
+        InitialPosition::Latest => Checkpoint::Latest,
+        InitialPosition::AtTimestamp => Checkpoint::AtTimestamp,
+    }
+}
+
+/// Describes each stream of `worker.streams` and names it as the KCL does in
+/// multi-stream lease keys (account from the ARN, creation time in seconds).
+async fn identify_streams(
+    client: &dyn StreamClient,
+    specs: &[crate::settings::StreamSpec],
+) -> Result<ConsumedStreams, WorkerError> {
+    let mut consumed = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let summary = retrying(
+            || client.describe_stream_summary(&spec.name),
+            StreamError::is_retryable,
+        )
+        .await
+        .map_err(|source| WorkerError::Stream {
+            stream: spec.name.clone(),
+            source,
+        })?;
+        let identity = |why: String| WorkerError::StreamIdentity {
+            stream: spec.name.clone(),
+            why,
+        };
+        let created = summary.created.ok_or_else(|| {
+            identity("DescribeStreamSummary gave no StreamCreationTimestamp".into())
+        })?;
+        let id = StreamIdentifier::of_stream(&spec.name, &summary.arn, created)
+            .map_err(|e| identity(e.to_string()))?;
+        consumed.push(ConsumedStream {
+            stream: spec.name.clone(),
+            id: Some(id),
+            initial: initial_checkpoint(spec.initial_position),
+            initial_timestamp: spec.initial_timestamp,
+        });
+    }
+    Ok(ConsumedStreams::multi(consumed))
+}
 
 async fn run_shutdown(
     supervisor: ActorRef<SupervisorMsg>,

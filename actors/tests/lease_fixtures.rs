@@ -123,7 +123,10 @@ fn multi_stream_keys_name_their_shards() {
         };
         assert_eq!(lease.key.stream_id(), Some(stream_name.as_str()));
         let id = StreamIdentifier::parse(stream_name).unwrap();
-        assert_eq!((id.account.as_str(), id.creation_epoch), ("123456789012", 1_795_345_735));
+        assert_eq!(
+            (id.account.as_str(), id.creation_epoch),
+            ("123456789012", 1_795_345_735)
+        );
         assert_eq!(id.lease_key(&lease.key.shard_id()), lease.key);
     }
 }

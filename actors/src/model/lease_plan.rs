@@ -16,7 +16,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Checkpoint, Lease, Shard, ShardId};
+use super::{Checkpoint, Lease, LeaseKey, Shard, ShardId};
 
 /// The new lease rows for `shards`, given the shards that already have one. Parents come
 /// before their children in the result.
@@ -139,13 +139,13 @@ pub struct Orphans<'a> {
 /// never an orphan: its shard may have left the listing past retention.
 pub fn orphans<'a, T: Ord + Copy>(
     leases: &'a [Lease],
-    listed: &BTreeSet<ShardId>,
+    listed: &BTreeSet<LeaseKey>,
     listed_at: T,
     first_seen: impl Fn(&Lease) -> Option<T>,
 ) -> Orphans<'a> {
     let mut out = Orphans::default();
     for lease in leases {
-        if lease.checkpoint.is_shard_end() || listed.contains(&lease.key.shard_id()) {
+        if lease.checkpoint.is_shard_end() || listed.contains(&lease.key) {
             continue;
         }
         match first_seen(lease) {
@@ -349,19 +349,33 @@ mod tests {
             lease(2, Checkpoint::TrimHorizon), // not listed, seen at 15 (after it)
             lease(3, Checkpoint::ShardEnd),    // not listed, finished: gone past retention
             lease(4, Checkpoint::TrimHorizon), // not listed, never seen before
+            // The listed shard's id, but of a stream not listed, seen at 5.
+            Lease {
+                key: LeaseKey::new("1:other:7:shardId-000000000000"),
+                ..lease(0, Checkpoint::TrimHorizon)
+            },
         ];
-        let listed: BTreeSet<ShardId> = [ShardId::from_index(0)].into_iter().collect();
-        let seen = |l: &Lease| match l.key.shard_id() {
-            s if s == ShardId::from_index(1) => Some(5),
-            s if s == ShardId::from_index(2) => Some(15),
+        let listed: BTreeSet<LeaseKey> = [LeaseKey::from(&ShardId::from_index(0))]
+            .into_iter()
+            .collect();
+        let seen = |l: &Lease| match l.key.as_str() {
+            "shardId-000000000001" | "1:other:7:shardId-000000000000" => Some(5),
+            "shardId-000000000002" => Some(15),
             _ => None,
         };
         let found = orphans(&leases, &listed, 10, seen);
-        let ids = |ls: &[&Lease]| ls.iter().map(|l| l.key.shard_id()).collect::<Vec<_>>();
-        assert_eq!(ids(&found.confirmed), vec![ShardId::from_index(1)]);
+        let keys = |ls: &[&Lease]| {
+            ls.iter()
+                .map(|l| l.key.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
-            ids(&found.unconfirmed),
-            vec![ShardId::from_index(2), ShardId::from_index(4)]
+            keys(&found.confirmed),
+            ["shardId-000000000001", "1:other:7:shardId-000000000000"]
+        );
+        assert_eq!(
+            keys(&found.unconfirmed),
+            ["shardId-000000000002", "shardId-000000000004"]
         );
     }
 }

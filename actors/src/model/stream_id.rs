@@ -190,7 +190,10 @@ mod tests {
             "123456789012:fixture-ms-a:1795345735:shardId-000000000001"
         );
         assert_eq!(key.shard_id(), ShardId::from_index(1));
-        assert_eq!(key.stream_id(), Some("123456789012:fixture-ms-a:1795345735"));
+        assert_eq!(
+            key.stream_id(),
+            Some("123456789012:fixture-ms-a:1795345735")
+        );
     }
 
     #[test]
@@ -238,7 +241,10 @@ mod tests {
         assert_eq!(set.of_key(&LeaseKey::from(&shard)), None);
         // A single stream owns bare shard ids only.
         let single = ConsumedStreams::single(stream(None));
-        assert_eq!(single.of_key(&LeaseKey::from(&shard)).unwrap().stream, "orders");
+        assert_eq!(
+            single.of_key(&LeaseKey::from(&shard)).unwrap().stream,
+            "orders"
+        );
         assert_eq!(single.of_key(&a.lease_key(&shard)), None);
         assert_eq!(
             single.iter().next().unwrap().lease_key(&shard),

@@ -168,8 +168,12 @@ pub(crate) enum KeeperMsg {
 #[derive(Debug)]
 pub(crate) enum WatcherMsg {
     Sync,
-    /// A reader reached SHARD_END; `None` when the server did not name the children.
-    ChildrenFound(Option<Vec<ChildShard>>),
+    /// A reader reached SHARD_END of the lease `parent` (whose stream the children are
+    /// of); `None` when the server did not name the children.
+    ChildrenFound {
+        parent: LeaseKey,
+        children: Option<Vec<ChildShard>>,
+    },
     /// List now, off the periodic schedule (the lease keeper saw a row the last
     /// listing does not explain).
     ListNow,

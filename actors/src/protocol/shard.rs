@@ -18,6 +18,9 @@ use crate::settings::CheckpointMode;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardInfo {
     pub shard_id: ShardId,
+    /// The stream the shard is of (as `worker.stream` or `worker.streams` names it): a
+    /// worker of several streams has shards of the same id in each.
+    pub stream: String,
     /// The shards this one was split or merged from; all of them are finished.
     pub parents: Vec<ShardId>,
     pub hash_range: Option<HashKeyRange>,

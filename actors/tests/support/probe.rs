@@ -334,6 +334,15 @@ impl Default for Producer {
 }
 
 impl Producer {
+    /// A producer whose keys are `{prefix}key-0`, …: several producers, one per stream,
+    /// keep their keys apart.
+    pub fn with_prefix(prefix: &str) -> Self {
+        Self {
+            produced: BTreeMap::new(),
+            keys: KeyedProducer::new(&format!("{prefix}key-"), 0),
+        }
+    }
+
     pub async fn put_round(
         &mut self,
         admin: &dyn StreamAdmin,

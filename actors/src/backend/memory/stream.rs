@@ -400,9 +400,13 @@ impl MemoryStreams {
                 start,
             ));
         }
-        state
-            .streams
-            .insert(name.to_owned(), StreamState { shards: list, created });
+        state.streams.insert(
+            name.to_owned(),
+            StreamState {
+                shards: list,
+                created,
+            },
+        );
         Ok(())
     }
 

@@ -1,0 +1,258 @@
+//! Many streams per application (`worker.streams`) on the memory backend, in paused
+//! time: one fleet and one lease table for all streams, keys in the KCL's multi-stream
+//! form, each lease read from its own stream with its own initial position.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod support;
+
+use std::time::Duration;
+
+use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin, StreamClient};
+use flotilla_actors::model::{Checkpoint, Lease, ShardId, StreamIdentifier};
+use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamTable};
+use flotilla_actors::{Settings, Worker};
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
+use support::rig::{APP, Rig, STREAM, shutdown_clean, wait_held};
+
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// Streams `orders` (the rig's, 2 shards), `audit` (3 shards) and `clicks` (1 shard,
+/// read from LATEST).
+async fn three_streams() -> Rig {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 3).await.unwrap();
+    rig.streams.create_stream("clicks", 1).await.unwrap();
+    rig
+}
+
+fn settings_for(streams: Vec<StreamEntry>) -> Settings {
+    let mut settings = fast_settings(STREAM, APP);
+    settings.worker.stream.clear();
+    settings.worker.streams = streams;
+    settings.reader.mode = ReadMode::Polling;
+    settings.reader.shard_sync_interval = Duration::from_millis(200);
+    settings
+}
+
+fn three_settings() -> Settings {
+    settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+        StreamEntry::Table(StreamTable {
+            name: "clicks".into(),
+            initial_position: Some(InitialPosition::Latest),
+            initial_timestamp: None,
+        }),
+    ])
+}
+
+async fn id_of(streams: &MemoryStreams, name: &str) -> StreamIdentifier {
+    let summary = streams.describe_stream_summary(name).await.unwrap();
+    StreamIdentifier::of_stream(name, &summary.arn, summary.created.unwrap()).unwrap()
+}
+
+fn producer(prefix: &str) -> Producer {
+    Producer::with_prefix(prefix)
+}
+
+/// Records of three streams, each from its own stream and in per-key order, across a
+/// split in one of them; the third starts at LATEST, as its own setting says, while the
+/// others start at TRIM_HORIZON. A row of a stream not read is never taken.
+#[tokio::test(start_paused = true)]
+async fn each_stream_is_read_from_its_own_shards_and_start() {
+    let rig = three_streams().await;
+    let (orders, audit, clicks) = (
+        id_of(&rig.streams, STREAM).await,
+        id_of(&rig.streams, "audit").await,
+        id_of(&rig.streams, "clicks").await,
+    );
+    // Before the start: read from orders and audit (TRIM_HORIZON), not from clicks.
+    let (mut p_orders, mut p_audit, mut p_clicks) =
+        (producer("o-"), producer("a-"), producer("c-"));
+    p_orders.put_round(&rig.streams, STREAM, 20, 30).await;
+    p_audit.put_round(&rig.streams, "audit", 20, 30).await;
+    let mut before_clicks = producer("early-c-");
+    before_clicks.put_round(&rig.streams, "clicks", 5, 10).await;
+    // A row of a stream this application does not read (a former stream's lease).
+    let gone = StreamIdentifier::parse("000000000000:gone:1700000000").unwrap();
+    let mut stray = Lease::new(
+        &ShardId::from_index(0),
+        Checkpoint::TrimHorizon,
+        vec![],
+        None,
+    );
+    stray.key = gone.lease_key(&ShardId::from_index(0));
+    rig.table().ensure_table().await.unwrap();
+    rig.table().create_if_absent(&stray).await.unwrap();
+
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&probes, three_settings()).await;
+    // Every stream's shards are leased before clicks gets records, so LATEST is now.
+    wait_held(&[&worker], &[6], PATIENCE).await;
+    p_clicks.put_round(&rig.streams, "clicks", 10, 20).await;
+    let first = rig.streams.list_shards("audit").await.unwrap()[0].clone();
+    let mid = first.hash_range.start + (first.hash_range.end - first.hash_range.start) / 2;
+    rig.streams
+        .split_shard("audit", &first.id, mid)
+        .await
+        .unwrap();
+    p_audit.put_round(&rig.streams, "audit", 20, 30).await;
+    p_orders.put_round(&rig.streams, STREAM, 20, 30).await;
+
+    let total = p_orders.total() + p_audit.total() + p_clicks.total();
+    probes.wait_distinct(total, PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    shutdown_clean(worker).await;
+
+    let seen = probes.snapshot();
+    for producer in [&p_orders, &p_audit, &p_clicks] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations, verdict.duplicates),
+            (0, 0, 0),
+            "{verdict:?}"
+        );
+    }
+    assert!(
+        !seen.by_key.keys().any(|k| k.starts_with("early-c-")),
+        "clicks starts at LATEST: its earlier records are not read"
+    );
+    assert_eq!(seen.distinct(), total, "nothing but what was produced");
+
+    // Rows keyed and attributed as the KCL's multi-stream mode does.
+    let rows = rig.lease_rows().await;
+    let of = |id: &StreamIdentifier| {
+        rows.iter()
+            .filter(|l| l.key.stream_id() == Some(id.to_string().as_str()))
+            .count()
+    };
+    assert_eq!(
+        (of(&orders), of(&audit), of(&clicks)),
+        (2, 5, 1),
+        "{rows:#?}"
+    );
+    let parent = rows
+        .iter()
+        .find(|l| l.key == audit.lease_key(&first.id))
+        .unwrap();
+    assert_eq!(parent.checkpoint, Checkpoint::ShardEnd);
+    assert_eq!(parent.child_shard_ids.len(), 2);
+    // The former stream's row: shown as an orphan, never taken.
+    let stray_row = rows.iter().find(|l| l.key == stray.key).unwrap();
+    assert_eq!(stray_row.owner, None);
+    let keeper = status.leases.unwrap();
+    assert!(
+        keeper.held.iter().all(|k| k.as_str() != stray.key.as_str()),
+        "{:?}",
+        keeper.held
+    );
+}
+
+/// Two workers share the leases of all streams, whichever stream each is of.
+#[tokio::test(start_paused = true)]
+async fn leases_of_all_streams_are_balanced_across_the_fleet() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 3).await.unwrap();
+    let settings = || {
+        let mut s = settings_for(vec![
+            StreamEntry::Name(STREAM.into()),
+            StreamEntry::Name("audit".into()),
+        ]);
+        s.worker.worker_id = None;
+        s
+    };
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, settings()).await;
+    wait_held(&[&a], &[4], PATIENCE).await;
+    let b = rig.start_with(&probes, settings()).await;
+    wait_held(&[&a, &b], &[2, 2], PATIENCE).await;
+    let mut p_orders = producer("o-");
+    let mut p_audit = producer("a-");
+    p_orders.put_round(&rig.streams, STREAM, 10, 20).await;
+    p_audit.put_round(&rig.streams, "audit", 10, 20).await;
+    probes
+        .wait_distinct(p_orders.total() + p_audit.total(), PATIENCE)
+        .await;
+    shutdown_clean(b).await;
+    shutdown_clean(a).await;
+    let seen = probes.snapshot();
+    for producer in [&p_orders, &p_audit] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+}
+
+/// A table a KCL multi-stream application left (its keys, `streamName`, checkpoints)
+/// is resumed where it stopped: nothing at or before a checkpoint is read again.
+#[tokio::test(start_paused = true)]
+async fn a_kcl_multi_stream_table_is_resumed_from_its_checkpoints() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 1).await.unwrap();
+    producer("old-o-")
+        .put_round(&rig.streams, STREAM, 4, 5)
+        .await;
+    producer("old-a-")
+        .put_round(&rig.streams, "audit", 4, 5)
+        .await;
+    // The KCL's rows: checkpointed at the last record of each stream so far.
+    rig.table().ensure_table().await.unwrap();
+    for name in [STREAM, "audit"] {
+        let id = id_of(&rig.streams, name).await;
+        let shard = ShardId::from_index(0);
+        let it = rig
+            .streams
+            .get_shard_iterator(name, &shard, &IteratorPosition::TrimHorizon)
+            .await
+            .unwrap();
+        let records = rig.streams.get_records(&it, 10_000).await.unwrap().records;
+        let last = records.last().unwrap();
+        let mut row = Lease::new(
+            &shard,
+            Checkpoint::At(flotilla_actors::model::ExtendedSequenceNumber::new(
+                last.sequence_number.clone(),
+                0,
+            )),
+            vec![],
+            None,
+        );
+        row.key = id.lease_key(&shard);
+        row.owner = Some(flotilla_actors::model::WorkerId::new("kcl-worker"));
+        row.counter = 7;
+        rig.table().create_if_absent(&row).await.unwrap();
+    }
+    let mut settings = settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+    ]);
+    settings.lease.failover_time = Duration::from_secs(6);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker: Worker = rig.start_with(&probes, settings).await;
+    let (mut new_orders, mut new_audit) = (producer("new-o-"), producer("new-a-"));
+    new_orders.put_round(&rig.streams, STREAM, 4, 5).await;
+    new_audit.put_round(&rig.streams, "audit", 4, 5).await;
+    let total = new_orders.total() + new_audit.total();
+    probes.wait_distinct(total, PATIENCE).await;
+    wait_held(&[&worker], &[2], PATIENCE).await;
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    assert!(
+        !seen.by_key.keys().any(|k| k.starts_with("old-")),
+        "records at or before the KCL's checkpoints were read again: {:?}",
+        seen.by_key.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(seen.distinct(), total);
+    for producer in [&new_orders, &new_audit] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+}
