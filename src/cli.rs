@@ -184,10 +184,12 @@ pub enum PositionCommand {
     ///
     /// {"version":1,"application":APP,"exported_at":TIME,"shards":{LEASE_KEY:
     /// {"checkpoint":SEQUENCE_OR_SENTINEL,"sub_sequence":N}}}. Lease keys are shard ids
-    /// for a single-stream application.
+    /// for a single-stream application, account:stream:epoch:shardId for one of several
+    /// streams (worker.streams).
     #[command(after_help = "Examples:\n  \
-        flotilla position export --table orders-audit > positions.json")]
-    Export(TableArgs),
+        flotilla position export --table orders-audit > positions.json\n  \
+        flotilla position export --table many-app --stream orders > orders.json")]
+    Export(ExportArgs),
     /// Set each lease's checkpoint to the one a token saved.
     ///
     /// Leases the token does not name are left as they are. Shards the token names that
@@ -245,6 +247,17 @@ pub struct RewindArgs {
     pub liveness: Liveness,
 }
 
+/// `flotilla position export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// Only the leases of this stream, in an application of several streams
+    /// (worker.streams): the token names it as its source.
+    #[arg(long)]
+    pub stream: Option<String>,
+}
+
 /// `flotilla position import`.
 #[derive(Debug, Args)]
 pub struct ImportArgs {
@@ -253,6 +266,10 @@ pub struct ImportArgs {
     /// The token `position export` wrote; - reads stdin.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    /// Only the token's positions in this stream, and only this stream's leases, in an
+    /// application of several streams (worker.streams).
+    #[arg(long)]
+    pub stream: Option<String>,
     #[command(flatten)]
     pub liveness: Liveness,
 }
@@ -397,8 +414,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Command::Position(PositionCommand::Export(args)) => {
-            let table = args.open().await;
-            let token = ops::export(table.as_ref()).await?;
+            let table = args.table.open().await;
+            let token = ops::export(table.as_ref(), args.stream.as_deref()).await?;
             println!("{}", serde_json::to_string_pretty(&token)?);
             eprintln!(
                 "flotilla: {} shard positions of {} exported",
@@ -469,6 +486,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 &args.file,
                 args.liveness.force,
                 args.liveness.failover_time,
+                args.stream.as_deref(),
             )
             .await
         }
@@ -680,7 +698,7 @@ fn shutdown_summary(report: &ShutdownReport) -> String {
 
 fn lease_json(lease: &Lease) -> serde_json::Value {
     let (checkpoint, sub) = lease.checkpoint.encode();
-    serde_json::json!({
+    let mut json = serde_json::json!({
         "lease_key": lease.key.as_str(),
         "shard_id": lease.key.shard_id().as_str(),
         "owner": lease.owner.as_ref().map(|o| o.as_str()),
@@ -693,5 +711,10 @@ fn lease_json(lease: &Lease) -> serde_json::Value {
         "children": lease.child_shard_ids.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "hash_range": lease.hash_range.map(|r| [r.start.to_string(), r.end.to_string()]),
         "handoff_to": lease.handoff_to.as_ref().map(|w| w.as_str()),
-    })
+    });
+    // A multi-stream lease (worker.streams) names its stream; a single stream's do not.
+    if let Some(stream) = lease.key.stream_name() {
+        json["stream"] = serde_json::Value::from(stream);
+    }
+    json
 }

@@ -378,9 +378,20 @@ pub struct ShardPosition {
 
 pub const TOKEN_VERSION: u32 = 1;
 
-/// `flotilla position export`: every lease's checkpoint.
-pub async fn export(table: &dyn LeaseTable) -> anyhow::Result<PositionToken> {
-    let scan = scan(table).await?;
+/// `flotilla position export`: every lease's checkpoint, or (`stream`) those of one
+/// stream of a multi-stream application.
+pub async fn export(table: &dyn LeaseTable, stream: Option<&str>) -> anyhow::Result<PositionToken> {
+    let mut scan = scan(table).await?;
+    if let Some(stream) = stream {
+        scan.leases.retain(|l| l.key.stream_name() == Some(stream));
+        if scan.leases.is_empty() {
+            bail!(
+                "lease table {} has no lease of stream {stream} (a stream of worker.streams, \
+                 whose lease keys are account:{stream}:epoch:shardId)",
+                table.table_name()
+            );
+        }
+    }
     let shards = scan
         .leases
         .iter()
@@ -398,16 +409,25 @@ pub async fn export(table: &dyn LeaseTable) -> anyhow::Result<PositionToken> {
     Ok(PositionToken {
         version: TOKEN_VERSION,
         application: table.table_name().to_owned(),
-        source: source_of(&scan.leases, table.table_name())?,
+        source: match stream {
+            Some(stream) => Some(stream.to_owned()),
+            None => source_of(&scan.leases, table.table_name())?,
+        },
         exported_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
         shards,
     })
 }
 
-/// The one source the leases name; `None` when none names one. Leases of two sources
-/// in one table are an error: a token must say which stream its positions are in.
+/// The one source the single-stream leases name; `None` when none names one. Leases of
+/// two sources in one table are an error: a token must say which stream its positions
+/// are in. A multi-stream lease's key names its stream (account, name and creation), so
+/// its position can only ever land on its own stream's row: it does not count here.
 fn source_of(leases: &[Lease], table: &str) -> anyhow::Result<Option<String>> {
-    let sources: BTreeSet<&str> = leases.iter().filter_map(|l| l.source.as_deref()).collect();
+    let sources: BTreeSet<&str> = leases
+        .iter()
+        .filter(|l| l.key.stream_id().is_none())
+        .filter_map(|l| l.source.as_deref())
+        .collect();
     match sources.len() {
         0 | 1 => Ok(sources.first().map(|s| (*s).to_owned())),
         _ => bail!(
@@ -499,8 +519,21 @@ pub async fn import(
     path: &Path,
     force: bool,
     failover_time: Duration,
+    stream: Option<&str>,
 ) -> anyhow::Result<()> {
-    let (token, checkpoints) = read_token(path)?;
+    let (token, mut checkpoints) = read_token(path)?;
+    // One stream of a multi-stream application: its positions, onto its rows.
+    let of_stream = |key: &str| stream.is_none_or(|s| LeaseKey::new(key).stream_name() == Some(s));
+    checkpoints.retain(|key, _| of_stream(key));
+    if let Some(stream) = stream
+        && checkpoints.is_empty()
+    {
+        bail!(
+            "position token {} has no position in stream {stream} (keys \
+             account:{stream}:epoch:shardId)",
+            path.display()
+        );
+    }
     let application = table.table_name();
     if token.application != application {
         if !force {
@@ -516,7 +549,8 @@ pub async fn import(
             token.application
         );
     }
-    let scan = scan(table).await?;
+    let mut scan = scan(table).await?;
+    scan.leases.retain(|l| of_stream(l.key.as_str()));
     let table_source = source_of(&scan.leases, application)?;
     if let (Some(from), Some(to)) = (&token.source, &table_source)
         && from != to

@@ -94,15 +94,23 @@ pub fn render_status(status: &Value) -> String {
         .as_array()
         .map(|s| s.iter().collect())
         .unwrap_or_default();
-    shards.sort_by(|a, b| text(&a["shard_id"]).cmp(&text(&b["shard_id"])));
+    shards.sort_by(|a, b| {
+        (text(&a["stream"]), text(&a["shard_id"])).cmp(&(text(&b["stream"]), text(&b["shard_id"])))
+    });
     if shards.is_empty() {
         out.push_str("(no shards held)\n");
         return out;
     }
+    // A worker of several streams names each shard's stream (a shard id alone repeats).
+    let many = shards.iter().any(|s| !s["stream"].is_null());
     let rows = shards
         .iter()
         .map(|shard| {
-            vec![
+            let mut row = Vec::with_capacity(10);
+            if many {
+                row.push(text(&shard["stream"]));
+            }
+            row.extend([
                 text(&shard["shard_id"]),
                 text(&shard["state"]),
                 checkpoint(&shard["checkpoint"]),
@@ -115,23 +123,23 @@ pub fn render_status(status: &Value) -> String {
                     Some(why) => format!("fenced: {why}"),
                     None => subscription_note(&shard["subscription"], &shard["last_error"]),
                 },
-            ]
+            ]);
+            row
         })
         .collect();
-    out.push_str(&table(
-        &[
-            "SHARD",
-            "STATE",
-            "CHECKPOINT",
-            "LAG MS",
-            "RECORDS",
-            "REC/S",
-            "IN FLIGHT",
-            "RESTARTS",
-            "NOTE",
-        ],
-        rows,
-    ));
+    let header = [
+        "STREAM",
+        "SHARD",
+        "STATE",
+        "CHECKPOINT",
+        "LAG MS",
+        "RECORDS",
+        "REC/S",
+        "IN FLIGHT",
+        "RESTARTS",
+        "NOTE",
+    ];
+    out.push_str(&table(&header[usize::from(!many)..], rows));
     out
 }
 
@@ -213,15 +221,24 @@ pub fn render_fleet(fleet: &Value) -> String {
         ));
     }
     let fanout = fleet["read_mode"].as_str() == Some("fanout");
-    let leases: Vec<Vec<String>> = items(&fleet["leases"], "lease_key")
+    let listed = items(&fleet["leases"], "lease_key");
+    // Several streams: a STREAM column and the shard id, rather than the long
+    // multi-stream key.
+    let many = listed.iter().any(|l| !l["stream"].is_null());
+    let leases: Vec<Vec<String>> = listed
         .iter()
         .map(|lease| {
             let mut state = text(&lease["state"]);
             if let Some(to) = lease["handoff_to"].as_str() {
                 state.push_str(&format!(" -> {to}"));
             }
-            vec![
-                text(&lease["lease_key"]),
+            let mut row = Vec::with_capacity(7);
+            if many {
+                row.extend([text(&lease["stream"]), text(&lease["shard_id"])]);
+            } else {
+                row.push(text(&lease["lease_key"]));
+            }
+            row.extend([
                 text(&lease["owner"]),
                 state,
                 checkpoint(&lease["checkpoint"]),
@@ -230,17 +247,24 @@ pub fn render_fleet(fleet: &Value) -> String {
                     Value::Null => fleet_subscription_note(lease, fanout),
                     reason => text(reason),
                 },
-            ]
+            ]);
+            row
         })
         .collect();
     out.push('\n');
     if leases.is_empty() {
         out.push_str("(no leases)\n");
     } else {
-        out.push_str(&table(
-            &["SHARD", "OWNER", "STATE", "CHECKPOINT", "LAG MS", "REASON"],
-            leases,
-        ));
+        let header = [
+            "STREAM",
+            "SHARD",
+            "OWNER",
+            "STATE",
+            "CHECKPOINT",
+            "LAG MS",
+            "REASON",
+        ];
+        out.push_str(&table(&header[usize::from(!many)..], leases));
     }
     for (name, what) in [
         ("unassigned", "unassigned (no live owner)"),
@@ -392,6 +416,42 @@ mod tests {
         assert_eq!(checkpoint(&seq), "49680458…600470908946");
         assert_eq!(checkpoint(&Value::from("TRIM_HORIZON")), "TRIM_HORIZON");
         assert_eq!(checkpoint(&Value::Null), "-");
+    }
+
+    /// A worker of several streams names each shard's stream; one of a single stream
+    /// shows no STREAM column.
+    #[test]
+    fn several_streams_get_a_stream_column() {
+        let status = serde_json::json!({"shards": [
+            {"shard_id": "shardId-000000000000", "stream": "orders"},
+            {"shard_id": "shardId-000000000000", "stream": "audit"},
+        ]});
+        let got = render_status(&status);
+        let lines: Vec<&str> = got.lines().skip(1).collect();
+        assert!(lines[0].starts_with("STREAM  SHARD "), "{got}");
+        assert!(
+            lines[1].starts_with("audit   shardId-000000000000"),
+            "{got}"
+        );
+        assert!(
+            lines[2].starts_with("orders  shardId-000000000000"),
+            "{got}"
+        );
+        let single = render_status(&serde_json::json!({"shards": [{"shard_id": "s-1"}]}));
+        assert!(!single.contains("STREAM"), "{single}");
+
+        let fleet = serde_json::json!({"leases": [
+            {"lease_key": "1:orders:9:shardId-000000000000", "shard_id": "shardId-000000000000",
+             "stream": "orders", "owner": "w-1", "state": "held"},
+        ]});
+        let got = render_fleet(&fleet);
+        let header = got.lines().find(|l| l.contains("OWNER")).unwrap();
+        assert!(header.starts_with("STREAM  SHARD "), "{got}");
+        assert!(
+            got.lines()
+                .any(|l| l.starts_with("orders  shardId-000000000000  w-1")),
+            "{got}"
+        );
     }
 
     #[test]

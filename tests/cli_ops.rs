@@ -543,6 +543,7 @@ async fn status_server() -> String {
 
     let shard = |index: u64, state: ShardState, error: Option<&str>| ShardStatus {
         shard_id: ShardId::from_index(index),
+        stream: None,
         state,
         lease_counter: 3,
         checkpoint: Some(SEQ.to_owned()),
@@ -623,6 +624,7 @@ async fn status_server() -> String {
             FleetLease {
                 lease_key: "shardId-000000000000".into(),
                 shard_id: "shardId-000000000000".into(),
+                stream: None,
                 owner: Some("w-1".into()),
                 state: FleetLeaseState::Held,
                 reason: None,
@@ -637,6 +639,7 @@ async fn status_server() -> String {
             FleetLease {
                 lease_key: "shardId-000000000002".into(),
                 shard_id: "shardId-000000000002".into(),
+                stream: None,
                 owner: Some("w-2".into()),
                 state: FleetLeaseState::Unassigned,
                 reason: None,
@@ -651,6 +654,7 @@ async fn status_server() -> String {
             FleetLease {
                 lease_key: "shardId-000000000009".into(),
                 shard_id: "shardId-000000000009".into(),
+                stream: None,
                 owner: None,
                 state: FleetLeaseState::Stalled,
                 reason: Some("unreadable row: attribute checkpoint: not a number".into()),
@@ -958,4 +962,78 @@ async fn every_subcommand_has_help_with_an_example() {
     let out = flotilla(&["position", "--help"]).await;
     assert_ok(&out);
     assert!(text(&out.stdout).contains("export"));
+}
+
+/// A table of several streams (worker.streams): `leases` names each lease's stream, an
+/// export of the whole table works although its rows read several sources (each key
+/// names its stream), and `--stream` exports and imports one stream alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_of_several_streams_export_and_import_per_stream() {
+    let fx = Fixture::new("many-streams-app").await;
+    let mut keys = Vec::new();
+    for (stream, sub) in [("orders", 1), ("audit", 2)] {
+        let mut lease = Lease::new(
+            &ShardId::from_index(0),
+            Checkpoint::TrimHorizon,
+            vec![],
+            None,
+        );
+        lease.key = LeaseKey::new(format!(
+            "123456789012:{stream}:1700000000:shardId-000000000000"
+        ));
+        lease.source = Some(stream.to_owned());
+        assert!(fx.table.create_if_absent(&lease).await.unwrap());
+        fx.table
+            .checkpoint(&lease.key, &lease.fence(), &at(sub), &[])
+            .await
+            .unwrap();
+        keys.push(lease.key.as_str().to_owned());
+    }
+
+    let out = fx.run(&["leases"], &[]).await;
+    assert_ok(&out);
+    let streams: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["stream"].to_string())
+        .collect();
+    assert_eq!(streams, ["\"audit\"", "\"orders\""]);
+
+    let out = fx.run(&["position", "export"], &[]).await;
+    assert_ok(&out);
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all["shards"].as_object().unwrap().len(), 2, "{all}");
+
+    let out = fx
+        .run(&["position", "export"], &["--stream", "orders"])
+        .await;
+    assert_ok(&out);
+    let orders: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(orders["source"], "orders");
+    assert_eq!(
+        orders["shards"],
+        serde_json::json!({ &keys[0]: {"checkpoint": SEQ, "sub_sequence": 1} })
+    );
+
+    // Both streams rewound; importing the whole token with --stream audit restores
+    // audit alone.
+    let out = fx.run(&["rewind"], &["--to", "trim-horizon"]).await;
+    assert_ok(&out);
+    let file = TempFile::new("many-streams", all.to_string().as_bytes());
+    let out = fx
+        .run(&["position", "import"], &[file.path(), "--stream", "audit"])
+        .await;
+    assert_ok(&out);
+    let cps = fx.checkpoints().await;
+    assert_eq!(cps[&keys[0]], Checkpoint::TrimHorizon);
+    assert_eq!(cps[&keys[1]], at(2));
+
+    let out = fx
+        .run(&["position", "export"], &["--stream", "clicks"])
+        .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no lease of stream clicks"),
+        "{}",
+        text(&out.stderr)
+    );
 }

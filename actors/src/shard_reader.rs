@@ -1365,6 +1365,7 @@ impl ReaderState {
     fn status(&self) -> ShardStatus {
         ShardStatus {
             shard_id: self.shard.clone(),
+            stream: self.args.lease.key.stream_name().map(str::to_owned),
             state: pure::shard_state(
                 self.phase,
                 Signals {

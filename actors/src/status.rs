@@ -43,6 +43,9 @@ pub enum ShardState {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShardStatus {
     pub shard_id: ShardId,
+    /// The shard's stream when the worker reads several (`worker.streams`); `None` for
+    /// the one stream of `worker.stream`, named once in `WorkerStatus::stream`.
+    pub stream: Option<String>,
     pub state: ShardState,
     /// The lease epoch this worker holds the shard under.
     pub lease_counter: u64,
@@ -253,6 +256,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
         view.leases.push(FleetLease {
             lease_key: lease.key.to_string(),
             shard_id: shard.to_string(),
+            stream: lease.key.stream_name().map(str::to_owned),
             owner: lease.owner.as_ref().map(|o| o.to_string()),
             state,
             reason,
@@ -281,6 +285,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
         view.leases.push(FleetLease {
             lease_key: key.to_string(),
             shard_id: key.shard_id().to_string(),
+            stream: key.stream_name().map(str::to_owned),
             owner: None,
             state: FleetLeaseState::Stalled,
             reason: Some(reason),
@@ -349,6 +354,9 @@ pub enum FleetLeaseState {
 pub struct FleetLease {
     pub lease_key: String,
     pub shard_id: String,
+    /// The stream's name for a multi-stream key (`account:stream:epoch:shard`); `None`
+    /// for a single stream's (the view's `stream`).
+    pub stream: Option<String>,
     pub owner: Option<String>,
     pub state: FleetLeaseState,
     /// Why it is stalled (state `stalled`).

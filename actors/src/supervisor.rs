@@ -702,6 +702,7 @@ impl SupervisorState {
             let entry = self.shards.get(key)?;
             let fallback = ShardStatus {
                 shard_id: key.shard_id(),
+                stream: key.stream_name().map(str::to_owned),
                 state: ShardState::Restarting,
                 lease_counter: entry.lease.counter,
                 checkpoint: None,

@@ -31,6 +31,12 @@ impl LeaseKey {
         self.0.rsplit_once(':').map(|(stream, _)| stream)
     }
 
+    /// The stream's name in a multi-stream key (the middle of its identifier); `None` for
+    /// a single-stream key.
+    pub fn stream_name(&self) -> Option<&str> {
+        self.stream_id()?.split(':').nth(1)
+    }
+
     /// The key of another shard of the same stream (a parent, a child): a shard id alone
     /// names a shard only within its stream.
     pub fn sibling(&self, shard: &ShardId) -> LeaseKey {
@@ -312,8 +318,10 @@ mod tests {
             key.sibling(&ShardId::from_index(7)).as_str(),
             "123456789012:fixture-ms-a:1700000000:shardId-000000000007"
         );
+        assert_eq!(key.stream_name(), Some("fixture-ms-a"));
         let single = LeaseKey::new("shardId-000000000004");
         assert_eq!(single.stream_id(), None);
+        assert_eq!(single.stream_name(), None);
         assert_eq!(
             single.sibling(&ShardId::from_index(7)),
             LeaseKey::from(&ShardId::from_index(7))
