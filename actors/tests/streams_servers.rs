@@ -1,0 +1,126 @@
+//! Many streams per application (`worker.streams`) through the real adapters: in-process
+//! ferrokinesis + dynoxide always; kinesis-mock + DynamoDB Local, and moto, with the
+//! `external-servers` feature (started by scripts/test.sh). What only a real server
+//! shows: the stream identifier comes from DescribeStreamSummary's ARN and creation
+//! time, and the rows written through the DynamoDB adapter carry the KCL's multi-stream
+//! attributes.
+//! Real time and real sockets: small streams, short intervals.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
+use flotilla_actors::backend::memory::MemoryMetrics;
+use flotilla_actors::backend::{LeaseTable, StreamAdmin};
+use flotilla_actors::model::StreamIdentifier;
+use flotilla_actors::settings::{ReadMode, StreamEntry};
+use flotilla_actors::{Backend, Worker};
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
+use support::rig::shutdown_clean;
+use support::servers;
+
+const PATIENCE: Duration = Duration::from_secs(180);
+
+async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: String) {
+    let sdk = servers::sdk_config();
+    let kinesis = KinesisStream::new(&sdk, Some(&kinesis_endpoint));
+    let (a, b) = (
+        servers::unique_name("many-a"),
+        servers::unique_name("many-b"),
+    );
+    kinesis.create_stream(&a, 2).await.unwrap();
+    kinesis.create_stream(&b, 1).await.unwrap();
+    let application = servers::unique_name("many-app");
+
+    let mut settings = fast_settings("", &application);
+    settings.worker.stream.clear();
+    settings.worker.streams = vec![StreamEntry::Name(a.clone()), StreamEntry::Name(b.clone())];
+    settings.reader.mode = ReadMode::Polling;
+    let endpoint = dynamodb_endpoint.clone();
+    let backend = Backend::new(
+        Arc::new(kinesis.clone()),
+        move |name| {
+            Arc::new(DynamoLeaseTable::new(
+                &servers::sdk_config(),
+                Some(&endpoint),
+                name,
+            ))
+        },
+        Arc::new(MemoryMetrics::new()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let f = probes.clone();
+    let worker: Worker = Worker::builder()
+        .settings(settings)
+        .backend(backend)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let (mut p_a, mut p_b) = (Producer::with_prefix("a-"), Producer::with_prefix("b-"));
+    p_a.put_round(&kinesis, &a, 20, 10).await;
+    p_b.put_round(&kinesis, &b, 20, 10).await;
+    probes
+        .wait_distinct(p_a.total() + p_b.total(), PATIENCE)
+        .await;
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    for producer in [&p_a, &p_b] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+
+    let table = DynamoLeaseTable::new(&sdk, Some(&dynamodb_endpoint), &application);
+    let rows = table.scan().await.unwrap().leases;
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for row in &rows {
+        let id = StreamIdentifier::parse(row.key.stream_id().unwrap()).unwrap();
+        assert!([&a, &b].contains(&&id.name), "{id}");
+        assert!(!id.account.is_empty(), "{id}");
+        // Created by this test, within the last hour (a server's clock is this one).
+        assert!(
+            id.creation_epoch <= now + 60 && id.creation_epoch + 3600 >= now,
+            "{id}: creation epoch {} is not about now ({now})",
+            id.creation_epoch
+        );
+        assert_eq!(id.lease_key(&row.key.shard_id()), row.key);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferrokinesis_dynoxide() {
+    two_streams_in_one_table(
+        servers::start_ferrokinesis(300).await,
+        servers::start_dynoxide().await,
+    )
+    .await;
+}
+
+#[cfg(feature = "external-servers")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinesis_mock_dynamodb_local() {
+    two_streams_in_one_table(
+        servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
+        servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+    )
+    .await;
+}
+
+#[cfg(feature = "external-servers")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto() {
+    let url = servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT");
+    two_streams_in_one_table(url.clone(), url).await;
+}
