@@ -149,6 +149,21 @@ async fn each_stream_is_read_from_its_own_shards_and_start() {
     // Untouched: a take (or a give-up's release) would have moved its counter.
     let stray_row = rows.iter().find(|l| l.key == stray.key).unwrap();
     assert_eq!((&stray_row.owner, stray_row.counter), (&None, 0));
+    // Status names each shard's stream: the same shard id is held in each stream.
+    let mut held: Vec<(Option<&str>, String)> = status
+        .shards
+        .iter()
+        .map(|s| (s.stream.as_deref(), s.shard_id.to_string()))
+        .collect();
+    held.sort();
+    assert!(
+        held.contains(&(Some("orders"), "shardId-000000000000".into()))
+            && held.contains(&(Some("clicks"), "shardId-000000000000".into()))
+            && held.contains(&(Some("orders"), "shardId-000000000001".into()))
+            && held.contains(&(Some("audit"), "shardId-000000000001".into())),
+        "{held:?}"
+    );
+    assert!(held.iter().all(|(stream, _)| stream.is_some()), "{held:?}");
     let keeper = status.leases.unwrap();
     assert!(
         keeper.held.iter().all(|k| k.as_str() != stray.key.as_str()),
