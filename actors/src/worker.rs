@@ -161,8 +161,8 @@ impl Backend {
 
     /// The client that reads `source`: Kinesis, or DynamoDB Streams (which gets
     /// AT_TIMESTAMP by a scan, see [`TimeScan`]).
-    fn reader_of(&self, source: &Source) -> Result<Arc<dyn StreamClient>, WorkerError> {
-        match source.kind() {
+    fn reader_of(&self, kind: SourceKind) -> Result<Arc<dyn StreamClient>, WorkerError> {
+        match kind {
             SourceKind::Kinesis => Ok(self.streams.clone()),
             SourceKind::DynamoDbStreams => {
                 let streams = self
@@ -359,15 +359,15 @@ impl WorkerBuilder {
         let processor = self.processor.ok_or(WorkerError::Missing("processor"))?;
         let initial_timestamp = settings.worker.initial_timestamp()?;
         let specs = settings.worker.stream_specs()?;
-        // Several streams are all Kinesis (validated); one may be a table's stream.
+        // `worker.stream` names one source of either kind; `worker.streams` are Kinesis
+        // streams only (validated).
         let source = if specs.is_empty() {
-            settings.worker.source()?
+            Some(settings.worker.source()?)
         } else {
-            crate::model::Source::Kinesis {
-                stream: String::new(),
-            }
+            None
         };
-        let streams = backend.reader_of(&source)?;
+        let streams =
+            backend.reader_of(source.as_ref().map_or(SourceKind::Kinesis, Source::kind))?;
         let stream = settings.worker.stream.clone();
         let application = settings.worker.application.clone();
         let me = WorkerId::new(
@@ -403,7 +403,9 @@ impl WorkerBuilder {
         // A table's stream is named by its ARN in every later call (`dynamodb:TABLE`
         // was resolved to the table's current stream just now).
         let stream = match &summary {
-            Some(summary) if source.is_table_stream() => summary.arn.clone(),
+            Some(summary) if source.as_ref().is_some_and(Source::is_table_stream) => {
+                summary.arn.clone()
+            }
             _ => stream,
         };
         let consumer = match (settings.reader.mode, &summary) {
