@@ -7,9 +7,12 @@
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
 //! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
+//! * `budget`: [`WorkerBudget`], one memory budget for the un-acked records of all a
+//!   worker's shards: a fair share each, idle shares lent ([`Pool`] is the rule).
 //! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
 //!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
+mod budget;
 pub mod change;
 mod graph;
 pub mod item;
@@ -20,6 +23,7 @@ mod shard;
 pub mod source;
 mod watermark;
 
+pub use budget::{BudgetSlot, BudgetUse, Pool, SlotId, WorkerBudget};
 pub use change::DynamoChange;
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
