@@ -442,7 +442,15 @@ mod tests {
         drop(b);
         assert_eq!(budget.usage().in_use, 400);
         drop(a);
-        assert_eq!(budget.usage(), BudgetUse { total: 1000, ..BudgetUse::default() });
+        assert_eq!(
+            budget.usage(),
+            BudgetUse {
+                total: 1000,
+                in_use: 0,
+                share: 1000,
+                shards: 0
+            }
+        );
     }
 
     #[derive(Debug, Clone)]
