@@ -128,12 +128,21 @@ impl Pool {
     /// What the shard may take now (it asks, so it counts as wanting), reserved until
     /// its next [`Pool::settle`]. Zero: wait for acks.
     pub fn grant(&mut self, id: SlotId) -> u64 {
-        let granted = self.allowance(id);
+        self.grant_up_to(id, u64::MAX).1
+    }
+
+    /// As [`Pool::grant`], but reserves at most `cap` (a read that cannot be limited,
+    /// as a fan-out event, reserves what it expects rather than all it may take, so an
+    /// idle shard waiting on its subscription does not hold the room busy ones could
+    /// borrow). Returns (reserved, the whole allowance).
+    pub fn grant_up_to(&mut self, id: SlotId, cap: u64) -> (u64, u64) {
+        let allowance = self.allowance(id);
+        let granted = allowance.min(cap);
         if let Some(slot) = self.live_slot(id) {
             slot.reserved += granted;
             slot.wants = true;
         }
-        granted
+        (granted, allowance)
     }
 
     /// What [`Pool::grant`] would give now, without reserving it.
@@ -233,6 +242,11 @@ impl BudgetSlot {
     /// See [`Pool::grant`].
     pub fn grant(&self) -> u64 {
         self.budget.with(|pool| pool.grant(self.id))
+    }
+
+    /// See [`Pool::grant_up_to`].
+    pub fn grant_up_to(&self, cap: u64) -> (u64, u64) {
+        self.budget.with(|pool| pool.grant_up_to(self.id, cap))
     }
 
     /// See [`Pool::settle`].
@@ -407,6 +421,17 @@ mod tests {
         for (name, total, steps) in table {
             run(name, *total, steps);
         }
+    }
+
+    #[test]
+    fn a_capped_grant_reserves_only_the_cap() {
+        let mut pool = Pool::new(1000);
+        let a = pool.join();
+        let b = pool.join();
+        assert_eq!(pool.grant_up_to(a, 100), (100, 1000));
+        // `b` gets its share; the rest of `a`'s share is still owed to `a` (it wants).
+        assert_eq!(pool.grant_up_to(b, u64::MAX), (500, 500));
+        assert_eq!(pool.usage().in_use, 600);
     }
 
     #[test]
