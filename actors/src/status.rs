@@ -134,6 +134,8 @@ pub struct BudgetView {
     pub share_bytes: u64,
     /// Shards in state `waiting_on_budget`.
     pub shards_waiting: usize,
+    /// The most ever in use at once since the worker started.
+    pub peak_bytes: u64,
 }
 
 /// What a graceful shutdown achieved. `clean()` is true only when every processor

@@ -66,6 +66,8 @@ pub struct BudgetUse {
     /// What each shard is guaranteed now: `total / shards`.
     pub share: u64,
     pub shards: usize,
+    /// The most ever in use at once (held and reserved).
+    pub peak: u64,
 }
 
 /// The budget and every shard's part of it.
@@ -75,6 +77,9 @@ pub struct Pool {
     slots: Vec<Slot>,
     free_slots: Vec<usize>,
     live: usize,
+    /// Held and reserved by every live slot, kept as slots change.
+    in_use: u64,
+    peak: u64,
 }
 
 impl Pool {
@@ -109,6 +114,7 @@ impl Pool {
         if let Some(slot) = self.slots.get_mut(id.0)
             && slot.live
         {
+            self.in_use -= slot.charge();
             *slot = Slot::default();
             self.live -= 1;
             self.free_slots.push(id.0);
@@ -118,10 +124,12 @@ impl Pool {
     /// What the shard holds in memory now, and whether it wants more; ends any
     /// reservation (the read it was for has answered or was given up).
     pub fn settle(&mut self, id: SlotId, held: u64, wants: bool) {
-        if let Some(slot) = self.live_slot(id) {
+        if let Some(slot) = self.slots.get_mut(id.0).filter(|s| s.live) {
+            self.in_use = self.in_use - slot.charge() + held;
             slot.held = held;
             slot.reserved = 0;
             slot.wants = wants;
+            self.peak = self.peak.max(self.in_use);
         }
     }
 
@@ -138,9 +146,11 @@ impl Pool {
     pub fn grant_up_to(&mut self, id: SlotId, cap: u64) -> (u64, u64) {
         let allowance = self.allowance(id);
         let granted = allowance.min(cap);
-        if let Some(slot) = self.live_slot(id) {
+        if let Some(slot) = self.slots.get_mut(id.0).filter(|s| s.live) {
             slot.reserved += granted;
             slot.wants = true;
+            self.in_use += granted;
+            self.peak = self.peak.max(self.in_use);
         }
         (granted, allowance)
     }
@@ -185,19 +195,11 @@ impl Pool {
     pub fn usage(&self) -> BudgetUse {
         BudgetUse {
             total: self.total,
-            in_use: self
-                .slots
-                .iter()
-                .filter(|s| s.live)
-                .map(Slot::charge)
-                .sum(),
+            in_use: self.in_use,
             share: self.share(),
             shards: self.live,
+            peak: self.peak,
         }
-    }
-
-    fn live_slot(&mut self, id: SlotId) -> Option<&mut Slot> {
-        self.slots.get_mut(id.0).filter(|s| s.live)
     }
 }
 
@@ -447,7 +449,8 @@ mod tests {
                 total: 1000,
                 in_use: 120 + granted,
                 share: 500,
-                shards: 2
+                shards: 2,
+                peak: 120 + granted,
             }
         );
         pool.leave(a);
@@ -473,7 +476,8 @@ mod tests {
                 total: 1000,
                 in_use: 0,
                 share: 1000,
-                shards: 0
+                shards: 0,
+                peak: 900,
             }
         );
     }
@@ -538,6 +542,9 @@ mod tests {
                 }
                 let in_use = pool.usage().in_use;
                 prop_assert!(in_use <= total, "{in_use} in use of {total}");
+                prop_assert!(pool.usage().peak <= total);
+                let summed: u64 = pool.slots.iter().filter(|s| s.live).map(Slot::charge).sum();
+                prop_assert_eq!(in_use, summed);
                 prop_assert_eq!(in_use, shards.iter().map(|(_, h)| h).sum::<u64>());
             }
         }
