@@ -132,6 +132,8 @@ pub struct BudgetView {
     pub in_use_bytes: u64,
     /// What each shard is guaranteed now: the budget over the shards that hold a place.
     pub share_bytes: u64,
+    /// Readers holding a place in the budget (one per shard being read).
+    pub shards: usize,
     /// Shards in state `waiting_on_budget`.
     pub shards_waiting: usize,
     /// The most ever in use at once since the worker started.

@@ -731,6 +731,7 @@ impl SupervisorState {
             total_bytes: usage.total,
             in_use_bytes: usage.in_use,
             share_bytes: usage.share,
+            shards: usage.shards,
             peak_bytes: usage.peak,
             shards_waiting: shards
                 .iter()
