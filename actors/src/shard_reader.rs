@@ -728,7 +728,6 @@ impl ReaderState {
         self.held.clear();
         self.held_after = None;
         self.held_memory = 0;
-        // Also ends the reservation of a pull that was on its way.
         self.settle_budget();
     }
 
@@ -783,27 +782,25 @@ impl ReaderState {
     /// Fan-out: asks the subscription for its next event, unless one is on its way.
     /// The periodic fetch keeps running meanwhile, for the processor-stall check.
     ///
-    /// Only when the memory budget holds an event as large as the largest so far (or the
-    /// shard holds nothing): what it expects is reserved until the event arrives.
+    /// Only when the shard's allowance in the memory budget holds an event as large as
+    /// the largest so far (or the shard holds nothing). Nothing is reserved: a pull can
+    /// wait minutes on a quiet shard. So fan-out's bound is looser than polling's: each
+    /// shard may overrun by one event (its first, or one larger than any before).
     fn pull(&mut self, myself: &ActorRef<ReaderMsg>) {
         let holds_nothing = self.holds_nothing();
         if let Some(feed) = self.feed.as_mut()
             && !feed.pulling
         {
-            let expected = self.largest_event.max(pure::FIRST_GUESS_RECORD_MEMORY);
-            let (_, allowance) = self.args.budget.grant_up_to(expected);
-            if pure::may_pull(allowance, self.largest_event, holds_nothing) {
+            if pure::may_pull(self.args.budget.allowance(), self.largest_event, holds_nothing) {
                 self.budget_wait = false;
                 feed.pulling = true;
                 if feed.pull.try_send(()).is_err() {
                     // The task ended (its last event was an error or the end, still
                     // queued for us): that event says what to do next.
                     feed.pulling = false;
-                    self.settle_budget();
                 }
             } else {
                 self.budget_wait = true;
-                self.settle_budget();
             }
         }
         self.schedule_fetch(myself, self.settings().reader.poll_interval);

@@ -136,26 +136,19 @@ impl Pool {
     /// What the shard may take now (it asks, so it counts as wanting), reserved until
     /// its next [`Pool::settle`]. Zero: wait for acks.
     pub fn grant(&mut self, id: SlotId) -> u64 {
-        self.grant_up_to(id, u64::MAX).1
-    }
-
-    /// As [`Pool::grant`], but reserves at most `cap` (a read that cannot be limited,
-    /// as a fan-out event, reserves what it expects rather than all it may take, so an
-    /// idle shard waiting on its subscription does not hold the room busy ones could
-    /// borrow). Returns (reserved, the whole allowance).
-    pub fn grant_up_to(&mut self, id: SlotId, cap: u64) -> (u64, u64) {
-        let allowance = self.allowance(id);
-        let granted = allowance.min(cap);
+        let granted = self.allowance(id);
         if let Some(slot) = self.slots.get_mut(id.0).filter(|s| s.live) {
             slot.reserved += granted;
             slot.wants = true;
             self.in_use += granted;
             self.peak = self.peak.max(self.in_use);
         }
-        (granted, allowance)
+        granted
     }
 
-    /// What [`Pool::grant`] would give now, without reserving it.
+    /// What [`Pool::grant`] would give now, without reserving it (for a read that
+    /// cannot be limited, as a fan-out event: reserving for a pull that may wait
+    /// minutes on a quiet shard would keep the room from the shards that are busy).
     pub fn allowance(&self, id: SlotId) -> u64 {
         let Some(me) = self.slots.get(id.0).filter(|s| s.live) else {
             return 0;
@@ -246,9 +239,9 @@ impl BudgetSlot {
         self.budget.with(|pool| pool.grant(self.id))
     }
 
-    /// See [`Pool::grant_up_to`].
-    pub fn grant_up_to(&self, cap: u64) -> (u64, u64) {
-        self.budget.with(|pool| pool.grant_up_to(self.id, cap))
+    /// See [`Pool::allowance`].
+    pub fn allowance(&self) -> u64 {
+        self.budget.with(|pool| pool.allowance(self.id))
     }
 
     /// See [`Pool::settle`].
@@ -423,17 +416,6 @@ mod tests {
         for (name, total, steps) in table {
             run(name, *total, steps);
         }
-    }
-
-    #[test]
-    fn a_capped_grant_reserves_only_the_cap() {
-        let mut pool = Pool::new(1000);
-        let a = pool.join();
-        let b = pool.join();
-        assert_eq!(pool.grant_up_to(a, 100), (100, 1000));
-        // `b` gets its share; the rest of `a`'s share is still owed to `a` (it wants).
-        assert_eq!(pool.grant_up_to(b, u64::MAX), (500, 500));
-        assert_eq!(pool.usage().in_use, 600);
     }
 
     #[test]
