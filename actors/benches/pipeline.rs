@@ -516,8 +516,7 @@ async fn child_budget(per_shard: usize, stalled: bool) {
     settings.reader.processor_timeout = Duration::from_secs(3600);
     let count = Arc::new(AtomicU64::new(0));
     let worker = if stalled {
-        let backend =
-            Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
+        let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
         Worker::builder()
             .settings(settings)
             .backend(backend)
@@ -535,7 +534,10 @@ async fn child_budget(per_shard: usize, stalled: bool) {
         // Until the budget in use has not grown for 3 s.
         let (mut last, mut since) = (0, Instant::now());
         while since.elapsed() < Duration::from_secs(3) {
-            assert!(t.elapsed() < Duration::from_secs(300), "budget never settled");
+            assert!(
+                t.elapsed() < Duration::from_secs(300),
+                "budget never settled"
+            );
             let status = worker.status().await.unwrap();
             peak = peak.max(rss_kb("VmRSS:"));
             budget_peak = status.budget.peak_bytes;
@@ -667,7 +669,6 @@ fn p7(rows: &mut Vec<Row>) {
         target: Some(150.0 + loaded_mb.min(budget_mb)),
         higher_is_better: false,
     });
-
 }
 
 /// P7 under the worker's memory budget: RSS at 1,000 leases with fast and with stalled
@@ -678,7 +679,9 @@ fn p7_budget(rows: &mut Vec<Row>) {
     // with more records than their share holds, fast and stalled processors.
     let budget_mb = defaults.worker_budget_bytes as f64 / 1_048_576.0;
     let budget_per_shard = env_usize("FLOTILLA_BENCH_P7_BUDGET_RECORDS", 1_500);
-    let mut budget_runs: Vec<(&str, Vec<f64>, Vec<f64>, Vec<f64>)> = Vec::new();
+    // Per kind: RSS, RSS growth, the budget's peak in use (MB, one per run).
+    type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut budget_runs: Vec<(&str, Samples)> = Vec::new();
     for kind in ["p7-budget-fast", "p7-budget-stalled"] {
         let (mut total, mut delta, mut used) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..runs() {
@@ -688,9 +691,9 @@ fn p7_budget(rows: &mut Vec<Row>) {
             delta.push(mb(get(&kv, "rss_kb").saturating_sub(get(&kv, "base_kb"))));
             used.push(mb(get(&kv, "budget_peak_kb")));
         }
-        budget_runs.push((kind, total, delta, used));
+        budget_runs.push((kind, (total, delta, used)));
     }
-    for (kind, total, delta, used) in budget_runs {
+    for (kind, (total, delta, used)) in budget_runs {
         let what = if kind.ends_with("fast") {
             "fast processors, peak while draining"
         } else {
@@ -698,9 +701,7 @@ fn p7_budget(rows: &mut Vec<Row>) {
         };
         rows.push(Row {
             id: format!("{kind}-delta"),
-            what: format!(
-                "RSS growth, {P7_SHARDS} shards × {budget_per_shard} records, {what}"
-            ),
+            what: format!("RSS growth, {P7_SHARDS} shards × {budget_per_shard} records, {what}"),
             unit: "MB",
             samples: delta,
             target: Some(150.0 + budget_mb),

@@ -791,7 +791,11 @@ impl ReaderState {
         if let Some(feed) = self.feed.as_mut()
             && !feed.pulling
         {
-            if pure::may_pull(self.args.budget.allowance(), self.largest_event, holds_nothing) {
+            if pure::may_pull(
+                self.args.budget.allowance(),
+                self.largest_event,
+                holds_nothing,
+            ) {
                 self.budget_wait = false;
                 feed.pulling = true;
                 if feed.pull.try_send(()).is_err() {

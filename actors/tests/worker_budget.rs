@@ -14,11 +14,11 @@ use bytes::Bytes;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::{PutRecord, StreamAdmin};
 use flotilla_actors::model::ShardId;
+use flotilla_actors::settings::ReadMode;
 use flotilla_actors::{
     Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, ShardState, Worker,
     WorkerStatus,
 };
-use flotilla_actors::settings::ReadMode;
 use support::probe::{fast_settings, read_mode, wait_until};
 use support::rig::{APP, Rig, STREAM, shutdown_clean};
 
@@ -177,13 +177,20 @@ async fn a_stalled_processor_holds_only_its_share_and_the_other_shards_keep_flow
     let worker = start(&rig, &gate, s).await;
 
     let others = (SHARDS as usize - 1) * PER_SHARD;
-    wait_until("every other shard drained", PATIENCE, Duration::from_secs(1), || {
-        gate.total() >= others
-    })
+    wait_until(
+        "every other shard drained",
+        PATIENCE,
+        Duration::from_secs(1),
+        || gate.total() >= others,
+    )
     .await;
     let status = settled(&worker).await;
     let held = shard(&status, &stalled);
-    assert_eq!(gate.delivered(&stalled), 0, "its processor is stuck in its first batch");
+    assert_eq!(
+        gate.delivered(&stalled),
+        0,
+        "its processor is stuck in its first batch"
+    );
     assert_eq!(
         held.state,
         ShardState::WaitingOnBudget,
@@ -203,7 +210,10 @@ async fn a_stalled_processor_holds_only_its_share_and_the_other_shards_keep_flow
         );
     }
     assert_eq!(status.budget.shards_waiting, 1);
-    assert_eq!(status.budget.in_use_bytes, held.memory_bytes, "the others hold nothing now");
+    assert_eq!(
+        status.budget.in_use_bytes, held.memory_bytes,
+        "the others hold nothing now"
+    );
     assert!(
         status.budget.peak_bytes <= bound(),
         "the budget held: peak {} of {BUDGET} (bound {})",
@@ -216,13 +226,19 @@ async fn a_stalled_processor_holds_only_its_share_and_the_other_shards_keep_flow
 
     // The processor timeout fails the stalled shard; its restarted reader reads it all,
     // and the failed reader's bytes came back (no slot left behind).
-    wait_until("the stalled shard drained after its restart", PATIENCE, Duration::from_secs(1), || {
-        gate.delivered(&stalled) >= PER_SHARD
-    })
+    wait_until(
+        "the stalled shard drained after its restart",
+        PATIENCE,
+        Duration::from_secs(1),
+        || gate.delivered(&stalled) >= PER_SHARD,
+    )
     .await;
     let status = worker.status().await.unwrap();
     assert!(shard(&status, &stalled).restarts >= 1);
-    assert_eq!(status.budget.shards, SHARDS as usize, "one place per reader");
+    assert_eq!(
+        status.budget.shards, SHARDS as usize,
+        "one place per reader"
+    );
     let status = settled(&worker).await;
     assert_eq!(status.budget.in_use_bytes, 0, "{:?}", status.budget);
     assert!(status.budget.peak_bytes <= bound());
@@ -241,20 +257,31 @@ async fn with_every_processor_but_one_stalled_the_last_shard_still_drains() {
         .extend(shards.iter().filter(|s| **s != flowing).cloned());
     let worker = start(&rig, &gate, settings()).await;
 
-    wait_until("the one free shard drained", PATIENCE, Duration::from_secs(1), || {
-        gate.delivered(&flowing) >= PER_SHARD
-    })
+    wait_until(
+        "the one free shard drained",
+        PATIENCE,
+        Duration::from_secs(1),
+        || gate.delivered(&flowing) >= PER_SHARD,
+    )
     .await;
     // Let every stalled shard fill its share.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let status = settled(&worker).await;
-    assert_eq!(gate.total(), PER_SHARD, "only the free shard processed anything");
+    assert_eq!(
+        gate.total(),
+        PER_SHARD,
+        "only the free shard processed anything"
+    );
     let waiting = status
         .shards
         .iter()
         .filter(|s| s.state == ShardState::WaitingOnBudget)
         .count();
-    assert_eq!(waiting, SHARDS as usize - 1, "every stalled shard waits on the budget");
+    assert_eq!(
+        waiting,
+        SHARDS as usize - 1,
+        "every stalled shard waits on the budget"
+    );
     let flowing_status = shard(&status, &flowing);
     assert_eq!(flowing_status.memory_bytes, 0, "{flowing_status:?}");
     assert!(

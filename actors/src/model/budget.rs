@@ -174,9 +174,7 @@ impl Pool {
         let room = self.total.saturating_sub(used);
         let headroom = share - mine;
         let own = headroom.min(room);
-        let free = room
-            .saturating_sub(owed_to_others)
-            .saturating_sub(headroom);
+        let free = room.saturating_sub(owed_to_others).saturating_sub(headroom);
         own + free / wanting
     }
 
@@ -321,7 +319,15 @@ mod tests {
                 1000,
                 // 0 gets its 250 and half of the 500 nobody is owed (1 wants too); then 1
                 // gets its 250 and half of the 250 left free after 0's reservation.
-                &[Join, Join, Join, Join, Settle(1, 0, true), Grant(0, 500), Grant(1, 375)],
+                &[
+                    Join,
+                    Join,
+                    Join,
+                    Join,
+                    Settle(1, 0, true),
+                    Grant(0, 500),
+                    Grant(1, 375),
+                ],
             ),
             (
                 "a wanting shard's share is owed: a borrower cannot take it",
@@ -338,7 +344,14 @@ mod tests {
             (
                 "at or above its share a shard takes nothing, even with room free",
                 1000,
-                &[Join, Join, Settle(0, 500, true), Grant(0, 0), Settle(0, 499, true), Grant(0, 501)],
+                &[
+                    Join,
+                    Join,
+                    Settle(0, 500, true),
+                    Grant(0, 0),
+                    Settle(0, 499, true),
+                    Grant(0, 501),
+                ],
             ),
             (
                 "a stalled shard holding its share blocks only itself",
@@ -410,7 +423,14 @@ mod tests {
             (
                 "not wanting: the share is lendable, what is held stays",
                 900,
-                &[Join, Join, Join, Settle(1, 100, false), Settle(2, 0, false), Grant(0, 800)],
+                &[
+                    Join,
+                    Join,
+                    Join,
+                    Settle(1, 100, false),
+                    Settle(2, 0, false),
+                    Grant(0, 800),
+                ],
             ),
         ];
         for (name, total, steps) in table {

@@ -441,7 +441,12 @@ pub(crate) const FIRST_GUESS_RECORD_MEMORY: u64 = 1_200;
 /// record at least (else a budget taken by others, or a record larger than the grant,
 /// would stop it for good): so a read overruns its grant by at most the records'
 /// excess over the estimate, and a shard holding nothing by one record.
-pub(crate) fn fetch_limit(max: u32, granted: u64, per_record: u64, holds_nothing: bool) -> Option<u32> {
+pub(crate) fn fetch_limit(
+    max: u32,
+    granted: u64,
+    per_record: u64,
+    holds_nothing: bool,
+) -> Option<u32> {
     let fits = (granted / per_record.max(1)).min(u64::from(max));
     match u32::try_from(fits) {
         Ok(0) | Err(_) if holds_nothing => Some(1),
@@ -650,11 +655,27 @@ mod tests {
             (Phase::Reading, sig(false, false, true), S::CaughtUp),
             (Phase::Reading, sig(false, true, true), S::Throttled),
             (Phase::Reading, sig(true, true, true), S::Fenced),
-            (Phase::Reading, waiting(sig(false, false, false)), S::WaitingOnBudget),
-            (Phase::Reading, waiting(sig(false, false, true)), S::WaitingOnBudget),
-            (Phase::Reading, waiting(sig(false, true, false)), S::Throttled),
+            (
+                Phase::Reading,
+                waiting(sig(false, false, false)),
+                S::WaitingOnBudget,
+            ),
+            (
+                Phase::Reading,
+                waiting(sig(false, false, true)),
+                S::WaitingOnBudget,
+            ),
+            (
+                Phase::Reading,
+                waiting(sig(false, true, false)),
+                S::Throttled,
+            ),
             (Phase::Reading, waiting(sig(true, false, false)), S::Fenced),
-            (Phase::Draining, waiting(sig(false, false, false)), S::ShardEnding),
+            (
+                Phase::Draining,
+                waiting(sig(false, false, false)),
+                S::ShardEnding,
+            ),
             (Phase::Draining, sig(true, false, false), S::ShardEnding),
             (Phase::Ending, sig(false, false, false), S::ShardEnding),
             (
@@ -1247,7 +1268,10 @@ mod tests {
         let records: u64 = batch.iter().map(record_memory).sum();
         let whole = batch_memory(&batch);
         assert!(whole > records, "the batch's own share counts too");
-        assert!(whole < records + 1_000, "and is small: {whole} for {records}");
+        assert!(
+            whole < records + 1_000,
+            "and is small: {whole} for {records}"
+        );
     }
 
     #[test]
@@ -1264,7 +1288,11 @@ mod tests {
         ledger.ack([Ack::Batch(b)], t0);
         assert_eq!(ledger.memory(), m1 + m2);
         ledger.ack([Ack::Record(a, 0)], t0);
-        assert_eq!(ledger.memory(), m1 + m2, "a batch partly passed stays whole");
+        assert_eq!(
+            ledger.memory(),
+            m1 + m2,
+            "a batch partly passed stays whole"
+        );
         ledger.ack([Ack::Record(a, 1)], t0);
         assert_eq!(ledger.memory(), 0);
     }
