@@ -537,7 +537,7 @@ async fn import_refuses_while_a_live_worker_holds_leases() {
 async fn status_server() -> String {
     use flotilla_actors::FenceReason;
     use flotilla_actors::status::{
-        FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus,
+        BudgetView, FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus,
         SubscriptionView, WorkerStatus,
     };
 
@@ -556,6 +556,7 @@ async fn status_server() -> String {
         last_error: error.map(str::to_owned),
         in_flight_records: 7,
         in_flight_bytes: 700,
+        memory_bytes: 2_100,
         restarts: 1,
         fenced: None,
         subscription: Some(SubscriptionView {
@@ -592,6 +593,14 @@ async fn status_server() -> String {
         stream_watcher: None,
         checkpoints: BTreeMap::new(),
         metrics: None,
+        budget: BudgetView {
+            total_bytes: 268_435_456,
+            in_use_bytes: 6_300,
+            share_bytes: 89_478_485,
+            shards: 3,
+            shards_waiting: 0,
+            peak_bytes: 6_300,
+        },
     };
     let fleet = FleetView {
         application: "orders-audit".into(),

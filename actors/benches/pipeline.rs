@@ -490,6 +490,81 @@ async fn child_drain(per_shard: usize) {
     let _ = worker.shutdown().await;
 }
 
+/// A processor that never finishes its first batch: every shard's reader fills its
+/// share of the memory budget and waits (`processor_timeout` is raised past the run).
+struct Stalled;
+
+impl Processor for Stalled {
+    async fn process(&mut self, _: &Batch, _: &Checkpointer) -> Result<(), ProcessorError> {
+        tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
+        Ok(())
+    }
+}
+
+/// Child: 1,000 shards with `per_shard` records each (more than a shard's share of the
+/// default budget holds), read with the default budget by fast processors (peak RSS
+/// while draining) or stalled ones (RSS once the budget stops growing).
+async fn child_budget(per_shard: usize, stalled: bool) {
+    let streams = MemoryStreams::new(MemoryStreamsConfig::default());
+    streams
+        .create_stream(STREAM, P7_SHARDS as u32)
+        .await
+        .unwrap();
+    preload(&streams, P7_SHARDS, P7_SHARDS * per_shard).await;
+    let base = rss_kb("VmRSS:");
+    let mut settings = default_settings();
+    settings.reader.processor_timeout = Duration::from_secs(3600);
+    let count = Arc::new(AtomicU64::new(0));
+    let worker = if stalled {
+        let backend = Backend::memory(streams.clone(), MemoryDynamo::new(), MemoryMetrics::new());
+        Worker::builder()
+            .settings(settings)
+            .backend(backend)
+            .processor(|_: &ShardInfo| Stalled)
+            .start()
+            .await
+            .unwrap()
+    } else {
+        start_worker(&streams, settings, &count, None).await
+    };
+    let t = Instant::now();
+    let mut peak = 0;
+    let mut budget_peak = 0;
+    if stalled {
+        // Until the budget in use has not grown for 3 s.
+        let (mut last, mut since) = (0, Instant::now());
+        while since.elapsed() < Duration::from_secs(3) {
+            assert!(
+                t.elapsed() < Duration::from_secs(300),
+                "budget never settled"
+            );
+            let status = worker.status().await.unwrap();
+            peak = peak.max(rss_kb("VmRSS:"));
+            budget_peak = status.budget.peak_bytes;
+            if status.budget.in_use_bytes > last {
+                (last, since) = (status.budget.in_use_bytes, Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    } else {
+        let total = (P7_SHARDS * per_shard) as u64;
+        while count.load(Ordering::Relaxed) < total {
+            peak = peak.max(rss_kb("VmRSS:"));
+            assert!(t.elapsed() < Duration::from_secs(300), "drain stalled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        budget_peak = worker.status().await.unwrap().budget.peak_bytes;
+    }
+    peak = peak.max(rss_kb("VmRSS:"));
+    println!(
+        "RESULT base_kb={base} rss_kb={peak} hwm_kb={} budget_peak_kb={} ms={}",
+        rss_kb("VmHWM:"),
+        budget_peak / 1024,
+        t.elapsed().as_millis()
+    );
+    drop(worker);
+}
+
 fn run_child(kind: &str) -> Vec<(String, u64)> {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
@@ -594,6 +669,63 @@ fn p7(rows: &mut Vec<Row>) {
         target: Some(150.0 + loaded_mb.min(budget_mb)),
         higher_is_better: false,
     });
+}
+
+/// P7 under the worker's memory budget: RSS at 1,000 leases with fast and with stalled
+/// processors, against 150 MB + `reader.worker_budget_bytes` (run alone: `-- p7-budget`).
+fn p7_budget(rows: &mut Vec<Row>) {
+    let defaults = Settings::default().reader;
+    // Under the worker's budget (reader.worker_budget_bytes, default 256 MiB): shards
+    // with more records than their share holds, fast and stalled processors.
+    let budget_mb = defaults.worker_budget_bytes as f64 / 1_048_576.0;
+    let budget_per_shard = env_usize("FLOTILLA_BENCH_P7_BUDGET_RECORDS", 1_500);
+    // Per kind: RSS, RSS growth, the budget's peak in use (MB, one per run).
+    type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut budget_runs: Vec<(&str, Samples)> = Vec::new();
+    for kind in ["p7-budget-fast", "p7-budget-stalled"] {
+        let (mut total, mut delta, mut used) = (Vec::new(), Vec::new(), Vec::new());
+        for run in 0..runs() {
+            let kv = run_child(kind);
+            eprintln!("{kind} run {run}: {kv:?}");
+            total.push(mb(get(&kv, "rss_kb")));
+            delta.push(mb(get(&kv, "rss_kb").saturating_sub(get(&kv, "base_kb"))));
+            used.push(mb(get(&kv, "budget_peak_kb")));
+        }
+        budget_runs.push((kind, (total, delta, used)));
+    }
+    for (kind, (total, delta, used)) in budget_runs {
+        let what = if kind.ends_with("fast") {
+            "fast processors, peak while draining"
+        } else {
+            "stalled processors, once the budget is full"
+        };
+        rows.push(Row {
+            id: format!("{kind}-delta"),
+            what: format!("RSS growth, {P7_SHARDS} shards × {budget_per_shard} records, {what}"),
+            unit: "MB",
+            samples: delta,
+            target: Some(150.0 + budget_mb),
+            higher_is_better: false,
+        });
+        rows.push(Row {
+            id: format!("{kind}-total"),
+            what: "  RSS, the stream store included".into(),
+            unit: "MB",
+            samples: total,
+            target: None,
+            higher_is_better: false,
+        });
+        rows.push(Row {
+            id: format!("{kind}-used"),
+            what: "  budget's peak in use (status)".into(),
+            unit: "MB",
+            samples: used,
+            // The budget, and what a read may bring over it: here (records all alike,
+            // the estimate exact after a shard's first read) one record per shard.
+            target: Some(budget_mb + P7_SHARDS as f64 * 400.0 / 1_048_576.0),
+            higher_is_better: false,
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -809,6 +941,12 @@ fn main() {
             Some("p7-drain") => {
                 runtime.block_on(child_drain(env_usize("FLOTILLA_BENCH_P7_RECORDS", 1_000)))
             }
+            Some(kind @ ("p7-budget-fast" | "p7-budget-stalled")) => {
+                runtime.block_on(child_budget(
+                    env_usize("FLOTILLA_BENCH_P7_BUDGET_RECORDS", 1_500),
+                    kind.ends_with("stalled"),
+                ))
+            }
             other => panic!("unknown child {other:?}"),
         }
         return;
@@ -826,6 +964,9 @@ fn main() {
     }
     if wanted("p7") {
         p7(&mut rows);
+    }
+    if wanted("p7") || filters.iter().any(|f| f == "p7-budget") {
+        p7_budget(&mut rows);
     }
     if wanted("p8") {
         runtime.block_on(p8(&mut rows));

@@ -70,8 +70,8 @@ pub use settings::{
     AwsSettings, CheckpointMode, InitialPosition, LoadError, MetricsLevel, Settings,
 };
 pub use status::{
-    CheckpointView, KeeperStatus, ReleaseReport, ShardShutdown, ShardState, ShardStatus,
-    ShutdownReport, WatcherStatus, WorkerStatus,
+    BudgetView, CheckpointView, KeeperStatus, ReleaseReport, ShardShutdown, ShardState,
+    ShardStatus, ShutdownReport, WatcherStatus, WorkerStatus,
 };
 pub use worker::{
     Backend, ProcessorActorFactory, RequestedShutdown, Worker, WorkerBuilder, WorkerError,

@@ -43,7 +43,7 @@ pub struct MetricsSnapshot {
     pub rejected_samples: u64,
 }
 
-const METRIC_COUNT: usize = 23;
+const METRIC_COUNT: usize = 24;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -84,6 +84,10 @@ pub enum Metric {
     /// Checkpoints found past the stream's retention (a DynamoDB table's stream keeps
     /// 24 hours): each one is changes lost, whatever `reader.trimmed_checkpoint` does.
     TrimmedCheckpoints,
+    /// Bytes of the worker's memory budget (`reader.worker_budget_bytes`) held by
+    /// un-acked records and reserved by reads (a level; the interval's datum is its
+    /// peak).
+    BudgetBytesInUse,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -130,6 +134,7 @@ impl Metric {
         Metric::LeasesOrphaned,
         Metric::Subscriptions,
         Metric::TrimmedCheckpoints,
+        Metric::BudgetBytesInUse,
     ];
 
     /// The CloudWatch metric name.
@@ -158,12 +163,13 @@ impl Metric {
             Metric::LeasesOrphaned => "LeasesOrphaned",
             Metric::Subscriptions => "Subscriptions",
             Metric::TrimmedCheckpoints => "TrimmedCheckpoints",
+            Metric::BudgetBytesInUse => "BudgetBytesInUse",
         }
     }
 
     pub fn unit(self) -> Unit {
         match self {
-            Metric::BytesProcessed => Unit::Bytes,
+            Metric::BytesProcessed | Metric::BudgetBytesInUse => Unit::Bytes,
             Metric::MillisBehindLatest | Metric::ProcessingTime => Unit::Milliseconds,
             Metric::RecordsProcessed
             | Metric::LeasesHeld
@@ -195,7 +201,8 @@ impl Metric {
             | Metric::HeartbeatFailures
             | Metric::ShardsFenced
             | Metric::LeasesUnreadable
-            | Metric::LeasesOrphaned => Kind::Gauge,
+            | Metric::LeasesOrphaned
+            | Metric::BudgetBytesInUse => Kind::Gauge,
             _ => Kind::Counter,
         }
     }

@@ -173,6 +173,11 @@ pub struct ReaderSettings {
     pub window_records: u32,
     /// Most bytes delivered to a processor and not yet acked; fetching pauses above it.
     pub window_bytes: u64,
+    /// One memory budget for the un-acked records of all the worker's shards, counted
+    /// as their in-memory size (payload, key, sequence number, the structs around them).
+    /// Each shard is guaranteed an equal share and may borrow the shares of idle ones; a
+    /// shard at its share waits for its acks. See `model::budget`.
+    pub worker_budget_bytes: u64,
     /// Backoff bounds after throttling or a transient error.
     #[serde(with = "duration_text")]
     pub backoff_min: Duration,
@@ -217,6 +222,7 @@ impl Default for ReaderSettings {
             idle_max: Duration::from_secs(1),
             window_records: 50_000,
             window_bytes: 64 * 1024 * 1024,
+            worker_budget_bytes: 256 * 1024 * 1024,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             processor_timeout: Duration::from_secs(300),
@@ -827,6 +833,16 @@ impl ReaderSettings {
                 ),
             ));
         }
+        if self.worker_budget_bytes < MIN_WINDOW_BYTES {
+            return Err(invalid(
+                "reader.worker_budget_bytes",
+                self.worker_budget_bytes,
+                format!(
+                    "must be at least {MIN_WINDOW_BYTES} (1 MiB): one Kinesis record can be \
+                     that large; each shard is guaranteed budget / leases held"
+                ),
+            ));
+        }
         nonzero(
             "reader.backoff_min",
             self.backoff_min,
@@ -1340,6 +1356,9 @@ mod tests {
             ("reader.window_bytes", |s| {
                 s.reader.window_bytes = MIN_WINDOW_BYTES - 1
             }),
+            ("reader.worker_budget_bytes", |s| {
+                s.reader.worker_budget_bytes = MIN_WINDOW_BYTES - 1
+            }),
             ("reader.backoff_min", |s| s.reader.backoff_min = secs(0)),
             ("reader.backoff_max", |s| {
                 s.reader.backoff_max = Duration::from_millis(50)
@@ -1442,6 +1461,7 @@ mod tests {
             },
             |s| s.reader.window_records = 10_000,
             |s| s.reader.window_bytes = MIN_WINDOW_BYTES,
+            |s| s.reader.worker_budget_bytes = MIN_WINDOW_BYTES,
             |s| s.reader.idle_max = s.reader.poll_interval,
             |s| s.reader.backoff_max = s.reader.backoff_min,
             |s| s.supervision.restart_backoff_max = s.supervision.restart_backoff_min,

@@ -13,8 +13,11 @@
 //! Driven by messages to itself (`Start`, `WaitParents`, `Acquire`, `Fetch`), never by a
 //! loop, so acks, status requests, lease loss and shutdown are handled between any two
 //! calls. The reader fetches the next batch while the processor works on the previous
-//! one, up to the un-acked window (records and bytes): the window is the backpressure
-//! and the memory budget.
+//! one, up to the un-acked window (records and bytes) and within its part of the
+//! worker's memory budget ([`crate::model::WorkerBudget`]): each read asks the budget
+//! first, and asks for as many records as the grant holds at the shard's observed
+//! in-memory size per record. Its slot is in `ReaderArgs`, so it is returned whenever
+//! the reader's state is dropped, however the reader ends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,6 +78,8 @@ pub(crate) struct ReaderArgs {
     pub worker: crate::handle::WorkerHandle,
     /// The fan-out consumer's ARN in fan-out mode; `None` polls.
     pub consumer: Option<Arc<str>>,
+    /// This reader's place in the worker's memory budget; dropping it returns the bytes.
+    pub budget: crate::model::BudgetSlot,
 }
 
 /// An open fan-out subscription: a task that owns it and sends one event to the reader
@@ -179,6 +184,18 @@ pub(crate) struct ReaderState {
     /// do once they are.
     held: std::collections::VecDeque<Record>,
     held_after: Option<HeldAfter>,
+    /// The in-memory size of `held` ([`pure::record_memory`]).
+    held_memory: u64,
+    /// The last read brought records: the shard has a backlog (for the budget).
+    wants_more: bool,
+    /// The last read was held back by the memory budget (for the state shown).
+    budget_wait: bool,
+    /// In-memory bytes per record of the last batch: a read's `Limit` is its grant over
+    /// this.
+    record_memory: u64,
+    /// The in-memory size of the largest fan-out event so far: a pull is made when the
+    /// grant holds one as large.
+    largest_event: u64,
 }
 
 /// What a fan-out event says beyond its records, acted on once they are delivered.
@@ -247,6 +264,11 @@ impl Actor for ShardReader {
             last_end_probe: Instant::now(),
             held: Default::default(),
             held_after: None,
+            held_memory: 0,
+            wants_more: false,
+            budget_wait: false,
+            record_memory: pure::FIRST_GUESS_RECORD_MEMORY,
+            largest_event: 0,
             args,
         })
     }
@@ -631,7 +653,12 @@ impl ReaderState {
                     end: at_end.then_some(event.child_shards),
                     idle: event.records.is_empty(),
                 });
+                let memory: u64 = event.records.iter().map(pure::record_memory).sum();
+                self.largest_event = self.largest_event.max(memory);
+                self.held_memory += memory;
+                self.wants_more = !event.records.is_empty();
                 self.held.extend(event.records);
+                self.settle_budget();
                 self.advance_fanout(myself).await?;
             }
             // The server ended the subscription (its five minutes are up): the next
@@ -665,6 +692,8 @@ impl ReaderState {
         while !self.held.is_empty() && !self.window_full() {
             let take = most.min(self.held.len());
             let batch: Vec<Record> = self.held.drain(..take).collect();
+            let memory: u64 = batch.iter().map(pure::record_memory).sum();
+            self.held_memory = self.held_memory.saturating_sub(memory);
             self.deliver(batch)?;
         }
         let poll = self.settings().reader.poll_interval;
@@ -706,6 +735,8 @@ impl ReaderState {
         self.args.lags.subscribed(&self.args.lease.key, None);
         self.held.clear();
         self.held_after = None;
+        self.held_memory = 0;
+        self.settle_budget();
     }
 
     /// Whether to ask GetRecords if this idle fan-out shard has ended: rarely where the
@@ -758,18 +789,47 @@ impl ReaderState {
 
     /// Fan-out: asks the subscription for its next event, unless one is on its way.
     /// The periodic fetch keeps running meanwhile, for the processor-stall check.
+    ///
+    /// Only when the shard's allowance in the memory budget holds an event as large as
+    /// the largest so far (or the shard holds nothing). Nothing is reserved: a pull can
+    /// wait minutes on a quiet shard. So fan-out's bound is looser than polling's: each
+    /// shard may overrun by one event (its first, or one larger than any before).
     fn pull(&mut self, myself: &ActorRef<ReaderMsg>) {
+        let holds_nothing = self.holds_nothing();
         if let Some(feed) = self.feed.as_mut()
             && !feed.pulling
         {
-            feed.pulling = true;
-            if feed.pull.try_send(()).is_err() {
-                // The task ended (its last event was an error or the end, still queued
-                // for us): that event says what to do next.
-                feed.pulling = false;
+            if pure::may_pull(
+                self.args.budget.allowance(),
+                self.largest_event,
+                holds_nothing,
+            ) {
+                self.budget_wait = false;
+                feed.pulling = true;
+                if feed.pull.try_send(()).is_err() {
+                    // The task ended (its last event was an error or the end, still
+                    // queued for us): that event says what to do next.
+                    feed.pulling = false;
+                }
+            } else {
+                self.budget_wait = true;
             }
         }
         self.schedule_fetch(myself, self.settings().reader.poll_interval);
+    }
+
+    /// Tells the worker's budget what this shard holds in memory now (its ledger and a
+    /// fan-out event's records not yet delivered), ending any reservation.
+    fn settle_budget(&self) {
+        self.args
+            .budget
+            .settle(self.ledger.memory() + self.held_memory, self.wants_more);
+    }
+
+    /// Nothing of this shard is in memory: it may read even with no grant (else it
+    /// could wait forever for room others hold).
+    fn holds_nothing(&self) -> bool {
+        self.ledger.memory() == 0 && self.held.is_empty()
     }
 
     /// A call on the stream answered: ends a run of failures.
@@ -881,6 +941,7 @@ impl ReaderState {
             }
             // Re-checked on each ack, and periodically for the stall check above.
             FetchStep::Wait => {
+                self.budget_wait = false;
                 if self.fenced.is_some() {
                     // No event may be delivered: cancel the subscription at once.
                     self.drop_feed();
@@ -905,13 +966,35 @@ impl ReaderState {
             },
         };
         let capabilities = self.args.streams.capabilities();
-        let limit = self
+        let most = self
             .settings()
             .reader
             .max_records
             .min(capabilities.max_records_per_call);
+        let granted = self.args.budget.grant();
+        let Some(limit) =
+            pure::fetch_limit(most, granted, self.record_memory, self.holds_nothing())
+        else {
+            // At its share of the memory budget: its acks (or the next poll, once
+            // others' acks free room) wake it.
+            self.budget_wait = true;
+            self.settle_budget();
+            self.schedule_fetch(myself, poll);
+            return Ok(());
+        };
+        self.budget_wait = false;
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
+        // The grant becomes what the answer brought (exactly, before any other reader
+        // asks): `deliver` settles again with what is kept of it.
+        self.wants_more = matches!(&answer, Ok(batch) if !batch.records.is_empty());
+        let incoming: u64 = answer
+            .as_ref()
+            .map_or(0, |b| b.records.iter().map(pure::record_memory).sum());
+        self.args.budget.settle(
+            self.ledger.memory() + self.held_memory + incoming,
+            self.wants_more,
+        );
         if answer.is_ok() {
             self.answered();
         }
@@ -921,6 +1004,7 @@ impl ReaderState {
             // so reading resumes after the last record delivered.
             Ok(_) if !self.may_deliver() => {
                 self.iterator = None;
+                self.settle_budget();
                 self.schedule_fetch(myself, poll);
             }
             Ok(batch) => {
@@ -1080,6 +1164,8 @@ impl ReaderState {
         let range = self.args.lease.hash_range;
         let records = pure::fresh_records(raw, range.as_ref(), &mut self.skip_through);
         let Some(last) = records.last() else {
+            // All skipped: what the read brought is not kept.
+            self.settle_budget();
             return Ok(());
         };
         self.last_delivered = Some(pure::position_of(last));
@@ -1090,7 +1176,14 @@ impl ReaderState {
             self.last_progress = now;
         }
         let records: Arc<[Record]> = Arc::from(records);
+        let before = self.ledger.memory();
         let id = self.ledger.deliver(records.clone(), bytes, now);
+        self.record_memory = ((self.ledger.memory() - before) / len as u64).max(1);
+        self.settle_budget();
+        self.report(vec![Sample::new(
+            Metric::BudgetBytesInUse,
+            self.args.budget.usage().in_use as f64,
+        )]);
         let batch = Batch {
             shard: self.shard.clone(),
             id,
@@ -1133,6 +1226,7 @@ impl ReaderState {
         for error in &acked.errors {
             warn!(message = "Ack ignored.", shard_id = %self.shard, %error);
         }
+        self.settle_budget();
         self.args.telemetry.emit(RecordsProcessed {
             shard: &self.shard,
             records: acked.processed_records,
@@ -1372,6 +1466,7 @@ impl ReaderState {
                     fenced: self.fenced.is_some(),
                     throttled: self.throttled,
                     caught_up: self.caught_up,
+                    budget_wait: self.budget_wait,
                 },
             ),
             lease_counter: self.fence.counter,
@@ -1385,6 +1480,7 @@ impl ReaderState {
             last_error: self.last_error.clone(),
             in_flight_records: self.ledger.in_flight_records() as u64,
             in_flight_bytes: self.ledger.in_flight_bytes(),
+            memory_bytes: self.ledger.memory() + self.held_memory,
             restarts: self.args.restarts,
             fenced: self.fenced.clone(),
             subscription: self.args.consumer.as_ref().map(|_| SubscriptionView {

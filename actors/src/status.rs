@@ -27,6 +27,11 @@ pub enum ShardState {
     CaughtUp,
     /// Reading, and the last read was throttled: backing off.
     Throttled,
+    /// Reading, and holding its share of the worker's memory budget
+    /// (`reader.worker_budget_bytes`): it reads more once its processor acks, or once
+    /// others free room. Back-pressure, not a stall: a processor that acks nothing for
+    /// `reader.processor_timeout` fails the shard as a stalled processor.
+    WaitingOnBudget,
     /// Delivery paused: this worker's heartbeat has not been confirmed recently.
     Fenced,
     /// Read to its end; waiting for the last acks and the SHARD_END checkpoint.
@@ -61,6 +66,10 @@ pub struct ShardStatus {
     pub last_error: Option<String>,
     pub in_flight_records: u64,
     pub in_flight_bytes: u64,
+    /// What the shard holds of the worker's memory budget: the in-memory size of its
+    /// records not yet passed by the checkpoint watermark (and of a fan-out event's
+    /// records not yet delivered).
+    pub memory_bytes: u64,
     /// Restarts of this shard's reader and processor on this worker.
     pub restarts: u32,
     /// Why delivery is paused (state `fenced`): the heartbeat is not confirmed, the
@@ -114,6 +123,24 @@ pub struct WorkerStatus {
     pub stream_watcher: Option<WatcherStatus>,
     pub checkpoints: BTreeMap<String, CheckpointView>,
     pub metrics: Option<MetricsSnapshot>,
+    /// The worker's memory budget for un-acked records.
+    pub budget: BudgetView,
+}
+
+/// The worker's memory budget (`reader.worker_budget_bytes`), for the status page.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BudgetView {
+    pub total_bytes: u64,
+    /// Held by the shards' un-acked records, and reserved by reads on their way.
+    pub in_use_bytes: u64,
+    /// What each shard is guaranteed now: the budget over the shards that hold a place.
+    pub share_bytes: u64,
+    /// Readers holding a place in the budget (one per shard being read).
+    pub shards: usize,
+    /// Shards in state `waiting_on_budget`.
+    pub shards_waiting: usize,
+    /// The most ever in use at once since the worker started.
+    pub peak_bytes: u64,
 }
 
 /// What a graceful shutdown achieved. `clean()` is true only when every processor

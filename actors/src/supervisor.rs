@@ -61,6 +61,8 @@ pub(crate) struct WorkerContext {
     pub delivered: Arc<std::sync::atomic::AtomicU64>,
     /// Per-shard lag, from the readers to the keeper's heartbeat.
     pub lags: crate::status::LagBoard,
+    /// The memory budget every reader of this worker takes its un-acked records from.
+    pub budget: crate::model::WorkerBudget,
     /// The keeper's latest view of the fleet, for the status endpoint.
     pub fleet: crate::status::FleetBoard,
     /// The watcher's last shard listing, for the keeper.
@@ -489,6 +491,7 @@ impl SupervisorState {
             restarts: entry.restarts,
             delivered: self.ctx.delivered.clone(),
             lags: self.ctx.lags.clone(),
+            budget: self.ctx.budget.join(),
             worker: self.ctx.handle.clone(),
             consumer: self.ctx.consumer.clone(),
         };
@@ -715,6 +718,7 @@ impl SupervisorState {
                 last_error: entry.last_failure.clone(),
                 in_flight_records: 0,
                 in_flight_bytes: 0,
+                memory_bytes: 0,
                 restarts: entry.restarts,
                 fenced: None,
                 subscription: None,
@@ -734,6 +738,18 @@ impl SupervisorState {
             })
         });
         let shards = futures::future::join_all(asks).await;
+        let usage = self.ctx.budget.usage();
+        let budget = crate::status::BudgetView {
+            total_bytes: usage.total,
+            in_use_bytes: usage.in_use,
+            share_bytes: usage.share,
+            shards: usage.shards,
+            peak_bytes: usage.peak,
+            shards_waiting: shards
+                .iter()
+                .filter(|s| s.state == ShardState::WaitingOnBudget)
+                .count(),
+        };
         let checkpoints: BTreeMap<String, _> =
             ractor::call_t!(self.core.writer, CheckpointMsg::Status, STATUS_TIMEOUT_MS)
                 .map(|m| m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
@@ -780,6 +796,7 @@ impl SupervisorState {
             checkpoints,
             metrics: ractor::call_t!(self.core.metrics, MetricsMsg::Snapshot, STATUS_TIMEOUT_MS)
                 .ok(),
+            budget,
         }
     }
 

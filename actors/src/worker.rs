@@ -449,6 +449,7 @@ impl WorkerBuilder {
         let drain_limit = settings.drain_limit();
         let status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
         let handle = WorkerHandle::new();
+        let budget = crate::model::WorkerBudget::new(settings.reader.worker_budget_bytes);
         let ctx = Arc::new(WorkerContext {
             me: me.clone(),
             application,
@@ -463,6 +464,7 @@ impl WorkerBuilder {
             fatal: fatal.clone(),
             delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             lags: Default::default(),
+            budget,
             fleet: Arc::new(tokio::sync::watch::channel(None).0),
             listing: Arc::new(tokio::sync::watch::channel(None).0),
             status_addr: status_addr.clone(),

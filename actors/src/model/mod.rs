@@ -9,9 +9,12 @@
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
 //! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix) and
 //!   [`ConsumedStreams`], the streams a worker reads and which one a lease belongs to.
+//! * `budget`: [`WorkerBudget`], one memory budget for the un-acked records of all a
+//!   worker's shards: a fair share each, idle shares lent ([`Pool`] is the rule).
 //! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
 //!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
+mod budget;
 pub mod change;
 mod graph;
 pub mod item;
@@ -23,6 +26,7 @@ pub mod source;
 mod stream_id;
 mod watermark;
 
+pub use budget::{BudgetSlot, BudgetUse, Pool, SlotId, WorkerBudget};
 pub use change::DynamoChange;
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{

@@ -59,16 +59,21 @@ pub(crate) struct Signals {
     pub throttled: bool,
     /// The last GetRecords returned nothing and said the shard is at its tip.
     pub caught_up: bool,
+    /// The shard holds its share of the worker's memory budget and waits for its acks
+    /// (or for others' acks to free room) before reading more.
+    pub budget_wait: bool,
 }
 
 /// The state the status page shows for a phase. Fencing outranks throttling, which
-/// outranks being caught up: the most actionable reason a shard is not delivering.
+/// outranks waiting on the memory budget, which outranks being caught up: the most
+/// actionable reason a shard is not delivering.
 pub(crate) fn shard_state(phase: Phase, signals: Signals) -> ShardState {
     match phase {
         Phase::Starting => ShardState::Initializing,
         Phase::BlockedOnParent => ShardState::BlockedOnParent,
         Phase::Reading if signals.fenced => ShardState::Fenced,
         Phase::Reading if signals.throttled => ShardState::Throttled,
+        Phase::Reading if signals.budget_wait => ShardState::WaitingOnBudget,
         Phase::Reading if signals.caught_up => ShardState::CaughtUp,
         Phase::Reading => ShardState::Processing,
         Phase::Draining | Phase::Ending => ShardState::ShardEnding,
@@ -405,6 +410,59 @@ pub(crate) fn record_bytes(records: &[Record]) -> u64 {
         .sum()
 }
 
+/// What a record costs in memory while a reader holds it, for the worker's budget:
+/// the `Record` struct itself, its payload, partition key, sequence number and
+/// explicit hash key. The one definition: the ledger, the held records of a fan-out
+/// event and the read's size estimate all count with it.
+pub(crate) fn record_memory(record: &Record) -> u64 {
+    (std::mem::size_of::<Record>()
+        + record.data.len()
+        + record.partition_key.len()
+        + record.sequence_number.as_str().len()
+        + record.explicit_hash_key.as_ref().map_or(0, String::len)) as u64
+}
+
+/// What a delivered batch costs in memory: its records, plus the batch's own share (the
+/// ledger's entry and the `Arc`'s counts, the ack window's per-batch struct and its
+/// bitset of one bit per record).
+pub(crate) fn batch_memory(records: &[Record]) -> u64 {
+    const PER_BATCH: usize = std::mem::size_of::<Entry>() + 2 * std::mem::size_of::<usize>() + 64;
+    records.iter().map(record_memory).sum::<u64>()
+        + (PER_BATCH + records.len().div_ceil(64) * 8) as u64
+}
+
+/// The guess of a record's in-memory size before a shard has read any: a read's
+/// `Limit` is the budget granted over it. Records of 1 KB or less then fit.
+pub(crate) const FIRST_GUESS_RECORD_MEMORY: u64 = 1_200;
+
+/// The `Limit` of the next GetRecords under the memory budget: as many records as the
+/// grant holds at the shard's observed in-memory size per record, at most `max`.
+/// `None`: nothing fits, wait for acks. A shard holding nothing always reads one
+/// record at least (else a budget taken by others, or a record larger than the grant,
+/// would stop it for good): so a read overruns its grant by at most the records'
+/// excess over the estimate, and a shard holding nothing by one record.
+pub(crate) fn fetch_limit(
+    max: u32,
+    granted: u64,
+    per_record: u64,
+    holds_nothing: bool,
+) -> Option<u32> {
+    let fits = (granted / per_record.max(1)).min(u64::from(max));
+    match u32::try_from(fits) {
+        Ok(0) | Err(_) if holds_nothing => Some(1),
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
+/// Fan-out: whether to ask the subscription for its next event under the memory
+/// budget. An event cannot be limited (it brings what arrived, up to 10 MB), so the
+/// grant must hold one as large as the largest this shard has had; a shard holding
+/// nothing always may (as [`fetch_limit`]).
+pub(crate) fn may_pull(granted: u64, largest_event: u64, holds_nothing: bool) -> bool {
+    holds_nothing || (granted > 0 && granted >= largest_event)
+}
+
 /// Everything one reader has delivered and not yet seen acked: the ack window (which
 /// records are acked, where the contiguous acked prefix ends) and, per batch, the
 /// records it maps back to sequence numbers. One structure, so the two can never
@@ -414,6 +472,10 @@ pub(crate) struct Ledger {
     window: AckWindow,
     /// The batches from the oldest not yet passed by the watermark to the newest.
     batches: VecDeque<Entry>,
+    /// The in-memory size of those batches ([`batch_memory`]): what the shard holds of
+    /// the worker's budget. A batch is freed when the watermark passes it, not when it
+    /// is acked: until then the ledger keeps its records.
+    memory: u64,
 }
 
 #[derive(Debug)]
@@ -421,6 +483,7 @@ struct Entry {
     id: BatchId,
     records: Arc<[Record]>,
     bytes: u64,
+    memory: u64,
     delivered_at: Instant,
 }
 
@@ -456,13 +519,21 @@ impl Ledger {
     /// Registers a delivered batch; its id orders it after every earlier one.
     pub(crate) fn deliver(&mut self, records: Arc<[Record]>, bytes: u64, at: Instant) -> BatchId {
         let id = self.window.deliver(records.len(), bytes);
+        let memory = batch_memory(&records);
+        self.memory += memory;
         self.batches.push_back(Entry {
             id,
             records,
             bytes,
+            memory,
             delivered_at: at,
         });
         id
+    }
+
+    /// The in-memory size of every batch not yet passed by the watermark.
+    pub(crate) fn memory(&self) -> u64 {
+        self.memory
     }
 
     pub(crate) fn in_flight_records(&self) -> usize {
@@ -522,12 +593,14 @@ impl Ledger {
                 acked.processed_records += front.records.len() as u64;
                 acked.processed_bytes += front.bytes;
                 acked.checkpointable = front.records.last().map(position_of);
+                self.memory -= front.memory;
                 self.batches.pop_front();
             } else if front.id == watermark.batch {
                 acked.checkpointable = front.records.get(watermark.index).map(position_of);
                 if watermark.index + 1 >= front.records.len() {
                     acked.processed_records += front.records.len() as u64;
                     acked.processed_bytes += front.bytes;
+                    self.memory -= front.memory;
                     self.batches.pop_front();
                 }
                 break;
@@ -559,7 +632,13 @@ mod tests {
             fenced,
             throttled,
             caught_up,
+            budget_wait: false,
         }
+    }
+
+    fn waiting(mut signals: Signals) -> Signals {
+        signals.budget_wait = true;
+        signals
     }
 
     #[test]
@@ -576,6 +655,27 @@ mod tests {
             (Phase::Reading, sig(false, false, true), S::CaughtUp),
             (Phase::Reading, sig(false, true, true), S::Throttled),
             (Phase::Reading, sig(true, true, true), S::Fenced),
+            (
+                Phase::Reading,
+                waiting(sig(false, false, false)),
+                S::WaitingOnBudget,
+            ),
+            (
+                Phase::Reading,
+                waiting(sig(false, false, true)),
+                S::WaitingOnBudget,
+            ),
+            (
+                Phase::Reading,
+                waiting(sig(false, true, false)),
+                S::Throttled,
+            ),
+            (Phase::Reading, waiting(sig(true, false, false)), S::Fenced),
+            (
+                Phase::Draining,
+                waiting(sig(false, false, false)),
+                S::ShardEnding,
+            ),
             (Phase::Draining, sig(true, false, false), S::ShardEnding),
             (Phase::Ending, sig(false, false, false), S::ShardEnding),
             (
@@ -1113,6 +1213,88 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_read_limit_under_the_budget() {
+        // (max, granted, per record, holds nothing) → limit
+        let table: &[(u32, u64, u64, bool, Option<u32>)] = &[
+            (10_000, 1_000_000, 200, false, Some(5_000)),
+            (10_000, 1_000_000_000, 200, false, Some(10_000)),
+            (10_000, 199, 200, false, None),
+            (10_000, 0, 200, false, None),
+            // Holding nothing, a shard always reads: else it could wait forever.
+            (10_000, 0, 200, true, Some(1)),
+            (10_000, 199, 200, true, Some(1)),
+            (10_000, 400, 200, true, Some(2)),
+            // A zero estimate is taken as one byte.
+            (3, 10, 0, false, Some(3)),
+        ];
+        for &(max, granted, per, nothing, want) in table {
+            assert_eq!(
+                fetch_limit(max, granted, per, nothing),
+                want,
+                "max {max} granted {granted} per {per} nothing {nothing}"
+            );
+        }
+        // (granted, largest event, holds nothing) → pull
+        let pulls: &[(u64, u64, bool, bool)] = &[
+            (1_000, 1_000, false, true),
+            (999, 1_000, false, false),
+            (0, 0, false, false),
+            (1, 0, false, true),
+            (0, 1_000, true, true),
+        ];
+        for &(granted, largest, nothing, want) in pulls {
+            assert_eq!(
+                may_pull(granted, largest, nothing),
+                want,
+                "{granted} {largest} {nothing}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_records_memory_counts_more_than_its_payload() {
+        let r = record(7, 0);
+        let payload = (r.data.len() + r.partition_key.len()) as u64;
+        let memory = record_memory(&r);
+        assert_eq!(
+            memory,
+            payload + std::mem::size_of::<Record>() as u64 + 1,
+            "struct + payload + key + the sequence number's one digit"
+        );
+        let batch: Vec<Record> = (0..65).map(|s| record(s, 0)).collect();
+        let records: u64 = batch.iter().map(record_memory).sum();
+        let whole = batch_memory(&batch);
+        assert!(whole > records, "the batch's own share counts too");
+        assert!(
+            whole < records + 1_000,
+            "and is small: {whole} for {records}"
+        );
+    }
+
+    #[test]
+    fn the_ledger_holds_a_batch_in_memory_until_the_watermark_passes_it() {
+        let mut ledger = Ledger::new();
+        let t0 = Instant::now();
+        let first: Arc<[Record]> = (1..=2).map(|s| record(s, 0)).collect();
+        let second: Arc<[Record]> = (3..=4).map(|s| record(s, 0)).collect();
+        let (m1, m2) = (batch_memory(&first), batch_memory(&second));
+        let a = ledger.deliver(first, 10, t0);
+        let b = ledger.deliver(second, 10, t0);
+        assert_eq!(ledger.memory(), m1 + m2);
+        // The second batch acked first: still held (the watermark has not passed it).
+        ledger.ack([Ack::Batch(b)], t0);
+        assert_eq!(ledger.memory(), m1 + m2);
+        ledger.ack([Ack::Record(a, 0)], t0);
+        assert_eq!(
+            ledger.memory(),
+            m1 + m2,
+            "a batch partly passed stays whole"
+        );
+        ledger.ack([Ack::Record(a, 1)], t0);
+        assert_eq!(ledger.memory(), 0);
     }
 
     #[test]
