@@ -581,6 +581,7 @@ mod cases {
             leases: 7,
             records_per_second: 1500,
             draining: true,
+            changes: 3,
             lag_ms: [
                 ("shardId-000000000001".to_owned(), 0),
                 ("shardId-000000000002".to_owned(), 86_400_000),
