@@ -250,6 +250,18 @@ impl<B> Faulty<B> {
         self.lock().items_read.get(op).copied().unwrap_or(0)
     }
 
+    /// Every operation called so far: its calls, and the items it read (see
+    /// [`Faulty::items_read`]).
+    pub fn counts(&self) -> std::collections::BTreeMap<&'static str, (u64, u64)> {
+        let state = self.lock();
+        state
+            .calls
+            .iter()
+            .filter(|(op, _)| **op != "*")
+            .map(|(op, n)| (*op, (*n, state.items_read.get(op).copied().unwrap_or(0))))
+            .collect()
+    }
+
     fn count_items(&self, op: &'static str, items: usize) {
         *self.lock().items_read.entry(op).or_insert(0) += items as u64;
     }
