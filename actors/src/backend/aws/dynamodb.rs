@@ -907,13 +907,14 @@ impl DynamoLeaseTable {
             return Ok(());
         }
         let mut p = Placeholders::default();
-        let (entity, set) = (p.name(attr::ENTITY_TYPE), p.name(attr::ROSTER_WORKERS));
+        let set = p.name(attr::ROSTER_WORKERS);
         let ids = p.value(
             "ids",
             AttributeValue::Ss(workers.iter().map(|w| w.as_str().to_owned()).collect()),
         );
         let (update, condition) = match verb {
             "ADD" => {
+                let entity = p.name(attr::ENTITY_TYPE);
                 let roster = p.value("roster", AttributeValue::S(ENTITY_ROSTER.to_owned()));
                 (format!("SET {entity} = {roster} ADD {set} {ids}"), None)
             }
