@@ -910,7 +910,7 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
             let mut it = v.split(',').map(|x| x.trim().parse::<u64>().ok());
             Some((it.next()?? as u32, it.next()?? as usize, it.next()??))
         })
-        .unwrap_or((1000u32, 50usize, 2u64));
+        .unwrap_or((1000u32, 50usize, 10u64));
     let interval = Settings::default().checkpoint.interval;
     // The writer's bound: at most one paced checkpoint write per shard per interval.
     let bound = f64::from(leases) * 60.0 / interval.as_secs_f64();

@@ -60,6 +60,8 @@ pub(crate) struct KeeperArgs {
     pub fleet: crate::status::FleetBoard,
     /// The stream watcher's last listing, to tell orphan rows.
     pub listing: crate::status::ListingBoard,
+    /// Where each scan's lease rows are published, for the stream watcher.
+    pub rows: crate::status::RowsBoard,
     pub application: String,
     pub stream: String,
 }
@@ -123,8 +125,8 @@ pub(crate) struct KeeperState {
 /// What the last scan found, kept for the rounds that read only the heartbeat rows.
 struct LastScan {
     sent: Instant,
-    /// Every lease row, for the fleet view.
-    leases: Vec<Lease>,
+    /// Every lease row, for the fleet view (and the watcher).
+    leases: Arc<Vec<Lease>>,
     /// The rows the round dealt with (`pure::dealt`).
     dealt: Vec<Lease>,
     unreadable: BTreeMap<LeaseKey, String>,
@@ -779,9 +781,11 @@ impl KeeperState {
         // What the rounds until the next scan compare against.
         self.marks_at_scan = self.marks(now);
         self.long_free_at_scan = self.long_free_from(&leases, now);
+        let all = Arc::new(scan.leases);
+        self.args.rows.send_replace(Some(all.clone()));
         self.last_scan = Some(LastScan {
             sent,
-            leases: scan.leases,
+            leases: all,
             dealt: leases,
             unreadable,
             orphans,

@@ -36,6 +36,8 @@ pub(crate) struct WatcherArgs {
     pub telemetry: Telemetry,
     /// Where each complete listing is published, for the lease keeper.
     pub listing: crate::status::ListingBoard,
+    /// The rows of the keeper's last scan: what is leased, without a scan here.
+    pub rows: crate::status::RowsBoard,
 }
 
 pub(crate) struct WatcherState {
@@ -184,8 +186,20 @@ impl WatcherState {
                 shards: shards.iter().map(|s| s.id.clone()).collect(),
                 sent,
             })));
-        let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
-        let leased: BTreeSet<ShardId> = scan.leases.iter().map(|l| l.key.shard_id()).collect();
+        // The keeper's rows; a scan only before its first.
+        let known = self.args.rows.borrow().clone();
+        let leases = match known {
+            Some(rows) => rows,
+            None => Arc::new(
+                self.args
+                    .table
+                    .scan()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .leases,
+            ),
+        };
+        let leased: BTreeSet<ShardId> = leases.iter().map(|l| l.key.shard_id()).collect();
         let mut planned = plan_new_leases(&shards, &leased, &self.args.initial);
         for lease in &mut planned {
             lease.source = Some(self.args.stream.clone());
@@ -206,7 +220,7 @@ impl WatcherState {
             self.status.leases_created += created;
             let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
         }
-        for lease in plan_cleanup(&shards, &scan.leases) {
+        for lease in plan_cleanup(&shards, &leases) {
             match self.args.table.delete(&lease.key, &lease.fence()).await {
                 Ok(()) => {
                     info!(message = "Lease of a finished shard deleted; its children have started.", event = "lease_deleted", lease_key = %lease.key);

@@ -402,6 +402,7 @@ async fn spawn_core(
     )
     .await?;
     let telemetry = Telemetry::new(metrics.clone());
+    let rows: crate::status::RowsBoard = Arc::new(tokio::sync::watch::channel(None).0);
     let (keeper, _) = Actor::spawn_linked(
         None,
         LeaseKeeper,
@@ -416,6 +417,7 @@ async fn spawn_core(
             lags: ctx.lags.clone(),
             fleet: ctx.fleet.clone(),
             listing: ctx.listing.clone(),
+            rows: rows.clone(),
             application: ctx.application.clone(),
             stream: ctx.stream.clone(),
         },
@@ -445,6 +447,7 @@ async fn spawn_core(
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
             listing: ctx.listing.clone(),
+            rows,
             telemetry: telemetry.clone(),
         },
         myself.get_cell(),
