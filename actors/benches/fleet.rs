@@ -889,10 +889,11 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
             .map(|item| item_bytes(&item))
             .unwrap_or(0)
     };
-    let lease_bytes = size(LeaseKey::from(&flotilla_actors::model::ShardId::from_index(0)).as_str());
-    let heartbeat_bytes = size(&flotilla_actors::model::item::heartbeat_key(&WorkerId::new(
-        names[0].as_str(),
-    )));
+    let lease_bytes =
+        size(LeaseKey::from(&flotilla_actors::model::ShardId::from_index(0)).as_str());
+    let heartbeat_bytes = size(&flotilla_actors::model::item::heartbeat_key(
+        &WorkerId::new(names[0].as_str()),
+    ));
     Cost {
         per_min,
         items_per_min,

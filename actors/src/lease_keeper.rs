@@ -508,7 +508,8 @@ impl KeeperState {
                 if !out.roster.contains(&me) {
                     // First round, or the row was deleted while this worker was away.
                     // Peers see the new mark; no change of ours to count.
-                    if let Err(error) = self.args.table.join_roster(std::slice::from_ref(&me)).await {
+                    if let Err(error) = self.args.table.join_roster(std::slice::from_ref(&me)).await
+                    {
                         warn!(message = "Could not join the roster.", %error);
                     }
                 }
@@ -520,8 +521,11 @@ impl KeeperState {
                     .collect();
                 self.observations.observe(&out.heartbeats, &owners, now);
                 if let Some(last) = &self.last_scan {
-                    self.observations
-                        .observe_leases(&last.dealt, now, self.settings().failover_time);
+                    self.observations.observe_leases(
+                        &last.dealt,
+                        now,
+                        self.settings().failover_time,
+                    );
                 }
                 true
             }
@@ -642,12 +646,9 @@ impl KeeperState {
     async fn remove_dead_rows(&mut self, now: Instant) {
         let settings = self.settings();
         let (failover, retention) = (settings.failover_time, settings.dead_worker_retention);
-        let members = self.observations.members(
-            &self.args.me,
-            self.drain.is_some(),
-            now,
-            failover,
-        );
+        let members = self
+            .observations
+            .members(&self.args.me, self.drain.is_some(), now, failover);
         let peers = self.observations.peers(now, failover);
         let dead = pure::dead_rows(
             peers.iter().map(|p| {
@@ -662,13 +663,20 @@ impl KeeperState {
             retention,
         );
         for (worker, counter) in dead {
-            match self.args.table.remove_dead_heartbeat(&worker, counter).await {
+            match self
+                .args
+                .table
+                .remove_dead_heartbeat(&worker, counter)
+                .await
+            {
                 Ok(true) => info!(
                     message = "Heartbeat row of a worker dead past the retention deleted.",
                     dead_worker = %worker,
                     counter,
                 ),
-                Ok(false) => debug!(message = "Dead worker's heartbeat moved again; row kept.", dead_worker = %worker),
+                Ok(false) => {
+                    debug!(message = "Dead worker's heartbeat moved again; row kept.", dead_worker = %worker)
+                }
                 Err(error) => {
                     warn!(message = "Dead worker's heartbeat row not deleted.", dead_worker = %worker, %error)
                 }
@@ -930,7 +938,9 @@ impl KeeperState {
         let interval = self.settings().heartbeat_interval;
         if let Some(next) = pure::deadline_scan(dead_at, now, pending, interval) {
             self.deadline_scan = Some(next);
-            myself.send_after(next - now + Duration::from_millis(1), || KeeperMsg::Deadline);
+            myself.send_after(next - now + Duration::from_millis(1), || {
+                KeeperMsg::Deadline
+            });
         }
     }
 

@@ -628,7 +628,10 @@ mod cases {
         table.join_roster(&[me()]).await.unwrap();
         let third = WorkerId::new("worker-c");
         // Joining twice is fine; a named worker without a row is skipped.
-        table.join_roster(&[me(), other(), third.clone()]).await.unwrap();
+        table
+            .join_roster(&[me(), other(), third.clone()])
+            .await
+            .unwrap();
         let read = table.heartbeats().await.unwrap();
         let mut roster = read.roster.clone();
         roster.sort();
@@ -651,7 +654,9 @@ mod cases {
         assert!(!read.roster.contains(&me()), "{:?}", read.roster);
         assert_eq!(read.heartbeats.len(), 1);
         // More workers than one BatchGetItem takes (100).
-        let many: Vec<WorkerId> = (0..130).map(|i| WorkerId::new(format!("w{i:03}"))).collect();
+        let many: Vec<WorkerId> = (0..130)
+            .map(|i| WorkerId::new(format!("w{i:03}")))
+            .collect();
         for w in &many {
             table.heartbeat(w, &idle).await.unwrap();
         }
@@ -683,7 +688,10 @@ mod cases {
 
     pub async fn heartbeats_reports_a_malformed_heartbeat_row_and_goes_on(env: Env) {
         let table = env.fresh().await;
-        table.heartbeat(&me(), &WorkerLoad::default()).await.unwrap();
+        table
+            .heartbeat(&me(), &WorkerLoad::default())
+            .await
+            .unwrap();
         env.put_raw(
             table.table_name(),
             serde_json::from_str(r#"{"leaseKey":{"S":"flotilla-worker#worker-b"},"entityType":{"S":"FLOTILLA_WORKER"},"leaseOwner":{"S":"worker-b"},"leaseCounter":{"S":"x"}}"#).unwrap(),

@@ -152,7 +152,10 @@ async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
     let stolen = table.take(&key, &lease.fence(), &thief).await.unwrap();
     // As a worker does after a take: its heartbeat carries one more change, and it is in
     // the roster, so peers read the lease rows at their next round.
-    table.join_roster(std::slice::from_ref(&thief)).await.unwrap();
+    table
+        .join_roster(std::slice::from_ref(&thief))
+        .await
+        .unwrap();
     let took = flotilla_actors::model::WorkerLoad {
         changes: 1,
         ..Default::default()

@@ -15,9 +15,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::{
-    HeartbeatsOutput, IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError, MetricsSink, PutRecord,
-    PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
-    StreamSummary, Subscription, TableState,
+    HeartbeatsOutput, IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError,
+    MetricsSink, PutRecord, PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin,
+    StreamClient, StreamError, StreamSummary, Subscription, TableState,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
 
@@ -766,10 +766,7 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("remove_heartbeat", self.inner.remove_heartbeat(worker)))
     }
 
-    fn join_roster<'a>(
-        &'a self,
-        workers: &'a [WorkerId],
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.run("join_roster", self.inner.join_roster(workers)))
     }
 

@@ -242,8 +242,7 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// Names workers in the roster, the one row that lists every heartbeat row, so that
     /// [`LeaseTable::heartbeats`] can read them without a scan. A worker joins at its
     /// first round, and again whenever it finds itself missing.
-    fn join_roster<'a>(&'a self, workers: &'a [WorkerId])
-    -> BoxFuture<'a, Result<(), LeaseError>>;
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>>;
 
     /// Every heartbeat row the roster names, read by key (a GetItem of the roster and a
     /// BatchGetItem of the rows): what a round reads when no lease row changed, so its

@@ -954,9 +954,10 @@ impl DynamoLeaseTable {
         };
         match item.get(attr::ROSTER_WORKERS) {
             None => Ok((Vec::new(), None)),
-            Some(AttributeValue::Ss(ids)) => {
-                Ok((ids.iter().map(|id| WorkerId::new(id.as_str())).collect(), None))
-            }
+            Some(AttributeValue::Ss(ids)) => Ok((
+                ids.iter().map(|id| WorkerId::new(id.as_str())).collect(),
+                None,
+            )),
             Some(_) => Ok((
                 Vec::new(),
                 Some(MalformedRow {
@@ -977,10 +978,8 @@ impl DynamoLeaseTable {
             ..HeartbeatsOutput::default()
         };
         for chunk in roster.chunks(BATCH_GET_MAX) {
-            let mut keys: Vec<SdkItem> = chunk
-                .iter()
-                .map(|w| Self::key(&heartbeat_key(w)))
-                .collect();
+            let mut keys: Vec<SdkItem> =
+                chunk.iter().map(|w| Self::key(&heartbeat_key(w))).collect();
             let mut pause = POLL_INTERVAL;
             let mut retries = 0;
             while !keys.is_empty() {
@@ -1275,10 +1274,7 @@ impl LeaseTable for DynamoLeaseTable {
         Box::pin(self.remove_beat(worker))
     }
 
-    fn join_roster<'a>(
-        &'a self,
-        workers: &'a [WorkerId],
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.edit_roster("ADD", workers))
     }
 

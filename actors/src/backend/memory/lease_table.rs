@@ -596,10 +596,7 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
-    fn join_roster<'a>(
-        &'a self,
-        workers: &'a [WorkerId],
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
             let table = tables
