@@ -110,6 +110,10 @@ pub(crate) struct KeeperState {
     changes: u64,
     changes_at_scan: u64,
     changes_published: u64,
+    /// A change peers must hear of before the next tick: a handoff request (the owner
+    /// answers at its next round, as when every round scanned) or rows the watcher
+    /// made. Other changes ride on the next regular heartbeat.
+    urgent: bool,
     /// The watcher asked for a scan (new rows, a listing the keeper waits for).
     asked: bool,
     /// Peers' marks as of the last scan (see `pure::scan_due`).
@@ -178,6 +182,7 @@ impl Actor for LeaseKeeper {
             changes: 0,
             changes_at_scan: 0,
             changes_published: 0,
+            urgent: false,
             asked: false,
             marks_at_scan: BTreeMap::new(),
             long_free_at_scan: BTreeSet::new(),
@@ -209,6 +214,7 @@ impl Actor for LeaseKeeper {
                     // for): peers must hear of it too.
                     state.asked = true;
                     state.changed();
+                    state.urgent = true;
                     state.round(&myself).await;
                 }
             }
@@ -316,12 +322,15 @@ impl KeeperState {
         }
     }
 
-    /// Writes the heartbeat now if it does not yet carry this worker's latest change,
-    /// so peers read the lease rows at their next round, not the one after.
+    /// Writes the heartbeat now if an urgent change (`urgent`) is not in it yet, so
+    /// peers read the lease rows at their next round, not the one after. Only then: an
+    /// extra heartbeat also moves this worker's last sign of life, which a crash right
+    /// after would turn into a later failover.
     async fn publish_changes(&mut self) {
-        if self.changes != self.changes_published && !self.stopped {
+        if self.urgent && self.changes != self.changes_published && !self.stopped {
             self.heartbeat().await;
         }
+        self.urgent = false;
     }
 
     /// The lease is not this worker's any more: revoked on the fencing board at once,
@@ -1018,6 +1027,7 @@ impl KeeperState {
                     self.wrote(&asked);
                     match asked {
                         Ok(()) => {
+                            self.urgent = true;
                             info!(message = "Asked for a lease.", lease_key = %key, owner = ?fence.owner);
                             self.requested.entry(key).or_insert(Request {
                                 since: now,
