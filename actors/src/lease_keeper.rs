@@ -2,7 +2,10 @@
 //!
 //! One heartbeat row per worker, bumped every `heartbeat_interval`, instead of renewing
 //! every lease: lease-table writes grow with workers, not with shards. Each round it
-//! scans the table, feeds what it saw to [`crate::balance`], and carries out the plan:
+//! reads the heartbeat rows (the roster's, by key), and scans the table only when
+//! `pure::scan_due` finds something changed since its last scan (so reads grow with
+//! workers too, not with shards, while nothing moves); it feeds what it saw to
+//! [`crate::balance`], and carries out the plan:
 //! takes (conditional on owner and counter), handoff requests to live owners, handoffs
 //! of its own leases that others asked for, and reports gains and losses to the
 //! supervisor. Every movement is logged as a `lease_moved` event with its reason and
