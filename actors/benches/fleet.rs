@@ -774,9 +774,10 @@ fn p5(n: usize, rows: &mut Vec<Row>) {
 
 // ---------------------------------------------------------------- P6 lease-table cost
 
-const OPS: [&str; 13] = [
+const OPS: [&str; 16] = [
     "ensure_table",
     "scan",
+    "heartbeats",
     "get",
     "create_if_absent",
     "take",
@@ -788,12 +789,55 @@ const OPS: [&str; 13] = [
     "clear_handoff",
     "heartbeat",
     "remove_heartbeat",
+    "join_roster",
+    "remove_dead_heartbeat",
 ];
-const READ_OPS: [&str; 2] = ["scan", "get"];
+const READ_OPS: [&str; 3] = ["scan", "heartbeats", "get"];
 
 struct Cost {
     per_min: BTreeMap<&'static str, f64>,
+    /// Items read per minute by each read op.
+    items_per_min: BTreeMap<&'static str, f64>,
     settle_s: f64,
+    /// Bytes of a lease row and of a heartbeat row as DynamoDB sizes them, at the end.
+    lease_bytes: usize,
+    heartbeat_bytes: usize,
+}
+
+/// An item's size as DynamoDB bills it (approximately): attribute names plus values;
+/// a number counts about one byte per two digits, plus one.
+fn item_bytes(item: &flotilla_actors::model::item::Item) -> usize {
+    use flotilla_actors::model::item::AttrValue;
+    fn value(v: &AttrValue) -> usize {
+        match v {
+            AttrValue::S(s) | AttrValue::B(s) => s.len(),
+            AttrValue::N(n) => n.len().div_ceil(2) + 1,
+            AttrValue::Bool(_) | AttrValue::Null(_) => 1,
+            AttrValue::SS(v) | AttrValue::BS(v) => v.iter().map(String::len).sum(),
+            AttrValue::NS(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+            AttrValue::L(l) => 3 + l.iter().map(|v| 1 + value(v)).sum::<usize>(),
+            AttrValue::M(m) => 3 + m.iter().map(|(k, v)| 1 + k.len() + value(v)).sum::<usize>(),
+        }
+    }
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+/// Read capacity units per minute (strongly consistent, as the adapter reads): a scan
+/// is billed by the bytes it reads (4 KB a unit), a GetItem or a BatchGetItem key by
+/// item (at least one unit each).
+fn rcu_per_min(c: &Cost) -> BTreeMap<&'static str, f64> {
+    let per_item = |bytes: usize| (bytes.max(1)).div_ceil(4096) as f64;
+    BTreeMap::from([
+        (
+            "scan",
+            c.items_per_min["scan"] * c.lease_bytes as f64 / 4096.0,
+        ),
+        (
+            "heartbeats",
+            c.items_per_min["heartbeats"] * per_item(c.heartbeat_bytes),
+        ),
+        ("get", c.items_per_min["get"] * per_item(c.lease_bytes)),
+    ])
 }
 
 /// `busy`: a record on every shard every second once the fleet has settled, so every
@@ -821,11 +865,17 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
     let feeding = busy.then(|| feed_every(&rig, Duration::from_secs(1)));
     tokio::time::sleep(Duration::from_secs(20)).await;
     let before: Vec<u64> = OPS.iter().map(|op| table.calls(op)).collect();
+    let items_before: Vec<u64> = READ_OPS.iter().map(|op| table.items_read(op)).collect();
     tokio::time::sleep(Duration::from_secs(60 * minutes)).await;
     let per_min = OPS
         .iter()
         .zip(before)
         .map(|(op, b)| (*op, (table.calls(op) - b) as f64 / minutes as f64))
+        .collect();
+    let items_per_min = READ_OPS
+        .iter()
+        .zip(items_before)
+        .map(|(op, b)| (*op, (table.items_read(op) - b) as f64 / minutes as f64))
         .collect();
     if let Some(f) = feeding {
         f.abort();
@@ -833,11 +883,35 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
     for w in ws {
         w.abort();
     }
-    Cost { per_min, settle_s }
+    let size = |key: &str| {
+        rig.dynamo
+            .get_raw(APP, key)
+            .map(|item| item_bytes(&item))
+            .unwrap_or(0)
+    };
+    let lease_bytes =
+        size(LeaseKey::from(&flotilla_actors::model::ShardId::from_index(0)).as_str());
+    let heartbeat_bytes = size(&flotilla_actors::model::item::heartbeat_key(
+        &WorkerId::new(names[0].as_str()),
+    ));
+    Cost {
+        per_min,
+        items_per_min,
+        settle_s,
+        lease_bytes,
+        heartbeat_bytes,
+    }
 }
 
 fn p6(n: usize, rows: &mut Vec<Row>) {
-    let (leases, workers, minutes) = (1000u32, 50usize, 2u64);
+    // `FLEET_P6=leases,workers,minutes` runs another scale (e.g. 10000,100,1).
+    let (leases, workers, minutes) = std::env::var("FLEET_P6")
+        .ok()
+        .and_then(|v| {
+            let mut it = v.split(',').map(|x| x.trim().parse::<u64>().ok());
+            Some((it.next()?? as u32, it.next()?? as usize, it.next()??))
+        })
+        .unwrap_or((1000u32, 50usize, 10u64));
     let interval = Settings::default().checkpoint.interval;
     // The writer's bound: at most one paced checkpoint write per shard per interval.
     let bound = f64::from(leases) * 60.0 / interval.as_secs_f64();
@@ -858,6 +932,7 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
         let mut lease_writes = Vec::new();
         let mut checkpoints = Vec::new();
         let mut reads_rows = Vec::new();
+        let mut rcus = Vec::new();
         for i in 0..n {
             let c = paused_time().block_on(p6_run(leases, workers, minutes, busy));
             let w: f64 = c
@@ -868,8 +943,25 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
                 .sum();
             let cw = c.per_min["checkpoint"];
             let scans = c.per_min["scan"];
-            let gets = c.per_min["get"];
-            let rows_read = scans * f64::from(leases + workers as u32) + gets;
+            let rows_read: f64 = c.items_per_min.values().sum();
+            let rcu = rcu_per_min(&c);
+            let rcu_total: f64 = rcu.values().sum();
+            let by_kind: Vec<String> = READ_OPS
+                .iter()
+                .map(|op| {
+                    format!(
+                        "{op} {:.0} calls / {:.0} items / {:.0} RCU",
+                        c.per_min[op], c.items_per_min[op], rcu[op]
+                    )
+                })
+                .collect();
+            println!(
+                "  run {i}: reads per minute by kind: {}; rows {} B (lease), {} B (heartbeat)",
+                by_kind.join("; "),
+                c.lease_bytes,
+                c.heartbeat_bytes
+            );
+            rcus.push(rcu_total);
             let nonzero: Vec<String> = c
                 .per_min
                 .iter()
@@ -902,11 +994,23 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
                 unit: "w/min",
                 target: Some((kcl_writes / 10.0, med, "median")),
             });
+            let (rows_med, _, _) = mmm(&reads_rows);
+            println!(
+                "  reads ratio KCL/flotilla: {:.1}x in rows (target >= 10x)",
+                kcl_rows / rows_med
+            );
             rows.push(Row {
                 id: "P6 r".into(),
-                what: format!("rows read/min (scans x rows + gets) (KCL model {kcl_rows:.0})"),
+                what: format!("rows read/min (scan rows + heartbeat-read items + gets) (KCL model {kcl_rows:.0})"),
                 values: reads_rows,
                 unit: "rows/min",
+                target: Some((kcl_rows / 10.0, rows_med, "median")),
+            });
+            rows.push(Row {
+                id: "P6 rcu".into(),
+                what: "read capacity units/min, strongly consistent (scans by bytes, item reads by item)".into(),
+                values: rcus,
+                unit: "RCU/min",
                 target: None,
             });
         } else {

@@ -262,6 +262,27 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
     for (kind, n) in &faults {
         println!("  {kind:>20} {n}");
     }
+    // Lease-table cost per worker-minute, by operation (writes and reads; for reads,
+    // the items read too), under the faults above.
+    let (mut calls, mut items): (BTreeMap<String, u64>, BTreeMap<String, u64>) =
+        (BTreeMap::new(), BTreeMap::new());
+    for report in reports {
+        for (op, n) in &report.table_calls {
+            *calls.entry(op.clone()).or_default() += n;
+        }
+        for (op, n) in &report.table_items {
+            *items.entry(op.clone()).or_default() += n;
+        }
+    }
+    let worker_minutes = (worker_hours * 60.0).max(1e-9);
+    println!("lease-table calls per worker-minute by operation (items read, for reads):");
+    for (op, n) in &calls {
+        let read = items
+            .get(op)
+            .map(|i| format!(" ({:.1} items)", *i as f64 / worker_minutes))
+            .unwrap_or_default();
+        println!("  {op:>22} {:.2}{read}", *n as f64 / worker_minutes);
+    }
 }
 
 fn main() {

@@ -239,6 +239,19 @@ impl Board {
         }
     }
 
+    /// Whether a held lease (not revoked) still waits for a read sent after the last
+    /// gap's end (condition 2): the keeper then reads its rows at once, rather than at
+    /// its next scan, which may be minutes away when nothing changes.
+    pub fn awaiting_reread(&self) -> bool {
+        match self.gap {
+            Some((ended, _)) => self
+                .leases
+                .values()
+                .any(|s| s.revoked.is_none() && s.confirmed < ended),
+            None => false,
+        }
+    }
+
     /// Heartbeats failed in a row, and the last error.
     pub fn failures(&self) -> (u32, Option<&str>) {
         (self.failures, self.last_error.as_deref())
@@ -310,6 +323,8 @@ mod tests {
         Forget(u64),
         /// The verdict for the lease held under this counter at this time.
         Expect(u64, f64, Verdict),
+        /// Whether the keeper must read the rows again now (`awaiting_reread`).
+        Rereads(bool),
     }
 
     #[derive(Debug, PartialEq)]
@@ -337,6 +352,9 @@ mod tests {
                 Step::Reconfirm(c, t) => board.reconfirm(&key, &fence(*c), at(*t)),
                 Step::Revoke(c) => board.revoke(&key, &fence(*c), "taken by w2"),
                 Step::Forget(c) => board.forget(&key, &fence(*c)),
+                Step::Rereads(want) => {
+                    assert_eq!(board.awaiting_reread(), *want, "{name}: step {i}")
+                }
                 Step::Expect(c, t, want) => {
                     let got = match board.check(&key, &fence(*c), at(*t)) {
                         Ok(()) => Verdict::Deliver,
@@ -377,16 +395,20 @@ mod tests {
                 Beat(0.0),
                 Hold(1, 0.1),
                 Beat(2.0),
+                Rereads(false),
                 // Frozen from 3 s to 30 s: stale while frozen...
                 Expect(1, 30.0, Unconfirmed),
                 // ...and after the first heartbeat it waits for the row to be read.
                 Beat(30.0),
                 Expect(1, 30.1, Reconfirming),
+                Rereads(true),
                 // A read sent before that heartbeat proves nothing.
                 Reconfirm(1, 29.0),
                 Expect(1, 30.1, Reconfirming),
+                Rereads(true),
                 Reconfirm(1, 30.05),
                 Expect(1, 30.1, Deliver),
+                Rereads(false),
             ],
         );
         run(

@@ -2,7 +2,10 @@
 //!
 //! One heartbeat row per worker, bumped every `heartbeat_interval`, instead of renewing
 //! every lease: lease-table writes grow with workers, not with shards. Each round it
-//! scans the table, feeds what it saw to [`crate::balance`], and carries out the plan:
+//! reads the heartbeat rows (the roster's, by key), and scans the table only when
+//! `pure::scan_due` finds something changed since its last scan (so reads grow with
+//! workers too, not with shards, while nothing moves); it feeds what it saw to
+//! [`crate::balance`], and carries out the plan:
 //! takes (conditional on owner and counter), handoff requests to live owners, handoffs
 //! of its own leases that others asked for, and reports gains and losses to the
 //! supervisor. Every movement is logged as a `lease_moved` event with its reason and
@@ -37,7 +40,7 @@ use crate::protocol::{KeeperMsg, SupervisorMsg};
 use crate::settings::Settings;
 use crate::status::{FleetScan, KeeperStatus, ReleaseReport, ShardShutdown, fleet_view};
 use crate::telemetry::{Call, CallFailed, LeaseGained, LeaseGiven, Metric, Sample, Telemetry};
-use pure::{Action, DrainState, DrainVerdict};
+use pure::{Action, DrainState, DrainVerdict, PeerMark, ReadState, ScanWhy};
 
 #[cfg(test)]
 mod model;
@@ -60,6 +63,8 @@ pub(crate) struct KeeperArgs {
     pub fleet: crate::status::FleetBoard,
     /// The stream watcher's last listing, to tell orphan rows.
     pub listing: crate::status::ListingBoard,
+    /// Where each scan's lease rows are published, for the stream watcher.
+    pub rows: crate::status::RowsBoard,
     pub application: String,
     pub stream: String,
 }
@@ -103,6 +108,36 @@ pub(crate) struct KeeperState {
     orphans: BTreeSet<LeaseKey>,
     /// When a fresh shard listing was last asked for.
     listing_asked: Option<Instant>,
+    /// Ownership changes this worker has made (`WorkerLoad::changes`); as of its last
+    /// scan; and as written in its last confirmed heartbeat.
+    changes: u64,
+    changes_at_scan: u64,
+    changes_published: u64,
+    /// A change peers must hear of before the next tick: a handoff request (the owner
+    /// answers at its next round, as when every round scanned) or rows the watcher
+    /// made. Other changes ride on the next regular heartbeat.
+    urgent: bool,
+    /// The watcher asked for a scan (new rows, a listing the keeper waits for).
+    asked: bool,
+    /// Peers' marks as of the last scan (see `pure::scan_due`).
+    marks_at_scan: BTreeMap<WorkerId, PeerMark>,
+    /// Leases long free as of the last scan: one turning so since asks for a scan.
+    long_free_at_scan: BTreeSet<LeaseKey>,
+    /// The roster as last read.
+    roster: Option<BTreeSet<WorkerId>>,
+    /// The last scan, which rounds without one act and report on.
+    last_scan: Option<LastScan>,
+}
+
+/// What the last scan found, kept for the rounds that read only the heartbeat rows.
+struct LastScan {
+    sent: Instant,
+    /// Every lease row, for the fleet view (and the watcher).
+    leases: Arc<Vec<Lease>>,
+    /// The rows the round dealt with (`pure::dealt`).
+    dealt: Vec<Lease>,
+    unreadable: BTreeMap<LeaseKey, String>,
+    orphans: BTreeMap<LeaseKey, String>,
 }
 
 /// A handoff this worker asked for.
@@ -147,6 +182,15 @@ impl Actor for LeaseKeeper {
             given: BTreeMap::new(),
             last_rate: (delivered, Instant::now()),
             stall_reported: None,
+            changes: 0,
+            changes_at_scan: 0,
+            changes_published: 0,
+            urgent: false,
+            asked: false,
+            marks_at_scan: BTreeMap::new(),
+            long_free_at_scan: BTreeSet::new(),
+            roster: None,
+            last_scan: None,
             first_seen: BTreeMap::new(),
             orphans: BTreeSet::new(),
             listing_asked: None,
@@ -165,11 +209,21 @@ impl Actor for LeaseKeeper {
                     return Ok(());
                 }
                 state.heartbeat().await;
-                state.scan_and_act(&myself).await;
+                state.round(&myself).await;
             }
             KeeperMsg::ScanNow => {
                 if !state.stopped {
-                    state.scan_and_act(&myself).await;
+                    // The watcher made rows (or has the listing the keeper waits
+                    // for): peers must hear of it too.
+                    state.asked = true;
+                    state.changed();
+                    state.urgent = true;
+                    state.round(&myself).await;
+                }
+            }
+            KeeperMsg::Deadline => {
+                if !state.stopped {
+                    state.round(&myself).await;
                 }
             }
             KeeperMsg::PollHandoffs => {
@@ -178,9 +232,10 @@ impl Actor for LeaseKeeper {
                     return Ok(());
                 }
                 if state.drain.is_some() {
-                    state.scan_and_act(&myself).await;
+                    state.round(&myself).await;
                 } else {
                     state.poll_requests().await;
+                    state.publish_changes().await;
                 }
                 state.arm_poll(&myself);
             }
@@ -194,6 +249,8 @@ impl Actor for LeaseKeeper {
             }
             KeeperMsg::Finished(key, fence) => {
                 if state.held.get(&key) == Some(&fence) {
+                    // SHARD_END may make children processable.
+                    state.changed();
                     state.let_go(&key);
                     state.moved_away(&key, LeaseMove::ShardEnded, None);
                 }
@@ -202,6 +259,7 @@ impl Actor for LeaseKeeper {
                 let until = Instant::now() + state.args.settings.supervision.shard_cooldown;
                 state.cooling.insert(key.clone(), until);
                 if let Some(fence) = state.let_go(&key) {
+                    state.changed();
                     match state.args.table.release(&key, &fence).await {
                         Ok(_) => {
                             info!(message = "Lease released after repeated failures; cooling down.", lease_key = %key);
@@ -220,6 +278,7 @@ impl Actor for LeaseKeeper {
                 outcome,
             } => {
                 state.transfer(key, fence, to, outcome).await;
+                state.publish_changes().await;
                 state.check_drained();
             }
             KeeperMsg::Drain => {
@@ -250,6 +309,31 @@ impl KeeperState {
         let fence = self.held.remove(key)?;
         self.args.fencing.lock().forget(key, &fence);
         Some(fence)
+    }
+
+    /// This worker changed an ownership (or a write that may have done so went
+    /// unanswered): its next heartbeat tells peers to read the lease rows.
+    fn changed(&mut self) {
+        self.changes += 1;
+    }
+
+    /// After a write that may change an ownership or a request: counted unless the
+    /// table refused it (nothing changed then).
+    fn wrote<T>(&mut self, result: &Result<T, LeaseError>) {
+        if !matches!(result, Err(LeaseError::ConditionFailed { .. })) {
+            self.changed();
+        }
+    }
+
+    /// Writes the heartbeat now if an urgent change (`urgent`) is not in it yet, so
+    /// peers read the lease rows at their next round, not the one after. Only then: an
+    /// extra heartbeat also moves this worker's last sign of life, which a crash right
+    /// after would turn into a later failover.
+    async fn publish_changes(&mut self) {
+        if self.urgent && self.changes != self.changes_published && !self.stopped {
+            self.heartbeat().await;
+        }
+        self.urgent = false;
     }
 
     /// The lease is not this worker's any more: revoked on the fencing board at once,
@@ -340,6 +424,7 @@ impl KeeperState {
             leases: self.held.len() as u64,
             records_per_second: rate,
             draining: self.drain.is_some(),
+            changes: self.changes,
             lag_ms,
             subscribed_ms,
         }
@@ -349,6 +434,9 @@ impl KeeperState {
         let sent = Instant::now();
         let load = self.load();
         let result = self.args.table.heartbeat(&self.args.me, &load).await;
+        if result.is_ok() {
+            self.changes_published = self.changes_published.max(load.changes);
+        }
         let fence_time = self.args.settings.lease.fence_time();
         let mut fencing = self.args.fencing.lock();
         let unconfirmed_for = fencing
@@ -420,8 +508,198 @@ impl KeeperState {
         });
     }
 
+    /// One round: reads the heartbeat rows, and every row only when `pure::scan_due`
+    /// says something changed (or may have); then acts, publishes the fleet view, and
+    /// arms the deadline. Rows read by a scan serve the rounds after it until the next.
+    async fn round(&mut self, myself: &ActorRef<KeeperMsg>) {
+        let read = self.args.table.heartbeats().await;
+        let now = Instant::now();
+        let heartbeats_read = match read {
+            Ok(out) => {
+                let me = self.args.me.clone();
+                if !out.roster.contains(&me) {
+                    // First round, or the row was deleted while this worker was away.
+                    // Peers see the new mark; no change of ours to count.
+                    if let Err(error) = self.args.table.join_roster(std::slice::from_ref(&me)).await
+                    {
+                        warn!(message = "Could not join the roster.", %error);
+                    }
+                }
+                self.roster = Some(out.roster.into_iter().collect());
+                let owners: Vec<WorkerId> = self
+                    .last_scan
+                    .iter()
+                    .flat_map(|l| l.dealt.iter().filter_map(|l| l.owner.clone()))
+                    .collect();
+                self.observations.observe(&out.heartbeats, &owners, now);
+                if let Some(last) = &self.last_scan {
+                    self.observations.observe_leases(
+                        &last.dealt,
+                        now,
+                        self.settings().failover_time,
+                    );
+                }
+                true
+            }
+            Err(error) => {
+                // An older policy without BatchGetItem, say: every round scans, as
+                // before this read existed.
+                warn!(message = "Heartbeat rows not read; scanning the table instead.", %error);
+                false
+            }
+        };
+        let marks = self.marks(now);
+        let long_free = self.long_free(now);
+        let since_scan = self
+            .last_scan
+            .as_ref()
+            .map(|l| now.saturating_duration_since(l.sent));
+        let awaiting_reread = self.args.fencing.lock().awaiting_reread();
+        let why = if heartbeats_read {
+            pure::scan_due(&ReadState {
+                since_scan,
+                asked: self.asked,
+                own_changes: (self.changes, self.changes_at_scan),
+                marks: &marks,
+                marks_at_scan: &self.marks_at_scan,
+                long_free: &long_free,
+                long_free_at_scan: &self.long_free_at_scan,
+                awaiting_reread,
+                cooled: self.cooling.values().any(|until| *until <= now),
+                full_scan_interval: self.settings().full_scan_interval,
+            })
+        } else {
+            Some(ScanWhy::Unread)
+        };
+        match why {
+            Some(why) => {
+                debug!(message = "Scanning the lease table.", why = why.as_str());
+                self.scan_and_act(myself).await;
+            }
+            None => self.quiet_round(myself, now),
+        }
+        self.remove_dead_rows(now).await;
+        self.publish_changes().await;
+    }
+
+    /// Each peer's mark as this worker sees it now (`pure::PeerMark`).
+    fn marks(&self, now: Instant) -> BTreeMap<WorkerId, PeerMark> {
+        self.observations
+            .peers(now, self.settings().failover_time)
+            .into_iter()
+            .filter(|p| p.worker != self.args.me)
+            .map(|p| {
+                let mark = PeerMark {
+                    alive: p.alive,
+                    draining: p.load.draining,
+                    changes: p.has_heartbeat.then_some(p.load.changes),
+                };
+                (p.worker, mark)
+            })
+            .collect()
+    }
+
+    /// The leases of the last scan that have had no live owner for the failover time.
+    fn long_free(&self, now: Instant) -> BTreeSet<LeaseKey> {
+        let failover = self.settings().failover_time;
+        self.last_scan
+            .iter()
+            .flat_map(|l| l.dealt.iter())
+            .filter(|l| self.observations.long_free(&l.key, now, failover))
+            .map(|l| l.key.clone())
+            .collect()
+    }
+
+    /// A round with nothing changed: the last scan's rows stand; only the heartbeats
+    /// are new, so the fleet view is published again with them, and the deadline of the
+    /// next owner to turn dead re-armed.
+    fn quiet_round(&mut self, myself: &ActorRef<KeeperMsg>, now: Instant) {
+        let Some(last) = self.last_scan.take() else {
+            return;
+        };
+        if self.args.settings.status.enabled {
+            let by_key: BTreeMap<&LeaseKey, &Lease> =
+                last.dealt.iter().map(|l| (&l.key, l)).collect();
+            self.publish_view(&last.leases, &by_key, &last.unreadable, &last.orphans, now);
+        }
+        self.check_drained();
+        self.arm_poll(myself);
+        self.arm_deadline_scan(myself, &last.dealt, now);
+        self.last_scan = Some(last);
+    }
+
+    fn publish_view(
+        &self,
+        leases: &[Lease],
+        by_key: &BTreeMap<&LeaseKey, &Lease>,
+        unreadable: &BTreeMap<LeaseKey, String>,
+        orphans: &BTreeMap<LeaseKey, String>,
+        now: Instant,
+    ) {
+        let view = fleet_view(&FleetScan {
+            application: &self.args.application,
+            stream: &self.args.stream,
+            read_mode: self.args.settings.reader.mode.as_str(),
+            observer: &self.args.me,
+            malformed: &self.malformed,
+            leases,
+            by_key,
+            unreadable,
+            orphans,
+            observations: &self.observations,
+            now,
+            failover: self.settings().failover_time,
+        });
+        self.args.fleet.send_replace(Some(Arc::new((view, now))));
+    }
+
+    /// Deletes the heartbeat rows of workers dead past the retention
+    /// (`pure::dead_rows`), each only while its counter has not moved.
+    async fn remove_dead_rows(&mut self, now: Instant) {
+        let settings = self.settings();
+        let (failover, retention) = (settings.failover_time, settings.dead_worker_retention);
+        let members = self
+            .observations
+            .members(&self.args.me, self.drain.is_some(), now, failover);
+        let peers = self.observations.peers(now, failover);
+        let dead = pure::dead_rows(
+            peers.iter().map(|p| {
+                (
+                    &p.worker,
+                    self.observations.heartbeat_of(&p.worker),
+                    Duration::from_millis(p.silent_ms),
+                )
+            }),
+            &self.args.me,
+            &members,
+            retention,
+        );
+        for (worker, counter) in dead {
+            match self
+                .args
+                .table
+                .remove_dead_heartbeat(&worker, counter)
+                .await
+            {
+                Ok(true) => info!(
+                    message = "Heartbeat row of a worker dead past the retention deleted.",
+                    dead_worker = %worker,
+                    counter,
+                ),
+                Ok(false) => {
+                    debug!(message = "Dead worker's heartbeat moved again; row kept.", dead_worker = %worker)
+                }
+                Err(error) => {
+                    warn!(message = "Dead worker's heartbeat row not deleted.", dead_worker = %worker, %error)
+                }
+            }
+        }
+    }
+
     async fn scan_and_act(&mut self, myself: &ActorRef<KeeperMsg>) {
         let sent = Instant::now();
+        // What this scan covers: changes made before it, and the watcher's request.
+        let changes_before = self.changes;
         let scan = match self.args.table.scan().await {
             Ok(scan) => scan,
             Err(error) => {
@@ -430,6 +708,9 @@ impl KeeperState {
                 return;
             }
         };
+        self.asked = false;
+        self.changes_at_scan = changes_before;
+        self.repair_roster(&scan.heartbeats).await;
         // Held leases the scan shows still ours: proof of ownership as of when the scan
         // was sent, which lifts the fence after a gap in heartbeats.
         {
@@ -454,7 +735,9 @@ impl KeeperState {
                     .args
                     .supervisor
                     .cast(SupervisorMsg::LeaseLost(lease.key.clone(), fence.clone()));
-                if self.args.table.release(&lease.key, &fence).await.is_ok() {
+                let released = self.args.table.release(&lease.key, &fence).await;
+                self.wrote(&released);
+                if released.is_ok() {
                     self.moved_away(&lease.key, LeaseMove::Released, None);
                 }
             }
@@ -504,21 +787,7 @@ impl KeeperState {
             .retain(|key, _| pure::request_open(by_key.get(key).copied(), &me));
         // Only the status endpoint reads it.
         if self.args.settings.status.enabled {
-            let view = fleet_view(&FleetScan {
-                application: &self.args.application,
-                stream: &self.args.stream,
-                read_mode: self.args.settings.reader.mode.as_str(),
-                observer: &self.args.me,
-                malformed: &self.malformed,
-                leases: &scan.leases,
-                by_key: &by_key,
-                unreadable: &unreadable,
-                orphans: &orphans,
-                observations: &self.observations,
-                now,
-                failover: self.settings().failover_time,
-            });
-            self.args.fleet.send_replace(Some(Arc::new((view, now))));
+            self.publish_view(&scan.leases, &by_key, &unreadable, &orphans, now);
         }
         self.act(decision, &by_key, &unreadable).await;
         self.report(vec![
@@ -529,6 +798,53 @@ impl KeeperState {
         self.check_drained();
         self.arm_poll(myself);
         self.arm_deadline_scan(myself, &leases, now);
+        // What the rounds until the next scan compare against.
+        self.marks_at_scan = self.marks(now);
+        self.long_free_at_scan = self.long_free_from(&leases, now);
+        let all = Arc::new(scan.leases);
+        self.args.rows.send_replace(Some(all.clone()));
+        self.last_scan = Some(LastScan {
+            sent,
+            leases: all,
+            dealt: leases,
+            unreadable,
+            orphans,
+        });
+    }
+
+    fn long_free_from(&self, leases: &[Lease], now: Instant) -> BTreeSet<LeaseKey> {
+        let failover = self.settings().failover_time;
+        leases
+            .iter()
+            .filter(|l| self.observations.long_free(&l.key, now, failover))
+            .map(|l| l.key.clone())
+            .collect()
+    }
+
+    /// Names in the roster the workers whose heartbeat rows a scan found but the roster
+    /// does not (a worker of an older version, a roster lost), so the rounds between
+    /// scans see them too.
+    async fn repair_roster(&mut self, heartbeats: &[crate::model::Heartbeat]) {
+        let Some(roster) = &self.roster else {
+            return;
+        };
+        let missing: Vec<WorkerId> = heartbeats
+            .iter()
+            .map(|h| h.worker.clone())
+            .filter(|w| !roster.contains(w))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        match self.args.table.join_roster(&missing).await {
+            Ok(()) => {
+                info!(message = "Workers missing from the roster added to it.", workers = ?missing.iter().map(|w| w.as_str()).collect::<Vec<_>>());
+                if let Some(roster) = &mut self.roster {
+                    roster.extend(missing);
+                }
+            }
+            Err(error) => warn!(message = "Roster not repaired.", %error),
+        }
     }
 
     /// Keeps this scan's unreadable rows (logged at ERROR when first seen: each may be a
@@ -634,7 +950,9 @@ impl KeeperState {
         let interval = self.settings().heartbeat_interval;
         if let Some(next) = pure::deadline_scan(dead_at, now, pending, interval) {
             self.deadline_scan = Some(next);
-            myself.send_after(next - now + Duration::from_millis(1), || KeeperMsg::ScanNow);
+            myself.send_after(next - now + Duration::from_millis(1), || {
+                KeeperMsg::Deadline
+            });
         }
     }
 
@@ -678,7 +996,9 @@ impl KeeperState {
                         .cast(SupervisorMsg::LeaseLost(key, fence));
                 }
                 Action::TurnDown { key, asker } => {
-                    match self.args.table.clear_handoff(&key, &asker).await {
+                    let cleared = self.args.table.clear_handoff(&key, &asker).await;
+                    self.wrote(&cleared);
+                    match cleared {
                         Ok(()) => {
                             info!(message = "Handoff request turned down: the asker is dead or leaving.", lease_key = %key, asker = %asker)
                         }
@@ -702,13 +1022,15 @@ impl KeeperState {
                     expired_from,
                 } => self.take(&key, &fence, why, expired_from).await,
                 Action::Request { key, fence } => {
-                    match self
+                    let asked = self
                         .args
                         .table
                         .request_handoff(&key, &fence, &self.args.me)
-                        .await
-                    {
+                        .await;
+                    self.wrote(&asked);
+                    match asked {
                         Ok(()) => {
+                            self.urgent = true;
                             info!(message = "Asked for a lease.", lease_key = %key, owner = ?fence.owner);
                             self.requested.entry(key).or_insert(Request {
                                 since: now,
@@ -737,7 +1059,9 @@ impl KeeperState {
 
     /// Lets go of a lease this worker owns by name but does not process.
     async fn release_unheld(&mut self, key: &LeaseKey, fence: &Fence) {
-        match self.args.table.release(key, fence).await {
+        let released = self.args.table.release(key, fence).await;
+        self.wrote(&released);
+        match released {
             Ok(_) => {
                 self.moved_away(key, LeaseMove::Released, None);
                 self.report_released(key);
@@ -768,6 +1092,7 @@ impl KeeperState {
             }
             None => self.args.table.take(key, fence, &self.args.me).await,
         };
+        self.wrote(&taken);
         match taken {
             Ok(lease) => {
                 // A lease handed over is taken from a row that already names this
@@ -832,7 +1157,8 @@ impl KeeperState {
                             owner = ?lease.owner,
                             waited_ms = since.elapsed().as_millis() as u64,
                         );
-                        let _ = self.args.table.clear_handoff(&key, &self.args.me).await;
+                        let cleared = self.args.table.clear_handoff(&key, &self.args.me).await;
+                        self.wrote(&cleared);
                         self.requested.remove(&key);
                     }
                 }
@@ -858,7 +1184,9 @@ impl KeeperState {
             return;
         }
         self.let_go(&key);
-        match self.args.table.transfer(&key, &fence, &to).await {
+        let transferred = self.args.table.transfer(&key, &fence, &to).await;
+        self.wrote(&transferred);
+        match transferred {
             Ok(_) => {
                 self.moved_away(&key, LeaseMove::HandedOff, Some(&to));
                 self.report.handed_off.push(key.to_string());
@@ -868,7 +1196,9 @@ impl KeeperState {
                 // The asker withdrew, or the write failed: the shard's reader is
                 // stopped, so let the lease go for whoever is next.
                 warn!(message = "Lease not handed over; releasing it.", lease_key = %key, to = %to, %error);
-                match self.args.table.release(&key, &fence).await {
+                let released = self.args.table.release(&key, &fence).await;
+                self.wrote(&released);
+                match released {
                     Ok(_) => {
                         self.moved_away(&key, LeaseMove::Released, None);
                         self.report_released(&key);
@@ -984,7 +1314,8 @@ impl KeeperState {
         // The shutdown report covers leaving, not the handoffs of the worker's life.
         self.report = ReleaseReport::default();
         for key in std::mem::take(&mut self.requested).into_keys() {
-            let _ = self.args.table.clear_handoff(&key, &self.args.me).await;
+            let cleared = self.args.table.clear_handoff(&key, &self.args.me).await;
+            self.wrote(&cleared);
         }
         self.heartbeat().await;
         info!(

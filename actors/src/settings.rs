@@ -136,6 +136,18 @@ pub struct LeaseSettings {
     /// worker (to hand over as soon as someone asks). Sets the handoff gap.
     #[serde(with = "duration_text")]
     pub handoff_poll_interval: Duration,
+    /// The longest a worker goes without reading every row of the table. Between such
+    /// scans a round reads only the heartbeat rows, and scans when a peer's change
+    /// counter moved, a worker joined, left, drained or died, or this worker changed
+    /// something; this scan is the safety net for what none of those show (a row edited
+    /// by hand, a worker of an older version).
+    #[serde(with = "duration_text")]
+    pub full_scan_interval: Duration,
+    /// A dead worker's heartbeat row is deleted once it has stood still this long (by
+    /// one live worker, only while its counter has not moved), so that the rows every
+    /// round reads do not grow with every worker that ever ran.
+    #[serde(with = "duration_text")]
+    pub dead_worker_retention: Duration,
 }
 
 impl Default for LeaseSettings {
@@ -148,6 +160,8 @@ impl Default for LeaseSettings {
             max_moves_per_round: 10,
             handoff_timeout: Duration::from_secs(10),
             handoff_poll_interval: Duration::from_millis(200),
+            full_scan_interval: Duration::from_secs(600),
+            dead_worker_retention: Duration::from_secs(3600),
         }
     }
 }
@@ -760,6 +774,28 @@ impl LeaseSettings {
                 ),
             ));
         }
+        if self.full_scan_interval < self.heartbeat_interval {
+            return Err(invalid(
+                "lease.full_scan_interval",
+                duration(self.full_scan_interval),
+                format!(
+                    "must be at least lease.heartbeat_interval ({}): rounds come no more \
+                     often than that",
+                    duration(self.heartbeat_interval)
+                ),
+            ));
+        }
+        if self.dead_worker_retention < self.failover_time {
+            return Err(invalid(
+                "lease.dead_worker_retention",
+                duration(self.dead_worker_retention),
+                format!(
+                    "must be at least lease.failover_time ({}): a worker is not dead before \
+                     that",
+                    duration(self.failover_time)
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -1340,6 +1376,12 @@ mod tests {
             }),
             ("lease.handoff_timeout", |s| {
                 s.lease.handoff_timeout = s.lease.handoff_poll_interval
+            }),
+            ("lease.full_scan_interval", |s| {
+                s.lease.full_scan_interval = Duration::from_secs(1)
+            }),
+            ("lease.dead_worker_retention", |s| {
+                s.lease.dead_worker_retention = secs(9)
             }),
             ("lease.fence_margin", |s| s.lease.fence_margin = secs(10)),
             ("lease.heartbeat_interval", |s| {

@@ -465,6 +465,11 @@ pub(crate) struct ShardListing {
 /// The stream watcher's last listing, read by the lease keeper.
 pub(crate) type ListingBoard = Arc<tokio::sync::watch::Sender<Option<Arc<ShardListing>>>>;
 
+/// The lease rows of the keeper's last scan, read by the stream watcher instead of a
+/// scan of its own: rows that changed since were made by a worker whose heartbeat says
+/// so, which makes the keeper scan again, so the rows are as fresh as the keeper's.
+pub(crate) type RowsBoard = Arc<tokio::sync::watch::Sender<Option<Arc<Vec<crate::model::Lease>>>>>;
+
 /// The keeper's latest fleet view and when its scan was taken.
 pub(crate) type FleetBoard =
     Arc<tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>>;

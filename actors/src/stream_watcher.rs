@@ -39,6 +39,8 @@ pub(crate) struct WatcherArgs {
     pub telemetry: Telemetry,
     /// Where each complete listing is published, for the lease keeper.
     pub listing: crate::status::ListingBoard,
+    /// The rows of the keeper's last scan: what is leased, without a scan here.
+    pub rows: crate::status::RowsBoard,
 }
 
 pub(crate) struct WatcherState {
@@ -176,12 +178,23 @@ impl WatcherState {
                 shards: listed,
                 sent,
             })));
-        let scan = self.args.table.scan().await.map_err(|e| e.to_string())?;
+        // The keeper's rows; a scan only before its first.
+        let known = self.args.rows.borrow().clone();
+        let leases = match known {
+            Some(rows) => rows,
+            None => Arc::new(
+                self.args
+                    .table
+                    .scan()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .leases,
+            ),
+        };
         let (mut shard_count, mut open_count) = (0, 0);
         for (consumed, shards) in listings {
             // This stream's rows only (all of them for a single stream's bare keys).
-            let own: Vec<Lease> = scan
-                .leases
+            let own: Vec<Lease> = leases
                 .iter()
                 .filter(|l| consumed.owns(&l.key))
                 .cloned()

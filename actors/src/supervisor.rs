@@ -407,6 +407,7 @@ async fn spawn_core(
     )
     .await?;
     let telemetry = Telemetry::new(metrics.clone());
+    let rows: crate::status::RowsBoard = Arc::new(tokio::sync::watch::channel(None).0);
     let (keeper, _) = Actor::spawn_linked(
         None,
         LeaseKeeper,
@@ -421,6 +422,7 @@ async fn spawn_core(
             lags: ctx.lags.clone(),
             fleet: ctx.fleet.clone(),
             listing: ctx.listing.clone(),
+            rows: rows.clone(),
             application: ctx.application.clone(),
             stream: ctx.stream.clone(),
         },
@@ -449,6 +451,7 @@ async fn spawn_core(
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
             listing: ctx.listing.clone(),
+            rows,
             telemetry: telemetry.clone(),
         },
         myself.get_cell(),

@@ -581,6 +581,7 @@ mod cases {
             leases: 7,
             records_per_second: 1500,
             draining: true,
+            changes: 3,
             lag_ms: [
                 ("shardId-000000000001".to_owned(), 0),
                 ("shardId-000000000002".to_owned(), 86_400_000),
@@ -607,6 +608,102 @@ mod cases {
         assert!(
             table.scan().await.unwrap().leases.is_empty(),
             "heartbeats are not leases"
+        );
+    }
+
+    pub async fn the_roster_names_the_heartbeat_rows_a_round_reads(env: Env) {
+        let table = env.fresh().await;
+        let none = table.heartbeats().await.unwrap();
+        assert_eq!((none.roster.len(), none.items_read), (0, 1), "{}", env.tier);
+        let idle = WorkerLoad::default();
+        let busy = WorkerLoad {
+            leases: 2,
+            changes: 9,
+            ..WorkerLoad::default()
+        };
+        table.heartbeat(&me(), &busy).await.unwrap();
+        table.heartbeat(&other(), &idle).await.unwrap();
+        // Rows exist, but only the roster says which to read.
+        assert!(table.heartbeats().await.unwrap().heartbeats.is_empty());
+        table.join_roster(&[me()]).await.unwrap();
+        let third = WorkerId::new("worker-c");
+        // Joining twice is fine; a named worker without a row is skipped.
+        table
+            .join_roster(&[me(), other(), third.clone()])
+            .await
+            .unwrap();
+        let read = table.heartbeats().await.unwrap();
+        let mut roster = read.roster.clone();
+        roster.sort();
+        assert_eq!(roster, [me(), other(), third.clone()]);
+        assert_eq!(read.items_read, 4);
+        let mut beats: Vec<(WorkerId, u64, WorkerLoad)> = read
+            .heartbeats
+            .into_iter()
+            .map(|h| (h.worker, h.counter, h.load))
+            .collect();
+        beats.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(beats, [(me(), 1, busy), (other(), 1, idle.clone())]);
+        // The roster is not a lease, nor a heartbeat.
+        let scan = table.scan().await.unwrap();
+        assert!(scan.leases.is_empty() && scan.malformed.is_empty());
+        assert_eq!((scan.heartbeats.len(), scan.other_rows), (2, 1));
+        // A clean exit leaves the roster.
+        table.remove_heartbeat(&me()).await.unwrap();
+        let read = table.heartbeats().await.unwrap();
+        assert!(!read.roster.contains(&me()), "{:?}", read.roster);
+        assert_eq!(read.heartbeats.len(), 1);
+        // More workers than one BatchGetItem takes (100).
+        let many: Vec<WorkerId> = (0..130)
+            .map(|i| WorkerId::new(format!("w{i:03}")))
+            .collect();
+        for w in &many {
+            table.heartbeat(w, &idle).await.unwrap();
+        }
+        table.join_roster(&many).await.unwrap();
+        let read = table.heartbeats().await.unwrap();
+        assert_eq!(read.heartbeats.len(), 131, "{}", env.tier);
+        assert_eq!(read.items_read, 1 + 132);
+    }
+
+    pub async fn a_dead_workers_row_is_removed_only_while_its_counter_stands(env: Env) {
+        let table = env.fresh().await;
+        let idle = WorkerLoad::default();
+        table.heartbeat(&other(), &idle).await.unwrap();
+        table.heartbeat(&other(), &idle).await.unwrap();
+        table.join_roster(&[me(), other()]).await.unwrap();
+        // It moved since it was seen at 1: kept.
+        assert!(!table.remove_dead_heartbeat(&other(), 1).await.unwrap());
+        assert_eq!(table.heartbeats().await.unwrap().heartbeats.len(), 1);
+        assert!(table.remove_dead_heartbeat(&other(), 2).await.unwrap());
+        let read = table.heartbeats().await.unwrap();
+        assert_eq!(read.roster, [me()]);
+        assert!(read.heartbeats.is_empty());
+        assert!(table.scan().await.unwrap().heartbeats.is_empty());
+        // Already gone: nothing to do.
+        assert!(table.remove_dead_heartbeat(&other(), 2).await.unwrap());
+        // It comes back: its row starts again, and it joins again.
+        assert_eq!(table.heartbeat(&other(), &idle).await.unwrap(), 1);
+    }
+
+    pub async fn heartbeats_reports_a_malformed_heartbeat_row_and_goes_on(env: Env) {
+        let table = env.fresh().await;
+        table
+            .heartbeat(&me(), &WorkerLoad::default())
+            .await
+            .unwrap();
+        env.put_raw(
+            table.table_name(),
+            serde_json::from_str(r#"{"leaseKey":{"S":"flotilla-worker#worker-b"},"entityType":{"S":"FLOTILLA_WORKER"},"leaseOwner":{"S":"worker-b"},"leaseCounter":{"S":"x"}}"#).unwrap(),
+        )
+        .await;
+        table.join_roster(&[me(), other()]).await.unwrap();
+        let read = table.heartbeats().await.unwrap();
+        assert_eq!(read.heartbeats.len(), 1, "{}", env.tier);
+        assert_eq!(read.malformed.len(), 1);
+        assert_eq!(
+            read.malformed[0].key.as_deref(),
+            Some("flotilla-worker#worker-b")
         );
     }
 
@@ -868,6 +965,9 @@ macro_rules! suite {
                 checkpoint_leaves_foreign_attributes_and_clears_pending,
                 delete_is_fenced,
                 heartbeats_count_up_and_show_in_the_scan,
+                the_roster_names_the_heartbeat_rows_a_round_reads,
+                a_dead_workers_row_is_removed_only_while_its_counter_stands,
+                heartbeats_reports_a_malformed_heartbeat_row_and_goes_on,
                 a_handoff_request_leaves_the_counter_and_only_its_asker_gets_the_lease,
                 a_request_is_cleared_by_its_asker_or_by_a_take_or_release,
                 a_refused_condition_reads_only_owner_and_counter,

@@ -148,18 +148,29 @@ async fn losing_the_lease_cancels_the_subscription_at_once() {
     assert_eq!(rig.streams.open_subscriptions(STREAM, &shard), 1);
 
     let lease = rig.lease_of(&shard).await;
+    let thief = WorkerId::new("thief");
     rig.table()
-        .take(&lease.key, &lease.fence(), &WorkerId::new("thief"))
+        .take(&lease.key, &lease.fence(), &thief)
         .await
         .unwrap();
-    // The keeper scans every heartbeat_interval (500 ms here).
+    // As a worker does after a take: one heartbeat carrying the change, in the roster,
+    // so the keeper scans at its next round (every heartbeat_interval, 500 ms here).
+    rig.table()
+        .join_roster(std::slice::from_ref(&thief))
+        .await
+        .unwrap();
+    let took = flotilla_actors::model::WorkerLoad {
+        changes: 1,
+        ..Default::default()
+    };
+    rig.table().heartbeat(&thief, &took).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         rig.streams.open_subscriptions(STREAM, &shard),
         0,
         "the subscription outlived the lease"
     );
-    // Within the failover time (6 s): later, the thief (no heartbeat) counts as dead
+    // Within the failover time (6 s): later, the thief (one heartbeat, then none) counts as dead
     // and the worker takes the lease back, rightly.
     producer.put_round(&rig.streams, STREAM, 10, 10).await;
     tokio::time::sleep(Duration::from_secs(3)).await;

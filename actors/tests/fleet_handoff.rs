@@ -391,3 +391,42 @@ async fn a_handoff_is_logged_with_the_giver_as_from_on_both_sides() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A settled pair reads only the heartbeat rows: no scan for as long as nothing changes,
+/// and a change (a third worker joining) makes both scan at their next round, so the
+/// join balances as fast as when every round scanned.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_fleet_reads_heartbeat_rows_and_scans_only_on_change() {
+    use flotilla_actors::backend::faults::Faulty;
+    let rig = Rig::new(SHARDS + 1, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(3));
+    let start =
+        |id: &str| rig.start_on(rig.backend_with_table(table.clone()), &probes, settings(id));
+    let a = start("a").await;
+    let b = start("b").await;
+    wait_held(&[&a, &b], &[5, 4], Duration::from_secs(10)).await;
+    // Let the last moves and the rounds after them settle.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let (scans, reads, items) = (
+        table.calls("scan"),
+        table.calls("heartbeats"),
+        table.items_read("heartbeats"),
+    );
+    // 20 s: 40 rounds of 500 ms per worker.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(table.calls("scan"), scans, "a quiet fleet scans nothing");
+    let rounds = table.calls("heartbeats") - reads;
+    assert!((76..=84).contains(&rounds), "{rounds} heartbeat-row reads");
+    // Each read is the roster and the two rows it names.
+    assert_eq!(table.items_read("heartbeats") - items, 3 * rounds);
+
+    // A join is a change: both scan, and it gets its share in a few rounds as before.
+    let c = start("c").await;
+    wait_held(&[&a, &b, &c], &[3, 3, 3], Duration::from_secs(5)).await;
+    assert!(table.calls("scan") > scans + 2);
+    for w in [a, b, c] {
+        shutdown_clean(w).await;
+    }
+}

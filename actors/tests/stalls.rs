@@ -64,7 +64,11 @@ async fn a_held_lease_whose_row_turns_unreadable_is_stalled_with_the_attribute_n
     let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
     let feed = Feed::start(rig.streams.clone());
-    let a = rig.start_with(&probes, settings("a")).await;
+    // A row edited by hand changes no heartbeat: the keeper sees it at its next full
+    // scan, `full_scan_interval` (minutes by default); here every round.
+    let mut fast = settings("a");
+    fast.lease.full_scan_interval = fast.lease.heartbeat_interval;
+    let a = rig.start_with(&probes, fast).await;
     wait_held(&[&a], &[2], Duration::from_secs(10)).await;
     probes.wait_distinct(100, Duration::from_secs(10)).await;
 

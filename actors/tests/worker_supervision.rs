@@ -73,17 +73,22 @@ async fn a_core_actor_that_keeps_failing_stops_the_worker_with_an_error() {
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
     probes.wait_distinct(25, Duration::from_secs(60)).await;
 
-    // Every lease-table scan panics from now on: a bug on the core actors' path.
+    // Every read of the lease table (the heartbeat rows each round, a scan after a
+    // restart) panics from now on: a bug on the core actors' path.
     let mut broken = FaultPlan::seeded(2);
     broken.panic = 1.0;
-    broken.only_ops = vec!["scan"];
+    broken.only_ops = vec!["scan", "heartbeats"];
     table.set_plan(broken);
     let ended = tokio::time::timeout(Duration::from_secs(60), worker.wait())
         .await
         .unwrap();
     match ended {
         Err(WorkerError::Stopped(reason)) => {
-            assert!(reason.contains("injected panic in scan"), "{reason}")
+            assert!(
+                reason.contains("injected panic in scan")
+                    || reason.contains("injected panic in heartbeats"),
+                "{reason}"
+            )
         }
         other => panic!("expected the worker to stop with an error, got {other:?}"),
     }
@@ -108,9 +113,10 @@ async fn a_core_actor_failure_restarts_the_core_and_consumption_goes_on() {
     let mut producer = Producer::default();
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
     probes.wait_distinct(25, Duration::from_secs(60)).await;
-    // The next lease-table scan panics, once.
-    let next = table.calls("scan");
-    table.set_plan(FaultPlan::seeded(2).then(Some("scan"), next, Fault::Panic));
+    // The keeper's next read of the heartbeat rows panics, once (a settled worker
+    // reads those each round and scans only when something changed).
+    let next = table.calls("heartbeats");
+    table.set_plan(FaultPlan::seeded(2).then(Some("heartbeats"), next, Fault::Panic));
     tokio::time::sleep(Duration::from_secs(2)).await;
     producer.put_round(&rig.streams, STREAM, 5, 5).await;
     probes.wait_distinct(50, Duration::from_secs(60)).await;
@@ -150,8 +156,18 @@ async fn a_stolen_lease_stops_its_reader_and_comes_back_when_the_thief_dies() {
     let lease = table.get(&key).await.unwrap().unwrap();
     let thief = WorkerId::new("thief");
     let stolen = table.take(&key, &lease.fence(), &thief).await.unwrap();
+    // As a worker does after a take: its heartbeat carries one more change, and it is in
+    // the roster, so peers read the lease rows at their next round.
+    table
+        .join_roster(std::slice::from_ref(&thief))
+        .await
+        .unwrap();
+    let took = flotilla_actors::model::WorkerLoad {
+        changes: 1,
+        ..Default::default()
+    };
     for _ in 0..10 {
-        table.heartbeat(&thief, &Default::default()).await.unwrap();
+        table.heartbeat(&thief, &took).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(

@@ -234,7 +234,8 @@ fn common_settings(mode: &str) -> String {
 }
 
 /// A full scan of `application`'s lease table with the DynamoDB API: `leaseKey`, `leaseOwner`
-/// and `checkpoint` of each row; rows keyed `flotilla-worker#ID` are heartbeats.
+/// and `checkpoint` of each row; rows keyed `flotilla-worker#ID` are heartbeats; rows of
+/// another `entityType` (the roster) are skipped.
 pub async fn scan_leases(dynamodb: &aws_sdk_dynamodb::Client, application: &str) -> Leases {
     let mut leases = Leases::default();
     let mut start = None;
@@ -257,6 +258,9 @@ pub async fn scan_leases(dynamodb: &aws_sdk_dynamodb::Client, application: &str)
             };
             if let Some(worker) = key.strip_prefix("flotilla-worker#") {
                 leases.heartbeats.insert(worker.to_owned());
+            } else if text("entityType").is_some_and(|t| t != "LEASE") {
+                // The roster, or another program's row: not a lease.
+                continue;
             } else if text("checkpoint").as_deref() == Some("SHARD_END") {
                 leases.finished.insert(key);
             } else {

@@ -15,9 +15,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::{
-    IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError, MetricsSink, PutRecord,
-    PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin, StreamClient, StreamError,
-    StreamSummary, Subscription, TableState,
+    HeartbeatsOutput, IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError,
+    MetricsSink, PutRecord, PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin,
+    StreamClient, StreamError, StreamSummary, Subscription, TableState,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
 
@@ -107,6 +107,9 @@ struct State {
     plan: FaultPlan,
     rng: StdRng,
     calls: HashMap<&'static str, u64>,
+    /// Per read operation, the items its successful calls read (rows a scan returned,
+    /// the roster and heartbeat rows a `heartbeats` asked for, one per `get`).
+    items_read: HashMap<&'static str, u64>,
     injected: Vec<(&'static str, Fault)>,
     /// Per operation, the latest start time of a call that was answered with success.
     confirmed: HashMap<&'static str, tokio::time::Instant>,
@@ -208,6 +211,7 @@ impl<B> Faulty<B> {
                 plan,
                 rng,
                 calls: HashMap::new(),
+                items_read: HashMap::new(),
                 injected: Vec::new(),
                 confirmed: HashMap::new(),
             })),
@@ -238,6 +242,28 @@ impl<B> Faulty<B> {
     /// schedule set with [`Faulty::set_plan`].
     pub fn calls(&self, op: &'static str) -> u64 {
         self.lock().calls.get(op).copied().unwrap_or(0)
+    }
+
+    /// How many items the successful calls of the read `op` (`scan`, `heartbeats`,
+    /// `get`) have read so far: what the lease-table read cost is counted in.
+    pub fn items_read(&self, op: &'static str) -> u64 {
+        self.lock().items_read.get(op).copied().unwrap_or(0)
+    }
+
+    /// Every operation called so far: its calls, and the items it read (see
+    /// [`Faulty::items_read`]).
+    pub fn counts(&self) -> std::collections::BTreeMap<&'static str, (u64, u64)> {
+        let state = self.lock();
+        state
+            .calls
+            .iter()
+            .filter(|(op, _)| **op != "*")
+            .map(|(op, n)| (*op, (*n, state.items_read.get(op).copied().unwrap_or(0))))
+            .collect()
+    }
+
+    fn count_items(&self, op: &'static str, items: usize) {
+        *self.lock().items_read.entry(op).or_insert(0) += items as u64;
     }
 
     /// The latest time a call of `op` that was answered with success was made (before
@@ -621,11 +647,21 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
     }
 
     fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
-        Box::pin(self.run("scan", self.inner.scan()))
+        Box::pin(async move {
+            let scan = self.run("scan", self.inner.scan()).await?;
+            let rows =
+                scan.leases.len() + scan.heartbeats.len() + scan.malformed.len() + scan.other_rows;
+            self.count_items("scan", rows);
+            Ok(scan)
+        })
     }
 
     fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
-        Box::pin(self.run("get", self.inner.get(key)))
+        Box::pin(async move {
+            let got = self.run("get", self.inner.get(key)).await?;
+            self.count_items("get", 1);
+            Ok(got)
+        })
     }
 
     fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
@@ -728,6 +764,29 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         worker: &'a WorkerId,
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.run("remove_heartbeat", self.inner.remove_heartbeat(worker)))
+    }
+
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run("join_roster", self.inner.join_roster(workers)))
+    }
+
+    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
+        Box::pin(async move {
+            let out = self.run("heartbeats", self.inner.heartbeats()).await?;
+            self.count_items("heartbeats", out.items_read);
+            Ok(out)
+        })
+    }
+
+    fn remove_dead_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        counter: u64,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.run(
+            "remove_dead_heartbeat",
+            self.inner.remove_dead_heartbeat(worker, counter),
+        ))
     }
 }
 

@@ -28,6 +28,20 @@ impl ScanOutput {
     }
 }
 
+/// What [`LeaseTable::heartbeats`] found: the heartbeat rows the roster names, read
+/// without reading a single lease row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeartbeatsOutput {
+    /// The workers the roster names (some may have no heartbeat row any more).
+    pub roster: Vec<WorkerId>,
+    pub heartbeats: Vec<Heartbeat>,
+    /// Heartbeat rows that could not be read. Reported here, skipped, never fatal.
+    pub malformed: Vec<MalformedRow>,
+    /// Items asked for (the roster and one per worker it names): what the read is
+    /// billed by, found or not.
+    pub items_read: usize,
+}
+
 /// Whether `ensure_table` found the table or made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableState {
@@ -123,6 +137,14 @@ impl LeaseError {
 /// * `delete(key, fence)`: the row is removed.
 /// * `heartbeat(me, load)`: the worker's heartbeat counter + 1 (created at 1), returned;
 ///   the load attributes replaced.
+/// * `join_roster(workers)`: each named in the roster row (`flotilla-roster`); naming
+///   one already there is fine.
+/// * `heartbeats()`: the roster, and the heartbeat row of every worker it names that has
+///   one (a named worker without a row is skipped); a malformed heartbeat row is
+///   reported in `malformed`. No lease row is read.
+/// * `remove_heartbeat(me)` and `remove_dead_heartbeat(w, counter)` also take the worker
+///   out of the roster; the latter only while the row's counter is `counter` (`false`,
+///   nothing removed, when it moved; `true` when the row is already gone).
 /// * Attributes a write does not name are left as they are (a Java KCL's extras survive).
 pub trait LeaseTable: Send + Sync + 'static {
     /// The table's name, for logs and errors.
@@ -210,9 +232,29 @@ pub trait LeaseTable: Send + Sync + 'static {
         load: &'a WorkerLoad,
     ) -> BoxFuture<'a, Result<u64, LeaseError>>;
 
-    /// Removes a worker's heartbeat row (a clean exit); absent is fine.
+    /// Removes a worker's heartbeat row (a clean exit) and its roster entry; absent is
+    /// fine.
     fn remove_heartbeat<'a>(
         &'a self,
         worker: &'a WorkerId,
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    /// Names workers in the roster, the one row that lists every heartbeat row, so that
+    /// [`LeaseTable::heartbeats`] can read them without a scan. A worker joins at its
+    /// first round, and again whenever it finds itself missing.
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    /// Every heartbeat row the roster names, read by key (a GetItem of the roster and a
+    /// BatchGetItem of the rows): what a round reads when no lease row changed, so its
+    /// cost grows with the workers, not with the leases.
+    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>>;
+
+    /// Removes the heartbeat row of a worker dead past the retention, only while its
+    /// counter still stands at `counter` (a worker that came back keeps its row), and
+    /// its roster entry. `Ok(false)`: the counter moved, nothing removed.
+    fn remove_dead_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        counter: u64,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>>;
 }

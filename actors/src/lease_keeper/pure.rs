@@ -191,6 +191,121 @@ pub(crate) fn deadline_scan(
     (next < now + heartbeat_interval).then_some(next)
 }
 
+/// What a peer's heartbeat shows that bears on the lease rows: while no mark changes,
+/// no lease row has changed owner or request (every such write is followed by its
+/// writer's heartbeat with a higher `changes`), nobody joined, left, started draining
+/// or died, so the rows read last are still the rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerMark {
+    /// On this worker's clock (`balance::Observations`).
+    pub alive: bool,
+    pub draining: bool,
+    /// `WorkerLoad::changes`; `None` for an owner with no heartbeat row.
+    pub changes: Option<u64>,
+}
+
+/// Why a round reads every row of the table rather than the heartbeat rows only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScanWhy {
+    /// No scan yet.
+    First,
+    /// The watcher made rows or has a new listing, or a deadline or drain asked.
+    Asked,
+    /// This worker changed an ownership since its last scan.
+    OwnChange,
+    /// A peer's mark changed: its change counter, draining, alive or dead, joined, gone.
+    FleetChanged,
+    /// A held lease waits for a read sent after a heartbeat gap (self-fencing (2)).
+    Reread,
+    /// A lease's cooldown ended: it may be taken again.
+    Cooled,
+    /// A lease of the last scan has now had no live owner for the failover time
+    /// (dealt to a worker that did not take it): anyone may take it.
+    LongFree,
+    /// `full_scan_interval` passed since the last scan: the safety net.
+    Backstop,
+    /// The heartbeat rows could not be read (the roster read failed): scan as before.
+    Unread,
+}
+
+impl ScanWhy {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ScanWhy::First => "first",
+            ScanWhy::Asked => "asked",
+            ScanWhy::OwnChange => "own_change",
+            ScanWhy::FleetChanged => "fleet_changed",
+            ScanWhy::Reread => "reread",
+            ScanWhy::Cooled => "cooled",
+            ScanWhy::LongFree => "long_free",
+            ScanWhy::Backstop => "backstop",
+            ScanWhy::Unread => "heartbeats_unread",
+        }
+    }
+}
+
+/// What the keeper knows at the start of a round, after reading the heartbeat rows.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadState<'a> {
+    /// When the last scan was sent; `None`: never.
+    pub since_scan: Option<Duration>,
+    pub asked: bool,
+    /// This worker's change counter now, and as of its last scan.
+    pub own_changes: (u64, u64),
+    /// Each peer's mark now, and as of the last scan (this worker left out of both).
+    pub marks: &'a BTreeMap<WorkerId, PeerMark>,
+    pub marks_at_scan: &'a BTreeMap<WorkerId, PeerMark>,
+    pub long_free: &'a BTreeSet<LeaseKey>,
+    pub long_free_at_scan: &'a BTreeSet<LeaseKey>,
+    pub awaiting_reread: bool,
+    pub cooled: bool,
+    pub full_scan_interval: Duration,
+}
+
+/// Whether this round reads every row, and why (the first reason that holds, in the
+/// order of `ScanWhy`); `None`: the heartbeat rows just read are all it needs.
+pub(crate) fn scan_due(state: &ReadState<'_>) -> Option<ScanWhy> {
+    let Some(since) = state.since_scan else {
+        return Some(ScanWhy::First);
+    };
+    let (now, at_scan) = state.own_changes;
+    let why = [
+        (state.asked, ScanWhy::Asked),
+        (now != at_scan, ScanWhy::OwnChange),
+        (state.marks != state.marks_at_scan, ScanWhy::FleetChanged),
+        (state.awaiting_reread, ScanWhy::Reread),
+        (state.cooled, ScanWhy::Cooled),
+        (
+            !state.long_free.is_subset(state.long_free_at_scan),
+            ScanWhy::LongFree,
+        ),
+        (since >= state.full_scan_interval, ScanWhy::Backstop),
+    ];
+    why.into_iter().find(|(due, _)| *due).map(|(_, why)| why)
+}
+
+/// The heartbeat rows to delete: of workers whose counter has stood still for
+/// `retention` (on this worker's clock), each with the counter it must still show. Only
+/// the first live member by id deletes, so a fleet does not race to write the same
+/// deletes; a row whose worker comes back is kept by the counter condition.
+pub(crate) fn dead_rows<'a>(
+    peers: impl IntoIterator<Item = (&'a WorkerId, Option<u64>, Duration)>,
+    me: &WorkerId,
+    members: &BTreeSet<WorkerId>,
+    retention: Duration,
+) -> Vec<(WorkerId, u64)> {
+    if members.first() != Some(me) {
+        return Vec::new();
+    }
+    peers
+        .into_iter()
+        .filter(|(worker, _, _)| *worker != me)
+        .filter_map(|(worker, counter, silent)| {
+            (silent >= retention).then_some((worker.clone(), counter?))
+        })
+        .collect()
+}
+
 /// Where a drain stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DrainVerdict {
@@ -508,6 +623,196 @@ mod tests {
                 "dead={dead:?} pending={pending:?}"
             );
         }
+    }
+
+    #[test]
+    fn when_a_round_scans() {
+        let s = Duration::from_secs;
+        let mark = |changes: u64| PeerMark {
+            alive: true,
+            draining: false,
+            changes: Some(changes),
+        };
+        let at_scan = BTreeMap::from([(w("a"), mark(3)), (w("b"), mark(0))]);
+        let same = at_scan.clone();
+        let moved = BTreeMap::from([(w("a"), mark(4)), (w("b"), mark(0))]);
+        let joined = BTreeMap::from([(w("a"), mark(3)), (w("b"), mark(0)), (w("c"), mark(0))]);
+        let gone = BTreeMap::from([(w("a"), mark(3))]);
+        let died = BTreeMap::from([
+            (w("a"), mark(3)),
+            (
+                w("b"),
+                PeerMark {
+                    alive: false,
+                    ..mark(0)
+                },
+            ),
+        ]);
+        let draining = BTreeMap::from([
+            (w("a"), mark(3)),
+            (
+                w("b"),
+                PeerMark {
+                    draining: true,
+                    ..mark(0)
+                },
+            ),
+        ]);
+        let no_keys = BTreeSet::new();
+        let one_free = BTreeSet::from([key(1)]);
+        let quiet = ReadState {
+            since_scan: Some(s(30)),
+            asked: false,
+            own_changes: (5, 5),
+            marks: &same,
+            marks_at_scan: &at_scan,
+            long_free: &no_keys,
+            long_free_at_scan: &no_keys,
+            awaiting_reread: false,
+            cooled: false,
+            full_scan_interval: s(600),
+        };
+        use ScanWhy::*;
+        let table: Vec<(&str, ReadState<'_>, Option<ScanWhy>)> = vec![
+            ("nothing changed: heartbeat rows only", quiet.clone(), None),
+            (
+                "never scanned",
+                ReadState {
+                    since_scan: None,
+                    ..quiet.clone()
+                },
+                Some(First),
+            ),
+            (
+                "the watcher asked",
+                ReadState {
+                    asked: true,
+                    ..quiet.clone()
+                },
+                Some(Asked),
+            ),
+            (
+                "this worker took, asked, answered or released",
+                ReadState {
+                    own_changes: (6, 5),
+                    ..quiet.clone()
+                },
+                Some(OwnChange),
+            ),
+            (
+                "a peer's change counter moved (a request for one of ours)",
+                ReadState {
+                    marks: &moved,
+                    ..quiet.clone()
+                },
+                Some(FleetChanged),
+            ),
+            (
+                "a worker joined",
+                ReadState {
+                    marks: &joined,
+                    ..quiet.clone()
+                },
+                Some(FleetChanged),
+            ),
+            (
+                "a worker left",
+                ReadState {
+                    marks: &gone,
+                    ..quiet.clone()
+                },
+                Some(FleetChanged),
+            ),
+            (
+                "a worker died (its leases are free)",
+                ReadState {
+                    marks: &died,
+                    ..quiet.clone()
+                },
+                Some(FleetChanged),
+            ),
+            (
+                "a worker started draining",
+                ReadState {
+                    marks: &draining,
+                    ..quiet.clone()
+                },
+                Some(FleetChanged),
+            ),
+            (
+                "a held lease waits for a read after a gap",
+                ReadState {
+                    awaiting_reread: true,
+                    ..quiet.clone()
+                },
+                Some(Reread),
+            ),
+            (
+                "a cooldown ended",
+                ReadState {
+                    cooled: true,
+                    ..quiet.clone()
+                },
+                Some(Cooled),
+            ),
+            (
+                "a lease dealt but not taken has been free for the failover time",
+                ReadState {
+                    long_free: &one_free,
+                    ..quiet.clone()
+                },
+                Some(LongFree),
+            ),
+            (
+                "a long-free lease already seen so at the scan",
+                ReadState {
+                    long_free: &one_free,
+                    long_free_at_scan: &one_free,
+                    ..quiet.clone()
+                },
+                None,
+            ),
+            (
+                "the safety net",
+                ReadState {
+                    since_scan: Some(s(600)),
+                    ..quiet.clone()
+                },
+                Some(Backstop),
+            ),
+            (
+                "just before the safety net",
+                ReadState {
+                    since_scan: Some(s(599)),
+                    ..quiet.clone()
+                },
+                None,
+            ),
+        ];
+        for (what, state, want) in table {
+            assert_eq!(scan_due(&state), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn which_dead_rows_are_deleted() {
+        let s = Duration::from_secs;
+        let (me, a, b, z) = (w("a-me"), w("b"), w("c"), w("z"));
+        let members = BTreeSet::from([me.clone(), z.clone()]);
+        let retention = s(3600);
+        let peers = [
+            (&a, Some(7), s(3600)),
+            (&b, Some(9), s(3599)),
+            // An owner with no row: nothing to delete.
+            (&z, None, s(7200)),
+            (&me, Some(1), s(9999)),
+        ];
+        assert_eq!(
+            dead_rows(peers, &me, &members, retention),
+            vec![(a.clone(), 7)]
+        );
+        // Not the first member: another worker deletes.
+        assert_eq!(dead_rows(peers, &z, &members, retention), vec![]);
     }
 
     #[test]

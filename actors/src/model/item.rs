@@ -100,6 +100,11 @@ pub mod attr {
     /// shard, which the Java KCL's multi-stream serializer requires in every row.
     pub const STREAM_NAME: &str = "streamName";
     pub const SHARD_ID: &str = "shardId";
+    /// Ownership changes a worker has made (heartbeat rows): a peer that sees it move
+    /// reads the lease rows again.
+    pub const WORKER_CHANGES: &str = "flotillaChanges";
+    /// The roster row's set of worker ids.
+    pub const ROSTER_WORKERS: &str = "flotillaWorkers";
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
@@ -109,6 +114,11 @@ pub const ENTITY_LEASE: &str = "LEASE";
 pub const ENTITY_WORKER: &str = "FLOTILLA_WORKER";
 /// Prefix of heartbeat rows' `leaseKey`; cannot collide with a shard id.
 pub const WORKER_KEY_PREFIX: &str = "flotilla-worker#";
+
+/// `entityType` of the roster row, which names every worker with a heartbeat row.
+pub const ENTITY_ROSTER: &str = "FLOTILLA_ROSTER";
+/// `leaseKey` of the roster row; cannot collide with a shard id nor a heartbeat row.
+pub const ROSTER_KEY: &str = "flotilla-roster";
 
 /// The key of a worker's heartbeat row.
 pub fn heartbeat_key(worker: &WorkerId) -> String {
@@ -237,6 +247,7 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
                     leases: r.number(attr::WORKER_LEASES)?.unwrap_or(0),
                     records_per_second: r.number(attr::WORKER_RECORDS_PER_SECOND)?.unwrap_or(0),
                     draining: r.boolean(attr::WORKER_DRAINING)?.unwrap_or(false),
+                    changes: r.number(attr::WORKER_CHANGES)?.unwrap_or(0),
                     lag_ms: r.number_map(attr::WORKER_LAG)?,
                     subscribed_ms: r.number_map(attr::WORKER_SUBSCRIBED)?,
                 },
@@ -448,7 +459,7 @@ pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
 }
 
 /// The load attributes a heartbeat write sets.
-pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 5] {
+pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 6] {
     let number_map = |map: &std::collections::BTreeMap<String, u64>| {
         AttrValue::M(
             map.iter()
@@ -471,6 +482,10 @@ pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 5] {
             AttrValue::N(load.records_per_second.to_string()),
         ),
         (attr::WORKER_DRAINING.into(), AttrValue::Bool(load.draining)),
+        (
+            attr::WORKER_CHANGES.into(),
+            AttrValue::N(load.changes.to_string()),
+        ),
     ]
 }
 
@@ -527,6 +542,7 @@ mod tests {
                 leases: 3,
                 records_per_second: 1200,
                 draining: true,
+                changes: 12,
                 lag_ms: [("shardId-000000000001".to_owned(), 250)].into(),
                 subscribed_ms: [("shardId-000000000001".to_owned(), 61_000)].into(),
             },

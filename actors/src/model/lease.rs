@@ -265,6 +265,11 @@ pub struct WorkerLoad {
     /// The worker is shutting down: it takes nothing and hands its leases to whoever
     /// asks. Others leave it out of fair shares.
     pub draining: bool,
+    /// Ownership changes this worker has made (takes, handoff requests and answers,
+    /// releases, rows created or deleted, SHARD_END), counted from its start. A peer
+    /// that sees it move reads the lease rows again; while no counter moves (and no
+    /// worker joins, leaves or dies), a round reads only the heartbeat rows.
+    pub changes: u64,
     /// MillisBehindLatest per shard it reads (shard id → ms), so any worker can show the
     /// whole fleet's lag without reading the stream.
     pub lag_ms: std::collections::BTreeMap<String, u64>,

@@ -141,8 +141,11 @@ pub(crate) enum SupervisorMsg {
 #[derive(Debug)]
 pub(crate) enum KeeperMsg {
     Tick,
-    /// Scan now (new lease rows were created).
+    /// Scan now (the watcher made lease rows or has a listing the keeper waits for).
     ScanNow,
+    /// An owner of leases turns dead about now: read the heartbeat rows (and the lease
+    /// rows, if it did).
+    Deadline,
     /// Follow the handoffs in flight (requests made, or a drain).
     PollHandoffs,
     /// The supervisor learned the lease is lost (a refused checkpoint) under this fence.

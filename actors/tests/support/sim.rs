@@ -127,6 +127,10 @@ pub struct SimReport {
     pub produced: u64,
     pub process_calls: u64,
     pub duplicates: u64,
+    /// Lease-table calls by operation, over every worker of the run, and the items the
+    /// reads among them read (`Faulty::counts`).
+    pub table_calls: BTreeMap<String, u64>,
+    pub table_items: BTreeMap<String, u64>,
     /// A hash of the whole event trace: equal for equal runs.
     pub trace_hash: u64,
     pub trace_lines: u64,
@@ -616,6 +620,8 @@ struct Sim {
     worker_time: Duration,
     last_tick: Instant,
     fresh_for: Duration,
+    /// Every worker's lease table handle, for the per-operation counts.
+    tables: Vec<Faulty<MemoryLeaseTable>>,
 }
 
 /// The keys of the leases that can be processed now, by the balancer's own rule
@@ -664,12 +670,22 @@ impl Sim {
             step: "start".into(),
             worker_time: Duration::ZERO,
             last_tick: start,
+            tables: Vec::new(),
             fresh_for: settings("w").lease.fence_time(),
             options,
         };
         let result = sim.drive().await;
         let virtual_time = start.elapsed();
         let log = sim.shared.lock();
+        let (mut table_calls, mut table_items) = (BTreeMap::new(), BTreeMap::new());
+        for table in &sim.tables {
+            for (op, (calls, items)) in table.counts() {
+                *table_calls.entry(op.to_owned()).or_default() += calls;
+                if items > 0 {
+                    *table_items.entry(op.to_owned()).or_default() += items;
+                }
+            }
+        }
         match result {
             Ok(()) => Ok(SimReport {
                 seed: sim.options.seed,
@@ -679,6 +695,8 @@ impl Sim {
                 checks: log.checks,
                 produced: sim.producer.total(),
                 process_calls: log.process_calls,
+                table_calls,
+                table_items,
                 duplicates: log.order.duplicates(),
                 trace_hash: log.hasher.finish(),
                 trace_lines: log.lines,
@@ -763,6 +781,7 @@ impl Sim {
         let hang = Freezer::new();
         let table = Faulty::new(self.rig.dynamo.lease_table(APP), FaultPlan::seeded(seed))
             .frozen_by(&freezer);
+        self.tables.push(table.clone());
         let stream =
             Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
         let backend = Backend::new(

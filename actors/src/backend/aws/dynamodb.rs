@@ -31,8 +31,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
-    ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription,
-    TableStatus, TransactWriteItem, Update,
+    KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TableDescription, TableStatus, TransactWriteItem, Update,
 };
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use base64::Engine as _;
@@ -43,12 +43,19 @@ use tracing::warn;
 
 use super::Failure;
 
-use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
+use crate::backend::{HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState};
 use crate::model::item::{
-    AttrValue, ENTITY_WORKER, Item, MalformedRow, Row, attr, checkpoint_attrs, decode_counter,
-    decode_fence, decode_row, encode_lease, heartbeat_key, load_attrs, shard_set,
+    AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, MalformedRow, ROSTER_KEY, Row, attr,
+    checkpoint_attrs, decode_counter, decode_fence, decode_row, encode_lease, heartbeat_key,
+    load_attrs, shard_set,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+
+/// The most keys one BatchGetItem may ask for.
+const BATCH_GET_MAX: usize = 100;
+/// How many times keys a BatchGetItem left unprocessed (throttled) are asked for again,
+/// with a doubling pause from [`POLL_INTERVAL`], before the read fails as throttled.
+const UNPROCESSED_RETRIES: u32 = 6;
 
 /// How often and how long `ensure_table` polls for a new table to be ACTIVE.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -68,6 +75,7 @@ pub const IAM_ACTIONS: &[&str] = &[
     "dynamodb:CreateTable",
     "dynamodb:Scan",
     "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
     "dynamodb:UpdateItem",
     "dynamodb:DeleteItem",
@@ -887,7 +895,171 @@ impl DynamoLeaseTable {
             .send()
             .await
             .map_err(|e| self.classify("DeleteItem", e))?;
-        Ok(())
+        self.edit_roster("DELETE", std::slice::from_ref(worker))
+            .await
+    }
+
+    /// `ADD` or `DELETE` worker ids on the roster's string set (one UpdateItem; the row
+    /// is created by the first ADD).
+    async fn edit_roster(&self, verb: &str, workers: &[WorkerId]) -> Result<(), LeaseError> {
+        const OP: &str = "UpdateItem";
+        if workers.is_empty() {
+            return Ok(());
+        }
+        let mut p = Placeholders::default();
+        let set = p.name(attr::ROSTER_WORKERS);
+        let ids = p.value(
+            "ids",
+            AttributeValue::Ss(workers.iter().map(|w| w.as_str().to_owned()).collect()),
+        );
+        let (update, condition) = match verb {
+            "ADD" => {
+                let entity = p.name(attr::ENTITY_TYPE);
+                let roster = p.value("roster", AttributeValue::S(ENTITY_ROSTER.to_owned()));
+                (format!("SET {entity} = {roster} ADD {set} {ids}"), None)
+            }
+            // A DELETE must not create an empty roster row.
+            _ => (
+                format!("DELETE {set} {ids}"),
+                Some(format!("attribute_exists({})", p.name(attr::LEASE_KEY))),
+            ),
+        };
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(ROSTER_KEY)))
+            .update_expression(update)
+            .set_condition_expression(condition)
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values());
+        match request.send().await {
+            Ok(_) => Ok(()),
+            Err(err)
+                if matches!(
+                    err.as_service_error(),
+                    Some(UpdateItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(self.classify(OP, err)),
+        }
+    }
+
+    /// The roster's worker ids, read leniently: only its string set is looked at.
+    async fn roster(&self) -> Result<(Vec<WorkerId>, Option<MalformedRow>), LeaseError> {
+        let Some(item) = self.get_item("GetItem", ROSTER_KEY).await? else {
+            return Ok((Vec::new(), None));
+        };
+        match item.get(attr::ROSTER_WORKERS) {
+            None => Ok((Vec::new(), None)),
+            Some(AttributeValue::Ss(ids)) => Ok((
+                ids.iter().map(|id| WorkerId::new(id.as_str())).collect(),
+                None,
+            )),
+            Some(_) => Ok((
+                Vec::new(),
+                Some(MalformedRow {
+                    key: Some(ROSTER_KEY.to_owned()),
+                    attribute: attr::ROSTER_WORKERS.to_owned(),
+                    why: "not a string set".to_owned(),
+                }),
+            )),
+        }
+    }
+
+    async fn read_heartbeats(&self) -> Result<HeartbeatsOutput, LeaseError> {
+        const OP: &str = "BatchGetItem";
+        let (roster, bad_roster) = self.roster().await?;
+        let mut out = HeartbeatsOutput {
+            items_read: 1 + roster.len(),
+            malformed: bad_roster.into_iter().collect(),
+            ..HeartbeatsOutput::default()
+        };
+        for chunk in roster.chunks(BATCH_GET_MAX) {
+            let mut keys: Vec<SdkItem> =
+                chunk.iter().map(|w| Self::key(&heartbeat_key(w))).collect();
+            let mut pause = POLL_INTERVAL;
+            let mut retries = 0;
+            while !keys.is_empty() {
+                let wanted = KeysAndAttributes::builder()
+                    .set_keys(Some(std::mem::take(&mut keys)))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| build_error(OP, e))?;
+                let answer = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, wanted)
+                    .send()
+                    .await
+                    .map_err(|e| self.classify(OP, e))?;
+                for item in answer
+                    .responses
+                    .as_ref()
+                    .and_then(|r| r.get(&self.table))
+                    .into_iter()
+                    .flatten()
+                {
+                    match decode_item(item) {
+                        Ok(Row::Heartbeat(heartbeat)) => out.heartbeats.push(heartbeat),
+                        Ok(_) => {}
+                        Err(malformed) => out.malformed.push(malformed),
+                    }
+                }
+                keys = answer
+                    .unprocessed_keys
+                    .and_then(|mut u| u.remove(&self.table))
+                    .map(|k| k.keys)
+                    .unwrap_or_default();
+                if !keys.is_empty() {
+                    retries += 1;
+                    if retries > UNPROCESSED_RETRIES {
+                        return Err(LeaseError::Throttled {
+                            op: OP,
+                            message: format!(
+                                "{} heartbeat rows still unprocessed after {UNPROCESSED_RETRIES} retries",
+                                keys.len()
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        }
+        out.roster = roster;
+        Ok(out)
+    }
+
+    async fn remove_dead_beat(&self, worker: &WorkerId, counter: u64) -> Result<bool, LeaseError> {
+        const OP: &str = "DeleteItem";
+        let mut p = Placeholders::default();
+        let (key, count) = (p.name(attr::LEASE_KEY), p.name(attr::LEASE_COUNTER));
+        let seen = p.value("seen", number(counter));
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(&heartbeat_key(worker))))
+            .condition_expression(format!("attribute_not_exists({key}) OR {count} = {seen}"))
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values())
+            .send()
+            .await;
+        match result {
+            Ok(_) => {}
+            Err(err) => {
+                return match err.as_service_error() {
+                    Some(DeleteItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                    _ => Err(self.classify(OP, err)),
+                };
+            }
+        }
+        self.edit_roster("DELETE", std::slice::from_ref(worker))
+            .await?;
+        Ok(true)
     }
 }
 
@@ -1100,6 +1272,22 @@ impl LeaseTable for DynamoLeaseTable {
         worker: &'a WorkerId,
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.remove_beat(worker))
+    }
+
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.edit_roster("ADD", workers))
+    }
+
+    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
+        Box::pin(self.read_heartbeats())
+    }
+
+    fn remove_dead_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        counter: u64,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.remove_dead_beat(worker, counter))
     }
 }
 

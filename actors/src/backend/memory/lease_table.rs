@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 
-use crate::backend::{LeaseError, LeaseTable, ScanOutput, TableState};
+use crate::backend::{HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState};
 use crate::model::item::{
-    self, AttrValue, ENTITY_WORKER, Item, Row, attr, checkpoint_attrs, decode_row, encode_lease,
-    heartbeat_key, load_attrs, shard_set,
+    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, ROSTER_KEY, Row, attr, checkpoint_attrs,
+    decode_row, encode_lease, heartbeat_key, load_attrs, shard_set,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 use crate::mutants::{self, Mutant};
@@ -281,6 +281,43 @@ fn refused(key: &LeaseKey, row: &Item) -> LeaseError {
         key: key.clone(),
         owner: owner_of(row),
         counter: number(row, attr::LEASE_COUNTER),
+    }
+}
+
+/// The worker ids in the roster row, as DynamoDB keeps a string set (sorted, no
+/// duplicates; the attribute is gone once the set is empty).
+fn roster_of(table: &Table) -> Vec<String> {
+    match table
+        .items
+        .get(ROSTER_KEY)
+        .and_then(|r| r.get(attr::ROSTER_WORKERS))
+    {
+        Some(AttrValue::SS(ids)) => ids.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// `ADD`/`DELETE` on the roster's string set, as an UpdateItem does it: the row is
+/// created by the first ADD; an emptied set loses its attribute.
+fn edit_roster(table: &mut Table, add: &[WorkerId], remove: &[WorkerId]) {
+    let mut ids: std::collections::BTreeSet<String> = roster_of(table).into_iter().collect();
+    ids.extend(add.iter().map(|w| w.as_str().to_owned()));
+    for w in remove {
+        ids.remove(w.as_str());
+    }
+    if add.is_empty() && !table.items.contains_key(ROSTER_KEY) {
+        return;
+    }
+    let row = table.items.entry(ROSTER_KEY.to_owned()).or_default();
+    row.insert(attr::LEASE_KEY.into(), AttrValue::S(ROSTER_KEY.into()));
+    row.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_ROSTER.into()));
+    if ids.is_empty() {
+        row.remove(attr::ROSTER_WORKERS);
+    } else {
+        row.insert(
+            attr::ROSTER_WORKERS.into(),
+            AttrValue::SS(ids.into_iter().collect()),
+        );
     }
 }
 
@@ -554,7 +591,65 @@ impl LeaseTable for MemoryLeaseTable {
                 .get_mut(&self.name)
                 .ok_or_else(|| not_found("DeleteItem", &self.name))?;
             table.items.remove(&item::heartbeat_key(worker));
+            edit_roster(table, &[], std::slice::from_ref(worker));
             Ok(())
+        })
+    }
+
+    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("UpdateItem", &self.name))?;
+            edit_roster(table, workers, &[]);
+            Ok(())
+        })
+    }
+
+    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
+        Box::pin(async move {
+            let tables = self.db.lock();
+            let table = tables
+                .get(&self.name)
+                .ok_or_else(|| not_found("GetItem", &self.name))?;
+            let roster = roster_of(table);
+            let mut out = HeartbeatsOutput {
+                items_read: 1 + roster.len(),
+                ..HeartbeatsOutput::default()
+            };
+            for id in roster {
+                let worker = WorkerId::new(id.as_str());
+                match table.items.get(&heartbeat_key(&worker)).map(decode_row) {
+                    Some(Ok(Row::Heartbeat(heartbeat))) => out.heartbeats.push(heartbeat),
+                    Some(Ok(_)) | None => {}
+                    Some(Err(malformed)) => out.malformed.push(malformed),
+                }
+                out.roster.push(worker);
+            }
+            Ok(out)
+        })
+    }
+
+    fn remove_dead_heartbeat<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        counter: u64,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = tables
+                .get_mut(&self.name)
+                .ok_or_else(|| not_found("DeleteItem", &self.name))?;
+            let key = heartbeat_key(worker);
+            if let Some(row) = table.items.get(&key) {
+                if number(row, attr::LEASE_COUNTER) != Some(counter) {
+                    return Ok(false);
+                }
+                table.items.remove(&key);
+            }
+            edit_roster(table, &[], std::slice::from_ref(worker));
+            Ok(true)
         })
     }
 }
