@@ -273,6 +273,39 @@ pub struct Limits {
     /// Requests to live, non-draining workers per round (or half of this worker's
     /// shortfall, if more).
     pub max_moves_per_round: usize,
+    pub policy: Policy,
+}
+
+/// What the plan evens out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// Lease counts: everyone at the floor or ceil of leases / workers.
+    Count,
+    /// Throughput as well, while every member publishes its leases' rates; counts
+    /// alone otherwise.
+    Throughput(Spread),
+}
+
+/// How throughput balance is kept (KCL 3's variance-based assignment, see
+/// [`throughput_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    /// A worker more than this fraction above the mean sheds, one more than this
+    /// below takes; inside the band nothing moves.
+    pub threshold: f64,
+    /// The fraction of a worker's distance from the mean that may move per round.
+    pub dampening: f64,
+    /// How far lease counts may stray from fair shares to even out throughput.
+    pub count_slack: usize,
+}
+
+impl Spread {
+    /// KCL 3's `reBalanceThresholdPercentage` (10) and `dampeningPercentage` (60).
+    pub const DEFAULT: Spread = Spread {
+        threshold: 0.10,
+        dampening: 0.60,
+        count_slack: 2,
+    };
 }
 
 /// One round's view, as this worker has it.
@@ -403,6 +436,28 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         loads.iter().map(|(w, l)| (w.clone(), l.len())).collect();
     let total = counts.values().sum::<usize>() + free.len() + from_draining.len();
     let target = targets(&counts, total);
+    // Throughput balance needs every member's rates; one member without (an older
+    // flotilla, a count-only worker) would undo its moves by counts, so all keep to
+    // counts then.
+    let spread = match limits.policy {
+        Policy::Count => None,
+        Policy::Throughput(spread) => members
+            .iter()
+            .all(|w| obs.load_of(w).is_some_and(|l| l.lease_rates.is_some()))
+            .then_some(spread),
+    };
+    // Under throughput balance, counts are evened only once one strays past the slack
+    // (a join, a leave, new leases): within it, a worker below its share gets free
+    // leases but takes none from live workers by count.
+    let band = spread.map(|s| {
+        let n = counts.len().max(1);
+        let (q, r) = (total / n, total % n);
+        (
+            q.saturating_sub(s.count_slack),
+            q + usize::from(r > 0) + s.count_slack,
+        )
+    });
+    let counts_stray = band.is_none_or(|(lo, hi)| counts.values().any(|&c| c < lo || c > hi));
 
     let mut need: BTreeMap<&WorkerId, usize> = BTreeMap::new();
     let mut surplus: Vec<&Lease> = Vec::new();
@@ -410,7 +465,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         let want = target.get(worker).copied().unwrap_or(0);
         if held_by.len() < want {
             need.insert(worker, want - held_by.len());
-        } else if held_by.len() > want {
+        } else if held_by.len() > want && counts_stray {
             // The ones already asked for go first, then the highest keys: the same
             // choice every round while nothing changes.
             let mut mine = held_by.clone();
@@ -463,10 +518,55 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         }
     }
 
+    // Counts settled: throughput, if every lease's rate is known.
+    if let (Some(spread), Some((lo, hi))) = (spread, band)
+        && plan.is_empty()
+        && free.is_empty()
+        && from_draining.is_empty()
+    {
+        let members_load = |w: &WorkerId| obs.load_of(w).and_then(|l| l.lease_rates.as_ref());
+        let mut rated: BTreeMap<WorkerId, Vec<Rated<'_>>> = BTreeMap::new();
+        let mut known = true;
+        for (worker, held_by) in &loads {
+            for &lease in held_by {
+                let rate = members_load(worker).and_then(|rates| rates.get(&lease.key));
+                let Some(rate) = rate else {
+                    known = false;
+                    break;
+                };
+                // A request already made counts as done (and its lease stays put), so a
+                // plan does not move more than it means to while handoffs are under way.
+                let (at, pending) = match &lease.handoff_to {
+                    Some(to) if to != worker && loads.contains_key(to) => (to.clone(), true),
+                    _ => (worker.clone(), false),
+                };
+                rated.entry(at).or_default().push(Rated {
+                    lease,
+                    rate: rate.bytes_per_second as f64,
+                    pending,
+                });
+            }
+        }
+        if known {
+            for worker in loads.keys() {
+                rated.entry(worker.clone()).or_default();
+            }
+            for (lease, to) in throughput_plan(rated, &spread, lo, hi) {
+                if let Some((taker, _)) = loads.get_key_value(&to) {
+                    plan.push((lease, taker));
+                }
+            }
+        }
+    }
+
     // This worker's part of the plan.
+    let asked_already = leases
+        .iter()
+        .filter(|l| l.handoff_to.as_ref() == Some(me) && l.owner.as_ref() != Some(me))
+        .count();
     let room = match limits.max_leases {
         0 => usize::MAX,
-        max => max.saturating_sub(held.len() - decision.lost.len()),
+        max => max.saturating_sub(held.len() - decision.lost.len() + asked_already),
     };
     let mut moves = 0;
     // At least half of this worker's shortfall per round: a worker that joins a large
@@ -500,7 +600,9 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
             .copied(),
     );
     for lease in mine {
-        if cooling.contains(&lease.key) || decision.take.len() >= room {
+        // Requests count against the room as takes do: a lease handed over is taken.
+        if cooling.contains(&lease.key) || decision.take.len() + decision.request.len() >= room
+        {
             continue;
         }
         let owner_alive = lease
@@ -535,10 +637,236 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     decision
 }
 
+/// A lease in the throughput plan, with its owner's measured bytes/s.
+#[derive(Debug, Clone, Copy)]
+struct Rated<'a> {
+    lease: &'a Lease,
+    rate: f64,
+    /// Asked for already (counted at its asker): not moved again.
+    pending: bool,
+}
+
+/// Moves that even out throughput, as `(lease, taker)`, for leases of live members
+/// whose rates are all known, in the manner of KCL 3's variance-based assignment
+/// (`VarianceBasedLeaseAssignmentDecider`):
+///
+/// * a worker more than `threshold` above the mean throughput sheds, one more than
+///   `threshold` below it takes; inside the band nothing moves (noise does not move
+///   shards);
+/// * at most `dampening` of a worker's distance from the mean moves per round, so it
+///   stays on its side of the mean: a shedder never becomes a taker by its own moves;
+/// * the other side of a move never ends past half the band on its side: a taker does
+///   not become a shedder (no lease comes back), and a hot lease bigger than the gap it
+///   would fix does not move at all;
+/// * counts stay within `[lo, hi]`: where a single move would leave them, the taker
+///   gives back its coldest lease that keeps the move worth making (a swap: two
+///   requests, one by each side, so the protocol stays "the taker asks").
+///
+/// Every move lowers the sum of squared throughputs (a shedder gives less than its
+/// excess to a worker below the mean), so with steady rates the plan empties. Pure and
+/// deterministic: every worker computes the same plan from the same scan.
+fn throughput_plan<'a>(
+    mut at: BTreeMap<WorkerId, Vec<Rated<'a>>>,
+    spread: &Spread,
+    lo: usize,
+    hi: usize,
+) -> Vec<(&'a Lease, WorkerId)> {
+    let n = at.len();
+    if n < 2 {
+        return Vec::new();
+    }
+    let mut t: BTreeMap<WorkerId, f64> = at
+        .iter()
+        .map(|(w, l)| (w.clone(), l.iter().map(|l| l.rate).sum::<f64>()))
+        .collect();
+    let mean = t.values().sum::<f64>() / n as f64;
+    if mean <= 0.0 {
+        return Vec::new();
+    }
+    let (high, low) = (
+        mean * (1.0 + spread.threshold),
+        mean * (1.0 - spread.threshold),
+    );
+    let (cap, floor) = (
+        mean * (1.0 + spread.threshold / 2.0),
+        mean * (1.0 - spread.threshold / 2.0),
+    );
+    // What each worker outside the band may still move this round.
+    let mut budget: BTreeMap<WorkerId, f64> = t
+        .iter()
+        .filter(|(_, x)| **x > high || **x < low)
+        .map(|(w, x)| (w.clone(), spread.dampening * (x - mean).abs()))
+        .collect();
+    let mut plan: Vec<(&'a Lease, WorkerId)> = Vec::new();
+    while let Some(found) = next_move(&at, &t, &budget, mean, cap, floor, lo, hi) {
+        let Move {
+            from,
+            to,
+            lease,
+            back,
+        } = found;
+        let moved = lease.rate - back.map_or(0.0, |b| b.rate);
+        for (worker, delta) in [(&from, -moved), (&to, moved)] {
+            if let Some(x) = t.get_mut(worker) {
+                *x += delta;
+            }
+        }
+        for worker in [&from, &to] {
+            if let Some(b) = budget.get_mut(worker) {
+                *b -= moved;
+            }
+        }
+        let mut shift = |item: Rated<'a>, src: &WorkerId, dst: &WorkerId| {
+            if let Some(list) = at.get_mut(src) {
+                list.retain(|l| l.lease.key != item.lease.key);
+            }
+            if let Some(list) = at.get_mut(dst) {
+                list.push(Rated {
+                    pending: true,
+                    ..item
+                });
+            }
+            plan.push((item.lease, dst.clone()));
+        };
+        shift(lease, &from, &to);
+        if let Some(back) = back {
+            shift(back, &to, &from);
+        }
+    }
+    plan
+}
+
+/// One move of a throughput plan: `lease` from `from` to `to`, and with a swap `back`
+/// the other way.
+struct Move<'a> {
+    from: WorkerId,
+    to: WorkerId,
+    lease: Rated<'a>,
+    back: Option<Rated<'a>>,
+}
+
+/// The next move: the worker furthest from the mean (with budget left) first, its
+/// partners from the furthest on the other side of the mean.
+#[allow(clippy::too_many_arguments)]
+fn next_move<'a>(
+    at: &BTreeMap<WorkerId, Vec<Rated<'a>>>,
+    t: &BTreeMap<WorkerId, f64>,
+    budget: &BTreeMap<WorkerId, f64>,
+    mean: f64,
+    cap: f64,
+    floor: f64,
+    lo: usize,
+    hi: usize,
+) -> Option<Move<'a>> {
+    let load = |w: &WorkerId| t.get(w).copied().unwrap_or(mean);
+    let mut drivers: Vec<(&WorkerId, f64)> = budget
+        .iter()
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(w, b)| (w, *b))
+        .collect();
+    drivers.sort_by(|a, b| {
+        (load(b.0) - mean)
+            .abs()
+            .total_cmp(&(load(a.0) - mean).abs())
+            .then_with(|| a.0.cmp(b.0))
+    });
+    let empty = Vec::new();
+    let list = |w: &WorkerId| at.get(w).unwrap_or(&empty);
+    for (driver, left) in drivers {
+        let hot = load(driver) > mean;
+        let mut partners: Vec<(&WorkerId, f64)> = t
+            .iter()
+            .filter(|(w, x)| *w != driver && if hot { **x < mean } else { **x > mean })
+            .map(|(w, x)| (w, *x))
+            .collect();
+        // The coldest partner of a hot worker first, the hottest of a cold one.
+        partners.sort_by(|a, b| {
+            let order = a.1.total_cmp(&b.1);
+            if hot { order } else { order.reverse() }.then_with(|| a.0.cmp(b.0))
+        });
+        for (partner, px) in partners {
+            let (from, to) = if hot {
+                (driver, partner)
+            } else {
+                (partner, driver)
+            };
+            // The driver's budget, the partner's room before it would cross half the
+            // band on its side of the mean, and the partner's budget if it is outside
+            // the band too (so neither crosses the mean).
+            let most = left
+                .min(if hot { cap - px } else { px - floor })
+                .min(budget.get(partner).copied().unwrap_or(f64::INFINITY));
+            if most <= 0.0 {
+                continue;
+            }
+            let counts_allow = list(from).len() > lo && list(to).len() < hi;
+            if let Some((lease, back)) = best_move(list(from), list(to), most, counts_allow) {
+                return Some(Move {
+                    from: from.clone(),
+                    to: to.clone(),
+                    lease,
+                    back,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The biggest move from `from` to `to` of more than nothing and at most `most`
+/// bytes/s: one lease if `single` (counts allow it) and one fits, else a lease for a
+/// lease of `to` (a swap), the coldest that keeps the difference within `most`. Ties
+/// by key, so that every worker picks the same.
+fn best_move<'a>(
+    from: &[Rated<'a>],
+    to: &[Rated<'a>],
+    most: f64,
+    single: bool,
+) -> Option<(Rated<'a>, Option<Rated<'a>>)> {
+    let movable = |l: &&Rated<'a>| !l.pending && l.rate > 0.0;
+    let pick = |candidates: Vec<(f64, Rated<'a>, Option<Rated<'a>>)>| {
+        candidates
+            .into_iter()
+            .max_by(|a, b| {
+                a.0.total_cmp(&b.0)
+                    .then_with(|| b.1.lease.key.cmp(&a.1.lease.key))
+            })
+            .map(|(_, l, back)| (l, back))
+    };
+    if single {
+        let one = pick(
+            from.iter()
+                .filter(movable)
+                .filter(|l| l.rate <= most)
+                .map(|l| (l.rate, *l, None))
+                .collect(),
+        );
+        if one.is_some() {
+            return one;
+        }
+    }
+    pick(
+        from.iter()
+            .filter(movable)
+            .filter_map(|l| {
+                to.iter()
+                    .filter(|b| !b.pending && b.rate < l.rate && l.rate - b.rate <= most)
+                    .min_by(|a, b| {
+                        a.rate
+                            .total_cmp(&b.rate)
+                            .then_with(|| a.lease.key.cmp(&b.lease.key))
+                    })
+                    .map(|b| (l.rate - b.rate, *l, Some(*b)))
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Checkpoint, ShardId};
+    use crate::model::{Checkpoint, LeaseRate, ShardId};
+    use crate::fleet_sim::Sim;
 
     fn lease(shard: u64, owner: Option<&str>, counter: u64) -> Lease {
         let mut lease = Lease::new(
@@ -567,6 +895,7 @@ mod tests {
             failover_time: FAILOVER,
             max_leases: max,
             max_moves_per_round: 10,
+            policy: Policy::Throughput(Spread::DEFAULT),
         }
     }
 
@@ -995,6 +1324,96 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    fn rated(worker: &str, counter: u64, rates: &[(&Lease, u64)]) -> Heartbeat {
+        let mut h = hb(worker, counter);
+        h.load.lease_rates = Some(
+            rates
+                .iter()
+                .map(|(l, r)| {
+                    (
+                        l.key.clone(),
+                        LeaseRate {
+                            records_per_second: *r,
+                            bytes_per_second: *r,
+                        },
+                    )
+                })
+                .collect(),
+        );
+        h
+    }
+
+    /// Two workers, `a` holding `on_a` and `b` holding `on_b` (bytes/s per lease): what
+    /// `b` asks of `a` and `a` asks of `b`.
+    fn asks(on_a: &[u64], on_b: &[u64], b_rates: bool) -> (Vec<usize>, Vec<usize>) {
+        let t0 = Instant::now();
+        let n = on_a.len();
+        let leases: Vec<Lease> = on_a
+            .iter()
+            .chain(on_b)
+            .enumerate()
+            .map(|(i, _)| lease(i as u64, Some(if i < n { "a" } else { "b" }), 1))
+            .collect();
+        let with = |range: std::ops::Range<usize>, rates: &[u64]| -> Vec<(&Lease, u64)> {
+            leases[range].iter().zip(rates.iter().copied()).collect()
+        };
+        let mut obs = Observations::new();
+        let b_beat = if b_rates {
+            rated("b", 1, &with(n..leases.len(), on_b))
+        } else {
+            hb("b", 1)
+        };
+        obs.observe(&[rated("a", 1, &with(0..n, on_a)), b_beat], [], t0);
+        let index = |d: Decision| -> Vec<usize> {
+            d.request
+                .iter()
+                .filter_map(|(k, _)| leases.iter().position(|l| &l.key == k))
+                .collect()
+        };
+        let held = |w: &str| -> BTreeMap<LeaseKey, Fence> {
+            leases
+                .iter()
+                .filter(|l| l.owner.as_ref().is_some_and(|o| o.as_str() == w))
+                .map(|l| (l.key.clone(), l.fence()))
+                .collect()
+        };
+        let by_b = run(&leases, &held("b"), &obs, &WorkerId::new("b"), t0, &limits(0));
+        let by_a = run(&leases, &held("a"), &obs, &WorkerId::new("a"), t0, &limits(0));
+        (index(by_b), index(by_a))
+    }
+
+    #[test]
+    fn throughput_scenarios() {
+        // (a's leases, b's leases, b publishes rates, b asks for, a asks for)
+        let table: [(&[u64], &[u64], bool, &[usize], &[usize]); 7] = [
+            // Even: nothing moves.
+            (&[100, 100], &[100, 100], true, &[], &[]),
+            // Within the 10 % band: nothing moves.
+            (&[105, 100], &[100, 95], true, &[], &[]),
+            // a is hot (mean 300): b asks for the biggest lease that fits a's damped
+            // excess (0.6 × 100 = 60): not the 200 nor the 80.
+            (&[200, 80, 60, 60], &[50, 50, 50, 50], true, &[2], &[]),
+            // The hot lease is bigger than the gap it would fix: it stays.
+            (&[300], &[10], true, &[], &[]),
+            // b publishes no rates (an older flotilla): counts only, and counts are even.
+            (&[200, 80, 60, 60], &[50, 50, 50, 50], false, &[], &[]),
+            // a at its count floor (fair 4 - slack 2): a swap, each side asking for
+            // one lease; the 60 for a 10 (a gain of 50, within a's budget of 60).
+            (&[200, 60], &[10, 10, 10, 10, 10, 10], true, &[1], &[2]),
+            // Both outside the band: one move, within both budgets (0.6 × 180), not a
+            // second that would carry b past the mean.
+            (&[100, 100, 100, 100], &[10, 10, 10, 10], true, &[0], &[]),
+        ];
+        for (i, (a, b, b_rates, want_b, want_a)) in table.into_iter().enumerate() {
+            let (by_b, by_a) = asks(a, b, b_rates);
+            assert_eq!(
+                (by_b.as_slice(), by_a.as_slice()),
+                (want_b, want_a),
+                "scenario {i}: {a:?} / {b:?}"
+            );
         }
     }
 }

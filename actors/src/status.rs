@@ -370,13 +370,41 @@ pub struct FleetLease {
 /// fetch, and in fan-out mode since when each shard's subscription is open; read by the
 /// lease keeper for its heartbeat: the fleet page shows every shard's lag, and which
 /// fan-out shards have no subscription, from the table alone.
+///
+/// It also counts what readers deliver per lease key (records, bytes), cumulative, for
+/// the per-lease rates the keeper publishes in its heartbeat.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LagBoard(
     Arc<Mutex<BTreeMap<String, u64>>>,
     Arc<Mutex<BTreeMap<String, tokio::time::Instant>>>,
+    Arc<Mutex<BTreeMap<LeaseKey, (u64, u64)>>>,
 );
 
 impl LagBoard {
+    /// A reader delivered `records` totalling `bytes` for the lease `key`.
+    pub fn delivered(&self, key: &LeaseKey, records: u64, bytes: u64) {
+        if let Ok(mut map) = self.2.lock() {
+            let total = map.entry(key.clone()).or_default();
+            total.0 = total.0.saturating_add(records);
+            total.1 = total.1.saturating_add(bytes);
+        }
+    }
+
+    /// Cumulative (records, bytes) delivered per lease, keeping only the leases `keep`
+    /// says (the held ones), so the board does not grow with every lease ever read.
+    pub fn delivered_totals(
+        &self,
+        keep: impl Fn(&LeaseKey) -> bool,
+    ) -> BTreeMap<LeaseKey, (u64, u64)> {
+        self.2
+            .lock()
+            .map(|mut map| {
+                map.retain(|key, _| keep(key));
+                map.clone()
+            })
+            .unwrap_or_default()
+    }
+
     /// The shard's subscription is open since `since`, or (`None`) it has none.
     pub fn subscribed(&self, shard: &ShardId, since: Option<tokio::time::Instant>) {
         if let Ok(mut map) = self.1.lock() {

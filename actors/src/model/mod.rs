@@ -7,6 +7,8 @@
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
 //! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
+//! * `rates`: [`RateMeter`], each held lease's smoothed records/s and bytes/s, for the
+//!   heartbeat.
 //! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
 //!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
@@ -15,6 +17,7 @@ mod graph;
 pub mod item;
 mod lease;
 mod lease_plan;
+mod rates;
 mod sequence;
 mod shard;
 pub mod source;
@@ -24,8 +27,9 @@ pub use change::DynamoChange;
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
-    SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
+    LeaseRate, SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
 };
+pub use rates::RateMeter;
 pub use lease_plan::{Orphans, orphans, plan_cleanup, plan_new_leases};
 pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
