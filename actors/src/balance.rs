@@ -759,6 +759,13 @@ fn next_move<'a>(
     hi: usize,
 ) -> Option<Move<'a>> {
     let load = |w: &WorkerId| t.get(w).copied().unwrap_or(mean);
+    // What a swap must gain, as a share of the two rates it moves: noise on two rates
+    // must not make a swap look worth making, nor then worth undoing.
+    let margin = (cap - mean) / mean;
+    // The smallest move worth a request: a tenth of the band. Smaller ones hardly
+    // change the spread, and a worker stuck outside the band (its one hot lease is too
+    // big to move) would trickle them out forever as noise lets one through.
+    let least = (high_of(mean, cap) - mean) / 10.0;
     let mut drivers: Vec<(&WorkerId, f64)> = budget
         .iter()
         .filter(|(_, b)| **b > 0.0)
@@ -800,7 +807,9 @@ fn next_move<'a>(
                 continue;
             }
             let counts_allow = list(from).len() > lo && list(to).len() < hi;
-            if let Some((lease, back)) = best_move(list(from), list(to), most, counts_allow) {
+            if let Some((lease, back)) =
+                best_move(list(from), list(to), (least, most), counts_allow, margin)
+            {
                 return Some(Move {
                     from: from.clone(),
                     to: to.clone(),
@@ -813,17 +822,23 @@ fn next_move<'a>(
     None
 }
 
-/// The biggest move from `from` to `to` of more than nothing and at most `most`
-/// bytes/s: one lease if `single` (counts allow it) and one fits, else a lease for a
-/// lease of `to` (a swap), the coldest that keeps the difference within `most`. Ties
-/// by key, so that every worker picks the same.
+/// The threshold line above the mean, from the half-band line `cap`.
+fn high_of(mean: f64, cap: f64) -> f64 {
+    mean + 2.0 * (cap - mean)
+}
+
+/// The biggest move from `from` to `to` of `least` to `most` bytes/s: one lease if
+/// `single` (counts allow it) and one fits, else a lease for a lease of `to` (a swap),
+/// the coldest that keeps the difference within bounds and gains at least `margin` of
+/// the two rates. Ties by key, so that every worker picks the same.
 fn best_move<'a>(
     from: &[Rated<'a>],
     to: &[Rated<'a>],
-    most: f64,
+    (least, most): (f64, f64),
     single: bool,
+    margin: f64,
 ) -> Option<(Rated<'a>, Option<Rated<'a>>)> {
-    let movable = |l: &&Rated<'a>| !l.pending && l.rate > 0.0;
+    let movable = |l: &&Rated<'a>| !l.pending && l.rate >= least && l.rate > 0.0;
     let pick = |candidates: Vec<(f64, Rated<'a>, Option<Rated<'a>>)>| {
         candidates
             .into_iter()
@@ -850,7 +865,13 @@ fn best_move<'a>(
             .filter(movable)
             .filter_map(|l| {
                 to.iter()
-                    .filter(|b| !b.pending && b.rate < l.rate && l.rate - b.rate <= most)
+                    .filter(|b| {
+                        let gain = l.rate - b.rate;
+                        !b.pending
+                            && gain > margin * (l.rate + b.rate)
+                            && gain >= least
+                            && gain <= most
+                    })
                     .min_by(|a, b| {
                         a.rate
                             .total_cmp(&b.rate)
@@ -866,7 +887,6 @@ fn best_move<'a>(
 mod tests {
     use super::*;
     use crate::model::{Checkpoint, LeaseRate, ShardId};
-    use crate::fleet_sim::Sim;
 
     fn lease(shard: u64, owner: Option<&str>, counter: u64) -> Lease {
         let mut lease = Lease::new(
@@ -1414,6 +1434,162 @@ mod tests {
                 (want_b, want_a),
                 "scenario {i}: {a:?} / {b:?}"
             );
+        }
+    }
+
+    /// Fleets with skewed rates, run in rounds as in `fleet`, every worker publishing
+    /// its leases' bytes/s.
+    mod throughput_fleet {
+        use crate::fleet_sim::Sim;
+        use proptest::prelude::*;
+        use rand::{Rng, SeedableRng};
+
+        /// Workers, then per lease its first owner (past the last: unowned) and its
+        /// bytes/s: mostly cold, some hot (up to 100 times as much).
+        fn start() -> impl Strategy<Value = (usize, Vec<usize>, Vec<u64>)> {
+            (2usize..=12, 1usize..=150).prop_flat_map(|(workers, leases)| {
+                (
+                    Just(workers),
+                    proptest::collection::vec(0..=workers, leases),
+                    proptest::collection::vec(
+                        prop_oneof![4 => 10u64..=100, 1 => 1_000u64..=10_000],
+                        leases,
+                    ),
+                )
+            })
+        }
+
+        fn sim(workers: usize, owners: &[usize], rates: &[u64]) -> Sim {
+            let mut sim = Sim::new(owners.len(), workers, owners).with_rates(rates.to_vec());
+            // Every request of a plan is made in its round, so each round carries out
+            // one whole plan (a swap's two halves together).
+            sim.limits.max_moves_per_round = 10_000;
+            sim
+        }
+
+        /// Sum of squared deviations from the mean throughput.
+        fn objective(sim: &Sim, rates: &[u64]) -> f64 {
+            let t = sim.throughputs(rates);
+            let mean = t.values().sum::<u64>() as f64 / t.len().max(1) as f64;
+            t.values().map(|&x| (x as f64 - mean).powi(2)).sum()
+        }
+
+        fn counts(sim: &Sim) -> Vec<usize> {
+            sim.workers
+                .iter()
+                .map(|w| sim.held_by(w).len())
+                .collect()
+        }
+
+        /// Rounds bounded by the moves a plan can need: each lease moves once at most
+        /// per plan, a plan lands in two rounds, and dampening takes a few plans.
+        const BOUND: usize = 60;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+
+            #[test]
+            fn any_start_goes_quiet_in_bounded_rounds_with_counts_in_the_slack(
+                (workers, owners, rates) in start(),
+            ) {
+                let mut sim = sim(workers, &owners, &rates);
+                let rounds = sim.quiet(BOUND);
+                prop_assert!(rounds.is_some(), "not quiet in {} rounds: {:?}", BOUND, sim.throughputs(&rates));
+                let n = owners.len();
+                let (q, r) = (n / workers, n % workers);
+                let (lo, hi) = (q.saturating_sub(2), q + usize::from(r > 0) + 2);
+                for c in counts(&sim) {
+                    prop_assert!(lo <= c && c <= hi, "count {} outside {}..={}", c, lo, hi);
+                }
+                // And quiet it stays.
+                for (_, d) in (0..3).flat_map(|_| sim.round()) {
+                    prop_assert!(d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty(), "{:?}", d);
+                }
+            }
+
+            #[test]
+            fn every_round_of_throughput_moves_lowers_the_spread(
+                (workers, owners, rates) in start(),
+            ) {
+                // Counts even from the start (round-robin): only throughput moves.
+                let owners: Vec<usize> = (0..owners.len()).map(|i| i % workers).collect();
+                let mut sim = sim(workers, &owners, &rates);
+                let mut before = objective(&sim, &rates);
+                for _ in 0..BOUND {
+                    let moves_before: u32 = sim.moves.iter().sum();
+                    sim.round();
+                    let after = objective(&sim, &rates);
+                    if sim.moves.iter().sum::<u32>() > moves_before {
+                        prop_assert!(after < before, "moves raised the spread: {} -> {}", before, after);
+                    } else {
+                        prop_assert!(after == before);
+                    }
+                    before = after;
+                }
+            }
+
+            #[test]
+            fn noisy_rates_do_not_move_leases_back_and_forth(
+                (workers, owners, rates) in start(),
+                seed in any::<u64>(),
+            ) {
+                let mut sim = sim(workers, &owners, &rates);
+                prop_assume!(sim.quiet(BOUND).is_some());
+                // Every published rate off by up to ±JITTER each round, independently.
+                // Noise may let through a move that was just short of worth making, but
+                // only one that lowers the spread of the true rates: every round that
+                // moves anything leaves the fleet strictly better, so no state comes back
+                // (nothing goes back and forth) and the moves run out.
+                const JITTER: f64 = 0.03;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let mut before = objective(&sim, &rates);
+                for round in 1..=60 {
+                    let noisy: Vec<u64> = rates
+                        .iter()
+                        .map(|&r| (r as f64 * (1.0 + rng.random_range(-JITTER..=JITTER))).round() as u64)
+                        .collect();
+                    sim.rates = Some(noisy);
+                    let moved: u32 = sim.moves.iter().sum();
+                    sim.round();
+                    let after = objective(&sim, &rates);
+                    if sim.moves.iter().sum::<u32>() > moved {
+                        prop_assert!(after < before, "round {}: noise raised the spread {} -> {}", round, before, after);
+                    }
+                    before = after;
+                }
+            }
+
+            #[test]
+            fn max_leases_is_never_exceeded(
+                (workers, owners, rates) in start(),
+            ) {
+                let n = owners.len();
+                let owners: Vec<usize> = (0..n).map(|i| i % workers).collect();
+                let mut sim = sim(workers, &owners, &rates);
+                // Room for the fair share and one more: less than the slack would allow.
+                let max = n.div_ceil(workers) + 1;
+                sim.limits.max_leases = max;
+                for _ in 0..BOUND {
+                    sim.round();
+                    for c in counts(&sim) {
+                        prop_assert!(c <= max, "{} leases held, max_leases {}", c, max);
+                    }
+                }
+            }
+
+            #[test]
+            fn an_even_fleet_moves_nothing(
+                workers in 2usize..=12,
+                per in 1usize..=12,
+                rate in 1u64..=10_000,
+            ) {
+                let n = workers * per;
+                let owners: Vec<usize> = (0..n).map(|i| i % workers).collect();
+                let mut sim = sim(workers, &owners, &vec![rate; n]);
+                for (_, d) in (0..3).flat_map(|_| sim.round()) {
+                    prop_assert!(d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty(), "{:?}", d);
+                }
+            }
         }
     }
 }
