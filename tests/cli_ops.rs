@@ -607,6 +607,7 @@ async fn status_server() -> String {
                 has_heartbeat: true,
                 leases: 2,
                 records_per_second: 25,
+                bytes_per_second: Some(51_200),
                 silent_ms: 100,
             },
             FleetWorker {
@@ -616,6 +617,7 @@ async fn status_server() -> String {
                 has_heartbeat: true,
                 leases: 1,
                 records_per_second: 0,
+                bytes_per_second: None,
                 silent_ms: 42_000,
             },
         ],
@@ -633,6 +635,7 @@ async fn status_server() -> String {
                 children: vec![],
                 millis_behind_latest: Some(1200),
                 subscribed_ms: None,
+                rate: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000002".into(),
@@ -647,6 +650,7 @@ async fn status_server() -> String {
                 children: vec![],
                 millis_behind_latest: None,
                 subscribed_ms: None,
+                rate: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000009".into(),
@@ -661,6 +665,7 @@ async fn status_server() -> String {
                 children: vec![],
                 millis_behind_latest: None,
                 subscribed_ms: None,
+                rate: None,
             },
         ],
         unassigned: vec!["shardId-000000000002".into()],

@@ -250,7 +250,14 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             .as_ref()
             .and_then(|o| obs.load_of(o))
             .and_then(|load| load.subscribed_ms.get(shard.as_str()).copied());
+        let rate = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.lease_rates.as_ref())
+            .and_then(|rates| rates.get(&lease.key).copied());
         view.leases.push(FleetLease {
+            rate: rate.filter(|_| state != FleetLeaseState::Finished),
             lease_key: lease.key.to_string(),
             shard_id: shard.to_string(),
             owner: lease.owner.as_ref().map(|o| o.to_string()),
@@ -291,6 +298,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             children: Vec::new(),
             millis_behind_latest: None,
             subscribed_ms: None,
+            rate: None,
         });
     }
     view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
@@ -304,6 +312,11 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             draining: peer.load.draining,
             has_heartbeat: peer.has_heartbeat,
             records_per_second: peer.load.records_per_second,
+            bytes_per_second: peer
+                .load
+                .lease_rates
+                .as_ref()
+                .map(|rates| rates.values().map(|r| r.bytes_per_second).sum()),
             silent_ms: peer.silent_ms,
         })
         .collect();
@@ -322,6 +335,9 @@ pub struct FleetWorker {
     pub leases: u64,
     /// Records per second it delivered, from its heartbeat.
     pub records_per_second: u64,
+    /// The sum of its leases' smoothed bytes/s (what throughput balance evens out);
+    /// `None` from a worker that publishes no per-lease rates.
+    pub bytes_per_second: Option<u64>,
     /// How long its heartbeat has stood still.
     pub silent_ms: u64,
 }
@@ -364,6 +380,9 @@ pub struct FleetLease {
     /// In a fan-out fleet, for a lease being read: how long the owner's subscription to
     /// the shard had lasted at its last heartbeat, or `None` if it had none.
     pub subscribed_ms: Option<u64>,
+    /// Its owner's smoothed records/s and bytes/s for it (from its heartbeat); `None`
+    /// until measured, or from an owner that publishes no rates.
+    pub rate: Option<crate::model::LeaseRate>,
 }
 
 /// MillisBehindLatest of the shards this worker reads, written by readers as they
