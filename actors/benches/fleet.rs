@@ -794,7 +794,13 @@ fn p13_sim(policy: Policy, jitter: f64, seed: u64) -> Skew {
     let (leases, workers, cold, hot) = (100usize, 5usize, 100u64, 1000u64);
     let owners: Vec<usize> = (0..leases).map(|i| i % workers).collect();
     let rates: Vec<u64> = (0..leases)
-        .map(|i| if i % workers == 0 && i < 50 { hot } else { cold })
+        .map(|i| {
+            if i % workers == 0 && i < 50 {
+                hot
+            } else {
+                cold
+            }
+        })
         .collect();
     let mut sim = Sim::new(leases, workers, &owners).with_rates(rates.clone());
     sim.limits.policy = policy;

@@ -601,8 +601,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     );
     for lease in mine {
         // Requests count against the room as takes do: a lease handed over is taken.
-        if cooling.contains(&lease.key) || decision.take.len() + decision.request.len() >= room
-        {
+        if cooling.contains(&lease.key) || decision.take.len() + decision.request.len() >= room {
             continue;
         }
         let owner_alive = lease
@@ -1435,15 +1434,36 @@ mod tests {
                 .map(|l| (l.key.clone(), l.fence()))
                 .collect()
         };
-        let by_b = run(&leases, &held("b"), &obs, &WorkerId::new("b"), t0, &limits(0));
-        let by_a = run(&leases, &held("a"), &obs, &WorkerId::new("a"), t0, &limits(0));
+        let by_b = run(
+            &leases,
+            &held("b"),
+            &obs,
+            &WorkerId::new("b"),
+            t0,
+            &limits(0),
+        );
+        let by_a = run(
+            &leases,
+            &held("a"),
+            &obs,
+            &WorkerId::new("a"),
+            t0,
+            &limits(0),
+        );
         (index(by_b), index(by_a))
     }
 
     #[test]
     fn throughput_scenarios() {
         // (a's leases, b's leases, b publishes rates, b asks for, a asks for)
-        let table: [(&[u64], &[u64], bool, &[usize], &[usize]); 7] = [
+        type Scenario = (
+            &'static [u64],
+            &'static [u64],
+            bool,
+            &'static [usize],
+            &'static [usize],
+        );
+        let table: [Scenario; 7] = [
             // Even: nothing moves.
             (&[100, 100], &[100, 100], true, &[], &[]),
             // Within the 10 % band: nothing moves.
@@ -1511,10 +1531,7 @@ mod tests {
         }
 
         fn counts(sim: &Sim) -> Vec<usize> {
-            sim.workers
-                .iter()
-                .map(|w| sim.held_by(w).len())
-                .collect()
+            sim.workers.iter().map(|w| sim.held_by(w).len()).collect()
         }
 
         /// Rounds bounded by the moves a plan can need: each lease moves once at most

@@ -295,9 +295,9 @@ impl Sim {
     pub fn quiet(&mut self, max_rounds: usize) -> Option<usize> {
         for r in 0..max_rounds {
             let decisions = self.round();
-            let idle = decisions.iter().all(|(_, d)| {
-                d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty()
-            });
+            let idle = decisions
+                .iter()
+                .all(|(_, d)| d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty());
             if idle && self.leases.iter().all(|l| l.handoff_to.is_none()) {
                 return Some(r);
             }

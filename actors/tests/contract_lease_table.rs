@@ -19,8 +19,8 @@ use flotilla_actors::backend::memory::MemoryDynamo;
 use flotilla_actors::backend::{LeaseError, LeaseTable, TableState};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
 use flotilla_actors::model::{
-    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, SequenceNumber,
-    LeaseRate, ShardId, WorkerId, WorkerLoad,
+    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, LeaseRate,
+    SequenceNumber, ShardId, WorkerId, WorkerLoad,
 };
 use support::servers;
 use support::stripping_proxy::{Fault, Options, StrippingProxy};

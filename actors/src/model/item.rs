@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::{
-    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Heartbeat, Lease, LeaseKey,
-    LeaseRate, SequenceNumber, ShardId, WorkerId, WorkerLoad,
+    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Heartbeat, Lease, LeaseKey, LeaseRate,
+    SequenceNumber, ShardId, WorkerId, WorkerLoad,
 };
 
 /// A DynamoDB attribute value, serialised the way DynamoDB JSON writes it (`{"S": ".."}`):

@@ -29,8 +29,8 @@ pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
     LeaseRate, SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
 };
-pub use rates::RateMeter;
 pub use lease_plan::{Orphans, orphans, plan_cleanup, plan_new_leases};
+pub use rates::RateMeter;
 pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,

@@ -137,7 +137,11 @@ mod tests {
         let mut meter = RateMeter::new();
         // Baseline, then the first interval (the reader's start): no rate yet.
         assert!(meter.sample(&totals(&[(1, 0, 0)]), &held, t0).is_empty());
-        assert!(meter.sample(&totals(&[(1, 50, 500)]), &held, t0 + s).is_empty());
+        assert!(
+            meter
+                .sample(&totals(&[(1, 50, 500)]), &held, t0 + s)
+                .is_empty()
+        );
         // Second interval: 100 records/s, 1000 bytes/s, taken as it is.
         let rates = meter.sample(&totals(&[(1, 250, 2500)]), &held, t0 + 2 * s);
         assert_eq!(
