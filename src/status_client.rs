@@ -201,6 +201,7 @@ pub fn render_fleet(fleet: &Value) -> String {
                 yes_no(&worker["draining"]),
                 text(&worker["leases"]),
                 text(&worker["records_per_second"]),
+                text(&worker["bytes_per_second"]),
                 millis_as_duration(&worker["silent_ms"]),
                 match worker["has_heartbeat"].as_bool() {
                     Some(false) => "no heartbeat row".to_owned(),
@@ -215,7 +216,7 @@ pub fn render_fleet(fleet: &Value) -> String {
     } else {
         out.push_str(&table(
             &[
-                "WORKER", "ALIVE", "DRAINING", "LEASES", "REC/S", "SILENT", "NOTE",
+                "WORKER", "ALIVE", "DRAINING", "LEASES", "REC/S", "BYTES/S", "SILENT", "NOTE",
             ],
             workers,
         ));

@@ -617,6 +617,7 @@ async fn status_server() -> String {
                 has_heartbeat: true,
                 leases: 2,
                 records_per_second: 25,
+                bytes_per_second: Some(51_200),
                 silent_ms: 100,
             },
             FleetWorker {
@@ -626,6 +627,7 @@ async fn status_server() -> String {
                 has_heartbeat: true,
                 leases: 1,
                 records_per_second: 0,
+                bytes_per_second: None,
                 silent_ms: 42_000,
             },
         ],
@@ -644,6 +646,7 @@ async fn status_server() -> String {
                 children: vec![],
                 millis_behind_latest: Some(1200),
                 subscribed_ms: None,
+                rate: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000002".into(),
@@ -659,6 +662,7 @@ async fn status_server() -> String {
                 children: vec![],
                 millis_behind_latest: None,
                 subscribed_ms: None,
+                rate: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000009".into(),
@@ -674,6 +678,7 @@ async fn status_server() -> String {
                 children: vec![],
                 millis_behind_latest: None,
                 subscribed_ms: None,
+                rate: None,
             },
         ],
         unassigned: vec!["shardId-000000000002".into()],

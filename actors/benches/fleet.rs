@@ -19,6 +19,7 @@ use flotilla_actors::backend::memory::{
     MemoryDynamo, MemoryMetrics, MemoryStreams, MemoryStreamsConfig,
 };
 use flotilla_actors::backend::{LeaseTable, PutRecord, StreamAdmin, StreamClient};
+use flotilla_actors::balance::{Policy, Spread};
 use flotilla_actors::fleet_sim::Sim;
 use flotilla_actors::model::{Lease, LeaseKey, WorkerId};
 use flotilla_actors::{
@@ -772,6 +773,116 @@ fn p5(n: usize, rows: &mut Vec<Row>) {
     });
 }
 
+// ---------------------------------------------------------------- P13 skewed shards
+
+/// What a fleet with skewed shards settles to under one balance policy.
+struct Skew {
+    rounds: usize,
+    moves: u32,
+    /// Per-worker bytes/s over the mean, lowest and highest, after settling.
+    low: f64,
+    high: f64,
+    counts: (usize, usize),
+}
+
+/// 100 leases, 10 hot (10x the bytes/s of a cold one) on 5 workers, dealt round-robin
+/// so that every hot lease starts on `w00` (the worst start a count balance keeps).
+/// Rates published by each lease's owner are off by up to ±`jitter` each round
+/// (seeded); the fleet runs until a round with nothing to do, at most 200 rounds.
+fn p13_sim(policy: Policy, jitter: f64, seed: u64) -> Skew {
+    use rand::{Rng, SeedableRng};
+    let (leases, workers, cold, hot) = (100usize, 5usize, 100u64, 1000u64);
+    let owners: Vec<usize> = (0..leases).map(|i| i % workers).collect();
+    let rates: Vec<u64> = (0..leases)
+        .map(|i| {
+            if i % workers == 0 && i < 50 {
+                hot
+            } else {
+                cold
+            }
+        })
+        .collect();
+    let mut sim = Sim::new(leases, workers, &owners).with_rates(rates.clone());
+    sim.limits.policy = policy;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rounds = 0;
+    for r in 1..=200 {
+        sim.rates = Some(
+            rates
+                .iter()
+                .map(|&x| (x as f64 * (1.0 + rng.random_range(-jitter..=jitter))).round() as u64)
+                .collect(),
+        );
+        let decisions = sim.round();
+        rounds = r;
+        let idle = decisions
+            .iter()
+            .all(|(_, d)| d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty());
+        if idle && sim.leases.iter().all(|l| l.handoff_to.is_none()) {
+            break;
+        }
+    }
+    let t = sim.throughputs(&rates);
+    let mean = t.values().sum::<u64>() as f64 / t.len() as f64;
+    let ratios: Vec<f64> = t.values().map(|&x| x as f64 / mean).collect();
+    let counts: Vec<usize> = sim.workers.iter().map(|w| sim.held_by(w).len()).collect();
+    Skew {
+        rounds,
+        moves: sim.moves.iter().sum(),
+        low: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        high: ratios.iter().copied().fold(0.0, f64::max),
+        counts: (
+            counts.iter().copied().min().unwrap_or(0),
+            counts.iter().copied().max().unwrap_or(0),
+        ),
+    }
+}
+
+fn p13(n: usize, rows: &mut Vec<Row>) {
+    println!(
+        "P13 skewed shards, pure simulator: 100 leases (10 hot at 10x), 5 workers, every hot \
+         lease on w00 at the start; rates jittered ±3 % per round; {n} seeds"
+    );
+    for (name, policy) in [
+        ("throughput", Policy::Throughput(Spread::DEFAULT)),
+        ("count", Policy::Count),
+    ] {
+        let (mut rounds, mut moves, mut worst) = (Vec::new(), Vec::new(), Vec::new());
+        for seed in 0..n as u64 {
+            let s = p13_sim(policy, 0.03, seed);
+            println!(
+                "  {name}, seed {seed}: quiet after {} rounds, {} moves, worker bytes/s {:.2}..{:.2} of the mean, leases {}..{}",
+                s.rounds, s.moves, s.low, s.high, s.counts.0, s.counts.1
+            );
+            rounds.push(s.rounds as f64);
+            moves.push(f64::from(s.moves));
+            worst.push((1.0 - s.low).max(s.high - 1.0) * 100.0);
+        }
+        let max_dev = worst.iter().copied().fold(0.0, f64::max);
+        rows.push(Row {
+            id: format!("P13 {name}"),
+            what: format!("{name} balance, 10 hot + 90 cold on 5 workers: worst worker's distance from the mean bytes/s"),
+            values: worst,
+            unit: "%",
+            target: Some((15.0, max_dev, "max")),
+        });
+        rows.push(Row {
+            id: format!("P13 {name} rnd"),
+            what: format!("{name} balance: rounds until quiet"),
+            values: rounds,
+            unit: "rnd",
+            target: None,
+        });
+        rows.push(Row {
+            id: format!("P13 {name} mv"),
+            what: format!("{name} balance: leases moved in all"),
+            values: moves,
+            unit: "mv",
+            target: None,
+        });
+    }
+}
+
 // ---------------------------------------------------------------- P6 lease-table cost
 
 const OPS: [&str; 16] = [
@@ -1151,6 +1262,9 @@ fn main() {
     }
     if want("p9") {
         p9(runs(5), &mut rows);
+    }
+    if want("p13") {
+        p13(runs(5), &mut rows);
     }
     println!();
     println!("| id | what | n | median | min | max | target | ratio to target |");

@@ -273,6 +273,39 @@ pub struct Limits {
     /// Requests to live, non-draining workers per round (or half of this worker's
     /// shortfall, if more).
     pub max_moves_per_round: usize,
+    pub policy: Policy,
+}
+
+/// What the plan evens out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// Lease counts: everyone at the floor or ceil of leases / workers.
+    Count,
+    /// Throughput as well, while every member publishes its leases' rates; counts
+    /// alone otherwise.
+    Throughput(Spread),
+}
+
+/// How throughput balance is kept (KCL 3's variance-based assignment, see
+/// [`throughput_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    /// A worker more than this fraction above the mean sheds, one more than this
+    /// below takes; inside the band nothing moves.
+    pub threshold: f64,
+    /// The fraction of a worker's distance from the mean that may move per round.
+    pub dampening: f64,
+    /// How far lease counts may stray from fair shares to even out throughput.
+    pub count_slack: usize,
+}
+
+impl Spread {
+    /// KCL 3's `reBalanceThresholdPercentage` (10) and `dampeningPercentage` (60).
+    pub const DEFAULT: Spread = Spread {
+        threshold: 0.10,
+        dampening: 0.60,
+        count_slack: 2,
+    };
 }
 
 /// One round's view, as this worker has it.
@@ -403,6 +436,28 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         loads.iter().map(|(w, l)| (w.clone(), l.len())).collect();
     let total = counts.values().sum::<usize>() + free.len() + from_draining.len();
     let target = targets(&counts, total);
+    // Throughput balance needs every member's rates; one member without (an older
+    // flotilla, a count-only worker) would undo its moves by counts, so all keep to
+    // counts then.
+    let spread = match limits.policy {
+        Policy::Count => None,
+        Policy::Throughput(spread) => members
+            .iter()
+            .all(|w| obs.load_of(w).is_some_and(|l| l.lease_rates.is_some()))
+            .then_some(spread),
+    };
+    // Under throughput balance, counts are evened only once one strays past the slack
+    // (a join, a leave, new leases): within it, a worker below its share gets free
+    // leases but takes none from live workers by count.
+    let band = spread.map(|s| {
+        let n = counts.len().max(1);
+        let (q, r) = (total / n, total % n);
+        (
+            q.saturating_sub(s.count_slack),
+            q + usize::from(r > 0) + s.count_slack,
+        )
+    });
+    let counts_stray = band.is_none_or(|(lo, hi)| counts.values().any(|&c| c < lo || c > hi));
 
     let mut need: BTreeMap<&WorkerId, usize> = BTreeMap::new();
     let mut surplus: Vec<&Lease> = Vec::new();
@@ -410,7 +465,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         let want = target.get(worker).copied().unwrap_or(0);
         if held_by.len() < want {
             need.insert(worker, want - held_by.len());
-        } else if held_by.len() > want {
+        } else if held_by.len() > want && counts_stray {
             // The ones already asked for go first, then the highest keys: the same
             // choice every round while nothing changes.
             let mut mine = held_by.clone();
@@ -463,10 +518,55 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         }
     }
 
+    // Counts settled: throughput, if every lease's rate is known.
+    if let (Some(spread), Some((lo, hi))) = (spread, band)
+        && plan.is_empty()
+        && free.is_empty()
+        && from_draining.is_empty()
+    {
+        let members_load = |w: &WorkerId| obs.load_of(w).and_then(|l| l.lease_rates.as_ref());
+        let mut rated: BTreeMap<WorkerId, Vec<Rated<'_>>> = BTreeMap::new();
+        let mut known = true;
+        for (worker, held_by) in &loads {
+            for &lease in held_by {
+                let rate = members_load(worker).and_then(|rates| rates.get(&lease.key));
+                let Some(rate) = rate else {
+                    known = false;
+                    break;
+                };
+                // A request already made counts as done (and its lease stays put), so a
+                // plan does not move more than it means to while handoffs are under way.
+                let (at, pending) = match &lease.handoff_to {
+                    Some(to) if to != worker && loads.contains_key(to) => (to.clone(), true),
+                    _ => (worker.clone(), false),
+                };
+                rated.entry(at).or_default().push(Rated {
+                    lease,
+                    rate: rate.bytes_per_second as f64,
+                    pending,
+                });
+            }
+        }
+        if known {
+            for worker in loads.keys() {
+                rated.entry(worker.clone()).or_default();
+            }
+            for (lease, to) in throughput_plan(rated, &spread, lo, hi) {
+                if let Some((taker, _)) = loads.get_key_value(&to) {
+                    plan.push((lease, taker));
+                }
+            }
+        }
+    }
+
     // This worker's part of the plan.
+    let asked_already = leases
+        .iter()
+        .filter(|l| l.handoff_to.as_ref() == Some(me) && l.owner.as_ref() != Some(me))
+        .count();
     let room = match limits.max_leases {
         0 => usize::MAX,
-        max => max.saturating_sub(held.len() - decision.lost.len()),
+        max => max.saturating_sub(held.len() - decision.lost.len() + asked_already),
     };
     let mut moves = 0;
     // At least half of this worker's shortfall per round: a worker that joins a large
@@ -500,7 +600,8 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
             .copied(),
     );
     for lease in mine {
-        if cooling.contains(&lease.key) || decision.take.len() >= room {
+        // Requests count against the room as takes do: a lease handed over is taken.
+        if cooling.contains(&lease.key) || decision.take.len() + decision.request.len() >= room {
             continue;
         }
         let owner_alive = lease
@@ -535,10 +636,291 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     decision
 }
 
+/// A lease in the throughput plan, with its owner's measured bytes/s.
+#[derive(Debug, Clone, Copy)]
+struct Rated<'a> {
+    lease: &'a Lease,
+    rate: f64,
+    /// Asked for already (counted at its asker): not moved again.
+    pending: bool,
+}
+
+/// Moves that even out throughput, as `(lease, taker)`, for leases of live members
+/// whose rates are all known, in the manner of KCL 3's variance-based assignment
+/// (`VarianceBasedLeaseAssignmentDecider`):
+///
+/// * a worker more than `threshold` above the mean throughput sheds, one more than
+///   `threshold` below it takes; inside the band nothing moves (noise does not move
+///   shards);
+/// * at most `dampening` of a worker's distance from the mean moves per round (but its
+///   first move may take it past the mean, to where a taker may land, when its leases
+///   are too coarse for the damped amount);
+/// * no side of a move ends more than three quarters of the threshold past the mean:
+///   a taker does not become a shedder (nothing comes back), and a hot lease bigger
+///   than the gap it would fix does not move at all;
+/// * a move shifts a tenth of the band at least, and a swap gains half the threshold
+///   of the two rates it moves, so noise in the rates cannot make it worth undoing;
+/// * counts stay within `[lo, hi]`: where a single move would leave them, the taker
+///   gives back its coldest lease that keeps the move worth making (a swap: two
+///   requests, one by each side, so the protocol stays "the taker asks").
+///
+/// Every move lowers the sum of squared throughputs (it goes from a worker above the
+/// mean to one below, and less than the gap between them), so with steady rates the
+/// plan empties. Pure and
+/// deterministic: every worker computes the same plan from the same scan.
+fn throughput_plan<'a>(
+    mut at: BTreeMap<WorkerId, Vec<Rated<'a>>>,
+    spread: &Spread,
+    lo: usize,
+    hi: usize,
+) -> Vec<(&'a Lease, WorkerId)> {
+    let n = at.len();
+    if n < 2 {
+        return Vec::new();
+    }
+    let mut t: BTreeMap<WorkerId, f64> = at
+        .iter()
+        .map(|(w, l)| (w.clone(), l.iter().map(|l| l.rate).sum::<f64>()))
+        .collect();
+    let mean = t.values().sum::<f64>() / n as f64;
+    if mean <= 0.0 {
+        return Vec::new();
+    }
+    let (high, low) = (
+        mean * (1.0 + spread.threshold),
+        mean * (1.0 - spread.threshold),
+    );
+    // Where the other side of a move may land, at most: inside the band with a quarter
+    // of it to spare, so that noise does not make it a driver the other way.
+    let (cap, floor) = (
+        mean * (1.0 + LANDING * spread.threshold),
+        mean * (1.0 - LANDING * spread.threshold),
+    );
+    // What each worker outside the band may still move this round.
+    let mut budget: BTreeMap<WorkerId, f64> = t
+        .iter()
+        .filter(|(_, x)| **x > high || **x < low)
+        .map(|(w, x)| (w.clone(), spread.dampening * (x - mean).abs()))
+        .collect();
+    let mut plan: Vec<(&'a Lease, WorkerId)> = Vec::new();
+    let mut moved_yet: BTreeSet<WorkerId> = BTreeSet::new();
+    let lines = Lines {
+        mean,
+        cap,
+        floor,
+        margin: spread.threshold / 2.0,
+        least: spread.threshold * mean / 10.0,
+    };
+    while let Some(found) = next_move(&at, &t, &budget, &moved_yet, &lines, (lo, hi)) {
+        let Move {
+            from,
+            to,
+            lease,
+            back,
+        } = found;
+        let moved = lease.rate - back.map_or(0.0, |b| b.rate);
+        for (worker, delta) in [(&from, -moved), (&to, moved)] {
+            if let Some(x) = t.get_mut(worker) {
+                *x += delta;
+            }
+        }
+        for worker in [&from, &to] {
+            if let Some(b) = budget.get_mut(worker) {
+                *b -= moved;
+            }
+            moved_yet.insert(worker.clone());
+        }
+        let mut shift = |item: Rated<'a>, src: &WorkerId, dst: &WorkerId| {
+            if let Some(list) = at.get_mut(src) {
+                list.retain(|l| l.lease.key != item.lease.key);
+            }
+            if let Some(list) = at.get_mut(dst) {
+                list.push(Rated {
+                    pending: true,
+                    ..item
+                });
+            }
+            plan.push((item.lease, dst.clone()));
+        };
+        shift(lease, &from, &to);
+        if let Some(back) = back {
+            shift(back, &to, &from);
+        }
+    }
+    plan
+}
+
+/// One move of a throughput plan: `lease` from `from` to `to`, and with a swap `back`
+/// the other way.
+struct Move<'a> {
+    from: WorkerId,
+    to: WorkerId,
+    lease: Rated<'a>,
+    back: Option<Rated<'a>>,
+}
+
+/// How far the other side of a move may land beyond the mean, as a share of the
+/// threshold.
+const LANDING: f64 = 0.75;
+
+/// The lines a throughput plan keeps to.
+#[derive(Debug, Clone, Copy)]
+struct Lines {
+    mean: f64,
+    /// The most a taker may end with, the least a giver may.
+    cap: f64,
+    floor: f64,
+    /// What a swap must gain, as a share of the two rates it moves: noise on two rates
+    /// must not make a swap look worth making, nor then worth undoing.
+    margin: f64,
+    /// The smallest move worth a request: a tenth of the band. Smaller ones hardly
+    /// change the spread, and a worker stuck outside the band (its one hot lease too
+    /// big to move) would trickle them out for ever as noise lets one through.
+    least: f64,
+}
+
+/// The next move: the worker furthest from the mean (with budget left) first, its
+/// partners from the furthest on the other side of the mean. A driver's first move
+/// may exceed its damped budget, up to landing past the mean where a taker may land:
+/// when its leases are coarse (one hot lease is more than the budget), dampening
+/// would otherwise leave it outside the band for good.
+fn next_move<'a>(
+    at: &BTreeMap<WorkerId, Vec<Rated<'a>>>,
+    t: &BTreeMap<WorkerId, f64>,
+    budget: &BTreeMap<WorkerId, f64>,
+    moved_yet: &BTreeSet<WorkerId>,
+    lines: &Lines,
+    (lo, hi): (usize, usize),
+) -> Option<Move<'a>> {
+    let Lines {
+        mean,
+        cap,
+        floor,
+        margin,
+        least,
+    } = *lines;
+    let load = |w: &WorkerId| t.get(w).copied().unwrap_or(mean);
+    let mut drivers: Vec<(&WorkerId, f64)> = budget
+        .iter()
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(w, b)| (w, *b))
+        .collect();
+    drivers.sort_by(|a, b| {
+        (load(b.0) - mean)
+            .abs()
+            .total_cmp(&(load(a.0) - mean).abs())
+            .then_with(|| a.0.cmp(b.0))
+    });
+    let empty = Vec::new();
+    let list = |w: &WorkerId| at.get(w).unwrap_or(&empty);
+    for (driver, left) in drivers {
+        let hot = load(driver) > mean;
+        let left = if moved_yet.contains(driver) {
+            left
+        } else if hot {
+            left.max(load(driver) - floor)
+        } else {
+            left.max(cap - load(driver))
+        };
+        let mut partners: Vec<(&WorkerId, f64)> = t
+            .iter()
+            .filter(|(w, x)| *w != driver && if hot { **x < mean } else { **x > mean })
+            .map(|(w, x)| (w, *x))
+            .collect();
+        // The coldest partner of a hot worker first, the hottest of a cold one.
+        partners.sort_by(|a, b| {
+            let order = a.1.total_cmp(&b.1);
+            if hot { order } else { order.reverse() }.then_with(|| a.0.cmp(b.0))
+        });
+        for (partner, px) in partners {
+            let (from, to) = if hot {
+                (driver, partner)
+            } else {
+                (partner, driver)
+            };
+            // The driver's budget, and the partner's room before it would cross half
+            // the band beyond the mean (so that it does not become a driver the other
+            // way). A move spends the budgets of both sides.
+            let most = left.min(if hot { cap - px } else { px - floor });
+            if most <= 0.0 {
+                continue;
+            }
+            let counts_allow = list(from).len() > lo && list(to).len() < hi;
+            if let Some((lease, back)) =
+                best_move(list(from), list(to), (least, most), counts_allow, margin)
+            {
+                return Some(Move {
+                    from: from.clone(),
+                    to: to.clone(),
+                    lease,
+                    back,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The biggest move from `from` to `to` of `least` to `most` bytes/s: one lease if
+/// `single` (counts allow it) and one fits, else a lease for a lease of `to` (a swap),
+/// the coldest that keeps the difference within bounds and gains at least `margin` of
+/// the two rates. Ties by key, so that every worker picks the same.
+fn best_move<'a>(
+    from: &[Rated<'a>],
+    to: &[Rated<'a>],
+    (least, most): (f64, f64),
+    single: bool,
+    margin: f64,
+) -> Option<(Rated<'a>, Option<Rated<'a>>)> {
+    let movable = |l: &&Rated<'a>| !l.pending && l.rate >= least && l.rate > 0.0;
+    let pick = |candidates: Vec<(f64, Rated<'a>, Option<Rated<'a>>)>| {
+        candidates
+            .into_iter()
+            .max_by(|a, b| {
+                a.0.total_cmp(&b.0)
+                    .then_with(|| b.1.lease.key.cmp(&a.1.lease.key))
+            })
+            .map(|(_, l, back)| (l, back))
+    };
+    if single {
+        let one = pick(
+            from.iter()
+                .filter(movable)
+                .filter(|l| l.rate <= most)
+                .map(|l| (l.rate, *l, None))
+                .collect(),
+        );
+        if one.is_some() {
+            return one;
+        }
+    }
+    pick(
+        from.iter()
+            .filter(movable)
+            .filter_map(|l| {
+                to.iter()
+                    .filter(|b| {
+                        let gain = l.rate - b.rate;
+                        !b.pending
+                            && gain > margin * (l.rate + b.rate)
+                            && gain >= least
+                            && gain <= most
+                    })
+                    .min_by(|a, b| {
+                        a.rate
+                            .total_cmp(&b.rate)
+                            .then_with(|| a.lease.key.cmp(&b.lease.key))
+                    })
+                    .map(|b| (l.rate - b.rate, *l, Some(*b)))
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Checkpoint, ShardId};
+    use crate::model::{Checkpoint, LeaseRate, ShardId};
 
     fn lease(shard: u64, owner: Option<&str>, counter: u64) -> Lease {
         let mut lease = Lease::new(
@@ -567,6 +949,7 @@ mod tests {
             failover_time: FAILOVER,
             max_leases: max,
             max_moves_per_round: 10,
+            policy: Policy::Throughput(Spread::DEFAULT),
         }
     }
 
@@ -993,6 +1376,271 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    fn rated(worker: &str, counter: u64, rates: &[(&Lease, u64)]) -> Heartbeat {
+        let mut h = hb(worker, counter);
+        h.load.lease_rates = Some(
+            rates
+                .iter()
+                .map(|(l, r)| {
+                    (
+                        l.key.clone(),
+                        LeaseRate {
+                            records_per_second: *r,
+                            bytes_per_second: *r,
+                        },
+                    )
+                })
+                .collect(),
+        );
+        h
+    }
+
+    /// Two workers, `a` holding `on_a` and `b` holding `on_b` (bytes/s per lease): what
+    /// `b` asks of `a` and `a` asks of `b`.
+    fn asks(on_a: &[u64], on_b: &[u64], b_rates: bool) -> (Vec<usize>, Vec<usize>) {
+        let t0 = Instant::now();
+        let n = on_a.len();
+        let leases: Vec<Lease> = on_a
+            .iter()
+            .chain(on_b)
+            .enumerate()
+            .map(|(i, _)| lease(i as u64, Some(if i < n { "a" } else { "b" }), 1))
+            .collect();
+        let with = |range: std::ops::Range<usize>, rates: &[u64]| -> Vec<(&Lease, u64)> {
+            leases[range].iter().zip(rates.iter().copied()).collect()
+        };
+        let mut obs = Observations::new();
+        let b_beat = if b_rates {
+            rated("b", 1, &with(n..leases.len(), on_b))
+        } else {
+            hb("b", 1)
+        };
+        obs.observe(&[rated("a", 1, &with(0..n, on_a)), b_beat], [], t0);
+        let index = |d: Decision| -> Vec<usize> {
+            d.request
+                .iter()
+                .filter_map(|(k, _)| leases.iter().position(|l| &l.key == k))
+                .collect()
+        };
+        let held = |w: &str| -> BTreeMap<LeaseKey, Fence> {
+            leases
+                .iter()
+                .filter(|l| l.owner.as_ref().is_some_and(|o| o.as_str() == w))
+                .map(|l| (l.key.clone(), l.fence()))
+                .collect()
+        };
+        let by_b = run(
+            &leases,
+            &held("b"),
+            &obs,
+            &WorkerId::new("b"),
+            t0,
+            &limits(0),
+        );
+        let by_a = run(
+            &leases,
+            &held("a"),
+            &obs,
+            &WorkerId::new("a"),
+            t0,
+            &limits(0),
+        );
+        (index(by_b), index(by_a))
+    }
+
+    #[test]
+    fn throughput_scenarios() {
+        // (a's leases, b's leases, b publishes rates, b asks for, a asks for)
+        type Scenario = (
+            &'static [u64],
+            &'static [u64],
+            bool,
+            &'static [usize],
+            &'static [usize],
+        );
+        let table: [Scenario; 7] = [
+            // Even: nothing moves.
+            (&[100, 100], &[100, 100], true, &[], &[]),
+            // Within the 10 % band: nothing moves.
+            (&[105, 100], &[100, 95], true, &[], &[]),
+            // a is hot (mean 300): b asks for the biggest lease that lands neither
+            // side more than 7.5 % past the mean (a's first move may exceed its damped
+            // budget of 60): the 80, not the 200.
+            (&[200, 80, 60, 60], &[50, 50, 50, 50], true, &[1], &[]),
+            // The hot lease is bigger than the gap it would fix: it stays.
+            (&[300], &[10], true, &[], &[]),
+            // b publishes no rates (an older flotilla): counts only, and counts are even.
+            (&[200, 80, 60, 60], &[50, 50, 50, 50], false, &[], &[]),
+            // a at its count floor (fair 4 - slack 2): a swap, each side asking for
+            // one lease; the 60 for a 10 (a gain of 50, within a's budget of 60).
+            (&[200, 60], &[10, 10, 10, 10, 10, 10], true, &[1], &[2]),
+            // Both outside the band: one move (100 of a's budget of 0.6 × 180), which
+            // spends b's budget too: no second one.
+            (&[100, 100, 100, 100], &[10, 10, 10, 10], true, &[0], &[]),
+        ];
+        for (i, (a, b, b_rates, want_b, want_a)) in table.into_iter().enumerate() {
+            let (by_b, by_a) = asks(a, b, b_rates);
+            assert_eq!(
+                (by_b.as_slice(), by_a.as_slice()),
+                (want_b, want_a),
+                "scenario {i}: {a:?} / {b:?}"
+            );
+        }
+    }
+
+    /// Fleets with skewed rates, run in rounds as in `fleet`, every worker publishing
+    /// its leases' bytes/s.
+    mod throughput_fleet {
+        use crate::fleet_sim::Sim;
+        use proptest::prelude::*;
+        use rand::{Rng, SeedableRng};
+
+        /// Workers, then per lease its first owner (past the last: unowned) and its
+        /// bytes/s: mostly cold, some hot (up to 100 times as much).
+        fn start() -> impl Strategy<Value = (usize, Vec<usize>, Vec<u64>)> {
+            (2usize..=12, 1usize..=150).prop_flat_map(|(workers, leases)| {
+                (
+                    Just(workers),
+                    proptest::collection::vec(0..=workers, leases),
+                    proptest::collection::vec(
+                        prop_oneof![4 => 10u64..=100, 1 => 1_000u64..=10_000],
+                        leases,
+                    ),
+                )
+            })
+        }
+
+        fn sim(workers: usize, owners: &[usize], rates: &[u64]) -> Sim {
+            let mut sim = Sim::new(owners.len(), workers, owners).with_rates(rates.to_vec());
+            // Every request of a plan is made in its round, so each round carries out
+            // one whole plan (a swap's two halves together).
+            sim.limits.max_moves_per_round = 10_000;
+            sim
+        }
+
+        /// Sum of squared deviations from the mean throughput.
+        fn objective(sim: &Sim, rates: &[u64]) -> f64 {
+            let t = sim.throughputs(rates);
+            let mean = t.values().sum::<u64>() as f64 / t.len().max(1) as f64;
+            t.values().map(|&x| (x as f64 - mean).powi(2)).sum()
+        }
+
+        fn counts(sim: &Sim) -> Vec<usize> {
+            sim.workers.iter().map(|w| sim.held_by(w).len()).collect()
+        }
+
+        /// Rounds bounded by the moves a plan can need: each lease moves once at most
+        /// per plan, a plan lands in two rounds, and dampening takes a few plans.
+        const BOUND: usize = 60;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+
+            #[test]
+            fn any_start_goes_quiet_in_bounded_rounds_with_counts_in_the_slack(
+                (workers, owners, rates) in start(),
+            ) {
+                let mut sim = sim(workers, &owners, &rates);
+                let rounds = sim.quiet(BOUND);
+                prop_assert!(rounds.is_some(), "not quiet in {} rounds: {:?}", BOUND, sim.throughputs(&rates));
+                let n = owners.len();
+                let (q, r) = (n / workers, n % workers);
+                let (lo, hi) = (q.saturating_sub(2), q + usize::from(r > 0) + 2);
+                for c in counts(&sim) {
+                    prop_assert!(lo <= c && c <= hi, "count {} outside {}..={}", c, lo, hi);
+                }
+                // And quiet it stays.
+                for (_, d) in (0..3).flat_map(|_| sim.round()) {
+                    prop_assert!(d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty(), "{:?}", d);
+                }
+            }
+
+            #[test]
+            fn every_round_of_throughput_moves_lowers_the_spread(
+                (workers, owners, rates) in start(),
+            ) {
+                // Counts even from the start (round-robin): only throughput moves.
+                let owners: Vec<usize> = (0..owners.len()).map(|i| i % workers).collect();
+                let mut sim = sim(workers, &owners, &rates);
+                let mut before = objective(&sim, &rates);
+                for _ in 0..BOUND {
+                    let moves_before: u32 = sim.moves.iter().sum();
+                    sim.round();
+                    let after = objective(&sim, &rates);
+                    if sim.moves.iter().sum::<u32>() > moves_before {
+                        prop_assert!(after < before, "moves raised the spread: {} -> {}", before, after);
+                    } else {
+                        prop_assert!(after == before);
+                    }
+                    before = after;
+                }
+            }
+
+            #[test]
+            fn noisy_rates_do_not_move_leases_back_and_forth(
+                (workers, owners, rates) in start(),
+                seed in any::<u64>(),
+            ) {
+                let mut sim = sim(workers, &owners, &rates);
+                prop_assume!(sim.quiet(BOUND).is_some());
+                // Every published rate off by up to ±JITTER each round, independently.
+                // Noise may let through a move that was just short of worth making, but
+                // only one that lowers the spread of the true rates: every round that
+                // moves anything leaves the fleet strictly better, so no state comes back
+                // (nothing goes back and forth) and the moves run out.
+                const JITTER: f64 = 0.01;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let mut before = objective(&sim, &rates);
+                for round in 1..=60 {
+                    let noisy: Vec<u64> = rates
+                        .iter()
+                        .map(|&r| (r as f64 * (1.0 + rng.random_range(-JITTER..=JITTER))).round() as u64)
+                        .collect();
+                    sim.rates = Some(noisy);
+                    let moved: u32 = sim.moves.iter().sum();
+                    sim.round();
+                    let after = objective(&sim, &rates);
+                    if sim.moves.iter().sum::<u32>() > moved {
+                        prop_assert!(after < before, "round {}: noise raised the spread {} -> {}", round, before, after);
+                    }
+                    before = after;
+                }
+            }
+
+            #[test]
+            fn max_leases_is_never_exceeded(
+                (workers, owners, rates) in start(),
+            ) {
+                let n = owners.len();
+                let owners: Vec<usize> = (0..n).map(|i| i % workers).collect();
+                let mut sim = sim(workers, &owners, &rates);
+                // Room for the fair share and one more: less than the slack would allow.
+                let max = n.div_ceil(workers) + 1;
+                sim.limits.max_leases = max;
+                for _ in 0..BOUND {
+                    sim.round();
+                    for c in counts(&sim) {
+                        prop_assert!(c <= max, "{} leases held, max_leases {}", c, max);
+                    }
+                }
+            }
+
+            #[test]
+            fn an_even_fleet_moves_nothing(
+                workers in 2usize..=12,
+                per in 1usize..=12,
+                rate in 1u64..=10_000,
+            ) {
+                let n = workers * per;
+                let owners: Vec<usize> = (0..n).map(|i| i % workers).collect();
+                let mut sim = sim(workers, &owners, &vec![rate; n]);
+                for (_, d) in (0..3).flat_map(|_| sim.round()) {
+                    prop_assert!(d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty(), "{:?}", d);
                 }
             }
         }

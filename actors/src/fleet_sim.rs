@@ -8,18 +8,26 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::balance::{Decision, Limits, Observations, Round, decide};
-use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+use crate::balance::{Decision, Limits, Observations, Policy, Round, Spread, decide};
+use crate::model::{
+    Checkpoint, Fence, Heartbeat, Lease, LeaseKey, LeaseRate, ShardId, WorkerId, WorkerLoad,
+};
 
 /// The failover time of a simulated fleet; a crash takes effect after it.
 pub const FAILOVER: Duration = Duration::from_secs(10);
 
-fn heartbeat(worker: &WorkerId, counter: u64, draining: bool) -> Heartbeat {
+fn heartbeat(
+    worker: &WorkerId,
+    counter: u64,
+    draining: bool,
+    lease_rates: Option<BTreeMap<LeaseKey, LeaseRate>>,
+) -> Heartbeat {
     Heartbeat {
         worker: worker.clone(),
         counter,
         load: WorkerLoad {
             draining,
+            lease_rates,
             ..WorkerLoad::default()
         },
     }
@@ -40,6 +48,9 @@ pub struct Sim {
     pub limits: Limits,
     /// Owner changes per lease.
     pub moves: Vec<u32>,
+    /// Each lease's bytes/s, as its owner publishes it; `None`: workers publish no
+    /// rates (an older flotilla), and balance keeps to counts.
+    pub rates: Option<Vec<u64>>,
     counters: BTreeMap<WorkerId, u64>,
 }
 
@@ -78,12 +89,42 @@ impl Sim {
                 failover_time: FAILOVER,
                 max_leases: 0,
                 max_moves_per_round: 10,
+                policy: Policy::Throughput(Spread::DEFAULT),
             },
             moves: vec![0; n_leases],
+            rates: None,
             counters: BTreeMap::new(),
         };
         sim.beat();
         sim
+    }
+
+    /// The same fleet, its workers publishing `rates[i]` bytes/s for lease i.
+    pub fn with_rates(mut self, rates: Vec<u64>) -> Self {
+        self.rates = Some(rates);
+        self.beat();
+        self
+    }
+
+    /// What `w` publishes: the rates of the leases it owns.
+    fn rates_of(&self, w: &WorkerId) -> Option<BTreeMap<LeaseKey, LeaseRate>> {
+        let rates = self.rates.as_ref()?;
+        Some(
+            self.leases
+                .iter()
+                .zip(rates)
+                .filter(|(l, _)| l.owner.as_ref() == Some(w))
+                .map(|(l, r)| {
+                    (
+                        l.key.clone(),
+                        LeaseRate {
+                            records_per_second: *r,
+                            bytes_per_second: *r,
+                        },
+                    )
+                })
+                .collect(),
+        )
     }
 
     fn beat(&mut self) {
@@ -91,13 +132,19 @@ impl Sim {
         for w in &self.workers {
             let c = self.counters.entry(w.clone()).or_insert(0);
             *c += 1;
-            hbs.push(heartbeat(w, *c, self.draining.contains(w)));
+            hbs.push(heartbeat(
+                w,
+                *c,
+                self.draining.contains(w),
+                self.rates_of(w),
+            ));
         }
         for w in &self.crashed {
             hbs.push(heartbeat(
                 w,
                 self.counters.get(w).copied().unwrap_or(0),
                 false,
+                self.rates_of(w),
             ));
         }
         let owners: Vec<WorkerId> = self.leases.iter().filter_map(|l| l.owner.clone()).collect();
@@ -223,6 +270,37 @@ impl Sim {
                 return Some(r);
             }
             self.round();
+        }
+        None
+    }
+
+    /// Each live, non-draining worker's throughput under `rates` (bytes/s per lease).
+    pub fn throughputs(&self, rates: &[u64]) -> BTreeMap<WorkerId, u64> {
+        let mut out: BTreeMap<WorkerId, u64> = self
+            .workers
+            .iter()
+            .filter(|w| !self.draining.contains(*w))
+            .map(|w| (w.clone(), 0))
+            .collect();
+        for (lease, rate) in self.leases.iter().zip(rates) {
+            if let Some(t) = lease.owner.as_ref().and_then(|o| out.get_mut(o)) {
+                *t += rate;
+            }
+        }
+        out
+    }
+
+    /// Rounds until one in which nobody takes, asks or hands over anything and no
+    /// request is open; `None` if that takes more than `max_rounds`.
+    pub fn quiet(&mut self, max_rounds: usize) -> Option<usize> {
+        for r in 0..max_rounds {
+            let decisions = self.round();
+            let idle = decisions
+                .iter()
+                .all(|(_, d)| d.take.is_empty() && d.request.is_empty() && d.hand_off.is_empty());
+            if idle && self.leases.iter().all(|l| l.handoff_to.is_none()) {
+                return Some(r);
+            }
         }
         None
     }

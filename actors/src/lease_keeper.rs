@@ -31,13 +31,13 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{LeaseError, LeaseTable};
-use crate::balance::{self, Decision, Gain, Limits, Observations, Round};
+use crate::balance::{self, Decision, Gain, Limits, Observations, Policy, Round, Spread};
 use crate::fencing::Fencing;
 use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
-use crate::model::{Fence, Lease, LeaseKey, WorkerId, WorkerLoad};
+use crate::model::{Fence, Lease, LeaseKey, RateMeter, WorkerId, WorkerLoad};
 use crate::protocol::LeaseMove;
 use crate::protocol::{KeeperMsg, SupervisorMsg};
-use crate::settings::Settings;
+use crate::settings::{BalanceMode, Settings};
 use crate::status::{FleetScan, KeeperStatus, ReleaseReport, ShardShutdown, fleet_view};
 use crate::telemetry::{Call, CallFailed, LeaseGained, LeaseGiven, Metric, Sample, Telemetry};
 use pure::{Action, DrainState, DrainVerdict, PeerMark, ReadState, ScanWhy};
@@ -99,6 +99,8 @@ pub(crate) struct KeeperState {
     given: BTreeMap<String, u64>,
     /// The delivered-records count and time at the last heartbeat.
     last_rate: (u64, Instant),
+    /// Each held lease's smoothed rates, published with the heartbeat.
+    rates: RateMeter,
     /// When the unconfirmed heartbeat was last reported at ERROR (repeated every
     /// [`STALL_REPORT_EVERY`], not at every beat).
     stall_reported: Option<Instant>,
@@ -181,6 +183,7 @@ impl Actor for LeaseKeeper {
             gained: BTreeMap::new(),
             given: BTreeMap::new(),
             last_rate: (delivered, Instant::now()),
+            rates: RateMeter::new(),
             stall_reported: None,
             changes: 0,
             changes_at_scan: 0,
@@ -420,6 +423,11 @@ impl KeeperState {
         lag_ms.retain(|shard, _| held(shard));
         let mut subscribed_ms = self.args.lags.subscription_ages();
         subscribed_ms.retain(|shard, _| held(shard));
+        let totals = self
+            .args
+            .lags
+            .delivered_totals(|key| self.held.contains_key(key));
+        let lease_rates = self.rates.sample(&totals, self.held.keys(), now);
         WorkerLoad {
             leases: self.held.len() as u64,
             records_per_second: rate,
@@ -427,6 +435,12 @@ impl KeeperState {
             changes: self.changes,
             lag_ms,
             subscribed_ms,
+            // Measured whatever the mode (cheap); published only by a worker that
+            // balances on throughput, since publishing is what tells peers it does.
+            lease_rates: match self.settings().balance {
+                BalanceMode::Throughput => Some(lease_rates),
+                BalanceMode::Count => None,
+            },
         }
     }
 
@@ -765,6 +779,14 @@ impl KeeperState {
             failover_time: settings.failover_time,
             max_leases: settings.max_leases as usize,
             max_moves_per_round: settings.max_moves_per_round as usize,
+            policy: match settings.balance {
+                BalanceMode::Count => Policy::Count,
+                BalanceMode::Throughput => Policy::Throughput(Spread {
+                    threshold: f64::from(settings.balance_threshold_percent) / 100.0,
+                    dampening: f64::from(settings.balance_dampening_percent) / 100.0,
+                    count_slack: settings.balance_count_slack as usize,
+                }),
+            },
         };
         let decision = balance::decide(
             &Round {

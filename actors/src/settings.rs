@@ -148,6 +148,34 @@ pub struct LeaseSettings {
     /// round reads do not grow with every worker that ever ran.
     #[serde(with = "duration_text")]
     pub dead_worker_retention: Duration,
+    /// What balance evens out: lease counts only, or throughput as well (bytes/s per
+    /// worker, from the per-lease rates every worker publishes in its heartbeat).
+    pub balance: BalanceMode,
+    /// Throughput balance: a worker more than this many percent above the fleet's mean
+    /// bytes/s sheds leases, one more than this below it takes (KCL 3's
+    /// `reBalanceThresholdPercentage`). Inside the band nothing moves, which is what
+    /// keeps rate noise from moving shards.
+    pub balance_threshold_percent: u32,
+    /// Throughput balance: the share of a worker's distance from the mean that may move
+    /// in one round (KCL 3's `dampeningPercentage`), so the fleet approaches the mean
+    /// instead of overshooting while moved leases' rates are re-measured.
+    pub balance_dampening_percent: u32,
+    /// Throughput balance: how far a worker's lease count may stray from its fair share
+    /// (floor or ceil of leases / workers) to even out throughput. Past it, counts are
+    /// evened first, as in count-only balance.
+    pub balance_count_slack: u32,
+}
+
+/// What lease balance evens out across the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalanceMode {
+    /// Throughput (bytes/s) within `balance_threshold_percent` of the mean, counts
+    /// within `balance_count_slack` of fair shares. Falls back to count-only while any
+    /// member publishes no rates (an older flotilla, or a count-only worker).
+    Throughput,
+    /// Lease counts only: everyone holds the floor or ceil of leases / workers.
+    Count,
 }
 
 impl Default for LeaseSettings {
@@ -162,6 +190,10 @@ impl Default for LeaseSettings {
             handoff_poll_interval: Duration::from_millis(200),
             full_scan_interval: Duration::from_secs(600),
             dead_worker_retention: Duration::from_secs(3600),
+            balance: BalanceMode::Throughput,
+            balance_threshold_percent: 10,
+            balance_dampening_percent: 60,
+            balance_count_slack: 2,
         }
     }
 }
@@ -756,6 +788,22 @@ impl LeaseSettings {
                 "lease.max_moves_per_round",
                 0,
                 "must be at least 1, or a worker that joins would never get a share",
+            ));
+        }
+        if !(1..=100).contains(&self.balance_threshold_percent) {
+            return Err(invalid(
+                "lease.balance_threshold_percent",
+                self.balance_threshold_percent,
+                "must be 1 to 100: with 0 every flicker of a rate would move a lease, and past \
+                 100 a worker below the mean would never take",
+            ));
+        }
+        if !(1..=100).contains(&self.balance_dampening_percent) {
+            return Err(invalid(
+                "lease.balance_dampening_percent",
+                self.balance_dampening_percent,
+                "must be 1 to 100 (the share of a worker's distance from the mean moved per \
+                 round): 0 would move nothing, more would push it past the mean",
             ));
         }
         nonzero(
@@ -1364,6 +1412,18 @@ mod tests {
                 s.reader.mode = ReadMode::Fanout;
             }),
             ("lease.failover_time", |s| s.lease.failover_time = secs(0)),
+            ("lease.balance_threshold_percent", |s| {
+                s.lease.balance_threshold_percent = 0
+            }),
+            ("lease.balance_threshold_percent", |s| {
+                s.lease.balance_threshold_percent = 101
+            }),
+            ("lease.balance_dampening_percent", |s| {
+                s.lease.balance_dampening_percent = 0
+            }),
+            ("lease.balance_dampening_percent", |s| {
+                s.lease.balance_dampening_percent = 150
+            }),
             ("lease.heartbeat_interval", |s| {
                 s.lease.heartbeat_interval = secs(0)
             }),

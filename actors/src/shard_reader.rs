@@ -1196,6 +1196,9 @@ impl ReaderState {
         self.args
             .delivered
             .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        self.args
+            .lags
+            .delivered(&self.args.lease.key, len as u64, bytes);
         if let Some(processor) = &self.processor {
             processor.cast(ProcessorMsg::Process(batch, self.checkpointer()))?;
         }

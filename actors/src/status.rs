@@ -280,7 +280,14 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             .as_ref()
             .and_then(|o| obs.load_of(o))
             .and_then(|load| load.subscribed_ms.get(lease.key.as_str()).copied());
+        let rate = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.lease_rates.as_ref())
+            .and_then(|rates| rates.get(&lease.key).copied());
         view.leases.push(FleetLease {
+            rate: rate.filter(|_| state != FleetLeaseState::Finished),
             lease_key: lease.key.to_string(),
             shard_id: shard.to_string(),
             stream: lease.key.stream_name().map(str::to_owned),
@@ -323,6 +330,7 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             children: Vec::new(),
             millis_behind_latest: None,
             subscribed_ms: None,
+            rate: None,
         });
     }
     view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
@@ -336,6 +344,11 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             draining: peer.load.draining,
             has_heartbeat: peer.has_heartbeat,
             records_per_second: peer.load.records_per_second,
+            bytes_per_second: peer
+                .load
+                .lease_rates
+                .as_ref()
+                .map(|rates| rates.values().map(|r| r.bytes_per_second).sum()),
             silent_ms: peer.silent_ms,
         })
         .collect();
@@ -354,6 +367,9 @@ pub struct FleetWorker {
     pub leases: u64,
     /// Records per second it delivered, from its heartbeat.
     pub records_per_second: u64,
+    /// The sum of its leases' smoothed bytes/s (what throughput balance evens out);
+    /// `None` from a worker that publishes no per-lease rates.
+    pub bytes_per_second: Option<u64>,
     /// How long its heartbeat has stood still.
     pub silent_ms: u64,
 }
@@ -399,6 +415,9 @@ pub struct FleetLease {
     /// In a fan-out fleet, for a lease being read: how long the owner's subscription to
     /// the shard had lasted at its last heartbeat, or `None` if it had none.
     pub subscribed_ms: Option<u64>,
+    /// Its owner's smoothed records/s and bytes/s for it (from its heartbeat); `None`
+    /// until measured, or from an owner that publishes no rates.
+    pub rate: Option<crate::model::LeaseRate>,
 }
 
 /// MillisBehindLatest of the shards this worker reads, written by readers as they
@@ -406,13 +425,41 @@ pub struct FleetLease {
 /// lease keeper for its heartbeat: the fleet page shows every shard's lag, and which
 /// fan-out shards have no subscription, from the table alone. Keyed by lease key (a
 /// shard id names a shard only within its stream; for a single stream they are one).
+///
+/// It also counts what readers deliver per lease key (records, bytes), cumulative, for
+/// the per-lease rates the keeper publishes in its heartbeat.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LagBoard(
     Arc<Mutex<BTreeMap<String, u64>>>,
     Arc<Mutex<BTreeMap<String, tokio::time::Instant>>>,
+    Arc<Mutex<BTreeMap<LeaseKey, (u64, u64)>>>,
 );
 
 impl LagBoard {
+    /// A reader delivered `records` totalling `bytes` for the lease `key`.
+    pub fn delivered(&self, key: &LeaseKey, records: u64, bytes: u64) {
+        if let Ok(mut map) = self.2.lock() {
+            let total = map.entry(key.clone()).or_default();
+            total.0 = total.0.saturating_add(records);
+            total.1 = total.1.saturating_add(bytes);
+        }
+    }
+
+    /// Cumulative (records, bytes) delivered per lease, keeping only the leases `keep`
+    /// says (the held ones), so the board does not grow with every lease ever read.
+    pub fn delivered_totals(
+        &self,
+        keep: impl Fn(&LeaseKey) -> bool,
+    ) -> BTreeMap<LeaseKey, (u64, u64)> {
+        self.2
+            .lock()
+            .map(|mut map| {
+                map.retain(|key, _| keep(key));
+                map.clone()
+            })
+            .unwrap_or_default()
+    }
+
     /// The shard's subscription is open since `since`, or (`None`) it has none.
     pub fn subscribed(&self, key: &LeaseKey, since: Option<tokio::time::Instant>) {
         if let Ok(mut map) = self.1.lock() {

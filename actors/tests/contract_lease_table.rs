@@ -19,8 +19,8 @@ use flotilla_actors::backend::memory::MemoryDynamo;
 use flotilla_actors::backend::{LeaseError, LeaseTable, TableState};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
 use flotilla_actors::model::{
-    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, SequenceNumber,
-    ShardId, WorkerId, WorkerLoad,
+    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, LeaseRate,
+    SequenceNumber, ShardId, WorkerId, WorkerLoad,
 };
 use support::servers;
 use support::stripping_proxy::{Fault, Options, StrippingProxy};
@@ -588,10 +588,22 @@ mod cases {
             ]
             .into(),
             subscribed_ms: [("shardId-000000000002".to_owned(), 299_000)].into(),
+            lease_rates: Some(
+                [(
+                    LeaseKey::new("123456789012:a:1700000000:shardId-000000000002"),
+                    LeaseRate {
+                        records_per_second: 1500,
+                        bytes_per_second: 1_200_000,
+                    },
+                )]
+                .into(),
+            ),
         };
         assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 1);
         assert_eq!(table.heartbeat(&me(), &busy).await.unwrap(), 2);
-        assert_eq!(table.heartbeat(&other(), &idle).await.unwrap(), 1);
+        // A heartbeat without rates (a count-only worker) clears the earlier ones.
+        assert_eq!(table.heartbeat(&other(), &busy).await.unwrap(), 1);
+        assert_eq!(table.heartbeat(&other(), &idle).await.unwrap(), 2);
         let mut beats = table.scan().await.unwrap().heartbeats;
         beats.sort_by(|a, b| a.worker.cmp(&b.worker));
         assert_eq!(
@@ -599,7 +611,7 @@ mod cases {
                 .iter()
                 .map(|h| (h.worker.as_str(), h.counter, h.load.clone()))
                 .collect::<Vec<_>>(),
-            [("worker-a", 2, busy), ("worker-b", 1, idle)]
+            [("worker-a", 2, busy), ("worker-b", 2, idle)]
         );
         table.remove_heartbeat(&me()).await.unwrap();
         table.remove_heartbeat(&me()).await.unwrap();

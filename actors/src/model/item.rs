@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::{
-    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Heartbeat, Lease, LeaseKey,
+    Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Heartbeat, Lease, LeaseKey, LeaseRate,
     SequenceNumber, ShardId, WorkerId, WorkerLoad,
 };
 
@@ -95,6 +95,9 @@ pub mod attr {
     pub const WORKER_DRAINING: &str = "flotillaDraining";
     pub const WORKER_LAG: &str = "flotillaLagMs";
     pub const WORKER_SUBSCRIBED: &str = "flotillaSubscribedMs";
+    /// Per held lease, by lease key: `[records/s, bytes/s]` (an `L` of two `N`s); `NULL`
+    /// from a worker that does not balance on throughput.
+    pub const WORKER_LEASE_RATES: &str = "flotillaLeaseRates";
     pub const SOURCE: &str = "flotillaSource";
     /// A multi-stream lease's stream identifier (`account:stream:creationEpoch`) and
     /// shard, which the Java KCL's multi-stream serializer requires in every row.
@@ -219,6 +222,35 @@ impl Reader<'_> {
         }
     }
 
+    /// Lenient, unlike the rest: rates are advice for balance, and a heartbeat row that
+    /// failed to decode would make a live worker look dead (its leases taken after the
+    /// failover time). Absent, `NULL` or not a map: `None` (an older flotilla, or a
+    /// count-only worker); an entry that is not `[N, N]`: left out (no rate for that
+    /// lease, as for one just taken).
+    fn lease_rates(&self) -> Option<BTreeMap<LeaseKey, LeaseRate>> {
+        let Some(AttrValue::M(map)) = self.item.get(attr::WORKER_LEASE_RATES) else {
+            return None;
+        };
+        let number = |v: &AttrValue| v.as_n().and_then(|n| n.parse::<u64>().ok());
+        Some(
+            map.iter()
+                .filter_map(|(key, value)| match value {
+                    AttrValue::L(pair) => match pair.as_slice() {
+                        [records, bytes] => Some((
+                            LeaseKey::new(key.as_str()),
+                            LeaseRate {
+                                records_per_second: number(records)?,
+                                bytes_per_second: number(bytes)?,
+                            },
+                        )),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
     fn string_set(&self, attribute: &str) -> Result<Vec<ShardId>, MalformedRow> {
         match self.item.get(attribute) {
             None => Ok(Vec::new()),
@@ -250,6 +282,7 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
                     changes: r.number(attr::WORKER_CHANGES)?.unwrap_or(0),
                     lag_ms: r.number_map(attr::WORKER_LAG)?,
                     subscribed_ms: r.number_map(attr::WORKER_SUBSCRIBED)?,
+                    lease_rates: r.lease_rates(),
                 },
             }))
         }
@@ -486,6 +519,28 @@ pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 6] {
             attr::WORKER_CHANGES.into(),
             AttrValue::N(load.changes.to_string()),
         ),
+        // NULL rather than absent for `None`: heartbeats are updates, and an absent
+        // attribute would leave a previous life's rates in the row.
+        (
+            attr::WORKER_LEASE_RATES.into(),
+            match &load.lease_rates {
+                None => AttrValue::Null(true),
+                Some(rates) => AttrValue::M(
+                    rates
+                        .iter()
+                        .map(|(key, rate)| {
+                            (
+                                key.as_str().to_owned(),
+                                AttrValue::L(vec![
+                                    AttrValue::N(rate.records_per_second.to_string()),
+                                    AttrValue::N(rate.bytes_per_second.to_string()),
+                                ]),
+                            )
+                        })
+                        .collect(),
+                ),
+            },
+        ),
     ]
 }
 
@@ -545,9 +600,63 @@ mod tests {
                 changes: 12,
                 lag_ms: [("shardId-000000000001".to_owned(), 250)].into(),
                 subscribed_ms: [("shardId-000000000001".to_owned(), 61_000)].into(),
+                lease_rates: Some(
+                    [(
+                        LeaseKey::new("123456789012:a:1700000000:shardId-000000000001"),
+                        LeaseRate {
+                            records_per_second: 900,
+                            bytes_per_second: 450_000,
+                        },
+                    )]
+                    .into(),
+                ),
             },
         };
-        assert_eq!(decode_row(&encode_heartbeat(&hb)), Ok(Row::Heartbeat(hb)));
+        assert_eq!(
+            decode_row(&encode_heartbeat(&hb)),
+            Ok(Row::Heartbeat(hb.clone()))
+        );
+        let mut count_only = hb;
+        count_only.load.lease_rates = None;
+        assert_eq!(
+            decode_row(&encode_heartbeat(&count_only)),
+            Ok(Row::Heartbeat(count_only))
+        );
+    }
+
+    #[test]
+    fn lease_rates_are_read_leniently() {
+        let rates = |json: &str| {
+            let item = row(&format!(
+                r#"{{"leaseKey":{{"S":"flotilla-worker#w"}},"entityType":{{"S":"FLOTILLA_WORKER"}},
+                    "leaseOwner":{{"S":"w"}},"leaseCounter":{{"N":"3"}}{json}}}"#
+            ));
+            match decode_row(&item) {
+                Ok(Row::Heartbeat(hb)) => hb.load.lease_rates,
+                other => panic!("{other:?}"),
+            }
+        };
+        // Written by an older flotilla: no attribute; or by a count-only worker: NULL.
+        assert_eq!(rates(""), None);
+        assert_eq!(rates(r#","flotillaLeaseRates":{"NULL":true}"#), None);
+        assert_eq!(rates(r#","flotillaLeaseRates":{"S":"x"}"#), None);
+        // A bad entry is left out; the good ones are kept.
+        let got = rates(
+            r#","flotillaLeaseRates":{"M":{"a":{"L":[{"N":"5"},{"N":"70"}]},"b":{"N":"5"},"c":{"L":[{"N":"-1"},{"N":"2"}]}}}"#,
+        );
+        assert_eq!(
+            got,
+            Some(
+                [(
+                    LeaseKey::new("a"),
+                    LeaseRate {
+                        records_per_second: 5,
+                        bytes_per_second: 70
+                    }
+                )]
+                .into()
+            )
+        );
     }
 
     #[test]

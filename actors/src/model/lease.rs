@@ -276,6 +276,20 @@ pub struct WorkerLoad {
     /// In fan-out mode, per shard whose subscription is open: how long it has been (ms).
     /// A held shard missing here has none (a fan-out worker's stall, shown fleet-wide).
     pub subscribed_ms: std::collections::BTreeMap<String, u64>,
+    /// Each held lease's smoothed throughput, by lease key (not shard id: shard ids of
+    /// two streams collide), for throughput-aware balance and status pages. `None`: this
+    /// worker does not balance on throughput (an older flotilla, or `lease.balance =
+    /// "count"`), and peers keep to count-only balance while it is a member. A held lease
+    /// missing from `Some` has no rate yet (just taken: its first interval is not a fair
+    /// sample).
+    pub lease_rates: Option<std::collections::BTreeMap<LeaseKey, LeaseRate>>,
+}
+
+/// One lease's throughput as its owner measured it, smoothed over heartbeats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseRate {
+    pub records_per_second: u64,
+    pub bytes_per_second: u64,
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //!   [`ConsumedStreams`], the streams a worker reads and which one a lease belongs to.
 //! * `budget`: [`WorkerBudget`], one memory budget for the un-acked records of all a
 //!   worker's shards: a fair share each, idle shares lent ([`Pool`] is the rule).
+//! * `rates`: [`RateMeter`], each held lease's smoothed records/s and bytes/s, for the
+//!   heartbeat.
 //! * `watermark`: [`AckWindow`], a shard reader's un-acked records and the checkpoint
 //!   [`Watermark`]: the end of the contiguous acked prefix, never past an un-acked record.
 
@@ -20,6 +22,7 @@ mod graph;
 pub mod item;
 mod lease;
 mod lease_plan;
+mod rates;
 mod sequence;
 mod shard;
 pub mod source;
@@ -31,9 +34,10 @@ pub use change::DynamoChange;
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,
-    SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
+    LeaseRate, SHARD_END, TRIM_HORIZON, WorkerId, WorkerLoad,
 };
 pub use lease_plan::{Orphans, orphans, plan_cleanup, plan_new_leases};
+pub use rates::RateMeter;
 pub use sequence::{MAX_DIGITS, SequenceNumber, SequenceNumberError};
 pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
