@@ -569,6 +569,7 @@ impl KeeperState {
             .as_ref()
             .map(|l| now.saturating_duration_since(l.sent));
         let awaiting_reread = self.args.fencing.lock().awaiting_reread();
+        let would_move = heartbeats_read && self.cached_rows_would_move(now);
         let why = if heartbeats_read {
             pure::scan_due(&ReadState {
                 since_scan,
@@ -580,6 +581,8 @@ impl KeeperState {
                 long_free_at_scan: &self.long_free_at_scan,
                 awaiting_reread,
                 cooled: self.cooling.values().any(|until| *until <= now),
+                would_move,
+                rebalance_every: self.settings().failover_time,
                 full_scan_interval: self.settings().full_scan_interval,
             })
         } else {
@@ -594,6 +597,53 @@ impl KeeperState {
         }
         self.remove_dead_rows(now).await;
         self.publish_changes().await;
+    }
+
+    /// Whether the last scan's rows, judged with the heartbeats just read, would make
+    /// this worker take or ask for a lease. Nothing that changes ownership has happened
+    /// since that scan (else `scan_due` scans anyway), so what can differ is the rates
+    /// peers publish: throughput balance reacts to them without an ownership change.
+    fn cached_rows_would_move(&self, now: Instant) -> bool {
+        let Some(last) = &self.last_scan else {
+            return false;
+        };
+        if !matches!(self.limits().policy, Policy::Throughput(_)) {
+            return false;
+        }
+        let cooling: BTreeSet<LeaseKey> = self.cooling.keys().cloned().collect();
+        let handing_off: BTreeSet<LeaseKey> = self.handing_off.keys().cloned().collect();
+        let decision = balance::decide(
+            &Round {
+                leases: &last.dealt,
+                held: &self.held,
+                observations: &self.observations,
+                me: &self.args.me,
+                now,
+                cooling: &cooling,
+                handing_off: &handing_off,
+                draining: self.drain.is_some(),
+            },
+            &self.limits(),
+        );
+        !decision.take.is_empty() || !decision.request.is_empty()
+    }
+
+    /// The balance limits from the settings.
+    fn limits(&self) -> Limits {
+        let settings = self.settings();
+        Limits {
+            failover_time: settings.failover_time,
+            max_leases: settings.max_leases as usize,
+            max_moves_per_round: settings.max_moves_per_round as usize,
+            policy: match settings.balance {
+                BalanceMode::Count => Policy::Count,
+                BalanceMode::Throughput => Policy::Throughput(Spread {
+                    threshold: f64::from(settings.balance_threshold_percent) / 100.0,
+                    dampening: f64::from(settings.balance_dampening_percent) / 100.0,
+                    count_slack: settings.balance_count_slack as usize,
+                }),
+            },
+        }
     }
 
     /// Each peer's mark as this worker sees it now (`pure::PeerMark`).
@@ -774,20 +824,7 @@ impl KeeperState {
             .observe_leases(&leases, now, self.settings().failover_time);
         let cooling: BTreeSet<LeaseKey> = self.cooling.keys().cloned().collect();
         let handing_off: BTreeSet<LeaseKey> = self.handing_off.keys().cloned().collect();
-        let settings = self.settings();
-        let limits = Limits {
-            failover_time: settings.failover_time,
-            max_leases: settings.max_leases as usize,
-            max_moves_per_round: settings.max_moves_per_round as usize,
-            policy: match settings.balance {
-                BalanceMode::Count => Policy::Count,
-                BalanceMode::Throughput => Policy::Throughput(Spread {
-                    threshold: f64::from(settings.balance_threshold_percent) / 100.0,
-                    dampening: f64::from(settings.balance_dampening_percent) / 100.0,
-                    count_slack: settings.balance_count_slack as usize,
-                }),
-            },
-        };
+        let limits = self.limits();
         let decision = balance::decide(
             &Round {
                 leases: &leases,

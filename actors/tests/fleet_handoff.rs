@@ -430,3 +430,61 @@ async fn a_quiet_fleet_reads_heartbeat_rows_and_scans_only_on_change() {
         shutdown_clean(w).await;
     }
 }
+
+/// Throughput balance with rare scans: two workers settled on counts, then both of one
+/// worker's shards turn hot. No ownership changes, so no change counter moves; the
+/// rates in the heartbeats alone must make a round scan (`ScanWhy::Rebalance`) and
+/// swap a hot shard for a cold one, long before the 10-minute full scan.
+#[tokio::test(start_paused = true)]
+async fn shards_turning_hot_on_one_worker_are_spread_without_waiting_for_the_full_scan() {
+    use flotilla_actors::backend::{PutRecord, StreamAdmin};
+    let rig = Rig::new(4, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, settings("a")).await;
+    let b = rig.start_with(&probes, settings("b")).await;
+    wait_held(&[&a, &b], &[2, 2], Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let hot: Vec<String> = keeper(&a).await.held.iter().cloned().collect();
+    let shards = rig.shards().await;
+    let targets: Vec<u128> = shards
+        .iter()
+        .filter(|s| hot.contains(&s.id.to_string()))
+        .map(|s| s.hash_range.start)
+        .collect();
+    assert_eq!(targets.len(), 2, "{hot:?}");
+    let streams = rig.streams.clone();
+    let feed = tokio::spawn(async move {
+        for i in 0u64.. {
+            let records: Vec<PutRecord> = targets
+                .iter()
+                .map(|hash| PutRecord {
+                    partition_key: format!("hot-{i}"),
+                    explicit_hash_key: Some(*hash),
+                    data: bytes::Bytes::from(vec![b'x'; 4_000]),
+                })
+                .collect();
+            streams.put_records(STREAM, &records).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    // Rates take a few heartbeats to be measured; then a swap (two requests).
+    let start = tokio::time::Instant::now();
+    loop {
+        let (ka, kb) = (keeper(&a).await, keeper(&b).await);
+        let on = |held: &Vec<String>| hot.iter().filter(|k| held.contains(*k)).count();
+        if on(&ka.held) == 1 && on(&kb.held) == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "hot shards still {} on a, {} on b: {ka:#?} {kb:#?}",
+            on(&ka.held),
+            on(&kb.held)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    feed.abort();
+    for w in [a, b] {
+        shutdown_clean(w).await;
+    }
+}

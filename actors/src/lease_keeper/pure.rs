@@ -222,6 +222,10 @@ pub(crate) enum ScanWhy {
     /// A lease of the last scan has now had no live owner for the failover time
     /// (dealt to a worker that did not take it): anyone may take it.
     LongFree,
+    /// The last scan's rows, with the heartbeats just read, would move a lease
+    /// (throughput balance: published rates changed while no ownership did). At most
+    /// once per `rebalance_every`, so a spread no move can fix does not scan each round.
+    Rebalance,
     /// `full_scan_interval` passed since the last scan: the safety net.
     Backstop,
     /// The heartbeat rows could not be read (the roster read failed): scan as before.
@@ -238,6 +242,7 @@ impl ScanWhy {
             ScanWhy::Reread => "reread",
             ScanWhy::Cooled => "cooled",
             ScanWhy::LongFree => "long_free",
+            ScanWhy::Rebalance => "rebalance",
             ScanWhy::Backstop => "backstop",
             ScanWhy::Unread => "heartbeats_unread",
         }
@@ -259,6 +264,10 @@ pub(crate) struct ReadState<'a> {
     pub long_free_at_scan: &'a BTreeSet<LeaseKey>,
     pub awaiting_reread: bool,
     pub cooled: bool,
+    /// `balance::decide` on the last scan's rows and the heartbeats just read would take
+    /// or request a lease.
+    pub would_move: bool,
+    pub rebalance_every: Duration,
     pub full_scan_interval: Duration,
 }
 
@@ -278,6 +287,10 @@ pub(crate) fn scan_due(state: &ReadState<'_>) -> Option<ScanWhy> {
         (
             !state.long_free.is_subset(state.long_free_at_scan),
             ScanWhy::LongFree,
+        ),
+        (
+            state.would_move && since >= state.rebalance_every,
+            ScanWhy::Rebalance,
         ),
         (since >= state.full_scan_interval, ScanWhy::Backstop),
     ];
@@ -670,11 +683,30 @@ mod tests {
             long_free_at_scan: &no_keys,
             awaiting_reread: false,
             cooled: false,
+            would_move: false,
+            rebalance_every: s(10),
             full_scan_interval: s(600),
         };
         use ScanWhy::*;
         let table: Vec<(&str, ReadState<'_>, Option<ScanWhy>)> = vec![
             ("nothing changed: heartbeat rows only", quiet.clone(), None),
+            (
+                "rates moved: the cached rows would move a lease",
+                ReadState {
+                    would_move: true,
+                    ..quiet.clone()
+                },
+                Some(Rebalance),
+            ),
+            (
+                "rates would move a lease, but the last scan is recent",
+                ReadState {
+                    would_move: true,
+                    since_scan: Some(s(4)),
+                    ..quiet.clone()
+                },
+                None,
+            ),
             (
                 "never scanned",
                 ReadState {

@@ -492,7 +492,7 @@ pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
 }
 
 /// The load attributes a heartbeat write sets.
-pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 6] {
+pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 7] {
     let number_map = |map: &std::collections::BTreeMap<String, u64>| {
         AttrValue::M(
             map.iter()
