@@ -444,7 +444,7 @@ async fn shards_turning_hot_on_one_worker_are_spread_without_waiting_for_the_ful
     let b = rig.start_with(&probes, settings("b")).await;
     wait_held(&[&a, &b], &[2, 2], Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let hot: Vec<String> = keeper(&a).await.held.iter().cloned().collect();
+    let hot: Vec<String> = keeper(&a).await.held.to_vec();
     let shards = rig.shards().await;
     let targets: Vec<u128> = shards
         .iter()
