@@ -610,11 +610,17 @@ impl KeeperState {
         if !matches!(self.limits().policy, Policy::Throughput(_)) {
             return false;
         }
+        let decision = self.decide(&last.dealt, now);
+        !decision.take.is_empty() || !decision.request.is_empty()
+    }
+
+    /// `balance::decide` on `leases` with what this worker observes now.
+    fn decide(&self, leases: &[Lease], now: Instant) -> balance::Decision {
         let cooling: BTreeSet<LeaseKey> = self.cooling.keys().cloned().collect();
         let handing_off: BTreeSet<LeaseKey> = self.handing_off.keys().cloned().collect();
-        let decision = balance::decide(
+        balance::decide(
             &Round {
-                leases: &last.dealt,
+                leases,
                 held: &self.held,
                 observations: &self.observations,
                 me: &self.args.me,
@@ -624,8 +630,7 @@ impl KeeperState {
                 draining: self.drain.is_some(),
             },
             &self.limits(),
-        );
-        !decision.take.is_empty() || !decision.request.is_empty()
+        )
     }
 
     /// The balance limits from the settings.
@@ -822,22 +827,7 @@ impl KeeperState {
         );
         self.observations
             .observe_leases(&leases, now, self.settings().failover_time);
-        let cooling: BTreeSet<LeaseKey> = self.cooling.keys().cloned().collect();
-        let handing_off: BTreeSet<LeaseKey> = self.handing_off.keys().cloned().collect();
-        let limits = self.limits();
-        let decision = balance::decide(
-            &Round {
-                leases: &leases,
-                held: &self.held,
-                observations: &self.observations,
-                me: &self.args.me,
-                now,
-                cooling: &cooling,
-                handing_off: &handing_off,
-                draining: self.drain.is_some(),
-            },
-            &limits,
-        );
+        let decision = self.decide(&leases, now);
         // Requests that are no longer ours to wait for: answered elsewhere, turned
         // down, or the row is gone.
         let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
