@@ -1,5 +1,6 @@
 //! Fleet benchmarks (issue "Benchmarks"): P3 crash failover, P4 planned handoff, P5
-//! rebalance, P6 lease-table cost, P9 cold start. Workers run on the memory backend;
+//! rebalance, P6 lease-table cost, P9 cold start, P13 skewed shards, P14 scale
+//! (`FLEET_P14=leases,workers`, default 10,000 x 100). Workers run on the memory backend;
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
@@ -644,6 +645,25 @@ struct Rebalance {
 /// Owner changes per lease until the members settle to a spread <= 1 (polled every
 /// 100 ms of paused time); returns (seconds, most moves of a lease, leases moved).
 async fn settle_real(rig: &Rig, members: &[&str]) -> (f64, u32, usize) {
+    let s = settle(rig, members, None).await;
+    (s.secs, s.max_moves, s.moved)
+}
+
+/// How a fleet settled: when, the most moves of one lease, leases moved, and the
+/// spread of lease counts it settled to.
+struct Settled {
+    secs: f64,
+    max_moves: u32,
+    moved: usize,
+    spread: usize,
+}
+
+/// Polls the table every 100 ms of paused time, counting owner changes per lease.
+/// `quiet: None`: until the members' spread is <= 1. `Some(q)`: until every lease is
+/// held by a member, none has a request pending, and no owner changed for `q` (what
+/// throughput balance settles to: counts may stray by its count slack); the time is
+/// that of the last change.
+async fn settle(rig: &Rig, members: &[&str], quiet: Option<Duration>) -> Settled {
     let t0 = Instant::now();
     let mut last: HashMap<LeaseKey, Option<WorkerId>> = rig
         .owners()
@@ -652,21 +672,36 @@ async fn settle_real(rig: &Rig, members: &[&str]) -> (f64, u32, usize) {
         .map(|l| (l.key, l.owner))
         .collect();
     let mut moves: HashMap<LeaseKey, u32> = HashMap::new();
+    let mut changed = t0;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let leases = rig.owners().await;
         for l in &leases {
             let prev = last.insert(l.key.clone(), l.owner.clone()).flatten();
+            if prev != l.owner {
+                changed = Instant::now();
+            }
             if l.owner.is_some() && prev.is_some() && prev != l.owner {
                 *moves.entry(l.key.clone()).or_default() += 1;
             }
         }
-        if spread_of(&leases, members) <= 1 {
-            return (
-                secs(t0.elapsed()),
-                moves.values().copied().max().unwrap_or(0),
-                moves.len(),
-            );
+        let spread = spread_of(&leases, members);
+        let done = match quiet {
+            None => spread <= 1,
+            Some(q) => spread < 1000 && changed.elapsed() >= q,
+        };
+        if done {
+            let at = if quiet.is_some() {
+                changed
+            } else {
+                Instant::now()
+            };
+            return Settled {
+                secs: secs(at - t0),
+                max_moves: moves.values().copied().max().unwrap_or(0),
+                moved: moves.len(),
+                spread,
+            };
         }
         assert!(t0.elapsed() < Duration::from_secs(600), "no settle");
     }
@@ -951,10 +986,11 @@ fn rcu_per_min(c: &Cost) -> BTreeMap<&'static str, f64> {
     ])
 }
 
-/// `busy`: a record on every shard every second once the fleet has settled, so every
-/// shard has a position to write all the time (the checkpoint writes' worst case).
-async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
-    let rig = Rig::new(leases).await;
+/// A lease table that counts every call by kind (and never injects a fault: the plan is
+/// only the seed), and a backend whose workers all use it.
+type Counted = Faulty<flotilla_actors::backend::memory::MemoryLeaseTable>;
+
+fn counted_backend(rig: &Rig) -> (Counted, Backend) {
     let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
     let backend = {
         let table = table.clone();
@@ -964,17 +1000,25 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
             Arc::new(rig.metrics.clone()),
         )
     };
-    let t0 = Instant::now();
+    (table, backend)
+}
+
+/// Workers `w00`, `w01`, … started one after another on `backend` (in paused time no
+/// virtual time passes between them: they start together).
+async fn start_fleet(rig: &Rig, backend: &Backend, workers: usize) -> (Vec<String>, Vec<Worker>) {
     let names: Vec<String> = (0..workers).map(|i| format!("w{i:02}")).collect();
     let mut ws = Vec::new();
     for id in &names {
         ws.push(rig.start(backend.clone(), settings(id, false), false).await);
     }
-    let members: Vec<&str> = names.iter().map(String::as_str).collect();
-    settle_real(&rig, &members).await;
-    let settle_s = secs(t0.elapsed());
-    let feeding = busy.then(|| feed_every(&rig, Duration::from_secs(1)));
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    (names, ws)
+}
+
+/// Table calls and items read per minute by kind over the next `minutes` (sleeps).
+async fn count_ops(
+    table: &Counted,
+    minutes: u64,
+) -> (BTreeMap<&'static str, f64>, BTreeMap<&'static str, f64>) {
     let before: Vec<u64> = OPS.iter().map(|op| table.calls(op)).collect();
     let items_before: Vec<u64> = READ_OPS.iter().map(|op| table.items_read(op)).collect();
     tokio::time::sleep(Duration::from_secs(60 * minutes)).await;
@@ -988,6 +1032,22 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
         .zip(items_before)
         .map(|(op, b)| (*op, (table.items_read(op) - b) as f64 / minutes as f64))
         .collect();
+    (per_min, items_per_min)
+}
+
+/// `busy`: a record on every shard every second once the fleet has settled, so every
+/// shard has a position to write all the time (the checkpoint writes' worst case).
+async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
+    let rig = Rig::new(leases).await;
+    let (table, backend) = counted_backend(&rig);
+    let t0 = Instant::now();
+    let (names, ws) = start_fleet(&rig, &backend, workers).await;
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    settle_real(&rig, &members).await;
+    let settle_s = secs(t0.elapsed());
+    let feeding = busy.then(|| feed_every(&rig, Duration::from_secs(1)));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (per_min, items_per_min) = count_ops(&table, minutes).await;
     if let Some(f) = feeding {
         f.abort();
     }
@@ -1147,6 +1207,327 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
     }
 }
 
+// ---------------------------------------------------------------- P14 scale
+
+/// This process's CPU time (user + system, every thread), seconds: /proc/self/stat
+/// counts it in clock ticks of 1/100 s (`getconf CLK_TCK` is 100 on Linux here).
+fn process_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // The fields after the command name (which may hold spaces) start at the state.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// This process's resident set (VmRSS), MB.
+fn process_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb / 1000.0
+}
+
+/// What one P14 run measured.
+struct Scale {
+    /// Start of the workers to every shard's first record delivered, seconds.
+    cold_s: f64,
+    /// Start to the last owner change of the cold start (see [`P14_QUIET`]), seconds.
+    settle_s: f64,
+    per_min: BTreeMap<&'static str, f64>,
+    items_per_min: BTreeMap<&'static str, f64>,
+    /// CPU seconds the process spent on one minute of the settled, idle fleet's life,
+    /// and the real seconds that minute took.
+    cpu_per_min_s: f64,
+    wall_per_min_s: f64,
+    /// RSS before the workers started (the stream and its records) and once settled, MB.
+    rss_base_mb: f64,
+    rss_mb: f64,
+    /// How the fleet settled after a join and after a leave.
+    join: Settled,
+    leave: Settled,
+    /// The spread of lease counts the cold start settled to.
+    cold_spread: usize,
+}
+
+/// P14's "settled": no owner change for five heartbeat intervals (the time counts to
+/// the last change), every lease held, none pending.
+const P14_QUIET: Duration = Duration::from_secs(10);
+
+/// `leases` shards with a record each, `workers` workers started together (defaults,
+/// paused time), then a minute counted, a join, and a graceful leave.
+async fn p14_run(leases: u32, workers: usize) -> Scale {
+    let rig = Rig::new(leases).await;
+    rig.put_one_each().await;
+    let (table, backend) = counted_backend(&rig);
+    let rss_base_mb = process_rss_mb();
+    let t0 = Instant::now();
+    let (names, mut ws) = start_fleet(&rig, &backend, workers).await;
+    wait_for("every shard read", Duration::from_secs(600), async || {
+        rig.log.with(|l| l.batches.len()) == leases as usize
+    })
+    .await;
+    let cold_s = secs(t0.elapsed());
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    let cold = settle(&rig, &members, Some(P14_QUIET)).await;
+    let settle_s = cold_s + cold.secs;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (cpu0, wall0) = (process_cpu_s(), std::time::Instant::now());
+    let (per_min, items_per_min) = count_ops(&table, 1).await;
+    let cpu_per_min_s = process_cpu_s() - cpu0;
+    let wall_per_min_s = wall0.elapsed().as_secs_f64();
+    let rss_mb = process_rss_mb();
+    let joiner = format!("w{workers:02}");
+    ws.push(
+        rig.start(backend.clone(), settings(&joiner, false), false)
+            .await,
+    );
+    let mut all = members.clone();
+    all.push(&joiner);
+    let join = settle(&rig, &all, Some(P14_QUIET)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The graceful leave: the fleet settles while the shutdown runs.
+    let leaver = ws.remove(0);
+    let shutdown = tokio::spawn(leaver.shutdown());
+    let leave = settle(&rig, &all[1..], Some(P14_QUIET)).await;
+    shutdown.await.unwrap().unwrap();
+    for w in ws {
+        w.abort();
+    }
+    Scale {
+        cold_s,
+        settle_s,
+        per_min,
+        items_per_min,
+        cpu_per_min_s,
+        wall_per_min_s,
+        rss_base_mb,
+        rss_mb,
+        join,
+        leave,
+        cold_spread: cold.spread,
+    }
+}
+
+fn p14(n: usize, rows: &mut Vec<Row>) {
+    // `FLEET_P14=leases,workers` runs another scale (e.g. 1000,10).
+    let (leases, workers) = std::env::var("FLEET_P14")
+        .ok()
+        .and_then(|v| {
+            let mut it = v.split(',').map(|x| x.trim().parse::<u64>().ok());
+            Some((it.next()?? as u32, it.next()?? as usize))
+        })
+        .unwrap_or((10_000u32, 100usize));
+    let hb = Settings::default().lease.heartbeat_interval.as_secs_f64();
+    let w = workers as f64;
+    let kcl_writes = f64::from(leases) / 3.3 * 60.0;
+    let kcl_rows = w * 6.0 * f64::from(leases);
+    let scale = format!("{leases} leases x {workers} workers");
+    println!(
+        "P14 scale, pure simulator: {scale}, join {} -> {}, leave back",
+        workers,
+        workers + 1
+    );
+    let t = std::time::Instant::now();
+    let (j, jm, l, lm) = p5_sim(leases as usize, workers);
+    println!(
+        "  join: {j} rounds, max moves/lease {jm}; leave: {l} rounds, max moves/lease {lm} ({:.1} s of wall time)",
+        t.elapsed().as_secs_f64()
+    );
+    rows.push(Row {
+        id: "P14 sim".into(),
+        what: format!("simulator {scale}: rounds (join +1, leave -1)"),
+        values: vec![j as f64, l as f64],
+        unit: "rnd",
+        target: Some((3.0, j.max(l) as f64, "max")),
+    });
+    rows.push(Row {
+        id: "P14 sim mv".into(),
+        what: "simulator: most moves of one lease (join, leave)".into(),
+        values: vec![f64::from(jm), f64::from(lm)],
+        unit: "mv",
+        target: Some((1.0, f64::from(jm.max(lm)), "max")),
+    });
+    println!(
+        "P14 scale: {scale} in one process, defaults, paused time, memory backend, a record on every shard, {n} runs"
+    );
+    let mut v: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for i in 0..n {
+        let wall = std::time::Instant::now();
+        let s = paused_time().block_on(p14_run(leases, workers));
+        let by_kind: Vec<String> = s
+            .per_min
+            .iter()
+            .filter(|(_, x)| **x > 0.0)
+            .map(|(op, x)| match s.items_per_min.get(op) {
+                Some(items) => format!("{op} {x:.0} ({items:.0} items)"),
+                None => format!("{op} {x:.0}"),
+            })
+            .collect();
+        println!(
+            "  run {i}: every shard read {:.1} s after the start ({:.1} rounds), last move at {:.1} s (spread {}); {:.0} s of wall time in all",
+            s.cold_s,
+            s.cold_s / hb,
+            s.settle_s,
+            s.cold_spread,
+            wall.elapsed().as_secs_f64()
+        );
+        println!(
+            "  run {i}: settled, table calls per minute by kind: {}",
+            by_kind.join(", ")
+        );
+        println!(
+            "  run {i}: one settled idle minute cost {:.2} s of CPU ({:.1} s of wall time); RSS {:.0} MB ({:.0} MB before the workers started)",
+            s.cpu_per_min_s, s.wall_per_min_s, s.rss_mb, s.rss_base_mb
+        );
+        println!(
+            "  run {i}: join {:.1} s ({:.1} rounds, {} leases moved, max {} moves, spread {}); leave {:.1} s ({:.1} rounds, {} moved, max {}, spread {})",
+            s.join.secs,
+            s.join.secs / hb,
+            s.join.moved,
+            s.join.max_moves,
+            s.join.spread,
+            s.leave.secs,
+            s.leave.secs / hb,
+            s.leave.moved,
+            s.leave.max_moves,
+            s.leave.spread
+        );
+        let writes: f64 = s
+            .per_min
+            .iter()
+            .filter(|(op, _)| !READ_OPS.contains(op) && **op != "checkpoint")
+            .map(|(_, x)| x)
+            .sum();
+        for (k, x) in [
+            ("cold", s.cold_s),
+            ("settle", s.settle_s),
+            ("w", writes),
+            ("cw", s.per_min["checkpoint"]),
+            ("r", s.items_per_min.values().sum()),
+            ("scans", s.per_min["scan"]),
+            ("join", s.join.secs / hb),
+            ("leave", s.leave.secs / hb),
+            ("mv", f64::from(s.join.max_moves.max(s.leave.max_moves))),
+            ("rss", s.rss_mb / w),
+            ("rss_w", (s.rss_mb - s.rss_base_mb) / w),
+            ("cpu", s.cpu_per_min_s / w),
+        ] {
+            v.entry(k).or_default().push(x);
+        }
+    }
+    let mut row = |key: &str, id: &str, what: String, unit, target: Option<(f64, &'static str)>| {
+        let values = v.remove(key).unwrap_or_default();
+        let target = target.map(|(t, which)| {
+            let (med, _, max) = mmm(&values);
+            (t, if which == "max" { max } else { med }, which)
+        });
+        rows.push(Row {
+            id: id.into(),
+            what,
+            values,
+            unit,
+            target,
+        });
+    };
+    row(
+        "cold",
+        "P14 cold",
+        format!(
+            "{scale} started together: every shard's first record processed (P9: all shards read)"
+        ),
+        "s",
+        Some((10.0, "median")),
+    );
+    row(
+        "settle",
+        "P14 settle",
+        "start to the cold start's last owner change (then 10 s quiet, all held, none pending)"
+            .into(),
+        "s",
+        None,
+    );
+    row(
+        "w",
+        "P14 w",
+        format!(
+            "settled: lease-table writes/min other than checkpoints (KCL model {kcl_writes:.0})"
+        ),
+        "w/min",
+        Some((kcl_writes / 10.0, "median")),
+    );
+    row(
+        "cw",
+        "P14 cw",
+        "settled: checkpoint writes/min (every record already checkpointed)".into(),
+        "w/min",
+        None,
+    );
+    row(
+        "r",
+        "P14 r",
+        format!(
+            "settled: rows read/min, scan rows + heartbeat items + gets (KCL model {kcl_rows:.0})"
+        ),
+        "rows/min",
+        Some((kcl_rows / 10.0, "median")),
+    );
+    row(
+        "scans",
+        "P14 scans",
+        "settled: scans/min".into(),
+        "/min",
+        None,
+    );
+    row(
+        "join",
+        "P14 join",
+        format!(
+            "join {workers} -> {}: rounds (heartbeat intervals) to the last owner change (10 s quiet after, none pending)",
+            workers + 1
+        ),
+        "rnd",
+        Some((3.0, "max")),
+    );
+    row(
+        "leave",
+        "P14 leave",
+        format!(
+            "graceful leave {} -> {workers}: rounds to the last owner change",
+            workers + 1
+        ),
+        "rnd",
+        Some((3.0, "max")),
+    );
+    row(
+        "mv",
+        "P14 mv",
+        "most moves of one lease (join or leave)".into(),
+        "mv",
+        Some((1.0, "max")),
+    );
+    row(
+        "rss",
+        "P14 rss",
+        "process RSS / workers (all workers, the memory stream and table in one process)".into(),
+        "MB",
+        Some((150.0, "max")),
+    );
+    row(
+        "rss_w",
+        "P14 rss w",
+        "(RSS settled - RSS before the workers) / workers".into(),
+        "MB",
+        Some((150.0, "max")),
+    );
+    row("cpu", "P14 cpu", "process CPU seconds per worker per minute of settled idle virtual time (all the rounds a minute costs)".into(), "s", None);
+}
+
 // ---------------------------------------------------------------- P9 cold start
 
 /// The child: a fresh process with a pre-loaded memory stream and an existing table;
@@ -1265,6 +1646,9 @@ fn main() {
     }
     if want("p13") {
         p13(runs(5), &mut rows);
+    }
+    if want("p14") {
+        p14(runs(1), &mut rows);
     }
     println!();
     println!("| id | what | n | median | min | max | target | ratio to target |");
