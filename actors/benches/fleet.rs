@@ -1,6 +1,6 @@
 //! Fleet benchmarks (issue "Benchmarks"): P3 crash failover, P4 planned handoff, P5
 //! rebalance, P6 lease-table cost, P9 cold start, P13 skewed shards, P14 scale
-//! (`FLEET_P14=leases,workers`, default 10,000 x 100). Workers run on the memory backend;
+//! (`FLEET_P14=leases,workers`, default 10,000 x 100; P14i its idle CPU in real time). Workers run on the memory backend;
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
@@ -1528,6 +1528,55 @@ fn p14(n: usize, rows: &mut Vec<Row>) {
     row("cpu", "P14 cpu", "process CPU seconds per worker per minute of settled idle virtual time (all the rounds a minute costs)".into(), "s", None);
 }
 
+/// P14i: a smaller fleet idling in real time, its CPU share per worker. `leases`
+/// shards with a record each, `workers` workers; once quiet, the process's CPU time over
+/// `seconds` of real time.
+async fn p14i_run(leases: u32, workers: usize, seconds: u64) -> f64 {
+    let rig = Rig::new(leases).await;
+    rig.put_one_each().await;
+    let (_, backend) = counted_backend(&rig);
+    let (names, ws) = start_fleet(&rig, &backend, workers).await;
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    settle(&rig, &members, Some(P14_QUIET)).await;
+    let (cpu0, wall0) = (process_cpu_s(), std::time::Instant::now());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let cpu = process_cpu_s() - cpu0;
+    let wall = wall0.elapsed().as_secs_f64();
+    for w in ws {
+        w.abort();
+    }
+    cpu / wall * 100.0 / workers as f64
+}
+
+fn p14i(n: usize, rows: &mut Vec<Row>) {
+    // `FLEET_P14I=leases,workers,seconds`; default 1,000 x 10 for 60 s.
+    let (leases, workers, seconds) = std::env::var("FLEET_P14I")
+        .ok()
+        .and_then(|v| {
+            let mut it = v.split(',').map(|x| x.trim().parse::<u64>().ok());
+            Some((it.next()?? as u32, it.next()?? as usize, it.next()??))
+        })
+        .unwrap_or((1000u32, 10usize, 60u64));
+    println!(
+        "P14i idle CPU in real time: {leases} leases x {workers} workers in one process, defaults, memory backend, {seconds} s after settling, {n} runs"
+    );
+    let mut v = Vec::new();
+    for i in 0..n {
+        let pct = real_time().block_on(p14i_run(leases, workers, seconds));
+        println!("  run {i}: {pct:.3} % of one core per worker");
+        v.push(pct);
+    }
+    rows.push(Row {
+        id: "P14i cpu".into(),
+        what: format!(
+            "idle CPU per worker, real time, {leases} leases x {workers} workers (process CPU / wall / workers)"
+        ),
+        values: v,
+        unit: "%",
+        target: None,
+    });
+}
+
 // ---------------------------------------------------------------- P9 cold start
 
 /// The child: a fresh process with a pre-loaded memory stream and an existing table;
@@ -1649,6 +1698,9 @@ fn main() {
     }
     if want("p14") {
         p14(runs(1), &mut rows);
+    }
+    if want("p14i") {
+        p14i(runs(3), &mut rows);
     }
     println!();
     println!("| id | what | n | median | min | max | target | ratio to target |");
