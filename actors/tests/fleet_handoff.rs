@@ -440,8 +440,13 @@ async fn shards_turning_hot_on_one_worker_are_spread_without_waiting_for_the_ful
     use flotilla_actors::backend::{PutRecord, StreamAdmin};
     let rig = Rig::new(4, MemoryStreamsConfig::default()).await;
     let probes = ProbeFactory::new(Misbehave::default());
-    let a = rig.start_with(&probes, settings("a")).await;
-    let b = rig.start_with(&probes, settings("b")).await;
+    let throughput = |id: &str| {
+        let mut s = settings(id);
+        s.lease.balance = flotilla_actors::settings::BalanceMode::Throughput;
+        s
+    };
+    let a = rig.start_with(&probes, throughput("a")).await;
+    let b = rig.start_with(&probes, throughput("b")).await;
     wait_held(&[&a, &b], &[2, 2], Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let hot: Vec<String> = keeper(&a).await.held.to_vec();
