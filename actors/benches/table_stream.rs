@@ -248,14 +248,7 @@ async fn plain_drain(env: &Env, arn: &str, records: u64) -> Duration {
             }
         }));
     }
-    while total.load(Ordering::Relaxed) < records {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let took = started.elapsed();
-    for t in tasks {
-        t.abort();
-    }
-    took
+    finish(&total, records, started, tasks).await
 }
 
 /// The plain loop's schedule through flotilla's own adapter (`DynamoStreams` as a
@@ -285,6 +278,17 @@ async fn adapter_drain(env: &Env, arn: &str, records: u64) -> Duration {
             }
         }));
     }
+    finish(&total, records, started, tasks).await
+}
+
+/// Waits until the loops' `total` reaches `records`, stops them, and says how long it
+/// took from `started`.
+async fn finish(
+    total: &AtomicU64,
+    records: u64,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> Duration {
     while total.load(Ordering::Relaxed) < records {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

@@ -670,13 +670,8 @@ impl KeeperState {
 
     /// The leases of the last scan that have had no live owner for the failover time.
     fn long_free(&self, now: Instant) -> BTreeSet<LeaseKey> {
-        let failover = self.settings().failover_time;
-        self.last_scan
-            .iter()
-            .flat_map(|l| l.dealt.iter())
-            .filter(|l| self.observations.long_free(&l.key, now, failover))
-            .map(|l| l.key.clone())
-            .collect()
+        let dealt = self.last_scan.as_ref().map_or(&[][..], |l| &l.dealt[..]);
+        self.long_free_from(dealt, now)
     }
 
     /// A round with nothing changed: the last scan's rows stand; only the heartbeats
