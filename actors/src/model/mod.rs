@@ -9,6 +9,8 @@
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
 //! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix) and
 //!   [`ConsumedStreams`], the streams a worker reads and which one a lease belongs to.
+//! * `stream_set`: [`StreamSetView`], a stream set that changes while running: streams
+//!   added, removed (former, with when), unresolved, and former rows due for deletion.
 //! * `budget`: [`WorkerBudget`], one memory budget for the un-acked records of all a
 //!   worker's shards: a fair share each, idle shares lent ([`Pool`] is the rule).
 //! * `rates`: [`RateMeter`], each held lease's smoothed records/s and bytes/s, for the
@@ -27,6 +29,7 @@ mod sequence;
 mod shard;
 pub mod source;
 mod stream_id;
+mod stream_set;
 mod watermark;
 
 pub use budget::{BudgetSlot, BudgetUse, Pool, SlotId, WorkerBudget};
@@ -44,4 +47,7 @@ pub use shard::{
 };
 pub use source::{Source, SourceKind};
 pub use stream_id::{ConsumedStream, ConsumedStreams, StreamIdError, StreamIdentifier};
+pub use stream_set::{
+    FormerStream, FormerWhy, StreamSetView, UnresolvedStream, check_list, former_rows_due,
+};
 pub use watermark::{AckError, AckWindow, BatchId, Watermark};
