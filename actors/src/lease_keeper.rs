@@ -65,6 +65,9 @@ pub(crate) struct KeeperArgs {
     pub listing: crate::status::ListingBoard,
     /// Where each scan's lease rows are published, for the stream watcher.
     pub rows: crate::status::RowsBoard,
+    /// The stream set: a former stream's leases are finished, never taken, and its rows
+    /// deleted after the grace.
+    pub set: crate::status::StreamSetBoard,
     pub application: String,
     pub stream: String,
 }
@@ -89,6 +92,10 @@ pub(crate) struct KeeperState {
     requested: BTreeMap<LeaseKey, Request>,
     /// Held leases being handed over, to whom.
     handing_off: BTreeMap<LeaseKey, WorkerId>,
+    /// Held leases of former streams being stopped, to be released.
+    retiring: BTreeSet<LeaseKey>,
+    /// A scan is armed for when a former stream's rows turn due.
+    former_due: Option<Instant>,
     polling: bool,
     /// A scan is due at this instant: the moment an owner of leases would turn dead.
     deadline_scan: Option<Instant>,
@@ -175,6 +182,8 @@ impl Actor for LeaseKeeper {
             malformed: Vec::new(),
             requested: BTreeMap::new(),
             handing_off: BTreeMap::new(),
+            retiring: BTreeSet::new(),
+            former_due: None,
             polling: false,
             deadline_scan: None,
             drain: None,
@@ -213,6 +222,21 @@ impl Actor for LeaseKeeper {
                 }
                 state.heartbeat().await;
                 state.round(&myself).await;
+            }
+            KeeperMsg::FormerDue => {
+                state.former_due = None;
+                if !state.stopped {
+                    state.asked = true;
+                    state.round(&myself).await;
+                }
+            }
+            KeeperMsg::Retired {
+                key,
+                fence,
+                outcome,
+            } => {
+                state.retired(key, fence, outcome).await;
+                state.publish_changes().await;
             }
             KeeperMsg::ScanNow => {
                 if !state.stopped {
@@ -617,7 +641,13 @@ impl KeeperState {
     /// `balance::decide` on `leases` with what this worker observes now.
     fn decide(&self, leases: &[Lease], now: Instant) -> balance::Decision {
         let cooling: BTreeSet<LeaseKey> = self.cooling.keys().cloned().collect();
-        let handing_off: BTreeSet<LeaseKey> = self.handing_off.keys().cloned().collect();
+        // A lease being retired is not handed to anyone who asks: it is released.
+        let handing_off: BTreeSet<LeaseKey> = self
+            .handing_off
+            .keys()
+            .chain(&self.retiring)
+            .cloned()
+            .collect();
         balance::decide(
             &Round {
                 leases,
@@ -786,7 +816,32 @@ impl KeeperState {
             }
         }
         let unreadable = self.note_malformed(&scan.malformed);
-        let (orphans, unlisted) = self.find_orphans(&scan.leases, sent);
+        // Rows of streams that left the set are not orphans: they are finished here.
+        let set = self.args.set.borrow().clone();
+        let former: BTreeMap<LeaseKey, String> = scan
+            .leases
+            .iter()
+            .filter_map(|l| {
+                let f = set.former_of(&l.key)?;
+                Some((
+                    l.key.clone(),
+                    format!("former stream {}: left the stream set", f.stream.stream),
+                ))
+            })
+            .collect();
+        let (orphans, unlisted) = if former.is_empty() {
+            self.find_orphans(&scan.leases, sent)
+        } else {
+            let current: Vec<Lease> = scan
+                .leases
+                .iter()
+                .filter(|l| !former.contains_key(&l.key))
+                .cloned()
+                .collect();
+            self.find_orphans(&current, sent)
+        };
+        self.finish_former(&scan.leases, &former, &set, myself)
+            .await;
         // Held orphans: stop them here and let the row go; nobody takes them again.
         for lease in scan.leases.iter().filter(|l| orphans.contains_key(&l.key)) {
             if self.held.get(&lease.key) != Some(&lease.fence()) {
@@ -809,7 +864,15 @@ impl KeeperState {
         // The rest of the round sees neither orphans nor unreadable rows, nor rows the
         // last listing does not show yet (unless held): only a shard the stream is
         // known to have is dealt, taken or counted in anyone's share.
-        let leases: Vec<Lease> = pure::dealt(&scan.leases, &orphans, &unlisted, &self.held)
+        // A former stream's lease is dealt only while held (until it is released): never
+        // taken, never counted in anyone's share.
+        let mut skipped = orphans.clone();
+        skipped.extend(
+            former
+                .into_iter()
+                .filter(|(key, _)| !self.held.contains_key(key)),
+        );
+        let leases: Vec<Lease> = pure::dealt(&scan.leases, &skipped, &unlisted, &self.held)
             .into_iter()
             .cloned()
             .collect();
@@ -1212,6 +1275,102 @@ impl KeeperState {
                 Err(error) => {
                     debug!(message = "Requested lease unreadable; retrying.", lease_key = %key, %error);
                 }
+            }
+        }
+    }
+
+    /// Finishes the leases of former streams (`model::StreamSetView`): a held one is
+    /// stopped gracefully and released (`SupervisorMsg::Retire`, then `Retired`); one
+    /// this worker owns by name but does not run (a keeper restarted meanwhile) is
+    /// released; past the grace, rows nobody alive owns are deleted, each conditional
+    /// on the owner and counter read. Arms a scan for when the next rows turn due.
+    async fn finish_former(
+        &mut self,
+        rows: &[Lease],
+        former: &BTreeMap<LeaseKey, String>,
+        set: &crate::model::StreamSetView<Instant>,
+        myself: &ActorRef<KeeperMsg>,
+    ) {
+        if set.former.is_empty() {
+            return;
+        }
+        for lease in rows.iter().filter(|l| former.contains_key(&l.key)) {
+            let fence = lease.fence();
+            if self.held.get(&lease.key) == Some(&fence) {
+                if self.retiring.insert(lease.key.clone()) {
+                    info!(message = "Lease of a stream that left the set: stopping its reader, then releasing it.", lease_key = %lease.key);
+                    let _ = self.args.supervisor.cast(SupervisorMsg::Retire {
+                        key: lease.key.clone(),
+                        fence,
+                    });
+                }
+            } else if lease.owner.as_ref() == Some(&self.args.me)
+                && !self.held.contains_key(&lease.key)
+            {
+                self.release_unheld(&lease.key, &fence).await;
+            }
+        }
+        let now = Instant::now();
+        let grace = self.args.settings.worker.former_stream_grace;
+        let alive: BTreeSet<WorkerId> = self
+            .observations
+            .alive(now, self.settings().failover_time)
+            .into_iter()
+            .collect();
+        let due: Vec<Lease> = crate::model::former_rows_due(set, rows, now, grace, |w| {
+            *w == self.args.me || alive.contains(w)
+        })
+        .into_iter()
+        .filter(|l| !self.held.contains_key(&l.key))
+        .cloned()
+        .collect();
+        for lease in due {
+            match self.args.table.delete(&lease.key, &lease.fence()).await {
+                Ok(()) => {
+                    info!(message = "Lease row of a former stream deleted after the grace.", event = "lease_deleted", lease_key = %lease.key);
+                }
+                // Taken or changed since it was read (a worker whose set still has the
+                // stream): the next scan decides again.
+                Err(error) => {
+                    debug!(message = "Former stream's lease row not deleted.", lease_key = %lease.key, %error)
+                }
+            }
+        }
+        // The next deletion: a scan then, rather than at the next full scan.
+        let next = set
+            .former
+            .iter()
+            .map(|f| f.deletion_due(grace))
+            .filter(|due| *due > now)
+            .min();
+        if let Some(next) = next
+            && self
+                .former_due
+                .is_none_or(|armed| armed > next || armed <= now)
+        {
+            self.former_due = Some(next);
+            myself.send_after(next - now + Duration::from_millis(1), || {
+                KeeperMsg::FormerDue
+            });
+        }
+    }
+
+    /// A former stream's lease has stopped and flushed: release it.
+    async fn retired(&mut self, key: LeaseKey, fence: Fence, outcome: ShardShutdown) {
+        self.retiring.remove(&key);
+        if self.held.get(&key) != Some(&fence) {
+            return;
+        }
+        self.let_go(&key);
+        let released = self.args.table.release(&key, &fence).await;
+        self.wrote(&released);
+        match released {
+            Ok(_) => {
+                info!(message = "Lease of a stream that left the set released.", lease_key = %key, checkpoint_flushed = outcome.checkpoint_flushed);
+                self.moved_away(&key, LeaseMove::Released, None);
+            }
+            Err(error) => {
+                warn!(message = "Lease of a former stream could not be released.", lease_key = %key, %error)
             }
         }
     }

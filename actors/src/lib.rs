@@ -29,6 +29,8 @@
 //! * `multilang`: KCL MultiLangDaemon record processors (Python, Node.js, …) as child
 //!   processes, one per shard, behind the [`Processor`] trait; the binary's `flotilla
 //!   multilang` reads the daemon's properties file.
+//! * `stream_set`: [`StreamSet`], where a multi-stream worker's streams come from (a
+//!   fixed list, or a source asked at every shard sync).
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
 //!   the snapshots it returns.
@@ -55,6 +57,7 @@ pub mod settings;
 mod shard_reader;
 pub mod status;
 mod status_server;
+pub mod stream_set;
 mod stream_watcher;
 mod supervisor;
 mod telemetry;
@@ -73,6 +76,7 @@ pub use status::{
     BudgetView, CheckpointView, KeeperStatus, ReleaseReport, ShardShutdown, ShardState,
     ShardStatus, ShutdownReport, WatcherStatus, WorkerStatus,
 };
+pub use stream_set::StreamSet;
 pub use worker::{
     Backend, ProcessorActorFactory, RequestedShutdown, Worker, WorkerBuilder, WorkerError,
 };

@@ -43,7 +43,7 @@ pub struct MetricsSnapshot {
     pub rejected_samples: u64,
 }
 
-const METRIC_COUNT: usize = 24;
+const METRIC_COUNT: usize = 27;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -88,6 +88,15 @@ pub enum Metric {
     /// un-acked records and reserved by reads (a level; the interval's datum is its
     /// peak).
     BudgetBytesInUse,
+    /// Answers of the stream-set source that failed or were refused (the last good set
+    /// is kept).
+    StreamSetErrors,
+    /// Streams that left the set (or were deleted) whose rows are not deleted yet (a
+    /// level).
+    StreamsFormer,
+    /// Streams of the set that could not be described, asked again at every sync (a
+    /// level).
+    StreamsUnresolved,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -135,6 +144,9 @@ impl Metric {
         Metric::Subscriptions,
         Metric::TrimmedCheckpoints,
         Metric::BudgetBytesInUse,
+        Metric::StreamSetErrors,
+        Metric::StreamsFormer,
+        Metric::StreamsUnresolved,
     ];
 
     /// The CloudWatch metric name.
@@ -164,6 +176,9 @@ impl Metric {
             Metric::Subscriptions => "Subscriptions",
             Metric::TrimmedCheckpoints => "TrimmedCheckpoints",
             Metric::BudgetBytesInUse => "BudgetBytesInUse",
+            Metric::StreamSetErrors => "StreamSetErrors",
+            Metric::StreamsFormer => "StreamsFormer",
+            Metric::StreamsUnresolved => "StreamsUnresolved",
         }
     }
 
@@ -190,7 +205,10 @@ impl Metric {
             | Metric::LeasesUnreadable
             | Metric::LeasesOrphaned
             | Metric::Subscriptions
-            | Metric::TrimmedCheckpoints => Unit::Count,
+            | Metric::TrimmedCheckpoints
+            | Metric::StreamSetErrors
+            | Metric::StreamsFormer
+            | Metric::StreamsUnresolved => Unit::Count,
         }
     }
 
@@ -202,7 +220,9 @@ impl Metric {
             | Metric::ShardsFenced
             | Metric::LeasesUnreadable
             | Metric::LeasesOrphaned
-            | Metric::BudgetBytesInUse => Kind::Gauge,
+            | Metric::BudgetBytesInUse
+            | Metric::StreamsFormer
+            | Metric::StreamsUnresolved => Kind::Gauge,
             _ => Kind::Counter,
         }
     }

@@ -63,6 +63,11 @@ pub struct WorkerSettings {
     pub initial_position: InitialPosition,
     /// RFC 3339; required when `initial_position` is AT_TIMESTAMP.
     pub initial_timestamp: Option<String>,
+    /// How long the rows of a stream that left the set (or was deleted) are kept before
+    /// they are deleted: listed again within it, a stream resumes from its checkpoints.
+    /// The KCL's `waitPeriodToDeleteFormerStreams`.
+    #[serde(with = "duration_text")]
+    pub former_stream_grace: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -74,6 +79,7 @@ impl Default for WorkerSettings {
             worker_id: None,
             initial_position: InitialPosition::TrimHorizon,
             initial_timestamp: None,
+            former_stream_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -649,6 +655,15 @@ impl WorkerSettings {
         } else {
             None
         };
+
+        if self.former_stream_grace.is_zero() {
+            return Err(invalid(
+                "worker.former_stream_grace",
+                duration(self.former_stream_grace),
+                "must be more than 0: with no grace, a stream left out of the list by \
+                 mistake for one sync loses every checkpoint",
+            ));
+        }
 
         let key = "worker.application";
         if self.application.is_empty() {
@@ -1332,6 +1347,9 @@ mod tests {
             ("worker.stream", |s| s.worker.stream = "x".repeat(129)),
             ("worker.stream", |s| {
                 s.worker.stream = "arn:aws:kinesis:us-east-1:123456789012:stream/orders".into()
+            }),
+            ("worker.former_stream_grace", |s| {
+                s.worker.former_stream_grace = Duration::ZERO
             }),
             ("worker.application", |s| s.worker.application.clear()),
             ("worker.application", |s| s.worker.application = "ab".into()),

@@ -515,6 +515,12 @@ pub(crate) type ListingBoard = Arc<tokio::sync::watch::Sender<Option<Arc<ShardLi
 /// The lease rows of the keeper's last scan, read by the stream watcher instead of a
 /// scan of its own: rows that changed since were made by a worker whose heartbeat says
 /// so, which makes the keeper scan again, so the rows are as fresh as the keeper's.
+/// The stream set as the watcher last decided it: which streams are read (the
+/// supervisor starts readers of them only), and which are former (the keeper finishes
+/// their leases, takes none, and deletes their rows after the grace).
+pub(crate) type StreamSetBoard =
+    Arc<tokio::sync::watch::Sender<Arc<crate::model::StreamSetView<tokio::time::Instant>>>>;
+
 pub(crate) type RowsBoard = Arc<tokio::sync::watch::Sender<Option<Arc<Vec<crate::model::Lease>>>>>;
 
 /// The keeper's latest fleet view and when its scan was taken.
@@ -582,6 +588,78 @@ pub struct WatcherStatus {
     /// Rows of finished shards deleted after their children started.
     pub leases_deleted: u64,
     pub last_error: Option<String>,
+    /// Each stream of a multi-stream worker's set: read, former (left the set, its rows
+    /// deleted after `worker.former_stream_grace`) or unresolved (listed, not described).
+    pub streams: Vec<StreamView>,
+    /// The stream-set source's last failure (a failed call or a refused list), while
+    /// the last good set is kept; `None` once it answers well again.
+    pub stream_set_error: Option<String>,
+    /// Failed or refused answers of the stream-set source since the worker started.
+    pub stream_set_errors: u64,
+}
+
+/// One stream of the set, for status pages.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StreamView {
+    pub stream: String,
+    /// `active`, `former` or `unresolved`.
+    pub state: &'static str,
+    /// The KCL's `account:stream:creationEpoch`, once described.
+    pub stream_id: Option<String>,
+    /// A former stream: how long since it left the set (or was found deleted).
+    pub former_for_ms: Option<u64>,
+    /// A former stream: how long until its unowned rows are deleted (0: due now).
+    pub deletion_in_ms: Option<u64>,
+    /// Why it is unresolved, or deleted.
+    pub error: Option<String>,
+}
+
+impl StreamView {
+    /// Every stream of `view`, active first, as of `now`.
+    pub(crate) fn all(
+        view: &crate::model::StreamSetView<tokio::time::Instant>,
+        now: tokio::time::Instant,
+        grace: std::time::Duration,
+    ) -> Vec<Self> {
+        let mut out: Vec<Self> = view
+            .active
+            .iter()
+            .map(|s| Self {
+                stream: s.stream.clone(),
+                state: "active",
+                stream_id: s.id.as_ref().map(|id| id.to_string()),
+                former_for_ms: None,
+                deletion_in_ms: None,
+                error: None,
+            })
+            .collect();
+        out.extend(view.former.iter().map(|f| {
+            Self {
+                stream: f.stream.stream.clone(),
+                state: "former",
+                stream_id: f.stream.id.as_ref().map(|id| id.to_string()),
+                former_for_ms: Some(now.saturating_duration_since(f.since).as_millis() as u64),
+                deletion_in_ms: Some(
+                    f.deletion_due(grace)
+                        .saturating_duration_since(now)
+                        .as_millis() as u64,
+                ),
+                error: match &f.why {
+                    crate::model::FormerWhy::Removed => None,
+                    crate::model::FormerWhy::Deleted(why) => Some(why.clone()),
+                },
+            }
+        }));
+        out.extend(view.unresolved.iter().map(|u| Self {
+            stream: u.stream.clone(),
+            state: "unresolved",
+            stream_id: None,
+            former_for_ms: None,
+            deletion_in_ms: None,
+            error: Some(u.error.clone()),
+        }));
+        out
+    }
 }
 
 /// What the writer knows of one shard, for status pages.

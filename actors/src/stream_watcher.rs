@@ -9,31 +9,46 @@
 //! Rows of finished shards gone past retention are deleted (conditionally) once all
 //! their children have started; until then the parent's SHARD_END is what lets a child
 //! begin.
+//!
+//! A multi-stream worker's set may change: at every sync the watcher asks the
+//! stream-set source (when it is one that changes), describes the streams that joined,
+//! and publishes the set (`StreamSetBoard`) before it lists, as
+//! `model::StreamSetView` decides. A stream whose listing says it does not exist is
+//! former from then on.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
-use crate::backend::{ChildShard, LeaseTable, StreamClient};
+use crate::backend::{ChildShard, LeaseTable, StreamClient, StreamError};
 use crate::backoff::Backoff;
 use crate::model::{
-    Checkpoint, ConsumedStreams, Lease, LeaseKey, Shard, ShardGraph, ShardId, plan_cleanup,
-    plan_new_leases,
+    Checkpoint, ConsumedStream, Lease, LeaseKey, Shard, ShardGraph, ShardId, StreamSetView,
+    check_list, plan_cleanup, plan_new_leases,
 };
 use crate::protocol::{KeeperMsg, WatcherMsg};
-use crate::status::WatcherStatus;
-use crate::telemetry::{Call, CallFailed, Telemetry};
+use crate::status::{StreamView, WatcherStatus};
+use crate::stream_set::StreamSet;
+use crate::telemetry::{
+    Call, CallFailed, Metric, Sample, StreamSetChanged, StreamSetRefused, StreamUnresolved,
+    Telemetry,
+};
 
 pub(crate) struct StreamWatcher;
 
 pub(crate) struct WatcherArgs {
     pub streams: Arc<dyn StreamClient>,
     pub table: Arc<dyn LeaseTable>,
-    /// The streams listed, each with where a shard with no leased parent starts.
-    pub consumed: Arc<ConsumedStreams>,
+    /// The streams listed, each with where a shard with no leased parent starts, and
+    /// the former ones; this watcher is the one that changes it.
+    pub set: crate::status::StreamSetBoard,
+    /// Asked at every sync when the set may change (`None`: a fixed set).
+    pub source: Option<StreamSet>,
+    /// `worker.former_stream_grace`.
+    pub grace: Duration,
     pub interval: Duration,
     pub keeper: ActorRef<KeeperMsg>,
     pub telemetry: Telemetry,
@@ -47,6 +62,9 @@ pub(crate) struct WatcherState {
     args: WatcherArgs,
     status: WatcherStatus,
     backoff: Backoff,
+    /// Each unresolved stream's error as last logged, so a stream that stays missing
+    /// is logged again only when its error changes.
+    unresolved_logged: BTreeMap<String, String>,
 }
 
 impl Actor for StreamWatcher {
@@ -64,6 +82,7 @@ impl Actor for StreamWatcher {
             args,
             status: WatcherStatus::default(),
             backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+            unresolved_logged: BTreeMap::new(),
         })
     }
 
@@ -76,6 +95,7 @@ impl Actor for StreamWatcher {
         match message {
             WatcherMsg::Sync => {
                 let first = state.args.listing.borrow().is_none();
+                state.refresh_set().await;
                 let next = match state.sync().await {
                     Ok(()) => {
                         // Leases are taken only for listed shards: the first listing
@@ -87,7 +107,7 @@ impl Actor for StreamWatcher {
                         jittered(state.args.interval)
                     }
                     Err(error) => {
-                        warn!(message = "Shard sync failed.", streams = %state.args.consumed.names(), %error);
+                        warn!(message = "Shard sync failed.", streams = %state.names(), %error);
                         state.status.last_error = Some(error);
                         state.backoff.next_random()
                     }
@@ -102,7 +122,7 @@ impl Actor for StreamWatcher {
                 // Listing is the fallback (and it does not re-arm the periodic timer):
                 // it creates whatever rows are still missing.
                 if !created && let Err(error) = state.sync().await {
-                    warn!(message = "Shard sync failed.", streams = %state.args.consumed.names(), %error);
+                    warn!(message = "Shard sync failed.", streams = %state.names(), %error);
                     state.status.last_error = Some(error);
                 }
                 // The children may start now: whether their rows are new, were made by an
@@ -116,12 +136,20 @@ impl Actor for StreamWatcher {
                     let _ = state.args.keeper.cast(KeeperMsg::ScanNow);
                 }
                 Err(error) => {
-                    warn!(message = "Shard sync failed.", streams = %state.args.consumed.names(), %error);
+                    warn!(message = "Shard sync failed.", streams = %state.names(), %error);
                     state.status.last_error = Some(error);
                 }
             },
             WatcherMsg::Status(reply) => {
-                let _ = reply.send(state.status.clone());
+                let mut status = state.status.clone();
+                let view = state.args.set.borrow().clone();
+                status.streams = if view.active.is_multi() || !view.former.is_empty() {
+                    StreamView::all(&view, tokio::time::Instant::now(), state.args.grace)
+                } else {
+                    Vec::new()
+                };
+                status.stream_set_error = view.source_error.clone();
+                let _ = reply.send(status);
             }
         }
         Ok(())
@@ -167,8 +195,21 @@ impl WatcherState {
         let sent = tokio::time::Instant::now();
         let mut listings = Vec::new();
         let mut listed = BTreeSet::new();
-        for consumed in self.args.consumed.iter() {
-            let shards = self.list(&consumed.stream).await?;
+        let active = self.args.set.borrow().active.clone();
+        for consumed in active.iter() {
+            let shards = match self.list(&consumed.stream).await {
+                Ok(shards) => shards,
+                // A stream of the set deleted in Kinesis: former from now (its leases
+                // finished, its rows deleted after the grace); described again at
+                // every sync while the list names it.
+                Err(Listing::NotFound(error)) if consumed.id.is_some() => {
+                    let now = tokio::time::Instant::now();
+                    let next = self.args.set.borrow().gone(&consumed.stream, error, now);
+                    self.publish_set(next);
+                    continue;
+                }
+                Err(Listing::NotFound(error) | Listing::Failed(error)) => return Err(error),
+            };
             listed.extend(shards.iter().map(|s| consumed.lease_key(&s.id)));
             listings.push((consumed, shards));
         }
@@ -241,18 +282,109 @@ impl WatcherState {
         self.status.shards = shard_count;
         self.status.open_shards = open_count;
         self.status.last_error = None;
+        // Former streams whose rows the keeper has deleted are forgotten.
+        let view = self.args.set.borrow().clone();
+        if !view.former.is_empty() {
+            let next = view.forget_deleted(&leases, tokio::time::Instant::now(), self.args.grace);
+            if next.former.len() != view.former.len() {
+                self.publish_set(next);
+            }
+        }
         Ok(())
     }
 
+    /// Asks the stream-set source for the list (when the set may change), describes
+    /// the streams not read yet, and publishes the set `StreamSetView::next` makes.
+    /// A failed or refused answer keeps the last good set.
+    async fn refresh_set(&mut self) {
+        let Some(source) = self.args.source.clone() else {
+            return;
+        };
+        let view = self.args.set.borrow().clone();
+        let wanted: Result<Vec<ConsumedStream>, String> = source
+            .current()
+            .await
+            .map(|list| list.iter().map(|s| s.wanted()).collect())
+            .and_then(|list: Vec<ConsumedStream>| check_list(&list).map(|()| list));
+        let wanted = match wanted {
+            Ok(wanted) => wanted,
+            Err(error) => {
+                self.args.telemetry.emit(StreamSetRefused { error: &error });
+                self.status.stream_set_errors += 1;
+                self.publish_set(view.source_failed(error));
+                return;
+            }
+        };
+        let mut resolved = BTreeMap::new();
+        for stream in view.to_resolve(&wanted) {
+            let answer = crate::stream_set::identify(self.args.streams.as_ref(), &stream.stream)
+                .await
+                .map_err(|e| e.to_string());
+            resolved.insert(stream.stream.clone(), answer);
+        }
+        let next = view.next(wanted, &resolved, tokio::time::Instant::now());
+        self.publish_set(next);
+    }
+
+    /// Publishes the set, saying what changed.
+    fn publish_set(&mut self, next: StreamSetView<tokio::time::Instant>) {
+        let before = self.args.set.borrow().clone();
+        let ids = |v: &StreamSetView<tokio::time::Instant>| -> BTreeSet<String> {
+            v.active
+                .iter()
+                .filter_map(|s| s.id.as_ref().map(|id| id.to_string()))
+                .collect()
+        };
+        let (was, now) = (ids(&before), ids(&next));
+        let added: Vec<String> = now.difference(&was).cloned().collect();
+        let former: Vec<String> = was.difference(&now).cloned().collect();
+        if !added.is_empty() || !former.is_empty() {
+            self.args.telemetry.emit(StreamSetChanged {
+                added: &added,
+                former: &former,
+            });
+        }
+        for u in &next.unresolved {
+            if self.unresolved_logged.get(&u.stream) != Some(&u.error) {
+                self.args.telemetry.emit(StreamUnresolved {
+                    stream: &u.stream,
+                    error: &u.error,
+                });
+            }
+        }
+        self.unresolved_logged = next
+            .unresolved
+            .iter()
+            .map(|u| (u.stream.clone(), u.error.clone()))
+            .collect();
+        self.args.telemetry.record(vec![
+            Sample::new(Metric::StreamsFormer, next.former.len() as f64),
+            Sample::new(Metric::StreamsUnresolved, next.unresolved.len() as f64),
+        ]);
+        self.args.set.send_replace(Arc::new(next));
+        if !added.is_empty() || !former.is_empty() {
+            // The keeper finishes a former stream's leases at its next scan.
+            let _ = self.args.keeper.cast(KeeperMsg::ScanNow);
+        }
+    }
+
+    /// The streams read, for logs.
+    fn names(&self) -> String {
+        self.args.set.borrow().active.names()
+    }
+
     /// One stream's shards, if the listing is whole and consistent.
-    async fn list(&self, stream: &str) -> Result<Vec<Shard>, String> {
+    async fn list(&self, stream: &str) -> Result<Vec<Shard>, Listing> {
         let shards = self.args.streams.list_shards(stream).await.map_err(|e| {
             self.args.telemetry.emit(CallFailed {
                 call: Call::ListShards,
                 shard: None,
                 error: &e,
             });
-            e.to_string()
+            match e {
+                StreamError::NotFound { .. } => Listing::NotFound(e.to_string()),
+                _ => Listing::Failed(e.to_string()),
+            }
         })?;
         let graph = ShardGraph::new(shards.iter().cloned());
         // A table stream's shards have no ranges: several open ones is no reshard.
@@ -260,12 +392,19 @@ impl WatcherState {
             && let Err(problem) = graph.check_coverage()
         {
             // A listing taken in the middle of a reshard; list again before acting on it.
-            return Err(format!(
+            return Err(Listing::Failed(format!(
                 "the shard listing of {stream} is not consistent yet: {problem}"
-            ));
+            )));
         }
         Ok(shards)
     }
+}
+
+/// Why a stream's shards could not be listed.
+enum Listing {
+    /// The stream does not exist.
+    NotFound(String),
+    Failed(String),
 }
 
 /// The interval ±10%, so a fleet started together does not list in lockstep.

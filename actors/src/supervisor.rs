@@ -26,7 +26,7 @@ use crate::checkpoint_writer::{CheckpointWriter, WriterArgs};
 use crate::fencing::Fencing;
 use crate::lease_keeper::{KeeperArgs, LeaseKeeper};
 use crate::metrics_reporter::{MetricsArgs, MetricsMsg, MetricsReporter};
-use crate::model::{ConsumedStreams, Fence, Lease, LeaseKey, WorkerId};
+use crate::model::{Fence, Lease, LeaseKey, WorkerId};
 use crate::processor::ProcessorSource;
 use crate::protocol::{CheckpointMsg, KeeperMsg, ReaderMsg, StopReason, SupervisorMsg, WatcherMsg};
 use crate::settings::Settings;
@@ -48,8 +48,11 @@ pub(crate) struct WorkerContext {
     pub application: String,
     pub stream: String,
     pub streams: Arc<dyn StreamClient>,
-    /// The streams read, each with where its new shards start; which one a lease is of.
-    pub consumed: Arc<ConsumedStreams>,
+    /// The streams read, each with where its new shards start; which one a lease is
+    /// of; and the former ones. The stream watcher changes it.
+    pub set: crate::status::StreamSetBoard,
+    /// Where a changing stream set comes from (`None`: it is fixed).
+    pub set_source: Option<crate::stream_set::StreamSet>,
     pub table: Arc<dyn LeaseTable>,
     pub metrics_sink: Arc<dyn MetricsSink>,
     pub settings: Arc<Settings>,
@@ -79,6 +82,14 @@ pub(crate) struct WorkerContext {
 }
 
 pub(crate) struct Supervisor;
+
+/// Where a gracefully stopped lease goes.
+enum Passing {
+    /// To the worker that asked for it.
+    To(WorkerId),
+    /// Back to nobody: its stream left the set.
+    Release,
+}
 
 /// How a shard reader ended, from its stop reason.
 enum ReaderEnd {
@@ -247,7 +258,10 @@ impl Actor for Supervisor {
                     state.spawn_reader(&myself, &key).await;
                 }
             }
-            SupervisorMsg::HandOff { key, fence, to } => state.hand_off(key, fence, to),
+            SupervisorMsg::HandOff { key, fence, to } => {
+                state.hand_off(key, fence, Passing::To(to))
+            }
+            SupervisorMsg::Retire { key, fence } => state.hand_off(key, fence, Passing::Release),
             SupervisorMsg::ListShardsNow => {
                 let _ = state.core.watcher.cast(WatcherMsg::ListNow);
             }
@@ -423,6 +437,7 @@ async fn spawn_core(
             fleet: ctx.fleet.clone(),
             listing: ctx.listing.clone(),
             rows: rows.clone(),
+            set: ctx.set.clone(),
             application: ctx.application.clone(),
             stream: ctx.stream.clone(),
         },
@@ -447,7 +462,9 @@ async fn spawn_core(
         WatcherArgs {
             streams: ctx.streams.clone(),
             table: ctx.table.clone(),
-            consumed: ctx.consumed.clone(),
+            set: ctx.set.clone(),
+            source: ctx.set_source.clone(),
+            grace: settings.worker.former_stream_grace,
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
             listing: ctx.listing.clone(),
@@ -473,7 +490,8 @@ impl SupervisorState {
         // A lease is read from its own stream. The keeper deals only leases of listed
         // shards, so one of no stream read here is a bug or a race with the table: it is
         // given up (released) rather than read from the wrong stream.
-        let Some(stream) = self.ctx.consumed.of_key(key) else {
+        let stream = self.ctx.set.borrow().active.of_key(key).cloned();
+        let Some(stream) = stream else {
             error!(message = "Lease is of no stream this worker reads; giving it up.", lease_key = %key);
             self.shards.remove(key);
             let _ = self.core.keeper.cast(KeeperMsg::GiveUp(key.clone()));
@@ -597,12 +615,16 @@ impl SupervisorState {
     }
 
     /// Stops the shard's reader the way a shutdown does (the processor finishes its
-    /// batch and may checkpoint), flushes, and asks the keeper to pass the lease on. The
-    /// waiting happens in a task, so the supervisor goes on serving meanwhile.
-    fn hand_off(&mut self, key: LeaseKey, fence: Fence, to: WorkerId) {
+    /// batch and may checkpoint), flushes, and asks the keeper to pass the lease on (or
+    /// release it, for a former stream's lease). The waiting happens in a task, so the
+    /// supervisor goes on serving meanwhile.
+    fn hand_off(&mut self, key: LeaseKey, fence: Fence, passing: Passing) {
         let reader = match self.shards.get_mut(&key) {
             Some(entry) if entry.lease.fence() == fence && entry.handing_off.is_none() => {
-                entry.handing_off = Some(to.clone());
+                entry.handing_off = Some(match &passing {
+                    Passing::To(to) => to.clone(),
+                    Passing::Release => self.ctx.me.clone(),
+                });
                 entry.reader.clone()
             }
             Some(_) => return,
@@ -649,11 +671,18 @@ impl SupervisorState {
                 outcome.checkpoint_flushed = false;
             }
             let _ = writer.cast(CheckpointMsg::Forget(key.clone()));
-            let _ = keeper.cast(KeeperMsg::Transfer {
-                key,
-                fence,
-                to,
-                outcome,
+            let _ = keeper.cast(match passing {
+                Passing::To(to) => KeeperMsg::Transfer {
+                    key,
+                    fence,
+                    to,
+                    outcome,
+                },
+                Passing::Release => KeeperMsg::Retired {
+                    key,
+                    fence,
+                    outcome,
+                },
             });
         });
     }

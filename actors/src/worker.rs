@@ -24,10 +24,12 @@ use crate::model::{
 pub use crate::processor::ProcessorActorFactory;
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
 use crate::protocol::{ProcessorMsg, ShardInfo, SupervisorMsg};
+use crate::settings::StreamSpec;
 use crate::settings::{
     AwsSettings, InitialPosition, ReadMode, Settings, SettingsError, StatusSettings,
 };
 use crate::status::{ShutdownReport, WorkerStatus};
+use crate::stream_set::StreamSet;
 use crate::supervisor::{Supervisor, WorkerContext};
 
 /// Opens the lease table of an application by name.
@@ -192,6 +194,9 @@ pub enum WorkerError {
         #[source]
         source: StreamError,
     },
+    /// The stream-set source's first answer failed or was refused.
+    #[error("stream set: {0}")]
+    StreamSet(String),
     /// A stream of `worker.streams` could not be named as multi-stream lease keys need
     /// (the server gave no creation time, or an ARN without an account).
     #[error("stream {stream}: cannot name it in multi-stream lease keys: {why}")]
@@ -280,6 +285,7 @@ pub struct WorkerBuilder {
     settings: Settings,
     backend: Option<Backend>,
     processor: Option<ProcessorSource>,
+    stream_set: Option<StreamSet>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -319,6 +325,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// Many streams from a source that may change while the worker runs (instead of
+    /// `worker.streams`, which it replaces): asked at start, then at every shard sync.
+    /// A stream that joins is read within one sync; one that leaves has its leases
+    /// released at once and its rows deleted after `worker.former_stream_grace`.
+    pub fn stream_set(mut self, set: StreamSet) -> Self {
+        self.stream_set = Some(set);
+        self
+    }
+
     /// One processor per shard, made by `factory` (again after each restart).
     pub fn processor<P, F>(mut self, factory: F) -> Self
     where
@@ -350,7 +365,20 @@ impl WorkerBuilder {
     /// are taken in the background. Nothing is created when a check fails: the stream is
     /// looked up before the table is made, so a misspelt stream leaves no table behind.
     pub async fn start(self) -> Result<Worker, WorkerError> {
-        let settings = self.settings;
+        let mut settings = self.settings;
+        // A source's first answer is the start's `worker.streams`: checked and resolved
+        // as a list from the file is.
+        let set_source = match self.stream_set {
+            Some(set) => {
+                let list = set.current().await.map_err(WorkerError::StreamSet)?;
+                crate::model::check_list(&list.iter().map(StreamSpec::wanted).collect::<Vec<_>>())
+                    .map_err(WorkerError::StreamSet)?;
+                settings.worker.stream.clear();
+                settings.worker.streams = list.iter().map(StreamSpec::entry).collect();
+                set.changes().then_some(set)
+            }
+            None => None,
+        };
         settings.validate()?;
         let backend = self.backend.ok_or(WorkerError::Missing("backend"))?;
         if let Some(built_for) = &backend.aws {
@@ -455,7 +483,13 @@ impl WorkerBuilder {
             application,
             stream,
             streams,
-            consumed,
+            set: Arc::new(
+                tokio::sync::watch::channel(Arc::new(crate::model::StreamSetView::fixed(
+                    (*consumed).clone(),
+                )))
+                .0,
+            ),
+            set_source,
             table,
             metrics_sink: backend.metrics.clone(),
             settings: Arc::new(settings),

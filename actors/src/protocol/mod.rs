@@ -129,6 +129,12 @@ pub(crate) enum SupervisorMsg {
         fence: Fence,
         to: WorkerId,
     },
+    /// The lease's stream left the set: stop its reader gracefully, flush, and let the
+    /// keeper release it (`KeeperMsg::Retired`).
+    Retire {
+        key: LeaseKey,
+        fence: Fence,
+    },
     /// The keeper has handed over what peers asked for (or the drain timed out): finish
     /// the shutdown.
     DrainDone,
@@ -148,6 +154,8 @@ pub(crate) enum KeeperMsg {
     Deadline,
     /// Follow the handoffs in flight (requests made, or a drain).
     PollHandoffs,
+    /// A former stream's rows are due for deletion about now: scan.
+    FormerDue,
     /// The supervisor learned the lease is lost (a refused checkpoint) under this fence.
     Lost(LeaseKey, Fence),
     /// The shard reached SHARD_END under this fence; it no longer counts as held.
@@ -159,6 +167,13 @@ pub(crate) enum KeeperMsg {
         key: LeaseKey,
         fence: Fence,
         to: WorkerId,
+        outcome: ShardShutdown,
+    },
+    /// A former stream's lease: its reader has stopped and its checkpoint is flushed
+    /// (`SupervisorMsg::Retire`): release it.
+    Retired {
+        key: LeaseKey,
+        fence: Fence,
         outcome: ShardShutdown,
     },
     /// The worker is shutting down: take nothing more, hand over whatever is asked for,
