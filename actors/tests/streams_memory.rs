@@ -11,8 +11,8 @@ use std::time::Duration;
 use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, Lease, ShardId, StreamIdentifier};
-use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamTable};
-use flotilla_actors::{Settings, Worker};
+use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamSpec, StreamTable};
+use flotilla_actors::{Settings, StreamSet, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM, shutdown_clean, wait_held};
 
@@ -307,4 +307,333 @@ fn a_child_waits_for_its_parent_in_its_own_stream() {
     ended[0].checkpoint = Checkpoint::ShardEnd;
     let by_key = ended.iter().map(|l| (&l.key, l)).collect();
     assert!(flotilla_actors::balance::processable(&child_a, &by_key));
+}
+
+/// A stream set the test changes while the workers run, as a service's source would.
+#[derive(Clone)]
+struct Set(std::sync::Arc<std::sync::Mutex<Result<Vec<StreamSpec>, String>>>);
+
+impl Set {
+    fn of(names: &[&str]) -> Self {
+        let set = Self(std::sync::Arc::new(std::sync::Mutex::new(Ok(vec![]))));
+        set.put(names);
+        set
+    }
+
+    fn put(&self, names: &[&str]) {
+        *self.0.lock().unwrap() = Ok(names
+            .iter()
+            .map(|n| StreamSpec::named(*n, InitialPosition::TrimHorizon))
+            .collect());
+    }
+
+    fn fail(&self, why: &str) {
+        *self.0.lock().unwrap() = Err(why.to_owned());
+    }
+
+    fn source(&self) -> StreamSet {
+        let set = self.clone();
+        StreamSet::polled(move || {
+            let answer = set.0.lock().unwrap().clone();
+            async move { answer }
+        })
+    }
+}
+
+const GRACE: Duration = Duration::from_secs(30);
+
+fn set_settings() -> Settings {
+    let mut settings = settings_for(vec![]);
+    settings.worker.former_stream_grace = GRACE;
+    settings.worker.worker_id = None;
+    settings
+}
+
+async fn start_set(rig: &Rig, probes: &ProbeFactory, set: &Set) -> Worker {
+    let f = probes.clone();
+    Worker::builder()
+        .settings(set_settings())
+        .backend(rig.backend())
+        .stream_set(set.source())
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Each stream of the worker's status with its state.
+async fn stream_states(worker: &Worker) -> Vec<(String, &'static str)> {
+    let status = worker.status().await.unwrap();
+    status
+        .stream_watcher
+        .unwrap()
+        .streams
+        .iter()
+        .map(|s| (s.stream.clone(), s.state))
+        .collect()
+}
+
+/// Keys held by `worker` of the stream `id`.
+async fn held_of(worker: &Worker, id: &StreamIdentifier) -> usize {
+    let keeper = worker.status().await.unwrap().leases.unwrap();
+    let prefix = format!("{id}:");
+    keeper
+        .held
+        .iter()
+        .filter(|k| k.starts_with(&prefix))
+        .count()
+}
+
+/// A stream that joins the set is read within one shard sync (plus the keeper round
+/// that takes its rows); one listed before it exists is unresolved (status, ERROR) and
+/// read once it is created.
+#[tokio::test(start_paused = true)]
+async fn a_stream_added_at_runtime_is_read_within_one_sync() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 3).await.unwrap();
+    let set = Set::of(&[STREAM]);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = start_set(&rig, &probes, &set).await;
+    wait_held(&[&worker], &[2], PATIENCE).await;
+    let mut p_audit = producer("a-");
+    p_audit.put_round(&rig.streams, "audit", 10, 20).await;
+
+    set.put(&[STREAM, "audit", "later"]);
+    let settings = set_settings();
+    // One sync (jittered up to +10%), then the keeper's round after the rows appear.
+    let within =
+        settings.reader.shard_sync_interval.mul_f64(1.1) + settings.lease.heartbeat_interval;
+    wait_held(&[&worker], &[5], within).await;
+    probes.wait_distinct(p_audit.total(), PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    let watcher = status.stream_watcher.as_ref().unwrap();
+    let later = watcher
+        .streams
+        .iter()
+        .find(|s| s.stream == "later")
+        .unwrap();
+    assert_eq!(later.state, "unresolved", "{watcher:?}");
+    assert!(
+        later.error.as_deref().unwrap().contains("later"),
+        "{later:?}"
+    );
+
+    // Created: read at the next sync, from TRIM_HORIZON.
+    rig.streams.create_stream("later", 1).await.unwrap();
+    let mut p_later = producer("l-");
+    p_later.put_round(&rig.streams, "later", 5, 10).await;
+    wait_held(&[&worker], &[6], within).await;
+    probes
+        .wait_distinct(p_audit.total() + p_later.total(), PATIENCE)
+        .await;
+    assert_eq!(
+        stream_states(&worker).await,
+        vec![
+            (STREAM.to_owned(), "active"),
+            ("audit".to_owned(), "active"),
+            ("later".to_owned(), "active")
+        ]
+    );
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    for producer in [&p_audit, &p_later] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+}
+
+/// A stream that leaves the set: its leases are stopped, flushed and released (not
+/// deleted), none is taken again; listed again within the grace it resumes from its
+/// checkpoints (nothing lost, nothing read twice); left out past the grace its rows
+/// are deleted.
+#[tokio::test(start_paused = true)]
+async fn a_removed_stream_is_released_resumed_within_the_grace_and_deleted_after() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 2).await.unwrap();
+    let audit = id_of(&rig.streams, "audit").await;
+    let set = Set::of(&[STREAM, "audit"]);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = start_set(&rig, &probes, &set).await;
+    wait_held(&[&worker], &[3], PATIENCE).await;
+    let mut p_audit = producer("a-");
+    p_audit.put_round(&rig.streams, "audit", 10, 20).await;
+    probes.wait_distinct(p_audit.total(), PATIENCE).await;
+
+    set.put(&[STREAM]);
+    wait_held(&[&worker], &[1], PATIENCE).await;
+    let rows = rig.lease_rows().await;
+    let audit_rows: Vec<&Lease> = rows
+        .iter()
+        .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+        .collect();
+    assert_eq!(audit_rows.len(), 2, "released, not deleted: {rows:#?}");
+    assert!(
+        audit_rows.iter().all(|l| l.owner.is_none()),
+        "{audit_rows:#?}"
+    );
+    assert!(
+        audit_rows
+            .iter()
+            .all(|l| matches!(l.checkpoint, Checkpoint::At(_))),
+        "checkpoints flushed on the way out: {audit_rows:#?}"
+    );
+    let states = stream_states(&worker).await;
+    assert!(
+        states.contains(&("audit".to_owned(), "former")),
+        "{states:?}"
+    );
+    // Records written meanwhile wait; nothing of audit is taken again.
+    p_audit.put_round(&rig.streams, "audit", 10, 20).await;
+    tokio::time::sleep(GRACE / 2).await;
+    assert_eq!(held_of(&worker, &audit).await, 0);
+    assert!(probes.snapshot().distinct() < p_audit.total());
+
+    // Back within the grace: resumed from the checkpoints.
+    set.put(&[STREAM, "audit"]);
+    wait_held(&[&worker], &[3], PATIENCE).await;
+    probes.wait_distinct(p_audit.total(), PATIENCE).await;
+    let verdict = probes.snapshot().verdict(&p_audit.produced);
+    assert_eq!(
+        (verdict.lost, verdict.duplicates, verdict.order_violations),
+        (0, 0, 0),
+        "{verdict:?}"
+    );
+
+    // Out past the grace: its rows are deleted, and the stream forgotten.
+    set.put(&[STREAM]);
+    wait_held(&[&worker], &[1], PATIENCE).await;
+    tokio::time::sleep(GRACE + Duration::from_secs(2)).await;
+    let start = tokio::time::Instant::now();
+    loop {
+        let rows = rig.lease_rows().await;
+        let left = rows
+            .iter()
+            .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+            .count();
+        let states = stream_states(&worker).await;
+        if left == 0 && !states.iter().any(|(s, _)| s == "audit") {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "{left} rows left, {states:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown_clean(worker).await;
+}
+
+/// A source that fails, or answers with an empty or bad list, keeps the last good set:
+/// nothing is released, and the status and the `StreamSetErrors` metric say so.
+#[tokio::test(start_paused = true)]
+async fn a_failing_source_keeps_the_last_good_set() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let set = Set::of(&[STREAM]);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = start_set(&rig, &probes, &set).await;
+    wait_held(&[&worker], &[2], PATIENCE).await;
+    let sync = set_settings().reader.shard_sync_interval;
+    for (bad, says) in [
+        (Err("config service down".to_owned()), "config service down"),
+        (Ok(vec![]), "empty"),
+        (
+            Ok(vec![
+                StreamSpec::named(STREAM, InitialPosition::TrimHorizon),
+                StreamSpec::named(STREAM, InitialPosition::Latest),
+            ]),
+            "listed twice",
+        ),
+    ] {
+        *set.0.lock().unwrap() = bad;
+        tokio::time::sleep(sync * 3).await;
+        let status = worker.status().await.unwrap();
+        let watcher = status.stream_watcher.unwrap();
+        assert!(
+            watcher.stream_set_error.as_deref().unwrap().contains(says),
+            "{watcher:?}"
+        );
+        assert_eq!(status.leases.unwrap().held.len(), 2);
+    }
+    set.fail("again");
+    tokio::time::sleep(sync * 3).await;
+    let status = worker.status().await.unwrap();
+    let errors = status.stream_watcher.as_ref().unwrap().stream_set_errors;
+    assert!(errors >= 4, "{errors}");
+    let counted = status.metrics.unwrap().totals["StreamSetErrors"];
+    assert_eq!(counted, errors as f64);
+    // Good again: the error clears.
+    set.put(&[STREAM]);
+    tokio::time::sleep(sync * 3).await;
+    let status = worker.status().await.unwrap();
+    assert_eq!(status.stream_watcher.unwrap().stream_set_error, None);
+    shutdown_clean(worker).await;
+}
+
+/// Two workers whose sets differ for a while: the one that dropped a stream releases
+/// its leases and never takes one again; the other, whose set still has it, reads it
+/// alone (nothing produced meanwhile is lost) without a lease moving back and forth;
+/// once both dropped it, its rows are deleted after the grace.
+#[tokio::test(start_paused = true)]
+async fn two_workers_whose_sets_differ_do_not_fight() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 4).await.unwrap();
+    let audit = id_of(&rig.streams, "audit").await;
+    let (set_a, set_b) = (Set::of(&[STREAM, "audit"]), Set::of(&[STREAM, "audit"]));
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = start_set(&rig, &probes, &set_a).await;
+    wait_held(&[&a], &[6], PATIENCE).await;
+    let b = start_set(&rig, &probes, &set_b).await;
+    wait_held(&[&a, &b], &[3, 3], PATIENCE).await;
+
+    set_a.put(&[STREAM]);
+    let start = tokio::time::Instant::now();
+    while held_of(&b, &audit).await < 4 {
+        assert!(start.elapsed() < PATIENCE, "b never took audit's leases");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let counters = |rows: &[Lease]| -> Vec<u64> {
+        rows.iter()
+            .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+            .map(|l| l.counter)
+            .collect()
+    };
+    let settled = counters(&rig.lease_rows().await);
+    let mut p_audit = producer("a-");
+    for _ in 0..20 {
+        p_audit.put_round(&rig.streams, "audit", 4, 5).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            held_of(&a, &audit).await,
+            0,
+            "a took a former stream's lease"
+        );
+    }
+    probes.wait_distinct(p_audit.total(), PATIENCE).await;
+    assert_eq!(
+        counters(&rig.lease_rows().await),
+        settled,
+        "audit's leases moved while b held them"
+    );
+    let verdict = probes.snapshot().verdict(&p_audit.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
+
+    // b drops it too: released, and deleted after the grace.
+    set_b.put(&[STREAM]);
+    wait_held(&[&a, &b], &[1, 1], PATIENCE).await;
+    tokio::time::sleep(GRACE + Duration::from_secs(2)).await;
+    let start = tokio::time::Instant::now();
+    while !counters(&rig.lease_rows().await).is_empty() {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "audit's rows were never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown_clean(b).await;
+    shutdown_clean(a).await;
 }
