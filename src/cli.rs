@@ -14,7 +14,7 @@ use flotilla_actors::backend::{
 use flotilla_actors::model::{Checkpoint, Lease};
 use flotilla_actors::multilang::properties::Properties;
 use flotilla_actors::multilang::{DaemonConfig, MultiLangProcessor};
-use flotilla_actors::{Backend, CheckpointMode, Settings, ShutdownReport, Worker};
+use flotilla_actors::{Backend, CheckpointMode, Settings, ShutdownReport, StreamSet, Worker};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
@@ -563,21 +563,116 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
 /// `flotilla run`: the stdout processor on the stream the settings name.
 async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings::load(args.config.as_deref())?;
-    let stream = settings.worker.stream.clone();
-    let changes = flotilla_actors::model::SourceKind::of_stream(&stream)
+    let stream = if settings.worker.streams.is_empty() {
+        settings.worker.stream.clone()
+    } else {
+        "set of worker.streams".to_owned()
+    };
+    let changes = flotilla_actors::model::SourceKind::of_stream(&settings.worker.stream)
         == flotilla_actors::model::SourceKind::DynamoDbStreams;
     let backend = Backend::aws(&settings.aws).await;
     // Listen before starting: a SIGTERM during start-up must not kill the process
-    // with its leases held.
+    // with its leases held, nor a SIGHUP (whose default is to end the process).
     let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    let worker = Worker::builder()
+    let hangup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    let mut builder = Worker::builder().backend(backend);
+    if !settings.worker.streams.is_empty() {
+        // The list the worker asks at every shard sync; SIGHUP replaces it.
+        let current = Arc::new(std::sync::Mutex::new(settings.worker.stream_specs()?));
+        builder = builder.stream_set(StreamSet::polled({
+            let current = current.clone();
+            move || {
+                let list = current
+                    .lock()
+                    .map(|l| l.clone())
+                    .map_err(|_| "the stream list's lock is poisoned".to_owned());
+                async move { list }
+            }
+        }));
+        tokio::spawn(reload_on_hangup(
+            hangup,
+            args.config.clone(),
+            settings.clone(),
+            Some(current),
+        ));
+    } else {
+        tokio::spawn(reload_on_hangup(
+            hangup,
+            args.config.clone(),
+            settings.clone(),
+            None,
+        ));
+    }
+    let worker = builder
         .settings(settings)
-        .backend(backend)
         .processor(move |shard| StdoutProcessor::new(shard.shard_id.clone(), changes))
         .start()
         .await
-        .with_context(|| format!("cannot start a worker on stream {stream}"))?;
+        .with_context(|| format!("cannot start a worker on {stream}"))?;
     serve(worker, terminate).await
+}
+
+/// The stream list to read after the settings file was read again, or why the old one
+/// stays (the message names the key at fault). `Ok((list, others_changed))`: other
+/// settings changed too, which take a restart.
+fn reloaded_streams(
+    started: &Settings,
+    reloaded: Result<Settings, flotilla_actors::LoadError>,
+) -> Result<(Vec<flotilla_actors::settings::StreamSpec>, bool), String> {
+    let reloaded = reloaded.map_err(|e| e.to_string())?;
+    reloaded.validate().map_err(|e| e.to_string())?;
+    if reloaded.worker.streams.is_empty() {
+        return Err(
+            "worker.streams: the file now has no list (worker.stream instead?); a worker \
+             changes from a list to one stream only by a restart"
+                .to_owned(),
+        );
+    }
+    let list = reloaded.worker.stream_specs().map_err(|e| e.to_string())?;
+    let mut others = reloaded.clone();
+    others.worker.streams = started.worker.streams.clone();
+    Ok((list, others != *started))
+}
+
+/// On each SIGHUP, reads the settings file again and gives the worker its new
+/// `worker.streams` (read at the next shard sync). A file that cannot be read or is not
+/// valid keeps the old list, said at ERROR with the key at fault; other changed
+/// settings are said to need a restart.
+async fn reload_on_hangup(
+    mut hangup: tokio::signal::unix::Signal,
+    config: Option<PathBuf>,
+    started: Settings,
+    current: Option<Arc<std::sync::Mutex<Vec<flotilla_actors::settings::StreamSpec>>>>,
+) {
+    while hangup.recv().await.is_some() {
+        let Some(current) = &current else {
+            warn!(
+                message = "SIGHUP: nothing is re-read for a worker of one stream (worker.stream); restart it to change its settings."
+            );
+            continue;
+        };
+        match reloaded_streams(&started, Settings::load(config.as_deref())) {
+            Ok((list, others_changed)) => {
+                let names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
+                info!(message = "SIGHUP: settings file read again; the stream set changes at the next shard sync.", streams = ?names);
+                if others_changed {
+                    warn!(
+                        message = "SIGHUP: settings other than worker.streams changed; they take effect at the next restart."
+                    );
+                }
+                match current.lock() {
+                    Ok(mut current) => *current = list,
+                    Err(_) => tracing::error!(
+                        message =
+                            "SIGHUP: the stream list's lock is poisoned; the set is not changed."
+                    ),
+                }
+            }
+            Err(error) => {
+                tracing::error!(message = "SIGHUP: settings file not taken; the worker keeps its stream set.", %error);
+            }
+        }
+    }
 }
 
 /// `flotilla multilang`: the properties file as the lowest settings layer, one child
@@ -717,4 +812,46 @@ fn lease_json(lease: &Lease) -> serde_json::Value {
         json["stream"] = serde_json::Value::from(stream);
     }
     json
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+    use super::*;
+    use flotilla_actors::settings::StreamEntry;
+
+    fn started() -> Settings {
+        let mut s = Settings::default();
+        s.worker.application = "app".into();
+        s.worker.streams = vec![StreamEntry::Name("a".into())];
+        s
+    }
+
+    /// A re-read file gives its list; a bad one keeps the old list and names the key;
+    /// other changed settings are flagged as needing a restart.
+    #[test]
+    fn a_reloaded_file_gives_its_list_or_says_which_key_is_wrong() {
+        let mut next = started();
+        next.worker.streams.push(StreamEntry::Name("b".into()));
+        let (list, others) = reloaded_streams(&started(), Ok(next.clone())).unwrap();
+        assert_eq!(
+            list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(!others);
+        next.lease.max_leases = 7;
+        assert!(reloaded_streams(&started(), Ok(next.clone())).unwrap().1);
+        let mut bad = started();
+        bad.worker.streams.push(StreamEntry::Name("a".into()));
+        let error = reloaded_streams(&started(), Ok(bad)).unwrap_err();
+        assert!(error.contains("worker.streams[1]"), "{error}");
+        let mut single = started();
+        single.worker.streams.clear();
+        single.worker.stream = "a".into();
+        let error = reloaded_streams(&started(), Ok(single)).unwrap_err();
+        assert!(error.contains("worker.streams"), "{error}");
+        let unreadable = Settings::load(Some(std::path::Path::new("/nonexistent/flotilla.toml")));
+        assert!(reloaded_streams(&started(), unreadable).is_err());
+    }
 }

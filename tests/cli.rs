@@ -331,3 +331,114 @@ async fn run_on_a_missing_stream_fails_naming_it_and_creates_no_table() {
 fn humantime_like(text: &str) -> bool {
     text.len() == 24 && text.ends_with('Z') && text.as_bytes()[10] == b'T'
 }
+
+/// `flotilla run` with `worker.streams`: SIGHUP reads the file again and a stream added
+/// to the list is read at the next shard sync; a file with a bad list keeps the set and
+/// says which key is wrong at ERROR; then SIGTERM stops it cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rereads_the_stream_list() {
+    use std::io::BufRead as _;
+
+    use flotilla_actors::backend::aws::KinesisStream;
+    use flotilla_actors::backend::{PutRecord, StreamAdmin as _};
+
+    let dynamodb = dynoxide().await;
+    let kinesis = ferrokinesis().await;
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb_credentials())
+        .load()
+        .await;
+    let stream = KinesisStream::new(&sdk, Some(&kinesis));
+    for name in ["hup-a", "hup-b"] {
+        stream.create_stream(name, 1).await.unwrap();
+        let records: Vec<PutRecord> = (0..5)
+            .map(|i| PutRecord {
+                partition_key: format!("{name}-{i}"),
+                explicit_hash_key: None,
+                data: format!("record {i}").into_bytes().into(),
+            })
+            .collect();
+        stream.put_records(name, &records).await.unwrap();
+    }
+    let file = |streams: &str| {
+        format!(
+            "[worker]\nstreams = {streams}\napplication = \"cli-hup-app\"\n\
+             [reader]\npoll_interval = \"50ms\"\nidle_max = \"200ms\"\n\
+             shard_sync_interval = \"1s\"\n\
+             [checkpoint]\ninterval = \"1s\"\n\
+             [metrics]\nlevel = \"none\"\n\
+             [status]\nbind = \"127.0.0.1:0\"\n\
+             [aws]\nregion = \"us-east-1\"\nkinesis_endpoint = \"{kinesis}\"\n\
+             dynamodb_endpoint = \"{dynamodb}\"\n"
+        )
+    };
+    let config = ConfigFile::new("hup", &file("[\"hup-a\"]"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "--config", config.path()])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = std::collections::BTreeSet::new();
+    let mut wait_for = |prefix: &str, child: &mut std::process::Child| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while seen
+            .iter()
+            .filter(|k: &&String| k.starts_with(prefix))
+            .count()
+            < 5
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines_rx.recv_timeout(left) {
+                Ok(line) => {
+                    let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+                    seen.insert(value["partition_key"].as_str().unwrap().to_owned());
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    panic!("{e}: waiting for {prefix}, saw {seen:?}");
+                }
+            }
+        }
+        seen.clone()
+    };
+    let first = tokio::task::block_in_place(|| wait_for("hup-a", &mut child));
+    assert!(!first.iter().any(|k| k.starts_with("hup-b")), "{first:?}");
+    let signal = |name: &str, child: &std::process::Child| {
+        let status = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // A bad list first: kept running on the old set.
+    std::fs::write(&config.0, file("[\"hup-a\", \"hup-a\"]")).unwrap();
+    signal("-HUP", &child);
+    // Read before it is written again.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    std::fs::write(&config.0, file("[\"hup-a\", \"hup-b\"]")).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    signal("-HUP", &child);
+    tokio::task::block_in_place(|| wait_for("hup-b", &mut child));
+
+    signal("-TERM", &child);
+    let out = tokio::task::block_in_place(|| child.wait_with_output()).unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(err.contains("shutdown clean: 2 shards stopped"), "{err}");
+    assert!(err.contains("worker.streams[1]"), "{err}");
+}
