@@ -90,6 +90,7 @@ pub fn render_status(status: &Value) -> String {
             text(&status["leases"]["heartbeat_error"]),
         );
     }
+    out.push_str(&stream_set_lines(&status["stream_watcher"]));
     let mut shards: Vec<&Value> = status["shards"]
         .as_array()
         .map(|s| s.iter().collect())
@@ -140,6 +141,48 @@ pub fn render_status(status: &Value) -> String {
         "NOTE",
     ];
     out.push_str(&table(&header[usize::from(!many)..], rows));
+    out
+}
+
+/// A multi-stream worker's set: each stream's state (a former one with how long since
+/// it left and until its rows are deleted, an unresolved one with why), and the
+/// stream-set source's failure while the last good set is kept. Nothing for one stream.
+fn stream_set_lines(watcher: &Value) -> String {
+    let mut out = String::new();
+    let streams: Vec<&Value> = watcher["streams"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    if !streams.is_empty() {
+        let each: Vec<String> = streams
+            .iter()
+            .map(|s| match s["state"].as_str() {
+                Some("former") => format!(
+                    "{} former for {} (rows deleted in {}{})",
+                    text(&s["stream"]),
+                    millis_as_duration(&s["former_for_ms"]),
+                    millis_as_duration(&s["deletion_in_ms"]),
+                    match &s["error"] {
+                        Value::Null => String::new(),
+                        error => format!("; {}", text(error)),
+                    }
+                ),
+                Some("unresolved") => {
+                    format!("{} unresolved: {}", text(&s["stream"]), text(&s["error"]))
+                }
+                _ => format!("{} {}", text(&s["stream"]), text(&s["state"])),
+            })
+            .collect();
+        let _ = writeln!(out, "streams: {}", each.join(", "));
+    }
+    if !watcher["stream_set_error"].is_null() {
+        let _ = writeln!(
+            out,
+            "stream set: last good set kept ({} failed answers): {}",
+            text(&watcher["stream_set_errors"]),
+            text(&watcher["stream_set_error"]),
+        );
+    }
     out
 }
 
@@ -417,6 +460,27 @@ mod tests {
         assert_eq!(checkpoint(&seq), "49680458…600470908946");
         assert_eq!(checkpoint(&Value::from("TRIM_HORIZON")), "TRIM_HORIZON");
         assert_eq!(checkpoint(&Value::Null), "-");
+    }
+
+    /// A multi-stream worker's set: each stream's state, and the source's failure.
+    #[test]
+    fn the_stream_set_is_shown_with_each_streams_state() {
+        let watcher = serde_json::json!({
+            "streams": [
+                {"stream": "orders", "state": "active"},
+                {"stream": "audit", "state": "former", "former_for_ms": 60000, "deletion_in_ms": 3540000, "error": null},
+                {"stream": "later", "state": "unresolved", "error": "not found"},
+            ],
+            "stream_set_error": "config service down",
+            "stream_set_errors": 3,
+        });
+        let text = stream_set_lines(&watcher);
+        assert!(text.contains("streams: orders active, audit former for 1m (rows deleted in 59m), later unresolved: not found"), "{text}");
+        assert!(
+            text.contains("last good set kept (3 failed answers): config service down"),
+            "{text}"
+        );
+        assert_eq!(stream_set_lines(&serde_json::json!({"streams": []})), "");
     }
 
     /// A worker of several streams names each shard's stream; one of a single stream
