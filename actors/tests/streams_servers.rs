@@ -16,9 +16,9 @@ use std::time::{Duration, SystemTime};
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::memory::MemoryMetrics;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin};
-use flotilla_actors::model::StreamIdentifier;
-use flotilla_actors::settings::{ReadMode, StreamEntry};
-use flotilla_actors::{Backend, Worker};
+use flotilla_actors::model::{Checkpoint, StreamIdentifier};
+use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamSpec};
+use flotilla_actors::{Backend, StreamSet, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::shutdown_clean;
 use support::servers;
@@ -97,6 +97,128 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
         );
         assert_eq!(id.lease_key(&row.key.shard_id()), row.key);
     }
+}
+
+/// A stream set changed while the worker runs, through the real adapters: a stream
+/// added is described and read; removed, its lease is released at its checkpoint and,
+/// after the grace, its row deleted by the DynamoDB adapter's conditional delete.
+async fn a_stream_set_that_changes(kinesis_endpoint: String, dynamodb_endpoint: String) {
+    let sdk = servers::sdk_config();
+    let kinesis = KinesisStream::new(&sdk, Some(&kinesis_endpoint));
+    let (a, b) = (servers::unique_name("set-a"), servers::unique_name("set-b"));
+    kinesis.create_stream(&a, 1).await.unwrap();
+    kinesis.create_stream(&b, 1).await.unwrap();
+    let application = servers::unique_name("set-app");
+    let mut settings = fast_settings("", &application);
+    settings.worker.stream.clear();
+    settings.reader.mode = ReadMode::Polling;
+    settings.reader.shard_sync_interval = Duration::from_millis(500);
+    settings.worker.former_stream_grace = Duration::from_secs(3);
+    let list = Arc::new(std::sync::Mutex::new(vec![StreamSpec::named(
+        &a,
+        InitialPosition::TrimHorizon,
+    )]));
+    let set = StreamSet::polled({
+        let list = list.clone();
+        move || {
+            let answer = Ok(list.lock().unwrap().clone());
+            async move { answer }
+        }
+    });
+    let endpoint = dynamodb_endpoint.clone();
+    let backend = Backend::new(
+        Arc::new(kinesis.clone()),
+        move |name| {
+            Arc::new(DynamoLeaseTable::new(
+                &servers::sdk_config(),
+                Some(&endpoint),
+                name,
+            ))
+        },
+        Arc::new(MemoryMetrics::new()),
+    );
+    let probes = ProbeFactory::new(Misbehave::default());
+    let f = probes.clone();
+    let worker: Worker = Worker::builder()
+        .settings(settings)
+        .backend(backend)
+        .stream_set(set)
+        .processor(move |shard| f.make(shard))
+        .start()
+        .await
+        .unwrap();
+    let (mut p_a, mut p_b) = (Producer::with_prefix("a-"), Producer::with_prefix("b-"));
+    p_a.put_round(&kinesis, &a, 10, 10).await;
+    p_b.put_round(&kinesis, &b, 10, 10).await;
+    probes.wait_distinct(p_a.total(), PATIENCE).await;
+    list.lock()
+        .unwrap()
+        .push(StreamSpec::named(&b, InitialPosition::TrimHorizon));
+    probes
+        .wait_distinct(p_a.total() + p_b.total(), PATIENCE)
+        .await;
+
+    let table = DynamoLeaseTable::new(&sdk, Some(&dynamodb_endpoint), &application);
+    let of_b = |rows: &[flotilla_actors::model::Lease]| -> Vec<flotilla_actors::model::Lease> {
+        rows.iter()
+            .filter(|l| l.key.stream_name() == Some(b.as_str()))
+            .cloned()
+            .collect()
+    };
+    list.lock().unwrap().retain(|s| s.name == a);
+    let start = tokio::time::Instant::now();
+    loop {
+        let rows = of_b(&table.scan().await.unwrap().leases);
+        if rows.len() == 1 && rows[0].owner.is_none() {
+            assert!(
+                matches!(rows[0].checkpoint, Checkpoint::At(_)),
+                "released at its checkpoint: {rows:?}"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "b's lease not released: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        let rows = of_b(&table.scan().await.unwrap().leases);
+        if rows.is_empty() {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "b's row not deleted: {rows:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    for producer in [&p_a, &p_b] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferrokinesis_dynoxide_set_changes() {
+    a_stream_set_that_changes(
+        servers::start_ferrokinesis(300).await,
+        servers::start_dynoxide().await,
+    )
+    .await;
+}
+
+#[cfg(feature = "external-servers")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinesis_mock_dynamodb_local_set_changes() {
+    a_stream_set_that_changes(
+        servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
+        servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
