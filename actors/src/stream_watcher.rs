@@ -293,19 +293,23 @@ impl WatcherState {
         Ok(())
     }
 
-    /// Asks the stream-set source for the list (when the set may change), describes
+    /// Asks the stream-set source for the list (when the set may change; a fixed set's
+    /// own list while one of its streams is unresolved), describes
     /// the streams not read yet, and publishes the set `StreamSetView::next` makes.
     /// A failed or refused answer keeps the last good set.
     async fn refresh_set(&mut self) {
-        let Some(source) = self.args.source.clone() else {
-            return;
-        };
         let view = self.args.set.borrow().clone();
-        let wanted: Result<Vec<ConsumedStream>, String> = source
-            .current()
-            .await
-            .map(|list| list.iter().map(|s| s.wanted()).collect())
-            .and_then(|list: Vec<ConsumedStream>| check_list(&list).map(|()| list));
+        let wanted: Result<Vec<ConsumedStream>, String> = match self.args.source.clone() {
+            Some(source) => source
+                .current()
+                .await
+                .map(|list| list.iter().map(|s| s.wanted()).collect())
+                .and_then(|list: Vec<ConsumedStream>| check_list(&list).map(|()| list)),
+            // A fixed set changes only when a stream of it was found deleted: it is
+            // described again, and read again once created again.
+            None if !view.unresolved.is_empty() => Ok(view.wanted.clone()),
+            None => return,
+        };
         let wanted = match wanted {
             Ok(wanted) => wanted,
             Err(error) => {

@@ -637,3 +637,72 @@ async fn two_workers_whose_sets_differ_do_not_fight() {
     shutdown_clean(b).await;
     shutdown_clean(a).await;
 }
+
+/// A stream of a fixed `worker.streams` deleted in Kinesis: its leases are released and
+/// never taken again, the status says it is former (with why) and unresolved, its rows
+/// are deleted after the grace, and the other stream is read throughout.
+#[tokio::test(start_paused = true)]
+async fn a_stream_deleted_in_kinesis_is_former_and_its_rows_deleted_after_the_grace() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 2).await.unwrap();
+    let audit = id_of(&rig.streams, "audit").await;
+    let mut settings = settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+    ]);
+    settings.worker.former_stream_grace = GRACE;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&probes, settings).await;
+    wait_held(&[&worker], &[3], PATIENCE).await;
+
+    rig.streams.delete_stream("audit").await.unwrap();
+    wait_held(&[&worker], &[1], PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    let streams = status.stream_watcher.unwrap().streams;
+    let states: Vec<(&str, &str)> = streams
+        .iter()
+        .map(|s| (s.stream.as_str(), s.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (STREAM, "active"),
+            ("audit", "former"),
+            ("audit", "unresolved")
+        ],
+        "{streams:?}"
+    );
+    assert!(streams[1].error.is_some(), "{streams:?}");
+    let mut p_orders = producer("o-");
+    p_orders.put_round(&rig.streams, STREAM, 5, 10).await;
+    probes.wait_distinct(p_orders.total(), PATIENCE).await;
+    assert_eq!(held_of(&worker, &audit).await, 0);
+
+    tokio::time::sleep(GRACE + Duration::from_secs(2)).await;
+    let start = tokio::time::Instant::now();
+    loop {
+        let left = rig
+            .lease_rows()
+            .await
+            .iter()
+            .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "{left} rows of audit left");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Created again under its name: described again, read again under new keys.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.streams.create_stream("audit", 1).await.unwrap();
+    let mut p_audit = producer("a-");
+    p_audit.put_round(&rig.streams, "audit", 5, 10).await;
+    wait_held(&[&worker], &[2], PATIENCE).await;
+    probes
+        .wait_distinct(p_orders.total() + p_audit.total(), PATIENCE)
+        .await;
+    let again = id_of(&rig.streams, "audit").await;
+    assert_ne!(again, audit);
+    shutdown_clean(worker).await;
+}
