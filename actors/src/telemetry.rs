@@ -406,6 +406,59 @@ impl Event for CheckpointTrimmed<'_> {
     }
 }
 
+/// The stream-set source failed, or gave a list that was refused: the last good set is
+/// kept. ERROR at each failure: a source that fails for good must not go unnoticed.
+pub(crate) struct StreamSetRefused<'a> {
+    pub error: &'a str,
+}
+
+impl Event for StreamSetRefused<'_> {
+    fn log(&self) {
+        error!(
+            message = "Stream set not updated; keeping the last good set.",
+            error = self.error
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::new(Metric::StreamSetErrors, 1.0)]
+    }
+}
+
+/// Streams joined or left the set (or were found deleted).
+pub(crate) struct StreamSetChanged<'a> {
+    pub added: &'a [String],
+    pub former: &'a [String],
+}
+
+impl Event for StreamSetChanged<'_> {
+    fn log(&self) {
+        info!(
+            message = "Stream set changed.",
+            added = ?self.added,
+            former = ?self.former,
+        );
+    }
+}
+
+/// A stream of the set could not be described (it may not exist yet); asked again at
+/// every sync. Logged when it starts or its error changes.
+pub(crate) struct StreamUnresolved<'a> {
+    pub stream: &'a str,
+    pub error: &'a str,
+}
+
+impl Event for StreamUnresolved<'_> {
+    fn log(&self) {
+        error!(
+            message =
+                "Stream of the set cannot be described; not read, asked again at every shard sync.",
+            stream = self.stream,
+            error = self.error,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,59 +576,6 @@ mod tests {
         assert_eq!(
             metrics(event(3, None).samples()),
             [Metric::RecordsProcessed, Metric::BytesProcessed]
-        );
-    }
-}
-
-/// The stream-set source failed, or gave a list that was refused: the last good set is
-/// kept. ERROR at each failure: a source that fails for good must not go unnoticed.
-pub(crate) struct StreamSetRefused<'a> {
-    pub error: &'a str,
-}
-
-impl Event for StreamSetRefused<'_> {
-    fn log(&self) {
-        error!(
-            message = "Stream set not updated; keeping the last good set.",
-            error = self.error
-        );
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        vec![Sample::new(Metric::StreamSetErrors, 1.0)]
-    }
-}
-
-/// Streams joined or left the set (or were found deleted).
-pub(crate) struct StreamSetChanged<'a> {
-    pub added: &'a [String],
-    pub former: &'a [String],
-}
-
-impl Event for StreamSetChanged<'_> {
-    fn log(&self) {
-        info!(
-            message = "Stream set changed.",
-            added = ?self.added,
-            former = ?self.former,
-        );
-    }
-}
-
-/// A stream of the set could not be described (it may not exist yet); asked again at
-/// every sync. Logged when it starts or its error changes.
-pub(crate) struct StreamUnresolved<'a> {
-    pub stream: &'a str,
-    pub error: &'a str,
-}
-
-impl Event for StreamUnresolved<'_> {
-    fn log(&self) {
-        error!(
-            message =
-                "Stream of the set cannot be described; not read, asked again at every shard sync.",
-            stream = self.stream,
-            error = self.error,
         );
     }
 }
