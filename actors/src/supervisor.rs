@@ -399,7 +399,7 @@ async fn spawn_core(
             sink: ctx.metrics_sink.clone(),
             settings: settings.metrics.clone(),
             application: ctx.application.clone(),
-            stream: ctx.stream.clone(),
+            stream: (!ctx.consumed.is_multi()).then(|| ctx.stream.clone()),
             worker_id: ctx.me.to_string(),
             clock: ctx.clock,
         },

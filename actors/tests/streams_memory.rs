@@ -308,3 +308,92 @@ fn a_child_waits_for_its_parent_in_its_own_stream() {
     let by_key = ended.iter().map(|l| (&l.key, l)).collect();
     assert!(flotilla_actors::balance::processable(&child_a, &by_key));
 }
+
+/// Metrics per stream: each shard's datums name its own stream (and the KCL's StreamId),
+/// so the two streams' `shardId-000000000000` stay apart; each stream has its own
+/// summary; the worker's datums name the application only.
+#[tokio::test(start_paused = true)]
+async fn metrics_name_each_shards_own_stream() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 1).await.unwrap();
+    let (orders, audit) = (
+        id_of(&rig.streams, STREAM).await,
+        id_of(&rig.streams, "audit").await,
+    );
+    let mut settings = settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+    ]);
+    settings.metrics.level = flotilla_actors::settings::MetricsLevel::Detailed;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&probes, settings).await;
+    let (mut p_orders, mut p_audit) = (producer("o-"), producer("a-"));
+    p_orders.put_round(&rig.streams, STREAM, 7, 10).await;
+    p_audit.put_round(&rig.streams, "audit", 3, 10).await;
+    probes
+        .wait_distinct(p_orders.total() + p_audit.total(), PATIENCE)
+        .await;
+    shutdown_clean(worker).await;
+
+    let datums = rig.metrics.datums();
+    let dims = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // RecordsProcessed summed over every datum with exactly these dimensions.
+    let processed = |want: &[(String, String)]| -> f64 {
+        datums
+            .iter()
+            .filter(|d| d.name == "RecordsProcessed" && d.dimensions == want)
+            .map(|d| match d.value {
+                flotilla_actors::backend::MetricValue::Statistics { sum, .. } => sum,
+                flotilla_actors::backend::MetricValue::Value(v) => v,
+            })
+            .sum()
+    };
+    let (orders_id, audit_id) = (orders.to_string(), audit.to_string());
+    let of_stream = |name: &str, id: &str| {
+        dims(&[("Application", APP), ("StreamName", name), ("StreamId", id)])
+    };
+    let of_shard = |name: &str, id: &str| {
+        dims(&[
+            ("Application", APP),
+            ("StreamName", name),
+            ("StreamId", id),
+            ("ShardId", "shardId-000000000000"),
+        ])
+    };
+    let total = (p_orders.total() + p_audit.total()) as f64;
+    assert_eq!(processed(&dims(&[("Application", APP)])), total);
+    assert_eq!(
+        processed(&of_stream(STREAM, &orders_id)),
+        p_orders.total() as f64
+    );
+    assert_eq!(
+        processed(&of_stream("audit", &audit_id)),
+        p_audit.total() as f64
+    );
+    assert_eq!(
+        processed(&of_shard(STREAM, &orders_id)),
+        p_orders.total() as f64
+    );
+    assert_eq!(
+        processed(&of_shard("audit", &audit_id)),
+        p_audit.total() as f64
+    );
+    // Worker-wide figures belong to no stream; no datum joins the streams' names.
+    assert!(
+        datums
+            .iter()
+            .filter(|d| d.name == "LeasesHeld")
+            .all(|d| d.dimensions == dims(&[("Application", APP)])),
+        "{datums:#?}"
+    );
+    assert!(
+        datums
+            .iter()
+            .all(|d| d.dimensions.iter().all(|(_, v)| !v.contains(','))),
+        "{datums:#?}"
+    );
+}
