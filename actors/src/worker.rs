@@ -193,7 +193,8 @@ pub enum WorkerError {
         source: StreamError,
     },
     /// A stream of `worker.streams` could not be named as multi-stream lease keys need
-    /// (the server gave no creation time, or an ARN without an account).
+    /// (the server gave no creation time, or an ARN without an account), or its entry's
+    /// ARN is not the stream's.
     #[error("stream {stream}: cannot name it in multi-stream lease keys: {why}")]
     StreamIdentity { stream: String, why: String },
     #[error(transparent)]
@@ -530,26 +531,41 @@ async fn identify_streams(
 ) -> Result<ConsumedStreams, WorkerError> {
     let mut consumed = Vec::with_capacity(specs.len());
     for spec in specs {
+        // An ARN is what the calls take: a stream of another account has no other name.
+        let stream = spec.stream();
         let summary = retrying(
-            || client.describe_stream_summary(&spec.name),
+            || client.describe_stream_summary(&stream),
             StreamError::is_retryable,
         )
         .await
         .map_err(|source| WorkerError::Stream {
-            stream: spec.name.clone(),
+            stream: stream.clone(),
             source,
         })?;
         let identity = |why: String| WorkerError::StreamIdentity {
-            stream: spec.name.clone(),
+            stream: stream.clone(),
             why,
         };
+        // The account of the keys is the ARN's: it must be the stream's own, or a
+        // typo'd account would key (and later orphan) every lease under it.
+        if let Some(arn) = &spec.arn {
+            let described = crate::model::StreamArn::parse(&summary.arn).ok();
+            if described.as_ref() != Some(arn) {
+                return Err(identity(format!(
+                    "the entry's ARN is not the stream's: DescribeStreamSummary says its ARN \
+                     is {:?} (account, region and name must match; a region other than the \
+                     clients' is read by a worker of that region)",
+                    summary.arn
+                )));
+            }
+        }
         let created = summary.created.ok_or_else(|| {
             identity("DescribeStreamSummary gave no StreamCreationTimestamp".into())
         })?;
         let id = StreamIdentifier::of_stream(&spec.name, &summary.arn, created)
             .map_err(|e| identity(e.to_string()))?;
         consumed.push(ConsumedStream {
-            stream: spec.name.clone(),
+            stream,
             id: Some(id),
             initial: initial_checkpoint(spec.initial_position),
             initial_timestamp: spec.initial_timestamp,

@@ -397,3 +397,102 @@ async fn metrics_name_each_shards_own_stream() {
         "{datums:#?}"
     );
 }
+
+/// An entry may name its stream by ARN (as a stream of another account must be): the
+/// calls take the ARN, and the keys' account is the ARN's, checked against the
+/// stream's own. An ARN that is not the stream's (another account) stops the start with
+/// an error naming it, before any table is made.
+#[tokio::test(start_paused = true)]
+async fn a_stream_named_by_its_arn_is_read_and_a_wrong_arn_is_refused() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 2).await.unwrap();
+    let audit = id_of(&rig.streams, "audit").await;
+    let arn = rig
+        .streams
+        .describe_stream_summary("audit")
+        .await
+        .unwrap()
+        .arn;
+
+    // Another account's ARN for the same name: the memory server answers with its own.
+    let wrong = arn.replacen(":000000000000:", ":111111111111:", 1);
+    assert_ne!(wrong, arn);
+    let start = |entry: String| {
+        let settings = settings_for(vec![
+            StreamEntry::Name(STREAM.into()),
+            StreamEntry::Table(StreamTable {
+                name: entry,
+                initial_position: Some(InitialPosition::TrimHorizon),
+                initial_timestamp: None,
+            }),
+        ]);
+        let probes = ProbeFactory::new(Misbehave::default());
+        let backend = rig.backend();
+        async move {
+            let f = probes.clone();
+            let worker = Worker::builder()
+                .settings(settings)
+                .backend(backend)
+                .processor(move |shard| f.make(shard))
+                .start()
+                .await;
+            (worker, probes)
+        }
+    };
+    let (refused, _) = start(wrong.clone()).await;
+    let error = refused.err().unwrap().to_string();
+    assert!(
+        error.contains(&wrong) && error.contains("not the stream's"),
+        "{error}"
+    );
+    assert!(
+        rig.table()
+            .get(&audit.lease_key(&ShardId::from_index(0)))
+            .await
+            .is_err(),
+        "no table is made when a stream is refused"
+    );
+
+    let (worker, probes) = start(arn.clone()).await;
+    let worker = worker.unwrap();
+    let (mut p_orders, mut p_audit) = (producer("o-"), producer("a-"));
+    p_orders.put_round(&rig.streams, STREAM, 5, 10).await;
+    p_audit.put_round(&rig.streams, "audit", 5, 10).await;
+    let total = p_orders.total() + p_audit.total();
+    probes.wait_distinct(total, PATIENCE).await;
+    wait_held(&[&worker], &[3], PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    assert_eq!(seen.distinct(), total);
+    for producer in [&p_orders, &p_audit] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+    // Keyed by the ARN's account and the stream's name, as a name entry would be; the
+    // row's source is what the calls take, the ARN.
+    let rows = rig.lease_rows().await;
+    let of_audit: Vec<_> = rows
+        .iter()
+        .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+        .collect();
+    assert_eq!(of_audit.len(), 2, "{rows:#?}");
+    assert!(
+        of_audit
+            .iter()
+            .all(|l| l.source.as_deref() == Some(arn.as_str())),
+        "{of_audit:#?}"
+    );
+    assert!(
+        status
+            .shards
+            .iter()
+            .any(|s| s.stream.as_deref() == Some("audit")),
+        "{:?}",
+        status.shards
+    );
+}

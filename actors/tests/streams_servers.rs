@@ -3,7 +3,8 @@
 //! `external-servers` feature (started by scripts/test.sh). What only a real server
 //! shows: the stream identifier comes from DescribeStreamSummary's ARN and creation
 //! time, and the rows written through the DynamoDB adapter carry the KCL's multi-stream
-//! attributes.
+//! attributes. One stream is named by its ARN, as a stream of another account must be:
+//! every reading call then takes `StreamARN`, which each server must accept.
 //! Real time and real sockets: small streams, short intervals.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -15,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::memory::MemoryMetrics;
-use flotilla_actors::backend::{LeaseTable, StreamAdmin};
+use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::StreamIdentifier;
 use flotilla_actors::settings::{ReadMode, StreamEntry};
 use flotilla_actors::{Backend, Worker};
@@ -34,11 +35,15 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
     );
     kinesis.create_stream(&a, 2).await.unwrap();
     kinesis.create_stream(&b, 1).await.unwrap();
+    let b_arn = kinesis.describe_stream_summary(&b).await.unwrap().arn;
     let application = servers::unique_name("many-app");
 
     let mut settings = fast_settings("", &application);
     settings.worker.stream.clear();
-    settings.worker.streams = vec![StreamEntry::Name(a.clone()), StreamEntry::Name(b.clone())];
+    settings.worker.streams = vec![
+        StreamEntry::Name(a.clone()),
+        StreamEntry::Name(b_arn.clone()),
+    ];
     settings.reader.mode = ReadMode::Polling;
     let endpoint = dynamodb_endpoint.clone();
     let backend = Backend::new(
@@ -96,6 +101,11 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
             id.creation_epoch
         );
         assert_eq!(id.lease_key(&row.key.shard_id()), row.key);
+        // The account is the ARN's (and the stream's: the worker checked).
+        if id.name == b {
+            assert_eq!(Some(id.account.as_str()), b_arn.split(':').nth(4), "{id}");
+            assert_eq!(row.source.as_deref(), Some(b_arn.as_str()));
+        }
     }
 }
 

@@ -7,8 +7,9 @@
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
 //! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
-//! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix) and
-//!   [`ConsumedStreams`], the streams a worker reads and which one a lease belongs to.
+//! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix),
+//!   [`StreamArn`] (a Kinesis stream named by its ARN) and [`ConsumedStreams`], the
+//!   streams a worker reads and which one a lease belongs to.
 //! * `budget`: [`WorkerBudget`], one memory budget for the un-acked records of all a
 //!   worker's shards: a fair share each, idle shares lent ([`Pool`] is the rule).
 //! * `rates`: [`RateMeter`], each held lease's smoothed records/s and bytes/s, for the
@@ -43,5 +44,5 @@ pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
 };
 pub use source::{Source, SourceKind};
-pub use stream_id::{ConsumedStream, ConsumedStreams, StreamIdError, StreamIdentifier};
+pub use stream_id::{ConsumedStream, ConsumedStreams, StreamArn, StreamIdError, StreamIdentifier};
 pub use watermark::{AckError, AckWindow, BatchId, Watermark};
