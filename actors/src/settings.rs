@@ -524,16 +524,8 @@ impl Settings {
         self.metrics.validate()?;
         self.aws.validate()?;
         if !self.worker.streams.is_empty() {
-            self.check_stream_regions()?;
-            if self.reader.mode == ReadMode::Fanout {
-                return Err(invalid(
-                    "reader.mode",
-                    quoted(self.reader.mode.as_str()),
-                    "enhanced fan-out does not yet read several streams (worker.streams): \
-                     set reader.mode = \"polling\"",
-                ));
-            }
-            return Ok(());
+            // Kinesis streams only (checked per entry): fan-out works on every one.
+            return self.check_stream_regions();
         }
         let source = self.worker.source()?;
         if source.is_table_stream() && self.reader.mode == ReadMode::Fanout {
@@ -1579,11 +1571,6 @@ mod tests {
                     StreamEntry::Name("arn:aws:kinesis:eu-west-1:123456789012:stream/a".into()),
                     StreamEntry::Name("arn:aws:kinesis:us-east-1:123456789012:stream/b".into()),
                 ]
-            }),
-            ("reader.mode", |s| {
-                s.worker.stream.clear();
-                s.worker.streams = vec![StreamEntry::Name("a".into())];
-                s.reader.mode = ReadMode::Fanout;
             }),
             ("lease.failover_time", |s| s.lease.failover_time = secs(0)),
             ("lease.balance_threshold_percent", |s| {

@@ -384,10 +384,14 @@ impl WorkerBuilder {
         let consumed = if specs.is_empty() {
             None
         } else {
-            Some(identify_streams(streams.as_ref(), &specs).await?)
+            let consumer = match settings.reader.mode {
+                ReadMode::Polling => None,
+                ReadMode::Fanout => Some(settings.reader.consumer_name_for(&application)),
+            };
+            Some(identify_streams(streams.as_ref(), &specs, consumer).await?)
         };
         let summary = match &consumed {
-            // Many streams: fan-out is refused by validation, so no summary is needed.
+            // Many streams: each was described (and its consumer had) just now.
             Some(_) => None,
             None => Some(
                 retrying(
@@ -437,6 +441,7 @@ impl WorkerBuilder {
                 id: None,
                 initial,
                 initial_timestamp,
+                consumer,
             })
         }));
         // Status, logs and metrics name the application's streams.
@@ -471,7 +476,6 @@ impl WorkerBuilder {
             status_addr: status_addr.clone(),
             status_listener: Mutex::new(status_listener),
             handle: handle.clone(),
-            consumer,
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
             .await
@@ -524,12 +528,17 @@ fn initial_checkpoint(position: InitialPosition) -> Checkpoint {
 }
 
 /// Describes each stream of `worker.streams` and names it as the KCL does in
-/// multi-stream lease keys (account from the ARN, creation time in seconds).
+/// multi-stream lease keys (account from the ARN, creation time in seconds). In fan-out
+/// mode (`consumer` is the consumer's name) each stream gets its own consumer of that
+/// name, as the KCL registers one per stream: found or registered on every stream at
+/// once, so a start waits for the slowest activation, not for their sum.
 async fn identify_streams(
     client: &dyn StreamClient,
     specs: &[crate::settings::StreamSpec],
+    consumer: Option<&str>,
 ) -> Result<ConsumedStreams, WorkerError> {
     let mut consumed = Vec::with_capacity(specs.len());
+    let mut arns = Vec::with_capacity(specs.len());
     for spec in specs {
         // An ARN is what the calls take: a stream of another account has no other name.
         let stream = spec.stream();
@@ -569,7 +578,19 @@ async fn identify_streams(
             id: Some(id),
             initial: initial_checkpoint(spec.initial_position),
             initial_timestamp: spec.initial_timestamp,
+            consumer: None,
         });
+        arns.push(summary.arn);
+    }
+    if let Some(name) = consumer {
+        let registered =
+            futures::future::try_join_all(consumed.iter().zip(&arns).map(|(stream, arn)| {
+                crate::fanout::ensure_consumer(client, &stream.stream, arn, name, CONSUMER_WAIT)
+            }))
+            .await?;
+        for (stream, registered) in consumed.iter_mut().zip(registered) {
+            stream.consumer = Some(Arc::from(registered.arn));
+        }
     }
     Ok(ConsumedStreams::multi(consumed))
 }

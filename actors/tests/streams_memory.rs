@@ -496,3 +496,52 @@ async fn a_stream_named_by_its_arn_is_read_and_a_wrong_arn_is_refused() {
         status.shards
     );
 }
+
+/// Enhanced fan-out over several streams: one consumer per stream, named for the
+/// application as the KCL names them, and each shard subscribed with its own stream's
+/// consumer (a consumer of another stream would be refused).
+#[tokio::test(start_paused = true)]
+async fn fan_out_reads_each_stream_with_its_own_consumer() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 1).await.unwrap();
+    let mut settings = settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+    ]);
+    settings.reader.mode = ReadMode::Fanout;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&probes, settings).await;
+    let (mut p_orders, mut p_audit) = (producer("o-"), producer("a-"));
+    p_orders.put_round(&rig.streams, STREAM, 10, 20).await;
+    p_audit.put_round(&rig.streams, "audit", 10, 20).await;
+    let total = p_orders.total() + p_audit.total();
+    probes.wait_distinct(total, PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    assert_eq!(seen.distinct(), total);
+    for producer in [&p_orders, &p_audit] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+    for name in [STREAM, "audit"] {
+        let arn = rig.streams.describe_stream_summary(name).await.unwrap().arn;
+        let consumers = rig.streams.list_stream_consumers(&arn).await.unwrap();
+        let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [APP], "{name}");
+    }
+    // Every shard of both streams was read by subscription, none by polling.
+    assert_eq!(status.shards.len(), 3, "{:?}", status.shards);
+    assert!(
+        status
+            .shards
+            .iter()
+            .all(|s| s.subscription.is_some() && s.stream.is_some()),
+        "{:?}",
+        status.shards
+    );
+}

@@ -7,6 +7,7 @@
 //! [`ConsumedStreams::single`] has no identifier, and nothing about its keys changes.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{Checkpoint, LeaseKey, ShardId};
@@ -168,7 +169,8 @@ impl fmt::Display for StreamIdentifier {
     }
 }
 
-/// One stream a worker consumes, with what is per stream: where its shards start.
+/// One stream a worker consumes, with what is per stream: where its shards start, and
+/// the enhanced fan-out consumer its shards are subscribed with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumedStream {
     /// The stream as the `StreamClient` calls take it (a name, or a table stream's ARN).
@@ -179,6 +181,9 @@ pub struct ConsumedStream {
     pub initial: Checkpoint,
     /// The time of `initial` when it is `AT_TIMESTAMP`.
     pub initial_timestamp: Option<SystemTime>,
+    /// The ARN of this stream's enhanced fan-out consumer, in fan-out mode (a consumer is
+    /// registered on one stream, so each stream has its own); `None` polls.
+    pub consumer: Option<Arc<str>>,
 }
 
 impl ConsumedStream {
@@ -251,6 +256,7 @@ mod tests {
             id,
             initial: Checkpoint::TrimHorizon,
             initial_timestamp: None,
+            consumer: None,
         }
     }
 
