@@ -323,6 +323,9 @@ impl Series {
 
 type Slots = [Series; METRIC_COUNT];
 
+/// A datum's dimensions, (name, value), in the order they are published.
+type Dimensions = Vec<(String, String)>;
+
 /// Accumulates samples per (metric, shard) for the current interval and since start.
 ///
 /// Recording is an array index plus, for a shard sample, one ordered-map lookup by the
@@ -401,7 +404,7 @@ impl Aggregator {
             // Per stream of several: the keys of one stream are adjacent in key order
             // (they share its identifier as a prefix), but grouping by identifier does
             // not rely on it.
-            let mut per_stream: BTreeMap<&str, (Vec<(String, String)>, [Stats; METRIC_COUNT])> =
+            let mut per_stream: BTreeMap<&str, (Dimensions, [Stats; METRIC_COUNT])> =
                 BTreeMap::new();
             for (key, slots) in &self.shards {
                 if let (Some(id), Some(dimensions)) =
@@ -497,7 +500,7 @@ impl Aggregator {
 /// The dimensions of a multi-stream key's stream: the application, the stream's name and
 /// its identifier (`account:stream:creationEpoch`, the KCL's `StreamId`); `None` for a
 /// single-stream key, whose stream is the worker's.
-fn stream_dimensions(app: &[(String, String)], key: &LeaseKey) -> Option<Vec<(String, String)>> {
+fn stream_dimensions(app: &[(String, String)], key: &LeaseKey) -> Option<Dimensions> {
     let (id, name) = (key.stream_id()?, key.stream_name()?);
     let mut dimensions = app.to_vec();
     dimensions.push((STREAM_DIMENSION.to_owned(), name.to_owned()));

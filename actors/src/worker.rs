@@ -539,7 +539,7 @@ async fn identify_streams(
 ) -> Result<ConsumedStreams, WorkerError> {
     let mut consumed = Vec::with_capacity(specs.len());
     let mut arns = Vec::with_capacity(specs.len());
-    for spec in specs {
+    for (i, spec) in specs.iter().enumerate() {
         // An ARN is what the calls take: a stream of another account has no other name.
         let stream = spec.stream();
         let summary = retrying(
@@ -561,9 +561,10 @@ async fn identify_streams(
             let described = crate::model::StreamArn::parse(&summary.arn).ok();
             if described.as_ref() != Some(arn) {
                 return Err(identity(format!(
-                    "the entry's ARN is not the stream's: DescribeStreamSummary says its ARN \
-                     is {:?} (account, region and name must match; a region other than the \
-                     clients' is read by a worker of that region)",
+                    "worker.streams[{i}]: the entry's ARN is not the stream's: \
+                     DescribeStreamSummary says its ARN is {:?} (account, region and name \
+                     must match; a stream of another region is read by a worker of that \
+                     region)",
                     summary.arn
                 )));
             }

@@ -442,7 +442,9 @@ async fn a_stream_named_by_its_arn_is_read_and_a_wrong_arn_is_refused() {
     let (refused, _) = start(wrong.clone()).await;
     let error = refused.err().unwrap().to_string();
     assert!(
-        error.contains(&wrong) && error.contains("not the stream's"),
+        error.contains(&wrong)
+            && error.contains("worker.streams[1]")
+            && error.contains("not the stream's"),
         "{error}"
     );
     assert!(
