@@ -7,13 +7,17 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
 
 use crate::backend::{CallFailure, Classified, MetricDatum, MetricValue, Unit};
-use crate::model::ShardId;
+use crate::model::LeaseKey;
 use crate::settings::MetricsLevel;
 
 /// Dimension names, as the dashboards and alarms built on them expect.
 pub const APPLICATION_DIMENSION: &str = "Application";
 pub const STREAM_DIMENSION: &str = "StreamName";
 pub const SHARD_DIMENSION: &str = "ShardId";
+/// A multi-stream application's stream identifier (`account:stream:creationEpoch`), as
+/// the Java KCL's `MetricsUtil.addStreamId` names it: with it, two streams of one name
+/// (two accounts, or a stream deleted and created again) never share a datum.
+pub const STREAM_ID_DIMENSION: &str = "StreamId";
 
 /// How many intervals of datums are kept for retry while publishing fails; older ones
 /// are dropped (and counted), so an unreachable CloudWatch costs bounded memory.
@@ -25,7 +29,8 @@ pub struct MetricsSnapshot {
     /// Per metric name since start: a counter's sum; a gauge's highest current reading
     /// across shards (the worst lag), or its latest reading when worker-wide.
     pub totals: BTreeMap<String, f64>,
-    /// Per shard id, per metric name: a counter's sum since start, a gauge's latest
+    /// Per shard (its lease key: the shard id for a single stream, the KCL multi-stream
+    /// key for several), per metric name: a counter's sum since start, a gauge's latest
     /// reading.
     pub per_shard: BTreeMap<String, BTreeMap<String, f64>>,
     /// Successful PutMetricData calls.
@@ -238,8 +243,9 @@ impl Metric {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub metric: Metric,
+    /// The shard's lease key, which names its stream too when the worker reads several;
     /// `None` for what belongs to the worker as a whole (leases held, restarts).
-    pub shard: Option<ShardId>,
+    pub shard: Option<LeaseKey>,
     pub value: f64,
 }
 
@@ -252,7 +258,9 @@ impl Sample {
         }
     }
 
-    pub fn shard(metric: Metric, shard: &ShardId, value: f64) -> Self {
+    /// A sample of one shard, named by its lease key: a shard id alone names a shard only
+    /// within its stream, and two streams' `shardId-000000000000` must not merge.
+    pub fn shard(metric: Metric, shard: &LeaseKey, value: f64) -> Self {
         Self {
             metric,
             shard: Some(shard.clone()),
@@ -335,14 +343,17 @@ impl Series {
 
 type Slots = [Series; METRIC_COUNT];
 
+/// A datum's dimensions, (name, value), in the order they are published.
+type Dimensions = Vec<(String, String)>;
+
 /// Accumulates samples per (metric, shard) for the current interval and since start.
 ///
 /// Recording is an array index plus, for a shard sample, one ordered-map lookup by the
-/// shard id the sample already owns: no allocation per sample.
+/// lease key the sample already owns: no allocation per sample.
 #[derive(Debug, Clone, Default)]
 pub struct Aggregator {
     worker: Slots,
-    shards: BTreeMap<ShardId, Slots>,
+    shards: BTreeMap<LeaseKey, Slots>,
     rejected: u64,
 }
 
@@ -373,23 +384,34 @@ impl Aggregator {
 
     /// Ends the interval: returns its datums for `level` and starts the next one empty.
     ///
-    /// Summary: one datum per metric that had samples, dimensions [Application,
-    /// StreamName], statistics over every shard and the worker. Detailed: those, then
-    /// one datum per shard and metric with samples, with ShardId added. None: nothing
-    /// (the interval is still cleared; running totals are kept at every level).
+    /// `stream` is the stream of a single-stream worker, `None` for a worker of several
+    /// (`worker.streams`, whose lease keys name their streams).
+    ///
+    /// Summary: one datum per metric that had samples, statistics over every shard and
+    /// the worker, dimensions [Application, StreamName] for a single stream and
+    /// [Application] for several; then, for several, one datum per stream and metric over
+    /// that stream's shards, [Application, StreamName, StreamId]. Detailed: those, then
+    /// one datum per shard and metric with samples, its stream's dimensions and ShardId.
+    /// None: nothing (the interval is still cleared; running totals are kept at every
+    /// level).
+    ///
+    /// Several streams' worker datum has no StreamName, as the KCL's worker-level metrics
+    /// have no stream dimension: a joined list is no stream, and it would change (and
+    /// orphan every alarm on it) whenever the list does.
     pub fn drain(
         &mut self,
         level: MetricsLevel,
         application: &str,
-        stream: &str,
+        stream: Option<&str>,
         timestamp: SystemTime,
     ) -> Vec<MetricDatum> {
         let mut out = Vec::new();
         if level != MetricsLevel::None {
-            let base = vec![
-                (APPLICATION_DIMENSION.to_owned(), application.to_owned()),
-                (STREAM_DIMENSION.to_owned(), stream.to_owned()),
-            ];
+            let app = vec![(APPLICATION_DIMENSION.to_owned(), application.to_owned())];
+            let mut base = app.clone();
+            if let Some(stream) = stream {
+                base.push((STREAM_DIMENSION.to_owned(), stream.to_owned()));
+            }
             for metric in Metric::ALL {
                 let mut all = self.worker[metric.index()].interval;
                 for slots in self.shards.values() {
@@ -399,14 +421,40 @@ impl Aggregator {
                     out.push(datum(metric, base.clone(), &all, timestamp));
                 }
             }
+            // Per stream of several: the keys of one stream are adjacent in key order
+            // (they share its identifier as a prefix), but grouping by identifier does
+            // not rely on it.
+            let mut per_stream: BTreeMap<&str, (Dimensions, [Stats; METRIC_COUNT])> =
+                BTreeMap::new();
+            for (key, slots) in &self.shards {
+                if let (Some(id), Some(dimensions)) =
+                    (key.stream_id(), stream_dimensions(&app, key))
+                {
+                    let (_, stats) = per_stream
+                        .entry(id)
+                        .or_insert_with(|| (dimensions, Default::default()));
+                    for metric in Metric::ALL {
+                        stats[metric.index()].merge(&slots[metric.index()].interval);
+                    }
+                }
+            }
+            for (dimensions, stats) in per_stream.values() {
+                for metric in Metric::ALL {
+                    let stats = &stats[metric.index()];
+                    if stats.count > 0 {
+                        out.push(datum(metric, dimensions.clone(), stats, timestamp));
+                    }
+                }
+            }
             if level == MetricsLevel::Detailed {
-                for (shard, slots) in &self.shards {
+                for (key, slots) in &self.shards {
+                    let mut dimensions =
+                        stream_dimensions(&app, key).unwrap_or_else(|| base.clone());
+                    dimensions.push((SHARD_DIMENSION.to_owned(), key.shard_id().to_string()));
                     for metric in Metric::ALL {
                         let stats = &slots[metric.index()].interval;
                         if stats.count > 0 {
-                            let mut dimensions = base.clone();
-                            dimensions.push((SHARD_DIMENSION.to_owned(), shard.to_string()));
-                            out.push(datum(metric, dimensions, stats, timestamp));
+                            out.push(datum(metric, dimensions.clone(), stats, timestamp));
                         }
                     }
                 }
@@ -467,6 +515,17 @@ impl Aggregator {
     pub fn rejected_samples(&self) -> u64 {
         self.rejected
     }
+}
+
+/// The dimensions of a multi-stream key's stream: the application, the stream's name and
+/// its identifier (`account:stream:creationEpoch`, the KCL's `StreamId`); `None` for a
+/// single-stream key, whose stream is the worker's.
+fn stream_dimensions(app: &[(String, String)], key: &LeaseKey) -> Option<Dimensions> {
+    let (id, name) = (key.stream_id()?, key.stream_name()?);
+    let mut dimensions = app.to_vec();
+    dimensions.push((STREAM_DIMENSION.to_owned(), name.to_owned()));
+    dimensions.push((STREAM_ID_DIMENSION.to_owned(), id.to_owned()));
+    Some(dimensions)
 }
 
 fn datum(
@@ -531,6 +590,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::model::ShardId;
 
     const APP: &str = "orders-app";
     const STREAM: &str = "orders";
@@ -539,8 +599,9 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
     }
 
-    fn shard(i: u64) -> ShardId {
-        ShardId::from_index(i)
+    /// A single-stream lease key: the shard id itself.
+    fn shard(i: u64) -> LeaseKey {
+        LeaseKey::from(&ShardId::from_index(i))
     }
 
     fn stats(count: f64, sum: f64, min: f64, max: f64) -> MetricValue {
@@ -552,7 +613,7 @@ mod tests {
         }
     }
 
-    fn dims(extra: Option<&ShardId>) -> Vec<(String, String)> {
+    fn dims(extra: Option<&LeaseKey>) -> Vec<(String, String)> {
         let mut d = vec![
             ("Application".to_owned(), APP.to_owned()),
             ("StreamName".to_owned(), STREAM.to_owned()),
@@ -583,7 +644,7 @@ mod tests {
     #[test]
     fn summary_is_one_datum_per_sampled_metric_across_all_shards() {
         let mut agg = busy();
-        let data = agg.drain(MetricsLevel::Summary, APP, STREAM, at(60));
+        let data = agg.drain(MetricsLevel::Summary, APP, Some(STREAM), at(60));
         let got: Vec<_> = data
             .iter()
             .map(|d| (d.name.as_str(), d.dimensions.clone(), d.value, d.unit))
@@ -623,7 +684,7 @@ mod tests {
     #[test]
     fn detailed_adds_a_datum_per_shard_and_metric_and_none_for_worker_metrics() {
         let mut agg = busy();
-        let data = agg.drain(MetricsLevel::Detailed, APP, STREAM, at(60));
+        let data = agg.drain(MetricsLevel::Detailed, APP, Some(STREAM), at(60));
         assert_eq!(data.len(), 4 + 4, "4 summary datums, 2 metrics x 2 shards");
         let per_shard: Vec<_> = data[4..]
             .iter()
@@ -656,21 +717,163 @@ mod tests {
         );
         assert_eq!(
             data[..4],
-            busy().drain(MetricsLevel::Summary, APP, STREAM, at(60))[..],
+            busy().drain(MetricsLevel::Summary, APP, Some(STREAM), at(60))[..],
             "detailed starts with exactly the summary"
         );
+    }
+
+    /// Dimensions as (name, value) pairs, for the tables below.
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Shard 0 of two streams, shard 1 of one of them, and a worker-wide lease count.
+    fn two_streams() -> Aggregator {
+        let orders = crate::model::StreamIdentifier::parse("111:orders:10").unwrap();
+        let audit = crate::model::StreamIdentifier::parse("222:audit:20").unwrap();
+        let mut agg = Aggregator::new();
+        agg.record_all([
+            Sample::shard(
+                Metric::RecordsProcessed,
+                &orders.lease_key(&ShardId::from_index(0)),
+                5.0,
+            ),
+            Sample::shard(
+                Metric::RecordsProcessed,
+                &orders.lease_key(&ShardId::from_index(1)),
+                7.0,
+            ),
+            Sample::shard(
+                Metric::RecordsProcessed,
+                &audit.lease_key(&ShardId::from_index(0)),
+                100.0,
+            ),
+            Sample::shard(
+                Metric::MillisBehindLatest,
+                &audit.lease_key(&ShardId::from_index(0)),
+                900.0,
+            ),
+            Sample::new(Metric::LeasesHeld, 3.0),
+        ]);
+        agg
+    }
+
+    /// Several streams: the worker's datum has no stream; each stream gets its own, with
+    /// the KCL's StreamId; each shard's carries its own stream, so the two streams'
+    /// `shardId-000000000000` never merge. One stream keeps its output as it always was.
+    #[test]
+    fn each_stream_has_its_own_datums_and_the_worker_none_of_a_stream() {
+        let app = [("Application", APP)];
+        let orders = [
+            ("Application", APP),
+            ("StreamName", "orders"),
+            ("StreamId", "111:orders:10"),
+        ];
+        let audit = [
+            ("Application", APP),
+            ("StreamName", "audit"),
+            ("StreamId", "222:audit:20"),
+        ];
+        let with_shard = |dims: &[(&'static str, &'static str)], shard: &'static str| {
+            let mut dims = dims.to_vec();
+            dims.push(("ShardId", shard));
+            dims
+        };
+        let (s0, s1) = ("shardId-000000000000", "shardId-000000000001");
+        let summary = vec![
+            (
+                "RecordsProcessed",
+                app.to_vec(),
+                stats(3.0, 112.0, 5.0, 100.0),
+            ),
+            (
+                "MillisBehindLatest",
+                app.to_vec(),
+                stats(1.0, 900.0, 900.0, 900.0),
+            ),
+            ("LeasesHeld", app.to_vec(), stats(1.0, 3.0, 3.0, 3.0)),
+            // Per stream, in identifier order: 111:orders:10, then 222:audit:20.
+            (
+                "RecordsProcessed",
+                orders.to_vec(),
+                stats(2.0, 12.0, 5.0, 7.0),
+            ),
+            (
+                "RecordsProcessed",
+                audit.to_vec(),
+                stats(1.0, 100.0, 100.0, 100.0),
+            ),
+            (
+                "MillisBehindLatest",
+                audit.to_vec(),
+                stats(1.0, 900.0, 900.0, 900.0),
+            ),
+        ];
+        let mut detailed = summary.clone();
+        detailed.extend([
+            (
+                "RecordsProcessed",
+                with_shard(&orders, s0),
+                stats(1.0, 5.0, 5.0, 5.0),
+            ),
+            (
+                "RecordsProcessed",
+                with_shard(&orders, s1),
+                stats(1.0, 7.0, 7.0, 7.0),
+            ),
+            (
+                "RecordsProcessed",
+                with_shard(&audit, s0),
+                stats(1.0, 100.0, 100.0, 100.0),
+            ),
+            (
+                "MillisBehindLatest",
+                with_shard(&audit, s0),
+                stats(1.0, 900.0, 900.0, 900.0),
+            ),
+        ]);
+        for (level, want) in [
+            (MetricsLevel::None, vec![]),
+            (MetricsLevel::Summary, summary),
+            (MetricsLevel::Detailed, detailed),
+        ] {
+            let data = two_streams().drain(level, APP, None, at(60));
+            let got: Vec<_> = data
+                .iter()
+                .map(|d| (d.name.as_str(), d.dimensions.clone(), d.value))
+                .collect();
+            let want: Vec<_> = want
+                .into_iter()
+                .map(|(name, dims, value)| (name, pairs(&dims), value))
+                .collect();
+            assert_eq!(got, want, "{level:?}");
+            assert_eq!(crate::backend::validate(&data), Ok(()), "{level:?}");
+        }
+        // The snapshot keeps the shards apart by their lease keys.
+        let per_shard = two_streams().per_shard();
+        assert_eq!(
+            per_shard["111:orders:10:shardId-000000000000"]["RecordsProcessed"],
+            5.0
+        );
+        assert_eq!(
+            per_shard["222:audit:20:shardId-000000000000"]["RecordsProcessed"],
+            100.0
+        );
+        assert_eq!(per_shard.len(), 3);
     }
 
     #[test]
     fn none_publishes_nothing_but_keeps_totals() {
         let mut agg = busy();
         assert!(
-            agg.drain(MetricsLevel::None, APP, STREAM, at(60))
+            agg.drain(MetricsLevel::None, APP, Some(STREAM), at(60))
                 .is_empty()
         );
         assert_eq!(agg.totals()["RecordsProcessed"], 160.0);
         assert!(
-            agg.drain(MetricsLevel::Summary, APP, STREAM, at(120))
+            agg.drain(MetricsLevel::Summary, APP, Some(STREAM), at(120))
                 .is_empty(),
             "the None drain still ended the interval"
         );
@@ -680,16 +883,17 @@ mod tests {
     fn an_interval_without_samples_gives_no_datums_and_each_interval_starts_empty() {
         let mut agg = Aggregator::new();
         assert!(
-            agg.drain(MetricsLevel::Detailed, APP, STREAM, at(0))
+            agg.drain(MetricsLevel::Detailed, APP, Some(STREAM), at(0))
                 .is_empty()
         );
         agg.record(Sample::shard(Metric::BytesProcessed, &shard(3), 4096.0));
         assert_eq!(
-            agg.drain(MetricsLevel::Detailed, APP, STREAM, at(60)).len(),
+            agg.drain(MetricsLevel::Detailed, APP, Some(STREAM), at(60))
+                .len(),
             2
         );
         agg.record(Sample::new(Metric::Throttles, 1.0));
-        let next = agg.drain(MetricsLevel::Detailed, APP, STREAM, at(120));
+        let next = agg.drain(MetricsLevel::Detailed, APP, Some(STREAM), at(120));
         assert_eq!(
             next.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
             ["Throttles"],
@@ -701,7 +905,7 @@ mod tests {
     #[test]
     fn totals_sum_counters_and_keep_the_latest_reading_of_gauges() {
         let mut agg = busy();
-        agg.drain(MetricsLevel::Summary, APP, STREAM, at(60));
+        agg.drain(MetricsLevel::Summary, APP, Some(STREAM), at(60));
         agg.record_all([
             Sample::shard(Metric::RecordsProcessed, &shard(1), 40.0),
             Sample::shard(Metric::MillisBehindLatest, &shard(1), 0.0),
@@ -740,7 +944,7 @@ mod tests {
             Sample::new(Metric::ProcessingTime, 12.0),
         ]);
         assert_eq!(agg.rejected_samples(), 2);
-        let data = agg.drain(MetricsLevel::Summary, APP, STREAM, at(60));
+        let data = agg.drain(MetricsLevel::Summary, APP, Some(STREAM), at(60));
         assert_eq!(data[0].value, stats(1.0, 12.0, 12.0, 12.0));
         assert_eq!(crate::backend::validate(&data), Ok(()));
     }

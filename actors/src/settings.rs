@@ -84,7 +84,8 @@ impl Default for WorkerSettings {
     }
 }
 
-/// One stream of `worker.streams`: a name, or a table with what differs for it.
+/// One stream of `worker.streams`: a name or a Kinesis stream ARN (a stream of another
+/// account is named by its ARN), or a table with what differs for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum StreamEntry {
@@ -97,6 +98,8 @@ pub enum StreamEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamTable {
+    /// The stream's name or its ARN; `arn = "..."` is the same key spelt for an ARN.
+    #[serde(alias = "arn")]
     pub name: String,
     #[serde(default)]
     pub initial_position: Option<InitialPosition>,
@@ -107,7 +110,10 @@ pub struct StreamTable {
 /// A stream of `worker.streams` as read: its name, and where its new shards start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamSpec {
+    /// The stream's name (an ARN's last part).
     pub name: String,
+    /// The ARN the entry named the stream by; `None` for a name.
+    pub arn: Option<crate::model::StreamArn>,
     pub initial_position: InitialPosition,
     pub initial_timestamp: Option<SystemTime>,
 }
@@ -524,15 +530,8 @@ impl Settings {
         self.metrics.validate()?;
         self.aws.validate()?;
         if !self.worker.streams.is_empty() {
-            if self.reader.mode == ReadMode::Fanout {
-                return Err(invalid(
-                    "reader.mode",
-                    quoted(self.reader.mode.as_str()),
-                    "enhanced fan-out does not yet read several streams (worker.streams): \
-                     set reader.mode = \"polling\"",
-                ));
-            }
-            return Ok(());
+            // Kinesis streams only (checked per entry): fan-out works on every one.
+            return self.check_stream_regions();
         }
         let source = self.worker.source()?;
         if source.is_table_stream() && self.reader.mode == ReadMode::Fanout {
@@ -548,6 +547,47 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+}
+
+impl Settings {
+    /// A stream of `worker.streams` named by an ARN of another region than
+    /// `aws.region` cannot be read: Kinesis serves a stream in its own region only. (With
+    /// no `aws.region`, the region comes from the environment, and the worker checks the
+    /// ARN against the stream's own when it starts.)
+    fn check_stream_regions(&self) -> Result<(), SettingsError> {
+        let Some(region) = &self.aws.region else {
+            return Ok(());
+        };
+        for (i, spec) in self.worker.stream_specs()?.iter().enumerate() {
+            if let Some(arn) = &spec.arn
+                && &arn.region != region
+            {
+                return Err(invalid(
+                    &format!("worker.streams[{i}]"),
+                    quoted(&arn.to_string()),
+                    format!(
+                        "is a stream of region {}, and this worker's clients are of \
+                         aws.region = {}: Kinesis serves a stream in its own region only; \
+                         read it with a worker of its region",
+                        quoted(&arn.region),
+                        quoted(region)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StreamSpec {
+    /// The stream as the `StreamClient` calls take it: its ARN when the entry gave one
+    /// (the only way to name a stream of another account), else its name.
+    pub fn stream(&self) -> String {
+        match &self.arn {
+            Some(arn) => arn.to_string(),
+            None => self.name.clone(),
+        }
     }
 }
 
@@ -592,27 +632,43 @@ impl WorkerSettings {
     pub fn stream_specs(&self) -> Result<Vec<StreamSpec>, SettingsError> {
         let mut specs: Vec<StreamSpec> = Vec::new();
         for (i, entry) in self.streams.iter().enumerate() {
-            let (name, position, timestamp) = match entry {
-                StreamEntry::Name(name) => (name, None, None),
+            let (text, position, timestamp) = match entry {
+                StreamEntry::Name(text) => (text, None, None),
                 StreamEntry::Table(t) => {
                     (&t.name, t.initial_position, t.initial_timestamp.as_ref())
                 }
             };
             let key = format!("worker.streams[{i}]");
+            let arn = if crate::model::StreamArn::is_kinesis_arn(text) {
+                let arn = crate::model::StreamArn::parse(text)
+                    .map_err(|e| invalid(&key, quoted(text), e.to_string()))?;
+                Some(arn)
+            } else {
+                None
+            };
+            let name = arn.as_ref().map_or(text, |arn| &arn.name);
             match crate::model::Source::parse(name) {
                 Ok(crate::model::Source::Kinesis { .. }) => {}
                 Ok(_) => {
                     return Err(invalid(
                         &key,
-                        quoted(name),
+                        quoted(text),
                         "is a DynamoDB table's stream, and worker.streams reads Kinesis \
                          streams only: consume a table's stream with worker.stream",
                     ));
                 }
-                Err(why) => return Err(invalid(&key, quoted(name), why)),
+                Err(why) => return Err(invalid(&key, quoted(text), why)),
             }
             if specs.iter().any(|s| &s.name == name) {
-                return Err(invalid(&key, quoted(name), "is listed twice"));
+                return Err(invalid(
+                    &key,
+                    quoted(text),
+                    format!(
+                        "names stream {} a second time (status, the fleet page and \
+                         `position export --stream` tell streams apart by name)",
+                        quoted(name)
+                    ),
+                ));
             }
             // What the entry leaves out is the worker's; a timestamp goes with the
             // position it belongs to.
@@ -628,6 +684,7 @@ impl WorkerSettings {
             let initial_timestamp = check_timestamp(&key, position, timestamp)?;
             specs.push(StreamSpec {
                 name: name.clone(),
+                arn,
                 initial_position: position,
                 initial_timestamp,
             });
@@ -1338,6 +1395,77 @@ mod tests {
         );
     }
 
+    /// An entry may name its stream by ARN, as a string or as `arn` in a table; the
+    /// account, region and name are the ARN's, and calls are made with the ARN.
+    #[test]
+    fn streams_may_be_named_by_their_arn() {
+        let settings: Settings = toml::from_str(
+            r#"
+            [worker]
+            application = "app"
+            streams = [
+                "orders",
+                "arn:aws:kinesis:eu-west-1:111111111111:stream/audit",
+                { arn = "arn:aws:kinesis:eu-west-1:222222222222:stream/clicks", initial_position = "LATEST" },
+            ]
+            [aws]
+            region = "eu-west-1"
+            "#,
+        )
+        .unwrap();
+        settings.validate().unwrap();
+        let specs = settings.worker.stream_specs().unwrap();
+        let got: Vec<(&str, Option<&str>, String, InitialPosition)> = specs
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.arn.as_ref().map(|a| a.account.as_str()),
+                    s.stream(),
+                    s.initial_position,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "orders",
+                    None,
+                    "orders".to_owned(),
+                    InitialPosition::TrimHorizon
+                ),
+                (
+                    "audit",
+                    Some("111111111111"),
+                    "arn:aws:kinesis:eu-west-1:111111111111:stream/audit".to_owned(),
+                    InitialPosition::TrimHorizon
+                ),
+                (
+                    "clicks",
+                    Some("222222222222"),
+                    "arn:aws:kinesis:eu-west-1:222222222222:stream/clicks".to_owned(),
+                    InitialPosition::Latest
+                ),
+            ]
+        );
+        // Without aws.region, the region is checked against the stream's when the
+        // worker starts.
+        let mut anywhere = settings.clone();
+        anywhere.aws.region = None;
+        anywhere.validate().unwrap();
+        // A name and an ARN in one table are one key given twice.
+        assert!(
+            toml::from_str::<Settings>(
+                r#"
+                [worker]
+                streams = [{ name = "a", arn = "arn:aws:kinesis:eu-west-1:1:stream/a" }]
+                "#
+            )
+            .is_err()
+        );
+    }
+
     #[test]
     fn each_bad_value_names_its_key() {
         type Case = (&'static str, fn(&mut Settings));
@@ -1427,10 +1555,40 @@ mod tests {
                     initial_timestamp: Some("2024-05-01T00:00:00Z".into()),
                 })]
             }),
-            ("reader.mode", |s| {
+            ("worker.streams[1]", |s| {
                 s.worker.stream.clear();
-                s.worker.streams = vec![StreamEntry::Name("a".into())];
-                s.reader.mode = ReadMode::Fanout;
+                s.worker.streams = vec![
+                    StreamEntry::Name("a".into()),
+                    StreamEntry::Name("arn:aws:kinesis:us-east-1:123456789012:stream/".into()),
+                ]
+            }),
+            ("worker.streams[0]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![StreamEntry::Name(
+                    "arn:aws:kinesis:us-east-1:123456789012:stream/my stream".into(),
+                )]
+            }),
+            ("worker.streams[0]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![StreamEntry::Name(
+                    "arn:aws:dynamodb:us-east-1:123456789012:table/t/stream/2024".into(),
+                )]
+            }),
+            // One name in two accounts: status and `--stream` could not tell them apart.
+            ("worker.streams[1]", |s| {
+                s.worker.stream.clear();
+                s.worker.streams = vec![
+                    StreamEntry::Name("arn:aws:kinesis:us-east-1:111111111111:stream/a".into()),
+                    StreamEntry::Name("arn:aws:kinesis:us-east-1:222222222222:stream/a".into()),
+                ]
+            }),
+            ("worker.streams[1]", |s| {
+                s.worker.stream.clear();
+                s.aws.region = Some("eu-west-1".into());
+                s.worker.streams = vec![
+                    StreamEntry::Name("arn:aws:kinesis:eu-west-1:123456789012:stream/a".into()),
+                    StreamEntry::Name("arn:aws:kinesis:us-east-1:123456789012:stream/b".into()),
+                ]
             }),
             ("lease.failover_time", |s| s.lease.failover_time = secs(0)),
             ("lease.balance_threshold_percent", |s| {

@@ -586,7 +586,11 @@ impl ReaderState {
                     self.skip_through = skip;
                 }
                 self.subscriptions += 1;
-                self.report(vec![Sample::shard(Metric::Subscriptions, &self.shard, 1.0)]);
+                self.report(vec![Sample::shard(
+                    Metric::Subscriptions,
+                    &self.args.lease.key,
+                    1.0,
+                )]);
                 self.feed = Some(Feed::open(subscription, myself.clone(), self.subscriptions));
                 self.args
                     .lags
@@ -853,7 +857,7 @@ impl ReaderState {
             self.args.lags.set(&self.args.lease.key, millis);
             self.report(vec![Sample::shard(
                 Metric::MillisBehindLatest,
-                &self.shard,
+                &self.args.lease.key,
                 millis as f64,
             )]);
         }
@@ -1082,7 +1086,7 @@ impl ReaderState {
         let oldest_kept = self.oldest_kept().await;
         let going_on = self.settings().reader.trimmed_checkpoint == TrimmedCheckpoint::TrimHorizon;
         self.args.telemetry.emit(CheckpointTrimmed {
-            shard: &self.shard,
+            shard: &self.args.lease.key,
             from: &from,
             oldest_kept: &oldest_kept,
             going_on,
@@ -1150,7 +1154,7 @@ impl ReaderState {
         }
         self.args.telemetry.emit(CallFailed {
             call,
-            shard: Some(&self.shard),
+            shard: Some(&self.args.lease.key),
             error,
         });
     }
@@ -1231,7 +1235,7 @@ impl ReaderState {
         }
         self.settle_budget();
         self.args.telemetry.emit(RecordsProcessed {
-            shard: &self.shard,
+            shard: &self.args.lease.key,
             records: acked.processed_records,
             bytes: acked.processed_bytes,
             processing_time: acked.processing_time,

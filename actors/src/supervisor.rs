@@ -77,8 +77,6 @@ pub(crate) struct WorkerContext {
     pub status_listener: Mutex<Option<tokio::net::TcpListener>>,
     /// Given to every processor (in its checkpointer) to ask for a graceful shutdown.
     pub handle: crate::handle::WorkerHandle,
-    /// The enhanced fan-out consumer's ARN, in fan-out mode.
-    pub consumer: Option<Arc<str>>,
 }
 
 pub(crate) struct Supervisor;
@@ -413,7 +411,7 @@ async fn spawn_core(
             sink: ctx.metrics_sink.clone(),
             settings: settings.metrics.clone(),
             application: ctx.application.clone(),
-            stream: ctx.stream.clone(),
+            stream: (!ctx.consumed.is_multi()).then(|| ctx.stream.clone()),
             worker_id: ctx.me.to_string(),
             clock: ctx.clock,
         },
@@ -514,7 +512,8 @@ impl SupervisorState {
             lags: self.ctx.lags.clone(),
             budget: self.ctx.budget.join(),
             worker: self.ctx.handle.clone(),
-            consumer: self.ctx.consumer.clone(),
+            // Its own stream's consumer: a consumer subscribes only to its stream's shards.
+            consumer: stream.consumer.clone(),
         };
         match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
             Ok((reader, _)) => {

@@ -86,8 +86,8 @@ impl Call {
 /// failure; what a run of failures means (a stall) is the site's own WARN or ERROR.
 pub(crate) struct CallFailed<'a, E> {
     pub call: Call,
-    /// The shard the call was for, when it was for one.
-    pub shard: Option<&'a ShardId>,
+    /// The lease of the shard the call was for, when it was for one.
+    pub shard: Option<&'a LeaseKey>,
     pub error: &'a E,
 }
 
@@ -101,7 +101,7 @@ impl<E: Classified + Display> Event for CallFailed<'_, E> {
             message = "AWS call failed.",
             call = self.call.as_str(),
             kind,
-            shard_id = self.shard.map(|s| s.as_str()),
+            lease_key = self.shard.map(|s| s.as_str()),
             error = %self.error,
         );
     }
@@ -237,11 +237,7 @@ impl Event for ShardFailed<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(
-            Metric::ActorRestarts,
-            &self.key.shard_id(),
-            1.0,
-        )]
+        vec![Sample::shard(Metric::ActorRestarts, self.key, 1.0)]
     }
 }
 
@@ -279,11 +275,7 @@ impl Event for CheckpointWritten<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(
-            Metric::CheckpointWrites,
-            &self.key.shard_id(),
-            1.0,
-        )]
+        vec![Sample::shard(Metric::CheckpointWrites, self.key, 1.0)]
     }
 }
 
@@ -304,11 +296,7 @@ impl Event for CheckpointRefused<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(
-            Metric::CheckpointFailures,
-            &self.key.shard_id(),
-            1.0,
-        )]
+        vec![Sample::shard(Metric::CheckpointFailures, self.key, 1.0)]
     }
 }
 
@@ -339,7 +327,8 @@ impl Event for DeliveryResumed<'_> {
 
 /// Acks moved a shard's processed prefix (per batch: counted, not logged).
 pub(crate) struct RecordsProcessed<'a> {
-    pub shard: &'a ShardId,
+    /// The shard's lease (which names its stream when the worker reads several).
+    pub shard: &'a LeaseKey,
     /// Records and bytes of the batches the prefix passed entirely.
     pub records: u64,
     pub bytes: u64,
@@ -376,7 +365,8 @@ impl Event for RecordsProcessed<'_> {
 /// oldest one kept are lost. Always an ERROR and a count, whether the reader stops
 /// there or goes on from TRIM_HORIZON (`reader.trimmed_checkpoint`).
 pub(crate) struct CheckpointTrimmed<'a> {
-    pub shard: &'a ShardId,
+    /// The shard's lease (which names its stream when the worker reads several).
+    pub shard: &'a LeaseKey,
     /// Where reading was to resume: the last record delivered, or the checkpoint.
     pub from: &'a str,
     /// The oldest change the shard still keeps, and when it was made, as far as known.
@@ -394,7 +384,7 @@ impl Event for CheckpointTrimmed<'_> {
         };
         error!(
             message = "Shard's checkpoint is past the stream's retention: the changes after it up to the oldest one kept are lost.",
-            shard_id = %self.shard,
+            lease_key = %self.shard,
             from = self.from,
             oldest_kept = self.oldest_kept,
             action,
@@ -472,7 +462,7 @@ mod tests {
     /// classification, whichever call and whichever port it came from.
     #[test]
     fn every_call_counts_failures_by_the_one_rule() {
-        let shard = ShardId::from_index(1);
+        let shard = LeaseKey::from(&ShardId::from_index(1));
         let throttled_stream = StreamError::Throttled {
             op: "GetRecords",
             message: "slow down".into(),
@@ -561,7 +551,7 @@ mod tests {
 
     #[test]
     fn processed_records_count_only_what_the_prefix_passed() {
-        let shard = ShardId::from_index(0);
+        let shard = LeaseKey::from(&ShardId::from_index(0));
         let event = |records, took| RecordsProcessed {
             shard: &shard,
             records,

@@ -198,7 +198,8 @@ pub enum WorkerError {
     #[error("stream set: {0}")]
     StreamSet(String),
     /// A stream of `worker.streams` could not be named as multi-stream lease keys need
-    /// (the server gave no creation time, or an ARN without an account).
+    /// (the server gave no creation time, or an ARN without an account), or its entry's
+    /// ARN is not the stream's.
     #[error("stream {stream}: cannot name it in multi-stream lease keys: {why}")]
     StreamIdentity { stream: String, why: String },
     #[error(transparent)]
@@ -411,10 +412,14 @@ impl WorkerBuilder {
         let consumed = if specs.is_empty() {
             None
         } else {
-            Some(identify_streams(streams.as_ref(), &specs).await?)
+            let consumer = match settings.reader.mode {
+                ReadMode::Polling => None,
+                ReadMode::Fanout => Some(settings.reader.consumer_name_for(&application)),
+            };
+            Some(identify_streams(streams.as_ref(), &specs, consumer).await?)
         };
         let summary = match &consumed {
-            // Many streams: fan-out is refused by validation, so no summary is needed.
+            // Many streams: each was described (and its consumer had) just now.
             Some(_) => None,
             None => Some(
                 retrying(
@@ -464,6 +469,7 @@ impl WorkerBuilder {
                 id: None,
                 initial,
                 initial_timestamp,
+                consumer,
             })
         }));
         // Status, logs and metrics name the application's streams.
@@ -504,7 +510,6 @@ impl WorkerBuilder {
             status_addr: status_addr.clone(),
             status_listener: Mutex::new(status_listener),
             handle: handle.clone(),
-            consumer,
         });
         let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
             .await
@@ -557,37 +562,70 @@ fn initial_checkpoint(position: InitialPosition) -> Checkpoint {
 }
 
 /// Describes each stream of `worker.streams` and names it as the KCL does in
-/// multi-stream lease keys (account from the ARN, creation time in seconds).
+/// multi-stream lease keys (account from the ARN, creation time in seconds). In fan-out
+/// mode (`consumer` is the consumer's name) each stream gets its own consumer of that
+/// name, as the KCL registers one per stream: found or registered on every stream at
+/// once, so a start waits for the slowest activation, not for their sum.
 async fn identify_streams(
     client: &dyn StreamClient,
     specs: &[crate::settings::StreamSpec],
+    consumer: Option<&str>,
 ) -> Result<ConsumedStreams, WorkerError> {
     let mut consumed = Vec::with_capacity(specs.len());
-    for spec in specs {
+    let mut arns = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        // An ARN is what the calls take: a stream of another account has no other name.
+        let stream = spec.stream();
         let summary = retrying(
-            || client.describe_stream_summary(&spec.name),
+            || client.describe_stream_summary(&stream),
             StreamError::is_retryable,
         )
         .await
         .map_err(|source| WorkerError::Stream {
-            stream: spec.name.clone(),
+            stream: stream.clone(),
             source,
         })?;
         let identity = |why: String| WorkerError::StreamIdentity {
-            stream: spec.name.clone(),
+            stream: stream.clone(),
             why,
         };
+        // The account of the keys is the ARN's: it must be the stream's own, or a
+        // typo'd account would key (and later orphan) every lease under it.
+        if let Some(arn) = &spec.arn {
+            let described = crate::model::StreamArn::parse(&summary.arn).ok();
+            if described.as_ref() != Some(arn) {
+                return Err(identity(format!(
+                    "worker.streams[{i}]: the entry's ARN is not the stream's: \
+                     DescribeStreamSummary says its ARN is {:?} (account, region and name \
+                     must match; a stream of another region is read by a worker of that \
+                     region)",
+                    summary.arn
+                )));
+            }
+        }
         let created = summary.created.ok_or_else(|| {
             identity("DescribeStreamSummary gave no StreamCreationTimestamp".into())
         })?;
         let id = StreamIdentifier::of_stream(&spec.name, &summary.arn, created)
             .map_err(|e| identity(e.to_string()))?;
         consumed.push(ConsumedStream {
-            stream: spec.name.clone(),
+            stream,
             id: Some(id),
             initial: initial_checkpoint(spec.initial_position),
             initial_timestamp: spec.initial_timestamp,
+            consumer: None,
         });
+        arns.push(summary.arn);
+    }
+    if let Some(name) = consumer {
+        let registered =
+            futures::future::try_join_all(consumed.iter().zip(&arns).map(|(stream, arn)| {
+                crate::fanout::ensure_consumer(client, &stream.stream, arn, name, CONSUMER_WAIT)
+            }))
+            .await?;
+        for (stream, registered) in consumed.iter_mut().zip(registered) {
+            stream.consumer = Some(Arc::from(registered.arn));
+        }
     }
     Ok(ConsumedStreams::multi(consumed))
 }

@@ -20,7 +20,7 @@ use flotilla_actors::backend::{MetricDatum, MetricValue, MetricsError, MetricsSi
 use flotilla_actors::metrics_reporter::{
     Metric, MetricsArgs, MetricsMsg, MetricsReporter, MetricsSnapshot, Sample,
 };
-use flotilla_actors::model::ShardId;
+use flotilla_actors::model::{LeaseKey, ShardId};
 use flotilla_actors::settings::{MetricsLevel, MetricsSettings};
 use futures::future::{BoxFuture, FutureExt};
 use ractor::{Actor, ActorRef};
@@ -53,7 +53,7 @@ impl Reporter {
                 interval: INTERVAL,
             },
             application: APP.to_owned(),
-            stream: STREAM.to_owned(),
+            stream: Some(STREAM.to_owned()),
             worker_id: "worker-a".to_owned(),
             clock,
         };
@@ -92,8 +92,9 @@ impl Reporter {
     }
 }
 
-fn shard(i: u64) -> ShardId {
-    ShardId::from_index(i)
+/// A single-stream worker's lease key: the shard id itself.
+fn shard(i: u64) -> LeaseKey {
+    LeaseKey::from(&ShardId::from_index(i))
 }
 
 /// One reader's report of one batch of records.
@@ -412,7 +413,7 @@ mod memory {
                 ..MetricsSettings::default()
             },
             application: APP.to_owned(),
-            stream: STREAM.to_owned(),
+            stream: Some(STREAM.to_owned()),
             worker_id: "worker-a".to_owned(),
             clock: Clock::new(),
         };
@@ -593,7 +594,7 @@ mod cloudwatch {
         out
     }
 
-    fn dims(shard: Option<&ShardId>) -> Vec<(String, String)> {
+    fn dims(shard: Option<&LeaseKey>) -> Vec<(String, String)> {
         let mut d = vec![
             ("Application".to_owned(), APP.to_owned()),
             ("StreamName".to_owned(), STREAM.to_owned()),
@@ -627,7 +628,7 @@ mod cloudwatch {
         assert_eq!(calls.len(), 1);
         let (namespace, datums) = &calls[0];
         assert_eq!(namespace, NAMESPACE);
-        let wire = |name: &str, shard: Option<&ShardId>, statistics: [f64; 4], unit: &str| Wire {
+        let wire = |name: &str, shard: Option<&LeaseKey>, statistics: [f64; 4], unit: &str| Wire {
             name: name.to_owned(),
             dimensions: dims(shard),
             statistics,

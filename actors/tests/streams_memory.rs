@@ -706,3 +706,242 @@ async fn a_stream_deleted_in_kinesis_is_former_and_its_rows_deleted_after_the_gr
     assert_ne!(again, audit);
     shutdown_clean(worker).await;
 }
+
+/// Metrics per stream: each shard's datums name its own stream (and the KCL's StreamId),
+/// so the two streams' `shardId-000000000000` stay apart; each stream has its own
+/// summary; the worker's datums name the application only.
+#[tokio::test(start_paused = true)]
+async fn metrics_name_each_shards_own_stream() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 1).await.unwrap();
+    let (orders, audit) = (
+        id_of(&rig.streams, STREAM).await,
+        id_of(&rig.streams, "audit").await,
+    );
+    let mut settings = settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+    ]);
+    settings.metrics.level = flotilla_actors::settings::MetricsLevel::Detailed;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&probes, settings).await;
+    let (mut p_orders, mut p_audit) = (producer("o-"), producer("a-"));
+    p_orders.put_round(&rig.streams, STREAM, 7, 10).await;
+    p_audit.put_round(&rig.streams, "audit", 3, 10).await;
+    probes
+        .wait_distinct(p_orders.total() + p_audit.total(), PATIENCE)
+        .await;
+    shutdown_clean(worker).await;
+
+    let datums = rig.metrics.datums();
+    let dims = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // RecordsProcessed summed over every datum with exactly these dimensions.
+    let processed = |want: &[(String, String)]| -> f64 {
+        datums
+            .iter()
+            .filter(|d| d.name == "RecordsProcessed" && d.dimensions == want)
+            .map(|d| match d.value {
+                flotilla_actors::backend::MetricValue::Statistics { sum, .. } => sum,
+                flotilla_actors::backend::MetricValue::Value(v) => v,
+            })
+            .sum()
+    };
+    let (orders_id, audit_id) = (orders.to_string(), audit.to_string());
+    let of_stream = |name: &str, id: &str| {
+        dims(&[("Application", APP), ("StreamName", name), ("StreamId", id)])
+    };
+    let of_shard = |name: &str, id: &str| {
+        dims(&[
+            ("Application", APP),
+            ("StreamName", name),
+            ("StreamId", id),
+            ("ShardId", "shardId-000000000000"),
+        ])
+    };
+    let total = (p_orders.total() + p_audit.total()) as f64;
+    assert_eq!(processed(&dims(&[("Application", APP)])), total);
+    assert_eq!(
+        processed(&of_stream(STREAM, &orders_id)),
+        p_orders.total() as f64
+    );
+    assert_eq!(
+        processed(&of_stream("audit", &audit_id)),
+        p_audit.total() as f64
+    );
+    assert_eq!(
+        processed(&of_shard(STREAM, &orders_id)),
+        p_orders.total() as f64
+    );
+    assert_eq!(
+        processed(&of_shard("audit", &audit_id)),
+        p_audit.total() as f64
+    );
+    // Worker-wide figures belong to no stream; no datum joins the streams' names.
+    assert!(
+        datums
+            .iter()
+            .filter(|d| d.name == "LeasesHeld")
+            .all(|d| d.dimensions == dims(&[("Application", APP)])),
+        "{datums:#?}"
+    );
+    assert!(
+        datums
+            .iter()
+            .all(|d| d.dimensions.iter().all(|(_, v)| !v.contains(','))),
+        "{datums:#?}"
+    );
+}
+
+/// An entry may name its stream by ARN (as a stream of another account must be): the
+/// calls take the ARN, and the keys' account is the ARN's, checked against the
+/// stream's own. An ARN that is not the stream's (another account) stops the start with
+/// an error naming it, before any table is made.
+#[tokio::test(start_paused = true)]
+async fn a_stream_named_by_its_arn_is_read_and_a_wrong_arn_is_refused() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 2).await.unwrap();
+    let audit = id_of(&rig.streams, "audit").await;
+    let arn = rig
+        .streams
+        .describe_stream_summary("audit")
+        .await
+        .unwrap()
+        .arn;
+
+    // Another account's ARN for the same name: the memory server answers with its own.
+    let wrong = arn.replacen(":000000000000:", ":111111111111:", 1);
+    assert_ne!(wrong, arn);
+    let start = |entry: String| {
+        let settings = settings_for(vec![
+            StreamEntry::Name(STREAM.into()),
+            StreamEntry::Table(StreamTable {
+                name: entry,
+                initial_position: Some(InitialPosition::TrimHorizon),
+                initial_timestamp: None,
+            }),
+        ]);
+        let probes = ProbeFactory::new(Misbehave::default());
+        let backend = rig.backend();
+        async move {
+            let f = probes.clone();
+            let worker = Worker::builder()
+                .settings(settings)
+                .backend(backend)
+                .processor(move |shard| f.make(shard))
+                .start()
+                .await;
+            (worker, probes)
+        }
+    };
+    let (refused, _) = start(wrong.clone()).await;
+    let error = refused.err().unwrap().to_string();
+    assert!(
+        error.contains(&wrong)
+            && error.contains("worker.streams[1]")
+            && error.contains("not the stream's"),
+        "{error}"
+    );
+    assert!(
+        rig.table()
+            .get(&audit.lease_key(&ShardId::from_index(0)))
+            .await
+            .is_err(),
+        "no table is made when a stream is refused"
+    );
+
+    let (worker, probes) = start(arn.clone()).await;
+    let worker = worker.unwrap();
+    let (mut p_orders, mut p_audit) = (producer("o-"), producer("a-"));
+    p_orders.put_round(&rig.streams, STREAM, 5, 10).await;
+    p_audit.put_round(&rig.streams, "audit", 5, 10).await;
+    let total = p_orders.total() + p_audit.total();
+    probes.wait_distinct(total, PATIENCE).await;
+    wait_held(&[&worker], &[3], PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    assert_eq!(seen.distinct(), total);
+    for producer in [&p_orders, &p_audit] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+    // Keyed by the ARN's account and the stream's name, as a name entry would be; the
+    // row's source is what the calls take, the ARN.
+    let rows = rig.lease_rows().await;
+    let of_audit: Vec<_> = rows
+        .iter()
+        .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+        .collect();
+    assert_eq!(of_audit.len(), 2, "{rows:#?}");
+    assert!(
+        of_audit
+            .iter()
+            .all(|l| l.source.as_deref() == Some(arn.as_str())),
+        "{of_audit:#?}"
+    );
+    assert!(
+        status
+            .shards
+            .iter()
+            .any(|s| s.stream.as_deref() == Some("audit")),
+        "{:?}",
+        status.shards
+    );
+}
+
+/// Enhanced fan-out over several streams: one consumer per stream, named for the
+/// application as the KCL names them, and each shard subscribed with its own stream's
+/// consumer (a consumer of another stream would be refused).
+#[tokio::test(start_paused = true)]
+async fn fan_out_reads_each_stream_with_its_own_consumer() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 1).await.unwrap();
+    let mut settings = settings_for(vec![
+        StreamEntry::Name(STREAM.into()),
+        StreamEntry::Name("audit".into()),
+    ]);
+    settings.reader.mode = ReadMode::Fanout;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = rig.start_with(&probes, settings).await;
+    let (mut p_orders, mut p_audit) = (producer("o-"), producer("a-"));
+    p_orders.put_round(&rig.streams, STREAM, 10, 20).await;
+    p_audit.put_round(&rig.streams, "audit", 10, 20).await;
+    let total = p_orders.total() + p_audit.total();
+    probes.wait_distinct(total, PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    assert_eq!(seen.distinct(), total);
+    for producer in [&p_orders, &p_audit] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+    for name in [STREAM, "audit"] {
+        let arn = rig.streams.describe_stream_summary(name).await.unwrap().arn;
+        let consumers = rig.streams.list_stream_consumers(&arn).await.unwrap();
+        let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [APP], "{name}");
+    }
+    // Every shard of both streams was read by subscription, none by polling.
+    assert_eq!(status.shards.len(), 3, "{:?}", status.shards);
+    assert!(
+        status
+            .shards
+            .iter()
+            .all(|s| s.subscription.is_some() && s.stream.is_some()),
+        "{:?}",
+        status.shards
+    );
+}

@@ -3,7 +3,8 @@
 //! `external-servers` feature (started by scripts/test.sh). What only a real server
 //! shows: the stream identifier comes from DescribeStreamSummary's ARN and creation
 //! time, and the rows written through the DynamoDB adapter carry the KCL's multi-stream
-//! attributes.
+//! attributes; in fan-out mode, one consumer per stream. One stream is named by its ARN, as a stream of another account must be:
+//! every reading call then takes `StreamARN`, which each server must accept.
 //! Real time and real sockets: small streams, short intervals.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -15,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::memory::MemoryMetrics;
-use flotilla_actors::backend::{LeaseTable, StreamAdmin};
+use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, StreamIdentifier};
 use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamSpec};
 use flotilla_actors::{Backend, StreamSet, Worker};
@@ -25,7 +26,11 @@ use support::servers;
 
 const PATIENCE: Duration = Duration::from_secs(180);
 
-async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: String) {
+async fn two_streams_in_one_table(
+    kinesis_endpoint: String,
+    dynamodb_endpoint: String,
+    mode: ReadMode,
+) {
     let sdk = servers::sdk_config();
     let kinesis = KinesisStream::new(&sdk, Some(&kinesis_endpoint));
     let (a, b) = (
@@ -34,12 +39,16 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
     );
     kinesis.create_stream(&a, 2).await.unwrap();
     kinesis.create_stream(&b, 1).await.unwrap();
+    let b_arn = kinesis.describe_stream_summary(&b).await.unwrap().arn;
     let application = servers::unique_name("many-app");
 
     let mut settings = fast_settings("", &application);
     settings.worker.stream.clear();
-    settings.worker.streams = vec![StreamEntry::Name(a.clone()), StreamEntry::Name(b.clone())];
-    settings.reader.mode = ReadMode::Polling;
+    settings.worker.streams = vec![
+        StreamEntry::Name(a.clone()),
+        StreamEntry::Name(b_arn.clone()),
+    ];
+    settings.reader.mode = mode;
     let endpoint = dynamodb_endpoint.clone();
     let backend = Backend::new(
         Arc::new(kinesis.clone()),
@@ -67,6 +76,7 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
     probes
         .wait_distinct(p_a.total() + p_b.total(), PATIENCE)
         .await;
+    let status = worker.status().await.unwrap();
     shutdown_clean(worker).await;
     let seen = probes.snapshot();
     for producer in [&p_a, &p_b] {
@@ -75,6 +85,22 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
             (verdict.lost, verdict.order_violations),
             (0, 0),
             "{verdict:?}"
+        );
+    }
+
+    // Fan-out: one consumer per stream, named for the application, and every shard
+    // read by subscription.
+    if mode == ReadMode::Fanout {
+        for stream in [&a, &b] {
+            let arn = kinesis.describe_stream_summary(stream).await.unwrap().arn;
+            let consumers = kinesis.list_stream_consumers(&arn).await.unwrap();
+            let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(names, [application.as_str()], "{stream}");
+        }
+        assert!(
+            status.shards.iter().all(|s| s.subscription.is_some()),
+            "{:?}",
+            status.shards
         );
     }
 
@@ -96,6 +122,11 @@ async fn two_streams_in_one_table(kinesis_endpoint: String, dynamodb_endpoint: S
             id.creation_epoch
         );
         assert_eq!(id.lease_key(&row.key.shard_id()), row.key);
+        // The account is the ARN's (and the stream's: the worker checked).
+        if id.name == b {
+            assert_eq!(Some(id.account.as_str()), b_arn.split(':').nth(4), "{id}");
+            assert_eq!(row.source.as_deref(), Some(b_arn.as_str()));
+        }
     }
 }
 
@@ -226,6 +257,17 @@ async fn ferrokinesis_dynoxide() {
     two_streams_in_one_table(
         servers::start_ferrokinesis(300).await,
         servers::start_dynoxide().await,
+        ReadMode::Polling,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferrokinesis_dynoxide_fanout() {
+    two_streams_in_one_table(
+        servers::start_ferrokinesis(300).await,
+        servers::start_dynoxide().await,
+        ReadMode::Fanout,
     )
     .await;
 }
@@ -236,13 +278,26 @@ async fn kinesis_mock_dynamodb_local() {
     two_streams_in_one_table(
         servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
         servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+        ReadMode::Polling,
     )
     .await;
 }
 
 #[cfg(feature = "external-servers")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinesis_mock_dynamodb_local_fanout() {
+    two_streams_in_one_table(
+        servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
+        servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+        ReadMode::Fanout,
+    )
+    .await;
+}
+
+/// Polling only: moto has no SubscribeToShard.
+#[cfg(feature = "external-servers")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moto() {
     let url = servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT");
-    two_streams_in_one_table(url.clone(), url).await;
+    two_streams_in_one_table(url.clone(), url, ReadMode::Polling).await;
 }

@@ -24,7 +24,7 @@ use tracing::{error, warn};
 use crate::metrics::Backlog;
 pub use crate::metrics::{
     APPLICATION_DIMENSION, Aggregator, Kind, Metric, MetricsSnapshot, RETRY_INTERVALS,
-    SHARD_DIMENSION, STREAM_DIMENSION, Sample,
+    SHARD_DIMENSION, STREAM_DIMENSION, STREAM_ID_DIMENSION, Sample,
 };
 
 use crate::backend::clock::Clock;
@@ -81,7 +81,9 @@ pub struct MetricsArgs {
     pub sink: Arc<dyn MetricsSink>,
     pub settings: MetricsSettings,
     pub application: String,
-    pub stream: String,
+    /// The stream of a single-stream worker (its `StreamName` dimension); `None` for a
+    /// worker of several streams, whose datums name each shard's own stream.
+    pub stream: Option<String>,
     /// Only for logs: a worker-id dimension would split the fleet's figures into one
     /// metric per worker.
     pub worker_id: String,
@@ -233,7 +235,7 @@ impl MetricsState {
         let data = self.aggregator.drain(
             settings.level,
             &self.args.application,
-            &self.args.stream,
+            self.args.stream.as_deref(),
             now,
         );
         self.backlog.push_new(data);

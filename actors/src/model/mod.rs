@@ -7,8 +7,9 @@
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
 //! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
-//! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix) and
-//!   [`ConsumedStreams`], the streams a worker reads and which one a lease belongs to.
+//! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix),
+//!   [`StreamArn`] (a Kinesis stream named by its ARN) and [`ConsumedStreams`], the
+//!   streams a worker reads and which one a lease belongs to.
 //! * `stream_set`: [`StreamSetView`], a stream set that changes while running: streams
 //!   added, removed (former, with when), unresolved, and former rows due for deletion.
 //! * `budget`: [`WorkerBudget`], one memory budget for the un-acked records of all a
@@ -46,7 +47,7 @@ pub use shard::{
     HashKeyError, HashKeyRange, SequenceRange, Shard, ShardId, parse_hash_key, partition_key_hash,
 };
 pub use source::{Source, SourceKind};
-pub use stream_id::{ConsumedStream, ConsumedStreams, StreamIdError, StreamIdentifier};
+pub use stream_id::{ConsumedStream, ConsumedStreams, StreamArn, StreamIdError, StreamIdentifier};
 pub use stream_set::{
     FormerStream, FormerWhy, StreamSetView, UnresolvedStream, check_list, former_rows_due,
 };

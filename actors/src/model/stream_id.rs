@@ -7,6 +7,7 @@
 //! [`ConsumedStreams::single`] has no identifier, and nothing about its keys changes.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{Checkpoint, LeaseKey, ShardId};
@@ -31,6 +32,86 @@ pub enum StreamIdError {
     Epoch { text: String, epoch: String },
     #[error("stream ARN {0:?} names no account")]
     Account(String),
+    #[error(
+        "{arn:?} is not a Kinesis stream ARN (arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME): {why}"
+    )]
+    Arn { arn: String, why: &'static str },
+}
+
+/// A Kinesis stream named by its ARN, `arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME`.
+/// A stream of another account can only be named so (its calls take `StreamARN`), and
+/// the account in its multi-stream lease keys is the ARN's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StreamArn {
+    pub partition: String,
+    pub region: String,
+    pub account: String,
+    pub name: String,
+}
+
+impl StreamArn {
+    /// Reads a Kinesis stream ARN. Only the form is checked (every part there, the
+    /// service `kinesis`, the resource `stream/NAME`); whether the name is a valid
+    /// stream name is the caller's to say, with the key it came from.
+    pub fn parse(text: &str) -> Result<Self, StreamIdError> {
+        let wrong = |why| StreamIdError::Arn {
+            arn: text.to_owned(),
+            why,
+        };
+        let mut parts = text.splitn(6, ':');
+        let (
+            Some("arn"),
+            Some(partition),
+            Some(service),
+            Some(region),
+            Some(account),
+            Some(resource),
+        ) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        )
+        else {
+            return Err(wrong("not six parts separated by ':'"));
+        };
+        if service != "kinesis" {
+            return Err(wrong("the service is not kinesis"));
+        }
+        if partition.is_empty() || region.is_empty() || account.is_empty() {
+            return Err(wrong("the partition, region and account must all be set"));
+        }
+        let name = resource
+            .strip_prefix("stream/")
+            .filter(|name| !name.is_empty() && !name.contains('/'))
+            .ok_or_else(|| wrong("the resource is not stream/NAME"))?;
+        Ok(Self {
+            partition: partition.to_owned(),
+            region: region.to_owned(),
+            account: account.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// Whether `text` is meant as a Kinesis stream ARN (and is then read with [`parse`]).
+    ///
+    /// [`parse`]: StreamArn::parse
+    pub fn is_kinesis_arn(text: &str) -> bool {
+        let mut parts = text.splitn(4, ':');
+        parts.next() == Some("arn") && parts.nth(1) == Some("kinesis")
+    }
+}
+
+impl fmt::Display for StreamArn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "arn:{}:kinesis:{}:{}:stream/{}",
+            self.partition, self.region, self.account, self.name
+        )
+    }
 }
 
 impl StreamIdentifier {
@@ -88,7 +169,8 @@ impl fmt::Display for StreamIdentifier {
     }
 }
 
-/// One stream a worker consumes, with what is per stream: where its shards start.
+/// One stream a worker consumes, with what is per stream: where its shards start, and
+/// the enhanced fan-out consumer its shards are subscribed with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumedStream {
     /// The stream as the `StreamClient` calls take it (a name, or a table stream's ARN).
@@ -99,6 +181,9 @@ pub struct ConsumedStream {
     pub initial: Checkpoint,
     /// The time of `initial` when it is `AT_TIMESTAMP`.
     pub initial_timestamp: Option<SystemTime>,
+    /// The ARN of this stream's enhanced fan-out consumer, in fan-out mode (a consumer is
+    /// registered on one stream, so each stream has its own); `None` polls.
+    pub consumer: Option<Arc<str>>,
 }
 
 impl ConsumedStream {
@@ -171,6 +256,7 @@ mod tests {
             id,
             initial: Checkpoint::TrimHorizon,
             initial_timestamp: None,
+            consumer: None,
         }
     }
 
@@ -216,6 +302,66 @@ mod tests {
             StreamIdentifier::of_stream("s", "s", SystemTime::UNIX_EPOCH),
             Err(StreamIdError::Account("s".into()))
         );
+    }
+
+    #[test]
+    fn stream_arns_are_read_and_written_back_and_malformed_ones_say_why() {
+        let text = "arn:aws-cn:kinesis:cn-north-1:123456789012:stream/orders";
+        let arn = StreamArn::parse(text).unwrap();
+        assert_eq!(
+            arn,
+            StreamArn {
+                partition: "aws-cn".into(),
+                region: "cn-north-1".into(),
+                account: "123456789012".into(),
+                name: "orders".into(),
+            }
+        );
+        assert_eq!(arn.to_string(), text);
+        assert!(StreamArn::is_kinesis_arn(text));
+        for (text, why) in [
+            (
+                "arn:aws:kinesis:us-east-1:1",
+                "not six parts separated by ':'",
+            ),
+            (
+                "arn:aws:dynamodb:us-east-1:1:table/t/stream/2024",
+                "the service is not kinesis",
+            ),
+            (
+                "arn:aws:kinesis::1:stream/orders",
+                "the partition, region and account must all be set",
+            ),
+            (
+                "arn:aws:kinesis:us-east-1::stream/orders",
+                "the partition, region and account must all be set",
+            ),
+            (
+                "arn:aws:kinesis:us-east-1:1:stream/",
+                "the resource is not stream/NAME",
+            ),
+            (
+                "arn:aws:kinesis:us-east-1:1:table/orders",
+                "the resource is not stream/NAME",
+            ),
+            (
+                "arn:aws:kinesis:us-east-1:1:stream/orders/consumer/app:1",
+                "the resource is not stream/NAME",
+            ),
+        ] {
+            assert_eq!(
+                StreamArn::parse(text),
+                Err(StreamIdError::Arn {
+                    arn: text.into(),
+                    why
+                }),
+                "{text}"
+            );
+        }
+        assert!(!StreamArn::is_kinesis_arn("orders"));
+        assert!(!StreamArn::is_kinesis_arn(
+            "arn:aws:dynamodb:us-east-1:1:table/t/stream/2024"
+        ));
     }
 
     #[test]

@@ -47,7 +47,7 @@ use crate::backend::{
     Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient, StreamError,
     StreamSummary, Subscription,
 };
-use crate::model::{HashKeyRange, SequenceRange, Shard, ShardId};
+use crate::model::{HashKeyRange, SequenceRange, Shard, ShardId, StreamArn};
 
 /// PutRecords limits: records per call, and bytes (data plus partition keys) per call.
 const MAX_PUT_RECORDS: usize = 500;
@@ -150,7 +150,8 @@ impl KinesisStream {
             let mut request = self
                 .client
                 .list_shards()
-                .stream_name(stream)
+                .set_stream_name(by_name(stream))
+                .set_stream_arn(by_arn(stream))
                 .set_max_results(self.list_page_size);
             if let Some(last) = shards.last() {
                 request = request.exclusive_start_shard_id(last.id.as_str());
@@ -180,7 +181,8 @@ impl KinesisStream {
         let request = self
             .client
             .get_shard_iterator()
-            .stream_name(stream)
+            .set_stream_name(by_name(stream))
+            .set_stream_arn(by_arn(stream))
             .shard_id(shard.as_str());
         let request = match position {
             IteratorPosition::TrimHorizon => {
@@ -382,7 +384,8 @@ impl KinesisStream {
         let output = self
             .client
             .describe_stream_summary()
-            .stream_name(stream)
+            .set_stream_name(by_name(stream))
+            .set_stream_arn(by_arn(stream))
             .send()
             .await
             .map_err(|e| self.classify(OP, e))?;
@@ -632,6 +635,21 @@ impl KinesisStream {
 /// The end (exclusive) of the PutRecords call starting at `start`: at most
 /// [`MAX_PUT_RECORDS`] records and [`MAX_PUT_BYTES`] bytes, and at least one record (an
 /// oversized record goes alone, for the service to refuse by name).
+/// A stream of the reading calls is a name or a Kinesis stream ARN (how `worker.streams`
+/// names a stream of another account). An ARN goes in `StreamARN`, which routes the call
+/// to the stream's account, and its name in `StreamName` too, as the Java KCL sends
+/// them: servers that know only `StreamName` (ferrokinesis) still find the stream.
+fn by_arn(stream: &str) -> Option<String> {
+    StreamArn::is_kinesis_arn(stream).then(|| stream.to_owned())
+}
+
+fn by_name(stream: &str) -> Option<String> {
+    match StreamArn::parse(stream) {
+        Ok(arn) => Some(arn.name),
+        Err(_) => Some(stream.to_owned()),
+    }
+}
+
 fn chunk_end(records: &[PutRecord], start: usize) -> usize {
     let mut end = start;
     let mut bytes = 0;

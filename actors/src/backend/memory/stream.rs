@@ -23,7 +23,7 @@ use crate::backend::{
     Subscription,
 };
 use crate::model::{
-    HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId, partition_key_hash,
+    HashKeyRange, SequenceNumber, SequenceRange, Shard, ShardId, StreamArn, partition_key_hash,
 };
 
 /// Per-shard read limits of a provisioned Kinesis stream.
@@ -941,6 +941,18 @@ fn stream_of_arn(op: &'static str, arn: &str) -> Result<String, StreamError> {
         })
 }
 
+/// The stream a reading call names: by its name, or (as a stream of another account
+/// is named) by its ARN. Lenient, as the local servers are: any Kinesis stream ARN
+/// names the stream of its name here, whatever its account or region; the worker checks
+/// the ARN against DescribeStreamSummary's.
+fn by_name(op: &'static str, stream: &str) -> Result<String, StreamError> {
+    if StreamArn::is_kinesis_arn(stream) {
+        stream_of_arn(op, stream)
+    } else {
+        Ok(stream.to_owned())
+    }
+}
+
 impl MemoryStreams {
     fn consumer_view(&self, consumer: &ConsumerState) -> Consumer {
         Consumer {
@@ -1313,7 +1325,7 @@ impl StreamClient for MemoryStreams {
         &'a self,
         stream: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Shard>, StreamError>> {
-        Box::pin(async move { self.listing(stream) })
+        Box::pin(async move { self.listing(&by_name("ListShards", stream)?) })
     }
 
     fn get_shard_iterator<'a>(
@@ -1322,7 +1334,10 @@ impl StreamClient for MemoryStreams {
         shard: &'a ShardId,
         position: &'a IteratorPosition,
     ) -> BoxFuture<'a, Result<ShardIterator, StreamError>> {
-        Box::pin(async move { self.iterator(stream, shard, position) })
+        Box::pin(async move {
+            let stream = by_name("GetShardIterator", stream)?;
+            self.iterator(&stream, shard, position)
+        })
     }
 
     fn get_records<'a>(
@@ -1380,8 +1395,11 @@ impl StreamClient for MemoryStreams {
         stream: &'a str,
     ) -> BoxFuture<'a, Result<StreamSummary, StreamError>> {
         Box::pin(async move {
+            const OP: &str = "DescribeStreamSummary";
+            let stream = by_name(OP, stream)?;
+            let stream = stream.as_str();
             let mut state = self.lock();
-            let target = state.stream_mut("DescribeStreamSummary", stream)?;
+            let target = state.stream_mut(OP, stream)?;
             Ok(StreamSummary {
                 name: stream.to_owned(),
                 arn: format!("arn:aws:kinesis:us-east-1:000000000000:stream/{stream}"),
