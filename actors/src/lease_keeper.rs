@@ -1291,6 +1291,8 @@ impl KeeperState {
         set: &crate::model::StreamSetView<Instant>,
         myself: &ActorRef<KeeperMsg>,
     ) {
+        // A lease that left otherwise meanwhile (handed over, lost) is not retiring.
+        self.retiring.retain(|key| self.held.contains_key(key));
         if set.former.is_empty() {
             return;
         }
