@@ -173,7 +173,8 @@ impl fmt::Display for StreamIdentifier {
 /// the enhanced fan-out consumer its shards are subscribed with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumedStream {
-    /// The stream as the `StreamClient` calls take it (a name, or a table stream's ARN).
+    /// The stream as the `StreamClient` calls take it: a name, a Kinesis stream's ARN
+    /// (an entry of `worker.streams` given so), or a table stream's ARN.
     pub stream: String,
     /// `None` for a single-stream application, whose keys are bare shard ids.
     pub id: Option<StreamIdentifier>,
