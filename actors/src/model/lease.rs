@@ -285,6 +285,25 @@ pub struct WorkerLoad {
     pub lease_rates: Option<std::collections::BTreeMap<LeaseKey, LeaseRate>>,
 }
 
+impl WorkerLoad {
+    /// A load read through the heartbeat index (`item::HEARTBEAT_INDEX`) has no lags,
+    /// subscription ages or rates: the index does not hold them. Those of `whole`, the
+    /// worker's load as last read whole (a scan, a full read), stand in for them, so a
+    /// read through the index does not blank the fleet's lag or turn a peer
+    /// count-only for balance.
+    pub fn fill_unread(&mut self, whole: &WorkerLoad) {
+        if self.lag_ms.is_empty() {
+            self.lag_ms.clone_from(&whole.lag_ms);
+        }
+        if self.subscribed_ms.is_empty() {
+            self.subscribed_ms.clone_from(&whole.subscribed_ms);
+        }
+        if self.lease_rates.is_none() {
+            self.lease_rates.clone_from(&whole.lease_rates);
+        }
+    }
+}
+
 /// One lease's throughput as its owner measured it, smoothed over heartbeats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LeaseRate {
