@@ -1341,7 +1341,7 @@ async fn a_lagging_index_shows_old_counters_and_joiners_are_read_by_key() {
     let db = MemoryDynamo::new();
     let table = db.lease_table("lagging");
     table.ensure_table().await.unwrap();
-    db.lag_heartbeat_index("lagging", Duration::from_secs(5));
+    db.lag_heartbeat_index(Duration::from_secs(5));
     let idle = WorkerLoad::default();
     table.heartbeat(&me(), &idle).await.unwrap();
     table.join_roster(&[me()]).await.unwrap();

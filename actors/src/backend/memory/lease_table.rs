@@ -5,7 +5,7 @@
 //! expression names, so attributes a Java KCL wrote survive here as they do there.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -44,9 +44,13 @@ struct BeatIndex {
 }
 
 impl BeatIndex {
-    /// Made for a table that has rows already: they are in it at once (a backfill).
-    fn over(items: &BTreeMap<String, Item>) -> Self {
-        let mut index = Self::default();
+    /// Made for a table that has rows already: they are in it once `lag` passed (a
+    /// backfill).
+    fn over(items: &BTreeMap<String, Item>, lag: Duration) -> Self {
+        let mut index = Self {
+            lag,
+            ..Self::default()
+        };
         for (key, item) in items {
             index.record(key, Some(item));
         }
@@ -124,6 +128,9 @@ pub struct MemoryDynamo {
     /// UpdateTable is refused (a role without the permission): an existing table
     /// without the heartbeat index keeps lacking it.
     updates_refused: Arc<AtomicBool>,
+    /// How far every heartbeat index trails its table, in milliseconds (zero unless a
+    /// test asks for more: [`MemoryDynamo::lag_heartbeat_index`]).
+    index_lag_ms: Arc<AtomicU64>,
 }
 
 impl MemoryDynamo {
@@ -161,12 +168,21 @@ impl MemoryDynamo {
         self.updates_refused.store(true, Ordering::SeqCst);
     }
 
-    /// Makes the heartbeat index of `table` trail its rows by `lag` from now on, as a
-    /// real index may (tests of what an eventually consistent read can do).
-    pub fn lag_heartbeat_index(&self, table: &str, lag: Duration) {
-        if let Some(index) = self.lock().get_mut(table).and_then(|t| t.index.as_mut()) {
-            index.lag = lag;
+    /// Makes every heartbeat index, of the tables there are and of those made later,
+    /// trail its rows by `lag` from now on, as a real index may (tests of what an
+    /// eventually consistent read can do).
+    pub fn lag_heartbeat_index(&self, lag: Duration) {
+        self.index_lag_ms
+            .store(lag.as_millis() as u64, Ordering::SeqCst);
+        for table in self.lock().values_mut() {
+            if let Some(index) = &mut table.index {
+                index.lag = lag;
+            }
         }
+    }
+
+    fn index_lag(&self) -> Duration {
+        Duration::from_millis(self.index_lag_ms.load(Ordering::SeqCst))
     }
 
     /// Whether `table` has the heartbeat index.
@@ -438,12 +454,13 @@ impl LeaseTable for MemoryLeaseTable {
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(async move {
             let refused = self.db.updates_refused.load(Ordering::SeqCst);
+            let lag = self.db.index_lag();
             let mut tables = self.db.lock();
             match tables.get_mut(&self.name) {
                 Some(table) if table.key == (attr::LEASE_KEY.to_owned(), "S".to_owned()) => {
                     // UpdateTable adds the index (backfilled at once here) where allowed.
                     if table.index.is_none() && !refused {
-                        table.index = Some(BeatIndex::over(&table.items));
+                        table.index = Some(BeatIndex::over(&table.items, lag));
                     }
                     Ok(TableState::Existed)
                 }
@@ -457,7 +474,7 @@ impl LeaseTable for MemoryLeaseTable {
                         Table {
                             key: (attr::LEASE_KEY.to_owned(), "S".to_owned()),
                             items: BTreeMap::new(),
-                            index: Some(BeatIndex::default()),
+                            index: Some(BeatIndex::over(&BTreeMap::new(), lag)),
                         },
                     );
                     Ok(TableState::Created)
