@@ -24,6 +24,7 @@ use std::time::Duration;
 use flotilla_actors::backend::aws::{
     CLOUDWATCH_IAM_ACTIONS, DYNAMODB_IAM_ACTIONS, DYNAMODB_STREAMS_IAM_ACTIONS, KINESIS_IAM_ACTIONS,
 };
+use flotilla_actors::model::item::{HEARTBEAT_INDEX, HEARTBEAT_INDEX_PROJECTION, attr};
 use flotilla_actors::model::{Source, SourceKind};
 use flotilla_actors::settings::Settings;
 use serde_yaml_ng::Value;
@@ -41,6 +42,9 @@ enum On {
     SourceTable,
     /// The lease table.
     LeaseTable,
+    /// The lease table's heartbeat index (`…:table/NAME/index/flotilla-heartbeats`),
+    /// which a round Queries.
+    LeaseTableIndex,
     /// `*`: PutMetricData has no resource-level permissions (a condition fences it).
     Anything,
 }
@@ -126,7 +130,13 @@ const ADAPTERS: &[Adapter] = &[
         declared: DYNAMODB_IAM_ACTIONS,
         never_granted: &[],
         sources: EVERY_SOURCE,
-        on: |_| On::LeaseTable,
+        on: |action| {
+            if action == "dynamodb:Query" {
+                On::LeaseTableIndex
+            } else {
+                On::LeaseTable
+            }
+        },
     },
     Adapter {
         file: "cloudwatch.rs",
@@ -151,10 +161,14 @@ const FANOUT_ONLY: &[&str] = &[
 /// The actions on a fan-out consumer's ARN rather than the stream's.
 const ON_THE_CONSUMER: &[&str] = &["kinesis:DescribeStreamConsumer", "kinesis:SubscribeToShard"];
 
-/// Not granted by the CloudFormation stack, which makes the lease table itself (a
-/// worker calls CreateTable only when the table is missing). The standalone policies,
-/// for tables made by the first worker, do grant it.
-const MADE_BY_THE_STACK: &[(&str, On)] = &[("dynamodb:CreateTable", On::LeaseTable)];
+/// Not granted by the CloudFormation stack, which makes the lease table itself, with
+/// its heartbeat index (a worker calls CreateTable only when the table is missing, and
+/// UpdateTable only when it lacks the index). The standalone policies, for tables made
+/// by the first worker, do grant them.
+const MADE_BY_THE_STACK: &[(&str, On)] = &[
+    ("dynamodb:CreateTable", On::LeaseTable),
+    ("dynamodb:UpdateTable", On::LeaseTable),
+];
 
 /// A worker's source and read mode: what decides the calls it makes.
 #[derive(Debug, Clone, Copy)]
@@ -683,6 +697,10 @@ const TEMPLATE_RESOURCES: &[(&str, On)] = &[
         On::SourceTable,
     ),
     ("!GetAtt LeaseTable.Arn", On::LeaseTable),
+    (
+        "${LeaseTable.Arn}/index/flotilla-heartbeats",
+        On::LeaseTableIndex,
+    ),
     ("*", On::Anything),
 ];
 
@@ -707,6 +725,10 @@ const POLICY_RESOURCES: &[(&str, On)] = &[
     (
         "arn:aws:dynamodb:${Region}:${AccountId}:table/${ApplicationName}",
         On::LeaseTable,
+    ),
+    (
+        "arn:aws:dynamodb:${Region}:${AccountId}:table/${ApplicationName}/index/flotilla-heartbeats",
+        On::LeaseTableIndex,
     ),
     ("*", On::Anything),
 ];
@@ -990,15 +1012,48 @@ fn the_lease_table_is_on_demand_keyed_by_lease_key_and_protected() {
     let attributes = at(table, "LeaseTable", &["AttributeDefinitions"])
         .as_sequence()
         .unwrap();
-    assert_eq!(attributes.len(), 1);
+    let defined: Vec<(String, String)> = attributes
+        .iter()
+        .map(|a| {
+            (
+                text(a, "AttributeDefinitions", &["AttributeName"]).to_owned(),
+                text(a, "AttributeDefinitions", &["AttributeType"]).to_owned(),
+            )
+        })
+        .collect();
     assert_eq!(
-        text(&attributes[0], "AttributeDefinitions", &["AttributeName"]),
-        "leaseKey"
+        defined,
+        [
+            ("leaseKey".to_owned(), "S".to_owned()),
+            (attr::HEARTBEAT_INDEX_KEY.to_owned(), "S".to_owned())
+        ]
     );
+    // The heartbeat index, as `ensure_table` makes it: sparse (keyed by an attribute
+    // only heartbeat rows carry), projecting only what a round reads.
+    let indexes = at(table, "LeaseTable", &["GlobalSecondaryIndexes"])
+        .as_sequence()
+        .unwrap();
+    assert_eq!(indexes.len(), 1);
+    let index = &indexes[0];
+    assert_eq!(text(index, "index", &["IndexName"]), HEARTBEAT_INDEX);
+    let index_key = at(index, "index", &["KeySchema"]).as_sequence().unwrap();
+    assert_eq!(index_key.len(), 1);
     assert_eq!(
-        text(&attributes[0], "AttributeDefinitions", &["AttributeType"]),
-        "S"
+        text(&index_key[0], "KeySchema", &["AttributeName"]),
+        attr::HEARTBEAT_INDEX_KEY
     );
+    assert_eq!(text(&index_key[0], "KeySchema", &["KeyType"]), "HASH");
+    assert_eq!(
+        text(index, "index", &["Projection", "ProjectionType"]),
+        "INCLUDE"
+    );
+    let projected: Vec<&str> = at(index, "index", &["Projection", "NonKeyAttributes"])
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(projected, HEARTBEAT_INDEX_PROJECTION);
     assert!(flag(
         table,
         "LeaseTable",
@@ -1231,14 +1286,26 @@ fn a_table_stream_worker_makes_no_kinesis_call_and_a_kinesis_worker_no_streams_c
             .map(|(_, on)| on)
             .collect();
         let expected: BTreeSet<On> = match (case.source, case.fanout) {
-            (SourceKind::Kinesis, false) => [On::Stream, On::LeaseTable, On::Anything].into(),
-            (SourceKind::Kinesis, true) => {
-                [On::Stream, On::Consumer, On::LeaseTable, On::Anything].into()
-            }
+            (SourceKind::Kinesis, false) => [
+                On::Stream,
+                On::LeaseTable,
+                On::LeaseTableIndex,
+                On::Anything,
+            ]
+            .into(),
+            (SourceKind::Kinesis, true) => [
+                On::Stream,
+                On::Consumer,
+                On::LeaseTable,
+                On::LeaseTableIndex,
+                On::Anything,
+            ]
+            .into(),
             (SourceKind::DynamoDbStreams, _) => [
                 On::TableStream,
                 On::SourceTable,
                 On::LeaseTable,
+                On::LeaseTableIndex,
                 On::Anything,
             ]
             .into(),

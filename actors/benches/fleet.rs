@@ -944,46 +944,43 @@ struct Cost {
     per_min: BTreeMap<&'static str, f64>,
     /// Items read per minute by each read op.
     items_per_min: BTreeMap<&'static str, f64>,
+    /// Read units billed per minute by each read op (see [`rcu_per_min`]).
+    rcu_per_min: BTreeMap<&'static str, f64>,
+    /// Heartbeat reads per minute that went through the heartbeat index.
+    summaries_per_min: f64,
     settle_s: f64,
     /// Bytes of a lease row and of a heartbeat row as DynamoDB sizes them, at the end.
     lease_bytes: usize,
     heartbeat_bytes: usize,
 }
 
-/// An item's size as DynamoDB bills it (approximately): attribute names plus values;
-/// a number counts about one byte per two digits, plus one.
-fn item_bytes(item: &flotilla_actors::model::item::Item) -> usize {
-    use flotilla_actors::model::item::AttrValue;
-    fn value(v: &AttrValue) -> usize {
-        match v {
-            AttrValue::S(s) | AttrValue::B(s) => s.len(),
-            AttrValue::N(n) => n.len().div_ceil(2) + 1,
-            AttrValue::Bool(_) | AttrValue::Null(_) => 1,
-            AttrValue::SS(v) | AttrValue::BS(v) => v.iter().map(String::len).sum(),
-            AttrValue::NS(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
-            AttrValue::L(l) => 3 + l.iter().map(|v| 1 + value(v)).sum::<usize>(),
-            AttrValue::M(m) => 3 + m.iter().map(|(k, v)| 1 + k.len() + value(v)).sum::<usize>(),
-        }
-    }
-    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+/// Read capacity units per minute over `minutes`, as DynamoDB bills them: a scan and a
+/// heartbeat read as their outputs report (the memory table bills by DynamoDB's rules,
+/// `model::item::ReadUnits`: scans and index Queries by the bytes of a page, the
+/// roster and rows read by key per item, index reads eventually consistent), a `get`
+/// one unit (a strongly consistent GetItem of a lease row, under 4 KB).
+fn rcu_per_min(
+    table: &Counted,
+    before: &BTreeMap<&'static str, f64>,
+    gets_per_min: f64,
+    minutes: u64,
+) -> BTreeMap<&'static str, f64> {
+    let mut out: BTreeMap<&'static str, f64> = ["scan", "heartbeats"]
+        .into_iter()
+        .map(|op| {
+            let units = table.read_units(op).as_units() - before.get(op).copied().unwrap_or(0.0);
+            (op, units / minutes as f64)
+        })
+        .collect();
+    out.insert("get", gets_per_min);
+    out
 }
 
-/// Read capacity units per minute (strongly consistent, as the adapter reads): a scan
-/// is billed by the bytes it reads (4 KB a unit), a GetItem or a BatchGetItem key by
-/// item (at least one unit each).
-fn rcu_per_min(c: &Cost) -> BTreeMap<&'static str, f64> {
-    let per_item = |bytes: usize| (bytes.max(1)).div_ceil(4096) as f64;
-    BTreeMap::from([
-        (
-            "scan",
-            c.items_per_min["scan"] * c.lease_bytes as f64 / 4096.0,
-        ),
-        (
-            "heartbeats",
-            c.items_per_min["heartbeats"] * per_item(c.heartbeat_bytes),
-        ),
-        ("get", c.items_per_min["get"] * per_item(c.lease_bytes)),
-    ])
+fn units_now(table: &Counted) -> BTreeMap<&'static str, f64> {
+    ["scan", "heartbeats"]
+        .into_iter()
+        .map(|op| (op, table.read_units(op).as_units()))
+        .collect()
 }
 
 /// A lease table that counts every call by kind (and never injects a fault: the plan is
@@ -991,6 +988,16 @@ fn rcu_per_min(c: &Cost) -> BTreeMap<&'static str, f64> {
 type Counted = Faulty<flotilla_actors::backend::memory::MemoryLeaseTable>;
 
 fn counted_backend(rig: &Rig) -> (Counted, Backend) {
+    counted_backend_on(rig, true)
+}
+
+/// `index`: false makes the lease table as a KCL would, without the heartbeat index,
+/// and refuses to add it, so heartbeats are read by key (the reads before the index).
+fn counted_backend_on(rig: &Rig, index: bool) -> (Counted, Backend) {
+    if !index {
+        rig.dynamo.create_table(APP, "leaseKey", "S");
+        rig.dynamo.refuse_table_updates();
+    }
     let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1));
     let backend = {
         let table = table.clone();
@@ -1037,9 +1044,9 @@ async fn count_ops(
 
 /// `busy`: a record on every shard every second once the fleet has settled, so every
 /// shard has a position to write all the time (the checkpoint writes' worst case).
-async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
+async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool, index: bool) -> Cost {
     let rig = Rig::new(leases).await;
-    let (table, backend) = counted_backend(&rig);
+    let (table, backend) = counted_backend_on(&rig, index);
     let t0 = Instant::now();
     let (names, ws) = start_fleet(&rig, &backend, workers).await;
     let members: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -1047,7 +1054,12 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
     let settle_s = secs(t0.elapsed());
     let feeding = busy.then(|| feed_every(&rig, Duration::from_secs(1)));
     tokio::time::sleep(Duration::from_secs(20)).await;
+    let units_before = units_now(&table);
+    let summaries_before = table.calls("heartbeats_summary");
     let (per_min, items_per_min) = count_ops(&table, minutes).await;
+    let rcu_per_min = rcu_per_min(&table, &units_before, items_per_min["get"], minutes);
+    let summaries_per_min =
+        (table.calls("heartbeats_summary") - summaries_before) as f64 / minutes as f64;
     if let Some(f) = feeding {
         f.abort();
     }
@@ -1057,7 +1069,7 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
     let size = |key: &str| {
         rig.dynamo
             .get_raw(APP, key)
-            .map(|item| item_bytes(&item))
+            .map(|item| flotilla_actors::model::item::item_size(&item))
             .unwrap_or(0)
     };
     let lease_bytes =
@@ -1068,6 +1080,8 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool) -> Cost {
     Cost {
         per_min,
         items_per_min,
+        rcu_per_min,
+        summaries_per_min,
         settle_s,
         lease_bytes,
         heartbeat_bytes,
@@ -1091,21 +1105,32 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
     let kcl_writes = f64::from(leases) / 3.3 * 60.0;
     let kcl_scans = workers as f64 * 6.0;
     let kcl_rows = kcl_scans * f64::from(leases);
-    for busy in [false, true] {
+    // Idle with the heartbeats read by key (no index: the reads before it), idle
+    // through the index, and busy (through the index; `FLEET_P6_BUSY=0` leaves it out,
+    // as at 10,000 x 100, where it is too slow to run).
+    let busy_too = std::env::var("FLEET_P6_BUSY").as_deref() != Ok("0");
+    let variants = [(false, false), (false, true), (true, true)];
+    for (busy, index) in variants.into_iter().filter(|(busy, _)| busy_too || !busy) {
         let records = if busy {
             "a record on every shard every second"
         } else {
             "no records"
         };
+        let how = if index {
+            "heartbeats through the index"
+        } else {
+            "no index: heartbeats by key"
+        };
         println!(
-            "P6 lease-table cost: {leases} leases x {workers} workers, defaults, paused time, {records}, {n} runs of {minutes} min after settling"
+            "P6 lease-table cost: {leases} leases x {workers} workers, defaults, paused time, {records}, {how}, {n} runs of {minutes} min after settling"
         );
         let mut lease_writes = Vec::new();
         let mut checkpoints = Vec::new();
         let mut reads_rows = Vec::new();
         let mut rcus = Vec::new();
+        let mut lease_bytes = 0;
         for i in 0..n {
-            let c = paused_time().block_on(p6_run(leases, workers, minutes, busy));
+            let c = paused_time().block_on(p6_run(leases, workers, minutes, busy, index));
             let w: f64 = c
                 .per_min
                 .iter()
@@ -1115,20 +1140,22 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
             let cw = c.per_min["checkpoint"];
             let scans = c.per_min["scan"];
             let rows_read: f64 = c.items_per_min.values().sum();
-            let rcu = rcu_per_min(&c);
+            let rcu = &c.rcu_per_min;
             let rcu_total: f64 = rcu.values().sum();
+            lease_bytes = c.lease_bytes;
             let by_kind: Vec<String> = READ_OPS
                 .iter()
                 .map(|op| {
                     format!(
-                        "{op} {:.0} calls / {:.0} items / {:.0} RCU",
+                        "{op} {:.0} calls / {:.0} items / {:.1} RCU",
                         c.per_min[op], c.items_per_min[op], rcu[op]
                     )
                 })
                 .collect();
             println!(
-                "  run {i}: reads per minute by kind: {}; rows {} B (lease), {} B (heartbeat)",
+                "  run {i}: reads per minute by kind: {} ({:.0} of the heartbeat reads through the index); rows {} B (lease), {} B (heartbeat)",
                 by_kind.join("; "),
+                c.summaries_per_min,
                 c.lease_bytes,
                 c.heartbeat_bytes
             );
@@ -1140,13 +1167,41 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
                 .map(|(op, v)| format!("{op} {v:.0}"))
                 .collect();
             println!(
-                "  run {i}: settled in {:.0} s; per minute: {}; lease writes {w:.0}, checkpoint writes {cw:.0}, scans {scans:.0}, rows read {rows_read:.0}",
+                "  run {i}: settled in {:.0} s; per minute: {}; lease writes {w:.0}, checkpoint writes {cw:.0}, scans {scans:.0}, rows read {rows_read:.0}, RCU {rcu_total:.1}",
                 c.settle_s,
                 nonzero.join(", ")
             );
             lease_writes.push(w);
             checkpoints.push(cw);
             reads_rows.push(rows_read);
+        }
+        // The KCL's scans, strongly consistent, billed by the bytes of the lease rows.
+        let kcl_rcu = kcl_rows * lease_bytes as f64 / 4096.0;
+        if !busy && !index {
+            let (rows_med, _, _) = mmm(&reads_rows);
+            let (rcu_med, _, _) = mmm(&rcus);
+            println!(
+                "  by key: {rows_med:.0} rows/min, {rcu_med:.0} RCU/min (KCL model {kcl_rcu:.0} RCU/min)"
+            );
+            rows.push(Row {
+                id: "P6 r keys".into(),
+                what: format!(
+                    "rows read/min, heartbeats by key (no index) (KCL model {kcl_rows:.0})"
+                ),
+                values: reads_rows,
+                unit: "rows/min",
+                target: None,
+            });
+            rows.push(Row {
+                id: "P6 rcu keys".into(),
+                what: format!(
+                    "read capacity units/min, heartbeats by key (no index) (KCL model {kcl_rcu:.0})"
+                ),
+                values: rcus,
+                unit: "RCU/min",
+                target: None,
+            });
+            continue;
         }
         let (med, _, _) = mmm(&lease_writes);
         let (cw_med, _, cw_max) = mmm(&checkpoints);
@@ -1177,12 +1232,17 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
                 unit: "rows/min",
                 target: Some((kcl_rows / 10.0, rows_med, "median")),
             });
+            let (rcu_med, _, _) = mmm(&rcus);
+            println!(
+                "  reads ratio KCL/flotilla: {:.1}x in RCU (KCL model {kcl_rcu:.0}; target >= 10x)",
+                kcl_rcu / rcu_med
+            );
             rows.push(Row {
                 id: "P6 rcu".into(),
-                what: "read capacity units/min, strongly consistent (scans by bytes, item reads by item)".into(),
+                what: format!("read capacity units/min as DynamoDB bills them, heartbeats through the index (KCL model {kcl_rcu:.0})"),
                 values: rcus,
                 unit: "RCU/min",
-                target: None,
+                target: Some((kcl_rcu / 10.0, rcu_med, "median")),
             });
         } else {
             println!(

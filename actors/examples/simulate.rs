@@ -266,6 +266,7 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
     // the items read too), under the faults above.
     let (mut calls, mut items): (BTreeMap<String, u64>, BTreeMap<String, u64>) =
         (BTreeMap::new(), BTreeMap::new());
+    let mut units: BTreeMap<String, f64> = BTreeMap::new();
     for report in reports {
         for (op, n) in &report.table_calls {
             *calls.entry(op.clone()).or_default() += n;
@@ -273,13 +274,25 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
         for (op, n) in &report.table_items {
             *items.entry(op.clone()).or_default() += n;
         }
+        for (op, n) in &report.table_units {
+            *units.entry(op.clone()).or_default() += n;
+        }
     }
     let worker_minutes = (worker_hours * 60.0).max(1e-9);
-    println!("lease-table calls per worker-minute by operation (items read, for reads):");
+    println!(
+        "lease-table calls per worker-minute by operation (items read and read units billed, for reads; heartbeats_summary: the heartbeat reads through the index):"
+    );
     for (op, n) in &calls {
         let read = items
             .get(op)
-            .map(|i| format!(" ({:.1} items)", *i as f64 / worker_minutes))
+            .map(|i| {
+                let billed = units.get(op).copied().unwrap_or(0.0);
+                format!(
+                    " ({:.1} items, {:.2} RCU)",
+                    *i as f64 / worker_minutes,
+                    billed / worker_minutes
+                )
+            })
             .unwrap_or_default();
         println!("  {op:>22} {:.2}{read}", *n as f64 / worker_minutes);
     }

@@ -136,6 +136,9 @@ pub(crate) struct KeeperState {
     roster: Option<BTreeSet<WorkerId>>,
     /// The last scan, which rounds without one act and report on.
     last_scan: Option<LastScan>,
+    /// When the heartbeat rows were last read whole (lags and rates included: a scan
+    /// or a `HeartbeatDetail::Full` read), as opposed to through the index.
+    whole_read: Option<Instant>,
 }
 
 /// What the last scan found, kept for the rounds that read only the heartbeat rows.
@@ -203,6 +206,7 @@ impl Actor for LeaseKeeper {
             long_free_at_scan: BTreeSet::new(),
             roster: None,
             last_scan: None,
+            whole_read: None,
             first_seen: BTreeMap::new(),
             orphans: BTreeSet::new(),
             listing_asked: None,
@@ -550,10 +554,26 @@ impl KeeperState {
     /// says something changed (or may have); then acts, publishes the fleet view, and
     /// arms the deadline. Rows read by a scan serve the rounds after it until the next.
     async fn round(&mut self, myself: &ActorRef<KeeperMsg>) {
-        let read = self.args.table.heartbeats().await;
+        let sent = Instant::now();
+        let detail = pure::heartbeat_detail(
+            matches!(self.limits().policy, Policy::Throughput(_)),
+            self.whole_read.map(|at| sent.saturating_duration_since(at)),
+            self.settings().failover_time,
+        );
+        let read = self.args.table.heartbeats(detail).await;
         let now = Instant::now();
         let heartbeats_read = match read {
-            Ok(out) => {
+            Ok(mut out) => {
+                if out.summary {
+                    // Read through the index: lags and rates as last read whole.
+                    for heartbeat in &mut out.heartbeats {
+                        if let Some(whole) = self.observations.load_of(&heartbeat.worker) {
+                            heartbeat.load.fill_unread(whole);
+                        }
+                    }
+                } else {
+                    self.whole_read = Some(sent);
+                }
                 let me = self.args.me.clone();
                 if !out.roster.contains(&me) {
                     // First round, or the row was deleted while this worker was away.
@@ -804,6 +824,7 @@ impl KeeperState {
         };
         self.asked = false;
         self.changes_at_scan = changes_before;
+        self.whole_read = Some(sent);
         self.repair_roster(&scan.heartbeats).await;
         // Held leases the scan shows still ours: proof of ownership as of when the scan
         // was sent, which lifts the fence after a gap in heartbeats.

@@ -8,7 +8,9 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
@@ -16,7 +18,7 @@ use aws_sdk_dynamodb::types::{
 };
 use flotilla_actors::backend::aws::{DynamoLeaseTable, item_from_sdk, item_to_sdk};
 use flotilla_actors::backend::memory::MemoryDynamo;
-use flotilla_actors::backend::{LeaseError, LeaseTable, TableState};
+use flotilla_actors::backend::{HeartbeatDetail, LeaseError, LeaseTable, TableState};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, LeaseRate,
@@ -140,6 +142,36 @@ impl Env {
                 .map(|i| item_from_sdk(&i).unwrap()),
         };
         row.unwrap_or_else(|| panic!("{}: no row {key}", self.tier))
+    }
+
+    /// A lease table as the Java KCL makes it: keyed by `leaseKey`, no secondary index.
+    async fn create_kcl_table(&self, name: &str) {
+        match &self.raw {
+            Raw::Memory(db) => db.create_table(name, "leaseKey", "S"),
+            Raw::Dynamo { client, .. } => {
+                client
+                    .create_table()
+                    .table_name(name)
+                    .billing_mode(BillingMode::PayPerRequest)
+                    .attribute_definitions(
+                        AttributeDefinition::builder()
+                            .attribute_name("leaseKey")
+                            .attribute_type(ScalarAttributeType::S)
+                            .build()
+                            .unwrap(),
+                    )
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name("leaseKey")
+                            .key_type(KeyType::Hash)
+                            .build()
+                            .unwrap(),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
     }
 
     async fn create_foreign_table(&self, name: &str) {
@@ -574,6 +606,112 @@ mod cases {
         assert_eq!(table.get(&lease.key).await.unwrap(), None);
     }
 
+    /// A round's read through the heartbeat index: what it needs of every worker the
+    /// roster names, nothing of the lags and rates, nothing of workers not named.
+    pub async fn a_summary_reads_the_heartbeat_index(env: Env) {
+        let table = env.fresh().await;
+        let busy = WorkerLoad {
+            leases: 2,
+            records_per_second: 40,
+            draining: true,
+            changes: 9,
+            lag_ms: BTreeMap::from([("shardId-000000000001".to_owned(), 1500)]),
+            subscribed_ms: BTreeMap::new(),
+            lease_rates: Some(BTreeMap::from([(
+                LeaseKey::new("shardId-000000000001"),
+                LeaseRate {
+                    records_per_second: 40,
+                    bytes_per_second: 4000,
+                },
+            )])),
+        };
+        let idle = WorkerLoad::default();
+        let third = WorkerId::new("worker-c");
+        table.heartbeat(&me(), &busy).await.unwrap();
+        table.heartbeat(&me(), &busy).await.unwrap();
+        table.heartbeat(&other(), &idle).await.unwrap();
+        table.heartbeat(&third, &idle).await.unwrap();
+        table.join_roster(&[me(), other()]).await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+        assert!(read.summary, "{}: not read through the index", env.tier);
+        assert!(read.malformed.is_empty(), "{:?}", read.malformed);
+        let mut beats: Vec<(WorkerId, u64, WorkerLoad)> = read
+            .heartbeats
+            .into_iter()
+            .map(|h| (h.worker, h.counter, h.load))
+            .collect();
+        beats.sort_by(|a, b| a.0.cmp(&b.0));
+        let summary = WorkerLoad {
+            lag_ms: BTreeMap::new(),
+            lease_rates: None,
+            ..busy.clone()
+        };
+        assert_eq!(
+            beats,
+            [(me(), 2, summary), (other(), 1, idle.clone())],
+            "{}",
+            env.tier
+        );
+        // The whole rows, when asked for.
+        let full = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        assert!(!full.summary);
+        let mine = full.heartbeats.iter().find(|h| h.worker == me()).unwrap();
+        assert_eq!(mine.load, busy, "{}", env.tier);
+        // A clean exit leaves the index as it leaves the roster.
+        table.remove_heartbeat(&me()).await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+        let workers: Vec<&WorkerId> = read.heartbeats.iter().map(|h| &h.worker).collect();
+        assert_eq!(workers, [&other()], "{}", env.tier);
+    }
+
+    /// A table made without the heartbeat index (by the Java KCL, say): heartbeats are
+    /// read by key until `ensure_table` adds it; then through it.
+    pub async fn without_the_index_heartbeats_are_read_by_key_until_ensure_adds_it(env: Env) {
+        let name = servers::unique_name("kcl-leases");
+        env.create_kcl_table(&name).await;
+        let table = env.table(&name);
+        let busy = WorkerLoad {
+            leases: 3,
+            changes: 4,
+            lag_ms: BTreeMap::from([("shardId-000000000002".to_owned(), 70)]),
+            ..WorkerLoad::default()
+        };
+        table.heartbeat(&me(), &busy).await.unwrap();
+        table.join_roster(&[me()]).await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+        assert!(
+            !read.summary,
+            "{}: no index, yet read through one",
+            env.tier
+        );
+        assert_eq!(read.heartbeats.len(), 1);
+        assert_eq!(read.heartbeats[0].load, busy, "the whole row, by key");
+        assert_eq!(table.ensure_table().await.unwrap(), TableState::Existed);
+        // The index is built in the background: a handle that looks afresh reads
+        // through it once it is ACTIVE.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let read = env
+                .table(&name)
+                .heartbeats(HeartbeatDetail::Summary)
+                .await
+                .unwrap();
+            if read.summary {
+                assert_eq!(read.heartbeats.len(), 1, "{}", env.tier);
+                assert_eq!(read.heartbeats[0].counter, 1);
+                assert_eq!(read.heartbeats[0].load.changes, 4);
+                assert!(read.heartbeats[0].load.lag_ms.is_empty());
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: the heartbeat index never became ACTIVE",
+                env.tier
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     pub async fn heartbeats_count_up_and_show_in_the_scan(env: Env) {
         let table = env.fresh().await;
         let idle = WorkerLoad::default();
@@ -625,7 +763,7 @@ mod cases {
 
     pub async fn the_roster_names_the_heartbeat_rows_a_round_reads(env: Env) {
         let table = env.fresh().await;
-        let none = table.heartbeats().await.unwrap();
+        let none = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         assert_eq!((none.roster.len(), none.items_read), (0, 1), "{}", env.tier);
         let idle = WorkerLoad::default();
         let busy = WorkerLoad {
@@ -636,7 +774,14 @@ mod cases {
         table.heartbeat(&me(), &busy).await.unwrap();
         table.heartbeat(&other(), &idle).await.unwrap();
         // Rows exist, but only the roster says which to read.
-        assert!(table.heartbeats().await.unwrap().heartbeats.is_empty());
+        assert!(
+            table
+                .heartbeats(HeartbeatDetail::Full)
+                .await
+                .unwrap()
+                .heartbeats
+                .is_empty()
+        );
         table.join_roster(&[me()]).await.unwrap();
         let third = WorkerId::new("worker-c");
         // Joining twice is fine; a named worker without a row is skipped.
@@ -644,7 +789,7 @@ mod cases {
             .join_roster(&[me(), other(), third.clone()])
             .await
             .unwrap();
-        let read = table.heartbeats().await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         let mut roster = read.roster.clone();
         roster.sort();
         assert_eq!(roster, [me(), other(), third.clone()]);
@@ -662,7 +807,7 @@ mod cases {
         assert_eq!((scan.heartbeats.len(), scan.other_rows), (2, 1));
         // A clean exit leaves the roster.
         table.remove_heartbeat(&me()).await.unwrap();
-        let read = table.heartbeats().await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         assert!(!read.roster.contains(&me()), "{:?}", read.roster);
         assert_eq!(read.heartbeats.len(), 1);
         // More workers than one BatchGetItem takes (100).
@@ -673,7 +818,7 @@ mod cases {
             table.heartbeat(w, &idle).await.unwrap();
         }
         table.join_roster(&many).await.unwrap();
-        let read = table.heartbeats().await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         assert_eq!(read.heartbeats.len(), 131, "{}", env.tier);
         assert_eq!(read.items_read, 1 + 132);
     }
@@ -686,9 +831,17 @@ mod cases {
         table.join_roster(&[me(), other()]).await.unwrap();
         // It moved since it was seen at 1: kept.
         assert!(!table.remove_dead_heartbeat(&other(), 1).await.unwrap());
-        assert_eq!(table.heartbeats().await.unwrap().heartbeats.len(), 1);
+        assert_eq!(
+            table
+                .heartbeats(HeartbeatDetail::Full)
+                .await
+                .unwrap()
+                .heartbeats
+                .len(),
+            1
+        );
         assert!(table.remove_dead_heartbeat(&other(), 2).await.unwrap());
-        let read = table.heartbeats().await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         assert_eq!(read.roster, [me()]);
         assert!(read.heartbeats.is_empty());
         assert!(table.scan().await.unwrap().heartbeats.is_empty());
@@ -710,7 +863,7 @@ mod cases {
         )
         .await;
         table.join_roster(&[me(), other()]).await.unwrap();
-        let read = table.heartbeats().await.unwrap();
+        let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         assert_eq!(read.heartbeats.len(), 1, "{}", env.tier);
         assert_eq!(read.malformed.len(), 1);
         assert_eq!(
@@ -978,6 +1131,8 @@ macro_rules! suite {
                 delete_is_fenced,
                 heartbeats_count_up_and_show_in_the_scan,
                 the_roster_names_the_heartbeat_rows_a_round_reads,
+                a_summary_reads_the_heartbeat_index,
+                without_the_index_heartbeats_are_read_by_key_until_ensure_adds_it,
                 a_dead_workers_row_is_removed_only_while_its_counter_stands,
                 heartbeats_reports_a_malformed_heartbeat_row_and_goes_on,
                 a_handoff_request_leaves_the_counter_and_only_its_asker_gets_the_lease,
@@ -1156,5 +1311,60 @@ async fn without_transactions_an_expired_lease_is_taken_by_a_plain_conditional_w
         proxy.calls("TransactWriteItems"),
         1,
         "a server without transactions is asked once"
+    );
+}
+
+/// Where the index may not be added (no `dynamodb:UpdateTable`), `ensure_table` still
+/// succeeds and heartbeats are read by key, whole.
+#[tokio::test]
+async fn where_the_index_may_not_be_added_heartbeats_are_read_by_key() {
+    let db = MemoryDynamo::new();
+    db.create_table("kcl", "leaseKey", "S");
+    db.refuse_table_updates();
+    let table = db.lease_table("kcl");
+    assert_eq!(table.ensure_table().await.unwrap(), TableState::Existed);
+    assert!(!db.has_heartbeat_index("kcl"));
+    table
+        .heartbeat(&me(), &WorkerLoad::default())
+        .await
+        .unwrap();
+    table.join_roster(&[me()]).await.unwrap();
+    let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+    assert!(!read.summary);
+    assert_eq!(read.heartbeats.len(), 1);
+}
+
+/// A lagging index: a joiner's row not in it yet is read by key; a counter seen
+/// through it may be old, never newer than the row.
+#[tokio::test(start_paused = true)]
+async fn a_lagging_index_shows_old_counters_and_joiners_are_read_by_key() {
+    let db = MemoryDynamo::new();
+    let table = db.lease_table("lagging");
+    table.ensure_table().await.unwrap();
+    db.lag_heartbeat_index(Duration::from_secs(5));
+    let idle = WorkerLoad::default();
+    table.heartbeat(&me(), &idle).await.unwrap();
+    table.join_roster(&[me()]).await.unwrap();
+    // Not in the index yet: read by key, at its counter.
+    let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+    assert_eq!(read.heartbeats.len(), 1);
+    assert_eq!(read.heartbeats[0].counter, 1);
+    assert_eq!(read.items_read, 2, "the roster and one row by key");
+    tokio::time::advance(Duration::from_secs(6)).await;
+    table.heartbeat(&me(), &idle).await.unwrap();
+    // In the index now, at its counter of 5 s ago.
+    let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+    assert_eq!(read.heartbeats[0].counter, 1);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+    assert_eq!(read.heartbeats[0].counter, 2);
+    assert_eq!(
+        table
+            .heartbeats(HeartbeatDetail::Full)
+            .await
+            .unwrap()
+            .heartbeats[0]
+            .counter,
+        2
     );
 }

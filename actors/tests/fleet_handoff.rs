@@ -142,6 +142,37 @@ async fn a_crashed_workers_leases_are_taken_after_the_failover_time() {
     shutdown_clean(b).await;
 }
 
+/// The heartbeat index trails the rows by 2 s (an eventually consistent read seen at
+/// its worst): a joiner is read by key until the index shows it, so balance is not
+/// held up; a crashed worker is judged dead as late as its last counter reaches the
+/// index, never earlier than the failover time; nothing is lost.
+#[tokio::test(start_paused = true)]
+async fn with_a_lagging_heartbeat_index_a_crash_is_taken_over_late_never_early() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let lag = Duration::from_secs(2);
+    rig.dynamo.lag_heartbeat_index(lag);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let feed = Feed::start(rig.streams.clone());
+    let (a, b) = balanced_pair(&rig, &probes).await;
+    probes.wait_distinct(500, Duration::from_secs(30)).await;
+
+    a.abort();
+    let failover = settings("b").lease.failover_time;
+    // Not before the failover time (the lag only adds to it)...
+    tokio::time::sleep(failover - Duration::from_secs(1)).await;
+    assert_eq!(keeper(&b).await.held.len(), 4);
+    // ...and within the lag and a heartbeat interval or two after it.
+    wait_held(&[&b], &[8], lag + Duration::from_secs(3)).await;
+    assert_eq!(count(&keeper(&b).await.gained, "expired"), 4);
+
+    let producer = feed.stop().await;
+    probes
+        .wait_distinct(producer.total(), Duration::from_secs(30))
+        .await;
+    probes.assert_nothing_lost(&producer);
+    shutdown_clean(b).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_finished_parents_row_is_deleted_past_retention_once_its_children_started() {
     let config = MemoryStreamsConfig {

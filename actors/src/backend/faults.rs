@@ -15,10 +15,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::{
-    HeartbeatsOutput, IteratorPosition, LeaseError, LeaseTable, MetricDatum, MetricsError,
-    MetricsSink, PutRecord, PutResult, RecordBatch, ScanOutput, ShardIterator, StreamAdmin,
-    StreamClient, StreamError, StreamSummary, Subscription, TableState,
+    HeartbeatDetail, HeartbeatsOutput, IteratorPosition, LeaseError, LeaseTable, MetricDatum,
+    MetricsError, MetricsSink, PutRecord, PutResult, RecordBatch, ScanOutput, ShardIterator,
+    StreamAdmin, StreamClient, StreamError, StreamSummary, Subscription, TableState,
 };
+use crate::model::item::ReadUnits;
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
 
 /// One injected misbehaviour.
@@ -110,6 +111,8 @@ struct State {
     /// Per read operation, the items its successful calls read (rows a scan returned,
     /// the roster and heartbeat rows a `heartbeats` asked for, one per `get`).
     items_read: HashMap<&'static str, u64>,
+    /// Per read operation, the read units its successful calls were billed.
+    read_units: HashMap<&'static str, ReadUnits>,
     injected: Vec<(&'static str, Fault)>,
     /// Per operation, the latest start time of a call that was answered with success.
     confirmed: HashMap<&'static str, tokio::time::Instant>,
@@ -212,6 +215,7 @@ impl<B> Faulty<B> {
                 rng,
                 calls: HashMap::new(),
                 items_read: HashMap::new(),
+                read_units: HashMap::new(),
                 injected: Vec::new(),
                 confirmed: HashMap::new(),
             })),
@@ -264,6 +268,17 @@ impl<B> Faulty<B> {
 
     fn count_items(&self, op: &'static str, items: usize) {
         *self.lock().items_read.entry(op).or_insert(0) += items as u64;
+    }
+
+    /// The read units the successful calls of the read `op` (`scan`, `heartbeats`) were
+    /// billed so far, as their outputs report them (`ScanOutput::read_units`,
+    /// `HeartbeatsOutput::read_units`).
+    pub fn read_units(&self, op: &'static str) -> ReadUnits {
+        self.lock().read_units.get(op).copied().unwrap_or_default()
+    }
+
+    fn count_units(&self, op: &'static str, units: ReadUnits) {
+        *self.lock().read_units.entry(op).or_default() += units;
     }
 
     /// The latest time a call of `op` that was answered with success was made (before
@@ -652,6 +667,7 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
             let rows =
                 scan.leases.len() + scan.heartbeats.len() + scan.malformed.len() + scan.other_rows;
             self.count_items("scan", rows);
+            self.count_units("scan", scan.read_units);
             Ok(scan)
         })
     }
@@ -770,10 +786,20 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("join_roster", self.inner.join_roster(workers)))
     }
 
-    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
+    fn heartbeats(
+        &self,
+        detail: HeartbeatDetail,
+    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
         Box::pin(async move {
-            let out = self.run("heartbeats", self.inner.heartbeats()).await?;
+            let out = self
+                .run("heartbeats", self.inner.heartbeats(detail))
+                .await?;
             self.count_items("heartbeats", out.items_read);
+            self.count_units("heartbeats", out.read_units);
+            if out.summary {
+                // Which of the reads went through the heartbeat index.
+                *self.lock().calls.entry("heartbeats_summary").or_insert(0) += 1;
+            }
             Ok(out)
         })
     }

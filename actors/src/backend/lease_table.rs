@@ -2,7 +2,7 @@
 
 use futures::future::BoxFuture;
 
-use crate::model::item::{MalformedRow, Row};
+use crate::model::item::{MalformedRow, ReadUnits, Row};
 use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 
 /// Everything a scan found.
@@ -14,6 +14,9 @@ pub struct ScanOutput {
     pub malformed: Vec<MalformedRow>,
     /// Rows other programs keep in the table (KCL 3.x coordinator state and the like).
     pub other_rows: usize,
+    /// What the scan is billed (the server's ConsumedCapacity; the memory backend
+    /// computes it by DynamoDB's rules). Zero from a server that does not say.
+    pub read_units: ReadUnits,
 }
 
 impl ScanOutput {
@@ -37,9 +40,28 @@ pub struct HeartbeatsOutput {
     pub heartbeats: Vec<Heartbeat>,
     /// Heartbeat rows that could not be read. Reported here, skipped, never fatal.
     pub malformed: Vec<MalformedRow>,
-    /// Items asked for (the roster and one per worker it names): what the read is
-    /// billed by, found or not.
+    /// Items asked for (the roster and one per worker it names, found or not), or, read
+    /// through the index, the roster and the items the Query returned and any asked for
+    /// by key.
     pub items_read: usize,
+    /// Read through [`crate::model::item::HEARTBEAT_INDEX`]: every heartbeat's lag maps
+    /// are empty and its rates `None` because the index does not hold them, not
+    /// because the worker wrote them so (see [`HeartbeatDetail`]).
+    pub summary: bool,
+    /// What the read is billed (as [`ScanOutput::read_units`]).
+    pub read_units: ReadUnits,
+}
+
+/// How much of each heartbeat row [`LeaseTable::heartbeats`] must return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatDetail {
+    /// What a round needs (counter, changes, draining, lease count, records per second):
+    /// read through the heartbeat index when the table has it (one Query, eventually
+    /// consistent, billed by bytes), else as `Full`.
+    Summary,
+    /// Every attribute, lags and rates included: the rows read by key (strongly
+    /// consistent BatchGetItem, billed per item).
+    Full,
 }
 
 /// Whether `ensure_table` found the table or made it.
@@ -139,9 +161,15 @@ impl LeaseError {
 ///   the load attributes replaced.
 /// * `join_roster(workers)`: each named in the roster row (`flotilla-roster`); naming
 ///   one already there is fine.
-/// * `heartbeats()`: the roster, and the heartbeat row of every worker it names that has
-///   one (a named worker without a row is skipped); a malformed heartbeat row is
-///   reported in `malformed`. No lease row is read.
+/// * `heartbeats(detail)`: the roster, and the heartbeat row of every worker it names
+///   that has one (a named worker without a row is skipped); a malformed heartbeat row
+///   is reported in `malformed`. No lease row is read. `Summary` on a table with the
+///   heartbeat index reads it (`summary` set; rows the index does not show yet, a
+///   joiner's, are read by key); on a table without it, and for `Full`, the rows are
+///   read whole.
+/// * `ensure_table` makes the heartbeat index with a new table, and adds it to a
+///   table that lacks it where it may (UpdateTable); where it may not, heartbeats are
+///   read by key, said once at WARN.
 /// * `remove_heartbeat(me)` and `remove_dead_heartbeat(w, counter)` also take the worker
 ///   out of the roster; the latter only while the row's counter is `counter` (`false`,
 ///   nothing removed, when it moved; `true` when the row is already gone).
@@ -244,10 +272,18 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// first round, and again whenever it finds itself missing.
     fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>>;
 
-    /// Every heartbeat row the roster names, read by key (a GetItem of the roster and a
-    /// BatchGetItem of the rows): what a round reads when no lease row changed, so its
-    /// cost grows with the workers, not with the leases.
-    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>>;
+    /// Every heartbeat row the roster names (a GetItem of the roster, then a Query of
+    /// the heartbeat index for `Summary`, or a BatchGetItem of the rows): what a round
+    /// reads when no lease row changed, so its cost grows with the workers, not with
+    /// the leases, and through the index by the bytes a round needs, not by rows.
+    ///
+    /// The index is eventually consistent: a `Summary` may show a counter a moment
+    /// old. That only delays a death (ARCHITECTURE.md, "Reads"); every ownership write
+    /// stays conditional on the rows themselves.
+    fn heartbeats(
+        &self,
+        detail: HeartbeatDetail,
+    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>>;
 
     /// Removes the heartbeat row of a worker dead past the retention, only while its
     /// counter still stands at `counter` (a worker that came back keeps its row), and

@@ -17,7 +17,9 @@ mod metrics;
 mod stream;
 pub mod time_scan;
 
-pub use lease_table::{HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState};
+pub use lease_table::{
+    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
+};
 pub use metrics::{
     MAX_BYTES_PER_CALL, MAX_DATUMS_PER_CALL, MAX_DIMENSIONS, MetricDatum, MetricValue,
     MetricsError, MetricsSink, Unit, batches, validate,

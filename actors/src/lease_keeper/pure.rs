@@ -376,12 +376,54 @@ pub(crate) fn rate(delivered: u64, before: u64, elapsed: Duration) -> u64 {
     }
 }
 
+/// How much of the heartbeat rows a round reads. Liveness, changes, draining and
+/// counts need only the index's summary; throughput balance also needs the peers'
+/// per-lease rates, which only the whole rows hold, but reacts to them at most once
+/// per `rebalance_every` (`ScanWhy::Rebalance`): so whole rows are read when the last
+/// whole read (a scan or a full read, `since_whole`) is that old, and never under
+/// count balance.
+pub(crate) fn heartbeat_detail(
+    throughput: bool,
+    since_whole: Option<Duration>,
+    rebalance_every: Duration,
+) -> crate::backend::HeartbeatDetail {
+    use crate::backend::HeartbeatDetail::{Full, Summary};
+    match (throughput, since_whole) {
+        (false, _) => Summary,
+        (true, None) => Full,
+        (true, Some(since)) if since >= rebalance_every => Full,
+        (true, Some(_)) => Summary,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::balance::Take;
     use crate::model::{Checkpoint, ShardId};
+
+    #[test]
+    fn whole_heartbeat_rows_are_read_only_for_throughput_balance_once_a_rebalance_period() {
+        use crate::backend::HeartbeatDetail::{Full, Summary};
+        let every = Duration::from_secs(10);
+        let s = Duration::from_secs;
+        for (throughput, since, want) in [
+            (false, None, Summary),
+            (false, Some(s(3600)), Summary),
+            (true, None, Full),
+            (true, Some(s(2)), Summary),
+            (true, Some(s(9)), Summary),
+            (true, Some(s(10)), Full),
+            (true, Some(s(60)), Full),
+        ] {
+            assert_eq!(
+                heartbeat_detail(throughput, since, every),
+                want,
+                "{throughput} {since:?}"
+            );
+        }
+    }
 
     fn w(name: &str) -> WorkerId {
         WorkerId::new(name)

@@ -108,6 +108,119 @@ pub mod attr {
     pub const WORKER_CHANGES: &str = "flotillaChanges";
     /// The roster row's set of worker ids.
     pub const ROSTER_WORKERS: &str = "flotillaWorkers";
+    /// The partition key of [`super::HEARTBEAT_INDEX`]: only heartbeat rows carry it
+    /// (always [`super::ENTITY_WORKER`]), so the index holds them and nothing else.
+    pub const HEARTBEAT_INDEX_KEY: &str = "flotillaBeat";
+}
+
+/// The sparse global secondary index over the heartbeat rows, keyed by
+/// [`attr::HEARTBEAT_INDEX_KEY`] and projecting only [`HEARTBEAT_INDEX_PROJECTION`]: a
+/// round reads every heartbeat with one Query of it, billed by the bytes it returns
+/// (a few dozen a worker) instead of a read unit or two per heartbeat row (a row
+/// carries per-shard lags and rates, which a round does not need).
+pub const HEARTBEAT_INDEX: &str = "flotilla-heartbeats";
+
+/// The attributes [`HEARTBEAT_INDEX`] projects besides the keys (`leaseKey` and
+/// [`attr::HEARTBEAT_INDEX_KEY`], always there): what a round needs to tell life,
+/// death, a change and a share. Never the lag maps or the rates.
+pub const HEARTBEAT_INDEX_PROJECTION: [&str; 7] = [
+    attr::ENTITY_TYPE,
+    attr::LEASE_OWNER,
+    attr::LEASE_COUNTER,
+    attr::WORKER_LEASES,
+    attr::WORKER_RECORDS_PER_SECOND,
+    attr::WORKER_DRAINING,
+    attr::WORKER_CHANGES,
+];
+
+/// `item` as [`HEARTBEAT_INDEX`] holds it: `None` for a row without the index key (a
+/// lease, the roster, a heartbeat of an older flotilla).
+pub fn heartbeat_index_view(item: &Item) -> Option<Item> {
+    item.get(attr::HEARTBEAT_INDEX_KEY)?;
+    Some(
+        item.iter()
+            .filter(|(name, _)| {
+                name.as_str() == attr::LEASE_KEY
+                    || name.as_str() == attr::HEARTBEAT_INDEX_KEY
+                    || HEARTBEAT_INDEX_PROJECTION.contains(&name.as_str())
+            })
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect(),
+    )
+}
+
+/// An item's size as DynamoDB bills it: each attribute's name plus its value (a
+/// number about one byte per two digits, plus one; a list or map 3 bytes plus one per
+/// element). Used to bill reads the way DynamoDB does (the memory backend's
+/// [`ReadUnits`] and the benches).
+pub fn item_size(item: &Item) -> usize {
+    fn value(v: &AttrValue) -> usize {
+        match v {
+            AttrValue::S(s) | AttrValue::B(s) => s.len(),
+            AttrValue::N(n) => n.len().div_ceil(2) + 1,
+            AttrValue::Bool(_) | AttrValue::Null(_) => 1,
+            AttrValue::SS(v) | AttrValue::BS(v) => v.iter().map(String::len).sum(),
+            AttrValue::NS(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+            AttrValue::L(l) => 3 + l.iter().map(|v| 1 + value(v)).sum::<usize>(),
+            AttrValue::M(m) => 3 + m.iter().map(|(k, v)| 1 + k.len() + value(v)).sum::<usize>(),
+        }
+    }
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+/// Read capacity units as DynamoDB bills them: a GetItem or a BatchGetItem key by
+/// item (each item's size rounded up to 4 KB, at least one unit), a Scan or a Query by
+/// the bytes of the whole page (rounded up to 4 KB once); an eventually consistent read
+/// costs half. Kept in thousandths, so sums stay exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ReadUnits(pub u64);
+
+impl ReadUnits {
+    const PER_UNIT: usize = 4096;
+
+    /// Items read by key (GetItem, BatchGetItem), each billed on its own; a key
+    /// without an item costs what an item of one byte does.
+    pub fn by_item(sizes: impl IntoIterator<Item = usize>, consistent: bool) -> Self {
+        let units: usize = sizes
+            .into_iter()
+            .map(|b| b.max(1).div_ceil(Self::PER_UNIT))
+            .sum();
+        Self::scaled(units as u64 * 1000, consistent)
+    }
+
+    /// One Scan or Query page of `bytes`, billed as a whole.
+    pub fn by_page(bytes: usize, consistent: bool) -> Self {
+        Self::scaled(
+            bytes.max(1).div_ceil(Self::PER_UNIT) as u64 * 1000,
+            consistent,
+        )
+    }
+
+    fn scaled(milli: u64, consistent: bool) -> Self {
+        Self(if consistent { milli } else { milli / 2 })
+    }
+
+    /// From a server's `ConsumedCapacity.CapacityUnits`.
+    pub fn from_units(units: f64) -> Self {
+        Self((units.max(0.0) * 1000.0).round() as u64)
+    }
+
+    pub fn as_units(self) -> f64 {
+        self.0 as f64 / 1000.0
+    }
+}
+
+impl std::ops::Add for ReadUnits {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self(self.0 + other.0)
+    }
+}
+
+impl std::ops::AddAssign for ReadUnits {
+    fn add_assign(&mut self, other: Self) {
+        self.0 += other.0;
+    }
 }
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).

@@ -285,6 +285,25 @@ pub struct WorkerLoad {
     pub lease_rates: Option<std::collections::BTreeMap<LeaseKey, LeaseRate>>,
 }
 
+impl WorkerLoad {
+    /// A load read through the heartbeat index (`item::HEARTBEAT_INDEX`) has no lags,
+    /// subscription ages or rates: the index does not hold them. Those of `whole`, the
+    /// worker's load as last read whole (a scan, a full read), stand in for them, so a
+    /// read through the index does not blank the fleet's lag or turn a peer
+    /// count-only for balance.
+    pub fn fill_unread(&mut self, whole: &WorkerLoad) {
+        if self.lag_ms.is_empty() {
+            self.lag_ms.clone_from(&whole.lag_ms);
+        }
+        if self.subscribed_ms.is_empty() {
+            self.subscribed_ms.clone_from(&whole.subscribed_ms);
+        }
+        if self.lease_rates.is_none() {
+            self.lease_rates.clone_from(&whole.lease_rates);
+        }
+    }
+}
+
 /// One lease's throughput as its owner measured it, smoothed over heartbeats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LeaseRate {
@@ -295,6 +314,44 @@ pub struct LeaseRate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_load_read_through_the_index_keeps_the_lags_and_rates_last_read_whole() {
+        let whole = WorkerLoad {
+            leases: 3,
+            changes: 4,
+            lag_ms: [("s1".to_owned(), 70)].into(),
+            subscribed_ms: [("s1".to_owned(), 900)].into(),
+            lease_rates: Some([(LeaseKey::new("s1"), LeaseRate::default())].into()),
+            ..WorkerLoad::default()
+        };
+        // What the index holds: counts and changes, now newer than the whole read.
+        let mut summary = WorkerLoad {
+            leases: 4,
+            changes: 6,
+            ..WorkerLoad::default()
+        };
+        summary.fill_unread(&whole);
+        assert_eq!(
+            summary,
+            WorkerLoad {
+                leases: 4,
+                changes: 6,
+                ..whole.clone()
+            }
+        );
+        // What a read did return stands.
+        let mut fresh = WorkerLoad {
+            lag_ms: [("s2".to_owned(), 5)].into(),
+            lease_rates: Some(BTreeMap::new()),
+            ..WorkerLoad::default()
+        };
+        fresh.fill_unread(&whole);
+        assert_eq!(fresh.lag_ms, [("s2".to_owned(), 5)].into());
+        assert_eq!(fresh.lease_rates, Some(BTreeMap::new()));
+        assert_eq!(fresh.subscribed_ms, whole.subscribed_ms);
+    }
 
     #[test]
     fn checkpoint_round_trips_through_its_encoding() {

@@ -131,6 +131,9 @@ pub struct SimReport {
     /// reads among them read (`Faulty::counts`).
     pub table_calls: BTreeMap<String, u64>,
     pub table_items: BTreeMap<String, u64>,
+    /// The read units the reads were billed, by operation, as DynamoDB bills them
+    /// (`Faulty::read_units`).
+    pub table_units: BTreeMap<String, f64>,
     /// A hash of the whole event trace: equal for equal runs.
     pub trace_hash: u64,
     pub trace_lines: u64,
@@ -678,11 +681,16 @@ impl Sim {
         let virtual_time = start.elapsed();
         let log = sim.shared.lock();
         let (mut table_calls, mut table_items) = (BTreeMap::new(), BTreeMap::new());
+        let mut table_units: BTreeMap<String, f64> = BTreeMap::new();
         for table in &sim.tables {
             for (op, (calls, items)) in table.counts() {
                 *table_calls.entry(op.to_owned()).or_default() += calls;
                 if items > 0 {
                     *table_items.entry(op.to_owned()).or_default() += items;
+                }
+                let units = table.read_units(op).as_units();
+                if units > 0.0 {
+                    *table_units.entry(op.to_owned()).or_default() += units;
                 }
             }
         }
@@ -697,6 +705,7 @@ impl Sim {
                 process_calls: log.process_calls,
                 table_calls,
                 table_items,
+                table_units,
                 duplicates: log.order.duplicates(),
                 trace_hash: log.hasher.finish(),
                 trace_lines: log.lines,

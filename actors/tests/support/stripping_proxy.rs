@@ -11,8 +11,9 @@
 //!   only the attributes whose value the update changed, never the key (the strictest
 //!   reading of "the updated attributes", and what moto does); `ALL_NEW`/`ALL_OLD` →
 //!   `Attributes` alone. `PutItem`/`DeleteItem` without `ReturnValues` → `{}`.
-//!   `GetItem` → `Item` alone; `Scan` → `Items` and `LastEvaluatedKey`;
-//!   `DescribeTable`/`CreateTable` → name, key schema, attribute definitions, status.
+//!   `GetItem` → `Item` alone; `Scan` and `Query` → `Items` and `LastEvaluatedKey`;
+//!   `DescribeTable`/`CreateTable` → name, key schema, attribute definitions, status,
+//!   and each global secondary index's name, key schema, projection and status.
 //!   A refused condition keeps the old `Item` it was asked for (AWS returns it), unless
 //!   [`Options::drop_old_item`] says otherwise.
 //! * Kinesis `GetRecords` → `Records` (sequence number, data, partition key) and
@@ -322,7 +323,14 @@ fn promised(operation: &str, input: &Value, answer: Value) -> Value {
         "KeySchema",
         "AttributeDefinitions",
         "TableStatus",
+        "GlobalSecondaryIndexes",
     ];
+    const INDEX: &[&str] = &["IndexName", "KeySchema", "Projection", "IndexStatus"];
+    let table = |answer: &Value| {
+        let mut table = keep(answer, TABLE);
+        keep_each(&mut table, "GlobalSecondaryIndexes", INDEX);
+        table
+    };
     match operation {
         // DynamoDB
         "UpdateItem" | "PutItem" | "DeleteItem" if asked_nothing => json!({}),
@@ -330,9 +338,9 @@ fn promised(operation: &str, input: &Value, answer: Value) -> Value {
         "GetItem" => keep(&answer, &["Item"]),
         // Nothing is asked for (no ReturnConsumedCapacity or item collection metrics).
         "TransactWriteItems" => json!({}),
-        "Scan" => keep(&answer, &["Items", "LastEvaluatedKey"]),
-        "DescribeTable" => json!({ "Table": keep(&answer["Table"], TABLE) }),
-        "CreateTable" => json!({ "TableDescription": keep(&answer["TableDescription"], TABLE) }),
+        "Scan" | "Query" => keep(&answer, &["Items", "LastEvaluatedKey"]),
+        "DescribeTable" => json!({ "Table": table(&answer["Table"]) }),
+        "CreateTable" => json!({ "TableDescription": table(&answer["TableDescription"]) }),
         // Kinesis
         "GetRecords" => {
             let mut out = keep(&answer, &["Records", "NextShardIterator", "ChildShards"]);

@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -30,24 +31,29 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
-    KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-    TableDescription, TableStatus, TransactWriteItem, Update,
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, ConsumedCapacity,
+    CreateGlobalSecondaryIndexAction, GlobalSecondaryIndex, GlobalSecondaryIndexUpdate,
+    IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType,
+    ProvisionedThroughput, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription, TableStatus,
+    TransactWriteItem, Update,
 };
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::Failure;
 
-use crate::backend::{HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState};
+use crate::backend::{
+    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
+};
 use crate::model::item::{
-    AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, MalformedRow, ROSTER_KEY, Row, attr,
-    checkpoint_attrs, decode_counter, decode_fence, decode_row, encode_lease, heartbeat_key,
-    load_attrs, shard_set,
+    AttrValue, ENTITY_ROSTER, ENTITY_WORKER, HEARTBEAT_INDEX, HEARTBEAT_INDEX_PROJECTION, Item,
+    MalformedRow, ROSTER_KEY, ReadUnits, Row, attr, checkpoint_attrs, decode_counter, decode_fence,
+    decode_row, encode_lease, heartbeat_key, load_attrs, shard_set,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 
@@ -60,6 +66,9 @@ const UNPROCESSED_RETRIES: u32 = 6;
 /// How often and how long `ensure_table` polls for a new table to be ACTIVE.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
+/// While the heartbeat index is missing or still being built, how often DescribeTable
+/// looks again whether it is ACTIVE (until then heartbeats are read by key).
+const INDEX_RECHECK: Duration = Duration::from_secs(60);
 
 type SdkItem = HashMap<String, AttributeValue>;
 
@@ -69,11 +78,15 @@ type SdkItem = HashMap<String, AttributeValue>;
 ///
 /// `CreateTable` is called only by `ensure_table` when the table is missing (`flotilla
 /// init`, or a worker's start); where the table is made beforehand (deploy/'s
-/// CloudFormation stack) a worker does not need it.
+/// CloudFormation stack) a worker does not need it. `UpdateTable` likewise, only to add
+/// the heartbeat index to a table that lacks it; without it heartbeats are read by key.
+/// `Query` acts on the heartbeat index (`<table ARN>/index/flotilla-heartbeats`).
 pub const IAM_ACTIONS: &[&str] = &[
     "dynamodb:DescribeTable",
     "dynamodb:CreateTable",
+    "dynamodb:UpdateTable",
     "dynamodb:Scan",
+    "dynamodb:Query",
     "dynamodb:GetItem",
     "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
@@ -93,6 +106,64 @@ pub struct DynamoLeaseTable {
     /// (some emulators have no transactions): expired leases are then taken with a
     /// plain conditional write, said once at WARN.
     transactions: Arc<AtomicBool>,
+    /// Whether heartbeats can be read through [`HEARTBEAT_INDEX`], as last learnt.
+    index: Arc<Mutex<IndexState>>,
+}
+
+/// What this adapter knows of the table's heartbeat index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexState {
+    /// Not looked yet (no `ensure_table` on this handle).
+    Unknown,
+    Active,
+    /// Missing, or being built, as DescribeTable said at `checked`: heartbeats are
+    /// read by key until a look after [`INDEX_RECHECK`] finds it ACTIVE.
+    Absent {
+        checked: Instant,
+    },
+}
+
+/// The index's key, projection and attribute definition, as CreateTable and UpdateTable
+/// declare them.
+fn index_parts() -> Result<(KeySchemaElement, Projection, AttributeDefinition), LeaseError> {
+    const OP: &str = "CreateTable";
+    let key = KeySchemaElement::builder()
+        .attribute_name(attr::HEARTBEAT_INDEX_KEY)
+        .key_type(KeyType::Hash)
+        .build()
+        .map_err(|e| build_error(OP, e))?;
+    let projection = Projection::builder()
+        .projection_type(ProjectionType::Include)
+        .set_non_key_attributes(Some(
+            HEARTBEAT_INDEX_PROJECTION
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect(),
+        ))
+        .build();
+    let definition = AttributeDefinition::builder()
+        .attribute_name(attr::HEARTBEAT_INDEX_KEY)
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .map_err(|e| build_error(OP, e))?;
+    Ok((key, projection, definition))
+}
+
+/// The heartbeat index's status in a table's description; `None` if it has none.
+fn index_status(table: &TableDescription) -> Option<IndexStatus> {
+    table
+        .global_secondary_indexes()
+        .iter()
+        .find(|i| i.index_name() == Some(HEARTBEAT_INDEX))
+        .map(|i| i.index_status().cloned().unwrap_or(IndexStatus::Active))
+}
+
+/// Sum of what a call's ConsumedCapacity says it was billed.
+fn units<'a>(consumed: impl IntoIterator<Item = &'a ConsumedCapacity>) -> ReadUnits {
+    consumed
+        .into_iter()
+        .map(|c| ReadUnits::from_units(c.capacity_units().unwrap_or(0.0)))
+        .fold(ReadUnits::default(), |a, b| a + b)
 }
 
 /// What a conditional UpdateItem asks the server to return, and so all that is read
@@ -259,6 +330,7 @@ impl DynamoLeaseTable {
             table: table.into(),
             endpoint: super::endpoint_name(sdk, "dynamodb", endpoint),
             transactions: Arc::new(AtomicBool::new(true)),
+            index: Arc::new(Mutex::new(IndexState::Unknown)),
         }
     }
 
@@ -460,6 +532,16 @@ impl DynamoLeaseTable {
                             .build()
                             .map_err(|e| build_error("CreateTable", e))?,
                     )
+                    .attribute_definitions(index_parts()?.2)
+                    .global_secondary_indexes({
+                        let (key, projection, _) = index_parts()?;
+                        GlobalSecondaryIndex::builder()
+                            .index_name(HEARTBEAT_INDEX)
+                            .key_schema(key)
+                            .projection(projection)
+                            .build()
+                            .map_err(|e| build_error("CreateTable", e))?
+                    })
                     .billing_mode(BillingMode::PayPerRequest)
                     .send()
                     .await;
@@ -485,7 +567,10 @@ impl DynamoLeaseTable {
                             message: format!("table {} is being deleted", self.table),
                         });
                     }
-                    _ => return Ok(state),
+                    _ => {
+                        self.ensure_index(table).await;
+                        return Ok(state);
+                    }
                 }
             }
             if Instant::now() >= deadline {
@@ -564,6 +649,127 @@ impl DynamoLeaseTable {
         })
     }
 
+    fn index_state(&self) -> IndexState {
+        *self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Learns the index's state from `table`'s description; says so when it changes.
+    fn learn_index(&self, table: &TableDescription) -> IndexState {
+        let now = match index_status(table) {
+            Some(IndexStatus::Active) => IndexState::Active,
+            _ => IndexState::Absent {
+                checked: Instant::now(),
+            },
+        };
+        let before = std::mem::replace(
+            &mut *self.index.lock().unwrap_or_else(|e| e.into_inner()),
+            now,
+        );
+        let was_active = before == IndexState::Active;
+        if now == IndexState::Active && !was_active {
+            info!(message = "Heartbeats are read through the heartbeat index.", table = %self.table, index = HEARTBEAT_INDEX);
+        } else if was_active && now != IndexState::Active {
+            warn!(message = "The heartbeat index is gone; heartbeats are read by key (a read unit or more a row).", table = %self.table, index = HEARTBEAT_INDEX);
+        }
+        now
+    }
+
+    /// After `ensure_table` found the table ACTIVE: the heartbeat index is there, or
+    /// asked for with UpdateTable (built in the background; read by key until then),
+    /// or, where that is refused, missing for good: said once at WARN, never fatal.
+    async fn ensure_index(&self, table: &TableDescription) {
+        if index_status(table).is_some() {
+            self.learn_index(table);
+            return;
+        }
+        match self.add_index(table).await {
+            Ok(()) => info!(
+                message = "Heartbeat index requested (UpdateTable); heartbeats are read by key until it is ACTIVE.",
+                table = %self.table,
+                index = HEARTBEAT_INDEX,
+            ),
+            Err(error) => warn!(
+                message = "The lease table has no heartbeat index and it could not be added; heartbeats are read by key (a read unit or more a row each round). Add the index (README, \"Running a fleet\") or allow dynamodb:UpdateTable.",
+                table = %self.table,
+                index = HEARTBEAT_INDEX,
+                %error,
+            ),
+        }
+        *self.index.lock().unwrap_or_else(|e| e.into_inner()) = IndexState::Absent {
+            checked: Instant::now(),
+        };
+    }
+
+    /// UpdateTable adding the heartbeat index; on a provisioned table it gets the
+    /// table's own throughput.
+    async fn add_index(&self, table: &TableDescription) -> Result<(), LeaseError> {
+        const OP: &str = "UpdateTable";
+        let (key, projection, definition) = index_parts()?;
+        let mut create = CreateGlobalSecondaryIndexAction::builder()
+            .index_name(HEARTBEAT_INDEX)
+            .key_schema(key)
+            .projection(projection);
+        // An on-demand table describes its throughput as zero units (or not at all).
+        let on_demand = table.billing_mode_summary().and_then(|b| b.billing_mode())
+            == Some(&BillingMode::PayPerRequest);
+        let provisioned = table
+            .provisioned_throughput()
+            .and_then(|p| Some((p.read_capacity_units()?, p.write_capacity_units()?)))
+            .filter(|(read, write)| !on_demand && *read > 0 && *write > 0);
+        if let Some((read, write)) = provisioned {
+            create = create.provisioned_throughput(
+                ProvisionedThroughput::builder()
+                    .read_capacity_units(read)
+                    .write_capacity_units(write)
+                    .build()
+                    .map_err(|e| build_error(OP, e))?,
+            );
+        }
+        let create = create.build().map_err(|e| build_error(OP, e))?;
+        self.client
+            .update_table()
+            .table_name(&self.table)
+            .attribute_definitions(definition)
+            .global_secondary_index_updates(
+                GlobalSecondaryIndexUpdate::builder().create(create).build(),
+            )
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
+        Ok(())
+    }
+
+    /// Whether heartbeats can be read through the index now; looks (DescribeTable)
+    /// when this handle has not yet, or the index was missing a while ago. A failed
+    /// look answers no: the rows are read by key this round.
+    async fn index_usable(&self) -> bool {
+        match self.index_state() {
+            IndexState::Active => return true,
+            IndexState::Absent { checked } if checked.elapsed() < INDEX_RECHECK => return false,
+            IndexState::Absent { .. } | IndexState::Unknown => {}
+        }
+        let first = self.index_state() == IndexState::Unknown;
+        match self.describe().await {
+            Ok(Some(table)) => {
+                let state = self.learn_index(&table);
+                if first && state != IndexState::Active {
+                    warn!(
+                        message = "The lease table has no ACTIVE heartbeat index; heartbeats are read by key (a read unit or more a row each round) until it has.",
+                        table = %self.table,
+                        index = HEARTBEAT_INDEX,
+                    );
+                }
+                state == IndexState::Active
+            }
+            Ok(None) | Err(_) => {
+                *self.index.lock().unwrap_or_else(|e| e.into_inner()) = IndexState::Absent {
+                    checked: Instant::now(),
+                };
+                false
+            }
+        }
+    }
+
     async fn scan_all(&self) -> Result<ScanOutput, LeaseError> {
         let mut out = ScanOutput::default();
         let mut start: Option<SdkItem> = None;
@@ -574,9 +780,11 @@ impl DynamoLeaseTable {
                 .table_name(&self.table)
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await
                 .map_err(|e| self.classify("Scan", e))?;
+            out.read_units += units(page.consumed_capacity());
             for item in page.items() {
                 out.push(decode_item(item));
             }
@@ -862,9 +1070,11 @@ impl DynamoLeaseTable {
         let worker_type = p.value("worker_type", AttributeValue::S(ENTITY_WORKER.to_owned()));
         let me = p.value("worker", AttributeValue::S(worker.as_str().to_owned()));
         let one = p.value("one", number(1));
+        let indexed = p.name(attr::HEARTBEAT_INDEX_KEY);
         let mut set = vec![
             format!("{entity} = {worker_type}"),
             format!("{owner} = {me}"),
+            format!("{indexed} = {worker_type}"),
         ];
         for (i, (name, value)) in load_attrs(load).iter().enumerate() {
             let value = p.value(&format!("load{i}"), attr_to_sdk(OP, value)?);
@@ -947,16 +1157,29 @@ impl DynamoLeaseTable {
         }
     }
 
-    /// The roster's worker ids, read leniently: only its string set is looked at.
-    async fn roster(&self) -> Result<(Vec<WorkerId>, Option<MalformedRow>), LeaseError> {
-        let Some(item) = self.get_item("GetItem", ROSTER_KEY).await? else {
-            return Ok((Vec::new(), None));
+    /// The roster's worker ids, read leniently: only its string set is looked at; and
+    /// what the GetItem was billed.
+    async fn roster(&self) -> Result<(Vec<WorkerId>, Option<MalformedRow>, ReadUnits), LeaseError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(ROSTER_KEY)))
+            .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| self.classify("GetItem", e))?;
+        let billed = units(output.consumed_capacity());
+        let Some(item) = output.item else {
+            return Ok((Vec::new(), None, billed));
         };
         match item.get(attr::ROSTER_WORKERS) {
-            None => Ok((Vec::new(), None)),
+            None => Ok((Vec::new(), None, billed)),
             Some(AttributeValue::Ss(ids)) => Ok((
                 ids.iter().map(|id| WorkerId::new(id.as_str())).collect(),
                 None,
+                billed,
             )),
             Some(_) => Ok((
                 Vec::new(),
@@ -965,19 +1188,123 @@ impl DynamoLeaseTable {
                     attribute: attr::ROSTER_WORKERS.to_owned(),
                     why: "not a string set".to_owned(),
                 }),
+                billed,
             )),
         }
     }
 
-    async fn read_heartbeats(&self) -> Result<HeartbeatsOutput, LeaseError> {
-        const OP: &str = "BatchGetItem";
-        let (roster, bad_roster) = self.roster().await?;
+    async fn read_heartbeats(
+        &self,
+        detail: HeartbeatDetail,
+    ) -> Result<HeartbeatsOutput, LeaseError> {
+        let (roster, bad_roster, billed) = self.roster().await?;
         let mut out = HeartbeatsOutput {
-            items_read: 1 + roster.len(),
+            items_read: 1,
             malformed: bad_roster.into_iter().collect(),
+            read_units: billed,
             ..HeartbeatsOutput::default()
         };
-        for chunk in roster.chunks(BATCH_GET_MAX) {
+        let indexed = match detail {
+            HeartbeatDetail::Summary if self.index_usable().await => {
+                self.query_index(&mut out).await?
+            }
+            _ => None,
+        };
+        let by_key: Vec<&WorkerId> = match &indexed {
+            Some(seen) => {
+                out.summary = true;
+                // Named in the roster but not in the index (yet): a joiner whose row
+                // the index has not caught up with, or a worker of an older flotilla.
+                roster.iter().filter(|w| !seen.contains(w)).collect()
+            }
+            None => roster.iter().collect(),
+        };
+        if indexed.is_some() {
+            // Rows the roster does not name are not this read's, as by key.
+            out.heartbeats.retain(|h| roster.contains(&h.worker));
+        }
+        self.batch_get_heartbeats(&by_key, &mut out).await?;
+        out.roster = roster;
+        Ok(out)
+    }
+
+    /// Every heartbeat in the index (one Query, paginated, eventually consistent as
+    /// every index read is), into `out`; the workers it showed. `None` when the index
+    /// turns out missing (dropped since it was seen): the rows are read by key.
+    async fn query_index(
+        &self,
+        out: &mut HeartbeatsOutput,
+    ) -> Result<Option<Vec<WorkerId>>, LeaseError> {
+        const OP: &str = "Query";
+        let mut seen = Vec::new();
+        let mut start: Option<SdkItem> = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(HEARTBEAT_INDEX)
+                .key_condition_expression("#k = :v")
+                .expression_attribute_names("#k", attr::HEARTBEAT_INDEX_KEY)
+                .expression_attribute_values(":v", AttributeValue::S(ENTITY_WORKER.to_owned()))
+                .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            let page = match page {
+                Ok(page) => page,
+                // "The table does not have the specified index".
+                Err(err) if err.code() == Some("ValidationException") => {
+                    warn!(message = "Heartbeat index query refused; heartbeats are read by key.", table = %self.table, index = HEARTBEAT_INDEX, error = %super::error_text(&err));
+                    *self.index.lock().unwrap_or_else(|e| e.into_inner()) = IndexState::Absent {
+                        checked: Instant::now(),
+                    };
+                    out.heartbeats.clear();
+                    out.malformed
+                        .retain(|m| m.key.as_deref() == Some(ROSTER_KEY));
+                    return Ok(None);
+                }
+                Err(err) => return Err(self.classify(OP, err)),
+            };
+            out.read_units += units(page.consumed_capacity());
+            out.items_read += page.items().len();
+            for item in page.items() {
+                match decode_item(item) {
+                    Ok(Row::Heartbeat(heartbeat)) => {
+                        seen.push(heartbeat.worker.clone());
+                        out.heartbeats.push(heartbeat);
+                    }
+                    Ok(_) => {}
+                    Err(malformed) => {
+                        // Seen, though unreadable: not asked for again by key.
+                        if let Some(worker) = malformed
+                            .key
+                            .as_deref()
+                            .and_then(|k| k.strip_prefix(crate::model::item::WORKER_KEY_PREFIX))
+                        {
+                            seen.push(WorkerId::new(worker));
+                        }
+                        out.malformed.push(malformed);
+                    }
+                }
+            }
+            match page.last_evaluated_key {
+                Some(last) if !last.is_empty() => start = Some(last),
+                _ => return Ok(Some(seen)),
+            }
+        }
+    }
+
+    /// The heartbeat rows of `workers`, by key (strongly consistent BatchGetItem, 100
+    /// keys a call, unprocessed keys asked again), into `out`.
+    async fn batch_get_heartbeats(
+        &self,
+        workers: &[&WorkerId],
+        out: &mut HeartbeatsOutput,
+    ) -> Result<(), LeaseError> {
+        const OP: &str = "BatchGetItem";
+        out.items_read += workers.len();
+        for chunk in workers.chunks(BATCH_GET_MAX) {
             let mut keys: Vec<SdkItem> =
                 chunk.iter().map(|w| Self::key(&heartbeat_key(w))).collect();
             let mut pause = POLL_INTERVAL;
@@ -992,9 +1319,11 @@ impl DynamoLeaseTable {
                     .client
                     .batch_get_item()
                     .request_items(&self.table, wanted)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
                     .await
                     .map_err(|e| self.classify(OP, e))?;
+                out.read_units += units(answer.consumed_capacity());
                 for item in answer
                     .responses
                     .as_ref()
@@ -1029,8 +1358,7 @@ impl DynamoLeaseTable {
                 }
             }
         }
-        out.roster = roster;
-        Ok(out)
+        Ok(())
     }
 
     async fn remove_dead_beat(&self, worker: &WorkerId, counter: u64) -> Result<bool, LeaseError> {
@@ -1278,8 +1606,11 @@ impl LeaseTable for DynamoLeaseTable {
         Box::pin(self.edit_roster("ADD", workers))
     }
 
-    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
-        Box::pin(self.read_heartbeats())
+    fn heartbeats(
+        &self,
+        detail: HeartbeatDetail,
+    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
+        Box::pin(self.read_heartbeats(detail))
     }
 
     fn remove_dead_heartbeat<'a>(

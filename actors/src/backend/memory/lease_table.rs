@@ -4,15 +4,21 @@
 //! adapter, and each write touches only the attributes the DynamoDB adapter's update
 //! expression names, so attributes a Java KCL wrote survive here as they do there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
+use tokio::time::Instant;
 
-use crate::backend::{HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState};
+use crate::backend::{
+    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
+};
 use crate::model::item::{
-    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, ROSTER_KEY, Row, attr, checkpoint_attrs,
-    decode_row, encode_lease, heartbeat_key, load_attrs, shard_set,
+    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, ROSTER_KEY, ReadUnits, Row, attr,
+    checkpoint_attrs, decode_row, encode_lease, heartbeat_index_view, heartbeat_key, item_size,
+    load_attrs, shard_set,
 };
 use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
 use crate::mutants::{self, Mutant};
@@ -22,6 +28,75 @@ struct Table {
     /// The hash key attribute and its type, as CreateTable declared them.
     key: (String, String),
     items: BTreeMap<String, Item>,
+    /// The heartbeat index (`item::HEARTBEAT_INDEX`), once made.
+    index: Option<BeatIndex>,
+}
+
+/// A global secondary index as DynamoDB keeps one: updated after the write, so a Query
+/// may see a row as it was up to `lag` ago (zero unless a test asks for more), or not
+/// yet see it at all.
+#[derive(Debug, Default)]
+struct BeatIndex {
+    lag: Duration,
+    /// Per row key, its projection as written (`None`: gone from the index), oldest
+    /// first; only what may still be seen is kept.
+    history: BTreeMap<String, VecDeque<(Instant, Option<Item>)>>,
+}
+
+impl BeatIndex {
+    /// Made for a table that has rows already: they are in it once `lag` passed (a
+    /// backfill).
+    fn over(items: &BTreeMap<String, Item>, lag: Duration) -> Self {
+        let mut index = Self {
+            lag,
+            ..Self::default()
+        };
+        for (key, item) in items {
+            index.record(key, Some(item));
+        }
+        index
+    }
+
+    /// The row `key` was written (`None`: deleted).
+    fn record(&mut self, key: &str, row: Option<&Item>) {
+        let view = row.and_then(heartbeat_index_view);
+        let versions = self.history.entry(key.to_owned()).or_default();
+        if view.is_none() && versions.is_empty() {
+            self.history.remove(key);
+            return;
+        }
+        versions.push_back((Instant::now(), view));
+    }
+
+    /// What a Query sees now: each row's newest version at least `lag` old.
+    fn view(&mut self) -> BTreeMap<String, Item> {
+        let Some(cutoff) = Instant::now().checked_sub(self.lag) else {
+            return BTreeMap::new();
+        };
+        let mut out = BTreeMap::new();
+        self.history.retain(|key, versions| {
+            // Versions older than the newest visible one can never be seen again.
+            while versions.len() > 1 && versions[1].0 <= cutoff {
+                versions.pop_front();
+            }
+            if let Some((at, Some(item))) = versions.front()
+                && *at <= cutoff
+            {
+                out.insert(key.clone(), item.clone());
+            }
+            !matches!(versions.front(), Some((at, None)) if versions.len() == 1 && *at <= cutoff)
+        });
+        out
+    }
+}
+
+impl Table {
+    /// Tells the index (if any) that the row `key` changed.
+    fn touched(&mut self, key: &str) {
+        if let Some(index) = &mut self.index {
+            index.record(key, self.items.get(key));
+        }
+    }
 }
 
 /// The tables of one in-memory DynamoDB. Clones share state.
@@ -50,6 +125,12 @@ struct Table {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryDynamo {
     tables: Arc<Mutex<BTreeMap<String, Table>>>,
+    /// UpdateTable is refused (a role without the permission): an existing table
+    /// without the heartbeat index keeps lacking it.
+    updates_refused: Arc<AtomicBool>,
+    /// How far every heartbeat index trails its table, in milliseconds (zero unless a
+    /// test asks for more: [`MemoryDynamo::lag_heartbeat_index`]).
+    index_lag_ms: Arc<AtomicU64>,
 }
 
 impl MemoryDynamo {
@@ -71,13 +152,42 @@ impl MemoryDynamo {
         }
     }
 
-    /// Makes a table with any hash key, as another program might (tests of
-    /// `ensure_table`'s schema check).
+    /// Makes a table with any hash key and no secondary index, as another program
+    /// might (tests of `ensure_table`'s schema check; a KCL-made lease table).
     pub fn create_table(&self, name: &str, hash_key: &str, key_type: &str) {
         self.lock().entry(name.to_owned()).or_insert_with(|| Table {
             key: (hash_key.to_owned(), key_type.to_owned()),
             items: BTreeMap::new(),
+            index: None,
         });
+    }
+
+    /// From now on, `ensure_table` may not add the heartbeat index to a table that
+    /// lacks it (as a role without `dynamodb:UpdateTable`).
+    pub fn refuse_table_updates(&self) {
+        self.updates_refused.store(true, Ordering::SeqCst);
+    }
+
+    /// Makes every heartbeat index, of the tables there are and of those made later,
+    /// trail its rows by `lag` from now on, as a real index may (tests of what an
+    /// eventually consistent read can do).
+    pub fn lag_heartbeat_index(&self, lag: Duration) {
+        self.index_lag_ms
+            .store(lag.as_millis() as u64, Ordering::SeqCst);
+        for table in self.lock().values_mut() {
+            if let Some(index) = &mut table.index {
+                index.lag = lag;
+            }
+        }
+    }
+
+    fn index_lag(&self) -> Duration {
+        Duration::from_millis(self.index_lag_ms.load(Ordering::SeqCst))
+    }
+
+    /// Whether `table` has the heartbeat index.
+    pub fn has_heartbeat_index(&self, table: &str) -> bool {
+        self.lock().get(table).is_some_and(|t| t.index.is_some())
     }
 
     /// Reads a row as it is stored, every attribute included.
@@ -101,7 +211,8 @@ impl MemoryDynamo {
                 });
             }
         };
-        t.items.insert(key, item);
+        t.items.insert(key.clone(), item);
+        t.touched(&key);
         Ok(())
     }
 }
@@ -321,6 +432,16 @@ fn edit_roster(table: &mut Table, add: &[WorkerId], remove: &[WorkerId]) {
     }
 }
 
+/// Files a heartbeat row read by `heartbeats`: a lease or other row under a
+/// heartbeat key is skipped, a malformed one reported.
+fn push_heartbeat(out: &mut HeartbeatsOutput, row: Result<Row, item::MalformedRow>) {
+    match row {
+        Ok(Row::Heartbeat(heartbeat)) => out.heartbeats.push(heartbeat),
+        Ok(_) => {}
+        Err(malformed) => out.malformed.push(malformed),
+    }
+}
+
 fn set_counter(item: &mut Item, value: u64) {
     item.insert(attr::LEASE_COUNTER.into(), AttrValue::N(value.to_string()));
 }
@@ -332,9 +453,15 @@ impl LeaseTable for MemoryLeaseTable {
 
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(async move {
+            let refused = self.db.updates_refused.load(Ordering::SeqCst);
+            let lag = self.db.index_lag();
             let mut tables = self.db.lock();
-            match tables.get(&self.name) {
+            match tables.get_mut(&self.name) {
                 Some(table) if table.key == (attr::LEASE_KEY.to_owned(), "S".to_owned()) => {
+                    // UpdateTable adds the index (backfilled at once here) where allowed.
+                    if table.index.is_none() && !refused {
+                        table.index = Some(BeatIndex::over(&table.items, lag));
+                    }
                     Ok(TableState::Existed)
                 }
                 Some(table) => Err(LeaseError::WrongKeySchema {
@@ -347,6 +474,7 @@ impl LeaseTable for MemoryLeaseTable {
                         Table {
                             key: (attr::LEASE_KEY.to_owned(), "S".to_owned()),
                             items: BTreeMap::new(),
+                            index: Some(BeatIndex::over(&BTreeMap::new(), lag)),
                         },
                     );
                     Ok(TableState::Created)
@@ -364,7 +492,10 @@ impl LeaseTable for MemoryLeaseTable {
                     .ok_or_else(|| not_found("Scan", &self.name))?;
                 table.items.values().cloned().collect()
             };
-            let mut out = ScanOutput::default();
+            let mut out = ScanOutput {
+                read_units: ReadUnits::by_page(items.iter().map(item_size).sum(), true),
+                ..ScanOutput::default()
+            };
             for item in &items {
                 out.push(decode_row(item));
             }
@@ -577,6 +708,12 @@ impl LeaseTable for MemoryLeaseTable {
             );
             set_counter(row, counter);
             row.extend(load_attrs(load));
+            row.insert(
+                attr::HEARTBEAT_INDEX_KEY.into(),
+                AttrValue::S(ENTITY_WORKER.into()),
+            );
+            let key = heartbeat_key(worker);
+            table.touched(&key);
             Ok(counter)
         })
     }
@@ -590,7 +727,9 @@ impl LeaseTable for MemoryLeaseTable {
             let table = tables
                 .get_mut(&self.name)
                 .ok_or_else(|| not_found("DeleteItem", &self.name))?;
-            table.items.remove(&item::heartbeat_key(worker));
+            let key = item::heartbeat_key(worker);
+            table.items.remove(&key);
+            table.touched(&key);
             edit_roster(table, &[], std::slice::from_ref(worker));
             Ok(())
         })
@@ -607,26 +746,61 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
-    fn heartbeats(&self) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
+    fn heartbeats(
+        &self,
+        detail: HeartbeatDetail,
+    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
         Box::pin(async move {
-            let tables = self.db.lock();
+            let mut tables = self.db.lock();
             let table = tables
-                .get(&self.name)
+                .get_mut(&self.name)
                 .ok_or_else(|| not_found("GetItem", &self.name))?;
-            let roster = roster_of(table);
+            let roster: Vec<WorkerId> = roster_of(table)
+                .iter()
+                .map(|id| WorkerId::new(id.as_str()))
+                .collect();
+            // The roster: a strongly consistent GetItem.
+            let roster_bytes = table.items.get(ROSTER_KEY).map_or(0, item_size);
             let mut out = HeartbeatsOutput {
-                items_read: 1 + roster.len(),
+                items_read: 1,
+                read_units: ReadUnits::by_item([roster_bytes], true),
                 ..HeartbeatsOutput::default()
             };
-            for id in roster {
-                let worker = WorkerId::new(id.as_str());
-                match table.items.get(&heartbeat_key(&worker)).map(decode_row) {
-                    Some(Ok(Row::Heartbeat(heartbeat))) => out.heartbeats.push(heartbeat),
-                    Some(Ok(_)) | None => {}
-                    Some(Err(malformed)) => out.malformed.push(malformed),
+            let indexed = match (detail, &mut table.index) {
+                (HeartbeatDetail::Summary, Some(index)) => Some(index.view()),
+                _ => None,
+            };
+            let mut by_key = Vec::new();
+            match &indexed {
+                Some(view) => {
+                    // One Query: eventually consistent, billed by the bytes returned.
+                    out.summary = true;
+                    out.items_read += view.len();
+                    out.read_units += ReadUnits::by_page(view.values().map(item_size).sum(), false);
+                    for worker in &roster {
+                        match view.get(&heartbeat_key(worker)) {
+                            Some(item) => push_heartbeat(&mut out, decode_row(item)),
+                            // Not in the index (yet): read by key.
+                            None => by_key.push(worker),
+                        }
+                    }
                 }
-                out.roster.push(worker);
+                None => by_key.extend(&roster),
             }
+            if !by_key.is_empty() {
+                // A strongly consistent BatchGetItem, billed per item asked for.
+                let rows: Vec<Option<&Item>> = by_key
+                    .iter()
+                    .map(|w| table.items.get(&heartbeat_key(w)))
+                    .collect();
+                out.items_read += rows.len();
+                out.read_units +=
+                    ReadUnits::by_item(rows.iter().map(|r| r.map_or(0, item_size)), true);
+                for row in rows.into_iter().flatten() {
+                    push_heartbeat(&mut out, decode_row(row));
+                }
+            }
+            out.roster = roster;
             Ok(out)
         })
     }
@@ -647,6 +821,7 @@ impl LeaseTable for MemoryLeaseTable {
                     return Ok(false);
                 }
                 table.items.remove(&key);
+                table.touched(&key);
             }
             edit_roster(table, &[], std::slice::from_ref(worker));
             Ok(true)
