@@ -123,9 +123,10 @@ pub struct LeaseSettings {
     /// The most leases this worker holds; 0 means no limit.
     pub max_leases: u32,
     /// The most leases this worker asks live workers to hand over in one round (leases
-    /// of dead or draining workers do not count), or half of its shortfall if that is
-    /// more: bounds how much moves at once when views of the fleet disagree for a moment,
-    /// while a joining worker's shortfall at least halves every round.
+    /// of dead or draining workers do not count), unless its shortfall is more: then its
+    /// whole shortfall when its scan agrees with every peer's heartbeat lease count, else
+    /// half of it. Bounds how much moves at once when views of the fleet disagree for a
+    /// moment, while a joining worker whose view is current fills its share at once.
     pub max_moves_per_round: u32,
     /// A handoff request the owner has not honoured for this long, although it is
     /// alive, is withdrawn (and logged); the balance is tried again next round.
