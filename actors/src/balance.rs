@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::model::{Fence, Heartbeat, Lease, LeaseKey, WorkerId, WorkerLoad};
+use crate::settings::{BalanceMode, LeaseSettings};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
@@ -274,6 +275,26 @@ pub struct Limits {
     /// shortfall, if more).
     pub max_moves_per_round: usize,
     pub policy: Policy,
+}
+
+impl Limits {
+    /// The limits the lease settings ask for: what a worker's keeper decides by, and
+    /// what the fault simulator's oracle judges a fleet's balance by.
+    pub fn from_settings(settings: &LeaseSettings) -> Limits {
+        Limits {
+            failover_time: settings.failover_time,
+            max_leases: settings.max_leases as usize,
+            max_moves_per_round: settings.max_moves_per_round as usize,
+            policy: match settings.balance {
+                BalanceMode::Count => Policy::Count,
+                BalanceMode::Throughput => Policy::Throughput(Spread {
+                    threshold: f64::from(settings.balance_threshold_percent) / 100.0,
+                    dampening: f64::from(settings.balance_dampening_percent) / 100.0,
+                    count_slack: settings.balance_count_slack as usize,
+                }),
+            },
+        }
+    }
 }
 
 /// What the plan evens out.
@@ -778,16 +799,20 @@ fn throughput_plan<'a>(
 /// With no throughput move to make, moves that even lease counts out: from a worker above
 /// its count target ([`targets`] of the counts after the requests already made) to one
 /// below it, each the lease that leaves the two throughputs nearest the mean among those
-/// that take neither further outside `[floor, cap]` (the band, less the quarter a taker
-/// keeps spare). Where throughput does not tell the workers apart (an idle fleet, or
-/// every worker inside the band) counts end even, as under count balance; KCL 3 falls
-/// back the same way (a worker with no throughput gives up leases by count).
+/// that either take neither side further outside `[floor, cap]` (the band, less the
+/// quarter a taker keeps spare) or do not raise Σ throughput² (no more than the giver's
+/// lead over the taker: a coarse fleet, one hot lease more than the band, still evens
+/// counts where that narrows the spread). Where throughput does not tell the workers
+/// apart (an idle fleet, or every worker inside the band) counts end even, as under
+/// count balance; KCL 3 falls back the same way (a worker with no throughput gives up
+/// leases by count).
 ///
 /// Why this neither undoes throughput moves nor goes back and forth: it runs only when
-/// the throughput plan is empty; no worker leaves the band by it (one already outside
-/// only comes nearer), so it never makes a throughput driver; and every move goes from
-/// a worker above its target to one below it, two or more leases apart, so Σ count²
-/// falls and the moves run out.
+/// the throughput plan is empty; a move either keeps every worker inside the band (one
+/// already outside only comes nearer), so it makes no throughput driver, or lowers the
+/// spread, which no later move raises again by much; and every move goes from a worker
+/// above its target to one below it, two or more leases apart, so Σ count² falls and
+/// the moves run out.
 fn even_counts<'a>(
     at: &BTreeMap<WorkerId, Vec<Rated<'a>>>,
     t: &BTreeMap<WorkerId, f64>,
@@ -819,7 +844,9 @@ fn even_counts<'a>(
                     .iter()
                     .filter(|l| !l.pending && !moved.contains(&l.lease.key))
                     .filter(|l| {
-                        outside(tf - l.rate) <= outside(tf) && outside(tt + l.rate) <= outside(tt)
+                        let (f, t) = (tf - l.rate, tt + l.rate);
+                        (outside(f) <= outside(tf) && outside(t) <= outside(tt))
+                            || l.rate <= tf - tt
                     })
                     .map(|l| {
                         let left = (tf - l.rate - mean).powi(2) + (tt + l.rate - mean).powi(2);
