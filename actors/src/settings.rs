@@ -172,13 +172,12 @@ pub struct LeaseSettings {
 #[serde(rename_all = "snake_case")]
 pub enum BalanceMode {
     /// Throughput (bytes/s) within `balance_threshold_percent` of the mean, counts
-    /// within `balance_count_slack` of fair shares. Falls back to count-only while any
-    /// member publishes no rates (an older flotilla, or a count-only worker).
+    /// within `balance_count_slack` of fair shares, and even where throughput does not
+    /// tell the workers apart (an idle fleet ends as count balance leaves it). Falls
+    /// back to count-only while any member publishes no rates (an older flotilla, or a
+    /// count-only worker). The default.
     Throughput,
-    /// Lease counts only: everyone holds the floor or ceil of leases / workers. The
-    /// default for now: under `Throughput`, a fleet whose throughput is even (an idle
-    /// one, say) leaves counts anywhere within the slack, which a user expecting even
-    /// counts, and the fault simulator's balance oracle, do not accept yet.
+    /// Lease counts only: everyone holds the floor or ceil of leases / workers.
     Count,
 }
 
@@ -194,7 +193,7 @@ impl Default for LeaseSettings {
             handoff_poll_interval: Duration::from_millis(200),
             full_scan_interval: Duration::from_secs(600),
             dead_worker_retention: Duration::from_secs(3600),
-            balance: BalanceMode::Count,
+            balance: BalanceMode::Throughput,
             balance_threshold_percent: 10,
             balance_dampening_percent: 60,
             balance_count_slack: 2,
