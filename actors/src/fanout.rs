@@ -24,6 +24,10 @@ pub const MAX_CONSUMERS: usize = 20;
 const ACTIVE_POLL_MIN: Duration = Duration::from_millis(50);
 const ACTIVE_POLL_MAX: Duration = Duration::from_secs(1);
 
+/// How long a worker waits for a fan-out consumer to be ACTIVE: at start, and for a
+/// stream that joins the set while running.
+pub(crate) const CONSUMER_WAIT: Duration = Duration::from_secs(120);
+
 /// Why the application's consumer could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {

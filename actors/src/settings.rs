@@ -639,26 +639,10 @@ impl WorkerSettings {
                 }
             };
             let key = format!("worker.streams[{i}]");
-            let arn = if crate::model::StreamArn::is_kinesis_arn(text) {
-                let arn = crate::model::StreamArn::parse(text)
-                    .map_err(|e| invalid(&key, quoted(text), e.to_string()))?;
-                Some(arn)
-            } else {
-                None
-            };
-            let name = arn.as_ref().map_or(text, |arn| &arn.name);
-            match crate::model::Source::parse(name) {
-                Ok(crate::model::Source::Kinesis { .. }) => {}
-                Ok(_) => {
-                    return Err(invalid(
-                        &key,
-                        quoted(text),
-                        "is a DynamoDB table's stream, and worker.streams reads Kinesis \
-                         streams only: consume a table's stream with worker.stream",
-                    ));
-                }
-                Err(why) => return Err(invalid(&key, quoted(text), why)),
-            }
+            // The same rule as a stream-set source's list.
+            let (name, arn) =
+                crate::model::stream_entry(text).map_err(|why| invalid(&key, quoted(text), why))?;
+            let name = &name;
             if specs.iter().any(|s| &s.name == name) {
                 return Err(invalid(
                     &key,

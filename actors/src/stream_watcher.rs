@@ -47,6 +47,9 @@ pub(crate) struct WatcherArgs {
     pub set: crate::status::StreamSetBoard,
     /// Asked at every sync when the set may change (`None`: a fixed set).
     pub source: Option<StreamSet>,
+    /// In fan-out mode, the name of the consumer each stream that joins the set gets
+    /// (found or registered before its readers start); `None` polls.
+    pub consumer: Option<String>,
     /// `worker.former_stream_grace`.
     pub grace: Duration,
     pub interval: Duration,
@@ -321,9 +324,16 @@ impl WatcherState {
         };
         let mut resolved = BTreeMap::new();
         for stream in view.to_resolve(&wanted) {
-            let answer = crate::stream_set::identify(self.args.streams.as_ref(), &stream.stream)
-                .await
-                .map_err(|e| e.to_string());
+            // In fan-out mode this waits for a new consumer to be ACTIVE (seconds in
+            // Kinesis): the stream is read from the sync that has it, never polled.
+            let answer = crate::stream_set::resolve(
+                self.args.streams.as_ref(),
+                &stream.stream,
+                self.args.consumer.as_deref(),
+                crate::fanout::CONSUMER_WAIT,
+            )
+            .await
+            .map_err(|e| e.to_string());
             resolved.insert(stream.stream.clone(), answer);
         }
         let next = view.next(wanted, &resolved, tokio::time::Instant::now());

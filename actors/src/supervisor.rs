@@ -404,6 +404,10 @@ async fn spawn_core(
     fencing: &Fencing,
 ) -> Result<Core, ActorProcessingErr> {
     let settings = &ctx.settings;
+    // A worker of several streams stays one (its keys name their streams) however its
+    // set changes; its datums name each shard's stream from the shard's key, so they
+    // follow the live set.
+    let multi = ctx.set.borrow().active.is_multi();
     let (metrics, _) = Actor::spawn_linked(
         None,
         MetricsReporter,
@@ -411,7 +415,7 @@ async fn spawn_core(
             sink: ctx.metrics_sink.clone(),
             settings: settings.metrics.clone(),
             application: ctx.application.clone(),
-            stream: (!ctx.consumed.is_multi()).then(|| ctx.stream.clone()),
+            stream: (!multi).then(|| ctx.stream.clone()),
             worker_id: ctx.me.to_string(),
             clock: ctx.clock,
         },
@@ -462,6 +466,15 @@ async fn spawn_core(
             table: ctx.table.clone(),
             set: ctx.set.clone(),
             source: ctx.set_source.clone(),
+            consumer: match settings.reader.mode {
+                crate::settings::ReadMode::Polling => None,
+                crate::settings::ReadMode::Fanout => Some(
+                    settings
+                        .reader
+                        .consumer_name_for(&ctx.application)
+                        .to_owned(),
+                ),
+            },
             grace: settings.worker.former_stream_grace,
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),

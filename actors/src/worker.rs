@@ -18,9 +18,7 @@ use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::time_scan::TimeScan;
 use crate::backend::{LeaseError, LeaseTable, MetricsSink, StreamClient, StreamError};
 use crate::handle::WorkerHandle;
-use crate::model::{
-    Checkpoint, ConsumedStream, ConsumedStreams, Source, SourceKind, StreamIdentifier, WorkerId,
-};
+use crate::model::{Checkpoint, ConsumedStream, ConsumedStreams, Source, SourceKind, WorkerId};
 pub use crate::processor::ProcessorActorFactory;
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
 use crate::protocol::{ProcessorMsg, ShardInfo, SupervisorMsg};
@@ -576,46 +574,37 @@ async fn identify_streams(
     for (i, spec) in specs.iter().enumerate() {
         // An ARN is what the calls take: a stream of another account has no other name.
         let stream = spec.stream();
-        let summary = retrying(
-            || client.describe_stream_summary(&stream),
-            StreamError::is_retryable,
+        // The same description (and ARN check) as a stream that joins the set later.
+        let found = retrying(
+            || crate::stream_set::identify(client, &stream),
+            crate::stream_set::IdentifyError::is_retryable,
         )
         .await
-        .map_err(|source| WorkerError::Stream {
-            stream: stream.clone(),
-            source,
-        })?;
-        let identity = |why: String| WorkerError::StreamIdentity {
-            stream: stream.clone(),
-            why,
-        };
-        // The account of the keys is the ARN's: it must be the stream's own, or a
-        // typo'd account would key (and later orphan) every lease under it.
-        if let Some(arn) = &spec.arn {
-            let described = crate::model::StreamArn::parse(&summary.arn).ok();
-            if described.as_ref() != Some(arn) {
-                return Err(identity(format!(
-                    "worker.streams[{i}]: the entry's ARN is not the stream's: \
-                     DescribeStreamSummary says its ARN is {:?} (account, region and name \
-                     must match; a stream of another region is read by a worker of that \
-                     region)",
-                    summary.arn
-                )));
+        .map_err(|e| match e {
+            crate::stream_set::IdentifyError::Stream(source) => WorkerError::Stream {
+                stream: stream.clone(),
+                source,
+            },
+            crate::stream_set::IdentifyError::Consumer(e) => WorkerError::Consumer(e),
+            why @ crate::stream_set::IdentifyError::ArnMismatch { .. } => {
+                WorkerError::StreamIdentity {
+                    stream: stream.clone(),
+                    why: format!("worker.streams[{i}]: {why}"),
+                }
             }
-        }
-        let created = summary.created.ok_or_else(|| {
-            identity("DescribeStreamSummary gave no StreamCreationTimestamp".into())
+            why @ crate::stream_set::IdentifyError::Identity(_) => WorkerError::StreamIdentity {
+                stream: stream.clone(),
+                why: why.to_string(),
+            },
         })?;
-        let id = StreamIdentifier::of_stream(&spec.name, &summary.arn, created)
-            .map_err(|e| identity(e.to_string()))?;
         consumed.push(ConsumedStream {
             stream,
-            id: Some(id),
+            id: Some(found.id),
             initial: initial_checkpoint(spec.initial_position),
             initial_timestamp: spec.initial_timestamp,
             consumer: None,
         });
-        arns.push(summary.arn);
+        arns.push(found.arn);
     }
     if let Some(name) = consumer {
         let registered =
@@ -776,8 +765,7 @@ impl fmt::Debug for Worker {
 /// How long `status()` waits for the whole tree to answer.
 const STATUS_TIMEOUT_MS: u64 = 30_000;
 
-/// How long a starting worker waits for its fan-out consumer to be ACTIVE.
-const CONSUMER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+use crate::fanout::CONSUMER_WAIT;
 
 impl Worker {
     pub fn builder() -> WorkerBuilder {

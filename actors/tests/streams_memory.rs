@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flotilla_actors::backend::memory::{MemoryStreams, MemoryStreamsConfig};
 use flotilla_actors::backend::{IteratorPosition, LeaseTable, StreamAdmin, StreamClient};
-use flotilla_actors::model::{Checkpoint, Lease, ShardId, StreamIdentifier};
+use flotilla_actors::model::{Checkpoint, Lease, ShardId, StreamArn, StreamIdentifier};
 use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamSpec, StreamTable};
 use flotilla_actors::{Settings, StreamSet, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
@@ -323,7 +323,16 @@ impl Set {
     fn put(&self, names: &[&str]) {
         *self.0.lock().unwrap() = Ok(names
             .iter()
-            .map(|n| StreamSpec::named(*n, InitialPosition::TrimHorizon))
+            .map(|n| {
+                let mut spec = StreamSpec::named(*n, InitialPosition::TrimHorizon);
+                // An ARN, as a service's source may give it (and `worker.streams` takes it).
+                if StreamArn::is_kinesis_arn(n) {
+                    let arn = StreamArn::parse(n).unwrap();
+                    spec.name = arn.name.clone();
+                    spec.arn = Some(arn);
+                }
+                spec
+            })
             .collect());
     }
 
@@ -954,4 +963,181 @@ async fn fan_out_reads_each_stream_with_its_own_consumer() {
         "{:?}",
         status.shards
     );
+}
+
+/// A stream named by its ARN joins the set while running: described by the ARN, its
+/// account checked against the stream's own, keyed by the stream's identifier and read
+/// (the rows' source is the ARN, what the calls take). An ARN of another account stays
+/// unresolved, saying why, and its stream is not read.
+#[tokio::test(start_paused = true)]
+async fn an_arn_added_at_runtime_is_read_and_a_wrong_one_stays_unresolved() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 2).await.unwrap();
+    rig.streams.create_stream("clicks", 1).await.unwrap();
+    let audit = id_of(&rig.streams, "audit").await;
+    let arn_of = |name: &'static str| {
+        let streams = rig.streams.clone();
+        async move { streams.describe_stream_summary(name).await.unwrap().arn }
+    };
+    let audit_arn = arn_of("audit").await;
+    let wrong = arn_of("clicks")
+        .await
+        .replacen(":000000000000:", ":111111111111:", 1);
+    let set = Set::of(&[STREAM]);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = start_set(&rig, &probes, &set).await;
+    wait_held(&[&worker], &[1], PATIENCE).await;
+
+    set.put(&[STREAM, &audit_arn, &wrong]);
+    let mut p_audit = producer("a-");
+    p_audit.put_round(&rig.streams, "audit", 5, 10).await;
+    wait_held(&[&worker], &[3], PATIENCE).await;
+    probes.wait_distinct(p_audit.total(), PATIENCE).await;
+    assert_eq!(held_of(&worker, &audit).await, 2);
+    let status = worker.status().await.unwrap();
+    let watcher = status.stream_watcher.as_ref().unwrap();
+    let states: Vec<(&str, &str)> = watcher
+        .streams
+        .iter()
+        .map(|s| (s.stream.as_str(), s.state))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (STREAM, "active"),
+            (audit_arn.as_str(), "active"),
+            (wrong.as_str(), "unresolved")
+        ],
+        "{watcher:?}"
+    );
+    let refused = watcher.streams.iter().find(|s| s.stream == wrong).unwrap();
+    assert!(
+        refused
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("not the stream's")),
+        "{refused:?}"
+    );
+    shutdown_clean(worker).await;
+    let verdict = probes.snapshot().verdict(&p_audit.produced);
+    assert_eq!(
+        (verdict.lost, verdict.order_violations),
+        (0, 0),
+        "{verdict:?}"
+    );
+    let rows = rig.lease_rows().await;
+    let of_audit: Vec<_> = rows
+        .iter()
+        .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
+        .collect();
+    assert_eq!(of_audit.len(), 2, "{rows:#?}");
+    assert!(
+        of_audit
+            .iter()
+            .all(|l| l.source.as_deref() == Some(audit_arn.as_str())),
+        "{of_audit:#?}"
+    );
+    assert!(
+        rows.iter().all(|l| !l.key.to_string().contains("clicks")),
+        "the stream of the wrong ARN is never read: {rows:#?}"
+    );
+}
+
+/// Fan-out mode, a stream that joins the set while running: its consumer is found or
+/// registered before its readers start, and they subscribe with it (never a silent
+/// poll). A stream whose consumer cannot be registered (20 consumers already) stays
+/// unresolved with the error and is not read; once a consumer is deregistered, the
+/// next sync registers its own and reads it by subscription.
+#[tokio::test(start_paused = true)]
+async fn fan_out_registers_the_consumer_of_a_stream_added_at_runtime() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    rig.streams.create_stream("audit", 2).await.unwrap();
+    rig.streams.create_stream("full", 1).await.unwrap();
+    let full_arn = rig
+        .streams
+        .describe_stream_summary("full")
+        .await
+        .unwrap()
+        .arn;
+    let mut others = Vec::new();
+    for i in 0..20 {
+        let other = rig
+            .streams
+            .register_stream_consumer(&full_arn, &format!("other-{i}"))
+            .await
+            .unwrap();
+        others.push(other);
+    }
+    let mut settings = set_settings();
+    settings.reader.mode = ReadMode::Fanout;
+    let set = Set::of(&[STREAM]);
+    let probes = ProbeFactory::new(Misbehave::default());
+    let worker = start_set_with(&rig, &probes, &set, settings).await;
+    wait_held(&[&worker], &[1], PATIENCE).await;
+
+    set.put(&[STREAM, "audit", "full"]);
+    let (mut p_audit, mut p_full) = (producer("a-"), producer("f-"));
+    p_audit.put_round(&rig.streams, "audit", 5, 10).await;
+    p_full.put_round(&rig.streams, "full", 5, 10).await;
+    wait_held(&[&worker], &[3], PATIENCE).await;
+    probes.wait_distinct(p_audit.total(), PATIENCE).await;
+    let status = worker.status().await.unwrap();
+    let watcher = status.stream_watcher.as_ref().unwrap();
+    let full = watcher.streams.iter().find(|s| s.stream == "full").unwrap();
+    assert_eq!(full.state, "unresolved", "{watcher:?}");
+    assert!(
+        full.error
+            .as_deref()
+            .is_some_and(|e| e.contains("already has 20 registered consumers")),
+        "{full:?}"
+    );
+    let audit_arn = rig
+        .streams
+        .describe_stream_summary("audit")
+        .await
+        .unwrap()
+        .arn;
+    let consumers = rig.streams.list_stream_consumers(&audit_arn).await.unwrap();
+    let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [APP]);
+    assert_eq!(status.shards.len(), 3, "{:?}", status.shards);
+    assert!(
+        status.shards.iter().all(|s| s.subscription.is_some()),
+        "every shard, the added stream's too, is read by subscription: {:?}",
+        status.shards
+    );
+
+    // Room for one more: the next sync registers the stream's consumer and reads it.
+    rig.streams
+        .deregister_stream_consumer(&others[0].arn)
+        .await
+        .unwrap();
+    wait_held(&[&worker], &[4], PATIENCE).await;
+    probes
+        .wait_distinct(p_audit.total() + p_full.total(), PATIENCE)
+        .await;
+    let status = worker.status().await.unwrap();
+    assert!(
+        status.shards.iter().all(|s| s.subscription.is_some()),
+        "{:?}",
+        status.shards
+    );
+    assert!(
+        rig.streams
+            .list_stream_consumers(&full_arn)
+            .await
+            .unwrap()
+            .iter()
+            .any(|c| c.name == APP)
+    );
+    shutdown_clean(worker).await;
+    let seen = probes.snapshot();
+    for producer in [&p_audit, &p_full] {
+        let verdict = seen.verdict(&producer.produced);
+        assert_eq!(
+            (verdict.lost, verdict.order_violations),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
 }

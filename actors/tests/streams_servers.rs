@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::memory::MemoryMetrics;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
-use flotilla_actors::model::{Checkpoint, StreamIdentifier};
+use flotilla_actors::model::{Checkpoint, StreamArn, StreamIdentifier};
 use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamSpec};
 use flotilla_actors::{Backend, StreamSet, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
@@ -131,9 +131,15 @@ async fn two_streams_in_one_table(
 }
 
 /// A stream set changed while the worker runs, through the real adapters: a stream
-/// added is described and read; removed, its lease is released at its checkpoint and,
-/// after the grace, its row deleted by the DynamoDB adapter's conditional delete.
-async fn a_stream_set_that_changes(kinesis_endpoint: String, dynamodb_endpoint: String) {
+/// added (by its ARN, checked against the server's) is described and read, in fan-out
+/// mode by subscription with its own consumer registered when it joined; removed, its
+/// lease is released at its checkpoint and, after the grace, its row deleted by the
+/// DynamoDB adapter's conditional delete.
+async fn a_stream_set_that_changes(
+    kinesis_endpoint: String,
+    dynamodb_endpoint: String,
+    mode: ReadMode,
+) {
     let sdk = servers::sdk_config();
     let kinesis = KinesisStream::new(&sdk, Some(&kinesis_endpoint));
     let (a, b) = (servers::unique_name("set-a"), servers::unique_name("set-b"));
@@ -142,9 +148,10 @@ async fn a_stream_set_that_changes(kinesis_endpoint: String, dynamodb_endpoint: 
     let application = servers::unique_name("set-app");
     let mut settings = fast_settings("", &application);
     settings.worker.stream.clear();
-    settings.reader.mode = ReadMode::Polling;
+    settings.reader.mode = mode;
     settings.reader.shard_sync_interval = Duration::from_millis(500);
     settings.worker.former_stream_grace = Duration::from_secs(3);
+    let b_arn = kinesis.describe_stream_summary(&b).await.unwrap().arn;
     let list = Arc::new(std::sync::Mutex::new(vec![StreamSpec::named(
         &a,
         InitialPosition::TrimHorizon,
@@ -182,12 +189,25 @@ async fn a_stream_set_that_changes(kinesis_endpoint: String, dynamodb_endpoint: 
     p_a.put_round(&kinesis, &a, 10, 10).await;
     p_b.put_round(&kinesis, &b, 10, 10).await;
     probes.wait_distinct(p_a.total(), PATIENCE).await;
-    list.lock()
-        .unwrap()
-        .push(StreamSpec::named(&b, InitialPosition::TrimHorizon));
+    list.lock().unwrap().push(StreamSpec {
+        arn: Some(StreamArn::parse(&b_arn).unwrap()),
+        ..StreamSpec::named(&b, InitialPosition::TrimHorizon)
+    });
     probes
         .wait_distinct(p_a.total() + p_b.total(), PATIENCE)
         .await;
+    if mode == ReadMode::Fanout {
+        let consumers = kinesis.list_stream_consumers(&b_arn).await.unwrap();
+        let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [application.as_str()]);
+        let status = worker.status().await.unwrap();
+        assert_eq!(status.shards.len(), 2, "{:?}", status.shards);
+        assert!(
+            status.shards.iter().all(|s| s.subscription.is_some()),
+            "the added stream is read by subscription too: {:?}",
+            status.shards
+        );
+    }
 
     let table = DynamoLeaseTable::new(&sdk, Some(&dynamodb_endpoint), &application);
     let of_b = |rows: &[flotilla_actors::model::Lease]| -> Vec<flotilla_actors::model::Lease> {
@@ -196,6 +216,15 @@ async fn a_stream_set_that_changes(kinesis_endpoint: String, dynamodb_endpoint: 
             .cloned()
             .collect()
     };
+    // The rows of the stream named by its ARN carry the ARN, what its calls take.
+    let rows = of_b(&table.scan().await.unwrap().leases);
+    assert!(
+        !rows.is_empty()
+            && rows
+                .iter()
+                .all(|l| l.source.as_deref() == Some(b_arn.as_str())),
+        "{rows:#?}"
+    );
     list.lock().unwrap().retain(|s| s.name == a);
     let start = tokio::time::Instant::now();
     loop {
@@ -238,6 +267,17 @@ async fn ferrokinesis_dynoxide_set_changes() {
     a_stream_set_that_changes(
         servers::start_ferrokinesis(300).await,
         servers::start_dynoxide().await,
+        ReadMode::Polling,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferrokinesis_dynoxide_set_changes_fanout() {
+    a_stream_set_that_changes(
+        servers::start_ferrokinesis(300).await,
+        servers::start_dynoxide().await,
+        ReadMode::Fanout,
     )
     .await;
 }
@@ -248,6 +288,18 @@ async fn kinesis_mock_dynamodb_local_set_changes() {
     a_stream_set_that_changes(
         servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
         servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+        ReadMode::Polling,
+    )
+    .await;
+}
+
+#[cfg(feature = "external-servers")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinesis_mock_dynamodb_local_set_changes_fanout() {
+    a_stream_set_that_changes(
+        servers::external_endpoint("FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT"),
+        servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT"),
+        ReadMode::Fanout,
     )
     .await;
 }

@@ -49,6 +49,7 @@ pub use shard::{
 pub use source::{Source, SourceKind};
 pub use stream_id::{ConsumedStream, ConsumedStreams, StreamArn, StreamIdError, StreamIdentifier};
 pub use stream_set::{
-    FormerStream, FormerWhy, StreamSetView, UnresolvedStream, check_list, former_rows_due,
+    FormerStream, FormerWhy, Resolved, StreamSetView, UnresolvedStream, check_list,
+    former_rows_due, stream_entry,
 };
 pub use watermark::{AckError, AckWindow, BatchId, Watermark};

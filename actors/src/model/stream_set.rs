@@ -28,9 +28,12 @@
 
 use std::collections::BTreeMap;
 use std::ops::Add;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{ConsumedStream, ConsumedStreams, Lease, LeaseKey, Source, StreamIdentifier, WorkerId};
+use super::{
+    ConsumedStream, ConsumedStreams, Lease, LeaseKey, Source, StreamArn, StreamIdentifier, WorkerId,
+};
 
 /// Why a stream is former.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +67,22 @@ pub struct UnresolvedStream {
     pub error: String,
 }
 
+/// What describing a stream that joined the set found: its identifier, and in fan-out
+/// mode its own enhanced fan-out consumer (found or registered before any of its
+/// readers starts, so they subscribe with it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub id: StreamIdentifier,
+    pub consumer: Option<Arc<str>>,
+}
+
+impl From<StreamIdentifier> for Resolved {
+    /// A stream read by polling.
+    fn from(id: StreamIdentifier) -> Self {
+        Self { id, consumer: None }
+    }
+}
+
 /// The stream set as a worker holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamSetView<T> {
@@ -84,6 +103,7 @@ impl<T: Copy + Ord + Add<Duration, Output = T>> StreamSetView<T> {
             .iter()
             .map(|s| ConsumedStream {
                 id: None,
+                consumer: None,
                 ..s.clone()
             })
             .collect();
@@ -110,14 +130,14 @@ impl<T: Copy + Ord + Add<Duration, Output = T>> StreamSetView<T> {
     }
 
     /// The set after a good list: `resolved` has the answer for each stream
-    /// [`Self::to_resolve`] named. A stream read now keeps its identifier (its start
-    /// follows the list); a new one is read once described, and a former one with the
-    /// same identifier is active again; one read now and not listed is former from
-    /// `now`.
+    /// [`Self::to_resolve`] named. A stream read now keeps its identifier and consumer
+    /// (its start follows the list); a new one is read once described (and, in fan-out
+    /// mode, its consumer had), and a former one with the same identifier is active
+    /// again; one read now and not listed is former from `now`.
     pub fn next(
         &self,
         wanted: Vec<ConsumedStream>,
-        resolved: &BTreeMap<String, Result<StreamIdentifier, String>>,
+        resolved: &BTreeMap<String, Result<Resolved, String>>,
         now: T,
     ) -> Self {
         let mut active = Vec::new();
@@ -127,15 +147,17 @@ impl<T: Copy + Ord + Add<Duration, Output = T>> StreamSetView<T> {
             if let Some(current) = self.active.iter().find(|a| a.stream == w.stream) {
                 active.push(ConsumedStream {
                     id: current.id.clone(),
+                    consumer: current.consumer.clone(),
                     ..w.clone()
                 });
                 continue;
             }
             match resolved.get(&w.stream) {
-                Some(Ok(id)) => {
-                    former.retain(|f| f.stream.id.as_ref() != Some(id));
+                Some(Ok(found)) => {
+                    former.retain(|f| f.stream.id.as_ref() != Some(&found.id));
                     active.push(ConsumedStream {
-                        id: Some(id.clone()),
+                        id: Some(found.id.clone()),
+                        consumer: found.consumer.clone(),
                         ..w.clone()
                     });
                 }
@@ -232,8 +254,31 @@ pub fn former_rows_due<'a, T: Copy + Ord + Add<Duration, Output = T>>(
         .collect()
 }
 
-/// Checks a list from a stream-set source: not empty, each a Kinesis stream's name,
-/// none twice. The error says what is wrong, naming the entry.
+/// One entry of a stream set, as `worker.streams` and a source's list both name it: a
+/// Kinesis stream's name, or its ARN (the only way to name a stream of another
+/// account). Gives the stream's name and the ARN when the entry is one; the error says
+/// why the entry names no Kinesis stream. The one rule for the file and the source.
+pub fn stream_entry(text: &str) -> Result<(String, Option<StreamArn>), String> {
+    let arn = if StreamArn::is_kinesis_arn(text) {
+        Some(StreamArn::parse(text).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let name = arn.as_ref().map_or(text, |arn| arn.name.as_str());
+    match Source::parse(name)? {
+        Source::Kinesis { .. } => Ok((name.to_owned(), arn)),
+        Source::Table { .. } | Source::TableStream { .. } => Err(
+            "is a DynamoDB table's stream, and a stream set (worker.streams) reads Kinesis \
+             streams only: consume a table's stream with worker.stream"
+                .to_owned(),
+        ),
+    }
+}
+
+/// Checks a list from a stream-set source: not empty, each a Kinesis stream's name or
+/// ARN ([`stream_entry`], as `worker.streams` takes them), no stream named twice (by
+/// name: status and `--stream` tell streams apart by name). The error says what is
+/// wrong, naming the entry.
 pub fn check_list(list: &[ConsumedStream]) -> Result<(), String> {
     if list.is_empty() {
         return Err(
@@ -242,21 +287,17 @@ pub fn check_list(list: &[ConsumedStream]) -> Result<(), String> {
                 .to_owned(),
         );
     }
+    let mut names: Vec<String> = Vec::with_capacity(list.len());
     for (i, s) in list.iter().enumerate() {
-        match Source::parse(&s.stream) {
-            Ok(Source::Kinesis { .. }) => {}
-            Ok(_) => {
-                return Err(format!(
-                    "stream [{i}] {:?} is a DynamoDB table's stream; a stream set reads \
-                     Kinesis streams only",
-                    s.stream
-                ));
-            }
-            Err(why) => return Err(format!("stream [{i}] {:?}: {why}", s.stream)),
+        let (name, _) =
+            stream_entry(&s.stream).map_err(|why| format!("stream [{i}] {:?}: {why}", s.stream))?;
+        if names.contains(&name) {
+            return Err(format!(
+                "stream [{i}] {:?} is listed twice (stream {name:?})",
+                s.stream
+            ));
         }
-        if list[..i].iter().any(|o| o.stream == s.stream) {
-            return Err(format!("stream [{i}] {:?} is listed twice", s.stream));
-        }
+        names.push(name);
     }
     Ok(())
 }
@@ -278,6 +319,7 @@ mod tests {
             id: None,
             initial: Checkpoint::TrimHorizon,
             initial_timestamp: None,
+            consumer: None,
         }
     }
 
@@ -375,12 +417,12 @@ mod tests {
                 .iter()
                 .map(|w| w.stream.clone())
                 .collect();
-            let resolved: BTreeMap<String, Result<StreamIdentifier, String>> = resolved
+            let resolved: BTreeMap<String, Result<Resolved, String>> = resolved
                 .iter()
                 .map(|(n, r)| {
                     (
                         (*n).to_owned(),
-                        r.map(|e| id(n, e)).map_err(|e| e.to_owned()),
+                        r.map(|e| id(n, e).into()).map_err(|e| e.to_owned()),
                     )
                 })
                 .collect();
@@ -410,17 +452,42 @@ mod tests {
         assert_eq!(removed.former.len(), 1);
         let back = removed.next(
             vec![want("a"), want("b")],
-            &BTreeMap::from([("b".to_owned(), Ok(id("b", 2)))]),
+            &BTreeMap::from([("b".to_owned(), Ok(id("b", 2).into()))]),
             t(20),
         );
         assert_eq!(names(&back), (vec!["a".into(), "b".into()], vec![], vec![]));
         let recreated = removed.next(
             vec![want("a"), want("b")],
-            &BTreeMap::from([("b".to_owned(), Ok(id("b", 3)))]),
+            &BTreeMap::from([("b".to_owned(), Ok(id("b", 3).into()))]),
             t(20),
         );
         assert_eq!(recreated.former[0].stream.id, Some(id("b", 2)));
         assert_eq!(recreated.active.iter().nth(1).unwrap().id, Some(id("b", 3)));
+    }
+
+    /// In fan-out mode a stream that joins is read with the consumer found for it, and
+    /// a stream read now keeps its own whatever the new list's entry says.
+    #[test]
+    fn consumers_come_with_the_description_and_stay_with_the_stream() {
+        let mut a = read("a", 1);
+        a.consumer = Some(Arc::from("consumer-of-a"));
+        let before: StreamSetView<Duration> = StreamSetView::fixed(ConsumedStreams::multi(vec![a]));
+        assert_eq!(before.wanted[0].consumer, None);
+        let found = Resolved {
+            id: id("b", 2),
+            consumer: Some(Arc::from("consumer-of-b")),
+        };
+        let after = before.next(
+            vec![want("a"), want("b")],
+            &BTreeMap::from([("b".to_owned(), Ok(found))]),
+            t(10),
+        );
+        let consumers: Vec<Option<&str>> =
+            after.active.iter().map(|s| s.consumer.as_deref()).collect();
+        assert_eq!(
+            consumers,
+            vec![Some("consumer-of-a"), Some("consumer-of-b")]
+        );
     }
 
     /// A stream whose listing says it is gone is former, and unresolved while listed.
@@ -487,6 +554,23 @@ mod tests {
                 .contains("DynamoDB")
         );
         assert_eq!(check_list(&[want("a"), want("b")]), Ok(()));
+        // ARNs as `worker.streams` takes them; one name is one stream, whatever account.
+        let arn = "arn:aws:kinesis:us-east-1:111111111111:stream/b";
+        assert_eq!(check_list(&[want("a"), want(arn)]), Ok(()));
+        assert!(
+            check_list(&[want("b"), want(arn)])
+                .unwrap_err()
+                .contains("is listed twice (stream \"b\")")
+        );
+        assert!(
+            check_list(&[want("arn:aws:kinesis:us-east-1:1:stream/")])
+                .unwrap_err()
+                .contains("the resource is not stream/NAME")
+        );
+        assert_eq!(
+            stream_entry(arn).map(|(name, arn)| (name, arn.map(|a| a.account))),
+            Ok(("b".to_owned(), Some("111111111111".to_owned())))
+        );
         let failed = set(&[("a", 1)]).source_failed("boom".into());
         assert_eq!(names(&failed).0, vec!["a".to_owned()]);
         assert_eq!(failed.source_error.as_deref(), Some("boom"));
