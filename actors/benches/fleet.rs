@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
 //! `-- p3` runs P3 with both settings and P3e). `FLEET_RUNS=n` overrides the run counts;
-//! `FLOTILLA_BENCH_READ_MODE=fanout` reads by enhanced fan-out instead of polling.
+//! `FLOTILLA_BENCH_READ_MODE=fanout` reads by enhanced fan-out instead of polling;
+//! `FLOTILLA_BENCH_BALANCE=count|throughput` sets `lease.balance` for every worker.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -99,6 +100,13 @@ fn settings(id: &str, short: bool) -> Settings {
     // `FLOTILLA_BENCH_READ_MODE=fanout`: the same cases with every worker subscribing.
     if std::env::var("FLOTILLA_BENCH_READ_MODE").as_deref() == Ok("fanout") {
         s.reader.mode = flotilla_actors::settings::ReadMode::Fanout;
+    }
+    // `FLOTILLA_BENCH_BALANCE=count|throughput`: the same cases under either policy,
+    // whichever is the default.
+    match std::env::var("FLOTILLA_BENCH_BALANCE").as_deref() {
+        Ok("count") => s.lease.balance = flotilla_actors::settings::BalanceMode::Count,
+        Ok("throughput") => s.lease.balance = flotilla_actors::settings::BalanceMode::Throughput,
+        _ => {}
     }
     if short {
         s.lease.failover_time = Duration::from_secs(4);

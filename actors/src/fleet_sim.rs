@@ -20,12 +20,14 @@ fn heartbeat(
     worker: &WorkerId,
     counter: u64,
     draining: bool,
+    leases: u64,
     lease_rates: Option<BTreeMap<LeaseKey, LeaseRate>>,
 ) -> Heartbeat {
     Heartbeat {
         worker: worker.clone(),
         counter,
         load: WorkerLoad {
+            leases,
             draining,
             lease_rates,
             ..WorkerLoad::default()
@@ -132,10 +134,12 @@ impl Sim {
         for w in &self.workers {
             let c = self.counters.entry(w.clone()).or_insert(0);
             *c += 1;
+            let c = *c;
             hbs.push(heartbeat(
                 w,
-                *c,
+                c,
                 self.draining.contains(w),
+                self.held_by(w).len() as u64,
                 self.rates_of(w),
             ));
         }
@@ -144,6 +148,7 @@ impl Sim {
                 w,
                 self.counters.get(w).copied().unwrap_or(0),
                 false,
+                self.held_by(w).len() as u64,
                 self.rates_of(w),
             ));
         }
@@ -183,13 +188,57 @@ impl Sim {
             );
             decisions.push((w.clone(), d));
         }
+        self.land(&decisions);
+        // Owners answer the requests before the askers' next round: real workers' rounds
+        // are spread over the heartbeat interval, not in step, and an owner sees a
+        // request at its own next round (the asker's heartbeat carries a change). Only
+        // their answers land; the rest of this second look is theirs to redo next round.
+        let asked = self.leases.clone();
+        let owners: BTreeSet<&WorkerId> = asked
+            .iter()
+            .filter(|l| l.handoff_to.is_some())
+            .filter_map(|l| l.owner.as_ref())
+            .collect();
+        let answers: Vec<(WorkerId, Decision)> = self
+            .workers
+            .iter()
+            .filter(|w| owners.contains(w))
+            .map(|w| {
+                let held = self.held_by(w);
+                let d = decide(
+                    &Round {
+                        leases: &asked,
+                        held: &held,
+                        observations: &self.obs,
+                        me: w,
+                        now: self.now,
+                        cooling: &BTreeSet::new(),
+                        handing_off: &BTreeSet::new(),
+                        draining: self.draining.contains(w),
+                    },
+                    &self.limits,
+                );
+                let answer = Decision {
+                    hand_off: d.hand_off,
+                    turn_down: d.turn_down,
+                    ..Decision::default()
+                };
+                (w.clone(), answer)
+            })
+            .collect();
+        self.land(&answers);
+        decisions
+    }
+
+    /// The writes of `decisions`, in order, each landing if its condition holds.
+    fn land(&mut self, decisions: &[(WorkerId, Decision)]) {
         let index: BTreeMap<LeaseKey, usize> = self
             .leases
             .iter()
             .enumerate()
             .map(|(i, l)| (l.key.clone(), i))
             .collect();
-        for (w, d) in &decisions {
+        for (w, d) in decisions {
             for (key, fence, to) in &d.hand_off {
                 let Some(&i) = index.get(key) else { continue };
                 let l = &mut self.leases[i];
@@ -228,7 +277,6 @@ impl Sim {
                 }
             }
         }
-        decisions
     }
 
     /// Max minus min leases over the live, non-draining workers; unowned

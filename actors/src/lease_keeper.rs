@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{LeaseError, LeaseTable};
-use crate::balance::{self, Decision, Gain, Limits, Observations, Policy, Round, Spread};
+use crate::balance::{self, Decision, Gain, Limits, Observations, Policy, Round};
 use crate::fencing::Fencing;
 use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
 use crate::model::{Fence, Lease, LeaseKey, RateMeter, WorkerId, WorkerLoad};
@@ -655,20 +655,7 @@ impl KeeperState {
 
     /// The balance limits from the settings.
     fn limits(&self) -> Limits {
-        let settings = self.settings();
-        Limits {
-            failover_time: settings.failover_time,
-            max_leases: settings.max_leases as usize,
-            max_moves_per_round: settings.max_moves_per_round as usize,
-            policy: match settings.balance {
-                BalanceMode::Count => Policy::Count,
-                BalanceMode::Throughput => Policy::Throughput(Spread {
-                    threshold: f64::from(settings.balance_threshold_percent) / 100.0,
-                    dampening: f64::from(settings.balance_dampening_percent) / 100.0,
-                    count_slack: settings.balance_count_slack as usize,
-                }),
-            },
-        }
+        Limits::from_settings(self.settings())
     }
 
     /// Each peer's mark as this worker sees it now (`pure::PeerMark`).

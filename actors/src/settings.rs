@@ -123,9 +123,10 @@ pub struct LeaseSettings {
     /// The most leases this worker holds; 0 means no limit.
     pub max_leases: u32,
     /// The most leases this worker asks live workers to hand over in one round (leases
-    /// of dead or draining workers do not count), or half of its shortfall if that is
-    /// more: bounds how much moves at once when views of the fleet disagree for a moment,
-    /// while a joining worker's shortfall at least halves every round.
+    /// of dead or draining workers do not count), unless its shortfall is more: then its
+    /// whole shortfall when its scan agrees with every peer's heartbeat lease count, else
+    /// half of it. Bounds how much moves at once when views of the fleet disagree for a
+    /// moment, while a joining worker whose view is current fills its share at once.
     pub max_moves_per_round: u32,
     /// A handoff request the owner has not honoured for this long, although it is
     /// alive, is withdrawn (and logged); the balance is tried again next round.
@@ -171,13 +172,12 @@ pub struct LeaseSettings {
 #[serde(rename_all = "snake_case")]
 pub enum BalanceMode {
     /// Throughput (bytes/s) within `balance_threshold_percent` of the mean, counts
-    /// within `balance_count_slack` of fair shares. Falls back to count-only while any
-    /// member publishes no rates (an older flotilla, or a count-only worker).
+    /// within `balance_count_slack` of fair shares, and even where throughput does not
+    /// tell the workers apart (an idle fleet ends as count balance leaves it). Falls
+    /// back to count-only while any member publishes no rates (an older flotilla, or a
+    /// count-only worker). The default.
     Throughput,
-    /// Lease counts only: everyone holds the floor or ceil of leases / workers. The
-    /// default for now: under `Throughput`, a fleet whose throughput is even (an idle
-    /// one, say) leaves counts anywhere within the slack, which a user expecting even
-    /// counts, and the fault simulator's balance oracle, do not accept yet.
+    /// Lease counts only: everyone holds the floor or ceil of leases / workers.
     Count,
 }
 
@@ -193,7 +193,7 @@ impl Default for LeaseSettings {
             handoff_poll_interval: Duration::from_millis(200),
             full_scan_interval: Duration::from_secs(600),
             dead_worker_retention: Duration::from_secs(3600),
-            balance: BalanceMode::Count,
+            balance: BalanceMode::Throughput,
             balance_threshold_percent: 10,
             balance_dampening_percent: 60,
             balance_count_slack: 2,

@@ -40,7 +40,7 @@ use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty, Freezer};
 use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreams, MemoryStreamsConfig};
 use flotilla_actors::balance;
 use flotilla_actors::model::{
-    Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
 };
 use flotilla_actors::oracle::{OrderCheck, Seen};
 use flotilla_actors::{
@@ -1375,8 +1375,11 @@ impl Sim {
         let n = counts.len().max(1);
         let (floor, ceil) = (processable.len() / n, processable.len().div_ceil(n));
         let covered: usize = counts.values().sum();
-        let fair =
-            covered == processable.len() && counts.values().all(|&h| h == floor || h == ceil);
+        let fair = covered == processable.len()
+            && (counts.values().all(|&h| h == floor || h == ceil)
+                || self
+                    .uneven_by_throughput(&rows, &counts, floor, ceil)
+                    .await?);
         let mut view = String::new();
         let _ = write!(
             view,
@@ -1384,6 +1387,73 @@ impl Sim {
             processable.len()
         );
         Ok((agree, fair, view))
+    }
+
+    /// Whether counts off even are what throughput balance keeps: within its count slack
+    /// of fair shares, no request open, and no member's own `balance::decide`, on the
+    /// table and the heartbeats (with the lease rates the workers measured) as they are,
+    /// taking or asking for anything. Under count balance, never.
+    async fn uneven_by_throughput(
+        &self,
+        rows: &[Lease],
+        counts: &BTreeMap<String, usize>,
+        floor: usize,
+        ceil: usize,
+    ) -> Result<bool, String> {
+        let lease = settings("w").lease;
+        let limits = balance::Limits::from_settings(&lease);
+        let slack = match limits.policy {
+            balance::Policy::Count => return Ok(false),
+            balance::Policy::Throughput(spread) => spread.count_slack,
+        };
+        if counts
+            .values()
+            .any(|&h| h + slack < floor || h > ceil + slack)
+            || rows.iter().any(|l| l.handoff_to.is_some())
+        {
+            return Ok(false);
+        }
+        let scan = self
+            .rig
+            .dynamo
+            .lease_table(APP)
+            .scan()
+            .await
+            .map_err(|e| format!("the lease table cannot be read: {e}"))?;
+        let live: HashSet<&str> = self.live.iter().map(|m| m.id.as_str()).collect();
+        let beats: Vec<_> = scan
+            .heartbeats
+            .into_iter()
+            .filter(|h| live.contains(h.worker.as_str()))
+            .collect();
+        let now = Instant::now();
+        let mut obs = balance::Observations::new();
+        obs.observe(&beats, rows.iter().filter_map(|l| l.owner.as_ref()), now);
+        for member in &self.live {
+            let me = WorkerId::new(member.id.as_str());
+            let held: BTreeMap<LeaseKey, Fence> = rows
+                .iter()
+                .filter(|l| l.owner.as_ref() == Some(&me))
+                .map(|l| (l.key.clone(), l.fence()))
+                .collect();
+            let d = balance::decide(
+                &balance::Round {
+                    leases: rows,
+                    held: &held,
+                    observations: &obs,
+                    me: &me,
+                    now,
+                    cooling: &Default::default(),
+                    handing_off: &Default::default(),
+                    draining: false,
+                },
+                &limits,
+            );
+            if !d.take.is_empty() || !d.request.is_empty() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Every record produced is finished; then every worker leaves cleanly.
