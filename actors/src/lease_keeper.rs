@@ -34,7 +34,7 @@ use crate::backend::{LeaseError, LeaseTable};
 use crate::balance::{self, Decision, Gain, Limits, Observations, Policy, Round};
 use crate::fencing::Fencing;
 use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX, heartbeat_key};
-use crate::model::{Fence, Lease, LeaseKey, RateMeter, WorkerId, WorkerLoad};
+use crate::model::{Fence, Heartbeat, Lease, LeaseKey, RateMeter, WorkerId, WorkerLoad};
 use crate::protocol::LeaseMove;
 use crate::protocol::{KeeperMsg, SupervisorMsg};
 use crate::settings::{BalanceMode, Settings};
@@ -139,6 +139,10 @@ pub(crate) struct KeeperState {
     /// When the heartbeat rows were last read whole (lags and rates included: a scan
     /// or a `HeartbeatDetail::Full` read), as opposed to through the index.
     whole_read: Option<Instant>,
+    /// Each worker's total records/s as of the last heartbeat read, and as of the last
+    /// whole read: whether a round reads whole rows (`pure::heartbeat_detail`).
+    totals: BTreeMap<WorkerId, u64>,
+    totals_at_whole: BTreeMap<WorkerId, u64>,
 }
 
 /// What the last scan found, kept for the rounds that read only the heartbeat rows.
@@ -207,6 +211,8 @@ impl Actor for LeaseKeeper {
             roster: None,
             last_scan: None,
             whole_read: None,
+            totals: BTreeMap::new(),
+            totals_at_whole: BTreeMap::new(),
             first_seen: BTreeMap::new(),
             orphans: BTreeSet::new(),
             listing_asked: None,
@@ -556,14 +562,19 @@ impl KeeperState {
     async fn round(&mut self, myself: &ActorRef<KeeperMsg>) {
         let sent = Instant::now();
         let detail = pure::heartbeat_detail(
-            matches!(self.limits().policy, Policy::Throughput(_)),
+            &self.limits().policy,
             self.whole_read.map(|at| sent.saturating_duration_since(at)),
             self.settings().failover_time,
+            &pure::Totals {
+                now: &self.totals,
+                at_whole: &self.totals_at_whole,
+            },
         );
         let read = self.args.table.heartbeats(detail).await;
         let now = Instant::now();
         let heartbeats_read = match read {
             Ok(mut out) => {
+                self.totals = totals(&out.heartbeats);
                 if out.summary {
                     // Read through the index: lags and rates as last read whole.
                     for heartbeat in &mut out.heartbeats {
@@ -573,6 +584,7 @@ impl KeeperState {
                     }
                 } else {
                     self.whole_read = Some(sent);
+                    self.totals_at_whole.clone_from(&self.totals);
                 }
                 let me = self.args.me.clone();
                 if !out.roster.contains(&me) {
@@ -812,6 +824,8 @@ impl KeeperState {
         self.asked = false;
         self.changes_at_scan = changes_before;
         self.whole_read = Some(sent);
+        self.totals = totals(&scan.heartbeats);
+        self.totals_at_whole.clone_from(&self.totals);
         self.repair_roster(&scan.heartbeats).await;
         // Held leases the scan shows still ours: proof of ownership as of when the scan
         // was sent, which lifts the fence after a gap in heartbeats.
@@ -1586,4 +1600,12 @@ impl KeeperState {
         drain.done = true;
         let _ = self.args.supervisor.cast(SupervisorMsg::DrainDone);
     }
+}
+
+/// Each worker's total records/s, as its heartbeat row says.
+fn totals(heartbeats: &[Heartbeat]) -> BTreeMap<WorkerId, u64> {
+    heartbeats
+        .iter()
+        .map(|h| (h.worker.clone(), h.load.records_per_second))
+        .collect()
 }

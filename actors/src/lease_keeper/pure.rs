@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::balance::{Decision, Gain};
+use crate::balance::{Decision, Gain, Policy};
 use crate::model::{Fence, Lease, LeaseKey, WorkerId};
 use crate::protocol::LeaseMove;
 
@@ -378,22 +378,66 @@ pub(crate) fn rate(delivered: u64, before: u64, elapsed: Duration) -> u64 {
 
 /// How much of the heartbeat rows a round reads. Liveness, changes, draining and
 /// counts need only the index's summary; throughput balance also needs the peers'
-/// per-lease rates, which only the whole rows hold, but reacts to them at most once
-/// per `rebalance_every` (`ScanWhy::Rebalance`): so whole rows are read when the last
-/// whole read (a scan or a full read, `since_whole`) is that old, and never under
-/// count balance.
+/// per-lease rates, which only the whole rows hold (they are too big to project). It
+/// reacts to them at most once per `rebalance_every` (`ScanWhy::Rebalance`), and only
+/// when they could make it act: so whole rows are read when the last whole read (a
+/// scan or a full read, `since_whole`) is that old *and* the workers' totals, which
+/// the index does hold (`WorkerLoad::records_per_second`), say the rates read then may
+/// be out of date for the plan ([`totals_moved`]). A balanced, steady fleet reads no
+/// whole rows between scans; never under count balance.
 pub(crate) fn heartbeat_detail(
-    throughput: bool,
+    policy: &Policy,
     since_whole: Option<Duration>,
     rebalance_every: Duration,
+    totals: &Totals<'_>,
 ) -> crate::backend::HeartbeatDetail {
     use crate::backend::HeartbeatDetail::{Full, Summary};
-    match (throughput, since_whole) {
-        (false, _) => Summary,
-        (true, None) => Full,
-        (true, Some(since)) if since >= rebalance_every => Full,
-        (true, Some(_)) => Summary,
+    let threshold = match policy {
+        Policy::Count => return Summary,
+        Policy::Throughput(spread) => spread.threshold,
+    };
+    match since_whole {
+        None => Full,
+        Some(since) if since < rebalance_every => Summary,
+        Some(_) if totals_moved(totals, threshold) => Full,
+        Some(_) => Summary,
     }
+}
+
+/// Each worker's total records/s (`WorkerLoad::records_per_second`, which the index
+/// holds) as of the last read, and as of the last whole read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Totals<'a> {
+    pub now: &'a BTreeMap<WorkerId, u64>,
+    pub at_whole: &'a BTreeMap<WorkerId, u64>,
+}
+
+/// Whether the per-lease rates last read whole may no longer be what the throughput
+/// plan would act on: the workers are not those of the whole read; or a worker's total
+/// moved by more than half the band (`threshold` × the mean) since (so a worker inside
+/// the band then may be outside now: a shard turned hot); or a worker's total is outside
+/// the band now (the plan may have a move; a fleet no move can even out reads whole
+/// rows once per rebalance period, as every throughput fleet did before). Totals are
+/// records/s where the plan weighs bytes/s: records alone change the totals, not record
+/// sizes, which the full scan's backstop (`full_scan_interval`) covers.
+pub(crate) fn totals_moved(totals: &Totals<'_>, threshold: f64) -> bool {
+    let Totals { now, at_whole } = *totals;
+    if !now.keys().eq(at_whole.keys()) {
+        return true;
+    }
+    let mean = |m: &BTreeMap<WorkerId, u64>| {
+        m.values().map(|&x| x as f64).sum::<f64>() / m.len().max(1) as f64
+    };
+    let (mean_now, mean_then) = (mean(now), mean(at_whole));
+    let half_band = threshold / 2.0 * mean_now.max(mean_then);
+    let moved = now
+        .iter()
+        .zip(at_whole.values())
+        .any(|((_, &x), &then)| (x as f64 - then as f64).abs() > half_band);
+    let outside = now
+        .values()
+        .any(|&x| (x as f64 - mean_now).abs() > threshold * mean_now);
+    moved || outside
 }
 
 #[cfg(test)]
@@ -404,24 +448,45 @@ mod tests {
     use crate::model::{Checkpoint, ShardId};
 
     #[test]
-    fn whole_heartbeat_rows_are_read_only_for_throughput_balance_once_a_rebalance_period() {
+    fn whole_heartbeat_rows_are_read_under_throughput_balance_once_a_rebalance_period_when_totals_moved()
+     {
         use crate::backend::HeartbeatDetail::{Full, Summary};
+        use crate::balance::Spread;
         let every = Duration::from_secs(10);
         let s = Duration::from_secs;
-        for (throughput, since, want) in [
-            (false, None, Summary),
-            (false, Some(s(3600)), Summary),
-            (true, None, Full),
-            (true, Some(s(2)), Summary),
-            (true, Some(s(9)), Summary),
-            (true, Some(s(10)), Full),
-            (true, Some(s(60)), Full),
+        let throughput = Policy::Throughput(Spread::DEFAULT);
+        let totals = |xs: &[(&str, u64)]| -> BTreeMap<WorkerId, u64> {
+            xs.iter().map(|(n, x)| (w(n), *x)).collect()
+        };
+        let even = totals(&[("a", 100), ("b", 100), ("c", 100)]);
+        let idle = totals(&[("a", 0), ("b", 0), ("c", 0)]);
+        let noise = totals(&[("a", 104), ("b", 97), ("c", 100)]);
+        // a's shards turned hot: a moved by more than half the band.
+        let hot = totals(&[("a", 140), ("b", 100), ("c", 100)]);
+        // Each moved under half the band, but b is now past the band.
+        let drifted = totals(&[("a", 96), ("b", 114), ("c", 96)]);
+        let at_drift = totals(&[("a", 100), ("b", 109), ("c", 100)]);
+        // Outside the band then and now: a spread no move evens out.
+        let coarse = totals(&[("a", 300), ("b", 100), ("c", 100)]);
+        let joined = totals(&[("a", 100), ("b", 100), ("c", 100), ("d", 0)]);
+        let woke = totals(&[("a", 5), ("b", 0), ("c", 0)]);
+        for (policy, since, now, at_whole, want) in [
+            (Policy::Count, None, &hot, &even, Summary),
+            (Policy::Count, Some(s(3600)), &hot, &even, Summary),
+            (throughput, None, &even, &even, Full),
+            (throughput, Some(s(2)), &hot, &even, Summary),
+            (throughput, Some(s(9)), &joined, &even, Summary),
+            (throughput, Some(s(10)), &even, &even, Summary),
+            (throughput, Some(s(60)), &idle, &idle, Summary),
+            (throughput, Some(s(60)), &noise, &even, Summary),
+            (throughput, Some(s(10)), &hot, &even, Full),
+            (throughput, Some(s(10)), &drifted, &at_drift, Full),
+            (throughput, Some(s(10)), &coarse, &coarse, Full),
+            (throughput, Some(s(10)), &joined, &even, Full),
+            (throughput, Some(s(10)), &woke, &idle, Full),
         ] {
-            assert_eq!(
-                heartbeat_detail(throughput, since, every),
-                want,
-                "{throughput} {since:?}"
-            );
+            let detail = heartbeat_detail(&policy, since, every, &Totals { now, at_whole });
+            assert_eq!(detail, want, "{policy:?} {since:?} {now:?} {at_whole:?}");
         }
     }
 
