@@ -1,5 +1,5 @@
 //! Fleet benchmarks (issue "Benchmarks"): P3 crash failover, P4 planned handoff, P5
-//! rebalance, P6 lease-table cost, P9 cold start, P13 skewed shards, P14 scale
+//! rebalance, P6 lease-table cost, P9 cold start, P13 skewed shards (P13r on real workers), P14 scale
 //! (`FLEET_P14=leases,workers`, default 10,000 x 100; P14i its idle CPU in real time). Workers run on the memory backend;
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
@@ -43,6 +43,8 @@ struct LogInner {
     seen: HashSet<(String, String)>,
     duplicates: u64,
     delivered: u64,
+    /// Per worker, the bytes of every record its processors received.
+    bytes: HashMap<String, u64>,
 }
 
 #[derive(Clone, Default)]
@@ -71,6 +73,8 @@ impl Processor for Probe {
         let now = Instant::now();
         let mut log = self.log.0.lock().unwrap();
         log.delivered += records.len() as u64;
+        *log.bytes.entry(self.worker.clone()).or_default() +=
+            records.iter().map(|r| r.data.len() as u64).sum::<u64>();
         log.batches
             .entry(self.shard.clone())
             .or_default()
@@ -162,6 +166,11 @@ impl Rig {
 
     /// One record per open shard (by explicit hash key).
     async fn put_one_each(&self) {
+        self.put_each(|_| 1).await;
+    }
+
+    /// One record per open shard (by explicit hash key) of `size(shard id)` bytes.
+    async fn put_each(&self, size: impl Fn(&str) -> usize) {
         let shards = self.streams.list_shards(STREAM).await.unwrap();
         let records: Vec<PutRecord> = shards
             .iter()
@@ -169,7 +178,7 @@ impl Rig {
             .map(|s| PutRecord {
                 partition_key: "k".to_owned(),
                 explicit_hash_key: Some(s.hash_range.start),
-                data: Bytes::from_static(b"x"),
+                data: Bytes::from(vec![b'x'; size(s.id.as_str())]),
             })
             .collect();
         for chunk in records.chunks(500) {
@@ -190,6 +199,15 @@ fn feed(rig: &Rig) -> tokio::task::JoinHandle<()> {
 
 /// Puts one record on every shard every `period` until aborted.
 fn feed_every(rig: &Rig, period: Duration) -> tokio::task::JoinHandle<()> {
+    feed_sized(rig, period, |_| 1)
+}
+
+/// Puts one record of `size(shard id)` bytes on every shard every `period` until aborted.
+fn feed_sized(
+    rig: &Rig,
+    period: Duration,
+    size: impl Fn(&str) -> usize + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
     let r = Rig {
         streams: rig.streams.clone(),
         dynamo: rig.dynamo.clone(),
@@ -198,7 +216,7 @@ fn feed_every(rig: &Rig, period: Duration) -> tokio::task::JoinHandle<()> {
     };
     tokio::spawn(async move {
         loop {
-            r.put_one_each().await;
+            r.put_each(&size).await;
             tokio::time::sleep(period).await;
         }
     })
@@ -926,6 +944,187 @@ fn p13(n: usize, rows: &mut Vec<Row>) {
     }
 }
 
+// ---------------------------------------------------------------- P13r skewed shards, real workers
+
+/// P13r's producer: one record per shard every `P13R_PERIOD`, `P13R_COLD_BYTES` on a
+/// cold shard and ten times that on a hot one (2.5 kB/s against 25 kB/s).
+const P13R_PERIOD: Duration = Duration::from_millis(200);
+const P13R_COLD_BYTES: usize = 500;
+/// P13r's "settled": no owner change for ten heartbeat intervals (the rates are
+/// smoothed over beats: a move may follow a few beats after the last one).
+const P13R_QUIET: Duration = Duration::from_secs(20);
+/// After settling, what each worker's processors received is counted over this long.
+const P13R_WINDOW: Duration = Duration::from_secs(60);
+
+/// What a real fleet with skewed shards settled to under one balance policy.
+struct SkewReal {
+    /// Heartbeat intervals from the hot shards' start to the last owner change.
+    rounds: f64,
+    moved: usize,
+    max_moves: u32,
+    /// Per-worker bytes/s received over the window, over the mean: lowest, highest.
+    low: f64,
+    high: f64,
+    /// Leases per worker at the end.
+    counts: Vec<usize>,
+    /// Owner changes during the window (0 when the fleet stayed settled).
+    window_moves: usize,
+}
+
+/// Each lease's owner.
+async fn owner_map(rig: &Rig) -> BTreeMap<LeaseKey, Option<WorkerId>> {
+    rig.owners()
+        .await
+        .into_iter()
+        .map(|l| (l.key, l.owner))
+        .collect()
+}
+
+/// 100 shards on 5 workers (defaults but `balance`, paused time), every shard cold
+/// until the fleet settles; then 10 of `w00`'s shards turn hot (the worst start a count
+/// balance keeps) and the fleet settles again; then the window is counted.
+async fn p13r_run(balance: flotilla_actors::settings::BalanceMode) -> SkewReal {
+    let rig = Rig::new(100).await;
+    let hot: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let producer = {
+        let hot = hot.clone();
+        feed_sized(&rig, P13R_PERIOD, move |shard| {
+            if hot.lock().unwrap().contains(shard) {
+                10 * P13R_COLD_BYTES
+            } else {
+                P13R_COLD_BYTES
+            }
+        })
+    };
+    let (_, backend) = counted_backend(&rig);
+    let (names, ws) = start_fleet_with(&rig, &backend, 5, |s| s.lease.balance = balance).await;
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    settle(&rig, &members, Some(P13R_QUIET)).await;
+    let w00_first: Vec<String> = owner_map(&rig)
+        .await
+        .into_iter()
+        .filter(|(_, o)| o.as_ref().map(WorkerId::as_str) == Some(names[0].as_str()))
+        .take(10)
+        .map(|(k, _)| k.as_str().to_owned())
+        .collect();
+    hot.lock().unwrap().extend(w00_first);
+    let settled = settle(&rig, &members, Some(P13R_QUIET)).await;
+    let before = owner_map(&rig).await;
+    let bytes0 = rig.log.with(|l| l.bytes.clone());
+    tokio::time::sleep(P13R_WINDOW).await;
+    let bytes1 = rig.log.with(|l| l.bytes.clone());
+    let after = owner_map(&rig).await;
+    producer.abort();
+    for w in ws {
+        w.abort();
+    }
+    let rates: Vec<f64> = names
+        .iter()
+        .map(|n| {
+            let got = bytes1.get(n).copied().unwrap_or(0) - bytes0.get(n).copied().unwrap_or(0);
+            got as f64 / secs(P13R_WINDOW)
+        })
+        .collect();
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let ratios: Vec<f64> = rates.iter().map(|r| r / mean).collect();
+    let counts = names
+        .iter()
+        .map(|n| {
+            after
+                .values()
+                .filter(|o| o.as_ref().map(WorkerId::as_str) == Some(n.as_str()))
+                .count()
+        })
+        .collect();
+    let heartbeat = Settings::default().lease.heartbeat_interval;
+    SkewReal {
+        rounds: settled.secs / secs(heartbeat),
+        moved: settled.moved,
+        max_moves: settled.max_moves,
+        low: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        high: ratios.iter().copied().fold(0.0, f64::max),
+        counts,
+        window_moves: before
+            .iter()
+            .filter(|(k, o)| after.get(*k) != Some(*o))
+            .count(),
+    }
+}
+
+fn p13r(n: usize, rows: &mut Vec<Row>) {
+    use flotilla_actors::settings::BalanceMode;
+    println!(
+        "P13r skewed shards, real workers: 100 shards (10 hot at 10x the bytes/s), 5 workers, \
+         memory backend, paused time, defaults but lease.balance; the 10 hot ones all on w00 \
+         once the fleet settled on cold shards; settled = no owner change for {} s; \
+         bytes/s received per worker over {} s after; {n} runs",
+        secs(P13R_QUIET),
+        secs(P13R_WINDOW)
+    );
+    for (name, balance) in [
+        ("throughput", BalanceMode::Throughput),
+        ("count", BalanceMode::Count),
+    ] {
+        let (mut rounds, mut moved, mut most, mut worst, mut late) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let s = paused_time().block_on(p13r_run(balance));
+            println!(
+                "  {name}, run {i}: settled after {:.1} rounds, {} leases moved (most moves of one {}), \
+                 worker bytes/s {:.2}..{:.2} of the mean, leases {:?}, owner changes in the window {}",
+                s.rounds, s.moved, s.max_moves, s.low, s.high, s.counts, s.window_moves
+            );
+            rounds.push(s.rounds);
+            moved.push(s.moved as f64);
+            most.push(f64::from(s.max_moves));
+            worst.push((1.0 - s.low).max(s.high - 1.0) * 100.0);
+            late.push(s.window_moves as f64);
+        }
+        let max_dev = worst.iter().copied().fold(0.0, f64::max);
+        let max_late = late.iter().copied().fold(0.0, f64::max);
+        rows.push(Row {
+            id: format!("P13r {name}"),
+            what: format!(
+                "real workers, {name} balance, 10 hot + 90 cold on 5 workers: worst worker's \
+                 received bytes/s from the mean"
+            ),
+            values: worst,
+            unit: "%",
+            target: Some((15.0, max_dev, "max")),
+        });
+        rows.push(Row {
+            id: format!("P13r {name} rnd"),
+            what: format!("{name} balance: heartbeat rounds to the last owner change"),
+            values: rounds,
+            unit: "rnd",
+            target: None,
+        });
+        rows.push(Row {
+            id: format!("P13r {name} mv"),
+            what: format!("{name} balance: leases moved"),
+            values: moved,
+            unit: "mv",
+            target: None,
+        });
+        rows.push(Row {
+            id: format!("P13r {name} mv1"),
+            what: format!("{name} balance: most moves of one lease"),
+            values: most,
+            unit: "mv",
+            target: None,
+        });
+        // Not 0: the fleet was not settled when the window began (the quiet rule was
+        // too short), and the worst worker's figure mixes two placements.
+        rows.push(Row {
+            id: format!("P13r {name} win"),
+            what: format!("{name} balance: owner changes during the measuring window"),
+            values: late,
+            unit: "mv",
+            target: Some((0.0, max_late, "max")),
+        });
+    }
+}
+
 // ---------------------------------------------------------------- P6 lease-table cost
 
 const OPS: [&str; 16] = [
@@ -1021,10 +1220,22 @@ fn counted_backend_on(rig: &Rig, index: bool) -> (Counted, Backend) {
 /// Workers `w00`, `w01`, … started one after another on `backend` (in paused time no
 /// virtual time passes between them: they start together).
 async fn start_fleet(rig: &Rig, backend: &Backend, workers: usize) -> (Vec<String>, Vec<Worker>) {
+    start_fleet_with(rig, backend, workers, |_| {}).await
+}
+
+/// [`start_fleet`] with `tweak` applied to every worker's settings.
+async fn start_fleet_with(
+    rig: &Rig,
+    backend: &Backend,
+    workers: usize,
+    tweak: impl Fn(&mut Settings),
+) -> (Vec<String>, Vec<Worker>) {
     let names: Vec<String> = (0..workers).map(|i| format!("w{i:02}")).collect();
     let mut ws = Vec::new();
     for id in &names {
-        ws.push(rig.start(backend.clone(), settings(id, false), false).await);
+        let mut s = settings(id, false);
+        tweak(&mut s);
+        ws.push(rig.start(backend.clone(), s, false).await);
     }
     (names, ws)
 }
@@ -1763,6 +1974,9 @@ fn main() {
     }
     if want("p13") {
         p13(runs(5), &mut rows);
+    }
+    if want("p13r") {
+        p13r(runs(3), &mut rows);
     }
     if want("p14") {
         p14(runs(1), &mut rows);
