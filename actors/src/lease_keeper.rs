@@ -569,6 +569,7 @@ impl KeeperState {
                 now: &self.totals,
                 at_whole: &self.totals_at_whole,
             },
+            self.args.fleet.take_wanted(),
         );
         let read = self.args.table.heartbeats(detail).await;
         let now = Instant::now();

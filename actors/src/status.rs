@@ -524,8 +524,51 @@ pub(crate) type StreamSetBoard =
 pub(crate) type RowsBoard = Arc<tokio::sync::watch::Sender<Option<Arc<Vec<crate::model::Lease>>>>>;
 
 /// The keeper's latest fleet view and when its scan was taken.
-pub(crate) type FleetBoard =
-    Arc<tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>>;
+pub(crate) type FleetBoard = Arc<FleetBoardInner>;
+
+/// The fleet view the keeper publishes, and whether anyone asked for it since the
+/// keeper's last round. Peers' lags and subscriptions live only in their whole
+/// heartbeat rows, which a quiet round does not read (it reads the heartbeat index):
+/// a round after `/fleet` was asked reads them whole, so the view someone is watching
+/// is never older than a round, and nobody watching costs nothing.
+#[derive(Debug)]
+pub(crate) struct FleetBoardInner {
+    view: tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>,
+    wanted: std::sync::atomic::AtomicBool,
+}
+
+impl Default for FleetBoardInner {
+    fn default() -> Self {
+        Self {
+            view: tokio::sync::watch::channel(None).0,
+            wanted: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl FleetBoardInner {
+    pub(crate) fn send_replace(&self, view: Option<Arc<(FleetView, tokio::time::Instant)>>) {
+        self.view.send_replace(view);
+    }
+
+    pub(crate) fn subscribe(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Option<Arc<(FleetView, tokio::time::Instant)>>> {
+        self.view.subscribe()
+    }
+
+    /// Somebody asked for the fleet view (`GET /fleet`).
+    pub(crate) fn want(&self) {
+        self.wanted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether somebody asked since the last call (the keeper's round).
+    pub(crate) fn take_wanted(&self) -> bool {
+        self.wanted
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// What one shard's graceful stop achieved.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -5,7 +5,9 @@
 //! one collection at a time, answers within [`FRESH_FOR`] of each other share one, and
 //! a request waits at most [`COLLECT_TIMEOUT_MS`] before it is served the last snapshot
 //! (with its age deciding liveness). Nobody reading means nothing is asked. The fleet
-//! view is pushed by the lease keeper after every scan it makes anyway.
+//! view is pushed by the lease keeper after every round; asking for it makes the
+//! keeper's next round read the peers' whole heartbeat rows (their lags), so a watched
+//! view is at most a round old.
 //!
 //! * `GET /status` — this worker (JSON).
 //! * `GET /fleet` — every worker and lease, from the last lease-table scan (JSON, or the
@@ -122,6 +124,8 @@ impl Collector {
 struct Shared {
     worker: Collector,
     fleet: watch::Receiver<Option<Arc<(crate::status::FleetView, Instant)>>>,
+    /// Told when `/fleet` is asked, so the keeper's next round reads peers' whole rows.
+    fleet_board: FleetBoard,
     supervisor: ActorCell,
     settings: Arc<Settings>,
 }
@@ -160,6 +164,7 @@ impl Actor for StatusServer {
                 collecting: Arc::new(tokio::sync::Mutex::new(())),
             },
             fleet: args.fleet.subscribe(),
+            fleet_board: args.fleet.clone(),
             supervisor: args.supervisor.get_cell(),
             settings: args.settings.clone(),
         };
@@ -223,6 +228,7 @@ async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
     if wants_html {
         return Html(FLEET_PAGE).into_response();
     }
+    shared.fleet_board.want();
     let view = shared.fleet.borrow().clone();
     match view {
         Some(view) => {

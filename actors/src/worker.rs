@@ -503,7 +503,7 @@ impl WorkerBuilder {
             delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             lags: Default::default(),
             budget,
-            fleet: Arc::new(tokio::sync::watch::channel(None).0),
+            fleet: Arc::default(),
             listing: Arc::new(tokio::sync::watch::channel(None).0),
             status_addr: status_addr.clone(),
             status_listener: Mutex::new(status_listener),

@@ -384,14 +384,24 @@ pub(crate) fn rate(delivered: u64, before: u64, elapsed: Duration) -> u64 {
 /// scan or a full read, `since_whole`) is that old *and* the workers' totals, which
 /// the index does hold (`WorkerLoad::records_per_second`), say the rates read then may
 /// be out of date for the plan ([`totals_moved`]). A balanced, steady fleet reads no
-/// whole rows between scans; never under count balance.
+/// whole rows between scans; under count balance, none.
+///
+/// Whatever the policy, a round after somebody asked for the fleet view (`watched`:
+/// `GET /fleet`, the fleet page, `flotilla status --fleet`) reads them whole: the
+/// peers' per-shard lags and subscriptions live only there, and a watched view must not
+/// show them as old as the last scan (up to `full_scan_interval`). Nobody watching
+/// costs nothing.
 pub(crate) fn heartbeat_detail(
     policy: &Policy,
     since_whole: Option<Duration>,
     rebalance_every: Duration,
     totals: &Totals<'_>,
+    watched: bool,
 ) -> crate::backend::HeartbeatDetail {
     use crate::backend::HeartbeatDetail::{Full, Summary};
+    if watched {
+        return Full;
+    }
     let threshold = match policy {
         Policy::Count => return Summary,
         Policy::Throughput(spread) => spread.threshold,
@@ -485,7 +495,14 @@ mod tests {
             (throughput, Some(s(10)), &joined, &even, Full),
             (throughput, Some(s(10)), &woke, &idle, Full),
         ] {
-            let detail = heartbeat_detail(&policy, since, every, &Totals { now, at_whole });
+            let totals = Totals { now, at_whole };
+            let detail = heartbeat_detail(&policy, since, every, &totals, false);
+            // Watched, every case reads whole rows: a watched fleet view is a round old.
+            assert_eq!(
+                heartbeat_detail(&policy, since, every, &totals, true),
+                Full,
+                "{policy:?} {since:?} watched"
+            );
             assert_eq!(detail, want, "{policy:?} {since:?} {now:?} {at_whole:?}");
         }
     }
