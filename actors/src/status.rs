@@ -535,6 +535,8 @@ pub(crate) type FleetBoard = Arc<FleetBoardInner>;
 pub(crate) struct FleetBoardInner {
     view: tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>,
     wanted: std::sync::atomic::AtomicBool,
+    /// When `/fleet` was last asked.
+    asked: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Default for FleetBoardInner {
@@ -542,6 +544,7 @@ impl Default for FleetBoardInner {
         Self {
             view: tokio::sync::watch::channel(None).0,
             wanted: std::sync::atomic::AtomicBool::new(false),
+            asked: std::sync::Mutex::new(None),
         }
     }
 }
@@ -557,10 +560,19 @@ impl FleetBoardInner {
         self.view.subscribe()
     }
 
-    /// Somebody asked for the fleet view (`GET /fleet`).
-    pub(crate) fn want(&self) {
+    /// Somebody asked for the fleet view (`GET /fleet`). Returns whether it was asked
+    /// within `within` before, i.e. whether the keeper's rounds have kept it whole.
+    pub(crate) fn want(&self, within: std::time::Duration) -> bool {
         self.wanted
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        let now = tokio::time::Instant::now();
+        let mut asked = self
+            .asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let watched = asked.is_some_and(|at| now.saturating_duration_since(at) <= within);
+        *asked = Some(now);
+        watched
     }
 
     /// Whether somebody asked since the last call (the keeper's round).
@@ -713,4 +725,28 @@ pub struct CheckpointView {
     /// A position waiting for the next write.
     pub pending: Option<String>,
     pub writes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FleetBoardInner;
+    use std::time::Duration;
+
+    /// The keeper is told once per ask, and an ask counts as watched only within the
+    /// window after the previous one (the status server waits for a fresh round
+    /// otherwise).
+    #[tokio::test(start_paused = true)]
+    async fn a_fleet_ask_is_watched_only_soon_after_the_last() {
+        let board = FleetBoardInner::default();
+        let window = Duration::from_secs(4);
+        assert!(!board.take_wanted(), "nobody asked yet");
+        assert!(!board.want(window), "a first ask is not watched");
+        assert!(board.take_wanted());
+        assert!(!board.take_wanted(), "told once per ask");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(board.want(window), "asked 3 s after the last");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!board.want(window), "asked 5 s after the last");
+        assert!(board.take_wanted());
+    }
 }

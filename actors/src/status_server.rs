@@ -228,7 +228,15 @@ async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
     if wants_html {
         return Html(FLEET_PAGE).into_response();
     }
-    shared.fleet_board.want();
+    let beat = shared.settings.lease.heartbeat_interval;
+    if !shared.fleet_board.want(beat * 2) {
+        // Nobody watched lately: the peers' lags are as old as the last scan. Wait for
+        // the round this ask makes read them whole (bounded: a stuck keeper's view is
+        // served as it is, with its age).
+        let mut next = shared.fleet.clone();
+        next.borrow_and_update();
+        let _ = tokio::time::timeout(beat + Duration::from_secs(1), next.changed()).await;
+    }
     let view = shared.fleet.borrow().clone();
     match view {
         Some(view) => {
