@@ -143,6 +143,8 @@ pub(crate) struct KeeperState {
     /// whole read: whether a round reads whole rows (`pure::heartbeat_detail`).
     totals: BTreeMap<WorkerId, u64>,
     totals_at_whole: BTreeMap<WorkerId, u64>,
+    /// Each worker's lease count as of the last heartbeat read.
+    lease_counts: BTreeMap<WorkerId, u64>,
 }
 
 /// What the last scan found, kept for the rounds that read only the heartbeat rows.
@@ -213,6 +215,7 @@ impl Actor for LeaseKeeper {
             whole_read: None,
             totals: BTreeMap::new(),
             totals_at_whole: BTreeMap::new(),
+            lease_counts: BTreeMap::new(),
             first_seen: BTreeMap::new(),
             orphans: BTreeSet::new(),
             listing_asked: None,
@@ -568,6 +571,7 @@ impl KeeperState {
             &pure::Totals {
                 now: &self.totals,
                 at_whole: &self.totals_at_whole,
+                leases: &self.lease_counts,
             },
             self.args.fleet.take_wanted(),
         );
@@ -576,6 +580,11 @@ impl KeeperState {
         let heartbeats_read = match read {
             Ok(mut out) => {
                 self.totals = totals(&out.heartbeats);
+                self.lease_counts = out
+                    .heartbeats
+                    .iter()
+                    .map(|h| (h.worker.clone(), h.load.leases))
+                    .collect();
                 if out.summary {
                     // Read through the index: lags and rates as last read whole.
                     for heartbeat in &mut out.heartbeats {

@@ -199,14 +199,8 @@ async fn leases_of_all_streams_are_balanced_across_the_fleet() {
         .await;
     shutdown_clean(b).await;
     shutdown_clean(a).await;
-    let seen = probes.snapshot();
     for producer in [&p_orders, &p_audit] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
 }
 
@@ -270,12 +264,7 @@ async fn a_kcl_multi_stream_table_is_resumed_from_its_checkpoints() {
     );
     assert_eq!(seen.distinct(), total);
     for producer in [&new_orders, &new_audit] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
 }
 
@@ -448,14 +437,8 @@ async fn a_stream_added_at_runtime_is_read_within_one_sync() {
         ]
     );
     shutdown_clean(worker).await;
-    let seen = probes.snapshot();
     for producer in [&p_audit, &p_later] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
 }
 
@@ -634,12 +617,7 @@ async fn two_workers_whose_sets_differ_do_not_fight() {
         settled,
         "audit's leases moved while b held them"
     );
-    let verdict = probes.snapshot().verdict(&p_audit.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&p_audit);
 
     // b drops it too: released, and deleted after the grace.
     set_b.put(&[STREAM]);
@@ -885,12 +863,7 @@ async fn a_stream_named_by_its_arn_is_read_and_a_wrong_arn_is_refused() {
     let seen = probes.snapshot();
     assert_eq!(seen.distinct(), total);
     for producer in [&p_orders, &p_audit] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
     // Keyed by the ARN's account and the stream's name, as a name entry would be; the
     // row's source is what the calls take, the ARN.
@@ -940,12 +913,7 @@ async fn fan_out_reads_each_stream_with_its_own_consumer() {
     let seen = probes.snapshot();
     assert_eq!(seen.distinct(), total);
     for producer in [&p_orders, &p_audit] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
     for name in [STREAM, "audit"] {
         let arn = rig.streams.describe_stream_summary(name).await.unwrap().arn;
@@ -1019,12 +987,7 @@ async fn an_arn_added_at_runtime_is_read_and_a_wrong_one_stays_unresolved() {
         "{refused:?}"
     );
     shutdown_clean(worker).await;
-    let verdict = probes.snapshot().verdict(&p_audit.produced);
-    assert_eq!(
-        (verdict.lost, verdict.order_violations),
-        (0, 0),
-        "{verdict:?}"
-    );
+    probes.assert_nothing_lost(&p_audit);
     let rows = rig.lease_rows().await;
     let of_audit: Vec<_> = rows
         .iter()
@@ -1131,13 +1094,7 @@ async fn fan_out_registers_the_consumer_of_a_stream_added_at_runtime() {
             .any(|c| c.name == APP)
     );
     shutdown_clean(worker).await;
-    let seen = probes.snapshot();
     for producer in [&p_audit, &p_full] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
 }

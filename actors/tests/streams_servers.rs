@@ -49,18 +49,7 @@ async fn two_streams_in_one_table(
         StreamEntry::Name(b_arn.clone()),
     ];
     settings.reader.mode = mode;
-    let endpoint = dynamodb_endpoint.clone();
-    let backend = Backend::new(
-        Arc::new(kinesis.clone()),
-        move |name| {
-            Arc::new(DynamoLeaseTable::new(
-                &servers::sdk_config(),
-                Some(&endpoint),
-                name,
-            ))
-        },
-        Arc::new(MemoryMetrics::new()),
-    );
+    let backend = dynamo_backend(&kinesis, &dynamodb_endpoint);
     let probes = ProbeFactory::new(Misbehave::default());
     let f = probes.clone();
     let worker: Worker = Worker::builder()
@@ -78,14 +67,8 @@ async fn two_streams_in_one_table(
         .await;
     let status = worker.status().await.unwrap();
     shutdown_clean(worker).await;
-    let seen = probes.snapshot();
     for producer in [&p_a, &p_b] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
 
     // Fan-out: one consumer per stream, named for the application, and every shard
@@ -163,18 +146,7 @@ async fn a_stream_set_that_changes(
             async move { answer }
         }
     });
-    let endpoint = dynamodb_endpoint.clone();
-    let backend = Backend::new(
-        Arc::new(kinesis.clone()),
-        move |name| {
-            Arc::new(DynamoLeaseTable::new(
-                &servers::sdk_config(),
-                Some(&endpoint),
-                name,
-            ))
-        },
-        Arc::new(MemoryMetrics::new()),
-    );
+    let backend = dynamo_backend(&kinesis, &dynamodb_endpoint);
     let probes = ProbeFactory::new(Misbehave::default());
     let f = probes.clone();
     let worker: Worker = Worker::builder()
@@ -251,14 +223,8 @@ async fn a_stream_set_that_changes(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     shutdown_clean(worker).await;
-    let seen = probes.snapshot();
     for producer in [&p_a, &p_b] {
-        let verdict = seen.verdict(&producer.produced);
-        assert_eq!(
-            (verdict.lost, verdict.order_violations),
-            (0, 0),
-            "{verdict:?}"
-        );
+        probes.assert_nothing_lost(producer);
     }
 }
 
@@ -352,4 +318,20 @@ async fn kinesis_mock_dynamodb_local_fanout() {
 async fn moto() {
     let url = servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT");
     two_streams_in_one_table(url.clone(), url, ReadMode::Polling).await;
+}
+
+/// The real adapters: the given Kinesis client, lease tables on `dynamodb_endpoint`.
+fn dynamo_backend(kinesis: &KinesisStream, dynamodb_endpoint: &str) -> Backend {
+    let endpoint = dynamodb_endpoint.to_owned();
+    Backend::new(
+        Arc::new(kinesis.clone()),
+        move |name| {
+            Arc::new(DynamoLeaseTable::new(
+                &servers::sdk_config(),
+                Some(&endpoint),
+                name,
+            ))
+        },
+        Arc::new(MemoryMetrics::new()),
+    )
 }

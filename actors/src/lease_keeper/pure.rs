@@ -420,10 +420,13 @@ pub(crate) fn heartbeat_detail(
 pub(crate) struct Totals<'a> {
     pub now: &'a BTreeMap<WorkerId, u64>,
     pub at_whole: &'a BTreeMap<WorkerId, u64>,
+    /// Each worker's lease count as of the last read (the index holds it too).
+    pub leases: &'a BTreeMap<WorkerId, u64>,
 }
 
 /// Whether the per-lease rates last read whole may no longer be what the throughput
-/// plan would act on: the workers are not those of the whole read; or a worker's total
+/// plan would act on: the workers are not those of the whole read; or their lease
+/// counts are more than one apart (`balance::even_counts` may act); or a worker's total
 /// moved by more than half the band (`threshold` × the mean) since (so a worker inside
 /// the band then may be outside now: a shard turned hot); or a worker's total is outside
 /// the band now (the plan may have a move; a fleet no move can even out reads whole
@@ -431,8 +434,18 @@ pub(crate) struct Totals<'a> {
 /// records/s where the plan weighs bytes/s: records alone change the totals, not record
 /// sizes, which the full scan's backstop (`full_scan_interval`) covers.
 pub(crate) fn totals_moved(totals: &Totals<'_>, threshold: f64) -> bool {
-    let Totals { now, at_whole } = *totals;
+    let Totals {
+        now,
+        at_whole,
+        leases,
+    } = *totals;
     if !now.keys().eq(at_whole.keys()) {
+        return true;
+    }
+    // Counts off even: `even_counts` may act, on rates as the whole rows hold them (a
+    // joiner facing an idle fleet: every total 0, so nothing else would say so).
+    let (fewest, most) = (leases.values().min(), leases.values().max());
+    if fewest.zip(most).is_some_and(|(f, m)| m - f > 1) {
         return true;
     }
     let mean = |m: &BTreeMap<WorkerId, u64>| {
@@ -480,6 +493,22 @@ mod tests {
         let coarse = totals(&[("a", 300), ("b", 100), ("c", 100)]);
         let joined = totals(&[("a", 100), ("b", 100), ("c", 100), ("d", 0)]);
         let woke = totals(&[("a", 5), ("b", 0), ("c", 0)]);
+        let even_counts = totals(&[("a", 2), ("b", 2), ("c", 1)]);
+        // A joiner facing an idle fleet: every total 0, the counts 4 / 0.
+        let uneven_counts = totals(&[("a", 4), ("b", 0)]);
+        let idle2 = totals(&[("a", 0), ("b", 0)]);
+        for (since, want) in [(s(9), Summary), (s(10), Full)] {
+            let totals = Totals {
+                now: &idle2,
+                at_whole: &idle2,
+                leases: &uneven_counts,
+            };
+            assert_eq!(
+                heartbeat_detail(&throughput, Some(since), every, &totals, false),
+                want,
+                "uneven counts, {since:?}"
+            );
+        }
         for (policy, since, now, at_whole, want) in [
             (Policy::Count, None, &hot, &even, Summary),
             (Policy::Count, Some(s(3600)), &hot, &even, Summary),
@@ -495,7 +524,11 @@ mod tests {
             (throughput, Some(s(10)), &joined, &even, Full),
             (throughput, Some(s(10)), &woke, &idle, Full),
         ] {
-            let totals = Totals { now, at_whole };
+            let totals = Totals {
+                now,
+                at_whole,
+                leases: &even_counts,
+            };
             let detail = heartbeat_detail(&policy, since, every, &totals, false);
             // Watched, every case reads whole rows: a watched fleet view is a round old.
             assert_eq!(
