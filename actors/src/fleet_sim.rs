@@ -172,21 +172,7 @@ impl Sim {
         let snapshot = self.leases.clone();
         let mut decisions = Vec::new();
         for w in &self.workers {
-            let held = self.held_by(w);
-            let d = decide(
-                &Round {
-                    leases: &snapshot,
-                    held: &held,
-                    observations: &self.obs,
-                    me: w,
-                    now: self.now,
-                    cooling: &BTreeSet::new(),
-                    handing_off: &BTreeSet::new(),
-                    draining: self.draining.contains(w),
-                },
-                &self.limits,
-            );
-            decisions.push((w.clone(), d));
+            decisions.push((w.clone(), self.decide_on(w, &snapshot)));
         }
         self.land(&decisions);
         // Owners answer the requests before the askers' next round: real workers' rounds
@@ -204,20 +190,7 @@ impl Sim {
             .iter()
             .filter(|w| owners.contains(w))
             .map(|w| {
-                let held = self.held_by(w);
-                let d = decide(
-                    &Round {
-                        leases: &asked,
-                        held: &held,
-                        observations: &self.obs,
-                        me: w,
-                        now: self.now,
-                        cooling: &BTreeSet::new(),
-                        handing_off: &BTreeSet::new(),
-                        draining: self.draining.contains(w),
-                    },
-                    &self.limits,
-                );
+                let d = self.decide_on(w, &asked);
                 let answer = Decision {
                     hand_off: d.hand_off,
                     turn_down: d.turn_down,
@@ -228,6 +201,24 @@ impl Sim {
             .collect();
         self.land(&answers);
         decisions
+    }
+
+    /// What `w` decides on the scan `leases`, as its keeper would.
+    fn decide_on(&self, w: &WorkerId, leases: &[Lease]) -> Decision {
+        let held = self.held_by(w);
+        decide(
+            &Round {
+                leases,
+                held: &held,
+                observations: &self.obs,
+                me: w,
+                now: self.now,
+                cooling: &BTreeSet::new(),
+                handing_off: &BTreeSet::new(),
+                draining: self.draining.contains(w),
+            },
+            &self.limits,
+        )
     }
 
     /// The writes of `decisions`, in order, each landing if its condition holds.
