@@ -48,6 +48,27 @@ fn three_settings() -> Settings {
     ])
 }
 
+/// The table's rows, after asserting that `stream` has `count` of them, each read by
+/// `arn` (the row's source is what the calls take).
+async fn rows_read_by_arn(
+    rig: &Rig,
+    stream: &StreamIdentifier,
+    arn: &str,
+    count: usize,
+) -> Vec<Lease> {
+    let rows = rig.lease_rows().await;
+    let of_stream: Vec<_> = rows
+        .iter()
+        .filter(|l| l.key.stream_id() == Some(stream.to_string().as_str()))
+        .collect();
+    assert_eq!(of_stream.len(), count, "{rows:#?}");
+    assert!(
+        of_stream.iter().all(|l| l.source.as_deref() == Some(arn)),
+        "{of_stream:#?}"
+    );
+    rows
+}
+
 async fn id_of(streams: &MemoryStreams, name: &str) -> StreamIdentifier {
     let summary = streams.describe_stream_summary(name).await.unwrap();
     StreamIdentifier::of_stream(name, &summary.arn, summary.created.unwrap()).unwrap()
@@ -867,18 +888,7 @@ async fn a_stream_named_by_its_arn_is_read_and_a_wrong_arn_is_refused() {
     }
     // Keyed by the ARN's account and the stream's name, as a name entry would be; the
     // row's source is what the calls take, the ARN.
-    let rows = rig.lease_rows().await;
-    let of_audit: Vec<_> = rows
-        .iter()
-        .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
-        .collect();
-    assert_eq!(of_audit.len(), 2, "{rows:#?}");
-    assert!(
-        of_audit
-            .iter()
-            .all(|l| l.source.as_deref() == Some(arn.as_str())),
-        "{of_audit:#?}"
-    );
+    rows_read_by_arn(&rig, &audit, &arn, 2).await;
     assert!(
         status
             .shards
@@ -988,18 +998,7 @@ async fn an_arn_added_at_runtime_is_read_and_a_wrong_one_stays_unresolved() {
     );
     shutdown_clean(worker).await;
     probes.assert_nothing_lost(&p_audit);
-    let rows = rig.lease_rows().await;
-    let of_audit: Vec<_> = rows
-        .iter()
-        .filter(|l| l.key.stream_id() == Some(audit.to_string().as_str()))
-        .collect();
-    assert_eq!(of_audit.len(), 2, "{rows:#?}");
-    assert!(
-        of_audit
-            .iter()
-            .all(|l| l.source.as_deref() == Some(audit_arn.as_str())),
-        "{of_audit:#?}"
-    );
+    let rows = rows_read_by_arn(&rig, &audit, &audit_arn, 2).await;
     assert!(
         rows.iter().all(|l| !l.key.to_string().contains("clicks")),
         "the stream of the wrong ARN is never read: {rows:#?}"
