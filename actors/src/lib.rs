@@ -33,7 +33,9 @@
 //!   fixed list, or a source asked at every shard sync).
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
-//!   the snapshots it returns.
+//!   the snapshots it returns; `status_tree`: the supervision tree a person reads,
+//!   one pure function of a snapshot (the page draws it, `flotilla status` prints it);
+//!   `status_page` and `status_history` (private): `/status.html` and its charts' ring.
 
 pub mod backend;
 pub mod backoff;
@@ -56,6 +58,7 @@ mod protocol;
 pub mod settings;
 mod shard_reader;
 pub mod status;
+pub mod status_tree;
 mod status_server;
 pub mod stream_set;
 mod stream_watcher;
