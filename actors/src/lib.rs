@@ -35,7 +35,8 @@
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
 //!   the snapshots it returns; `status_tree`: the supervision tree a person reads,
 //!   one pure function of a snapshot (the page draws it, `flotilla status` prints it);
-//!   `status_page` and `status_history` (private): `/status.html` and its charts' ring.
+//!   `status_page`: `/status.html`, that tree and its charts drawn as one page;
+//!   `status_history`: the bounded rings of the last 10 minutes the charts draw.
 
 pub mod backend;
 pub mod backoff;
@@ -59,6 +60,8 @@ pub mod settings;
 mod shard_reader;
 pub mod status;
 pub mod status_tree;
+pub mod status_history;
+pub mod status_page;
 mod status_server;
 pub mod stream_set;
 mod stream_watcher;

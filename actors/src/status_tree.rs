@@ -40,6 +40,8 @@ pub struct TreeNode {
     /// The last failure the actor reports, with how long ago when that is known.
     pub last_error: Option<String>,
     pub error_age_ms: Option<u64>,
+    /// A reader's shard (as [`shard_label`] names it): the key of its charts.
+    pub shard: Option<String>,
     /// Further facts in the order shown: (label, value).
     pub facts: Vec<(String, String)>,
     pub children: Vec<TreeNode>,
@@ -55,6 +57,7 @@ impl TreeNode {
             stall: None,
             last_error: None,
             error_age_ms: None,
+            shard: None,
             facts: Vec::new(),
             children: Vec::new(),
         }
@@ -175,6 +178,7 @@ pub fn tree(status: &WorkerStatus) -> TreeNode {
         .fact("bytes/s", rate(shard.bytes_per_second))
         .fact("records", shard.records_delivered.to_string());
         reader.restarts = Some(shard.restarts);
+        reader.shard = Some(shard_label(shard));
         reader.stall = stall(shard);
         reader.last_error = shard.last_error.clone();
         if let Some(sub) = &shard.subscription {
