@@ -7,9 +7,16 @@
 //! (with its age deciding liveness). Nobody reading means nothing is asked. The fleet
 //! view is pushed by the lease keeper after every round; asking for it makes the
 //! keeper's next round read the peers' whole heartbeat rows (their lags), so a watched
-//! view is at most a round old.
+//! view is at most a round old. The charts' history is the one exception: a sampler
+//! takes one snapshot every `status_history::STEP` (and reads the fleet view the keeper
+//! last pushed) into bounded rings, so the last 10 minutes are there when someone
+//! looks.
 //!
-//! * `GET /status` — this worker (JSON).
+//! * `GET /status` — this worker (JSON, or the page when the client asks for HTML);
+//!   `GET /status.html` — the page: its supervision tree and each shard's last 10
+//!   minutes (`status_page`); `GET /status/tree` — the tree's nodes (JSON, what
+//!   `flotilla status` prints); `GET /status/history`, `GET /fleet/history` — the
+//!   charts' points per shard and per worker (JSON).
 //! * `GET /fleet` — every worker and lease, from the last lease-table scan (JSON, or the
 //!   page when the client asks for HTML); `GET /fleet.html` — the page.
 //! * `GET /healthz` — liveness: the supervisor runs and answers.
@@ -40,6 +47,7 @@ use crate::metrics::{Kind, Metric};
 use crate::protocol::SupervisorMsg;
 use crate::settings::Settings;
 use crate::status::{FleetBoard, WorkerStatus};
+use crate::status_history::{History, STEP, shard_samples, worker_samples};
 
 /// A snapshot this recent is served as it is: requests arriving together share one
 /// collection.
@@ -70,6 +78,14 @@ pub(crate) struct StatusArgs {
 
 pub(crate) struct StatusState {
     server: JoinHandle<()>,
+    sampler: JoinHandle<()>,
+}
+
+/// The charts' rings: per shard of this worker, per worker of the fleet.
+#[derive(Default)]
+struct Histories {
+    shards: History,
+    workers: History,
 }
 
 /// A worker status and when it was collected.
@@ -128,6 +144,7 @@ struct Shared {
     fleet_board: FleetBoard,
     supervisor: ActorCell,
     settings: Arc<Settings>,
+    history: Arc<std::sync::Mutex<Histories>>,
 }
 
 impl Actor for StatusServer {
@@ -167,7 +184,9 @@ impl Actor for StatusServer {
             fleet_board: args.fleet.clone(),
             supervisor: args.supervisor.get_cell(),
             settings: args.settings.clone(),
+            history: Arc::default(),
         };
+        let sampler = tokio::spawn(sample(shared.clone()));
         let app = router(shared);
         let server = tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, app).await {
@@ -175,7 +194,7 @@ impl Actor for StatusServer {
             }
         });
         info!(message = "Status endpoint listening.", url = %format!("http://{local}/status"));
-        Ok(StatusState { server })
+        Ok(StatusState { server, sampler })
     }
 
     async fn handle(
@@ -193,6 +212,7 @@ impl Actor for StatusServer {
         state: &mut StatusState,
     ) -> Result<(), ActorProcessingErr> {
         state.server.abort();
+        state.sampler.abort();
         Ok(())
     }
 }
@@ -200,7 +220,11 @@ impl Actor for StatusServer {
 fn router(shared: Shared) -> Router {
     Router::new()
         .route("/status", get(status))
+        .route("/status.html", get(status_page))
+        .route("/status/tree", get(status_tree))
+        .route("/status/history", get(status_history))
         .route("/fleet", get(fleet))
+        .route("/fleet/history", get(fleet_history))
         .route("/fleet.html", get(fleet_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -212,7 +236,19 @@ fn unavailable(why: &str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response()
 }
 
-async fn status(State(shared): State<Shared>) -> Response {
+/// The client asked for a page (a browser's `Accept`), not the JSON that curl and
+/// `flotilla status` get by default.
+fn wants_html(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/html"))
+}
+
+async fn status(State(shared): State<Shared>, headers: HeaderMap) -> Response {
+    if wants_html(&headers) {
+        return status_page(State(shared)).await;
+    }
     let snapshot = shared.worker.snapshot().await;
     match snapshot {
         Some(snapshot) => axum::Json(&snapshot.0).into_response(),
@@ -220,12 +256,87 @@ async fn status(State(shared): State<Shared>) -> Response {
     }
 }
 
+async fn status_page(State(shared): State<Shared>) -> Response {
+    let Some(snapshot) = shared.worker.snapshot().await else {
+        return unavailable("no status collected yet");
+    };
+    let charts = shared
+        .history
+        .lock()
+        .map(|h| h.shards.series())
+        .unwrap_or_default();
+    Html(crate::status_page::render(&snapshot.0, &charts)).into_response()
+}
+
+async fn status_tree(State(shared): State<Shared>) -> Response {
+    match shared.worker.snapshot().await {
+        Some(snapshot) => axum::Json(crate::status_tree::tree(&snapshot.0)).into_response(),
+        None => unavailable("no status collected yet"),
+    }
+}
+
+/// The charts' points as JSON: the step, and each series oldest first (`null` a gap).
+fn history_json(history: &Arc<std::sync::Mutex<Histories>>, fleet: bool) -> Response {
+    let series = history
+        .lock()
+        .map(|h| {
+            if fleet {
+                h.workers.series()
+            } else {
+                h.shards.series()
+            }
+        })
+        .unwrap_or_default();
+    axum::Json(serde_json::json!({
+        "step_ms": STEP.as_millis() as u64,
+        "series": series,
+    }))
+    .into_response()
+}
+
+async fn status_history(State(shared): State<Shared>) -> Response {
+    history_json(&shared.history, false)
+}
+
+async fn fleet_history(State(shared): State<Shared>) -> Response {
+    history_json(&shared.history, true)
+}
+
+/// One sample per [`STEP`] into the charts' rings: this worker's shards from a status
+/// snapshot (a request's, when one was collected within the last second), the fleet's
+/// workers from the view the keeper last pushed. A snapshot or view older than a few
+/// steps (the supervisor did not answer, no scan lately) is not recorded: the step is a
+/// gap on the charts, as it is while the process is paused.
+async fn sample(shared: Shared) {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(STEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let snapshot = shared
+            .worker
+            .snapshot()
+            .await
+            .filter(|s| s.1.elapsed() < STEP);
+        let fleet = shared
+            .fleet
+            .borrow()
+            .clone()
+            .filter(|v| v.1.elapsed() < STEP * 3);
+        let at = started.elapsed();
+        if let Ok(mut history) = shared.history.lock() {
+            if let Some(snapshot) = snapshot {
+                history.shards.record(at, shard_samples(&snapshot.0));
+            }
+            if let Some(view) = fleet {
+                history.workers.record(at, worker_samples(&view.0));
+            }
+        }
+    }
+}
+
 async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
-    let wants_html = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/html"));
-    if wants_html {
+    if wants_html(&headers) {
         return Html(FLEET_PAGE).into_response();
     }
     let beat = shared.settings.lease.heartbeat_interval;

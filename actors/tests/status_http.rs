@@ -164,6 +164,98 @@ async fn every_route_answers_with_live_data() {
     }
 }
 
+/// The worker page (`/status.html`, and `/status` asked for HTML): the supervision tree
+/// with a reader and processor per shard, and, after the sampler's second step, each
+/// shard's charts drawn with data; the tree's nodes and the charts' points as JSON;
+/// `/status` stays JSON for everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_page_shows_its_tree_and_charts() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let a = rig.start_with(&probes, settings("page-a")).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 8, 10).await;
+    probes.wait_distinct(80, Duration::from_secs(20)).await;
+    json_until(&a, "/status", "holds both shards", |s| {
+        s["shards"].as_array().is_some_and(|s| s.len() == 2)
+    })
+    .await;
+
+    // JSON stays the default: curl's */* and flotilla status get it.
+    for accept in ["*/*", "application/json"] {
+        let (code, content_type, body) = get(&url(&a, "/status"), accept).await;
+        assert_eq!(code, 200);
+        assert!(content_type.starts_with("application/json"), "{accept}: {content_type}");
+        assert!(body.starts_with('{'), "{accept}");
+    }
+    let browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+    let (code, content_type, page) = get(&url(&a, "/status"), browser).await;
+    assert_eq!(code, 200);
+    assert!(content_type.starts_with("text/html"), "{content_type}");
+    let (code, _, by_name) = get(&url(&a, "/status.html"), "*/*").await;
+    assert_eq!(code, 200);
+    for p in [&page, &by_name] {
+        assert!(p.contains("id=\"tree\""), "{p}");
+        for node in [
+            "supervisor",
+            "lease_keeper",
+            "stream_watcher",
+            "reader shardId-000000000000",
+            "reader shardId-000000000001",
+            "processor",
+        ] {
+            assert!(p.contains(&format!("<span class=\"name\">{node}</span>")), "{node}: {p}");
+        }
+        assert!(!p.contains("<script"), "the page needs no script");
+    }
+
+    let tree = json_until(&a, "/status/tree", "shows two readers", |t| {
+        t["children"]
+            .as_array()
+            .is_some_and(|c| c.iter().filter(|n| n["kind"] == "reader").count() == 2)
+    })
+    .await;
+    assert_eq!(tree["kind"], "supervisor");
+    assert_eq!(tree["name"], "supervisor");
+
+    // The sampler's first step ran at start (no shards yet); its next, 10 s later, has
+    // both shards, and the fleet's view of this worker.
+    let has_data = |h: &serde_json::Value, names: &[&str]| {
+        names.iter().all(|name| {
+            h["series"].as_array().is_some_and(|all| {
+                all.iter().any(|s| {
+                    s["name"] == *name
+                        && s["points"].as_array().is_some_and(|p| {
+                            p.len() == 60 && p.iter().any(|p| p["records_per_second"].is_number())
+                        })
+                })
+            })
+        })
+    };
+    let mut history = serde_json::Value::Null;
+    for _ in 0..250 {
+        let (_, _, body) = get(&url(&a, "/status/history"), "*/*").await;
+        history = serde_json::from_str(&body).unwrap();
+        if has_data(&history, &["shardId-000000000000", "shardId-000000000001"]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        has_data(&history, &["shardId-000000000000", "shardId-000000000001"]),
+        "{history}"
+    );
+    assert_eq!(history["step_ms"], 10_000);
+    let (_, _, body) = get(&url(&a, "/fleet/history"), "*/*").await;
+    let fleet: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(has_data(&fleet, &["page-a"]), "{fleet}");
+    let (_, _, page) = get(&url(&a, "/status.html"), "*/*").await;
+    assert_eq!(page.matches("<figure class=\"chart\"").count(), 4, "{page}");
+    assert!(!page.contains("data-points=\"0\""), "every chart has a point: {page}");
+
+    shutdown_clean(a).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_port_stops_the_start_with_a_clear_error() {
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
@@ -248,7 +340,15 @@ async fn no_output_shows_credentials() {
     })
     .await;
     assert_eq!(fleet["workers"][0]["worker_id"], "secrets-a");
-    for path in ["/status", "/fleet", "/metrics", "/readyz", "/healthz"] {
+    for path in [
+        "/status",
+        "/status.html",
+        "/status/tree",
+        "/fleet",
+        "/metrics",
+        "/readyz",
+        "/healthz",
+    ] {
         let (_, _, body) = get(&url(&worker, path), "application/json").await;
         for needle in [secret, key_id] {
             assert!(!body.contains(needle), "{path} shows {needle:?}:\n{body}");
