@@ -87,7 +87,8 @@ pub enum Command {
     /// Show a running worker's shards, or the whole fleet as it sees it.
     ///
     /// Reads the worker's status endpoint (GET /status, or GET /fleet with --fleet;
-    /// served at the worker's status.bind, 127.0.0.1:9797 by default) and prints tables.
+    /// served at the worker's status.bind, 127.0.0.1:9797 by default) and prints tables,
+    /// and the worker's supervision tree as its /status.html page shows it.
     #[command(after_help = "Examples:\n  \
         flotilla status\n  \
         flotilla status --fleet\n  \
@@ -400,6 +401,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", status_client::render_fleet(&value));
             } else {
                 print!("{}", status_client::render_status(&value));
+                // The supervision tree, as /status.html draws it (a worker older than
+                // the tree's route has none: the table above is all it serves).
+                match status_client::fetch(&args.url, "/status/tree", args.timeout).await {
+                    Ok(tree) => print!("\n{}", status_client::render_tree(tree)?),
+                    Err(error) => eprintln!("(no supervision tree: {error:#})"),
+                }
             }
             Ok(())
         }

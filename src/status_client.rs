@@ -1,5 +1,6 @@
 //! `flotilla status`: reads a worker's status endpoint (`GET /status`, `GET /fleet`) and
-//! renders it as tables.
+//! renders it as tables, and the worker's supervision tree (`GET /status/tree`) as the
+//! library's `status_tree` prints it.
 //!
 //! The JSON is read as a `serde_json::Value`, field by field, so a field added to the
 //! endpoint's output does not break an older CLI, and a missing one shows as `-`.
@@ -142,6 +143,14 @@ pub fn render_status(status: &Value) -> String {
     ];
     out.push_str(&table(&header[usize::from(!many)..], rows));
     out
+}
+
+/// The worker's supervision tree (`GET /status/tree`) as text: the nodes its
+/// `/status.html` page draws, in the same order (`status_tree` defines both).
+pub fn render_tree(tree: Value) -> anyhow::Result<String> {
+    let root: flotilla_actors::status_tree::TreeNode = serde_json::from_value(tree)
+        .context("GET /status/tree: the answer is not a supervision tree")?;
+    Ok(flotilla_actors::status_tree::render_text(&root))
 }
 
 /// A multi-stream worker's set: each stream's state (a former one with how long since

@@ -588,7 +588,14 @@ async fn status_server() -> String {
             },
         ],
         shard_restarts: 1,
-        core: vec![],
+        core: ["lease_keeper", "checkpoint_writer"]
+            .into_iter()
+            .map(|name| flotilla_actors::status::CoreActorStatus {
+                name,
+                state: "running".into(),
+                restarts: 0,
+            })
+            .collect(),
         leases: None,
         stream_watcher: None,
         checkpoints: BTreeMap::new(),
@@ -688,9 +695,14 @@ async fn status_server() -> String {
         ],
         malformed_rows: vec![],
     };
+    let tree = serde_json::to_value(flotilla_actors::status_tree::tree(&status)).unwrap();
     let status = serde_json::to_value(&status).unwrap();
     let fleet = serde_json::to_value(&fleet).unwrap();
     let app = axum::Router::new()
+        .route(
+            "/status/tree",
+            axum::routing::get(move || async move { axum::Json(tree) }),
+        )
         .route(
             "/status",
             axum::routing::get(move || async move { axum::Json(status) }),
@@ -739,6 +751,36 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         lines[4].starts_with("shardId-000000000002  fenced")
             && lines[4]
                 .ends_with("fenced: heartbeats resumed after a 31s gap; re-reading the lease"),
+        "{table}"
+    );
+
+    // Below the table, the supervision tree as the worker's page draws it: every node
+    // a line, in the page's order, a stalled shard saying why.
+    let tree: Vec<&str> = lines
+        .iter()
+        .skip_while(|l| !l.starts_with("supervisor  running"))
+        .copied()
+        .collect();
+    assert_eq!(tree.len(), 9, "{table}");
+    for (line, start) in tree.iter().zip([
+        "supervisor  running  worker w-1  up 1h 2m 3s  shards 3",
+        "├─ lease_keeper  running  restarts 0",
+        "├─ checkpoint_writer  running  restarts 0",
+        "├─ reader shardId-000000000000  caught_up  restarts 1  lag 1200 ms  records/s 12.5",
+        "│  └─ processor  running  in flight 7 records",
+        "├─ reader shardId-000000000001  throttled",
+        "│  └─ processor  running",
+        "└─ reader shardId-000000000002  fenced",
+        "   └─ processor  running",
+    ]) {
+        assert!(line.starts_with(start), "{line:?} should start {start:?}:\n{table}");
+    }
+    assert!(
+        tree[7].contains("STALLED: fenced: heartbeats resumed after a 31000 ms gap"),
+        "{table}"
+    );
+    assert!(
+        tree[5].ends_with("error: SubscribeToShard: throttled by Kinesis"),
         "{table}"
     );
 
