@@ -12,6 +12,15 @@
 //!   workers and every lease before the crash, and a survivor's page the crashed worker
 //!   as dead after it. The demo must still pass.
 //!
+//! * `the_worker_page_renders_its_tree_and_charts`: `/status.html` as the library
+//!   draws it (`status_page::render`) for a fixture worker, with a stalled shard and 10
+//!   minutes of history with a gap: the DOM must hold every node of the tree in order,
+//!   the stall first and marked, each reader's two charts with lines; no console
+//!   output; a screenshot saved in the test's output folder.
+//!
+//! Both pages' screenshots go to `$CARGO_TARGET_TMPDIR/pages/` (fleet.png, status.png),
+//! and the fleet page's charts are checked in `the_page_renders_a_fleet_view`.
+//!
 //! Chromium is `$FLOTILLA_TEST_CHROMIUM` (scripts/test.sh installs Debian's `chromium`
 //! and sets it). Built only with the `flotilla-actors/external-servers` feature, as
 //! scripts/test.sh runs it; with the feature on and the variable unset the tests fail.
@@ -136,6 +145,56 @@ fn dump_dom(url: &str) -> String {
     }
 }
 
+/// Loads `url` in headless Chromium, saves a screenshot as `pages/<name>.png` in the
+/// test's output folder, and returns what the page wrote to the console (errors,
+/// uncaught exceptions, failed loads): the pages write nothing when all is well.
+fn screenshot(url: &str, name: &str) -> (PathBuf, Vec<String>) {
+    let chromium = chromium();
+    let dir = TempDir::new("chromium-shot");
+    let folder = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pages");
+    std::fs::create_dir_all(&folder).unwrap();
+    let png = folder.join(format!("{name}.png"));
+    let _ = std::fs::remove_file(&png);
+    let err_path = dir.0.join("stderr.log");
+    let mut child = Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1280,1000",
+        ])
+        .arg(format!("--user-data-dir={}", dir.0.join("profile").display()))
+        .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > CHROMIUM_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish its screenshot of {url} within {CHROMIUM_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let console = stderr
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_owned)
+        .collect();
+    let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
+    assert!(size > 1000, "no screenshot of {url} at {}: {stderr}", png.display());
+    (png, console)
+}
+
 /// The `<tr ...>` start tags of class `class` in a dumped DOM, e.g. all lease rows.
 fn rows<'a>(dom: &'a str, class: &str) -> Vec<&'a str> {
     let prefix = format!("<tr class=\"{class}");
@@ -223,6 +282,29 @@ fn fixture_view() -> serde_json::Value {
     })
 }
 
+/// Ten minutes of samples per name: a ramp, with a gap of three steps (the worker was
+/// paused) in the first series, and only the last half in the others.
+fn fixture_history(names: &[&str]) -> Vec<flotilla_actors::status_history::Series> {
+    use flotilla_actors::status_history::{POINTS, Point, Series};
+    names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| Series {
+            name: (*name).to_owned(),
+            points: (0..POINTS)
+                .map(|i| {
+                    let gap = n == 0 && (30..33).contains(&i);
+                    let before = n > 0 && i < POINTS / 2;
+                    (!gap && !before).then(|| Point {
+                        records_per_second: (i % 20) as f32 * 10.0,
+                        lag_ms: Some((POINTS - i) as u32 * 100),
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Serves the page and the fixture view on a free loopback port; `/fleet` answers 503
 /// after `ok_answers` answers, and 406 to a request that does not accept JSON.
 /// Returns the page's URL; the server lives as long as the test's runtime.
@@ -246,7 +328,13 @@ async fn fixture_server(ok_answers: usize) -> String {
     };
     let app = Router::new()
         .route("/fleet.html", get(|| async { Html(PAGE) }))
-        .route("/fleet", get(fleet));
+        .route("/fleet", get(fleet))
+        .route(
+            "/fleet/history",
+            get(|| async {
+                axum::Json(serde_json::json!({"step_ms": 10_000, "series": fixture_history(&WORKERS)}))
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -340,6 +428,136 @@ async fn the_page_renders_a_fleet_view() {
         "the malformed row is missing: {dom}"
     );
     assert!(!dom.contains("class=\"shown\""), "an error is shown: {dom}");
+
+    // The charts: a row per worker of /fleet/history, each with two drawn lines; the
+    // first worker's gap breaks its lines in two.
+    let charts = rows(&dom, "chart-row");
+    assert_eq!(charts.len(), WORKERS.len(), "{dom}");
+    assert_eq!(dom.matches("<svg class=\"chart rps\"").count(), 3, "{dom}");
+    assert_eq!(dom.matches("<svg class=\"chart lag\"").count(), 3, "{dom}");
+    assert!(dom.contains("data-points=\"57\""), "the first worker's samples: {dom}");
+    assert_eq!(dom.matches("<polyline").count(), 2 * 2 + 2 * 2, "{dom}");
+
+    let url = fixture_server(usize::MAX).await;
+    let (png, console) = tokio::task::spawn_blocking(move || screenshot(&url, "fleet"))
+        .await
+        .unwrap();
+    assert!(console.is_empty(), "console output: {console:?}");
+    report(&format!("fleet page screenshot: {}", png.display()));
+}
+
+/// A worker with a processing shard, a fenced one and a restarting one, for the worker
+/// page.
+fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
+    use flotilla_actors::FenceReason;
+    use flotilla_actors::model::ShardId;
+    use flotilla_actors::status::{
+        BudgetView, CoreActorStatus, ShardState, ShardStatus, WorkerStatus,
+    };
+    let shard = |index: u64, state: ShardState| ShardStatus {
+        shard_id: ShardId::from_index(index),
+        stream: None,
+        state,
+        lease_counter: 3,
+        checkpoint: Some("49650000000000000000000000000000000000000000000000000123".into()),
+        last_delivered: None,
+        millis_behind_latest: Some(1500),
+        records_delivered: 4521,
+        bytes_delivered: 1_000_000,
+        records_per_second: 120.0,
+        bytes_per_second: 24_000.0,
+        last_error: None,
+        in_flight_records: 7,
+        in_flight_bytes: 700,
+        memory_bytes: 2_100,
+        restarts: 0,
+        fenced: None,
+        subscription: None,
+    };
+    WorkerStatus {
+        worker_id: "demo-1".into(),
+        application: "demo-app".into(),
+        stream: "demo-stream".into(),
+        source: "kinesis",
+        read_mode: "polling",
+        state: "running",
+        uptime_ms: 3_723_000,
+        shutting_down: false,
+        shards: vec![
+            shard(0, ShardState::Processing),
+            ShardStatus {
+                fenced: Some(FenceReason::Revoked {
+                    why: INJECTED.to_owned(),
+                }),
+                ..shard(1, ShardState::Fenced)
+            },
+            ShardStatus {
+                restarts: 2,
+                last_error: Some("processor failed: boom".into()),
+                ..shard(2, ShardState::Restarting)
+            },
+        ],
+        shard_restarts: 2,
+        core: ["stream_watcher", "lease_keeper", "checkpoint_writer", "metrics_reporter"]
+            .into_iter()
+            .map(|name| CoreActorStatus {
+                name,
+                state: "running".into(),
+                restarts: 0,
+            })
+            .collect(),
+        leases: None,
+        stream_watcher: None,
+        checkpoints: Default::default(),
+        metrics: None,
+        budget: BudgetView {
+            total_bytes: 268_435_456,
+            in_use_bytes: 6_300,
+            share_bytes: 89_478_485,
+            shards: 3,
+            shards_waiting: 0,
+            peak_bytes: 6_300,
+        },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_page_renders_its_tree_and_charts() {
+    let status = fixture_worker();
+    let charts = fixture_history(&[SHARDS[0], SHARDS[1], SHARDS[2]]);
+    let page = flotilla_actors::status_page::render(&status, &charts);
+    let app = Router::new().route("/status.html", get(move || async move { Html(page) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{addr}/status.html");
+
+    let dom = dump_dom_async(url.clone()).await;
+    // Every node of the tree, in the tree's order.
+    let mut at = 0;
+    for (_, node) in flotilla_actors::status_tree::tree(&status).walk() {
+        let needle = format!("<span class=\"name\">{}</span>", node.name);
+        let found = dom[at..].find(&needle);
+        assert!(found.is_some(), "{} missing or out of order: {dom}", node.name);
+        at += found.unwrap();
+    }
+    // The stalls come first and are marked; markup in a reason stays text.
+    let stalls = dom.find("id=\"stalls\"").expect("no stalls banner");
+    assert!(stalls < dom.find("id=\"tree\"").unwrap(), "{dom}");
+    assert!(dom.contains("<b>2 not processed:</b>"), "{dom}");
+    assert_eq!(dom.matches("<li class=\"node reader stalled\">").count(), 2, "{dom}");
+    assert!(!dom.contains("<img"), "data was inserted as markup: {dom}");
+    assert!(dom.contains("restarting after a failure: processor failed: boom"), "{dom}");
+    // Two charts per reader, drawn with data; the first shard's gap breaks its lines.
+    assert_eq!(dom.matches("<figure class=\"chart\"").count(), 6, "{dom}");
+    assert!(!dom.contains("data-points=\"0\""), "{dom}");
+    assert_eq!(dom.matches("<polyline").count(), 2 * 2 + 2 * 2, "{dom}");
+
+    let (png, console) = tokio::task::spawn_blocking(move || screenshot(&url, "status"))
+        .await
+        .unwrap();
+    assert!(console.is_empty(), "console output: {console:?}");
+    report(&format!("worker page screenshot: {}", png.display()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
