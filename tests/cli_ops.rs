@@ -554,6 +554,7 @@ async fn status_server() -> String {
         records_per_second: 12.5,
         bytes_per_second: 2000.0,
         last_error: error.map(str::to_owned),
+        last_error_ms_ago: error.map(|_| 4_000),
         in_flight_records: 7,
         in_flight_bytes: 700,
         memory_bytes: 2_100,
@@ -780,7 +781,7 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         "{table}"
     );
     assert!(
-        tree[5].ends_with("error: SubscribeToShard: throttled by Kinesis"),
+        tree[5].ends_with("error: SubscribeToShard: throttled by Kinesis (4s ago)"),
         "{table}"
     );
 

@@ -467,6 +467,7 @@ fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
         records_per_second: 120.0,
         bytes_per_second: 24_000.0,
         last_error: None,
+        last_error_ms_ago: None,
         in_flight_records: 7,
         in_flight_bytes: 700,
         memory_bytes: 2_100,
@@ -494,6 +495,7 @@ fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
             ShardStatus {
                 restarts: 2,
                 last_error: Some("processor failed: boom".into()),
+                last_error_ms_ago: Some(12_000),
                 ..shard(2, ShardState::Restarting)
             },
         ],
@@ -548,6 +550,7 @@ async fn the_worker_page_renders_its_tree_and_charts() {
     assert_eq!(dom.matches("<li class=\"node reader stalled\">").count(), 2, "{dom}");
     assert!(!dom.contains("<img"), "data was inserted as markup: {dom}");
     assert!(dom.contains("restarting after a failure: processor failed: boom"), "{dom}");
+    assert!(dom.contains("last error: processor failed: boom (12s ago)"), "{dom}");
     // Two charts per reader, drawn with data; the first shard's gap breaks its lines.
     assert_eq!(dom.matches("<figure class=\"chart\"").count(), 6, "{dom}");
     assert!(!dom.contains("data-points=\"0\""), "{dom}");

@@ -163,6 +163,7 @@ pub(crate) struct ReaderState {
     rate: RateMeter,
     /// The last call that failed, for the status page.
     last_error: Option<String>,
+    last_error_at: Option<Instant>,
     /// The last GetRecords was throttled; cleared by the next success.
     throttled: bool,
     /// The last GetRecords returned nothing and said the shard is at its tip.
@@ -252,6 +253,7 @@ impl Actor for ShardReader {
             bytes_delivered: 0,
             rate: RateMeter::new(),
             last_error: None,
+            last_error_at: None,
             throttled: false,
             caught_up: false,
             fenced: None,
@@ -1142,6 +1144,7 @@ impl ReaderState {
     fn count_failure(&mut self, call: Call, error: &StreamError) {
         self.throttled = error.call_failure() == CallFailure::Throttled;
         self.last_error = Some(error.to_string());
+        self.last_error_at = Some(Instant::now());
         self.failures_in_row += 1;
         // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
         if pure::stall_report_due(self.failures_in_row) {
@@ -1485,6 +1488,9 @@ impl ReaderState {
             records_per_second: self.rate.per_second().0,
             bytes_per_second: self.rate.per_second().1,
             last_error: self.last_error.clone(),
+            last_error_ms_ago: self
+                .last_error_at
+                .map(|at| at.elapsed().as_millis() as u64),
             in_flight_records: self.ledger.in_flight_records() as u64,
             in_flight_bytes: self.ledger.in_flight_bytes(),
             memory_bytes: self.ledger.memory() + self.held_memory,

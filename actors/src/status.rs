@@ -64,6 +64,8 @@ pub struct ShardStatus {
     pub bytes_per_second: f64,
     /// The last failed call (throttling, an expired iterator, a transient error).
     pub last_error: Option<String>,
+    /// How long ago `last_error` happened: an old error is history, a fresh one news.
+    pub last_error_ms_ago: Option<u64>,
     pub in_flight_records: u64,
     pub in_flight_bytes: u64,
     /// What the shard holds of the worker's memory budget: the in-memory size of its

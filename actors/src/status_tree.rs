@@ -181,6 +181,7 @@ pub fn tree(status: &WorkerStatus) -> TreeNode {
         reader.shard = Some(shard_label(shard));
         reader.stall = stall(shard);
         reader.last_error = shard.last_error.clone();
+        reader.error_age_ms = shard.last_error_ms_ago;
         if let Some(sub) = &shard.subscription {
             reader = reader.fact("subscription", sub.state);
         }
@@ -314,6 +315,7 @@ pub(crate) mod tests {
             records_per_second: 2.5,
             bytes_per_second: 250.0,
             last_error: None,
+            last_error_ms_ago: None,
             in_flight_records: 3,
             in_flight_bytes: 300,
             memory_bytes: 900,
@@ -472,6 +474,7 @@ pub(crate) mod tests {
         let mut failing = shard("shardId-000000000001", ShardState::Restarting);
         failing.restarts = 3;
         failing.last_error = Some("boom".to_owned());
+        failing.last_error_ms_ago = Some(90_500);
         let mut status = worker(vec![failing]);
         status.leases = Some(KeeperStatus {
             held: vec!["shardId-000000000001".to_owned()],
@@ -501,6 +504,12 @@ pub(crate) mod tests {
         assert_eq!(reader.state, "restarting");
         assert_eq!(reader.restarts, Some(3));
         assert_eq!(reader.last_error.as_deref(), Some("boom"));
+        assert_eq!(reader.error_age_ms, Some(90_500));
+        assert!(
+            render_text(&root).contains("  error: boom (1m 30s ago)\n"),
+            "{}",
+            render_text(&root)
+        );
         assert_eq!(
             reader.stall.as_deref(),
             Some("restarting after a failure: boom")
