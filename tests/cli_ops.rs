@@ -774,7 +774,10 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         "└─ reader shardId-000000000002  fenced",
         "   └─ processor  running",
     ]) {
-        assert!(line.starts_with(start), "{line:?} should start {start:?}:\n{table}");
+        assert!(
+            line.starts_with(start),
+            "{line:?} should start {start:?}:\n{table}"
+        );
     }
     assert!(
         tree[7].contains("STALLED: fenced: heartbeats resumed after a 31000 ms gap"),

@@ -166,7 +166,10 @@ fn screenshot(url: &str, name: &str) -> (PathBuf, Vec<String>) {
             "--v=0",
             "--window-size=1280,1000",
         ])
-        .arg(format!("--user-data-dir={}", dir.0.join("profile").display()))
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.0.join("profile").display()
+        ))
         .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
         .arg(format!("--screenshot={}", png.display()))
         .arg(url)
@@ -191,7 +194,11 @@ fn screenshot(url: &str, name: &str) -> (PathBuf, Vec<String>) {
         .map(str::to_owned)
         .collect();
     let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
-    assert!(size > 1000, "no screenshot of {url} at {}: {stderr}", png.display());
+    assert!(
+        size > 1000,
+        "no screenshot of {url} at {}: {stderr}",
+        png.display()
+    );
     (png, console)
 }
 
@@ -332,7 +339,9 @@ async fn fixture_server(ok_answers: usize) -> String {
         .route(
             "/fleet/history",
             get(|| async {
-                axum::Json(serde_json::json!({"step_ms": 10_000, "series": fixture_history(&WORKERS)}))
+                axum::Json(
+                    serde_json::json!({"step_ms": 10_000, "series": fixture_history(&WORKERS)}),
+                )
             }),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -435,7 +444,10 @@ async fn the_page_renders_a_fleet_view() {
     assert_eq!(charts.len(), WORKERS.len(), "{dom}");
     assert_eq!(dom.matches("<svg class=\"chart rps\"").count(), 3, "{dom}");
     assert_eq!(dom.matches("<svg class=\"chart lag\"").count(), 3, "{dom}");
-    assert!(dom.contains("data-points=\"57\""), "the first worker's samples: {dom}");
+    assert!(
+        dom.contains("data-points=\"57\""),
+        "the first worker's samples: {dom}"
+    );
     assert_eq!(dom.matches("<polyline").count(), 2 * 2 + 2 * 2, "{dom}");
 
     let url = fixture_server(usize::MAX).await;
@@ -500,14 +512,19 @@ fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
             },
         ],
         shard_restarts: 2,
-        core: ["stream_watcher", "lease_keeper", "checkpoint_writer", "metrics_reporter"]
-            .into_iter()
-            .map(|name| CoreActorStatus {
-                name,
-                state: "running".into(),
-                restarts: 0,
-            })
-            .collect(),
+        core: [
+            "stream_watcher",
+            "lease_keeper",
+            "checkpoint_writer",
+            "metrics_reporter",
+        ]
+        .into_iter()
+        .map(|name| CoreActorStatus {
+            name,
+            state: "running".into(),
+            restarts: 0,
+        })
+        .collect(),
         leases: None,
         stream_watcher: None,
         checkpoints: Default::default(),
@@ -540,17 +557,31 @@ async fn the_worker_page_renders_its_tree_and_charts() {
     for (_, node) in flotilla_actors::status_tree::tree(&status).walk() {
         let needle = format!("<span class=\"name\">{}</span>", node.name);
         let found = dom[at..].find(&needle);
-        assert!(found.is_some(), "{} missing or out of order: {dom}", node.name);
+        assert!(
+            found.is_some(),
+            "{} missing or out of order: {dom}",
+            node.name
+        );
         at += found.unwrap();
     }
     // The stalls come first and are marked; markup in a reason stays text.
     let stalls = dom.find("id=\"stalls\"").expect("no stalls banner");
     assert!(stalls < dom.find("id=\"tree\"").unwrap(), "{dom}");
     assert!(dom.contains("<b>2 not processed:</b>"), "{dom}");
-    assert_eq!(dom.matches("<li class=\"node reader stalled\">").count(), 2, "{dom}");
+    assert_eq!(
+        dom.matches("<li class=\"node reader stalled\">").count(),
+        2,
+        "{dom}"
+    );
     assert!(!dom.contains("<img"), "data was inserted as markup: {dom}");
-    assert!(dom.contains("restarting after a failure: processor failed: boom"), "{dom}");
-    assert!(dom.contains("last error: processor failed: boom (12s ago)"), "{dom}");
+    assert!(
+        dom.contains("restarting after a failure: processor failed: boom"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("last error: processor failed: boom (12s ago)"),
+        "{dom}"
+    );
     // Two charts per reader, drawn with data; the first shard's gap breaks its lines.
     assert_eq!(dom.matches("<figure class=\"chart\"").count(), 6, "{dom}");
     assert!(!dom.contains("data-points=\"0\""), "{dom}");

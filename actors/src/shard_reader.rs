@@ -1488,9 +1488,7 @@ impl ReaderState {
             records_per_second: self.rate.per_second().0,
             bytes_per_second: self.rate.per_second().1,
             last_error: self.last_error.clone(),
-            last_error_ms_ago: self
-                .last_error_at
-                .map(|at| at.elapsed().as_millis() as u64),
+            last_error_ms_ago: self.last_error_at.map(|at| at.elapsed().as_millis() as u64),
             in_flight_records: self.ledger.in_flight_records() as u64,
             in_flight_bytes: self.ledger.in_flight_bytes(),
             memory_bytes: self.ledger.memory() + self.held_memory,

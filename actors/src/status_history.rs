@@ -261,7 +261,10 @@ mod tests {
     #[test]
     fn a_series_no_longer_sampled_is_dropped_after_a_window() {
         let mut history = History::default();
-        history.record(secs(0), [("gone".to_owned(), p(1.0)), ("kept".to_owned(), p(1.0))]);
+        history.record(
+            secs(0),
+            [("gone".to_owned(), p(1.0)), ("kept".to_owned(), p(1.0))],
+        );
         for i in 1..POINTS as u64 {
             history.record(secs(i * 10), [("kept".to_owned(), p(2.0))]);
         }

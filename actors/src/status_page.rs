@@ -98,7 +98,10 @@ fn node_html(out: &mut String, node: &TreeNode, charts: &[Series]) {
         escape(&node.state)
     );
     if let Some(restarts) = node.restarts {
-        let _ = write!(out, " <span class=\"fact\">restarts <b>{restarts}</b></span>");
+        let _ = write!(
+            out,
+            " <span class=\"fact\">restarts <b>{restarts}</b></span>"
+        );
     }
     for (label, value) in &node.facts {
         let _ = write!(
@@ -294,7 +297,10 @@ mod tests {
             shard("shardId-000000000001", ShardState::Processing),
             revoked,
         ]);
-        let charts = [series("shardId-000000000001", &[Some(1.0), None, Some(3.0), Some(2.0)])];
+        let charts = [series(
+            "shardId-000000000001",
+            &[Some(1.0), None, Some(3.0), Some(2.0)],
+        )];
         let page = render(&status, &charts);
         let mut at = 0;
         for (_, node) in tree(&status).walk() {
@@ -304,9 +310,15 @@ mod tests {
             at += found.unwrap_or_default();
         }
         let stalls = page.find("id=\"stalls\"").unwrap_or(usize::MAX);
-        assert!(stalls < page.find("id=\"tree\"").unwrap_or(0), "stalls first");
+        assert!(
+            stalls < page.find("id=\"tree\"").unwrap_or(0),
+            "stalls first"
+        );
         assert!(page.contains("<li class=\"node reader stalled\">"));
-        assert!(page.contains("&lt;b&gt;owner w-2&lt;/b&gt;"), "markup stays text");
+        assert!(
+            page.contains("&lt;b&gt;owner w-2&lt;/b&gt;"),
+            "markup stays text"
+        );
         assert!(!page.contains("<b>owner w-2</b>"));
         assert_eq!(page.matches("<figure class=\"chart\"").count(), 2);
         assert!(page.contains("data-points=\"3\""), "three samples drawn");
@@ -324,7 +336,9 @@ mod tests {
         assert_eq!(out.matches("<circle").count(), 1, "{out}");
         assert!(out.contains("now 4, max 4"), "{out}");
         let mut empty = String::new();
-        chart(&mut empty, "lag ms", &[None; POINTS], |p| p.lag_ms.map(f64::from));
+        chart(&mut empty, "lag ms", &[None; POINTS], |p| {
+            p.lag_ms.map(f64::from)
+        });
         assert!(!empty.contains("<polyline") && !empty.contains("<circle"));
         assert!(empty.contains("now -"), "{empty}");
     }

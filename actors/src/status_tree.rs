@@ -376,9 +376,21 @@ pub(crate) mod tests {
         let cases: Vec<(&str, ShardStatus, Option<&str>)> = vec![
             ("processing", shard("s", ShardState::Processing), None),
             ("caught up", shard("s", ShardState::CaughtUp), None),
-            ("throttled: backing off", shard("s", ShardState::Throttled), None),
-            ("waiting on budget", shard("s", ShardState::WaitingOnBudget), None),
-            ("blocked on a parent", shard("s", ShardState::BlockedOnParent), None),
+            (
+                "throttled: backing off",
+                shard("s", ShardState::Throttled),
+                None,
+            ),
+            (
+                "waiting on budget",
+                shard("s", ShardState::WaitingOnBudget),
+                None,
+            ),
+            (
+                "blocked on a parent",
+                shard("s", ShardState::BlockedOnParent),
+                None,
+            ),
             ("handing off", shard("s", ShardState::HandingOff), None),
             (
                 "fenced, revoked",
@@ -410,7 +422,8 @@ pub(crate) mod tests {
     fn the_tree_has_the_core_actors_then_a_reader_and_processor_per_shard() {
         let mut other_stream = shard("shardId-000000000000", ShardState::Processing);
         other_stream.stream = Some("audit".to_owned());
-        let cases: Vec<(&str, WorkerStatus, Vec<(usize, &str)>)> = vec![
+        type Case = (&'static str, WorkerStatus, Vec<(usize, &'static str)>);
+        let cases: Vec<Case> = vec![
             (
                 "no shards",
                 worker(vec![]),
@@ -499,7 +512,11 @@ pub(crate) mod tests {
             keeper.last_error.as_deref(),
             Some("heartbeat: 2 failed in a row: throttled")
         );
-        assert!(keeper.facts.contains(&("heartbeat".into(), "confirmed 7s ago".into())));
+        assert!(
+            keeper
+                .facts
+                .contains(&("heartbeat".into(), "confirmed 7s ago".into()))
+        );
         let reader = &root.children[3];
         assert_eq!(reader.state, "restarting");
         assert_eq!(reader.restarts, Some(3));
@@ -532,13 +549,20 @@ pub(crate) mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), root.walk().len(), "{text}");
         assert!(lines[0].starts_with("supervisor  running"), "{text}");
-        assert!(lines[1].starts_with("├─ stream_watcher  running  restarts 0"), "{text}");
         assert!(
-            lines[4].starts_with("├─ reader shardId-000000000001  processing  restarts 0  lag 250 ms"),
+            lines[1].starts_with("├─ stream_watcher  running  restarts 0"),
+            "{text}"
+        );
+        assert!(
+            lines[4]
+                .starts_with("├─ reader shardId-000000000001  processing  restarts 0  lag 250 ms"),
             "{text}"
         );
         assert!(lines[5].starts_with("│  └─ processor  running"), "{text}");
-        assert!(lines[6].starts_with("└─ reader shardId-000000000002  fenced"), "{text}");
+        assert!(
+            lines[6].starts_with("└─ reader shardId-000000000002  fenced"),
+            "{text}"
+        );
         assert!(
             lines[6].ends_with("STALLED: fenced: the lease is not held under this counter"),
             "{text}"

@@ -185,7 +185,10 @@ async fn the_worker_page_shows_its_tree_and_charts() {
     for accept in ["*/*", "application/json"] {
         let (code, content_type, body) = get(&url(&a, "/status"), accept).await;
         assert_eq!(code, 200);
-        assert!(content_type.starts_with("application/json"), "{accept}: {content_type}");
+        assert!(
+            content_type.starts_with("application/json"),
+            "{accept}: {content_type}"
+        );
         assert!(body.starts_with('{'), "{accept}");
     }
     let browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
@@ -204,7 +207,10 @@ async fn the_worker_page_shows_its_tree_and_charts() {
             "reader shardId-000000000001",
             "processor",
         ] {
-            assert!(p.contains(&format!("<span class=\"name\">{node}</span>")), "{node}: {p}");
+            assert!(
+                p.contains(&format!("<span class=\"name\">{node}</span>")),
+                "{node}: {p}"
+            );
         }
         assert!(!p.contains("<script"), "the page needs no script");
     }
@@ -251,7 +257,10 @@ async fn the_worker_page_shows_its_tree_and_charts() {
     assert!(has_data(&fleet, &["page-a"]), "{fleet}");
     let (_, _, page) = get(&url(&a, "/status.html"), "*/*").await;
     assert_eq!(page.matches("<figure class=\"chart\"").count(), 4, "{page}");
-    assert!(!page.contains("data-points=\"0\""), "every chart has a point: {page}");
+    assert!(
+        !page.contains("data-points=\"0\""),
+        "every chart has a point: {page}"
+    );
 
     shutdown_clean(a).await;
 }
