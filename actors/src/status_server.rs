@@ -304,15 +304,22 @@ async fn fleet_history(State(shared): State<Shared>) -> Response {
 
 /// One sample per [`STEP`] into the charts' rings: this worker's shards from a status
 /// snapshot (a request's, when one was collected within the last second), the fleet's
-/// workers from the view the keeper last pushed. A snapshot or view older than a few
-/// steps (the supervisor did not answer, no scan lately) is not recorded: the step is a
-/// gap on the charts, as it is while the process is paused.
+/// workers from the view the keeper last pushed. A snapshot older than a step or a view
+/// older than three (the supervisor did not answer, no scan lately) is not recorded: the
+/// step is a gap on the charts, as it is while the process is paused. It ends with the
+/// supervisor, also when the server is stopped without its `post_stop`.
 async fn sample(shared: Shared) {
     let started = Instant::now();
     let mut tick = tokio::time::interval(STEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
+        if matches!(
+            shared.supervisor.get_status(),
+            ActorStatus::Stopping | ActorStatus::Stopped
+        ) {
+            return;
+        }
         let snapshot = shared
             .worker
             .snapshot()
