@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream, load_sdk_config};
+use flotilla_actors::backend::aws::{
+    DynamoLeaseTable, KinesisStream, Service, load_sdk_config, tuned_for,
+};
 use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
 use flotilla_actors::model::{Checkpoint, Lease};
 use flotilla_actors::multilang::properties::Properties;
 use flotilla_actors::multilang::{DaemonConfig, MultiLangProcessor};
+use flotilla_actors::settings::AwsSettings;
 use flotilla_actors::{Backend, CheckpointMode, Settings, ShutdownReport, StreamSet, Worker};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
@@ -165,10 +168,17 @@ pub struct DeregisterArgs {
     pub name: String,
 }
 
+/// The SDK configuration of a one-off command (no settings file): the default `[aws]`
+/// timeouts and retries, as a worker's, for `service`.
+async fn command_sdk(region: Option<String>, service: Service) -> aws_config::SdkConfig {
+    let sdk = load_sdk_config(region).await;
+    tuned_for(&sdk, service, &AwsSettings::default())
+}
+
 impl StreamArgs {
     /// The client and the stream's ARN (consumers are addressed by it).
     async fn open(&self) -> anyhow::Result<(KinesisStream, String)> {
-        let sdk = load_sdk_config(self.region.clone()).await;
+        let sdk = command_sdk(self.region.clone(), Service::Stream).await;
         let client = KinesisStream::new(&sdk, self.kinesis_endpoint.as_deref());
         let summary = client
             .describe_stream_summary(&self.stream)
@@ -323,7 +333,7 @@ pub struct TableArgs {
 
 impl TableArgs {
     async fn sdk(&self) -> aws_config::SdkConfig {
-        load_sdk_config(self.region.clone()).await
+        command_sdk(self.region.clone(), Service::LeaseTable).await
     }
 
     async fn open(&self) -> Arc<dyn LeaseTable> {
@@ -520,6 +530,7 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
     };
     println!("lease table {name}: {what}");
     if let Some((stream, endpoint)) = kinesis {
+        let sdk = tuned_for(&sdk, Service::Stream, &AwsSettings::default());
         let client = KinesisStream::new(&sdk, Some(&endpoint));
         let existing = match client.describe_stream_summary(&stream).await {
             Ok(summary) => Some(summary),
