@@ -123,6 +123,48 @@ pub enum Command {
     /// consumer-shard-hour while it exists, and a stream holds at most 20.
     #[command(subcommand)]
     Consumer(ConsumerCommand),
+    /// Delete the lease table (every checkpoint in it) and, with --stream, the
+    /// application's fan-out consumer of each stream.
+    ///
+    /// For an application that is gone for good: its next workers would start from
+    /// worker.initial_position. Refuses while live workers hold leases, naming them (the
+    /// check watches the owners for up to --failover-time), unless --force. Asks for the
+    /// table's name to confirm; --yes confirms for scripts (without a terminal and without
+    /// --yes it refuses). A table with deletion protection is left alone: turn the
+    /// protection off where it was turned on first.
+    #[command(after_help = "Examples:\n  \
+        flotilla destroy --table orders-audit\n  \
+        flotilla destroy --table orders-audit --stream orders --yes\n  \
+        flotilla destroy --table dev-app --dynamodb-endpoint http://127.0.0.1:8000 --yes --force")]
+    Destroy(DestroyArgs),
+}
+
+/// `flotilla destroy`.
+#[derive(Debug, Args)]
+pub struct DestroyArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// A stream whose fan-out consumer of this application to deregister too (may be
+    /// given more than once). Without it, consumers are left registered.
+    #[arg(long = "stream", value_name = "STREAM")]
+    pub streams: Vec<String>,
+    /// The consumer's name (reader.consumer_name); default: the table's (application's)
+    /// name, as workers name it.
+    #[arg(long, requires = "streams")]
+    pub consumer_name: Option<String>,
+    /// A Kinesis endpoint to use instead of AWS's (a local server).
+    #[arg(long, env = "FLOTILLA__AWS__KINESIS_ENDPOINT", requires = "streams")]
+    pub kinesis_endpoint: Option<String>,
+    /// Delete even if workers look alive: they lose their checkpoints and fail.
+    #[arg(long)]
+    pub force: bool,
+    /// How long an owner may show no sign of life before it counts as dead: the
+    /// workers' lease.failover_time.
+    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub failover_time: Duration,
+    /// Confirm without asking (for scripts).
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -489,6 +531,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Destroy(args) => destroy(args).await,
         Command::Position(PositionCommand::Import(args)) => {
             let table = args.table.open().await;
             ops::import(
@@ -501,6 +544,105 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// `flotilla destroy`: checks (the table, its protection, live owners, the operator's
+/// confirmation) before anything is deleted; then the consumers, then the table.
+async fn destroy(args: DestroyArgs) -> anyhow::Result<()> {
+    let name = &args.table.table;
+    let sdk = args.table.sdk().await;
+    let table = DynamoLeaseTable::new(&sdk, args.table.dynamodb_endpoint.as_deref(), name.clone());
+    let protected = table
+        .deletion_protected()
+        .await
+        .map_err(|e| ops::explain(e, name))
+        .with_context(|| format!("cannot look up lease table {name}"))?;
+    match protected {
+        None if args.streams.is_empty() => {
+            println!("lease table {name}: does not exist; nothing to delete");
+            return Ok(());
+        }
+        Some(true) => bail!(
+            "lease table {name} has deletion protection on, so it is left alone. Turn the \
+             protection off where it was turned on (the CloudFormation stack's \
+             DeletionProtectionEnabled, or `aws dynamodb update-table --table-name {name} \
+             --no-deletion-protection-enabled`) and run this again"
+        ),
+        _ => {}
+    }
+    if protected.is_some() && !args.force {
+        let scan = ops::scan(&table).await?;
+        let (live, _) = ops::live_owners(&table, scan, args.failover_time)
+            .await
+            .map_err(|e| ops::explain(e, name))
+            .with_context(|| format!("cannot read lease table {name}"))?;
+        if !live.is_empty() {
+            let names: Vec<String> = live.iter().map(ToString::to_string).collect();
+            bail!(
+                "refusing to delete lease table {name} while live workers hold leases: {}.\n\
+                 Stop them first and run this again. --force deletes anyway: the live workers \
+                 then lose their checkpoints and fail",
+                names.join(", ")
+            );
+        }
+    }
+    let consumer = args.consumer_name.clone().unwrap_or_else(|| name.clone());
+    if !args.yes {
+        ops::confirm(
+            &format!(
+                "This deletes lease table {name} and every checkpoint in it{}. Type the table's \
+             name to go on: ",
+                if args.streams.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", and consumer {consumer} of stream(s) {}",
+                        args.streams.join(", ")
+                    )
+                }
+            ),
+            name,
+        )?;
+    }
+    for stream in &args.streams {
+        let stream_args = StreamArgs {
+            stream: stream.clone(),
+            region: args.table.region.clone(),
+            kinesis_endpoint: args.kinesis_endpoint.clone(),
+        };
+        let (client, arn) = stream_args.open().await?;
+        match client.describe_stream_consumer(&arn, &consumer).await {
+            Ok(found) => {
+                client
+                    .deregister_stream_consumer(&found.arn)
+                    .await
+                    .with_context(|| format!("cannot deregister consumer {consumer}"))?;
+                println!("consumer {consumer} of stream {stream}: deregistered");
+            }
+            Err(StreamError::NotFound { .. }) => {
+                println!("consumer {consumer} of stream {stream}: none registered");
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error))
+                    .with_context(|| format!("cannot look up consumer {consumer}"));
+            }
+        }
+    }
+    if protected.is_none() {
+        println!("lease table {name}: does not exist; nothing to delete");
+        return Ok(());
+    }
+    let deleted = table
+        .delete_table()
+        .await
+        .map_err(|e| ops::explain(e, name))
+        .with_context(|| format!("cannot delete lease table {name}"))?;
+    if deleted {
+        println!("lease table {name}: deleted");
+    } else {
+        println!("lease table {name}: already gone");
+    }
+    Ok(())
 }
 
 /// `flotilla init`: the lease table, and a local stream if asked.

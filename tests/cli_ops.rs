@@ -1051,3 +1051,178 @@ async fn positions_of_several_streams_export_and_import_per_stream() {
         text(&out.stderr)
     );
 }
+
+/// Whether `app`'s lease table is on the server.
+async fn table_exists(endpoint: &str, app: &str) -> bool {
+    DynamoLeaseTable::new(&servers::sdk_config(), Some(endpoint), app)
+        .deletion_protected()
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_asks_for_confirmation_and_scripts_pass_yes() {
+    let fx = Fixture::new("destroy-confirm").await;
+    fx.lease(0, at(0)).await;
+    // No terminal (the test's stdin is closed), no --yes: refused, nothing deleted.
+    let out = fx.run(&["destroy"], &[]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("pass --yes"), "{err}");
+    assert!(table_exists(&fx.endpoint, &fx.app).await);
+
+    let out = fx.run(&["destroy"], &["--yes"]).await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("lease table destroy-confirm: deleted"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!table_exists(&fx.endpoint, &fx.app).await);
+
+    // Again: nothing there, and it says so.
+    let out = fx.run(&["destroy"], &["--yes"]).await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("does not exist; nothing to delete"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_refuses_while_a_live_worker_holds_leases_and_force_overrides() {
+    let fx = Fixture::new("destroy-live").await;
+    let lease = fx.lease(0, at(0)).await;
+    let live = WorkerId::new("w-live");
+    fx.table
+        .take(&lease.key, &lease.fence(), &live)
+        .await
+        .unwrap();
+    let table = DynamoLeaseTable::new(&servers::sdk_config(), Some(&fx.endpoint), &fx.app);
+    let beating = tokio::spawn(async move {
+        loop {
+            let _ = table.heartbeat(&live, &Default::default()).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let out = fx
+        .run(&["destroy"], &["--yes", "--failover-time", "5s"])
+        .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(
+            "refusing to delete lease table destroy-live while live workers hold leases: w-live"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("--force"), "{err}");
+    assert!(table_exists(&fx.endpoint, &fx.app).await);
+
+    let out = fx.run(&["destroy"], &["--yes", "--force"]).await;
+    assert_ok(&out);
+    beating.abort();
+    assert!(!table_exists(&fx.endpoint, &fx.app).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_leaves_a_table_with_deletion_protection_alone() {
+    let fx = Fixture::new("destroy-protected").await;
+    let config = aws_sdk_dynamodb::config::Builder::from(&servers::sdk_config())
+        .endpoint_url(&fx.endpoint)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+        .update_table()
+        .table_name(&fx.app)
+        .deletion_protection_enabled(true)
+        .send()
+        .await
+        .unwrap();
+    let out = fx.run(&["destroy"], &["--yes", "--force"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("has deletion protection on")
+            && err.contains("--no-deletion-protection-enabled"),
+        "{err}"
+    );
+    assert!(table_exists(&fx.endpoint, &fx.app).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_deregisters_the_applications_consumers_of_the_streams_named() {
+    use flotilla_actors::backend::aws::KinesisStream;
+    use flotilla_actors::backend::{StreamAdmin as _, StreamClient as _};
+
+    let fx = Fixture::new("destroy-fan").await;
+    let kinesis = servers::start_ferrokinesis(300).await;
+    let client = KinesisStream::new(&servers::sdk_config(), Some(&kinesis));
+    client.create_stream("fan-a", 1).await.unwrap();
+    client.create_stream("fan-b", 1).await.unwrap();
+    let arn_a = client.describe_stream_summary("fan-a").await.unwrap().arn;
+    let arn_b = client.describe_stream_summary("fan-b").await.unwrap().arn;
+    // The application's consumer on fan-a, another application's on both.
+    client
+        .register_stream_consumer(&arn_a, &fx.app)
+        .await
+        .unwrap();
+    client
+        .register_stream_consumer(&arn_a, "other-app")
+        .await
+        .unwrap();
+    client
+        .register_stream_consumer(&arn_b, "other-app")
+        .await
+        .unwrap();
+
+    let out = fx
+        .run(
+            &["destroy"],
+            &[
+                "--yes",
+                "--stream",
+                "fan-a",
+                "--stream",
+                "fan-b",
+                "--kinesis-endpoint",
+                &kinesis,
+            ],
+        )
+        .await;
+    assert_ok(&out);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("consumer destroy-fan of stream fan-a: deregistered"),
+        "{said}"
+    );
+    assert!(
+        said.contains("consumer destroy-fan of stream fan-b: none registered"),
+        "{said}"
+    );
+    assert!(said.contains("lease table destroy-fan: deleted"), "{said}");
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = client
+            .list_stream_consumers(&arn_a)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name)
+            .collect::<Vec<_>>();
+        if left == ["other-app"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, ["other-app"]);
+    let on_b: Vec<String> = client
+        .list_stream_consumers(&arn_b)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(on_b, ["other-app"]);
+}

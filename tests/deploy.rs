@@ -128,7 +128,8 @@ const ADAPTERS: &[Adapter] = &[
         clients: &["client"],
         service: "dynamodb",
         declared: DYNAMODB_IAM_ACTIONS,
-        never_granted: &[],
+        // `flotilla destroy`'s.
+        never_granted: &["dynamodb:DeleteTable"],
         sources: EVERY_SOURCE,
         on: |action| {
             if action == "dynamodb:Query" {

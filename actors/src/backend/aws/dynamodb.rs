@@ -334,6 +334,52 @@ impl DynamoLeaseTable {
         }
     }
 
+    /// Whether the table exists (`None`: it does not) and has deletion protection on.
+    /// For `flotilla destroy`, which leaves a protected table to whoever protected it.
+    pub async fn deletion_protected(&self) -> Result<Option<bool>, LeaseError> {
+        Ok(self
+            .describe()
+            .await?
+            .map(|table| table.deletion_protection_enabled().unwrap_or(false)))
+    }
+
+    /// DeleteTable, then waits (up to a minute) until the table is gone, so a command
+    /// that reports it deleted is not followed by a `ResourceInUse` on re-creation.
+    /// `Ok(false)`: there was no such table. An operator's call (`flotilla destroy`): a
+    /// worker never deletes its table, and no policy in `deploy/` grants it.
+    pub async fn delete_table(&self) -> Result<bool, LeaseError> {
+        match self
+            .client
+            .delete_table()
+            .table_name(&self.table)
+            .send()
+            .await
+        {
+            Ok(_) => {}
+            Err(err) => {
+                return match self.classify("DeleteTable", err) {
+                    LeaseError::NotFound { .. } => Ok(false),
+                    other => Err(other),
+                };
+            }
+        }
+        let deadline = Instant::now() + WAIT_LIMIT;
+        while self.describe().await?.is_some() {
+            if Instant::now() >= deadline {
+                return Err(LeaseError::Other {
+                    op: "DeleteTable",
+                    message: format!(
+                        "table {} is still there {}s after DeleteTable",
+                        self.table,
+                        WAIT_LIMIT.as_secs()
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        Ok(true)
+    }
+
     fn classify<E>(&self, op: &'static str, err: SdkError<E, HttpResponse>) -> LeaseError
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
