@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
 use flotilla_actors::backend::aws::{
-    DynamoLeaseTable, KinesisStream, Service, load_sdk_config, tuned_for,
+    Billing, DynamoLeaseTable, KinesisStream, Service, TableOptions, load_sdk_config, tuned_for,
 };
 use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
@@ -73,12 +73,19 @@ pub enum Command {
         flotilla multilang --properties sample.properties\n  \
         FLOTILLA__AWS__KINESIS_ENDPOINT=http://127.0.0.1:4567 flotilla multilang --properties app.properties")]
     Multilang(MultiLangArgs),
-    /// Create the lease table if it does not exist (PAY_PER_REQUEST, hash key leaseKey).
+    /// Create the lease table if it does not exist (hash key leaseKey, the heartbeat index).
     ///
-    /// An existing lease table is fine. With --stream, also create a Kinesis stream, on a
-    /// local Kinesis only (--kinesis-endpoint on loopback): for development and tests.
+    /// A new table is made as production needs it, as the CloudFormation stack makes it:
+    /// on-demand (or --billing-mode provisioned with capacities), point-in-time recovery
+    /// and deletion protection on (off on a local server), with any --tag. An existing
+    /// lease table is fine: only the options given change it (billing excepted). With
+    /// --stream, also create a Kinesis stream, on a local Kinesis only (--kinesis-endpoint
+    /// on loopback): for development and tests.
     #[command(after_help = "Examples:\n  \
         flotilla init --table orders-audit --region eu-west-1\n  \
+        flotilla init --table orders-audit --tag team=payments --tag env=prod\n  \
+        flotilla init --table orders-audit --billing-mode provisioned --read-capacity 20 --write-capacity 10\n  \
+        flotilla init --table orders-audit --deletion-protection off   # before flotilla destroy\n  \
         flotilla init --table dev-app --dynamodb-endpoint http://127.0.0.1:8000 \\\n      \
         --stream dev --shards 4 --kinesis-endpoint http://127.0.0.1:4567")]
     Init(InitArgs),
@@ -268,6 +275,67 @@ pub struct InitArgs {
     /// The local Kinesis to create --stream on (loopback only).
     #[arg(long, env = "FLOTILLA__AWS__KINESIS_ENDPOINT")]
     pub kinesis_endpoint: Option<String>,
+    /// How a new table is billed: on-demand (PAY_PER_REQUEST, the default) or
+    /// provisioned (with --read-capacity and --write-capacity, which the heartbeat index
+    /// gets too). An existing table's billing is left as it is.
+    #[arg(long, value_enum)]
+    pub billing_mode: Option<BillingMode>,
+    /// Read capacity units of a provisioned table.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub read_capacity: Option<i64>,
+    /// Write capacity units of a provisioned table.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub write_capacity: Option<i64>,
+    /// Point-in-time recovery. A new table: on by default, as the CloudFormation stack
+    /// makes it, except on a local server (a loopback --dynamodb-endpoint), which lacks
+    /// it. An existing table is changed only when this is given.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub point_in_time_recovery: Option<OnOff>,
+    /// Deletion protection. A new table: on by default, as the CloudFormation stack
+    /// makes it, except on a local server. An existing table is changed only when this
+    /// is given.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub deletion_protection: Option<OnOff>,
+    /// A tag on the table, KEY=VALUE (may be given more than once); an existing table
+    /// gets it too.
+    #[arg(long = "tag", value_name = "KEY=VALUE", value_parser = parse_tag)]
+    pub tags: Vec<(String, String)>,
+}
+
+/// `--billing-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BillingMode {
+    OnDemand,
+    Provisioned,
+}
+
+/// A switch given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    fn is_on(self) -> bool {
+        self == Self::On
+    }
+}
+
+/// `KEY=VALUE`, as DynamoDB takes tags: a key of 1 to 128 characters, a value of up to 256.
+fn parse_tag(text: &str) -> Result<(String, String), String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("{text:?} is not KEY=VALUE"));
+    };
+    if key.is_empty() || key.chars().count() > 128 {
+        return Err(format!("tag key {key:?} must be 1 to 128 characters"));
+    }
+    if value.chars().count() > 256 {
+        return Err(format!(
+            "the value of tag {key} is longer than 256 characters"
+        ));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// `flotilla status`.
@@ -658,19 +726,110 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
         (Some(stream), Some(endpoint)) => Some((stream.clone(), endpoint.clone())),
         _ => None,
     };
+    let billing = match (args.billing_mode, args.read_capacity, args.write_capacity) {
+        (None | Some(BillingMode::OnDemand), None, None) => Billing::OnDemand,
+        (None | Some(BillingMode::OnDemand), _, _) => bail!(
+            "--read-capacity and --write-capacity are for a provisioned table: add \
+             --billing-mode provisioned, or leave them out for on-demand"
+        ),
+        (Some(BillingMode::Provisioned), Some(read), Some(write)) => {
+            Billing::Provisioned { read, write }
+        }
+        (Some(BillingMode::Provisioned), _, _) => {
+            bail!("--billing-mode provisioned needs both --read-capacity and --write-capacity")
+        }
+    };
+    // A local server lacks point-in-time recovery, and a development table is deleted
+    // and made again: both are off there unless asked for.
+    let on_aws = !args
+        .table
+        .dynamodb_endpoint
+        .as_deref()
+        .is_some_and(ops::is_local_endpoint);
     let sdk = args.table.sdk().await;
-    let table = args.table.open_with(&sdk);
     let name = &args.table.table;
+    let table = DynamoLeaseTable::new(&sdk, args.table.dynamodb_endpoint.as_deref(), name.clone());
+    let options = TableOptions {
+        billing,
+        deletion_protection: args.deletion_protection.map_or(on_aws, OnOff::is_on),
+        tags: args.tags.clone(),
+    };
     let state = table
-        .ensure_table()
+        .ensure_table_with(&options)
         .await
         .map_err(|e| ops::explain(e, name))
         .with_context(|| format!("cannot make lease table {name}"))?;
+    let explain = |e| ops::explain(e, name);
+    match state {
+        TableState::Created => {
+            if args.point_in_time_recovery.map_or(on_aws, OnOff::is_on) {
+                table
+                    .set_point_in_time_recovery(true)
+                    .await
+                    .map_err(explain)
+                    .with_context(|| {
+                        format!(
+                            "lease table {name} was created, but point-in-time recovery could \
+                             not be turned on (run again with --point-in-time-recovery off to \
+                             go without)"
+                        )
+                    })?;
+            }
+        }
+        // An existing table changes only where the command line says so.
+        TableState::Existed => {
+            if let Some(pitr) = args.point_in_time_recovery {
+                table
+                    .set_point_in_time_recovery(pitr.is_on())
+                    .await
+                    .map_err(explain)
+                    .context("cannot change point-in-time recovery")?;
+            }
+            if let Some(protection) = args.deletion_protection {
+                table
+                    .set_deletion_protection(protection.is_on())
+                    .await
+                    .map_err(explain)
+                    .context("cannot change deletion protection")?;
+            }
+            if !args.tags.is_empty() {
+                table
+                    .tag(&args.tags)
+                    .await
+                    .map_err(explain)
+                    .context("cannot tag the table")?;
+            }
+        }
+    }
+    let now = table
+        .table_settings()
+        .await
+        .map_err(explain)
+        .with_context(|| format!("cannot describe lease table {name}"))?
+        .ok_or_else(|| anyhow::anyhow!("lease table {name} disappeared after it was made"))?;
     let what = match state {
         TableState::Created => "created",
         TableState::Existed => "already exists",
     };
-    println!("lease table {name}: {what}");
+    let billed = match now.billing {
+        Billing::OnDemand => "on-demand".to_owned(),
+        Billing::Provisioned { read, write } => {
+            format!("provisioned {read} RCU / {write} WCU")
+        }
+    };
+    let on = |b: bool| if b { "on" } else { "off" };
+    let pitr = now
+        .point_in_time_recovery
+        .map_or("not supported by this server", on);
+    let mut note = String::new();
+    if state == TableState::Existed && args.billing_mode.is_some() && now.billing != billing {
+        note = " (billing left as it is: change it with UpdateTable)".to_owned();
+    }
+    println!(
+        "lease table {name}: {what}; {billed}{note}, point-in-time recovery {pitr}, deletion \
+         protection {}",
+        on(now.deletion_protection)
+    );
     if let Some((stream, endpoint)) = kinesis {
         let sdk = tuned_for(&sdk, Service::Stream, &AwsSettings::default());
         let client = KinesisStream::new(&sdk, Some(&endpoint));

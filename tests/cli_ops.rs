@@ -832,13 +832,13 @@ async fn init_creates_a_local_stream_once_and_refuses_a_remote_one() {
     assert_ok(&out);
     assert_eq!(
         text(&out.stdout),
-        "lease table init-app: created\nstream dev: created with 3 shards\n"
+        "lease table init-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off\nstream dev: created with 3 shards\n"
     );
     let out = init(vec!["--kinesis-endpoint".into(), kinesis.clone()]).await;
     assert_ok(&out);
     assert_eq!(
         text(&out.stdout),
-        "lease table init-app: already exists\nstream dev: already exists, 3 open shards\n"
+        "lease table init-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off\nstream dev: already exists, 3 open shards\n"
     );
 
     let out = init(vec![
@@ -1225,4 +1225,189 @@ async fn destroy_deregisters_the_applications_consumers_of_the_streams_named() {
         .map(|c| c.name)
         .collect();
     assert_eq!(on_b, ["other-app"]);
+}
+
+/// The table as DynamoDB describes it: (billing mode, table RCU/WCU, index RCU/WCU,
+/// deletion protection, tags).
+async fn described(
+    endpoint: &str,
+    app: &str,
+) -> (String, (i64, i64), (i64, i64), bool, Vec<String>) {
+    let config = aws_sdk_dynamodb::config::Builder::from(&servers::sdk_config())
+        .endpoint_url(endpoint)
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let table = client
+        .describe_table()
+        .table_name(app)
+        .send()
+        .await
+        .unwrap()
+        .table
+        .unwrap();
+    let units = |p: Option<&aws_sdk_dynamodb::types::ProvisionedThroughputDescription>| {
+        p.map_or((0, 0), |p| {
+            (
+                p.read_capacity_units().unwrap_or(0),
+                p.write_capacity_units().unwrap_or(0),
+            )
+        })
+    };
+    let billing = table
+        .billing_mode_summary()
+        .and_then(|b| b.billing_mode())
+        .map_or("PROVISIONED".to_owned(), |b| b.as_str().to_owned());
+    let index = table.global_secondary_indexes()[0].provisioned_throughput();
+    let tags = client
+        .list_tags_of_resource()
+        .resource_arn(table.table_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .tags()
+        .iter()
+        .map(|t| format!("{}={}", t.key(), t.value()))
+        .collect();
+    (
+        billing,
+        units(table.provisioned_throughput()),
+        units(index),
+        table.deletion_protection_enabled().unwrap_or(false),
+        tags,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_makes_a_provisioned_protected_tagged_table_and_changes_only_what_is_asked() {
+    let endpoint = servers::start_dynoxide().await;
+    let init = |extra: &[&str]| {
+        let mut args = vec![
+            "init",
+            "--table",
+            "prod-app",
+            "--dynamodb-endpoint",
+            &endpoint,
+        ];
+        args.extend(extra);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            flotilla(&args).await
+        }
+    };
+    let out = init(&[
+        "--billing-mode",
+        "provisioned",
+        "--read-capacity",
+        "5",
+        "--write-capacity",
+        "3",
+        "--deletion-protection",
+        "on",
+        "--tag",
+        "team=data",
+        "--tag",
+        "env=dev",
+    ])
+    .await;
+    assert_ok(&out);
+    assert_eq!(
+        text(&out.stdout),
+        "lease table prod-app: created; provisioned 5 RCU / 3 WCU, point-in-time recovery not \
+         supported by this server, deletion protection on\n"
+    );
+    let (billing, table, index, protected, mut tags) = described(&endpoint, "prod-app").await;
+    tags.sort();
+    assert_eq!(billing, "PROVISIONED");
+    assert_eq!(table, (5, 3));
+    assert_eq!(
+        index,
+        (5, 3),
+        "the heartbeat index gets the table's throughput"
+    );
+    assert!(protected);
+    assert_eq!(tags, ["env=dev", "team=data"]);
+
+    // Run again with nothing asked: nothing changes (protection stays on).
+    let out = init(&[]).await;
+    assert_ok(&out);
+    assert!(text(&out.stdout).contains("already exists; provisioned 5 RCU / 3 WCU"));
+    assert!(described(&endpoint, "prod-app").await.3);
+
+    // Asked: protection off, one more tag; billing is left as it is, and it says so.
+    let out = init(&[
+        "--deletion-protection",
+        "off",
+        "--tag",
+        "owner=ops",
+        "--billing-mode",
+        "on-demand",
+    ])
+    .await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("(billing left as it is: change it with UpdateTable)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let (billing, _, _, protected, mut tags) = described(&endpoint, "prod-app").await;
+    tags.sort();
+    assert_eq!(billing, "PROVISIONED");
+    assert!(!protected);
+    assert_eq!(tags, ["env=dev", "owner=ops", "team=data"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_names_what_is_wrong_with_its_table_options() {
+    let endpoint = servers::start_dynoxide().await;
+    let cases: &[(&[&str], &str)] = &[
+        (&["--read-capacity", "5"], "add --billing-mode provisioned"),
+        (
+            &["--billing-mode", "provisioned", "--read-capacity", "5"],
+            "needs both --read-capacity and --write-capacity",
+        ),
+        (&["--tag", "team"], "\"team\" is not KEY=VALUE"),
+        (&["--tag", "=x"], "must be 1 to 128 characters"),
+        (
+            &["--point-in-time-recovery", "maybe"],
+            "possible values: on, off",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec![
+            "init",
+            "--table",
+            "bad-app",
+            "--dynamodb-endpoint",
+            &endpoint,
+        ];
+        args.extend(*extra);
+        let out = flotilla(&args).await;
+        assert!(!out.status.success(), "{extra:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+    // None of them made the table.
+    assert!(!table_exists(&endpoint, "bad-app").await);
+
+    // Point-in-time recovery asked of a server without it: the table is made, and the
+    // error says so and how to go without.
+    let out = flotilla(&[
+        "init",
+        "--table",
+        "pitr-app",
+        "--dynamodb-endpoint",
+        &endpoint,
+        "--point-in-time-recovery",
+        "on",
+    ])
+    .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("was created, but point-in-time recovery could not be turned on")
+            && err.contains("does not support point-in-time recovery"),
+        "{err}"
+    );
+    assert!(table_exists(&endpoint, "pitr-app").await);
 }

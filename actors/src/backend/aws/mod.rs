@@ -15,7 +15,8 @@ use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 pub use cloudwatch::{CloudWatchMetrics, IAM_ACTIONS as CLOUDWATCH_IAM_ACTIONS};
 pub use dynamodb::{
-    DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, item_from_sdk, item_to_sdk,
+    Billing, DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, TableOptions, TableSettings,
+    item_from_sdk, item_to_sdk,
 };
 pub use dynamodb_streams::{DynamoStreams, IAM_ACTIONS as DYNAMODB_STREAMS_IAM_ACTIONS};
 pub use kinesis::{IAM_ACTIONS as KINESIS_IAM_ACTIONS, KinesisStream};
