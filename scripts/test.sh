@@ -559,6 +559,9 @@ if [[ -s "$LOG_DIR/cargo-test.log" ]]; then
         log "fleet measurements:"
         grep -o 'fleet\[[a-z]*\]: .*' "$LOG_DIR/cargo-test.log" | sed 's/^/test.sh:   /' >&2
     fi
+    # The container image's build (tests/container_image.rs): its size, or why it was not
+    # built (no container engine, no base image).
+    grep -o 'container-image: .*' "$LOG_DIR/cargo-test.log" | sed 's/^/test.sh: /' >&2 || true
     # The closing line: every test binary's results added up (cargo's own last
     # line is the doc-test run's, which may count none).
     awk '/^test result: / { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \

@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream, load_sdk_config};
+use flotilla_actors::backend::aws::{
+    Billing, DynamoLeaseTable, KinesisStream, Service, TableOptions, load_sdk_config, tuned_for,
+};
 use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
 use flotilla_actors::model::{Checkpoint, Lease};
 use flotilla_actors::multilang::properties::Properties;
 use flotilla_actors::multilang::{DaemonConfig, MultiLangProcessor};
+use flotilla_actors::settings::AwsSettings;
 use flotilla_actors::{Backend, CheckpointMode, Settings, ShutdownReport, StreamSet, Worker};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
@@ -70,12 +73,19 @@ pub enum Command {
         flotilla multilang --properties sample.properties\n  \
         FLOTILLA__AWS__KINESIS_ENDPOINT=http://127.0.0.1:4567 flotilla multilang --properties app.properties")]
     Multilang(MultiLangArgs),
-    /// Create the lease table if it does not exist (PAY_PER_REQUEST, hash key leaseKey).
+    /// Create the lease table if it does not exist (hash key leaseKey, the heartbeat index).
     ///
-    /// An existing lease table is fine. With --stream, also create a Kinesis stream, on a
-    /// local Kinesis only (--kinesis-endpoint on loopback): for development and tests.
+    /// A new table is made as production needs it, as the CloudFormation stack makes it:
+    /// on-demand (or --billing-mode provisioned with capacities), point-in-time recovery
+    /// and deletion protection on (off on a local server), with any --tag. An existing
+    /// lease table is fine: only the options given change it (billing excepted). With
+    /// --stream, also create a Kinesis stream, on a local Kinesis only (--kinesis-endpoint
+    /// on loopback): for development and tests.
     #[command(after_help = "Examples:\n  \
         flotilla init --table orders-audit --region eu-west-1\n  \
+        flotilla init --table orders-audit --tag team=payments --tag env=prod\n  \
+        flotilla init --table orders-audit --billing-mode provisioned --read-capacity 20 --write-capacity 10\n  \
+        flotilla init --table orders-audit --deletion-protection off   # before flotilla destroy\n  \
         flotilla init --table dev-app --dynamodb-endpoint http://127.0.0.1:8000 \\\n      \
         --stream dev --shards 4 --kinesis-endpoint http://127.0.0.1:4567")]
     Init(InitArgs),
@@ -121,6 +131,48 @@ pub enum Command {
     /// consumer-shard-hour while it exists, and a stream holds at most 20.
     #[command(subcommand)]
     Consumer(ConsumerCommand),
+    /// Delete the lease table (every checkpoint in it) and, with --stream, the
+    /// application's fan-out consumer of each stream.
+    ///
+    /// For an application that is gone for good: its next workers would start from
+    /// worker.initial_position. Refuses while live workers hold leases, naming them (the
+    /// check watches the owners for up to --failover-time), unless --force. Asks for the
+    /// table's name to confirm; --yes confirms for scripts (without a terminal and without
+    /// --yes it refuses). A table with deletion protection is left alone: turn the
+    /// protection off where it was turned on first.
+    #[command(after_help = "Examples:\n  \
+        flotilla destroy --table orders-audit\n  \
+        flotilla destroy --table orders-audit --stream orders --yes\n  \
+        flotilla destroy --table dev-app --dynamodb-endpoint http://127.0.0.1:8000 --yes --force")]
+    Destroy(DestroyArgs),
+}
+
+/// `flotilla destroy`.
+#[derive(Debug, Args)]
+pub struct DestroyArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// A stream whose fan-out consumer of this application to deregister too (may be
+    /// given more than once). Without it, consumers are left registered.
+    #[arg(long = "stream", value_name = "STREAM")]
+    pub streams: Vec<String>,
+    /// The consumer's name (reader.consumer_name); default: the table's (application's)
+    /// name, as workers name it.
+    #[arg(long, requires = "streams")]
+    pub consumer_name: Option<String>,
+    /// A Kinesis endpoint to use instead of AWS's (a local server).
+    #[arg(long, env = "FLOTILLA__AWS__KINESIS_ENDPOINT", requires = "streams")]
+    pub kinesis_endpoint: Option<String>,
+    /// Delete even if workers look alive: they lose their checkpoints and fail.
+    #[arg(long)]
+    pub force: bool,
+    /// How long an owner may show no sign of life before it counts as dead: the
+    /// workers' lease.failover_time.
+    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub failover_time: Duration,
+    /// Confirm without asking (for scripts).
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,10 +218,17 @@ pub struct DeregisterArgs {
     pub name: String,
 }
 
+/// The SDK configuration of a one-off command (no settings file): the default `[aws]`
+/// timeouts and retries, as a worker's, for `service`.
+async fn command_sdk(region: Option<String>, service: Service) -> aws_config::SdkConfig {
+    let sdk = load_sdk_config(region).await;
+    tuned_for(&sdk, service, &AwsSettings::default())
+}
+
 impl StreamArgs {
     /// The client and the stream's ARN (consumers are addressed by it).
     async fn open(&self) -> anyhow::Result<(KinesisStream, String)> {
-        let sdk = load_sdk_config(self.region.clone()).await;
+        let sdk = command_sdk(self.region.clone(), Service::Stream).await;
         let client = KinesisStream::new(&sdk, self.kinesis_endpoint.as_deref());
         let summary = client
             .describe_stream_summary(&self.stream)
@@ -217,6 +276,67 @@ pub struct InitArgs {
     /// The local Kinesis to create --stream on (loopback only).
     #[arg(long, env = "FLOTILLA__AWS__KINESIS_ENDPOINT")]
     pub kinesis_endpoint: Option<String>,
+    /// How a new table is billed: on-demand (PAY_PER_REQUEST, the default) or
+    /// provisioned (with --read-capacity and --write-capacity, which the heartbeat index
+    /// gets too). An existing table's billing is left as it is.
+    #[arg(long, value_enum)]
+    pub billing_mode: Option<BillingMode>,
+    /// Read capacity units of a provisioned table.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub read_capacity: Option<i64>,
+    /// Write capacity units of a provisioned table.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub write_capacity: Option<i64>,
+    /// Point-in-time recovery. A new table: on by default, as the CloudFormation stack
+    /// makes it, except on a local server (a loopback --dynamodb-endpoint), which lacks
+    /// it. An existing table is changed only when this is given.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub point_in_time_recovery: Option<OnOff>,
+    /// Deletion protection. A new table: on by default, as the CloudFormation stack
+    /// makes it, except on a local server. An existing table is changed only when this
+    /// is given.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub deletion_protection: Option<OnOff>,
+    /// A tag on the table, KEY=VALUE (may be given more than once); an existing table
+    /// gets it too.
+    #[arg(long = "tag", value_name = "KEY=VALUE", value_parser = parse_tag)]
+    pub tags: Vec<(String, String)>,
+}
+
+/// `--billing-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BillingMode {
+    OnDemand,
+    Provisioned,
+}
+
+/// A switch given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    fn is_on(self) -> bool {
+        self == Self::On
+    }
+}
+
+/// `KEY=VALUE`, as DynamoDB takes tags: a key of 1 to 128 characters, a value of up to 256.
+fn parse_tag(text: &str) -> Result<(String, String), String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("{text:?} is not KEY=VALUE"));
+    };
+    if key.is_empty() || key.chars().count() > 128 {
+        return Err(format!("tag key {key:?} must be 1 to 128 characters"));
+    }
+    if value.chars().count() > 256 {
+        return Err(format!(
+            "the value of tag {key} is longer than 256 characters"
+        ));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// `flotilla status`.
@@ -324,7 +444,7 @@ pub struct TableArgs {
 
 impl TableArgs {
     async fn sdk(&self) -> aws_config::SdkConfig {
-        load_sdk_config(self.region.clone()).await
+        command_sdk(self.region.clone(), Service::LeaseTable).await
     }
 
     async fn open(&self) -> Arc<dyn LeaseTable> {
@@ -486,6 +606,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Destroy(args) => destroy(args).await,
         Command::Position(PositionCommand::Import(args)) => {
             let table = args.table.open().await;
             ops::import(
@@ -498,6 +619,105 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// `flotilla destroy`: checks (the table, its protection, live owners, the operator's
+/// confirmation) before anything is deleted; then the consumers, then the table.
+async fn destroy(args: DestroyArgs) -> anyhow::Result<()> {
+    let name = &args.table.table;
+    let sdk = args.table.sdk().await;
+    let table = DynamoLeaseTable::new(&sdk, args.table.dynamodb_endpoint.as_deref(), name.clone());
+    let protected = table
+        .deletion_protected()
+        .await
+        .map_err(|e| ops::explain(e, name))
+        .with_context(|| format!("cannot look up lease table {name}"))?;
+    match protected {
+        None if args.streams.is_empty() => {
+            println!("lease table {name}: does not exist; nothing to delete");
+            return Ok(());
+        }
+        Some(true) => bail!(
+            "lease table {name} has deletion protection on, so it is left alone. Turn the \
+             protection off where it was turned on (the CloudFormation stack's \
+             DeletionProtectionEnabled, or `aws dynamodb update-table --table-name {name} \
+             --no-deletion-protection-enabled`) and run this again"
+        ),
+        _ => {}
+    }
+    if protected.is_some() && !args.force {
+        let scan = ops::scan(&table).await?;
+        let (live, _) = ops::live_owners(&table, scan, args.failover_time)
+            .await
+            .map_err(|e| ops::explain(e, name))
+            .with_context(|| format!("cannot read lease table {name}"))?;
+        if !live.is_empty() {
+            let names: Vec<String> = live.iter().map(ToString::to_string).collect();
+            bail!(
+                "refusing to delete lease table {name} while live workers hold leases: {}.\n\
+                 Stop them first and run this again. --force deletes anyway: the live workers \
+                 then lose their checkpoints and fail",
+                names.join(", ")
+            );
+        }
+    }
+    let consumer = args.consumer_name.clone().unwrap_or_else(|| name.clone());
+    if !args.yes {
+        ops::confirm(
+            &format!(
+                "This deletes lease table {name} and every checkpoint in it{}. Type the table's \
+             name to go on: ",
+                if args.streams.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", and consumer {consumer} of stream(s) {}",
+                        args.streams.join(", ")
+                    )
+                }
+            ),
+            name,
+        )?;
+    }
+    for stream in &args.streams {
+        let stream_args = StreamArgs {
+            stream: stream.clone(),
+            region: args.table.region.clone(),
+            kinesis_endpoint: args.kinesis_endpoint.clone(),
+        };
+        let (client, arn) = stream_args.open().await?;
+        match client.describe_stream_consumer(&arn, &consumer).await {
+            Ok(found) => {
+                client
+                    .deregister_stream_consumer(&found.arn)
+                    .await
+                    .with_context(|| format!("cannot deregister consumer {consumer}"))?;
+                println!("consumer {consumer} of stream {stream}: deregistered");
+            }
+            Err(StreamError::NotFound { .. }) => {
+                println!("consumer {consumer} of stream {stream}: none registered");
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error))
+                    .with_context(|| format!("cannot look up consumer {consumer}"));
+            }
+        }
+    }
+    if protected.is_none() {
+        println!("lease table {name}: does not exist; nothing to delete");
+        return Ok(());
+    }
+    let deleted = table
+        .delete_table()
+        .await
+        .map_err(|e| ops::explain(e, name))
+        .with_context(|| format!("cannot delete lease table {name}"))?;
+    if deleted {
+        println!("lease table {name}: deleted");
+    } else {
+        println!("lease table {name}: already gone");
+    }
+    Ok(())
 }
 
 /// `flotilla init`: the lease table, and a local stream if asked.
@@ -513,20 +733,112 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
         (Some(stream), Some(endpoint)) => Some((stream.clone(), endpoint.clone())),
         _ => None,
     };
+    let billing = match (args.billing_mode, args.read_capacity, args.write_capacity) {
+        (None | Some(BillingMode::OnDemand), None, None) => Billing::OnDemand,
+        (None | Some(BillingMode::OnDemand), _, _) => bail!(
+            "--read-capacity and --write-capacity are for a provisioned table: add \
+             --billing-mode provisioned, or leave them out for on-demand"
+        ),
+        (Some(BillingMode::Provisioned), Some(read), Some(write)) => {
+            Billing::Provisioned { read, write }
+        }
+        (Some(BillingMode::Provisioned), _, _) => {
+            bail!("--billing-mode provisioned needs both --read-capacity and --write-capacity")
+        }
+    };
+    // A local server lacks point-in-time recovery, and a development table is deleted
+    // and made again: both are off there unless asked for.
+    let on_aws = !args
+        .table
+        .dynamodb_endpoint
+        .as_deref()
+        .is_some_and(ops::is_local_endpoint);
     let sdk = args.table.sdk().await;
-    let table = args.table.open_with(&sdk);
     let name = &args.table.table;
+    let table = DynamoLeaseTable::new(&sdk, args.table.dynamodb_endpoint.as_deref(), name.clone());
+    let options = TableOptions {
+        billing,
+        deletion_protection: args.deletion_protection.map_or(on_aws, OnOff::is_on),
+        tags: args.tags.clone(),
+    };
     let state = table
-        .ensure_table()
+        .ensure_table_with(&options)
         .await
         .map_err(|e| ops::explain(e, name))
         .with_context(|| format!("cannot make lease table {name}"))?;
+    let explain = |e| ops::explain(e, name);
+    match state {
+        TableState::Created => {
+            if args.point_in_time_recovery.map_or(on_aws, OnOff::is_on) {
+                table
+                    .set_point_in_time_recovery(true)
+                    .await
+                    .map_err(explain)
+                    .with_context(|| {
+                        format!(
+                            "lease table {name} was created, but point-in-time recovery could \
+                             not be turned on (run again with --point-in-time-recovery off to \
+                             go without)"
+                        )
+                    })?;
+            }
+        }
+        // An existing table changes only where the command line says so.
+        TableState::Existed => {
+            if let Some(pitr) = args.point_in_time_recovery {
+                table
+                    .set_point_in_time_recovery(pitr.is_on())
+                    .await
+                    .map_err(explain)
+                    .context("cannot change point-in-time recovery")?;
+            }
+            if let Some(protection) = args.deletion_protection {
+                table
+                    .set_deletion_protection(protection.is_on())
+                    .await
+                    .map_err(explain)
+                    .context("cannot change deletion protection")?;
+            }
+            if !args.tags.is_empty() {
+                table
+                    .tag(&args.tags)
+                    .await
+                    .map_err(explain)
+                    .context("cannot tag the table")?;
+            }
+        }
+    }
+    let now = table
+        .table_settings()
+        .await
+        .map_err(explain)
+        .with_context(|| format!("cannot describe lease table {name}"))?
+        .ok_or_else(|| anyhow::anyhow!("lease table {name} disappeared after it was made"))?;
     let what = match state {
         TableState::Created => "created",
         TableState::Existed => "already exists",
     };
-    println!("lease table {name}: {what}");
+    let billed = match now.billing {
+        Billing::OnDemand => "on-demand".to_owned(),
+        Billing::Provisioned { read, write } => {
+            format!("provisioned {read} RCU / {write} WCU")
+        }
+    };
+    let on = |b: bool| if b { "on" } else { "off" };
+    let pitr = now
+        .point_in_time_recovery
+        .map_or("not supported by this server", on);
+    let mut note = String::new();
+    if state == TableState::Existed && args.billing_mode.is_some() && now.billing != billing {
+        note = " (billing left as it is: change it with UpdateTable)".to_owned();
+    }
+    println!(
+        "lease table {name}: {what}; {billed}{note}, point-in-time recovery {pitr}, deletion \
+         protection {}",
+        on(now.deletion_protection)
+    );
     if let Some((stream, endpoint)) = kinesis {
+        let sdk = tuned_for(&sdk, Service::Stream, &AwsSettings::default());
         let client = KinesisStream::new(&sdk, Some(&endpoint));
         let existing = match client.describe_stream_summary(&stream).await {
             Ok(summary) => Some(summary),

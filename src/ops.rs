@@ -273,6 +273,25 @@ pub async fn scan(table: &dyn LeaseTable) -> anyhow::Result<ScanOutput> {
     Ok(scan)
 }
 
+/// Asks on the terminal for `expected` to be typed back. Without a terminal (a script,
+/// a pipe) it refuses rather than reading whatever stdin holds: scripts pass `--yes`.
+pub fn confirm(prompt: &str, expected: &str) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        bail!("not confirmed: there is no terminal to ask on; pass --yes to confirm in a script");
+    }
+    let mut err = std::io::stderr().lock();
+    err.write_all(prompt.as_bytes())?;
+    err.flush()?;
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    if answer.trim() != expected {
+        bail!("not confirmed: the answer was not {expected:?}; nothing was deleted");
+    }
+    Ok(())
+}
+
 /// The liveness check unless forced: an error naming the live workers.
 async fn refuse_while_alive(
     table: &dyn LeaseTable,

@@ -48,9 +48,15 @@ async fn init_then_leases_on_a_local_dynamodb() {
     };
     let first = tokio::task::block_in_place(|| run(vec!["init"]));
     assert!(first.status.success(), "{}", text(&first.stderr));
-    assert_eq!(text(&first.stdout), "lease table cli-app: created\n");
+    assert_eq!(
+        text(&first.stdout),
+        "lease table cli-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off\n"
+    );
     let again = tokio::task::block_in_place(|| run(vec!["init"]));
-    assert_eq!(text(&again.stdout), "lease table cli-app: already exists\n");
+    assert_eq!(
+        text(&again.stdout),
+        "lease table cli-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off\n"
+    );
 
     // A lease, a heartbeat and a malformed row, written through the library.
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())

@@ -878,13 +878,13 @@ async fn init_creates_a_local_stream_once_and_refuses_a_remote_one() {
     assert_ok(&out);
     assert_eq!(
         text(&out.stdout),
-        "lease table init-app: created\nstream dev: created with 3 shards\n"
+        "lease table init-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off\nstream dev: created with 3 shards\n"
     );
     let out = init(vec!["--kinesis-endpoint".into(), kinesis.clone()]).await;
     assert_ok(&out);
     assert_eq!(
         text(&out.stdout),
-        "lease table init-app: already exists\nstream dev: already exists, 3 open shards\n"
+        "lease table init-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off\nstream dev: already exists, 3 open shards\n"
     );
 
     let out = init(vec![
@@ -1096,4 +1096,364 @@ async fn positions_of_several_streams_export_and_import_per_stream() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Whether `app`'s lease table is on the server.
+async fn table_exists(endpoint: &str, app: &str) -> bool {
+    DynamoLeaseTable::new(&servers::sdk_config(), Some(endpoint), app)
+        .deletion_protected()
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_asks_for_confirmation_and_scripts_pass_yes() {
+    let fx = Fixture::new("destroy-confirm").await;
+    fx.lease(0, at(0)).await;
+    // No terminal (the test's stdin is closed), no --yes: refused, nothing deleted.
+    let out = fx.run(&["destroy"], &[]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("pass --yes"), "{err}");
+    assert!(table_exists(&fx.endpoint, &fx.app).await);
+
+    let out = fx.run(&["destroy"], &["--yes"]).await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("lease table destroy-confirm: deleted"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!table_exists(&fx.endpoint, &fx.app).await);
+
+    // Again: nothing there, and it says so.
+    let out = fx.run(&["destroy"], &["--yes"]).await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("does not exist; nothing to delete"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_refuses_while_a_live_worker_holds_leases_and_force_overrides() {
+    let fx = Fixture::new("destroy-live").await;
+    let lease = fx.lease(0, at(0)).await;
+    let live = WorkerId::new("w-live");
+    fx.table
+        .take(&lease.key, &lease.fence(), &live)
+        .await
+        .unwrap();
+    let table = DynamoLeaseTable::new(&servers::sdk_config(), Some(&fx.endpoint), &fx.app);
+    let beating = tokio::spawn(async move {
+        loop {
+            let _ = table.heartbeat(&live, &Default::default()).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let out = fx
+        .run(&["destroy"], &["--yes", "--failover-time", "5s"])
+        .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(
+            "refusing to delete lease table destroy-live while live workers hold leases: w-live"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("--force"), "{err}");
+    assert!(table_exists(&fx.endpoint, &fx.app).await);
+
+    let out = fx.run(&["destroy"], &["--yes", "--force"]).await;
+    assert_ok(&out);
+    beating.abort();
+    assert!(!table_exists(&fx.endpoint, &fx.app).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_leaves_a_table_with_deletion_protection_alone() {
+    let fx = Fixture::new("destroy-protected").await;
+    let config = aws_sdk_dynamodb::config::Builder::from(&servers::sdk_config())
+        .endpoint_url(&fx.endpoint)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+        .update_table()
+        .table_name(&fx.app)
+        .deletion_protection_enabled(true)
+        .send()
+        .await
+        .unwrap();
+    let out = fx.run(&["destroy"], &["--yes", "--force"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("has deletion protection on")
+            && err.contains("--no-deletion-protection-enabled"),
+        "{err}"
+    );
+    assert!(table_exists(&fx.endpoint, &fx.app).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_deregisters_the_applications_consumers_of_the_streams_named() {
+    use flotilla_actors::backend::aws::KinesisStream;
+    use flotilla_actors::backend::{StreamAdmin as _, StreamClient as _};
+
+    let fx = Fixture::new("destroy-fan").await;
+    let kinesis = servers::start_ferrokinesis(300).await;
+    let client = KinesisStream::new(&servers::sdk_config(), Some(&kinesis));
+    client.create_stream("fan-a", 1).await.unwrap();
+    client.create_stream("fan-b", 1).await.unwrap();
+    let arn_a = client.describe_stream_summary("fan-a").await.unwrap().arn;
+    let arn_b = client.describe_stream_summary("fan-b").await.unwrap().arn;
+    // The application's consumer on fan-a, another application's on both.
+    client
+        .register_stream_consumer(&arn_a, &fx.app)
+        .await
+        .unwrap();
+    client
+        .register_stream_consumer(&arn_a, "other-app")
+        .await
+        .unwrap();
+    client
+        .register_stream_consumer(&arn_b, "other-app")
+        .await
+        .unwrap();
+
+    let out = fx
+        .run(
+            &["destroy"],
+            &[
+                "--yes",
+                "--stream",
+                "fan-a",
+                "--stream",
+                "fan-b",
+                "--kinesis-endpoint",
+                &kinesis,
+            ],
+        )
+        .await;
+    assert_ok(&out);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("consumer destroy-fan of stream fan-a: deregistered"),
+        "{said}"
+    );
+    assert!(
+        said.contains("consumer destroy-fan of stream fan-b: none registered"),
+        "{said}"
+    );
+    assert!(said.contains("lease table destroy-fan: deleted"), "{said}");
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = client
+            .list_stream_consumers(&arn_a)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name)
+            .collect::<Vec<_>>();
+        if left == ["other-app"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, ["other-app"]);
+    let on_b: Vec<String> = client
+        .list_stream_consumers(&arn_b)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(on_b, ["other-app"]);
+}
+
+/// The table as DynamoDB describes it: (billing mode, table RCU/WCU, index RCU/WCU,
+/// deletion protection, tags).
+async fn described(
+    endpoint: &str,
+    app: &str,
+) -> (String, (i64, i64), (i64, i64), bool, Vec<String>) {
+    let config = aws_sdk_dynamodb::config::Builder::from(&servers::sdk_config())
+        .endpoint_url(endpoint)
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let table = client
+        .describe_table()
+        .table_name(app)
+        .send()
+        .await
+        .unwrap()
+        .table
+        .unwrap();
+    let units = |p: Option<&aws_sdk_dynamodb::types::ProvisionedThroughputDescription>| {
+        p.map_or((0, 0), |p| {
+            (
+                p.read_capacity_units().unwrap_or(0),
+                p.write_capacity_units().unwrap_or(0),
+            )
+        })
+    };
+    let billing = table
+        .billing_mode_summary()
+        .and_then(|b| b.billing_mode())
+        .map_or("PROVISIONED".to_owned(), |b| b.as_str().to_owned());
+    let index = table.global_secondary_indexes()[0].provisioned_throughput();
+    let tags = client
+        .list_tags_of_resource()
+        .resource_arn(table.table_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .tags()
+        .iter()
+        .map(|t| format!("{}={}", t.key(), t.value()))
+        .collect();
+    (
+        billing,
+        units(table.provisioned_throughput()),
+        units(index),
+        table.deletion_protection_enabled().unwrap_or(false),
+        tags,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_makes_a_provisioned_protected_tagged_table_and_changes_only_what_is_asked() {
+    let endpoint = servers::start_dynoxide().await;
+    let init = |extra: &[&str]| {
+        let mut args = vec![
+            "init",
+            "--table",
+            "prod-app",
+            "--dynamodb-endpoint",
+            &endpoint,
+        ];
+        args.extend(extra);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            flotilla(&args).await
+        }
+    };
+    let out = init(&[
+        "--billing-mode",
+        "provisioned",
+        "--read-capacity",
+        "5",
+        "--write-capacity",
+        "3",
+        "--deletion-protection",
+        "on",
+        "--tag",
+        "team=data",
+        "--tag",
+        "env=dev",
+    ])
+    .await;
+    assert_ok(&out);
+    assert_eq!(
+        text(&out.stdout),
+        "lease table prod-app: created; provisioned 5 RCU / 3 WCU, point-in-time recovery not \
+         supported by this server, deletion protection on\n"
+    );
+    let (billing, table, index, protected, mut tags) = described(&endpoint, "prod-app").await;
+    tags.sort();
+    assert_eq!(billing, "PROVISIONED");
+    assert_eq!(table, (5, 3));
+    assert_eq!(
+        index,
+        (5, 3),
+        "the heartbeat index gets the table's throughput"
+    );
+    assert!(protected);
+    assert_eq!(tags, ["env=dev", "team=data"]);
+
+    // Run again with nothing asked: nothing changes (protection stays on).
+    let out = init(&[]).await;
+    assert_ok(&out);
+    assert!(text(&out.stdout).contains("already exists; provisioned 5 RCU / 3 WCU"));
+    assert!(described(&endpoint, "prod-app").await.3);
+
+    // Asked: protection off, one more tag; billing is left as it is, and it says so.
+    let out = init(&[
+        "--deletion-protection",
+        "off",
+        "--tag",
+        "owner=ops",
+        "--billing-mode",
+        "on-demand",
+    ])
+    .await;
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("(billing left as it is: change it with UpdateTable)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let (billing, _, _, protected, mut tags) = described(&endpoint, "prod-app").await;
+    tags.sort();
+    assert_eq!(billing, "PROVISIONED");
+    assert!(!protected);
+    assert_eq!(tags, ["env=dev", "owner=ops", "team=data"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_names_what_is_wrong_with_its_table_options() {
+    let endpoint = servers::start_dynoxide().await;
+    let cases: &[(&[&str], &str)] = &[
+        (&["--read-capacity", "5"], "add --billing-mode provisioned"),
+        (
+            &["--billing-mode", "provisioned", "--read-capacity", "5"],
+            "needs both --read-capacity and --write-capacity",
+        ),
+        (&["--tag", "team"], "\"team\" is not KEY=VALUE"),
+        (&["--tag", "=x"], "must be 1 to 128 characters"),
+        (
+            &["--point-in-time-recovery", "maybe"],
+            "possible values: on, off",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec![
+            "init",
+            "--table",
+            "bad-app",
+            "--dynamodb-endpoint",
+            &endpoint,
+        ];
+        args.extend(*extra);
+        let out = flotilla(&args).await;
+        assert!(!out.status.success(), "{extra:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+    // None of them made the table.
+    assert!(!table_exists(&endpoint, "bad-app").await);
+
+    // Point-in-time recovery asked of a server without it: the table is made, and the
+    // error says so and how to go without.
+    let out = flotilla(&[
+        "init",
+        "--table",
+        "pitr-app",
+        "--dynamodb-endpoint",
+        &endpoint,
+        "--point-in-time-recovery",
+        "on",
+    ])
+    .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("was created, but point-in-time recovery could not be turned on")
+            && err.contains("does not support point-in-time recovery"),
+        "{err}"
+    );
+    assert!(table_exists(&endpoint, "pitr-app").await);
 }

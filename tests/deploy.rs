@@ -128,7 +128,13 @@ const ADAPTERS: &[Adapter] = &[
         clients: &["client"],
         service: "dynamodb",
         declared: DYNAMODB_IAM_ACTIONS,
-        never_granted: &[],
+        // `flotilla destroy`'s and `flotilla init`'s table options.
+        never_granted: &[
+            "dynamodb:DeleteTable",
+            "dynamodb:DescribeContinuousBackups",
+            "dynamodb:UpdateContinuousBackups",
+            "dynamodb:TagResource",
+        ],
         sources: EVERY_SOURCE,
         on: |action| {
             if action == "dynamodb:Query" {

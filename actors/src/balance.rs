@@ -308,7 +308,7 @@ pub enum Policy {
 }
 
 /// How throughput balance is kept (KCL 3's variance-based assignment, see
-/// [`throughput_plan`]).
+/// `throughput_plan`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Spread {
     /// A worker more than this fraction above the mean sheds, one more than this

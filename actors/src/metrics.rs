@@ -388,8 +388,8 @@ impl Aggregator {
     /// (`worker.streams`, whose lease keys name their streams).
     ///
     /// Summary: one datum per metric that had samples, statistics over every shard and
-    /// the worker, dimensions [Application, StreamName] for a single stream and
-    /// [Application] for several; then, for several, one datum per stream and metric over
+    /// the worker, dimensions \[Application, StreamName\] for a single stream and
+    /// \[Application\] for several; then, for several, one datum per stream and metric over
     /// that stream's shards, [Application, StreamName, StreamId]. Detailed: those, then
     /// one datum per shard and metric with samples, its stream's dimensions and ShardId.
     /// None: nothing (the interval is still cleared; running totals are kept at every

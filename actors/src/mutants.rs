@@ -2,7 +2,7 @@
 //! simulator to check that it still finds what it is for (`tests/simulation.rs`).
 //!
 //! Compiled in only with the `mutants` feature (which `scripts/test.sh` turns on);
-//! without it [`active`] is a constant `false` and every mutated branch is dead code
+//! without it `active` is a constant `false` and every mutated branch is dead code
 //! the compiler removes. Each site that reads a mutant names it in a comment, so
 //! `grep -n 'mutants::active'` lists every place the protocol is broken on purpose.
 

@@ -477,9 +477,9 @@ impl StatusSettings {
     }
 }
 
-/// Where the AWS backend goes. `Backend::aws(&settings.aws)` builds the backend from
-/// these, so the worker and its backend agree.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Where the AWS backend goes, and how long its calls may take. `Backend::aws(&settings.aws)`
+/// builds the backend from these, so the worker and its backend agree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AwsSettings {
     /// The region; the default chain's when absent.
@@ -488,6 +488,43 @@ pub struct AwsSettings {
     pub kinesis_endpoint: Option<String>,
     pub dynamodb_endpoint: Option<String>,
     pub cloudwatch_endpoint: Option<String>,
+    /// How long one Kinesis (or DynamoDB Streams) call may take, every attempt included.
+    /// The KCL's 30 s. A fan-out subscription is bounded by it until its first answer
+    /// only; the events that follow are not (they last up to five minutes by design).
+    #[serde(with = "duration_text")]
+    pub kinesis_timeout: Duration,
+    /// How long one DynamoDB (lease table) call may take, every attempt included. The
+    /// KCL's one minute.
+    #[serde(with = "duration_text")]
+    pub dynamodb_timeout: Duration,
+    /// How long one CloudWatch PutMetricData may take, every attempt included.
+    #[serde(with = "duration_text")]
+    pub cloudwatch_timeout: Duration,
+    /// How long one attempt of any call may take before it is abandoned and retried
+    /// (within the call's timeout). Unset: an attempt may take the whole call's time, as
+    /// with the KCL's defaults.
+    #[serde(with = "optional_duration_text")]
+    pub attempt_timeout: Option<Duration>,
+    /// Attempts per call, the first included (the AWS SDK's standard retry mode, with its
+    /// exponential backoff and retry quota). 1 turns the SDK's retries off; flotilla's own
+    /// retries (a failed read, heartbeat or checkpoint is tried again later) remain.
+    pub max_attempts: u32,
+}
+
+impl Default for AwsSettings {
+    fn default() -> Self {
+        Self {
+            region: None,
+            kinesis_endpoint: None,
+            dynamodb_endpoint: None,
+            cloudwatch_endpoint: None,
+            kinesis_timeout: Duration::from_secs(30),
+            dynamodb_timeout: Duration::from_secs(60),
+            cloudwatch_timeout: Duration::from_secs(30),
+            attempt_timeout: None,
+            max_attempts: 3,
+        }
+    }
 }
 
 /// A setting that cannot work. `key` is the dotted path as written in a file
@@ -1165,6 +1202,49 @@ impl AwsSettings {
                 ));
             }
         }
+        let timeouts = [
+            ("aws.kinesis_timeout", self.kinesis_timeout),
+            ("aws.dynamodb_timeout", self.dynamodb_timeout),
+            ("aws.cloudwatch_timeout", self.cloudwatch_timeout),
+        ];
+        for (key, timeout) in timeouts {
+            if timeout < Duration::from_millis(100) {
+                return Err(invalid(
+                    key,
+                    duration(timeout),
+                    "must be at least 100ms: no AWS call answers sooner, so every call would \
+                     fail",
+                ));
+            }
+        }
+        if let Some(attempt) = self.attempt_timeout {
+            if attempt < Duration::from_millis(100) {
+                return Err(invalid(
+                    "aws.attempt_timeout",
+                    duration(attempt),
+                    "must be at least 100ms (or unset, to let an attempt take the whole call's \
+                     time)",
+                ));
+            }
+            if let Some((key, timeout)) = timeouts.iter().find(|(_, t)| attempt > *t) {
+                return Err(invalid(
+                    "aws.attempt_timeout",
+                    duration(attempt),
+                    format!(
+                        "is longer than {key} ({}), so it could never end an attempt; make it \
+                         shorter, or unset it",
+                        duration(*timeout)
+                    ),
+                ));
+            }
+        }
+        if self.max_attempts == 0 {
+            return Err(invalid(
+                "aws.max_attempts",
+                "0".to_owned(),
+                "must be at least 1 (the first attempt); 1 turns the SDK's retries off",
+            ));
+        }
         Ok(())
     }
 }
@@ -1278,6 +1358,36 @@ mod duration_text {
                 "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"250ms\""
             ))
         })
+    }
+}
+
+/// An optional duration as human text; absent (or commented out) is `None`.
+mod optional_duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => super::duration_text::serialize(value, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        match Option::<String>::deserialize(deserializer)? {
+            None => Ok(None),
+            Some(text) => humantime::parse_duration(&text).map(Some).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"250ms\""
+                ))
+            }),
+        }
     }
 }
 
@@ -1684,6 +1794,20 @@ mod tests {
             ("aws.cloudwatch_endpoint", |s| {
                 s.aws.cloudwatch_endpoint = Some("https:// example.com".into())
             }),
+            ("aws.kinesis_timeout", |s| {
+                s.aws.kinesis_timeout = Duration::from_millis(99)
+            }),
+            ("aws.dynamodb_timeout", |s| s.aws.dynamodb_timeout = secs(0)),
+            ("aws.cloudwatch_timeout", |s| {
+                s.aws.cloudwatch_timeout = Duration::from_millis(99)
+            }),
+            ("aws.attempt_timeout", |s| {
+                s.aws.attempt_timeout = Some(Duration::from_millis(99))
+            }),
+            ("aws.attempt_timeout", |s| {
+                s.aws.attempt_timeout = Some(Duration::from_secs(31))
+            }),
+            ("aws.max_attempts", |s| s.aws.max_attempts = 0),
         ];
         for (i, (key, spoil)) in cases.iter().enumerate() {
             let mut settings = valid();
@@ -1745,6 +1869,12 @@ mod tests {
             |s| s.aws.region = Some("us-gov-west-1".into()),
             |s| s.aws.kinesis_endpoint = Some("http://127.0.0.1:4567".into()),
             |s| s.aws.dynamodb_endpoint = Some("https://dynamodb.eu-west-1.amazonaws.com/".into()),
+            |s| {
+                s.aws.kinesis_timeout = Duration::from_millis(100);
+                s.aws.attempt_timeout = Some(Duration::from_millis(100));
+                s.aws.max_attempts = 1;
+            },
+            |s| s.aws.attempt_timeout = Some(secs(30)),
         ];
         for (i, adjust) in cases.iter().enumerate() {
             let mut settings = valid();

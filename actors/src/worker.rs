@@ -108,10 +108,12 @@ impl Backend {
         Self::from_sdk(&sdk, settings)
     }
 
-    /// AWS adapters from an SDK configuration the caller built (credentials, retries,
-    /// timeouts of its choosing). The endpoints are the settings' `aws.*_endpoint`, as in
+    /// AWS adapters from an SDK configuration the caller built (credentials, HTTP client
+    /// of its choosing). The endpoints are the settings' `aws.*_endpoint`, as in
     /// [`Backend::aws`], and `aws.region`, when set, replaces the SDK configuration's
-    /// region; leave it unset to keep the one `sdk` carries.
+    /// region; leave it unset to keep the one `sdk` carries. Call timeouts and retries
+    /// are the settings' (`aws.*_timeout`, `aws.attempt_timeout`, `aws.max_attempts`), so
+    /// they are set in one place whoever builds the SDK configuration.
     pub fn from_sdk(sdk: &aws_config::SdkConfig, settings: &AwsSettings) -> Self {
         let sdk = match &settings.region {
             Some(region) => sdk
@@ -122,12 +124,17 @@ impl Backend {
         };
         let endpoints = settings.endpoints();
         let dynamodb_endpoint = endpoints.dynamodb.clone();
-        let table_sdk = sdk.clone();
+        let stream_sdk = aws::tuned_for(&sdk, aws::Service::Stream, settings);
+        let table_sdk = aws::tuned_for(&sdk, aws::Service::LeaseTable, settings);
+        let metrics_sdk = aws::tuned_for(&sdk, aws::Service::Metrics, settings);
         Self {
-            streams: Arc::new(KinesisStream::new(&sdk, endpoints.kinesis.as_deref())),
+            streams: Arc::new(KinesisStream::new(
+                &stream_sdk,
+                endpoints.kinesis.as_deref(),
+            )),
             // A local server serves DynamoDB Streams where it serves DynamoDB.
             table_streams: Some(Arc::new(DynamoStreams::new(
-                &sdk,
+                &stream_sdk,
                 endpoints.dynamodb.as_deref(),
             ))),
             tables: Arc::new(move |name: &str| -> Arc<dyn LeaseTable> {
@@ -138,7 +145,7 @@ impl Backend {
                 ))
             }),
             metrics: Arc::new(CloudWatchMetrics::new(
-                &sdk,
+                &metrics_sdk,
                 endpoints.cloudwatch.as_deref(),
             )),
             clock: Clock::new(),
@@ -176,6 +183,11 @@ impl Backend {
 
     pub fn lease_table(&self, application: &str) -> Arc<dyn LeaseTable> {
         (self.tables)(application)
+    }
+
+    /// Where the worker's metrics go (CloudWatch, on an AWS backend).
+    pub fn metrics_sink(&self) -> &Arc<dyn MetricsSink> {
+        &self.metrics
     }
 }
 
@@ -724,8 +736,15 @@ where
     }
 }
 
+/// `host-1a2b3c4d`: the host name (as `gethostname` gives it: `$HOSTNAME` is often unset
+/// outside interactive shells and Kubernetes) and a random part, so two workers on one
+/// host differ. A host name that is not text, or none, gives `worker`.
 fn generated_worker_id() -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
+    let host = hostname::get()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
     format!("{host}-{:08x}", rand::random::<u32>())
 }
 
@@ -885,5 +904,27 @@ impl Drop for Worker {
         if let Some(stopper) = self.stopper.take() {
             stopper.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host part is the kernel's host name, read here from another source than the
+    /// one the id is made from, whatever `$HOSTNAME` says (unset under CI and systemd).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_generated_worker_id_is_the_host_name_and_a_random_part() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|name| name.trim().to_owned())
+            .unwrap_or_default();
+        let id = generated_worker_id();
+        let (prefix, random) = id.rsplit_once('-').unwrap_or_default();
+        let expected = if host.is_empty() { "worker" } else { &host };
+        assert_eq!(prefix, expected, "{id}");
+        assert_eq!(random.len(), 8, "{id}");
+        assert!(random.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        assert_ne!(generated_worker_id(), id, "two ids on one host must differ");
     }
 }

@@ -327,7 +327,7 @@ pub trait StreamClient: Send + Sync + 'static {
     /// RegisterStreamConsumer: registers an enhanced fan-out consumer of the stream
     /// (by its ARN). A consumer of that name already there is `InUse`.
     ///
-    /// The five fan-out calls default to [`no_fan_out`]: a source without enhanced
+    /// The five fan-out calls default to `no_fan_out`: a source without enhanced
     /// fan-out (a DynamoDB table's stream) leaves them out; every Kinesis adapter
     /// implements them.
     fn register_stream_consumer<'a>(

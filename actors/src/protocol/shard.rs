@@ -208,7 +208,7 @@ impl Checkpointer {
 }
 
 /// What a shard reader sends to its processor actor. Advanced users may implement an
-/// actor of their own that handles these instead of a [`Processor`]: it must ack every
+/// actor of their own that handles these instead of a [`Processor`](crate::Processor): it must ack every
 /// batch through the checkpointer (as in watermark mode) and answer the reply ports.
 /// Such an actor is fenced only at the reader (no new batches while the heartbeat is
 /// unconfirmed); batches already in its mailbox are its own to hold back.

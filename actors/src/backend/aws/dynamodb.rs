@@ -33,10 +33,10 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, ConsumedCapacity,
     CreateGlobalSecondaryIndexAction, GlobalSecondaryIndex, GlobalSecondaryIndexUpdate,
-    IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType,
-    ProvisionedThroughput, ReturnConsumedCapacity, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription, TableStatus,
-    TransactWriteItem, Update,
+    IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, PointInTimeRecoverySpecification,
+    PointInTimeRecoveryStatus, Projection, ProjectionType, ProvisionedThroughput,
+    ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TableDescription, TableStatus, Tag, TransactWriteItem, Update,
 };
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use base64::Engine as _;
@@ -314,7 +314,150 @@ fn number(n: u64) -> AttributeValue {
     AttributeValue::N(n.to_string())
 }
 
+/// How a lease table is billed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Billing {
+    /// PAY_PER_REQUEST: what a worker makes, and the CloudFormation stack.
+    #[default]
+    OnDemand,
+    /// PROVISIONED with these capacity units, for the table and its heartbeat index.
+    Provisioned { read: i64, write: i64 },
+}
+
+/// How `flotilla init` makes a lease table for production. The default is what a worker
+/// makes when it finds none: on demand, no deletion protection, no tags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableOptions {
+    pub billing: Billing,
+    pub deletion_protection: bool,
+    pub tags: Vec<(String, String)>,
+}
+
+/// A lease table's production settings as the service reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSettings {
+    pub billing: Billing,
+    pub deletion_protection: bool,
+    /// `None`: the server does not report point-in-time recovery (a local server).
+    pub point_in_time_recovery: Option<bool>,
+}
+
 impl DynamoLeaseTable {
+    /// Creates the table with `options` when it is missing (an existing one is left as it
+    /// is, as with [`LeaseTable::ensure_table`]), and waits until it is ACTIVE.
+    pub async fn ensure_table_with(
+        &self,
+        options: &TableOptions,
+    ) -> Result<TableState, LeaseError> {
+        self.ensure(options).await
+    }
+
+    /// The table's billing, deletion protection and point-in-time recovery; `None` if
+    /// there is no such table.
+    pub async fn table_settings(&self) -> Result<Option<TableSettings>, LeaseError> {
+        let Some(table) = self.describe().await? else {
+            return Ok(None);
+        };
+        let provisioned = table.billing_mode_summary().and_then(|b| b.billing_mode())
+            != Some(&BillingMode::PayPerRequest);
+        let billing = match table
+            .provisioned_throughput()
+            .and_then(|p| Some((p.read_capacity_units()?, p.write_capacity_units()?)))
+        {
+            Some((read, write)) if provisioned && read > 0 && write > 0 => {
+                Billing::Provisioned { read, write }
+            }
+            _ => Billing::OnDemand,
+        };
+        let point_in_time_recovery = match self
+            .client
+            .describe_continuous_backups()
+            .table_name(&self.table)
+            .send()
+            .await
+        {
+            Ok(output) => output
+                .continuous_backups_description()
+                .and_then(|d| d.point_in_time_recovery_description())
+                .and_then(|p| p.point_in_time_recovery_status())
+                .map(|status| *status == PointInTimeRecoveryStatus::Enabled),
+            Err(err) if unsupported(&err) => None,
+            Err(err) => return Err(self.classify("DescribeContinuousBackups", err)),
+        };
+        Ok(Some(TableSettings {
+            billing,
+            deletion_protection: table.deletion_protection_enabled().unwrap_or(false),
+            point_in_time_recovery,
+        }))
+    }
+
+    /// Turns point-in-time recovery on or off (UpdateContinuousBackups). A server that
+    /// does not know the operation (DynamoDB Local, dynoxide) is `Unsupported`.
+    pub async fn set_point_in_time_recovery(&self, on: bool) -> Result<(), LeaseError> {
+        const OP: &str = "UpdateContinuousBackups";
+        let spec = PointInTimeRecoverySpecification::builder()
+            .point_in_time_recovery_enabled(on)
+            .build()
+            .map_err(|e| build_error(OP, e))?;
+        match self
+            .client
+            .update_continuous_backups()
+            .table_name(&self.table)
+            .point_in_time_recovery_specification(spec)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) if unsupported(&err) => Err(LeaseError::Other {
+                op: OP,
+                message: format!(
+                    "table {}: this server does not support point-in-time recovery ({})",
+                    self.table,
+                    super::error_text(&err)
+                ),
+            }),
+            Err(err) => Err(self.classify(OP, err)),
+        }
+    }
+
+    /// Turns deletion protection on or off (UpdateTable).
+    pub async fn set_deletion_protection(&self, on: bool) -> Result<(), LeaseError> {
+        self.client
+            .update_table()
+            .table_name(&self.table)
+            .deletion_protection_enabled(on)
+            .send()
+            .await
+            .map_err(|e| self.classify("UpdateTable", e))?;
+        Ok(())
+    }
+
+    /// Adds (or overwrites) tags on the table (TagResource, by the table's ARN).
+    pub async fn tag(&self, tags: &[(String, String)]) -> Result<(), LeaseError> {
+        const OP: &str = "TagResource";
+        let Some(table) = self.describe().await? else {
+            return Err(LeaseError::NotFound {
+                op: OP,
+                message: format!("table {}", self.table),
+            });
+        };
+        let arn = table
+            .table_arn()
+            .ok_or_else(|| self.incomplete("DescribeTable", &self.table, "TableArn"))?;
+        let mut request = self.client.tag_resource().resource_arn(arn);
+        for (key, value) in tags {
+            request = request.tags(
+                Tag::builder()
+                    .key(key)
+                    .value(value)
+                    .build()
+                    .map_err(|e| build_error(OP, e))?,
+            );
+        }
+        request.send().await.map_err(|e| self.classify(OP, e))?;
+        Ok(())
+    }
+
     /// `endpoint` replaces the AWS endpoint (a local server in tests and demos).
     pub fn new(
         sdk: &aws_config::SdkConfig,
@@ -332,6 +475,52 @@ impl DynamoLeaseTable {
             transactions: Arc::new(AtomicBool::new(true)),
             index: Arc::new(Mutex::new(IndexState::Unknown)),
         }
+    }
+
+    /// Whether the table exists (`None`: it does not) and has deletion protection on.
+    /// For `flotilla destroy`, which leaves a protected table to whoever protected it.
+    pub async fn deletion_protected(&self) -> Result<Option<bool>, LeaseError> {
+        Ok(self
+            .describe()
+            .await?
+            .map(|table| table.deletion_protection_enabled().unwrap_or(false)))
+    }
+
+    /// DeleteTable, then waits (up to a minute) until the table is gone, so a command
+    /// that reports it deleted is not followed by a `ResourceInUse` on re-creation.
+    /// `Ok(false)`: there was no such table. An operator's call (`flotilla destroy`): a
+    /// worker never deletes its table, and no policy in `deploy/` grants it.
+    pub async fn delete_table(&self) -> Result<bool, LeaseError> {
+        match self
+            .client
+            .delete_table()
+            .table_name(&self.table)
+            .send()
+            .await
+        {
+            Ok(_) => {}
+            Err(err) => {
+                return match self.classify("DeleteTable", err) {
+                    LeaseError::NotFound { .. } => Ok(false),
+                    other => Err(other),
+                };
+            }
+        }
+        let deadline = Instant::now() + WAIT_LIMIT;
+        while self.describe().await?.is_some() {
+            if Instant::now() >= deadline {
+                return Err(LeaseError::Other {
+                    op: "DeleteTable",
+                    message: format!(
+                        "table {} is still there {}s after DeleteTable",
+                        self.table,
+                        WAIT_LIMIT.as_secs()
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        Ok(true)
     }
 
     fn classify<E>(&self, op: &'static str, err: SdkError<E, HttpResponse>) -> LeaseError
@@ -510,10 +699,30 @@ impl DynamoLeaseTable {
         }
     }
 
-    async fn ensure(&self) -> Result<TableState, LeaseError> {
+    async fn ensure(&self, options: &TableOptions) -> Result<TableState, LeaseError> {
         let (state, mut table) = match self.describe().await? {
             Some(table) => (TableState::Existed, Some(table)),
             None => {
+                let throughput = match options.billing {
+                    Billing::OnDemand => None,
+                    Billing::Provisioned { read, write } => Some(
+                        ProvisionedThroughput::builder()
+                            .read_capacity_units(read)
+                            .write_capacity_units(write)
+                            .build()
+                            .map_err(|e| build_error("CreateTable", e))?,
+                    ),
+                };
+                let mut tags = Vec::with_capacity(options.tags.len());
+                for (key, value) in &options.tags {
+                    tags.push(
+                        Tag::builder()
+                            .key(key)
+                            .value(value)
+                            .build()
+                            .map_err(|e| build_error("CreateTable", e))?,
+                    );
+                }
                 let created = self
                     .client
                     .create_table()
@@ -535,14 +744,24 @@ impl DynamoLeaseTable {
                     .attribute_definitions(index_parts()?.2)
                     .global_secondary_indexes({
                         let (key, projection, _) = index_parts()?;
+                        // A provisioned table's index gets the table's throughput.
                         GlobalSecondaryIndex::builder()
                             .index_name(HEARTBEAT_INDEX)
                             .key_schema(key)
                             .projection(projection)
+                            .set_provisioned_throughput(throughput.clone())
                             .build()
                             .map_err(|e| build_error("CreateTable", e))?
                     })
-                    .billing_mode(BillingMode::PayPerRequest)
+                    .billing_mode(match options.billing {
+                        Billing::OnDemand => BillingMode::PayPerRequest,
+                        Billing::Provisioned { .. } => BillingMode::Provisioned,
+                    })
+                    .set_provisioned_throughput(throughput)
+                    // Sent only when asked for, so servers that do not know the
+                    // parameter (and every worker's own make) see the request as before.
+                    .set_deletion_protection_enabled(options.deletion_protection.then_some(true))
+                    .set_tags((!tags.is_empty()).then_some(tags))
                     .send()
                     .await;
                 match created {
@@ -1398,6 +1617,17 @@ fn not_a_lease(op: &'static str, table: &str, row: &Row) -> LeaseError {
     }
 }
 
+/// The server does not know the operation (a local server lacking it): DynamoDB Local
+/// and dynoxide answer `UnknownOperationException`, some a 400 with no code.
+fn unsupported<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> bool {
+    matches!(
+        err.code(),
+        Some("UnknownOperationException" | "UnrecognizedClientException")
+    ) || err
+        .message()
+        .is_some_and(|m| m.contains("not supported") || m.contains("Unknown operation"))
+}
+
 fn build_error(op: &'static str, err: aws_sdk_dynamodb::error::BuildError) -> LeaseError {
     LeaseError::Other {
         op,
@@ -1501,7 +1731,7 @@ impl LeaseTable for DynamoLeaseTable {
     }
 
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
-        Box::pin(self.ensure())
+        Box::pin(async move { self.ensure(&TableOptions::default()).await })
     }
 
     fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {

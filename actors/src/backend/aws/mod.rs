@@ -15,7 +15,8 @@ use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 pub use cloudwatch::{CloudWatchMetrics, IAM_ACTIONS as CLOUDWATCH_IAM_ACTIONS};
 pub use dynamodb::{
-    DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, item_from_sdk, item_to_sdk,
+    Billing, DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, TableOptions, TableSettings,
+    item_from_sdk, item_to_sdk,
 };
 pub use dynamodb_streams::{DynamoStreams, IAM_ACTIONS as DYNAMODB_STREAMS_IAM_ACTIONS};
 pub use kinesis::{IAM_ACTIONS as KINESIS_IAM_ACTIONS, KinesisStream};
@@ -39,6 +40,47 @@ pub async fn load_sdk_config(region: Option<String>) -> aws_config::SdkConfig {
         loader = loader.region(aws_config::Region::new(region));
     }
     loader.load().await
+}
+
+/// Which service a client is for: each has its own call timeout (`aws.*_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Kinesis Data Streams and DynamoDB Streams: the records.
+    Stream,
+    /// DynamoDB: the lease table.
+    LeaseTable,
+    /// CloudWatch: the metrics.
+    Metrics,
+}
+
+/// `sdk` with the timeouts and retries `settings` give `service`'s calls. Every client
+/// flotilla makes (worker and command line) goes through here, so `[aws]` is the one
+/// place they are set; the rest of `sdk` (credentials, region, HTTP client) is kept.
+pub fn tuned_for(
+    sdk: &aws_config::SdkConfig,
+    service: Service,
+    settings: &crate::settings::AwsSettings,
+) -> aws_config::SdkConfig {
+    let operation = match service {
+        Service::Stream => settings.kinesis_timeout,
+        Service::LeaseTable => settings.dynamodb_timeout,
+        Service::Metrics => settings.cloudwatch_timeout,
+    };
+    let mut timeouts = match sdk.timeout_config() {
+        Some(config) => config.to_builder(),
+        None => aws_config::timeout::TimeoutConfig::builder(),
+    }
+    .operation_timeout(operation);
+    timeouts = match settings.attempt_timeout {
+        Some(attempt) => timeouts.operation_attempt_timeout(attempt),
+        None => timeouts.disable_operation_attempt_timeout(),
+    };
+    sdk.to_builder()
+        .timeout_config(timeouts.build())
+        .retry_config(
+            aws_config::retry::RetryConfig::standard().with_max_attempts(settings.max_attempts),
+        )
+        .build()
 }
 
 /// The URL a client talks to, for error messages: the override, or the AWS endpoint of
