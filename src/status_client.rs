@@ -417,30 +417,25 @@ fn checkpoint(value: &Value) -> String {
     format!("{head}…{tail}")
 }
 
-/// Columns padded to their widest cell, two spaces apart; the last is not padded.
+/// Columns padded to their widest cell (by display width: a wide character takes two),
+/// two spaces apart, without borders; lines end at their last character.
 fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in &rows {
-        for (i, cell) in row.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
+    use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
+    let mut table = Table::new();
+    table
+        .load_style(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    for row in rows {
+        table.add_row(row);
+    }
+    let columns = table.column_count();
+    for (i, column) in table.column_iter_mut().enumerate() {
+        column.set_cell_alignment(CellAlignment::Left);
+        column.set_padding((0, if i + 1 < columns { 2 } else { 0 }));
     }
     let mut out = String::new();
-    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
-    for row in std::iter::once(&header).chain(&rows) {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i > 0 {
-                line.push_str("  ");
-            }
-            line.push_str(cell);
-            if i + 1 < row.len() {
-                let pad = widths[i].saturating_sub(cell.chars().count());
-                line.extend(std::iter::repeat_n(' ', pad));
-            }
-        }
+    for line in table.lines() {
         out.push_str(line.trim_end());
         out.push('\n');
     }
@@ -461,6 +456,15 @@ mod tests {
             ],
         );
         assert_eq!(got, "A     BB\nlong  x\ns     y\n");
+        // A wide character takes two columns, so the next column still lines up.
+        let got = table(
+            &["NAME", "N"],
+            vec![
+                vec!["注文".into(), "1".into()],
+                vec!["ab".into(), "2".into()],
+            ],
+        );
+        assert_eq!(got, "NAME  N\n注文  1\nab    2\n");
     }
 
     #[test]

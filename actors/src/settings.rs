@@ -66,7 +66,7 @@ pub struct WorkerSettings {
     /// How long the rows of a stream that left the set (or was deleted) are kept before
     /// they are deleted: listed again within it, a stream resumes from its checkpoints.
     /// The KCL's `waitPeriodToDeleteFormerStreams`.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub former_stream_grace: Duration,
 }
 
@@ -122,15 +122,15 @@ pub struct StreamSpec {
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseSettings {
     /// A worker whose heartbeat has not moved for this long is dead; its leases may be taken.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub failover_time: Duration,
     /// How often this worker bumps its heartbeat and scans the lease table.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub heartbeat_interval: Duration,
     /// A reader stops delivering when the heartbeat has not been written for
     /// `failover_time - fence_margin`, so no other worker can take its lease while it
     /// still processes.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub fence_margin: Duration,
     /// The most leases this worker holds; 0 means no limit.
     pub max_leases: u32,
@@ -142,24 +142,24 @@ pub struct LeaseSettings {
     pub max_moves_per_round: u32,
     /// A handoff request the owner has not honoured for this long, although it is
     /// alive, is withdrawn (and logged); the balance is tried again next round.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub handoff_timeout: Duration,
     /// While a handoff is under way, how often the lease row is read (by the requester,
     /// to start as soon as the lease is its own) and the table scanned by a draining
     /// worker (to hand over as soon as someone asks). Sets the handoff gap.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub handoff_poll_interval: Duration,
     /// The longest a worker goes without reading every row of the table. Between such
     /// scans a round reads only the heartbeat rows, and scans when a peer's change
     /// counter moved, a worker joined, left, drained or died, or this worker changed
     /// something; this scan is the safety net for what none of those show (a row edited
     /// by hand, a worker of an older version).
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub full_scan_interval: Duration,
     /// A dead worker's heartbeat row is deleted once it has stood still this long (by
     /// one live worker, only while its counter has not moved), so that the rows every
     /// round reads do not grow with every worker that ever ran.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub dead_worker_retention: Duration,
     /// What balance evens out: lease counts only, or throughput as well (bytes/s per
     /// worker, from the per-lease rates every worker publishes in its heartbeat).
@@ -225,10 +225,10 @@ pub struct ReaderSettings {
     pub max_records: u32,
     /// The least time between two GetRecords calls on one shard (Kinesis allows five
     /// per second per shard, shared by every consumer).
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// When a shard is caught up, the pause between calls doubles up to this.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub idle_max: Duration,
     /// Most records delivered to a processor and not yet acked; fetching pauses above it.
     pub window_records: u32,
@@ -240,19 +240,19 @@ pub struct ReaderSettings {
     /// shard at its share waits for its acks. See `model::budget`.
     pub worker_budget_bytes: u64,
     /// Backoff bounds after throttling or a transient error.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub backoff_min: Duration,
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// A processor that acks nothing for this long while records are pending is stalled
     /// and treated as failed.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub processor_timeout: Duration,
     /// How often a child shard checks whether its parents have reached SHARD_END.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub parent_poll_interval: Duration,
     /// How often the shard list is read (with jitter), to find new shards.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub shard_sync_interval: Duration,
     /// What a reader does when its checkpoint is past the stream's retention (DynamoDB
     /// Streams keeps 24 hours): the changes between the checkpoint and the oldest one
@@ -357,7 +357,7 @@ pub struct CheckpointSettings {
     /// A shard's checkpoint is written at once when none was written in the last
     /// interval, then at most once per interval; SHARD_END, shutdown and handoff flush
     /// at once.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub interval: Duration,
 }
 
@@ -374,25 +374,25 @@ impl Default for CheckpointSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisionSettings {
     /// Backoff bounds between restarts of a failed shard reader or processor.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub restart_backoff_min: Duration,
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub restart_backoff_max: Duration,
     /// More than this many restarts of one shard within `shard_restart_window` releases
     /// the shard's lease and cools it down locally.
     pub shard_max_restarts: u32,
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub shard_restart_window: Duration,
     /// How long a given-up shard is left alone by this worker.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub shard_cooldown: Duration,
     /// More than this many restarts of a core actor within `core_restart_window` stops
     /// the worker with an error.
     pub core_max_restarts: u32,
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub core_restart_window: Duration,
     /// How long a graceful shutdown waits for processors to finish.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
 }
 
@@ -429,7 +429,7 @@ pub struct MetricsSettings {
     pub level: MetricsLevel,
     pub namespace: String,
     /// One PutMetricData batch per interval (split only where the API limits force it).
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub interval: Duration,
 }
 
@@ -491,19 +491,19 @@ pub struct AwsSettings {
     /// How long one Kinesis (or DynamoDB Streams) call may take, every attempt included.
     /// The KCL's 30 s. A fan-out subscription is bounded by it until its first answer
     /// only; the events that follow are not (they last up to five minutes by design).
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub kinesis_timeout: Duration,
     /// How long one DynamoDB (lease table) call may take, every attempt included. The
     /// KCL's one minute.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub dynamodb_timeout: Duration,
     /// How long one CloudWatch PutMetricData may take, every attempt included.
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_serde")]
     pub cloudwatch_timeout: Duration,
     /// How long one attempt of any call may take before it is abandoned and retried
     /// (within the call's timeout). Unset: an attempt may take the whole call's time, as
     /// with the KCL's defaults.
-    #[serde(with = "optional_duration_text")]
+    #[serde(with = "humantime_serde::option")]
     pub attempt_timeout: Option<Duration>,
     /// Attempts per call, the first included (the AWS SDK's standard retry mode, with its
     /// exponential backoff and retry quota). 1 turns the SDK's retries off; flotilla's own
@@ -1339,56 +1339,6 @@ fn quoted(text: &str) -> String {
 
 fn duration(value: Duration) -> String {
     humantime::format_duration(value).to_string()
-}
-
-/// Durations as human text ("10s", "250ms") in files and environment variables.
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&humantime::format_duration(*value).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"250ms\""
-            ))
-        })
-    }
-}
-
-/// An optional duration as human text; absent (or commented out) is `None`.
-mod optional_duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(
-        value: &Option<Duration>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(value) => super::duration_text::serialize(value, serializer),
-            None => serializer.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        match Option::<String>::deserialize(deserializer)? {
-            None => Ok(None),
-            Some(text) => humantime::parse_duration(&text).map(Some).map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"250ms\""
-                ))
-            }),
-        }
-    }
 }
 
 #[cfg(test)]
