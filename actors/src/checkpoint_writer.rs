@@ -244,6 +244,7 @@ impl WriterState {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let started = Instant::now();
             match self
                 .args
                 .table
@@ -254,6 +255,7 @@ impl WriterState {
                     self.args.telemetry.emit(CheckpointWritten {
                         key,
                         at: checkpoint,
+                        took: started.elapsed(),
                     });
                     if let Some(entry) = self.shards.get_mut(key) {
                         // Written exactly what was pending: nothing newer has come since.

@@ -33,7 +33,8 @@
 //!   fixed list, or a source asked at every shard sync).
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
-//!   the snapshots it returns.
+//!   the snapshots it returns. `status_server`: the HTTP endpoint; `prometheus`: its
+//!   `/metrics` text, every family named from a `metrics::Metric` by one rule.
 
 pub mod backend;
 pub mod backoff;
@@ -52,6 +53,7 @@ pub mod multilang;
 pub mod mutants;
 pub mod oracle;
 mod processor;
+mod prometheus;
 mod protocol;
 pub mod settings;
 mod shard_reader;

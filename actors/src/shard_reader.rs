@@ -989,6 +989,11 @@ impl ReaderState {
         self.budget_wait = false;
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
+        self.report(vec![Sample::shard(
+            Metric::GetRecordsTime,
+            &self.args.lease.key,
+            call_started.elapsed().as_secs_f64() * 1000.0,
+        )]);
         // The grant becomes what the answer brought (exactly, before any other reader
         // asks): `deliver` settles again with what is kept of it.
         self.wants_more = matches!(&answer, Ok(batch) if !batch.records.is_empty());
@@ -1173,6 +1178,18 @@ impl ReaderState {
             return Ok(());
         };
         self.last_delivered = Some(pure::position_of(last));
+        // Put → delivery, from the first (oldest) record's arrival: wall clocks, ours and
+        // the stream's, so a skewed clock reads as 0 rather than as a negative wait.
+        if let Some(arrival) = records.first().and_then(|r| r.approximate_arrival) {
+            let waited = SystemTime::now()
+                .duration_since(arrival)
+                .unwrap_or_default();
+            self.report(vec![Sample::shard(
+                Metric::PutToDeliveryTime,
+                &self.args.lease.key,
+                waited.as_secs_f64() * 1000.0,
+            )]);
+        }
         let bytes = pure::record_bytes(&records);
         let len = records.len();
         let now = Instant::now();

@@ -267,6 +267,8 @@ impl Event for CoreActorFailed<'_> {
 pub(crate) struct CheckpointWritten<'a> {
     pub key: &'a LeaseKey,
     pub at: &'a dyn Display,
+    /// How long the conditional write took.
+    pub took: Duration,
 }
 
 impl Event for CheckpointWritten<'_> {
@@ -275,7 +277,14 @@ impl Event for CheckpointWritten<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(Metric::CheckpointWrites, self.key, 1.0)]
+        vec![
+            Sample::shard(Metric::CheckpointWrites, self.key, 1.0),
+            Sample::shard(
+                Metric::CheckpointWriteTime,
+                self.key,
+                self.took.as_secs_f64() * 1000.0,
+            ),
+        ]
     }
 }
 
