@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, warn};
 
 use crate::backend::{LeaseError, LeaseTable};
 use crate::backoff::Backoff;
@@ -231,7 +231,28 @@ impl WriterState {
         result
     }
 
+    /// [`Self::attempt_writes`] in the shard's span (under the worker's, which this
+    /// actor runs in), so a write's lines name the shard and the lease counter as its
+    /// reader's do.
     async fn write(
+        &mut self,
+        key: &LeaseKey,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        children: &[ShardId],
+        attempts: u32,
+    ) -> Result<(), CheckpointError> {
+        let span = tracing::info_span!(
+            "checkpoint",
+            shard_id = %key.shard_id(),
+            lease_counter = fence.counter,
+        );
+        self.attempt_writes(key, fence, checkpoint, children, attempts)
+            .instrument(span)
+            .await
+    }
+
+    async fn attempt_writes(
         &mut self,
         key: &LeaseKey,
         fence: &Fence,

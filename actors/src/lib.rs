@@ -35,6 +35,8 @@
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
 //!   the snapshots it returns. `status_server`: the HTTP endpoint; `prometheus`: its
 //!   `/metrics` text, every family named from a `metrics::Metric` by one rule.
+//! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
+//!   actor's callbacks in its span (the subscriber and format are the embedder's).
 
 pub mod backend;
 pub mod backoff;
@@ -57,6 +59,7 @@ mod prometheus;
 mod protocol;
 pub mod settings;
 mod shard_reader;
+mod spans;
 pub mod status;
 mod status_server;
 pub mod stream_set;

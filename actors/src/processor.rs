@@ -17,6 +17,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::fencing::{FenceReason, Fencing};
 use crate::model::{Fence, LeaseKey, ShardId};
+use crate::spans::Spanned;
 use crate::protocol::{Batch, Checkpointer, ProcessorMsg, ShardInfo, StopReason};
 use crate::settings::CheckpointMode;
 
@@ -203,8 +204,10 @@ impl ProcessorSource {
         match self {
             ProcessorSource::Factory(factory) => {
                 let processor = factory(info);
+                // In the span of whoever starts it: its reader's, the shard's.
+                let host_actor = Spanned(ProcessorHost, tracing::Span::current());
                 let (actor, _) =
-                    Actor::spawn_linked(None, ProcessorHost, (processor, host), parent).await?;
+                    Actor::spawn_linked(None, host_actor, (processor, host), parent).await?;
                 Ok(actor)
             }
             ProcessorSource::Actor(factory) => {
