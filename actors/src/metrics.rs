@@ -262,14 +262,28 @@ impl Metric {
     pub fn buckets(self) -> Option<&'static [f64]> {
         /// A processor's batch or a DynamoDB / Kinesis call: a millisecond to ten seconds.
         const CALL_MS: &[f64] = &[
-            1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0,
-            5_000.0, 10_000.0,
+            1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0,
+            10_000.0,
         ];
         /// A record's wait from its put: tens of milliseconds at the tip (a poll
         /// interval), up to the stream's retention in a backlog (a day and more).
         const WAIT_MS: &[f64] = &[
-            10.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
-            60_000.0, 300_000.0, 900_000.0, 3_600_000.0, 21_600_000.0, 86_400_000.0,
+            10.0,
+            50.0,
+            100.0,
+            250.0,
+            500.0,
+            1_000.0,
+            2_500.0,
+            5_000.0,
+            10_000.0,
+            30_000.0,
+            60_000.0,
+            300_000.0,
+            900_000.0,
+            3_600_000.0,
+            21_600_000.0,
+            86_400_000.0,
         ];
         match self {
             Metric::ProcessingTime | Metric::GetRecordsTime | Metric::CheckpointWriteTime => {
@@ -1202,7 +1216,10 @@ mod tests {
                 .iter()
                 .find(|(bound, _)| *bound == upper)
                 .map(|(_, n)| *n);
-            assert!(in_bucket >= Some(1), "{value} not in the bucket up to {upper}");
+            assert!(
+                in_bucket >= Some(1),
+                "{value} not in the bucket up to {upper}"
+            );
         }
         assert_eq!(get_records.count(), 5);
         assert_eq!(get_records.sum(), 20_003.0);

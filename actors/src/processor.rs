@@ -17,9 +17,9 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::fencing::{FenceReason, Fencing};
 use crate::model::{Fence, LeaseKey, ShardId};
-use crate::spans::Spanned;
 use crate::protocol::{Batch, Checkpointer, ProcessorMsg, ShardInfo, StopReason};
 use crate::settings::CheckpointMode;
+use crate::spans::Spanned;
 
 /// An error from user code. Any error converts into it with `?`; it deliberately does
 /// not implement `std::error::Error` itself, so that conversion stays unambiguous.

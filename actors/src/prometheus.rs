@@ -96,7 +96,10 @@ pub(crate) fn families() -> Vec<Family> {
 
 /// The family name (a counter's without `_total`, which the encoder adds) and kind.
 fn counter_or_gauge(metric: Metric) -> (String, Kind) {
-    (format!("flotilla_{}", snake_case(metric.name())), metric.kind())
+    (
+        format!("flotilla_{}", snake_case(metric.name())),
+        metric.kind(),
+    )
 }
 
 fn histogram_name(metric: Metric) -> String {
@@ -233,12 +236,14 @@ impl Collector for Scrape {
                 .into_iter()
                 .map(|(upper, n)| (if upper.is_finite() { upper } else { f64::MAX }, n))
                 .collect();
-            family.encode_family(&base)?.encode_histogram::<Vec<(&str, String)>>(
-                timing.histogram.sum(),
-                timing.histogram.count(),
-                &buckets,
-                None,
-            )?;
+            family
+                .encode_family(&base)?
+                .encode_histogram::<Vec<(&str, String)>>(
+                    timing.histogram.sum(),
+                    timing.histogram.count(),
+                    &buckets,
+                    None,
+                )?;
         }
         Ok(())
     }

@@ -55,7 +55,10 @@ impl<A: Actor> Actor for Spanned<A> {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        self.0.pre_start(myself, args).instrument(self.1.clone()).await
+        self.0
+            .pre_start(myself, args)
+            .instrument(self.1.clone())
+            .await
     }
 
     async fn post_start(

@@ -323,7 +323,11 @@ async fn metrics(State(shared): State<Shared>) -> Response {
         return unavailable("no status collected yet");
     };
     match crate::prometheus::Scrape::of(&snapshot.0).text() {
-        Ok(text) => ([(header::CONTENT_TYPE, crate::prometheus::CONTENT_TYPE)], text).into_response(),
+        Ok(text) => (
+            [(header::CONTENT_TYPE, crate::prometheus::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
         Err(error) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("metrics not encoded: {error}\n"),

@@ -26,9 +26,9 @@ use crate::settings::StreamSpec;
 use crate::settings::{
     AwsSettings, InitialPosition, ReadMode, Settings, SettingsError, StatusSettings,
 };
+use crate::spans::Spanned;
 use crate::status::{ShutdownReport, WorkerStatus};
 use crate::stream_set::StreamSet;
-use crate::spans::Spanned;
 use crate::supervisor::{Supervisor, WorkerContext};
 
 /// Opens the lease table of an application by name.

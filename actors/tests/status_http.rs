@@ -211,7 +211,10 @@ fn dashboard_names_are_served(text: &str) {
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                 .collect();
-            assert!(series.contains(name.as_str()), "{name} (in {query}) is not served");
+            assert!(
+                series.contains(name.as_str()),
+                "{name} (in {query}) is not served"
+            );
             used += 1;
         }
     }

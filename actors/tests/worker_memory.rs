@@ -776,10 +776,7 @@ impl Captured {
 
 /// The span named `name` among a JSON log line's spans.
 fn span<'a>(line: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
-    line["spans"]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == name)
+    line["spans"].as_array()?.iter().find(|s| s["name"] == name)
 }
 
 /// A shard's reader logs in the shard's span (shard id, lease counter, worker id,
@@ -842,6 +839,10 @@ async fn log_lines_carry_the_worker_and_shard_spans() {
         .iter()
         .find(|l| message(l) == "Lease moved.")
         .unwrap_or_else(|| panic!("no keeper line: {lines:#?}"));
-    assert_eq!(span(moved, "worker").unwrap()["worker_id"], "spans-w", "{moved}");
+    assert_eq!(
+        span(moved, "worker").unwrap()["worker_id"],
+        "spans-w",
+        "{moved}"
+    );
     assert!(span(moved, "shard").is_none(), "{moved}");
 }
