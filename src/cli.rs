@@ -32,8 +32,20 @@ use crate::{ops, status_client};
     about = "Consume Amazon Kinesis Data Streams with a self-balancing fleet of workers."
 )]
 pub struct Cli {
+    /// How log lines are written to stderr: `text` for a person, `json` (one object a
+    /// line, with the worker's and the shard's span fields) for a log pipeline.
+    #[arg(long, global = true, value_enum, env = "FLOTILLA_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The format of the binary's log lines. The library leaves this to its embedder; the
+/// settings file is read after logging starts, so it is a flag and a variable only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -461,6 +473,23 @@ impl TableArgs {
     }
 }
 
+impl Command {
+    /// The command's name, for its span.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Demo(_) => "demo",
+            Command::Run(_) => "run",
+            Command::Multilang(_) => "multilang",
+            Command::Init(_) => "init",
+            Command::Leases(_) => "leases",
+            Command::Status(_) => "status",
+            Command::Rewind(_) => "rewind",
+            Command::Position(_) => "position",
+            Command::Consumer(_) => "consumer",
+        }
+    }
+}
+
 impl Cli {
     /// The log filter when `FLOTILLA_LOG` is not set. The demo writes its own progress
     /// to stderr, which the worker's routine logs would drown.
@@ -472,8 +501,15 @@ impl Cli {
     }
 }
 
+/// Runs the command in a span naming it, so its log lines (and a worker's, under it in
+/// the span list) say which command they are of.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    let span = tracing::info_span!("command", command = cli.command.name());
+    tracing::Instrument::instrument(run_command(cli.command), span).await
+}
+
+async fn run_command(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Demo(args) => demo::run(args).await,
         Command::Run(args) => run_worker(args).await,
         Command::Multilang(args) => multilang(args).await,

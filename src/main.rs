@@ -12,7 +12,9 @@
 //! * `flotilla rewind`, `flotilla position export|import`: rewrite or save checkpoints,
 //!   refusing while live workers hold leases (`ops`).
 //!
-//! Errors end here as `anyhow` reports; the library's are typed.
+//! Logs go to stderr as text, or as JSON lines with `--log-format json`
+//! (`FLOTILLA_LOG_FORMAT`); `FLOTILLA_LOG` filters them. Errors end here as `anyhow`
+//! reports; the library's are typed.
 
 mod cli;
 mod demo;
@@ -27,15 +29,19 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    let default_filter = args.default_log_filter();
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.default_log_filter()));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .init();
+        .with_env_filter(filter);
+    match args.log_format {
+        cli::LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One object a line: the event's fields at the top (`message` among them), the
+        // spans it is in (command, worker, shard) in `spans`.
+        cli::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     match cli::run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -151,3 +151,47 @@ fn bad_demo_flags_are_refused() {
         assert!(stderr.contains(named), "{args:?}: {stderr}");
     }
 }
+
+/// `FLOTILLA_LOG_FORMAT=json`: the log lines on stderr are JSON objects, each in the
+/// command's span, a worker's lines in its worker's span under it, and a shard's reader
+/// (the parent split at a third of the run reads to its end) in the shard's.
+#[test]
+fn json_logs_carry_the_command_worker_and_shard_spans() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["demo", "--status-bind", "127.0.0.1:0"])
+        .args(["--duration", "3", "--workers", "1", "--shards", "2"])
+        .env("FLOTILLA_LOG", "info")
+        .env("FLOTILLA_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{}\n{stderr}", out.status);
+    // The demo's own progress lines are printed, not logged.
+    let logs: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!logs.is_empty(), "{stderr}");
+    let span = |line: &serde_json::Value, name: &str| -> Option<serde_json::Value> {
+        line["spans"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+    };
+    for line in &logs {
+        assert!(line["message"].is_string(), "{line}");
+        let command = span(line, "command").unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(command["command"], "demo", "{line}");
+    }
+    let read_to_end = logs
+        .iter()
+        .find(|l| l["message"] == "Shard read to its end.")
+        .unwrap_or_else(|| panic!("no reader line:\n{stderr}"));
+    let shard = span(read_to_end, "shard").unwrap();
+    assert!(shard["shard_id"].as_str().unwrap().starts_with("shardId-"));
+    assert!(shard["lease_counter"].is_u64(), "{read_to_end}");
+    let worker = span(read_to_end, "worker").unwrap();
+    assert_eq!(shard["worker_id"], worker["worker_id"], "{read_to_end}");
+}

@@ -931,6 +931,14 @@ async fn p10(rows: &mut Vec<Row>) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `FLOTILLA_BENCH_LOG=info`: a subscriber as a service would have (formatting every
+    // enabled line, into nothing), so spans and log lines cost what they cost there.
+    if let Ok(filter) = std::env::var("FLOTILLA_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::sink)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, warn};
 
 use crate::backend::{LeaseError, LeaseTable};
 use crate::backoff::Backoff;
@@ -231,7 +231,28 @@ impl WriterState {
         result
     }
 
+    /// [`Self::attempt_writes`] in the shard's span (under the worker's, which this
+    /// actor runs in), so a write's lines name the shard and the lease counter as its
+    /// reader's do.
     async fn write(
+        &mut self,
+        key: &LeaseKey,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        children: &[ShardId],
+        attempts: u32,
+    ) -> Result<(), CheckpointError> {
+        let span = tracing::info_span!(
+            "checkpoint",
+            shard_id = %key.shard_id(),
+            lease_counter = fence.counter,
+        );
+        self.attempt_writes(key, fence, checkpoint, children, attempts)
+            .instrument(span)
+            .await
+    }
+
+    async fn attempt_writes(
         &mut self,
         key: &LeaseKey,
         fence: &Fence,
@@ -244,6 +265,7 @@ impl WriterState {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let started = Instant::now();
             match self
                 .args
                 .table
@@ -254,6 +276,7 @@ impl WriterState {
                     self.args.telemetry.emit(CheckpointWritten {
                         key,
                         at: checkpoint,
+                        took: started.elapsed(),
                     });
                     if let Some(entry) = self.shards.get_mut(key) {
                         // Written exactly what was pending: nothing newer has come since.

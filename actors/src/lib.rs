@@ -33,10 +33,13 @@
 //!   fixed list, or a source asked at every shard sync).
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
-//!   the snapshots it returns; `status_tree`: the supervision tree a person reads,
+//!   the snapshots it returns. `status_server`: the HTTP endpoint; `prometheus`: its
+//!   `/metrics` text, every family named from a `metrics::Metric` by one rule; `status_tree`: the supervision tree a person reads,
 //!   one pure function of a snapshot (the page draws it, `flotilla status` prints it);
 //!   `status_page`: `/status.html`, that tree and its charts drawn as one page;
 //!   `status_history`: the bounded rings of the last 10 minutes the charts draw.
+//! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
+//!   actor's callbacks in its span (the subscriber and format are the embedder's).
 
 pub mod backend;
 pub mod backoff;
@@ -55,9 +58,11 @@ pub mod multilang;
 pub mod mutants;
 pub mod oracle;
 mod processor;
+mod prometheus;
 mod protocol;
 pub mod settings;
 mod shard_reader;
+mod spans;
 pub mod status;
 pub mod status_history;
 pub mod status_page;

@@ -46,9 +46,13 @@ pub struct MetricsSnapshot {
     pub dropped_datums: u64,
     /// Samples ignored because their value was not a finite number.
     pub rejected_samples: u64,
+    /// The timings' distributions since start, worker-wide (for `GET /metrics`: a
+    /// histogram per shard would multiply the series by the shards).
+    #[serde(skip)]
+    pub histograms: Vec<HistogramSnapshot>,
 }
 
-const METRIC_COUNT: usize = 27;
+const METRIC_COUNT: usize = 30;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -102,6 +106,13 @@ pub enum Metric {
     /// Streams of the set that could not be described, asked again at every sync (a
     /// level).
     StreamsUnresolved,
+    /// Milliseconds one GetRecords call took (polling only: fan-out pushes).
+    GetRecordsTime,
+    /// Milliseconds one checkpoint write took (a conditional update of the lease row).
+    CheckpointWriteTime,
+    /// Milliseconds from a batch's first record's approximate arrival in the stream (its
+    /// put) to the batch's delivery to the processor.
+    PutToDeliveryTime,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -152,6 +163,9 @@ impl Metric {
         Metric::StreamSetErrors,
         Metric::StreamsFormer,
         Metric::StreamsUnresolved,
+        Metric::GetRecordsTime,
+        Metric::CheckpointWriteTime,
+        Metric::PutToDeliveryTime,
     ];
 
     /// The CloudWatch metric name.
@@ -184,13 +198,110 @@ impl Metric {
             Metric::StreamSetErrors => "StreamSetErrors",
             Metric::StreamsFormer => "StreamsFormer",
             Metric::StreamsUnresolved => "StreamsUnresolved",
+            Metric::GetRecordsTime => "GetRecordsTime",
+            Metric::CheckpointWriteTime => "CheckpointWriteTime",
+            Metric::PutToDeliveryTime => "PutToDeliveryTime",
+        }
+    }
+
+    /// What the metric means, in a sentence: the `# HELP` of its Prometheus families.
+    pub fn help(self) -> &'static str {
+        match self {
+            Metric::RecordsProcessed => "Records the processor has finished (acked).",
+            Metric::BytesProcessed => "Bytes of the records the processor has finished.",
+            Metric::MillisBehindLatest => {
+                "How far behind the stream's tip a shard's last read was, in milliseconds."
+            }
+            Metric::ProcessingTime => {
+                "Time batches took from their delivery to the processor to their ack, in \
+                 milliseconds (a sample per batch)."
+            }
+            Metric::LeasesHeld => "Leases this worker holds.",
+            Metric::LeasesTaken => "Leases this worker has taken, for any reason.",
+            Metric::LeasesLost => "Leases this worker held and lost to another owner.",
+            Metric::CheckpointWrites => "Checkpoints written to the lease table.",
+            Metric::CheckpointFailures => "Checkpoint writes that failed or were refused.",
+            Metric::Throttles => "AWS calls refused as throttled.",
+            Metric::ApiErrors => "AWS calls that failed other than by throttling.",
+            Metric::ActorRestarts => "Actors restarted by their supervisor after a failure.",
+            Metric::LeasesExpired => {
+                "Leases taken from an owner whose heartbeat had expired (failovers)."
+            }
+            Metric::LeasesStolen => "Leases handed over to this worker at its request.",
+            Metric::LeasesHandedOff => "Leases this worker handed over to another.",
+            Metric::LeasesReleased => "Leases this worker released.",
+            Metric::LeasesEnded => "Leases this worker finished at the shard's end.",
+            Metric::HeartbeatFailures => "Heartbeat writes failed in a row (0 while written).",
+            Metric::ShardsFenced => "Held shards not delivering now (self-fencing).",
+            Metric::LeasesUnreadable => "Lease rows of the table that cannot be read.",
+            Metric::LeasesOrphaned => "Lease rows for shards the stream does not have.",
+            Metric::Subscriptions => "Enhanced fan-out subscriptions made.",
+            Metric::TrimmedCheckpoints => "Checkpoints found past the stream's retention.",
+            Metric::BudgetBytesInUse => {
+                "Bytes of the worker's memory budget held by un-acked records and reads."
+            }
+            Metric::StreamSetErrors => "Answers of the stream-set source that failed.",
+            Metric::StreamsFormer => "Streams that left the set whose rows are not deleted yet.",
+            Metric::StreamsUnresolved => "Streams of the set that could not be described.",
+            Metric::GetRecordsTime => {
+                "Time GetRecords calls took, in milliseconds (a sample per call; polling \
+                 only)."
+            }
+            Metric::CheckpointWriteTime => {
+                "Time checkpoint writes took, in milliseconds (a sample per write)."
+            }
+            Metric::PutToDeliveryTime => {
+                "Time from a batch's first record's arrival in the stream to the batch's \
+                 delivery to the processor, in milliseconds (a sample per batch)."
+            }
+        }
+    }
+
+    /// The upper bounds of the buckets of the metric's distribution (in its unit), for
+    /// the timings; `None` for a metric that is an amount or a level.
+    pub fn buckets(self) -> Option<&'static [f64]> {
+        /// A processor's batch or a DynamoDB / Kinesis call: a millisecond to ten seconds.
+        const CALL_MS: &[f64] = &[
+            1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0,
+            10_000.0,
+        ];
+        /// A record's wait from its put: tens of milliseconds at the tip (a poll
+        /// interval), up to the stream's retention in a backlog (a day and more).
+        const WAIT_MS: &[f64] = &[
+            10.0,
+            50.0,
+            100.0,
+            250.0,
+            500.0,
+            1_000.0,
+            2_500.0,
+            5_000.0,
+            10_000.0,
+            30_000.0,
+            60_000.0,
+            300_000.0,
+            900_000.0,
+            3_600_000.0,
+            21_600_000.0,
+            86_400_000.0,
+        ];
+        match self {
+            Metric::ProcessingTime | Metric::GetRecordsTime | Metric::CheckpointWriteTime => {
+                Some(CALL_MS)
+            }
+            Metric::PutToDeliveryTime => Some(WAIT_MS),
+            _ => None,
         }
     }
 
     pub fn unit(self) -> Unit {
         match self {
             Metric::BytesProcessed | Metric::BudgetBytesInUse => Unit::Bytes,
-            Metric::MillisBehindLatest | Metric::ProcessingTime => Unit::Milliseconds,
+            Metric::MillisBehindLatest
+            | Metric::ProcessingTime
+            | Metric::GetRecordsTime
+            | Metric::CheckpointWriteTime
+            | Metric::PutToDeliveryTime => Unit::Milliseconds,
             Metric::RecordsProcessed
             | Metric::LeasesHeld
             | Metric::LeasesTaken
@@ -355,6 +466,8 @@ pub struct Aggregator {
     worker: Slots,
     shards: BTreeMap<LeaseKey, Slots>,
     rejected: u64,
+    /// The timings' distributions since start (metrics with [`Metric::buckets`]).
+    histograms: BTreeMap<Metric, Histogram>,
 }
 
 impl Aggregator {
@@ -374,6 +487,12 @@ impl Aggregator {
             Some(shard) => self.shards.entry(shard).or_default(),
         };
         slots[sample.metric.index()].add(sample.value);
+        if let Some(bounds) = sample.metric.buckets() {
+            self.histograms
+                .entry(sample.metric)
+                .or_insert_with(|| Histogram::new(bounds))
+                .observe(sample.value);
+        }
     }
 
     pub fn record_all(&mut self, samples: impl IntoIterator<Item = Sample>) {
@@ -515,6 +634,76 @@ impl Aggregator {
     pub fn rejected_samples(&self) -> u64 {
         self.rejected
     }
+
+    /// Every timing's distribution since start, in [`Metric::ALL`] order: one for each
+    /// metric with buckets, empty while it has had no sample (so `/metrics` always
+    /// serves the same families).
+    pub fn histograms(&self) -> Vec<HistogramSnapshot> {
+        Metric::ALL
+            .iter()
+            .filter_map(|&metric| {
+                let bounds = metric.buckets()?;
+                let histogram = self
+                    .histograms
+                    .get(&metric)
+                    .cloned()
+                    .unwrap_or_else(|| Histogram::new(bounds));
+                Some(HistogramSnapshot { metric, histogram })
+            })
+            .collect()
+    }
+}
+
+/// The distribution of a timing's samples: a count per bucket (not cumulative), the
+/// last one past every bound, and their sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// `bounds.len() + 1` counts: `counts[i]` holds the samples at most `bounds[i]`
+    /// and above `bounds[i - 1]`; the last, those above every bound.
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+        }
+    }
+
+    fn observe(&mut self, value: f64) {
+        let bucket = self.bounds.partition_point(|&upper| upper < value);
+        self.counts[bucket] += 1;
+        self.sum += value;
+    }
+
+    /// (upper bound, samples in that bucket alone), the last bound infinite.
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        self.bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.counts.iter().copied())
+            .collect()
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+}
+
+/// One timing's distribution, as the status snapshot carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramSnapshot {
+    pub metric: Metric,
+    pub histogram: Histogram,
 }
 
 /// The dimensions of a multi-stream key's stream: the application, the stream's name and
@@ -987,5 +1176,54 @@ mod tests {
         assert_eq!(backlog.expire(at(60)), 2, "the cutoff itself is dropped");
         assert_eq!(names(&backlog), ["c"]);
         assert_eq!(backlog.len(), 1);
+    }
+
+    /// A sample falls in the first bucket whose bound it does not exceed (Prometheus's
+    /// `le`, inclusive); past the last bound, in the infinite one. Every timing has
+    /// its histogram from the start, empty until sampled; a non-finite sample is in
+    /// none.
+    #[test]
+    fn timings_fill_their_buckets() {
+        let key = LeaseKey::from(&ShardId::from_index(0));
+        let mut agg = Aggregator::new();
+        // (value, the bucket it lands in, by its upper bound)
+        let cases = [
+            (0.0, 1.0),
+            (1.0, 1.0),
+            (1.5, 2.5),
+            (10_000.0, 10_000.0),
+            (10_000.5, f64::INFINITY),
+        ];
+        for (value, _) in cases {
+            agg.record(Sample::shard(Metric::GetRecordsTime, &key, value));
+        }
+        agg.record(Sample::new(Metric::GetRecordsTime, f64::NAN));
+        let histograms = agg.histograms();
+        let timings: Vec<Metric> = histograms.iter().map(|h| h.metric).collect();
+        assert_eq!(
+            timings,
+            [
+                Metric::ProcessingTime,
+                Metric::GetRecordsTime,
+                Metric::CheckpointWriteTime,
+                Metric::PutToDeliveryTime
+            ]
+        );
+        let get_records = &histograms[1].histogram;
+        for (value, upper) in cases {
+            let in_bucket = get_records
+                .buckets()
+                .iter()
+                .find(|(bound, _)| *bound == upper)
+                .map(|(_, n)| *n);
+            assert!(
+                in_bucket >= Some(1),
+                "{value} not in the bucket up to {upper}"
+            );
+        }
+        assert_eq!(get_records.count(), 5);
+        assert_eq!(get_records.sum(), 20_003.0);
+        assert_eq!(histograms[0].histogram.count(), 0);
+        assert_eq!(histograms[0].histogram.buckets().len(), 14);
     }
 }

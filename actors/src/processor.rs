@@ -19,6 +19,7 @@ use crate::fencing::{FenceReason, Fencing};
 use crate::model::{Fence, LeaseKey, ShardId};
 use crate::protocol::{Batch, Checkpointer, ProcessorMsg, ShardInfo, StopReason};
 use crate::settings::CheckpointMode;
+use crate::spans::Spanned;
 
 /// An error from user code. Any error converts into it with `?`; it deliberately does
 /// not implement `std::error::Error` itself, so that conversion stays unambiguous.
@@ -203,8 +204,10 @@ impl ProcessorSource {
         match self {
             ProcessorSource::Factory(factory) => {
                 let processor = factory(info);
+                // In the span of whoever starts it: its reader's, the shard's.
+                let host_actor = Spanned(ProcessorHost, tracing::Span::current());
                 let (actor, _) =
-                    Actor::spawn_linked(None, ProcessorHost, (processor, host), parent).await?;
+                    Actor::spawn_linked(None, host_actor, (processor, host), parent).await?;
                 Ok(actor)
             }
             ProcessorSource::Actor(factory) => {

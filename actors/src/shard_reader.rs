@@ -652,7 +652,7 @@ impl ReaderState {
                 self.schedule_fetch(myself, self.settings().reader.poll_interval);
             }
             Ok(Some(event)) => {
-                self.read_ok(event.records.is_empty(), event.millis_behind_latest);
+                self.read_ok(event.records.is_empty(), event.millis_behind_latest, None);
                 let at_end = event.is_shard_end();
                 self.held_after = Some(HeldAfter {
                     continuation: event.continuation.filter(|_| !at_end),
@@ -849,20 +849,28 @@ impl ReaderState {
     }
 
     /// A read answered (a GetRecords batch or a subscription's event): no backoff, no
-    /// throttle, caught up if it was empty at the tip, and its lag.
-    fn read_ok(&mut self, empty: bool, millis_behind_latest: Option<u64>) {
+    /// throttle, caught up if it was empty at the tip, and its lag; for a GetRecords, how
+    /// long the call took (in the lag's message: no message more per read).
+    fn read_ok(&mut self, empty: bool, millis_behind_latest: Option<u64>, took: Option<Duration>) {
         self.backoff.reset();
         self.throttled = false;
         self.caught_up = empty && millis_behind_latest.unwrap_or(0) == 0;
         self.millis_behind = millis_behind_latest;
+        let key = &self.args.lease.key;
+        let mut samples = Vec::with_capacity(2);
         if let Some(millis) = millis_behind_latest {
-            self.args.lags.set(&self.args.lease.key, millis);
-            self.report(vec![Sample::shard(
+            self.args.lags.set(key, millis);
+            samples.push(Sample::shard(
                 Metric::MillisBehindLatest,
-                &self.args.lease.key,
+                key,
                 millis as f64,
-            )]);
+            ));
         }
+        if let Some(took) = took {
+            let millis = took.as_secs_f64() * 1000.0;
+            samples.push(Sample::shard(Metric::GetRecordsTime, key, millis));
+        }
+        self.report(samples);
     }
 
     fn schedule_fetch(&mut self, myself: &ActorRef<ReaderMsg>, delay: Duration) {
@@ -991,6 +999,7 @@ impl ReaderState {
         self.budget_wait = false;
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
+        let took = call_started.elapsed();
         // The grant becomes what the answer brought (exactly, before any other reader
         // asks): `deliver` settles again with what is kept of it.
         self.wants_more = matches!(&answer, Ok(batch) if !batch.records.is_empty());
@@ -1014,7 +1023,11 @@ impl ReaderState {
                 self.schedule_fetch(myself, poll);
             }
             Ok(batch) => {
-                self.read_ok(batch.records.is_empty(), batch.millis_behind_latest);
+                self.read_ok(
+                    batch.records.is_empty(),
+                    batch.millis_behind_latest,
+                    Some(took),
+                );
                 let read = pure::Read {
                     got_records: !batch.records.is_empty(),
                     caught_up: batch.millis_behind_latest.unwrap_or(0) == 0,
@@ -1176,6 +1189,16 @@ impl ReaderState {
             return Ok(());
         };
         self.last_delivered = Some(pure::position_of(last));
+        // Put → delivery, from the first (oldest) record's arrival: wall clocks, ours and
+        // the stream's, so a skewed clock reads as 0 rather than as a negative wait.
+        let waited = records
+            .first()
+            .and_then(|r| r.approximate_arrival)
+            .map(|arrival| {
+                SystemTime::now()
+                    .duration_since(arrival)
+                    .unwrap_or_default()
+            });
         let bytes = pure::record_bytes(&records);
         let len = records.len();
         let now = Instant::now();
@@ -1187,10 +1210,20 @@ impl ReaderState {
         let id = self.ledger.deliver(records.clone(), bytes, now);
         self.record_memory = ((self.ledger.memory() - before) / len as u64).max(1);
         self.settle_budget();
-        self.report(vec![Sample::new(
+        // In the budget's message: no message more per batch.
+        let mut samples = vec![Sample::new(
             Metric::BudgetBytesInUse,
             self.args.budget.usage().in_use as f64,
-        )]);
+        )];
+        if let Some(waited) = waited {
+            let millis = waited.as_secs_f64() * 1000.0;
+            samples.push(Sample::shard(
+                Metric::PutToDeliveryTime,
+                &self.args.lease.key,
+                millis,
+            ));
+        }
+        self.report(samples);
         let batch = Batch {
             shard: self.shard.clone(),
             id,

@@ -22,12 +22,11 @@
 //! * `GET /healthz` — liveness: the supervisor runs and answers.
 //! * `GET /readyz` — readiness: the lease table and the stream answer, leases are
 //!   served.
-//! * `GET /metrics` — the numbers the MetricsReporter sends to CloudWatch, in the
-//!   Prometheus text format.
+//! * `GET /metrics` — the numbers the MetricsReporter sends to CloudWatch and their
+//!   timings' histograms, in the OpenMetrics text format (`prometheus`).
 //!
 //! Nothing here shows credentials or endpoints: the snapshots hold none.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -43,7 +42,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::metrics::{Kind, Metric};
 use crate::protocol::SupervisorMsg;
 use crate::settings::Settings;
 use crate::status::{FleetBoard, WorkerStatus};
@@ -436,97 +434,22 @@ async fn readyz(State(shared): State<Shared>) -> Response {
     }
 }
 
+/// The OpenMetrics text of the worker's snapshot (`prometheus`).
 async fn metrics(State(shared): State<Shared>) -> Response {
     let snapshot = shared.worker.snapshot().await;
     let Some(snapshot) = snapshot else {
         return unavailable("no status collected yet");
     };
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        prometheus_text(&snapshot.0),
-    )
-        .into_response()
-}
-
-/// `RecordsProcessed` → `records_processed`.
-fn snake_case(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
-    for (i, c) in name.chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// The MetricsReporter's totals (worker-wide and per shard) as Prometheus text:
-/// counters as `flotilla_<name>_total`, gauges as `flotilla_<name>`.
-pub(crate) fn prometheus_text(status: &WorkerStatus) -> String {
-    let base = format!(
-        "application=\"{}\",stream=\"{}\",worker=\"{}\"",
-        label(&status.application),
-        label(&status.stream),
-        label(&status.worker_id)
-    );
-    let mut out = String::new();
-    let _ = writeln!(out, "# HELP flotilla_up 1 while the worker runs.");
-    let _ = writeln!(out, "# TYPE flotilla_up gauge");
-    let _ = writeln!(out, "flotilla_up{{{base}}} 1");
-    let _ = writeln!(
-        out,
-        "# HELP flotilla_uptime_seconds Seconds since the worker started."
-    );
-    let _ = writeln!(out, "# TYPE flotilla_uptime_seconds gauge");
-    let _ = writeln!(
-        out,
-        "flotilla_uptime_seconds{{{base}}} {}",
-        status.uptime_ms as f64 / 1000.0
-    );
-    let Some(metrics) = &status.metrics else {
-        return out;
-    };
-    for metric in Metric::ALL {
-        let name = metric.name();
-        let (prom, kind) = match metric.kind() {
-            Kind::Counter => (format!("flotilla_{}_total", snake_case(name)), "counter"),
-            Kind::Gauge => (format!("flotilla_{}", snake_case(name)), "gauge"),
-        };
-        let _ = writeln!(out, "# HELP {prom} {name}, as sent to CloudWatch.");
-        let _ = writeln!(out, "# TYPE {prom} {kind}");
-        let total = metrics.totals.get(name).copied().unwrap_or(0.0);
-        let _ = writeln!(out, "{prom}{{{base}}} {total}");
-        for (shard, values) in &metrics.per_shard {
-            if let Some(value) = values.get(name) {
-                let _ = writeln!(out, "{prom}{{{base},shard=\"{}\"}} {value}", label(shard));
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metric_names_become_prometheus_names() {
-        assert_eq!(snake_case("RecordsProcessed"), "records_processed");
-        assert_eq!(snake_case("MillisBehindLatest"), "millis_behind_latest");
-        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    match crate::prometheus::Scrape::of(&snapshot.0).text() {
+        Ok(text) => (
+            [(header::CONTENT_TYPE, crate::prometheus::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("metrics not encoded: {error}\n"),
+        )
+            .into_response(),
     }
 }

@@ -31,6 +31,7 @@ use crate::processor::ProcessorSource;
 use crate::protocol::{CheckpointMsg, KeeperMsg, ReaderMsg, StopReason, SupervisorMsg, WatcherMsg};
 use crate::settings::Settings;
 use crate::shard_reader::{ReaderArgs, ShardReader};
+use crate::spans::Spanned;
 use crate::status::{
     CoreActorStatus, ReleaseReport, ShardShutdown, ShardState, ShardStatus, ShutdownReport,
     WorkerStatus,
@@ -77,6 +78,8 @@ pub(crate) struct WorkerContext {
     pub status_listener: Mutex<Option<tokio::net::TcpListener>>,
     /// Given to every processor (in its checkpointer) to ask for a graceful shutdown.
     pub handle: crate::handle::WorkerHandle,
+    /// The worker's tracing span: its actors run in it, its shards' spans are under it.
+    pub span: tracing::Span,
 }
 
 pub(crate) struct Supervisor;
@@ -381,7 +384,7 @@ async fn spawn_status_server(
     let bind = ctx.status_addr.get().copied().unwrap_or(bind);
     let (server, _) = Actor::spawn_linked(
         None,
-        StatusServer,
+        Spanned(StatusServer, ctx.span.clone()),
         StatusArgs {
             bind,
             supervisor: myself.clone(),
@@ -412,7 +415,7 @@ async fn spawn_core(
     let multi = ctx.set.borrow().active.is_multi();
     let (metrics, _) = Actor::spawn_linked(
         None,
-        MetricsReporter,
+        Spanned(MetricsReporter, ctx.span.clone()),
         MetricsArgs {
             sink: ctx.metrics_sink.clone(),
             settings: settings.metrics.clone(),
@@ -428,7 +431,7 @@ async fn spawn_core(
     let rows: crate::status::RowsBoard = Arc::new(tokio::sync::watch::channel(None).0);
     let (keeper, _) = Actor::spawn_linked(
         None,
-        LeaseKeeper,
+        Spanned(LeaseKeeper, ctx.span.clone()),
         KeeperArgs {
             table: ctx.table.clone(),
             me: ctx.me.clone(),
@@ -450,7 +453,7 @@ async fn spawn_core(
     .await?;
     let (writer, _) = Actor::spawn_linked(
         None,
-        CheckpointWriter,
+        Spanned(CheckpointWriter, ctx.span.clone()),
         WriterArgs {
             table: ctx.table.clone(),
             interval: settings.checkpoint.interval,
@@ -462,7 +465,7 @@ async fn spawn_core(
     .await?;
     let (watcher, _) = Actor::spawn_linked(
         None,
-        StreamWatcher,
+        Spanned(StreamWatcher, ctx.span.clone()),
         WatcherArgs {
             streams: ctx.streams.clone(),
             table: ctx.table.clone(),
@@ -530,7 +533,15 @@ impl SupervisorState {
             // Its own stream's consumer: a consumer subscribes only to its stream's shards.
             consumer: stream.consumer.clone(),
         };
-        match Actor::spawn_linked(None, ShardReader, args, myself.get_cell()).await {
+        let span = crate::spans::shard(
+            &self.ctx.span,
+            key,
+            entry.lease.counter,
+            &self.ctx.me,
+            &stream.stream,
+        );
+        let reader = Spanned(ShardReader, span);
+        match Actor::spawn_linked(None, reader, args, myself.get_cell()).await {
             Ok((reader, _)) => {
                 self.by_actor.insert(reader.get_id(), key.clone());
                 entry.reader = Some(reader);

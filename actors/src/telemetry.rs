@@ -267,6 +267,8 @@ impl Event for CoreActorFailed<'_> {
 pub(crate) struct CheckpointWritten<'a> {
     pub key: &'a LeaseKey,
     pub at: &'a dyn Display,
+    /// How long the conditional write took.
+    pub took: Duration,
 }
 
 impl Event for CheckpointWritten<'_> {
@@ -275,7 +277,14 @@ impl Event for CheckpointWritten<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(Metric::CheckpointWrites, self.key, 1.0)]
+        vec![
+            Sample::shard(Metric::CheckpointWrites, self.key, 1.0),
+            Sample::shard(
+                Metric::CheckpointWriteTime,
+                self.key,
+                self.took.as_secs_f64() * 1000.0,
+            ),
+        ]
     }
 }
 
@@ -567,5 +576,24 @@ mod tests {
             metrics(event(3, None).samples()),
             [Metric::RecordsProcessed, Metric::BytesProcessed]
         );
+    }
+
+    /// A written checkpoint counts once and samples how long its write took (the
+    /// `flotilla_checkpoint_write_time_milliseconds` histogram), in milliseconds.
+    #[test]
+    fn a_written_checkpoint_counts_and_times_its_write() {
+        let key = LeaseKey::from(&ShardId::from_index(0));
+        let event = CheckpointWritten {
+            key: &key,
+            at: &"49590338271490256608559692538361571095921575989136588898",
+            took: Duration::from_micros(2_500),
+        };
+        let samples = event.samples();
+        assert_eq!(
+            metrics(samples.clone()),
+            [Metric::CheckpointWrites, Metric::CheckpointWriteTime]
+        );
+        assert_eq!(samples[1].value, 2.5);
+        assert_eq!(samples[1].shard.as_ref(), Some(&key));
     }
 }

@@ -26,6 +26,7 @@ use crate::settings::StreamSpec;
 use crate::settings::{
     AwsSettings, InitialPosition, ReadMode, Settings, SettingsError, StatusSettings,
 };
+use crate::spans::Spanned;
 use crate::status::{ShutdownReport, WorkerStatus};
 use crate::stream_set::StreamSet;
 use crate::supervisor::{Supervisor, WorkerContext};
@@ -494,6 +495,7 @@ impl WorkerBuilder {
         let status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
         let handle = WorkerHandle::new();
         let budget = crate::model::WorkerBudget::new(settings.reader.worker_budget_bytes);
+        let span = crate::spans::worker(&me, &application, &stream);
         let ctx = Arc::new(WorkerContext {
             me: me.clone(),
             application,
@@ -520,8 +522,9 @@ impl WorkerBuilder {
             status_addr: status_addr.clone(),
             status_listener: Mutex::new(status_listener),
             handle: handle.clone(),
+            span: span.clone(),
         });
-        let (supervisor, join) = Actor::spawn(None, Supervisor, ctx)
+        let (supervisor, join) = Actor::spawn(None, Spanned(Supervisor, span), ctx)
             .await
             .map_err(|e| WorkerError::Spawn(e.to_string()))?;
         info!(message = "Worker started.", worker_id = %me);

@@ -142,18 +142,35 @@ async fn every_route_answers_with_live_data() {
     for _ in 0..50 {
         let (code, content_type, body) = get(&url(&a, "/metrics"), "text/plain").await;
         assert_eq!(code, 200);
-        assert!(content_type.starts_with("text/plain; version=0.0.4"));
+        assert!(content_type.starts_with("application/openmetrics-text; version=1.0.0"));
         text = body;
         if processed_total(&text) > 0.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(text.contains("# TYPE flotilla_records_processed_total counter"));
+    assert!(text.contains("# TYPE flotilla_records_processed counter"));
     assert!(text.contains("# TYPE flotilla_millis_behind_latest gauge"));
+    assert!(text.contains("# TYPE flotilla_processing_time_milliseconds histogram"));
+    assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(processed_total(&text) > 0.0, "{text}");
     assert!(text.contains("worker=\"status-a\""));
     assert!(text.contains("shard=\"shardId-"));
+    // The timings are taken where the work happens: the processor host's acks (batch
+    // processing), the reader's GetRecords and its delivery (put → delivery).
+    for timing in [
+        "flotilla_processing_time_milliseconds",
+        "flotilla_get_records_time_milliseconds",
+        "flotilla_put_to_delivery_time_milliseconds",
+    ] {
+        let count = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{timing}_count{{")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(count > Some(0), "{timing}: {count:?}\n{text}");
+    }
+    dashboard_names_are_served(&text);
 
     // An unknown path is a 404, not a page.
     let (code, _, _) = get(&url(&a, "/admin"), "*/*").await;
@@ -263,6 +280,62 @@ async fn the_worker_page_shows_its_tree_and_charts() {
     );
 
     shutdown_clean(a).await;
+}
+
+/// Every metric name the Grafana dashboard's queries (and its variables) use is a
+/// series `/metrics` serves, and it has the panels the operators asked for.
+fn dashboard_names_are_served(text: &str) {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/flotilla.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries: Vec<String> = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queries.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if variable["type"] == "query" {
+            queries.push(variable["query"].as_str().unwrap().to_owned());
+        }
+    }
+    let series: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let mut used = 0;
+    for query in &queries {
+        for (at, _) in query.match_indices("flotilla_") {
+            let name: String = query[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                series.contains(name.as_str()),
+                "{name} (in {query}) is not served"
+            );
+            used += 1;
+        }
+    }
+    assert!(used >= 10, "{queries:?}");
+    let titles: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for wanted in [
+        "Lag per shard",
+        "Records/s",
+        "Leases per worker",
+        "Failovers",
+        "Throttles and API errors",
+        "Heartbeat failures",
+    ] {
+        assert!(titles.contains(&wanted), "{wanted} not in {titles:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

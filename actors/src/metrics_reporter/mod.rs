@@ -225,6 +225,7 @@ impl MetricsState {
             pending_datums: (self.backlog.len() + self.in_flight.unwrap_or(0)) as u64,
             dropped_datums: self.dropped_datums,
             rejected_samples: self.aggregator.rejected_samples(),
+            histograms: self.aggregator.histograms(),
         }
     }
 

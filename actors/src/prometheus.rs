@@ -1,0 +1,402 @@
+//! `GET /metrics`: the worker's numbers in the OpenMetrics text format, encoded by
+//! `prometheus-client` (escaping, number formats, `# EOF`: the crate's, not ours).
+//!
+//! Everything served comes from one status snapshot, so a scrape costs one collection
+//! and nothing is counted twice: the MetricsReporter's running figures (the same samples
+//! CloudWatch gets) and its timings' distributions. The families are named from
+//! [`Metric`] by one rule, which [`families`] states and the README's table of
+//! families is checked against:
+//!
+//! * a counter `RecordsProcessed` → `flotilla_records_processed_total`;
+//! * a gauge `MillisBehindLatest` → `flotilla_millis_behind_latest`;
+//! * a timing (a metric with [`Metric::buckets`]) also has a worker-wide histogram,
+//!   `ProcessingTime` → `flotilla_processing_time_milliseconds` (`_bucket`, `_sum`,
+//!   `_count`).
+//!
+//! Counters and gauges come once for the worker (no `shard` label) and once per shard
+//! sampled (`shard` = its lease key); histograms only for the worker, since per shard
+//! they would multiply the series by the shards and their buckets.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{Kind, Metric, MetricsSnapshot};
+use crate::status::WorkerStatus;
+
+/// What `GET /metrics` answers with: the OpenMetrics text format, which Prometheus
+/// asks for first and every scraper of the last years reads.
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+const UP: &str = "flotilla_up";
+const UP_HELP: &str = "1 while the worker runs.";
+const UPTIME: &str = "flotilla_uptime_seconds";
+const UPTIME_HELP: &str = "Seconds since the worker started.";
+#[cfg(test)]
+const BASE_LABELS: &str = "application, stream, worker";
+
+/// One family as `/metrics` serves it: what a query names (a counter's `_total`
+/// included; a histogram's family, whose series add `_bucket`, `_sum`, `_count`).
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Family {
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    pub labels: &'static str,
+    pub help: &'static str,
+}
+
+/// Every family `/metrics` serves, in the order it serves them: the declaration the
+/// encoder and README's table are both checked against.
+#[cfg(test)]
+pub(crate) fn families() -> Vec<Family> {
+    let mut out = vec![
+        Family {
+            name: UP.to_owned(),
+            kind: "gauge",
+            labels: BASE_LABELS,
+            help: UP_HELP,
+        },
+        Family {
+            name: UPTIME.to_owned(),
+            kind: "gauge",
+            labels: BASE_LABELS,
+            help: UPTIME_HELP,
+        },
+    ];
+    for metric in Metric::ALL {
+        let (name, kind) = counter_or_gauge(metric);
+        let name = match kind {
+            Kind::Counter => format!("{name}_total"),
+            Kind::Gauge => name,
+        };
+        out.push(Family {
+            name,
+            kind: type_name(kind),
+            labels: "application, stream, worker, shard",
+            help: metric.help(),
+        });
+    }
+    for metric in Metric::ALL {
+        if metric.buckets().is_some() {
+            out.push(Family {
+                name: histogram_name(metric),
+                kind: "histogram",
+                labels: "application, stream, worker, le",
+                help: metric.help(),
+            });
+        }
+    }
+    out
+}
+
+/// The family name (a counter's without `_total`, which the encoder adds) and kind.
+fn counter_or_gauge(metric: Metric) -> (String, Kind) {
+    (
+        format!("flotilla_{}", snake_case(metric.name())),
+        metric.kind(),
+    )
+}
+
+fn histogram_name(metric: Metric) -> String {
+    format!("flotilla_{}_milliseconds", snake_case(metric.name()))
+}
+
+#[cfg(test)]
+fn type_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+    }
+}
+
+/// `RecordsProcessed` → `records_processed`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What one scrape encodes, taken from a status snapshot.
+#[derive(Debug)]
+pub(crate) struct Scrape {
+    application: String,
+    stream: String,
+    worker: String,
+    uptime_ms: u64,
+    metrics: Option<MetricsSnapshot>,
+}
+
+impl Scrape {
+    pub(crate) fn of(status: &WorkerStatus) -> Self {
+        Self {
+            application: status.application.clone(),
+            stream: status.stream.clone(),
+            worker: status.worker_id.clone(),
+            uptime_ms: status.uptime_ms,
+            metrics: status.metrics.clone(),
+        }
+    }
+
+    /// The exposition text, ending in `# EOF`.
+    pub(crate) fn text(self) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+
+    fn base(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("application", escape(&self.application)),
+            ("stream", escape(&self.stream)),
+            ("worker", escape(&self.worker)),
+        ]
+    }
+}
+
+/// A label value as the text format wants it. The encoder (0.24) writes values as it
+/// is given them, so a `"` in an application's name would end the value early.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let base = self.base();
+        let up = ConstGauge::new(1i64);
+        up.encode(
+            encoder
+                .encode_descriptor(UP, UP_HELP, None, MetricType::Gauge)?
+                .encode_family(&base)?,
+        )?;
+        let uptime = ConstGauge::new(self.uptime_ms as f64 / 1000.0);
+        uptime.encode(
+            encoder
+                .encode_descriptor(UPTIME, UPTIME_HELP, None, MetricType::Gauge)?
+                .encode_family(&base)?,
+        )?;
+        let Some(metrics) = &self.metrics else {
+            return Ok(());
+        };
+        for metric in Metric::ALL {
+            let (name, kind) = counter_or_gauge(metric);
+            let key = metric.name();
+            let metric_type = match kind {
+                Kind::Counter => MetricType::Counter,
+                Kind::Gauge => MetricType::Gauge,
+            };
+            let mut family = encoder.encode_descriptor(&name, metric.help(), None, metric_type)?;
+            let worker = metrics.totals.get(key).copied().unwrap_or(0.0);
+            let shards = metrics
+                .per_shard
+                .iter()
+                .filter_map(|(shard, values)| Some((Some(shard), *values.get(key)?)));
+            for (shard, value) in std::iter::once((None, worker)).chain(shards) {
+                let mut labels = base.clone();
+                if let Some(shard) = shard {
+                    labels.push(("shard", escape(shard)));
+                }
+                let series = family.encode_family(&labels)?;
+                match kind {
+                    Kind::Counter => ConstCounter::new(value).encode(series)?,
+                    Kind::Gauge => ConstGauge::new(value).encode(series)?,
+                }
+            }
+        }
+        for timing in &metrics.histograms {
+            let name = histogram_name(timing.metric);
+            let mut family = encoder.encode_descriptor(
+                &name,
+                timing.metric.help(),
+                None,
+                MetricType::Histogram,
+            )?;
+            // The encoder writes its last bucket as `+Inf` when its bound is `f64::MAX`.
+            let buckets: Vec<(f64, u64)> = timing
+                .histogram
+                .buckets()
+                .into_iter()
+                .map(|(upper, n)| (if upper.is_finite() { upper } else { f64::MAX }, n))
+                .collect();
+            family
+                .encode_family(&base)?
+                .encode_histogram::<Vec<(&str, String)>>(
+                    timing.histogram.sum(),
+                    timing.histogram.count(),
+                    &buckets,
+                    None,
+                )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::metrics::{Aggregator, Sample};
+    use crate::model::{LeaseKey, ShardId};
+
+    fn scrape(metrics: Option<MetricsSnapshot>) -> Scrape {
+        Scrape {
+            application: "orders-app".to_owned(),
+            stream: "orders".to_owned(),
+            worker: "w\"1".to_owned(),
+            uptime_ms: 2_500,
+            metrics,
+        }
+    }
+
+    /// Every metric sampled on one shard and for the worker, and each timing once.
+    fn busy() -> MetricsSnapshot {
+        let key = LeaseKey::from(&ShardId::from_index(0));
+        let mut agg = Aggregator::new();
+        for metric in Metric::ALL {
+            agg.record(Sample::shard(metric, &key, 3.0));
+        }
+        MetricsSnapshot {
+            totals: agg.totals(),
+            per_shard: agg.per_shard(),
+            histograms: agg.histograms(),
+            ..MetricsSnapshot::default()
+        }
+    }
+
+    /// (name a query uses, type) of each `# TYPE` line, and each family's `# HELP`.
+    fn served(text: &str) -> (Vec<(String, String)>, BTreeMap<String, String>) {
+        let mut types = Vec::new();
+        let mut helps = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                let name = match kind {
+                    "counter" => format!("{name}_total"),
+                    _ => name.to_owned(),
+                };
+                types.push((name, kind.to_owned()));
+            } else if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                helps.insert(name.to_owned(), help.to_owned());
+            }
+        }
+        (types, helps)
+    }
+
+    #[test]
+    fn metric_names_become_prometheus_names() {
+        assert_eq!(snake_case("RecordsProcessed"), "records_processed");
+        assert_eq!(snake_case("MillisBehindLatest"), "millis_behind_latest");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    /// What is served is what `families` says, in its order, each with its help; the
+    /// names of the families that existed before the encoder are kept.
+    #[test]
+    fn served_families_are_the_declared_ones() {
+        let text = scrape(Some(busy())).text().unwrap();
+        let (types, helps) = served(&text);
+        let declared: Vec<(String, String)> = families()
+            .into_iter()
+            .map(|f| (f.name, f.kind.to_owned()))
+            .collect();
+        assert_eq!(types, declared, "{text}");
+        for family in families() {
+            assert!(!family.help.is_empty(), "{} has no help", family.name);
+        }
+        assert_eq!(helps.len(), types.len(), "{text}");
+        assert!(helps.values().all(|h| !h.is_empty()), "{text}");
+        for kept in [
+            "flotilla_up",
+            "flotilla_uptime_seconds",
+            "flotilla_records_processed_total",
+            "flotilla_millis_behind_latest",
+            "flotilla_processing_time_total",
+            "flotilla_heartbeat_failures",
+            "flotilla_leases_held",
+        ] {
+            assert!(types.iter().any(|(name, _)| name == kept), "{kept}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    /// Series: the worker's without `shard`, the shard's with it (labels escaped), and
+    /// the histograms' cumulative buckets up to `+Inf`.
+    #[test]
+    fn series_carry_the_worker_and_shard_labels() {
+        let text = scrape(Some(busy())).text().unwrap();
+        let base = r#"application="orders-app",stream="orders",worker="w\"1""#;
+        let lines: Vec<&str> = text.lines().collect();
+        for expected in [
+            format!("flotilla_up{{{base}}} 1"),
+            format!("flotilla_uptime_seconds{{{base}}} 2.5"),
+            format!("flotilla_records_processed_total{{{base}}} 3.0"),
+            format!(
+                "flotilla_records_processed_total{{{base},shard=\"shardId-000000000000\"}} 3.0"
+            ),
+            format!("flotilla_leases_held{{{base},shard=\"shardId-000000000000\"}} 3.0"),
+            format!("flotilla_get_records_time_milliseconds_bucket{{le=\"2.5\",{base}}} 0"),
+            format!("flotilla_get_records_time_milliseconds_bucket{{le=\"5.0\",{base}}} 1"),
+            format!("flotilla_get_records_time_milliseconds_bucket{{le=\"+Inf\",{base}}} 1"),
+            format!("flotilla_get_records_time_milliseconds_count{{{base}}} 1"),
+            format!("flotilla_get_records_time_milliseconds_sum{{{base}}} 3.0"),
+        ] {
+            assert!(lines.contains(&expected.as_str()), "{expected}\n{text}");
+        }
+    }
+
+    /// Before the first metrics snapshot: only that the worker is up.
+    #[test]
+    fn without_metrics_only_up_and_uptime() {
+        let text = scrape(None).text().unwrap();
+        let (types, _) = served(&text);
+        let names: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [UP, UPTIME]);
+    }
+
+    /// README's table of families (under "Prometheus metrics") lists exactly what is
+    /// served, with the same type: one definition, checked.
+    #[test]
+    fn readme_lists_every_family() {
+        const README: &str = include_str!("../../README.md");
+        let section = README
+            .split("### Prometheus metrics")
+            .nth(1)
+            .expect("README.md has a Prometheus metrics section");
+        let documented: Vec<(String, String, String)> = section
+            .lines()
+            .skip_while(|l| !l.starts_with("| family"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let name = cells[1].trim_matches('`').to_owned();
+                (name, cells[2].to_owned(), cells[3].to_owned())
+            })
+            .collect();
+        let declared: Vec<(String, String, String)> = families()
+            .into_iter()
+            .map(|f| (f.name, f.kind.to_owned(), f.labels.to_owned()))
+            .collect();
+        assert_eq!(documented, declared);
+    }
+}
