@@ -48,7 +48,7 @@ pub struct MetricsSnapshot {
     pub rejected_samples: u64,
 }
 
-const METRIC_COUNT: usize = 27;
+const METRIC_COUNT: usize = 28;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -102,6 +102,9 @@ pub enum Metric {
     /// Streams of the set that could not be described, asked again at every sync (a
     /// level).
     StreamsUnresolved,
+    /// `lease.java_compat`: lease renewals written (one per held lease every
+    /// `failover_time / 3`), the write cost of running beside a Java KCL fleet.
+    LeaseRenewals,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -152,6 +155,7 @@ impl Metric {
         Metric::StreamSetErrors,
         Metric::StreamsFormer,
         Metric::StreamsUnresolved,
+        Metric::LeaseRenewals,
     ];
 
     /// The CloudWatch metric name.
@@ -184,6 +188,7 @@ impl Metric {
             Metric::StreamSetErrors => "StreamSetErrors",
             Metric::StreamsFormer => "StreamsFormer",
             Metric::StreamsUnresolved => "StreamsUnresolved",
+            Metric::LeaseRenewals => "LeaseRenewals",
         }
     }
 
@@ -213,7 +218,8 @@ impl Metric {
             | Metric::TrimmedCheckpoints
             | Metric::StreamSetErrors
             | Metric::StreamsFormer
-            | Metric::StreamsUnresolved => Unit::Count,
+            | Metric::StreamsUnresolved
+            | Metric::LeaseRenewals => Unit::Count,
         }
     }
 
