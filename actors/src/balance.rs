@@ -1245,7 +1245,14 @@ mod tests {
             Case {
                 name: "both renewed every 3 s: nothing taken; b dead by heartbeat",
                 compat: true,
-                scans: &[(0, 1, 1), (3, 2, 2), (6, 3, 3), (9, 4, 4), (12, 5, 5), (15, 6, 6)],
+                scans: &[
+                    (0, 1, 1),
+                    (3, 2, 2),
+                    (6, 3, 3),
+                    (9, 4, 4),
+                    (12, 5, 5),
+                    (15, 6, 6),
+                ],
                 taken: &[2],
             },
             Case {
@@ -1293,7 +1300,11 @@ mod tests {
                 obs.observe_leases(&leases, now, FAILOVER);
             }
             let d = run(&leases, &BTreeMap::new(), &obs, &me, now, &limits(0));
-            let want: Vec<&LeaseKey> = case.taken.iter().map(|&i| &leases[i as usize].key).collect();
+            let want: Vec<&LeaseKey> = case
+                .taken
+                .iter()
+                .map(|&i| &leases[i as usize].key)
+                .collect();
             let mut got = taken(&d);
             got.sort();
             assert_eq!(got, want, "{}", case.name);

@@ -409,9 +409,7 @@ mod tests {
                         Err(FenceReason::AwaitingReconfirmation { .. }) => Verdict::Reconfirming,
                         Err(FenceReason::Revoked { .. }) => Verdict::Revoked,
                         Err(FenceReason::NotHeld) => Verdict::NotHeld,
-                        Err(FenceReason::RenewalUnconfirmed { .. }) => {
-                            Verdict::RenewalUnconfirmed
-                        }
+                        Err(FenceReason::RenewalUnconfirmed { .. }) => Verdict::RenewalUnconfirmed,
                     };
                     assert_eq!(&got, want, "{name}: step {i}");
                 }

@@ -169,7 +169,9 @@ impl Lives {
     }
 
     pub fn is_unsure(&self, key: &LeaseKey) -> bool {
-        self.lives.get(key).is_some_and(|life| life.unsure.is_some())
+        self.lives
+            .get(key)
+            .is_some_and(|life| life.unsure.is_some())
     }
 
     /// A renewal sent under `sent_at` (the row's counter) was confirmed at `counter`.
@@ -331,9 +333,11 @@ impl Renewing {
                 self.lives().forget(key);
                 if let Some((fencing, telemetry)) = core {
                     let now = owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody");
-                    fencing
-                        .lock()
-                        .revoke(key, &taken, format!("renewal refused: owner is now {now}"));
+                    fencing.lock().revoke(
+                        key,
+                        &taken,
+                        format!("renewal refused: owner is now {now}"),
+                    );
                     telemetry.emit(LeaseRenewalRefused {
                         key,
                         owner: owner.as_ref(),
@@ -607,5 +611,237 @@ impl LeaseTable for Renewing {
         counter: u64,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         self.inner.remove_dead_heartbeat(worker, counter)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::backend::faults::{Fault, FaultPlan, Faulty};
+    use crate::backend::memory::MemoryDynamo;
+    use crate::model::{ExtendedSequenceNumber, SequenceNumber};
+
+    fn me() -> WorkerId {
+        WorkerId::new("me")
+    }
+
+    fn fence(owner: &str, counter: u64) -> Fence {
+        Fence {
+            owner: Some(WorkerId::new(owner)),
+            counter,
+        }
+    }
+
+    fn row(owner: Option<&str>, counter: u64) -> Lease {
+        let mut lease = Lease::new(
+            &ShardId::from_index(0),
+            Checkpoint::TrimHorizon,
+            vec![],
+            None,
+        );
+        lease.owner = owner.map(WorkerId::new);
+        lease.counter = counter;
+        lease
+    }
+
+    /// The bookkeeping, step by step: what is sent, what is shown.
+    #[test]
+    fn lives_show_the_taken_counter_and_send_the_current_one() {
+        let key = row(None, 0).key;
+        let t0 = Instant::now();
+        let mut lives = Lives::new(me());
+        // Nothing held: everything passes through.
+        assert_eq!(lives.to_row(&key, &fence("me", 5)), fence("me", 5));
+        assert_eq!(lives.shown(&key, Some(&me()), 7), 7);
+        lives.took(&row(Some("me"), 5));
+        lives.renewed(&key, 5, 6);
+        lives.renewed(&key, 6, 7);
+        // Another renewal's answer for an old counter changes nothing.
+        lives.renewed(&key, 5, 6);
+        let cases: [(&str, Fence, Fence); 3] = [
+            (
+                "the life's fence goes out at the current counter",
+                fence("me", 5),
+                fence("me", 7),
+            ),
+            (
+                "an older life's fence goes out as it is, to fail",
+                fence("me", 4),
+                fence("me", 4),
+            ),
+            (
+                "another owner's fence goes out as it is",
+                fence("java", 5),
+                fence("java", 5),
+            ),
+        ];
+        for (name, given, sent) in cases {
+            assert_eq!(lives.to_row(&key, &given), sent, "{name}");
+        }
+        let me = me();
+        let java = WorkerId::new("java");
+        let shown: [(&str, Option<&WorkerId>, u64, u64); 4] = [
+            ("ours at the current counter: the life's", Some(&me), 7, 5),
+            (
+                "ours one past it, no renewal unsure: as it is",
+                Some(&me),
+                8,
+                8,
+            ),
+            ("another owner's: as it is", Some(&java), 7, 7),
+            ("nobody's: as it is", None, 7, 7),
+        ];
+        for (name, owner, counter, want) in shown {
+            assert_eq!(lives.shown(&key, owner, counter), want, "{name}");
+        }
+        // A renewal whose answer was lost: the row may be at 7 or 8.
+        lives.unsure(&key, t0);
+        assert_eq!(
+            lives.renewal_fence(&key),
+            None,
+            "unsure: read before renewing"
+        );
+        assert_eq!(lives.shown(&key, Some(&me), 8), 5);
+        assert_eq!(lives.shown(&key, Some(&me), 7), 5);
+        assert_eq!(
+            lives.resolve(&key, Some(&row(Some("me"), 8))),
+            Resolution::Landed(t0)
+        );
+        assert_eq!(lives.to_row(&key, &fence("me", 5)), fence("me", 8));
+        lives.unsure(&key, t0);
+        assert_eq!(
+            lives.resolve(&key, Some(&row(Some("me"), 8))),
+            Resolution::NotLanded
+        );
+        assert_eq!(lives.renewal_fence(&key), Some(fence("me", 8)));
+        lives.unsure(&key, t0);
+        assert_eq!(
+            lives.resolve(&key, Some(&row(Some("java"), 9))),
+            Resolution::Lost
+        );
+        assert_eq!(
+            lives.to_row(&key, &fence("me", 5)),
+            fence("me", 5),
+            "forgotten"
+        );
+        lives.took(&row(Some("me"), 10));
+        lives.unsure(&key, t0);
+        assert_eq!(
+            lives.resolve(&key, None),
+            Resolution::Lost,
+            "the row is gone"
+        );
+    }
+
+    async fn held(
+        faults: FaultPlan,
+    ) -> (
+        Arc<Faulty<crate::backend::memory::MemoryLeaseTable>>,
+        Arc<Renewing>,
+        Lease,
+    ) {
+        let db = MemoryDynamo::new();
+        let inner = Arc::new(Faulty::new(db.lease_table("t"), faults));
+        inner.ensure_table().await.unwrap();
+        let lease = row(None, 0);
+        assert!(inner.create_if_absent(&lease).await.unwrap());
+        // Renewed by hand below; the task's first tick is an hour away.
+        let table = Renewing::start(inner.clone(), me(), Duration::from_secs(3600));
+        let taken = table.take(&lease.key, &lease.fence(), &me()).await.unwrap();
+        (inner, table, taken)
+    }
+
+    fn at(n: u64) -> Checkpoint {
+        Checkpoint::At(ExtendedSequenceNumber::new(
+            SequenceNumber::from_u128(u128::from(n) + 1),
+            0,
+        ))
+    }
+
+    /// Checkpoints keep the fence they were given across renewals, the row's counter
+    /// moves with each renewal, and reads show the taken counter throughout.
+    #[tokio::test(start_paused = true)]
+    async fn checkpoints_cross_renewals_with_the_fence_they_were_given() {
+        let (inner, table, taken) = held(FaultPlan::seeded(1)).await;
+        assert_eq!(taken.counter, 1);
+        for n in 0..5 {
+            table.renew_all().await;
+            table
+                .checkpoint(&taken.key, &taken.fence(), &at(n), &[])
+                .await
+                .expect("a checkpoint across a renewal is not a lost lease");
+        }
+        let raw = inner.get(&taken.key).await.unwrap().unwrap();
+        assert_eq!(raw.counter, 6, "each renewal moved the row's counter");
+        assert_eq!(raw.checkpoint, at(4));
+        let seen = table.get(&taken.key).await.unwrap().unwrap();
+        assert_eq!(
+            seen.counter, 1,
+            "above the port, the counter it was taken with"
+        );
+        let scanned = table.scan().await.unwrap();
+        assert_eq!(scanned.leases[0].counter, 1);
+        // Released under the taken fence: the row's counter + 1, and no renewal after.
+        let released = table.release(&taken.key, &taken.fence()).await.unwrap();
+        assert_eq!(released, 7);
+        table.renew_all().await;
+        assert_eq!(inner.calls("renew"), 5);
+    }
+
+    /// A renewal whose answer is lost (it landed) or that failed (it did not): the next
+    /// checkpoint reads the row first and goes out under the right counter either way,
+    /// never refused as a lost lease, never unfenced.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_whose_answer_is_lost_is_settled_before_the_next_write() {
+        for (fault, counter) in [(Fault::LostResponse, 2), (Fault::Transient, 1)] {
+            let (inner, table, taken) =
+                held(FaultPlan::seeded(1).then(Some("renew"), 0, fault)).await;
+            table.renew_all().await;
+            assert!(table.lives().is_unsure(&taken.key), "{fault:?}");
+            assert_eq!(
+                table.get(&taken.key).await.unwrap().unwrap().counter,
+                1,
+                "{fault:?}: shown at the taken counter while unsure"
+            );
+            table
+                .checkpoint(&taken.key, &taken.fence(), &at(1), &[])
+                .await
+                .unwrap_or_else(|e| panic!("{fault:?}: {e}"));
+            let raw = inner.get(&taken.key).await.unwrap().unwrap();
+            assert_eq!((raw.counter, raw.checkpoint), (counter, at(1)), "{fault:?}");
+            // And the next renewal goes out under the settled counter.
+            table.renew_all().await;
+            let raw = inner.get(&taken.key).await.unwrap().unwrap();
+            assert_eq!(raw.counter, counter + 1, "{fault:?}");
+        }
+    }
+
+    /// A Java worker takes the lease (conditional on the counter it saw, as
+    /// `DynamoDBLeaseRefresher.takeLease` is): the next renewal is refused and the life
+    /// ends; a late checkpoint of that life is refused, naming the new owner.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_a_java_worker_took_is_not_renewed_and_refuses_checkpoints() {
+        let (inner, table, taken) = held(FaultPlan::seeded(1)).await;
+        table.renew_all().await;
+        let raw = inner.get(&taken.key).await.unwrap().unwrap();
+        let java = WorkerId::new("java");
+        inner.take(&taken.key, &raw.fence(), &java).await.unwrap();
+        table.renew_all().await;
+        assert!(
+            table.lives().taken_fence(&taken.key).is_none(),
+            "the life ended"
+        );
+        match table
+            .checkpoint(&taken.key, &taken.fence(), &at(1), &[])
+            .await
+        {
+            Err(LeaseError::ConditionFailed { owner, .. }) => assert_eq!(owner, Some(java)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            inner.get(&taken.key).await.unwrap().unwrap().checkpoint,
+            Checkpoint::TrimHorizon
+        );
     }
 }

@@ -168,7 +168,11 @@ impl Event for LeaseRenewalFailed<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(Metric::failed_call(self.error), self.key, 1.0)]
+        vec![Sample::shard(
+            Metric::failed_call(self.error),
+            self.key,
+            1.0,
+        )]
     }
 }
 
