@@ -291,6 +291,11 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    assert_eq!(
+        java.expired(),
+        vec![],
+        "the KCL's expiry rule found a live flotilla lease expired"
+    );
     let seen = probes.seen.lock().unwrap().clone();
     for (key, numbers) in &seen.by_key {
         assert!(
@@ -309,11 +314,6 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
         );
         assert_eq!(distinct, (5..70).collect(), "{key}: every later record");
     }
-    assert_eq!(
-        java.expired(),
-        vec![],
-        "the KCL's expiry rule found a live flotilla lease expired"
-    );
     let renewed = rig.table().get(&stalled[0]).await.unwrap().unwrap();
     assert!(
         renewed.counter >= 7 + 1 + 60 / 2,
