@@ -16,7 +16,7 @@ use std::time::Duration;
 use flotilla_actors::Settings;
 use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::{FaultPlan, Faulty, Freezer};
-use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreamsConfig};
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId,
 };
@@ -26,6 +26,8 @@ use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_unti
 use support::rig::{APP, Rig, STREAM, keeper, shutdown_clean, wait_held};
 
 const SHARDS: u32 = 4;
+
+type Table = Arc<dyn LeaseTable>;
 /// `fast_settings`' failover time, which the Java fleet shares (as its
 /// `failoverTimeMillis`).
 const FAILOVER: Duration = Duration::from_secs(6);
@@ -36,6 +38,10 @@ fn settings(id: &str, java_compat: bool) -> Settings {
     s.lease.java_compat = java_compat;
     assert_eq!(s.lease.failover_time, FAILOVER);
     s
+}
+
+fn memory_table(rig: &Rig) -> Table {
+    Arc::new(rig.dynamo.lease_table(APP))
 }
 
 /// What the Java fleet did and saw.
@@ -62,7 +68,7 @@ struct JavaFleet {
 impl JavaFleet {
     /// Renews every `FAILOVER / 3` (the KCL renewer's interval) and scans every second
     /// (more often than the KCL taker's `2 × failover`, so a stricter observer).
-    fn start(table: MemoryLeaseTable, held: BTreeMap<LeaseKey, Fence>) -> Self {
+    fn start(table: Table, held: BTreeMap<LeaseKey, Fence>, failover: Duration) -> Self {
         let state = Arc::new(Mutex::new(JavaState {
             held,
             ..JavaState::default()
@@ -71,7 +77,7 @@ impl JavaFleet {
             let (state, table) = (state.clone(), table.clone());
             async move {
                 loop {
-                    tokio::time::sleep(FAILOVER / 3).await;
+                    tokio::time::sleep(failover / 3).await;
                     let due: Vec<(LeaseKey, Fence)> = {
                         let s = state.lock().unwrap();
                         s.held
@@ -128,7 +134,7 @@ impl JavaFleet {
                             {
                                 continue;
                             }
-                            if unchanged > FAILOVER {
+                            if unchanged > failover {
                                 s.expired
                                     .push((lease.key.clone(), owner.clone(), unchanged));
                                 if s.take_expired {
@@ -181,9 +187,13 @@ impl Drop for JavaFleet {
 /// processed and checkpointed: every shard's row owned by `java-1` with its checkpoint
 /// at the shard's last record, written as the KCL writes rows. Returns the keys of each
 /// shard.
-async fn java_owned(rig: &Rig, producer: &mut Producer) -> BTreeMap<LeaseKey, Fence> {
+async fn java_owned(
+    rig: &Rig,
+    table: &Table,
+    producer: &mut Producer,
+) -> BTreeMap<LeaseKey, Fence> {
     producer.put_round(&rig.streams, STREAM, 40, 5).await;
-    rig.table().ensure_table().await.unwrap();
+    table.ensure_table().await.unwrap();
     let mut held = BTreeMap::new();
     for shard in rig.shards().await {
         let records = rig.records(&shard.id).await;
@@ -196,7 +206,7 @@ async fn java_owned(rig: &Rig, producer: &mut Producer) -> BTreeMap<LeaseKey, Fe
         );
         lease.owner = Some(WorkerId::new("java-1"));
         lease.counter = 7;
-        assert!(rig.table().create_if_absent(&lease).await.unwrap());
+        assert!(table.create_if_absent(&lease).await.unwrap());
         held.insert(lease.key.clone(), lease.fence());
     }
     held
@@ -210,9 +220,12 @@ async fn keys_of(rig: &Rig, shard: &ShardId) -> BTreeSet<String> {
         .collect()
 }
 
-async fn owners(rig: &Rig) -> BTreeMap<String, Option<String>> {
-    rig.lease_rows()
+async fn owners(table: &Table) -> BTreeMap<String, Option<String>> {
+    table
+        .scan()
         .await
+        .unwrap()
+        .leases
         .into_iter()
         .map(|l| (l.key.to_string(), l.owner.map(|o| o.to_string())))
         .collect()
@@ -222,17 +235,27 @@ async fn owners(rig: &Rig) -> BTreeMap<String, Option<String>> {
 /// stalls are taken after the failover time, no sooner, and read from the
 /// KCL-written checkpoints (nothing at or before them again); over a long
 /// checkpoint-heavy run the KCL's expiry rule never finds a flotilla lease expired.
-#[tokio::test(start_paused = true)]
-async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_checkpoints() {
-    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+/// `table` is the lease table flotilla and the Java fleet share (memory, or a
+/// real-protocol server), `failover` the failover time of both, `long` the length of the
+/// checkpoint-heavy run in rounds of a second.
+async fn only_stalled_leases_are_taken(rig: &Rig, table: Table, settings: Settings, long: u64) {
+    let failover = settings.lease.failover_time;
     let mut producer = Producer::default();
-    let held = java_owned(&rig, &mut producer).await;
-    let java = JavaFleet::start(rig.dynamo.lease_table(APP), held.clone());
+    let held = java_owned(rig, &table, &mut producer).await;
+    let java = JavaFleet::start(table.clone(), held.clone(), failover);
     let probes = ProbeFactory::new(Misbehave::default());
-    let worker = rig.start_with(&probes, settings("flotilla-1", true)).await;
+    let backend = flotilla_actors::Backend::new(
+        Arc::new(rig.streams.clone()),
+        {
+            let table = table.clone();
+            move |_| table.clone()
+        },
+        Arc::new(rig.metrics.clone()),
+    );
+    let worker = rig.start_on(backend, &probes, settings).await;
 
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let all_java = owners(&rig).await;
+    tokio::time::sleep(failover * 5).await;
+    let all_java = owners(&table).await;
     assert!(
         all_java.values().all(|o| o.as_deref() == Some("java-1")),
         "a live Java lease was taken: {all_java:?}"
@@ -245,13 +268,13 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
     producer.put_round(&rig.streams, STREAM, 40, 5).await;
     java.stall(&stalled);
     let stall = Instant::now();
-    wait_held(&[&worker], &[2], Duration::from_secs(20)).await;
+    wait_held(&[&worker], &[2], failover * 4).await;
     assert!(
-        stall.elapsed() >= FAILOVER - FAILOVER / 3,
+        stall.elapsed() >= failover - failover / 3,
         "taken {:?} after the last renewal could have landed",
         stall.elapsed()
     );
-    let rows = owners(&rig).await;
+    let rows = owners(&table).await;
     for key in &stalled {
         assert_eq!(
             rows[key.as_str()].as_deref(),
@@ -262,18 +285,19 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
     for key in held.keys().skip(2) {
         assert_eq!(rows[key.as_str()].as_deref(), Some("java-1"), "{rows:?}");
     }
+    let at_take = table.get(&stalled[0]).await.unwrap().unwrap().counter;
 
     // Every record of the second round on the taken shards, none of the first.
     let mut taken_keys = BTreeSet::new();
     for key in &stalled {
-        taken_keys.extend(keys_of(&rig, &key.shard_id()).await);
+        taken_keys.extend(keys_of(rig, &key.shard_id()).await);
     }
     let want: u64 = taken_keys.len() as u64 * 5;
     let seen = probes.seen.clone();
     let mut last = 0;
     wait_until(
         "the taken shards' new records",
-        Duration::from_secs(20),
+        failover * 4,
         Duration::from_millis(100),
         || {
             if let Ok(s) = seen.try_lock() {
@@ -285,11 +309,11 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
     .await;
 
     // A long, checkpoint-heavy run: records keep coming, checkpoints every interval.
-    for _ in 0..60 {
+    for _ in 0..long {
         producer.put_round(&rig.streams, STREAM, 40, 1).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(failover / 2).await;
 
     assert_eq!(
         java.expired(),
@@ -312,16 +336,67 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
             numbers.len(),
             "{key}: duplicates {numbers:?}"
         );
-        assert_eq!(distinct, (5..70).collect(), "{key}: every later record");
+        assert_eq!(distinct, (5..10 + long).collect(), "{key}: every later record");
     }
-    let renewed = rig.table().get(&stalled[0]).await.unwrap().unwrap();
+    // Renewed every failover / 3: at least twice per failover time, counted from the
+    // row (the only place a renewal shows).
+    let renewed = table.get(&stalled[0]).await.unwrap().unwrap().counter;
+    let held_for = stall.elapsed().as_secs() / failover.as_secs().max(1);
     assert!(
-        renewed.counter >= 7 + 1 + 60 / 2,
-        "renewed about every 2 s: counter {}",
-        renewed.counter
+        renewed - at_take >= 2 * held_for.saturating_sub(2),
+        "renewed {} times in {held_for} failover times",
+        renewed - at_take
     );
     assert!(shutdown_clean(worker).await.clean());
     drop(java);
+}
+
+#[tokio::test(start_paused = true)]
+async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_checkpoints() {
+    let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+    let table = memory_table(&rig);
+    only_stalled_leases_are_taken(&rig, table, settings("flotilla-1", true), 60).await;
+}
+
+/// The same through the real DynamoDB adapter, in real time: the lease table on a
+/// real-protocol server (dynoxide in process; DynamoDB Local and moto from
+/// `scripts/test.sh`), the stream in memory.
+mod servers_tier {
+    use super::*;
+    use flotilla_actors::backend::aws::DynamoLeaseTable;
+    use support::servers;
+
+    async fn run(endpoint: String) {
+        let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
+        let application = servers::unique_name("java-migration");
+        let table: Table = Arc::new(DynamoLeaseTable::new(
+            &servers::sdk_config(),
+            Some(&endpoint),
+            &application,
+        ));
+        let mut s = settings("flotilla-1", true);
+        s.worker.application = application;
+        s.lease.failover_time = Duration::from_secs(3);
+        s.lease.fence_margin = Duration::from_secs(1);
+        only_stalled_leases_are_taken(&rig, table, s, 12).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dynoxide() {
+        run(servers::start_dynoxide().await).await;
+    }
+
+    #[cfg(feature = "external-servers")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dynamodb_local() {
+        run(servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT")).await;
+    }
+
+    #[cfg(feature = "external-servers")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn moto() {
+        run(servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT")).await;
+    }
 }
 
 /// With the mode off (the default, a cold cutover), the same live Java leases are taken
@@ -330,8 +405,9 @@ async fn beside_a_java_fleet_only_stalled_leases_are_taken_and_resume_at_its_che
 async fn without_the_mode_live_java_leases_are_taken() {
     let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
     let mut producer = Producer::default();
-    let held = java_owned(&rig, &mut producer).await;
-    let java = JavaFleet::start(rig.dynamo.lease_table(APP), held);
+    let table = memory_table(&rig);
+    let held = java_owned(&rig, &table, &mut producer).await;
+    let java = JavaFleet::start(table, held, FAILOVER);
     let probes = ProbeFactory::new(Misbehave::default());
     let worker = rig.start_with(&probes, settings("flotilla-1", false)).await;
     wait_held(&[&worker], &[SHARDS as usize], Duration::from_secs(20)).await;
@@ -348,16 +424,17 @@ async fn without_the_mode_live_java_leases_are_taken() {
 async fn a_frozen_flotilla_worker_is_fenced_when_the_java_fleet_takes_its_leases() {
     let rig = Rig::new(SHARDS, MemoryStreamsConfig::default()).await;
     let mut producer = Producer::default();
-    let held = java_owned(&rig, &mut producer).await;
-    let java = JavaFleet::start(rig.dynamo.lease_table(APP), held.clone());
+    let table = memory_table(&rig);
+    let held = java_owned(&rig, &table, &mut producer).await;
+    let java = JavaFleet::start(table.clone(), held.clone(), FAILOVER);
     let stalled: Vec<LeaseKey> = held.keys().take(2).cloned().collect();
     java.stall(&stalled);
     let freezer = Freezer::new();
-    let table = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1)).frozen_by(&freezer);
+    let frozen = Faulty::new(rig.dynamo.lease_table(APP), FaultPlan::seeded(1)).frozen_by(&freezer);
     let streams = Faulty::new(rig.streams.clone(), FaultPlan::seeded(2)).frozen_by(&freezer);
     let backend = flotilla_actors::Backend::new(
         Arc::new(streams),
-        move |_| Arc::new(table.clone()),
+        move |_| Arc::new(frozen.clone()),
         Arc::new(rig.metrics.clone()),
     );
     let probes = ProbeFactory::new(Misbehave::default());
@@ -383,7 +460,7 @@ async fn a_frozen_flotilla_worker_is_fenced_when_the_java_fleet_takes_its_leases
 
     freezer.freeze();
     tokio::time::sleep(FAILOVER * 2).await;
-    let rows = owners(&rig).await;
+    let rows = owners(&table).await;
     for key in &stalled {
         assert_eq!(rows[key.as_str()].as_deref(), Some("java-2"), "{rows:?}");
     }
