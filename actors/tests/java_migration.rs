@@ -22,6 +22,7 @@ use flotilla_actors::model::{
 };
 use tokio::time::Instant;
 
+use support::http::json_until;
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, wait_until};
 use support::rig::{APP, Rig, STREAM, keeper, shutdown_clean, wait_held};
 
@@ -261,6 +262,34 @@ async fn only_stalled_leases_are_taken(rig: &Rig, table: Table, settings: Settin
         "a live Java lease was taken: {all_java:?}"
     );
     assert_eq!(keeper(&worker).await.held.len(), 0);
+    // The fleet view shows the Java worker alive, without a heartbeat row, holding its
+    // leases: nothing looks stalled or unassigned.
+    let fleet = json_until(
+        &worker,
+        "/fleet",
+        "shows the Java fleet's leases held",
+        |f| {
+            f["leases"].as_array().is_some_and(|l| {
+                l.len() == SHARDS as usize && l.iter().all(|l| l["state"] == "held")
+            })
+        },
+    )
+    .await;
+    assert_eq!(fleet["stalled"], serde_json::json!([]), "{fleet}");
+    assert_eq!(fleet["unassigned"], serde_json::json!([]), "{fleet}");
+    let shown = fleet["workers"]
+        .as_array()
+        .and_then(|w| w.iter().find(|w| w["worker_id"] == "java-1"))
+        .unwrap_or_else(|| panic!("the Java worker is not shown: {fleet}"));
+    assert_eq!(
+        (&shown["alive"], &shown["has_heartbeat"], &shown["leases"]),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!(false),
+            &serde_json::json!(SHARDS)
+        ),
+        "{fleet}"
+    );
 
     // The Java worker stops renewing two leases: flotilla takes them after the
     // failover time as it saw the counters stand still, not before.
@@ -336,7 +365,11 @@ async fn only_stalled_leases_are_taken(rig: &Rig, table: Table, settings: Settin
             numbers.len(),
             "{key}: duplicates {numbers:?}"
         );
-        assert_eq!(distinct, (5..10 + long).collect(), "{key}: every later record");
+        assert_eq!(
+            distinct,
+            (5..10 + long).collect(),
+            "{key}: every later record"
+        );
     }
     // Renewed every failover / 3: at least twice per failover time, counted from the
     // row (the only place a renewal shows).
@@ -389,7 +422,10 @@ mod servers_tier {
     #[cfg(feature = "external-servers")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dynamodb_local() {
-        run(servers::external_endpoint("FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT")).await;
+        run(servers::external_endpoint(
+            "FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT",
+        ))
+        .await;
     }
 
     #[cfg(feature = "external-servers")]
