@@ -32,6 +32,10 @@
 //! the life's. Until that read succeeds the fenced write fails as the read did
 //! (retryable), never unfenced and never as "lease lost".
 //!
+//! Renewals stop while this worker's own heartbeat is unconfirmed past the fence time
+//! (it delivers nothing then, and its flotilla peers may take its leases), so a worker
+//! whose keeper stopped does not look alive to Java workers.
+//!
 //! A renewal refused (another owner, or the row gone) revokes the lease on the fencing
 //! board at once, before the keeper's next scan notices. Each confirmed renewal is
 //! recorded on the board ([`crate::fencing::Board::renewed`]), which under
@@ -143,8 +147,7 @@ impl Lives {
         self.lives.remove(key);
     }
 
-    /// The leases to renew, each with the fence to renew it under (`None`: unsure,
-    /// the row must be read first).
+    /// The leases to renew: every one held.
     pub fn due(&self) -> Vec<LeaseKey> {
         self.lives.keys().cloned().collect()
     }
@@ -301,8 +304,16 @@ impl Renewing {
             .clone()
     }
 
-    /// Renews every lease held, at once.
+    /// Renews every lease held, at once; nothing while this worker's heartbeat is not
+    /// confirmed within the fence time. Then it delivers nothing anyway, and its flotilla
+    /// peers may be taking its leases: renewing would only keep a stopped worker's
+    /// leases alive in Java workers' eyes (a keeper that stopped while this task runs on).
     pub async fn renew_all(&self) {
+        if let Some((fencing, _)) = self.core()
+            && fencing.lock().heartbeat_fresh(Instant::now()).is_err()
+        {
+            return;
+        }
         let keys = self.lives().due();
         join_all(keys.iter().map(|key| self.renew(key))).await;
     }
