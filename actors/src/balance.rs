@@ -37,6 +37,18 @@ pub struct Observations {
     seen: BTreeMap<WorkerId, Seen>,
     /// Leases with no live owner, since when this worker has seen them so.
     free_since: BTreeMap<LeaseKey, Instant>,
+    /// `lease.java_compat`: the counter of each lease whose owner has no heartbeat row (a
+    /// Java KCL worker), with when this worker saw it change. Empty while off.
+    lease_counters: BTreeMap<LeaseKey, CounterSeen>,
+    java_compat: bool,
+}
+
+/// A lease counter as this worker last saw it, and when it saw it change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CounterSeen {
+    owner: WorkerId,
+    counter: u64,
+    since: Instant,
 }
 
 /// One worker as this worker sees it, for status pages.
@@ -55,6 +67,88 @@ pub struct Peer {
 impl Observations {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Observations that judge owners with no heartbeat row by their lease counters, as
+    /// the Java KCL judges every owner (`lease.java_compat`).
+    pub fn with_java_compat(java_compat: bool) -> Self {
+        Self {
+            java_compat,
+            ..Self::default()
+        }
+    }
+
+    /// `lease.java_compat`: records the counters a scan shows on leases whose owner has
+    /// no heartbeat row (after [`Observations::observe`] of the same scan). Such an
+    /// owner is alive while one of its leases' counters moves, and each such lease is
+    /// live while its own counter moved within `failover_time` (see
+    /// [`Observations::lease_owner_alive`]). This is the Java KCL's rule
+    /// (`DynamoDBLeaseTaker.updateAllLeases`: a lease's `lastCounterIncrementNanos` is
+    /// the local time a scan first saw its current `leaseCounter`; `isExpired` once that
+    /// is older than `failoverTimeMillis`), timed on this worker's clock, never by
+    /// comparing clocks. Off, it does nothing: such owners are dead `failover_time`
+    /// after first seen, the cold-cutover behaviour.
+    pub fn observe_lease_counters(&mut self, leases: &[Lease], now: Instant) {
+        if !self.java_compat {
+            return;
+        }
+        let mut present: BTreeSet<&LeaseKey> = BTreeSet::new();
+        for lease in leases {
+            let Some(owner) = &lease.owner else { continue };
+            let Some(seen) = self.seen.get_mut(owner) else {
+                continue;
+            };
+            if seen.counter.is_some() {
+                // A flotilla worker: judged by its heartbeat row.
+                continue;
+            }
+            present.insert(&lease.key);
+            let moved = match self.lease_counters.get(&lease.key) {
+                Some(c) => c.owner != *owner || c.counter != lease.counter,
+                None => true,
+            };
+            if moved {
+                self.lease_counters.insert(
+                    lease.key.clone(),
+                    CounterSeen {
+                        owner: owner.clone(),
+                        counter: lease.counter,
+                        since: now,
+                    },
+                );
+                // A sign of life of the owner itself (first seen counts, as for a
+                // heartbeat first seen).
+                seen.since = seen.since.max(now);
+            }
+        }
+        self.lease_counters.retain(|key, _| present.contains(key));
+    }
+
+    /// Whether the lease's owner is alive for this lease: its owner is alive and, for
+    /// an owner judged by lease counters (`lease.java_compat`), this lease's counter
+    /// moved within `failover_time` (a Java worker whose renewal of one lease stalls
+    /// loses that lease, as it would to a Java peer). False for a lease with no owner.
+    pub fn lease_owner_alive(&self, lease: &Lease, now: Instant, failover_time: Duration) -> bool {
+        let Some(owner) = &lease.owner else {
+            return false;
+        };
+        if !self.is_alive(owner, now, failover_time) {
+            return false;
+        }
+        match self.lease_counters.get(&lease.key) {
+            Some(c) if c.owner == *owner => now.saturating_duration_since(c.since) < failover_time,
+            _ => true,
+        }
+    }
+
+    /// When the lease's owner will count as dead for it (see
+    /// [`Observations::lease_owner_alive`]) if nothing moves again.
+    pub fn lease_dead_at(&self, lease: &Lease, failover_time: Duration) -> Option<Instant> {
+        let owner = lease.owner.as_ref()?;
+        match self.lease_counters.get(&lease.key) {
+            Some(c) if c.owner == *owner => Some(c.since + failover_time),
+            _ => self.dead_at(owner, failover_time),
+        }
     }
 
     /// Records a scan: each heartbeat, and each lease owner (an owner with no heartbeat
@@ -111,10 +205,7 @@ impl Observations {
     pub fn observe_leases(&mut self, leases: &[Lease], now: Instant, failover_time: Duration) {
         let mut free: BTreeSet<&LeaseKey> = BTreeSet::new();
         for lease in leases {
-            let unowned = lease
-                .owner
-                .as_ref()
-                .is_none_or(|o| !self.is_alive(o, now, failover_time));
+            let unowned = !self.lease_owner_alive(lease, now, failover_time);
             if unowned && !lease.checkpoint.is_shard_end() {
                 free.insert(&lease.key);
                 self.free_since.entry(lease.key.clone()).or_insert(now);
@@ -438,7 +529,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
             Some(owner) => {
                 if let Some(held_by) = loads.get_mut(owner) {
                     held_by.push(lease);
-                } else if !obs.is_alive(owner, now, failover) {
+                } else if !obs.lease_owner_alive(lease, now, failover) {
                     free.push(lease);
                 } else if obs.is_draining(owner) {
                     from_draining.push(lease);
@@ -649,7 +740,7 @@ pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
         let owner_alive = lease
             .owner
             .as_ref()
-            .is_some_and(|o| o != me && obs.is_alive(o, now, failover));
+            .is_some_and(|o| o != me && obs.lease_owner_alive(lease, now, failover));
         if !owner_alive {
             let why = match &lease.owner {
                 None if lease.counter == 0 => Gain::New,
@@ -1132,6 +1223,102 @@ mod tests {
         obs.observe(&[], [&java], t0);
         assert!(obs.is_alive(&java, t0 + Duration::from_secs(5), FAILOVER));
         assert!(!obs.is_alive(&java, t0 + FAILOVER, FAILOVER));
+    }
+
+    /// `lease.java_compat`: owners with no heartbeat row judged by their lease counters
+    /// as the Java KCL judges them; owners with one as before; off, as before.
+    #[test]
+    fn java_owners_are_alive_while_their_lease_counters_move() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let me = WorkerId::new("me");
+        // (scans at these seconds with these counters of java's leases 0 and 1, and of
+        // flotilla worker b's lease 2, whose heartbeat stands still) → at the last scan,
+        // which leases a lone worker "me" takes.
+        struct Case {
+            name: &'static str,
+            compat: bool,
+            scans: &'static [(u64, u64, u64)],
+            taken: &'static [u64],
+        }
+        let cases = [
+            Case {
+                name: "both renewed every 3 s: nothing taken; b dead by heartbeat",
+                compat: true,
+                scans: &[
+                    (0, 1, 1),
+                    (3, 2, 2),
+                    (6, 3, 3),
+                    (9, 4, 4),
+                    (12, 5, 5),
+                    (15, 6, 6),
+                ],
+                taken: &[2],
+            },
+            Case {
+                name: "lease 1's renewal stalls: it alone is taken after failover_time",
+                compat: true,
+                scans: &[(0, 1, 1), (3, 2, 1), (6, 3, 1), (9, 4, 1), (10, 5, 1)],
+                taken: &[1, 2],
+            },
+            Case {
+                name: "a stall just short of failover_time: nothing of java's taken",
+                compat: true,
+                scans: &[(0, 1, 1), (9, 2, 2), (18, 3, 3)],
+                taken: &[2],
+            },
+            Case {
+                name: "java stops: both taken failover_time after the last move seen",
+                compat: true,
+                scans: &[(0, 1, 1), (5, 2, 2), (14, 2, 2), (15, 2, 2)],
+                taken: &[0, 1, 2],
+            },
+            Case {
+                name: "off: a heartbeat-less owner is dead failover_time after first seen",
+                compat: false,
+                scans: &[(0, 1, 1), (3, 2, 2), (6, 3, 3), (9, 4, 4), (10, 5, 5)],
+                taken: &[0, 1, 2],
+            },
+        ];
+        for case in cases {
+            let mut obs = Observations::with_java_compat(case.compat);
+            let mut leases = Vec::new();
+            let mut now = t0;
+            for &(s, c0, c1) in case.scans {
+                now = at(s);
+                leases = vec![
+                    lease(0, Some("java"), c0),
+                    lease(1, Some("java"), c1),
+                    lease(2, Some("b"), 1),
+                ];
+                obs.observe(
+                    &[hb("b", 1)],
+                    leases.iter().filter_map(|l| l.owner.as_ref()),
+                    now,
+                );
+                obs.observe_lease_counters(&leases, now);
+                obs.observe_leases(&leases, now, FAILOVER);
+            }
+            let d = run(&leases, &BTreeMap::new(), &obs, &me, now, &limits(0));
+            let want: Vec<&LeaseKey> = case
+                .taken
+                .iter()
+                .map(|&i| &leases[i as usize].key)
+                .collect();
+            let mut got = taken(&d);
+            got.sort();
+            assert_eq!(got, want, "{}", case.name);
+            for (i, l) in (0u64..).zip(&leases) {
+                let dead_at = obs.lease_dead_at(l, FAILOVER).expect("owned and seen");
+                assert_eq!(
+                    dead_at <= now,
+                    case.taken.contains(&i),
+                    "{}: lease_dead_at of {} agrees with the take",
+                    case.name,
+                    l.key
+                );
+            }
+        }
     }
 
     #[test]

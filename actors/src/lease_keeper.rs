@@ -182,10 +182,11 @@ impl Actor for LeaseKeeper {
         let _ = myself.cast(KeeperMsg::Tick);
         myself.send_interval(args.settings.lease.heartbeat_interval, || KeeperMsg::Tick);
         let delivered = args.delivered.load(Ordering::Relaxed);
+        let observations = Observations::with_java_compat(args.settings.lease.java_compat);
         Ok(KeeperState {
             args,
             held: BTreeMap::new(),
-            observations: Observations::new(),
+            observations,
             cooling: BTreeMap::new(),
             heartbeat_counter: 0,
             malformed: Vec::new(),
@@ -915,6 +916,7 @@ impl KeeperState {
             leases.iter().filter_map(|l| l.owner.as_ref()),
             now,
         );
+        self.observations.observe_lease_counters(&leases, now);
         self.observations
             .observe_leases(&leases, now, self.settings().failover_time);
         let decision = self.decide(&leases, now);
@@ -1081,9 +1083,8 @@ impl KeeperState {
         let dead_at = leases
             .iter()
             .filter(|l| !l.checkpoint.is_shard_end())
-            .filter_map(|l| l.owner.as_ref())
-            .filter(|o| **o != self.args.me)
-            .filter_map(|o| self.observations.dead_at(o, failover));
+            .filter(|l| l.owner.as_ref().is_some_and(|o| *o != self.args.me))
+            .filter_map(|l| self.observations.lease_dead_at(l, failover));
         let pending = self.deadline_scan.filter(|at| *at > now);
         self.deadline_scan = pending;
         let interval = self.settings().heartbeat_interval;

@@ -15,6 +15,9 @@
 
 //! * `balance`: which leases to take, ask for, hand over, and which are lost. Pure:
 //!   time is a parameter. `fleet_sim` runs whole fleets on it, round by round.
+//! * `renewal`: `lease.java_compat`'s renewals, a wrapper of the lease table that bumps
+//!   held leases' counters for Java KCL workers while everything above keeps the
+//!   counter it took the lease with (`Lives`: the pure bookkeeping).
 //! * `settings`: every tunable with its default and its validation, and
 //!   [`Settings::load`] (defaults, a TOML file, `FLOTILLA__…` variables).
 //! * `protocol`: every message the actors exchange, the reasons that travel with them,
@@ -60,6 +63,7 @@ pub mod oracle;
 mod processor;
 mod prometheus;
 mod protocol;
+mod renewal;
 pub mod settings;
 mod shard_reader;
 mod spans;

@@ -52,7 +52,7 @@ pub struct MetricsSnapshot {
     pub histograms: Vec<HistogramSnapshot>,
 }
 
-const METRIC_COUNT: usize = 30;
+const METRIC_COUNT: usize = 31;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -113,6 +113,9 @@ pub enum Metric {
     /// Milliseconds from a batch's first record's approximate arrival in the stream (its
     /// put) to the batch's delivery to the processor.
     PutToDeliveryTime,
+    /// `lease.java_compat`: lease renewals written (one per held lease every
+    /// `failover_time / 3`), the write cost of running beside a Java KCL fleet.
+    LeaseRenewals,
 }
 
 /// How a metric's running figure for the status snapshot is formed.
@@ -166,6 +169,7 @@ impl Metric {
         Metric::GetRecordsTime,
         Metric::CheckpointWriteTime,
         Metric::PutToDeliveryTime,
+        Metric::LeaseRenewals,
     ];
 
     /// The CloudWatch metric name.
@@ -201,6 +205,7 @@ impl Metric {
             Metric::GetRecordsTime => "GetRecordsTime",
             Metric::CheckpointWriteTime => "CheckpointWriteTime",
             Metric::PutToDeliveryTime => "PutToDeliveryTime",
+            Metric::LeaseRenewals => "LeaseRenewals",
         }
     }
 
@@ -243,6 +248,10 @@ impl Metric {
             Metric::StreamSetErrors => "Answers of the stream-set source that failed.",
             Metric::StreamsFormer => "Streams that left the set whose rows are not deleted yet.",
             Metric::StreamsUnresolved => "Streams of the set that could not be described.",
+            Metric::LeaseRenewals => {
+                "Lease renewals written under lease.java_compat (one per held lease every \
+                 failover_time / 3)."
+            }
             Metric::GetRecordsTime => {
                 "Time GetRecords calls took, in milliseconds (a sample per call; polling \
                  only)."
@@ -324,7 +333,8 @@ impl Metric {
             | Metric::TrimmedCheckpoints
             | Metric::StreamSetErrors
             | Metric::StreamsFormer
-            | Metric::StreamsUnresolved => Unit::Count,
+            | Metric::StreamsUnresolved
+            | Metric::LeaseRenewals => Unit::Count,
         }
     }
 

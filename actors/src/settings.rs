@@ -177,6 +177,13 @@ pub struct LeaseSettings {
     /// (floor or ceil of leases / workers) to even out throughput. Past it, counts are
     /// evened first, as in count-only balance.
     pub balance_count_slack: u32,
+    /// Live migration beside a running Java KCL fleet (ARCHITECTURE.md, "Java KCL
+    /// workers"): an owner with no heartbeat row is alive while the counters of its
+    /// leases move (the KCL's own rule), and this worker bumps the counter of each lease
+    /// it holds every `failover_time / 3` so Java workers see its leases alive. Costs one
+    /// write per held lease per renewal while on. Off: owners without a heartbeat row
+    /// are dead after `failover_time`, and nothing is renewed (a cold cutover).
+    pub java_compat: bool,
 }
 
 /// What lease balance evens out across the fleet.
@@ -209,6 +216,7 @@ impl Default for LeaseSettings {
             balance_threshold_percent: 10,
             balance_dampening_percent: 60,
             balance_count_slack: 2,
+            java_compat: false,
         }
     }
 }

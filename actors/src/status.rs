@@ -241,10 +241,8 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     sorted.sort_by(|a, b| a.key.cmp(&b.key));
     for lease in sorted {
         let shard = lease.key.shard_id();
-        let owner_alive = lease
-            .owner
-            .as_ref()
-            .is_some_and(|o| obs.is_alive(o, now, failover));
+        // A lease a live Java worker renews (`lease.java_compat`) is held, not a stall.
+        let owner_alive = obs.lease_owner_alive(lease, now, failover);
         let reason = orphans.get(&lease.key).cloned();
         let state = if lease.checkpoint.is_shard_end() {
             FleetLeaseState::Finished

@@ -55,6 +55,9 @@ pub(crate) struct WorkerContext {
     /// Where a changing stream set comes from (`None`: it is fixed).
     pub set_source: Option<crate::stream_set::StreamSet>,
     pub table: Arc<dyn LeaseTable>,
+    /// `lease.java_compat`: `table` is this wrapper, which renews held leases; each
+    /// core attaches its fencing board and telemetry to it.
+    pub renewing: Option<Arc<crate::renewal::Renewing>>,
     pub metrics_sink: Arc<dyn MetricsSink>,
     pub settings: Arc<Settings>,
     pub processor: ProcessorSource,
@@ -167,6 +170,9 @@ impl Actor for Supervisor {
         ctx: Arc<WorkerContext>,
     ) -> Result<SupervisorState, ActorProcessingErr> {
         let fencing = Fencing::new(ctx.settings.lease.fence_time());
+        if ctx.settings.lease.java_compat {
+            fencing.lock().require_renewals();
+        }
         let core = spawn_core(&myself, &ctx, &fencing).await?;
         let status_server = spawn_status_server(&myself, &ctx).await?;
         let supervision = &ctx.settings.supervision;
@@ -428,6 +434,9 @@ async fn spawn_core(
     )
     .await?;
     let telemetry = Telemetry::new(metrics.clone());
+    if let Some(renewing) = &ctx.renewing {
+        renewing.attach(fencing.clone(), telemetry.clone());
+    }
     let rows: crate::status::RowsBoard = Arc::new(tokio::sync::watch::channel(None).0);
     let (keeper, _) = Actor::spawn_linked(
         None,

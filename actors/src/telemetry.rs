@@ -14,7 +14,7 @@ use std::time::Duration;
 use ractor::ActorRef;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{CallFailure, ChildShard, Classified};
+use crate::backend::{CallFailure, ChildShard, Classified, LeaseError};
 use crate::balance::Gain;
 use crate::fencing::FenceReason;
 pub(crate) use crate::metrics::{Metric, Sample};
@@ -112,6 +112,67 @@ impl<E: Classified + Display> Event for CallFailed<'_, E> {
             Some(shard) => Sample::shard(metric, shard, 1.0),
             None => Sample::new(metric, 1.0),
         }]
+    }
+}
+
+/// `lease.java_compat`: a held lease was renewed (its counter bumped) so Java workers
+/// see it alive. Counted: the write cost of running beside a Java fleet.
+pub(crate) struct LeaseRenewed<'a> {
+    pub key: &'a LeaseKey,
+    /// The row's counter now (flotilla's own fence stays the one the lease was taken with).
+    pub counter: u64,
+}
+
+impl Event for LeaseRenewed<'_> {
+    fn log(&self) {
+        debug!(message = "Lease renewed.", lease_key = %self.key, counter = self.counter);
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::new(Metric::LeaseRenewals, 1.0)]
+    }
+}
+
+/// `lease.java_compat`: a renewal was refused, or a lost renewal's row showed another
+/// owner: the lease is revoked on the fencing board at once; the keeper's next scan
+/// counts it lost.
+pub(crate) struct LeaseRenewalRefused<'a> {
+    pub key: &'a LeaseKey,
+    pub owner: Option<&'a WorkerId>,
+}
+
+impl Event for LeaseRenewalRefused<'_> {
+    fn log(&self) {
+        warn!(
+            message = "Lease renewal refused: the lease has another owner; delivery stops.",
+            lease_key = %self.key,
+            owner = self.owner.map(|o| o.as_str()),
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        Vec::new()
+    }
+}
+
+/// `lease.java_compat`: a renewal failed or went unanswered (it may have landed: the
+/// row is read before the lease's next write).
+pub(crate) struct LeaseRenewalFailed<'a> {
+    pub key: &'a LeaseKey,
+    pub error: &'a LeaseError,
+}
+
+impl Event for LeaseRenewalFailed<'_> {
+    fn log(&self) {
+        warn!(message = "Lease renewal failed.", lease_key = %self.key, error = %self.error);
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(
+            Metric::failed_call(self.error),
+            self.key,
+            1.0,
+        )]
     }
 }
 

@@ -489,6 +489,19 @@ impl WorkerBuilder {
         } else {
             stream
         };
+        // `lease.java_compat`: renew held leases as the Java KCL does, every
+        // failover_time / 3 (its renewer's interval), behind the table port.
+        let renewing = settings.lease.java_compat.then(|| {
+            crate::renewal::Renewing::start(
+                table.clone(),
+                me.clone(),
+                settings.lease.failover_time / 3,
+            )
+        });
+        let table: Arc<dyn LeaseTable> = match &renewing {
+            Some(renewing) => renewing.clone(),
+            None => table,
+        };
         let fatal = Arc::new(Mutex::new(None));
         let shutdown_timeout = settings.supervision.shutdown_timeout;
         let drain_limit = settings.drain_limit();
@@ -509,6 +522,7 @@ impl WorkerBuilder {
             ),
             set_source,
             table,
+            renewing,
             metrics_sink: backend.metrics.clone(),
             settings: Arc::new(settings),
             processor,

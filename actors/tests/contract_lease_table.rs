@@ -478,6 +478,42 @@ mod cases {
         );
     }
 
+    /// `lease.java_compat`'s renewal, as the Java KCL's `renewLease`: the counter + 1,
+    /// conditional on owner and counter, nothing else touched.
+    pub async fn renew_bumps_only_the_counter_and_is_fenced(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(5);
+        table.create_if_absent(&lease).await.unwrap();
+        table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        table
+            .checkpoint(&lease.key, &owned(&me(), 1), &seq(7), &[])
+            .await
+            .unwrap();
+        table
+            .request_handoff(&lease.key, &owned(&me(), 1), &other())
+            .await
+            .unwrap();
+        assert_eq!(table.renew(&lease.key, &owned(&me(), 1)).await.unwrap(), 2);
+        assert_eq!(table.renew(&lease.key, &owned(&me(), 2)).await.unwrap(), 3);
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(
+            (got.owner, got.counter, got.checkpoint, got.handoff_to),
+            (Some(me()), 3, seq(7), Some(other()))
+        );
+        match table.renew(&lease.key, &owned(&me(), 2)).await {
+            Err(LeaseError::ConditionFailed { owner, counter, .. }) => {
+                assert_eq!((owner, counter), (Some(me()), Some(3)))
+            }
+            other => panic!("a stale renewal: {other:?}"),
+        }
+        assert!(matches!(
+            table.renew(&lease.key, &owned(&other(), 3)).await,
+            Err(LeaseError::ConditionFailed { .. })
+        ));
+        let ghost = new_lease(6).key;
+        assert!(table.renew(&ghost, &owned(&me(), 1)).await.is_err());
+    }
+
     pub async fn release_clears_the_owner_and_bumps_the_counter(env: Env) {
         let table = env.fresh().await;
         let lease = new_lease(4);
@@ -1126,6 +1162,7 @@ macro_rules! suite {
                 take_expired_holds_only_while_the_owners_heartbeat_stands_still,
                 concurrent_takes_have_exactly_one_winner,
                 release_clears_the_owner_and_bumps_the_counter,
+                renew_bumps_only_the_counter_and_is_fenced,
                 checkpoint_is_fenced_and_keeps_the_counter,
                 checkpoint_leaves_foreign_attributes_and_clears_pending,
                 delete_is_fenced,

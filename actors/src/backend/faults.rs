@@ -717,6 +717,14 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run("release", self.inner.release(key, expected)))
     }
 
+    fn renew<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.run("renew", self.inner.renew(key, expected)))
+    }
+
     fn checkpoint<'a>(
         &'a self,
         key: &'a LeaseKey,

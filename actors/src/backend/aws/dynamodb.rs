@@ -1219,6 +1219,17 @@ impl DynamoLeaseTable {
         self.update_counter(key, &p, update, condition).await
     }
 
+    /// The Java KCL's renewal (`DynamoDBLeaseRefresher.renewLease`): the counter + 1,
+    /// conditional on owner and counter.
+    async fn renew_lease(&self, key: &LeaseKey, fence: &Fence) -> Result<u64, LeaseError> {
+        let mut p = Placeholders::default();
+        let condition = p.fence(fence);
+        let counter = p.name(attr::LEASE_COUNTER);
+        let one = p.value("one", number(1));
+        let update = format!("SET {counter} = {counter} + {one}");
+        self.update_counter(key, &p, update, condition).await
+    }
+
     async fn write_checkpoint(
         &self,
         key: &LeaseKey,
@@ -1771,6 +1782,14 @@ impl LeaseTable for DynamoLeaseTable {
         expected: &'a Fence,
     ) -> BoxFuture<'a, Result<u64, LeaseError>> {
         Box::pin(self.release_lease(key, expected))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(self.renew_lease(key, expected))
     }
 
     fn checkpoint<'a>(

@@ -573,6 +573,19 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
+    fn renew<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                set_counter(row, expected.counter + 1);
+                Ok(expected.counter + 1)
+            })
+        })
+    }
+
     fn request_handoff<'a>(
         &'a self,
         key: &'a LeaseKey,
