@@ -283,7 +283,7 @@ impl Actor for ProcessorHost {
                     .await
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
-            ProcessorMsg::Process(batch, checkpointer) => {
+            ProcessorMsg::Process(mut batch, checkpointer) => {
                 // Batches already queued here when the worker fenced itself wait too:
                 // another worker may take the lease once the failover time passes.
                 // Blocking the mailbox is the point. A revoked lease (the keeper found
@@ -318,6 +318,7 @@ impl Actor for ProcessorHost {
                 if crate::mutants::active(crate::mutants::Mutant::CheckpointBeforeProcessed) {
                     checkpointer.ack_batch(&batch);
                 }
+                batch.delivered_at = tokio::time::Instant::now().into_std();
                 state
                     .processor
                     .0
@@ -405,11 +406,17 @@ mod tests {
             data: bytes::Bytes::from_static(b"x"),
             approximate_arrival: None,
         };
+        let now = tokio::time::Instant::now().into_std();
         Batch {
             shard: shard.clone(),
             id: BatchId(id),
             records: Arc::from(vec![record]),
             millis_behind_latest: None,
+            fetched_at: now,
+            delivered_at: now,
+            at_shard_end: false,
+            child_shards: Arc::from(Vec::new()),
+            _empty_slot: None,
         }
     }
 

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use ractor::{ActorRef, RpcReplyPort};
 
@@ -30,12 +31,30 @@ pub struct ShardInfo {
 
 /// Records fetched by one GetRecords call (de-aggregated), in sequence order. Cheap to
 /// clone: the records are shared, not copied.
+///
+/// Empty only with `reader.call_on_empty`: a read that brought nothing (the Java KCL's
+/// `callProcessRecordsEvenForEmptyRecordList`). An empty batch has nothing to ack and
+/// never moves a checkpoint; acking it is a no-op.
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub(crate) shard: ShardId,
     pub(crate) id: BatchId,
     pub(crate) records: Arc<[Record]>,
     pub(crate) millis_behind_latest: Option<u64>,
+    /// When the read that brought the records answered (the KCL's `cacheEntryTime`).
+    pub(crate) fetched_at: Instant,
+    /// When the processor was handed the batch (the KCL's `cacheExitTime`): set by the
+    /// reader when it sends the batch, and again by the processor host right before
+    /// `process`, so the time between includes the wait behind earlier batches.
+    pub(crate) delivered_at: Instant,
+    /// The read that brought these records said the shard has ended; `child_shards` are
+    /// the children it named (empty if it named none).
+    pub(crate) at_shard_end: bool,
+    pub(crate) child_shards: Arc<[ShardId]>,
+    /// An empty batch holds this (for its drop) while it is on its way to the processor: the reader
+    /// sends no other empty one until it is dropped, so a busy processor's mailbox holds
+    /// at most one. `None` for batches with records.
+    pub(crate) _empty_slot: Option<Arc<()>>,
 }
 
 impl Batch {
@@ -55,9 +74,36 @@ impl Batch {
         self.records.is_empty()
     }
 
-    /// How far behind the tip of the shard this batch was when fetched.
+    /// How far behind the tip of the shard this batch was when fetched (also on an
+    /// empty batch: 0 there means the shard is caught up).
     pub fn millis_behind_latest(&self) -> Option<u64> {
         self.millis_behind_latest
+    }
+
+    /// When the read that brought this batch answered (the Java KCL's
+    /// `ProcessRecordsInput.cacheEntryTime`). From tokio's clock, so it follows paused
+    /// time in tests.
+    pub fn fetched_at(&self) -> Instant {
+        self.fetched_at
+    }
+
+    /// When the batch was handed to `process` (the KCL's `cacheExitTime`);
+    /// `delivered_at - fetched_at` is how long it waited behind earlier batches.
+    pub fn delivered_at(&self) -> Instant {
+        self.delivered_at
+    }
+
+    /// The read that brought this batch also said the shard has ended (the KCL's
+    /// `isAtShardEnd`): no batch follows, `shard_ended` comes next. A shard whose end
+    /// comes with a read of no records only says so here with `reader.call_on_empty`;
+    /// `shard_ended` is called either way.
+    pub fn is_at_shard_end(&self) -> bool {
+        self.at_shard_end
+    }
+
+    /// At shard end, the children the ending read named (the KCL's `childShards`).
+    pub fn child_shards(&self) -> &[ShardId] {
+        &self.child_shards
     }
 
     /// The token that acks record `index` of this batch (watermark mode).
@@ -169,9 +215,11 @@ impl Checkpointer {
         }
     }
 
-    /// Acks every record of a batch.
+    /// Acks every record of a batch (nothing for an empty one).
     pub fn ack_batch(&self, batch: &Batch) {
-        let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+        if !batch.is_empty() {
+            let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+        }
     }
 
     /// Marks everything up to and including `at` as processed (manual mode). The write

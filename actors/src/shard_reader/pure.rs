@@ -317,6 +317,15 @@ pub(crate) fn after_ack(phase: Phase, window_full: bool) -> AfterAck {
     }
 }
 
+/// Whether a read that kept no records becomes an empty call to the processor: only when
+/// `reader.call_on_empty` asks for it (the KCL's
+/// `callProcessRecordsEvenForEmptyRecordList`), and not while the last empty call is
+/// still waiting for the processor, so a slow processor's mailbox holds at most one and
+/// its calls do not pile up behind a long `process`.
+pub(crate) fn call_on_empty(enabled: bool, empty_call_waiting: bool) -> bool {
+    enabled && !empty_call_waiting
+}
+
 /// A drained shard ends (`shard_ended` to the processor) once every record is acked.
 pub(crate) fn ready_to_end(phase: Phase, window_empty: bool) -> bool {
     phase == Phase::Draining && window_empty
@@ -748,6 +757,20 @@ mod tests {
                     "{phase:?} {stalled}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn an_empty_read_is_a_call_only_when_asked_and_none_is_waiting() {
+        // (reader.call_on_empty, an empty call still waiting) -> call
+        let table = [
+            ((false, false), false),
+            ((false, true), false),
+            ((true, false), true),
+            ((true, true), false),
+        ];
+        for ((enabled, waiting), want) in table {
+            assert_eq!(call_on_empty(enabled, waiting), want, "{enabled} {waiting}");
         }
     }
 
