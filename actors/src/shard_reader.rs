@@ -312,6 +312,12 @@ impl Actor for ShardReader {
             ReaderMsg::Flush(reply) => {
                 let _ = reply.send(state.flush().await);
             }
+            ReaderMsg::Prepare(at, app_state, reply) => {
+                let _ = reply.send(state.prepare_checkpoint(at, app_state).await);
+            }
+            ReaderMsg::Commit(at, reply) => {
+                let _ = reply.send(state.commit_prepared(at).await);
+            }
             ReaderMsg::LeaseLost => state.lease_lost(&myself),
             ReaderMsg::Shutdown(reply) => state.shutdown(&myself, reply),
             ReaderMsg::ProcessorDone(result) => state.processor_done(&myself, result).await?,
@@ -491,6 +497,8 @@ impl ReaderState {
             parents: lease.parent_shard_ids.clone(),
             hash_range: lease.hash_range,
             starting_at: lease.checkpoint.clone(),
+            pending_checkpoint: lease.pending_checkpoint.clone(),
+            pending_checkpoint_state: lease.pending_checkpoint_state.clone(),
         };
         self.start_position = Some(position);
         self.skip_through = skip;
@@ -1347,19 +1355,97 @@ impl ReaderState {
                 self.send_advance(at);
                 Ok(())
             }
-            Err(Refusal::LeaseLost) => Err(CheckpointError::LeaseLost {
-                shard: self.shard.clone(),
-            }),
-            Err(Refusal::BeyondDelivered) => Err(CheckpointError::BeyondDelivered {
-                shard: self.shard.clone(),
-                requested: at,
+            Err(refusal) => Err(self.refused(refusal, at)),
+        }
+    }
+
+    /// The error a processor is given for a refused checkpoint.
+    fn refused(&self, refusal: Refusal, requested: ExtendedSequenceNumber) -> CheckpointError {
+        let shard = self.shard.clone();
+        match refusal {
+            Refusal::LeaseLost => CheckpointError::LeaseLost { shard },
+            Refusal::BeyondDelivered => CheckpointError::BeyondDelivered {
+                shard,
+                requested,
                 last: self
                     .last_delivered
                     .as_ref()
                     .map(|l| l.to_string())
                     .unwrap_or_else(|| "none".to_owned()),
-            }),
+            },
+            Refusal::BeforeCheckpoint => CheckpointError::BeforeCheckpoint {
+                shard,
+                requested,
+                checkpoint: self
+                    .checkpoint
+                    .as_ref()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "none".to_owned()),
+            },
+            Refusal::NotManual => CheckpointError::PrepareNeedsManualMode {
+                shard,
+                mode: self.mode,
+            },
         }
+    }
+
+    /// Writes a prepared checkpoint ([`CheckpointMsg::Prepare`]) once the rules allow it.
+    async fn prepare_checkpoint(
+        &mut self,
+        at: ExtendedSequenceNumber,
+        state: Option<Vec<u8>>,
+    ) -> Result<(), CheckpointError> {
+        if let Err(refusal) = pure::prepare_checkpoint(
+            self.mode,
+            self.phase,
+            &at,
+            self.last_delivered.as_ref(),
+            self.checkpoint.as_ref(),
+        ) {
+            return Err(self.refused(refusal, at));
+        }
+        let (key, fence) = (self.key.clone(), self.fence.clone());
+        ractor::call_t!(
+            self.args.writer,
+            |reply| CheckpointMsg::Prepare {
+                key,
+                fence,
+                at,
+                state,
+                reply
+            },
+            WRITER_TIMEOUT_MS
+        )
+        .map_err(|e| CheckpointError::NotWritten {
+            shard: self.shard.clone(),
+            why: e.to_string(),
+        })?
+    }
+
+    /// Commits a prepared checkpoint ([`CheckpointMsg::Commit`]).
+    async fn commit_prepared(&mut self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
+        if let Err(refusal) = pure::manual_checkpoint(self.phase, &at, self.last_delivered.as_ref())
+        {
+            return Err(self.refused(refusal, at));
+        }
+        if !matches!(&self.checkpoint, Some(Checkpoint::At(done)) if *done >= at) {
+            self.checkpoint = Some(Checkpoint::At(at.clone()));
+        }
+        let (key, fence) = (self.key.clone(), self.fence.clone());
+        ractor::call_t!(
+            self.args.writer,
+            |reply| CheckpointMsg::Commit {
+                key,
+                fence,
+                at,
+                reply
+            },
+            WRITER_TIMEOUT_MS
+        )
+        .map_err(|e| CheckpointError::NotWritten {
+            shard: self.shard.clone(),
+            why: e.to_string(),
+        })?
     }
 
     async fn flush(&self) -> Result<(), CheckpointError> {

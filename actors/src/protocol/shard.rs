@@ -27,6 +27,16 @@ pub struct ShardInfo {
     pub hash_range: Option<HashKeyRange>,
     /// Where reading starts: the last checkpoint, or the initial position.
     pub starting_at: Checkpoint,
+    /// A prepared (two-phase) checkpoint left in the lease row and not committed: the
+    /// last owner (flotilla's `prepare_checkpoint`, or the Java KCL's
+    /// `prepareCheckpoint`) may have applied side effects up to it. Reading starts at
+    /// `starting_at` all the same; reconciling is the processor's (the KCL's
+    /// `InitializationInput.pendingCheckpointSequenceNumber`). Cleared by the next
+    /// checkpoint written.
+    pub pending_checkpoint: Option<ExtendedSequenceNumber>,
+    /// The application state prepared with it (`pendingCheckpointState`; the KCL's
+    /// `InitializationInput.pendingCheckpointState`).
+    pub pending_checkpoint_state: Option<Vec<u8>>,
 }
 
 /// Records fetched by one GetRecords call (de-aggregated), in sequence order. Cheap to
@@ -151,6 +161,18 @@ pub enum CheckpointError {
     /// The shard's reader is gone (the shard ended, the worker is stopping).
     #[error("shard {shard}: the reader has stopped")]
     ReaderGone { shard: ShardId },
+    /// A prepared checkpoint before the last checkpoint would move the shard back (the
+    /// KCL refuses one outside "the last checkpoint .. the last record delivered" too).
+    #[error("shard {shard}: cannot prepare {requested}, the checkpoint is already at {checkpoint}")]
+    BeforeCheckpoint {
+        shard: ShardId,
+        requested: ExtendedSequenceNumber,
+        checkpoint: String,
+    },
+    /// Prepared checkpoints need `checkpoint.mode = "manual"`: in the other modes the
+    /// reader checkpoints by itself, and each of its writes would remove the prepared one.
+    #[error("shard {shard}: prepare_checkpoint needs checkpoint.mode = \"manual\" (it is {mode:?})")]
+    PrepareNeedsManualMode { shard: ShardId, mode: CheckpointMode },
 }
 
 /// Acks and checkpoints for one shard. Cheap to clone and `Send`: hand it to tasks.
@@ -252,6 +274,66 @@ impl Checkpointer {
         let shard = self.shard.clone();
         ractor::call_t!(self.reader, ReaderMsg::Flush, CALL_TIMEOUT_MS)
             .map_err(|_| CheckpointError::ReaderGone { shard })?
+    }
+
+    /// The first phase of a two-phase checkpoint (manual mode; the Java KCL's
+    /// `prepareCheckpoint`): records `at`, with the application's `state`, as the shard's
+    /// pending checkpoint in its lease row, beside the committed one, and returns once it
+    /// is written. Then apply the side effects up to `at` and call
+    /// [`PreparedCheckpoint::checkpoint`]. If the worker fails in between, the next owner
+    /// sees both positions and the state in [`ShardInfo`] and can reconcile.
+    ///
+    /// The write is fenced like every checkpoint. Refused: a position past the last
+    /// record delivered or before the last checkpoint, and in the modes that checkpoint
+    /// by themselves. The shard's coalesced checkpoint is written first; any later
+    /// checkpoint (a plain one too) removes the prepared one, as in the KCL.
+    pub async fn prepare_checkpoint(
+        &self,
+        at: ExtendedSequenceNumber,
+        state: Option<Vec<u8>>,
+    ) -> Result<PreparedCheckpoint, CheckpointError> {
+        let shard = self.shard.clone();
+        ractor::call_t!(
+            self.reader,
+            ReaderMsg::Prepare,
+            CALL_TIMEOUT_MS,
+            at.clone(),
+            state
+        )
+        .map_err(|_| CheckpointError::ReaderGone { shard })??;
+        Ok(PreparedCheckpoint {
+            checkpointer: self.clone(),
+            at,
+        })
+    }
+}
+
+/// A pending checkpoint written by [`Checkpointer::prepare_checkpoint`] (the KCL's
+/// `PreparedCheckpointer`).
+#[derive(Debug, Clone)]
+pub struct PreparedCheckpoint {
+    checkpointer: Checkpointer,
+    at: ExtendedSequenceNumber,
+}
+
+impl PreparedCheckpoint {
+    /// The prepared position.
+    pub fn position(&self) -> &ExtendedSequenceNumber {
+        &self.at
+    }
+
+    /// The second phase: writes the prepared position as the shard's checkpoint and
+    /// removes the pending one and its state, in one fenced write, and returns once it
+    /// is written. A checkpoint already written at or past it has done both.
+    pub async fn checkpoint(self) -> Result<(), CheckpointError> {
+        let shard = self.checkpointer.shard.clone();
+        ractor::call_t!(
+            self.checkpointer.reader,
+            ReaderMsg::Commit,
+            CALL_TIMEOUT_MS,
+            self.at
+        )
+        .map_err(|_| CheckpointError::ReaderGone { shard })?
     }
 }
 

@@ -18,6 +18,7 @@ use crate::model::{
     AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, SequenceNumber,
     Watermark,
 };
+use crate::settings::CheckpointMode;
 use crate::status::ShardState;
 
 /// Transient GetRecords failures in a row after which the iterator is replaced.
@@ -368,6 +369,10 @@ pub(crate) enum Refusal {
     /// Past the last record delivered (or nothing delivered yet): a restart would skip
     /// records.
     BeyondDelivered,
+    /// A prepared checkpoint before the last checkpoint.
+    BeforeCheckpoint,
+    /// A prepared checkpoint outside manual mode.
+    NotManual,
 }
 
 pub(crate) fn manual_checkpoint(
@@ -381,6 +386,29 @@ pub(crate) fn manual_checkpoint(
     match last_delivered {
         Some(last) if at <= last => Ok(()),
         _ => Err(Refusal::BeyondDelivered),
+    }
+}
+
+/// Whether a prepared (two-phase) checkpoint at `at` may be written: only in manual
+/// mode (the other modes checkpoint by themselves, and each write removes a prepared
+/// checkpoint), within what a manual checkpoint may name, and not before the last
+/// checkpoint (`checkpoint`: the last one sent to the writer or read from the row), as
+/// the KCL's `ShardRecordProcessorCheckpointer.prepareCheckpoint` refuses.
+pub(crate) fn prepare_checkpoint(
+    mode: CheckpointMode,
+    phase: Phase,
+    at: &ExtendedSequenceNumber,
+    last_delivered: Option<&ExtendedSequenceNumber>,
+    checkpoint: Option<&Checkpoint>,
+) -> Result<(), Refusal> {
+    match mode {
+        CheckpointMode::Manual => {}
+        CheckpointMode::Auto | CheckpointMode::Watermark => return Err(Refusal::NotManual),
+    }
+    manual_checkpoint(phase, at, last_delivered)?;
+    match checkpoint {
+        Some(Checkpoint::At(done)) if at < done => Err(Refusal::BeforeCheckpoint),
+        _ => Ok(()),
     }
 }
 
