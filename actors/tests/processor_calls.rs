@@ -1,6 +1,7 @@
 //! What a processor is handed beside its records, on the memory backend in paused time:
 //! empty calls on an idle shard (`reader.call_on_empty`), when a batch was fetched and
-//! delivered, and the shard's end with its children on the last batch.
+//! delivered, the shard's end with its children on the last batch, and two-phase
+//! checkpoints (a prepared position and state shown to the next owner).
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -11,8 +12,12 @@ use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::LeaseTable;
-use flotilla_actors::model::{Checkpoint, LeaseKey, ShardId};
-use flotilla_actors::{Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, Worker};
+use flotilla_actors::model::{
+    Checkpoint, ExtendedSequenceNumber, LeaseKey, SequenceNumber, ShardId,
+};
+use flotilla_actors::{
+    Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, Record, ShardInfo, Worker,
+};
 use support::probe::{Producer, fast_settings, wait_until};
 use support::rig::{APP, Rig, STREAM};
 
@@ -257,4 +262,199 @@ async fn the_last_batch_of_a_split_shard_names_its_children() {
     );
     assert_eq!(of_parent.iter().map(|c| c.records).sum::<usize>(), 20);
     worker.abort();
+}
+
+/// What a two-phase processor saw and was answered.
+#[derive(Debug, Default)]
+struct TwoPhaseLog {
+    infos: Vec<ShardInfo>,
+    answers: Vec<String>,
+    prepared: bool,
+    /// Where the next owner committed.
+    committed: Option<ExtendedSequenceNumber>,
+}
+
+/// Manual mode. The first worker's processor (`first`) checkpoints each batch and, at
+/// the batch holding record `key-0:54`, only prepares a checkpoint at that record, with
+/// state, and stops there (the test then kills its worker). The next owner's
+/// processor checks the refusals, then prepares at its first batch's last record and
+/// commits it.
+struct TwoPhase {
+    first: bool,
+    log: Arc<Mutex<TwoPhaseLog>>,
+}
+
+impl Processor for TwoPhase {
+    async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
+        self.log.lock().unwrap().infos.push(shard.clone());
+        Ok(())
+    }
+
+    async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        let Some(last) = batch.records().last() else {
+            return Ok(());
+        };
+        let position = |r: &Record| ExtendedSequenceNumber::new(r.sequence_number.clone(), 0);
+        if self.first {
+            if self.log.lock().unwrap().prepared {
+                return Ok(());
+            }
+            match batch.records().iter().find(|r| &r.data[..] == b"key-0:54") {
+                Some(at54) => {
+                    cp.prepare_checkpoint(position(at54), Some(b"state-54".to_vec()))
+                        .await?;
+                    self.log.lock().unwrap().prepared = true;
+                }
+                None => {
+                    cp.checkpoint_batch(batch).await?;
+                    cp.flush().await?;
+                }
+            }
+            return Ok(());
+        }
+        if self.log.lock().unwrap().committed.is_some() {
+            return Ok(());
+        }
+        let beyond = ExtendedSequenceNumber::new(SequenceNumber::parse(&"9".repeat(60))?, 0);
+        let refusals = [
+            cp.prepare_checkpoint(beyond, None).await.err(),
+            // Before the checkpoint the last owner committed (and within what was
+            // delivered).
+            cp.prepare_checkpoint(ExtendedSequenceNumber::new(SequenceNumber::parse("1")?, 0), None)
+                .await
+                .err(),
+        ];
+        let prepared = cp
+            .prepare_checkpoint(position(last), Some(b"state-b".to_vec()))
+            .await?;
+        prepared.checkpoint().await?;
+        let mut log = self.log.lock().unwrap();
+        log.answers.extend(refusals.iter().map(|r| format!("{r:?}")));
+        log.committed = Some(position(last));
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prepared_checkpoint_and_its_state_reach_the_next_owner() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 1, 100).await;
+    let mut settings = fast_settings(STREAM, APP);
+    settings.checkpoint.mode = CheckpointMode::Manual;
+    settings.reader.max_records = 10;
+    let log = Arc::new(Mutex::new(TwoPhaseLog::default()));
+    let start = |first: bool| {
+        let log = log.clone();
+        Worker::builder()
+            .settings(settings.clone())
+            .backend(rig.backend())
+            .processor(move |_| TwoPhase {
+                first,
+                log: log.clone(),
+            })
+            .start()
+    };
+    let worker = start(true).await.unwrap();
+    let l = log.clone();
+    wait_until(
+        "the prepare",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || l.lock().unwrap().prepared,
+    )
+    .await;
+    worker.abort();
+
+    let shard = rig.shards().await[0].id.clone();
+    let all = rig.records(&shard).await;
+    let at = |data: &str| {
+        let r = all.iter().find(|r| &r.data[..] == data.as_bytes()).unwrap();
+        ExtendedSequenceNumber::new(r.sequence_number.clone(), 0)
+    };
+    let row = rig.lease_of(&shard).await;
+    assert_eq!(row.checkpoint, Checkpoint::At(at("key-0:49")));
+    assert_eq!(row.pending_checkpoint, Some(at("key-0:54")));
+    assert_eq!(row.pending_checkpoint_state, Some(b"state-54".to_vec()));
+
+    let next = start(false).await.unwrap();
+    let l = log.clone();
+    wait_until(
+        "the next owner's commit",
+        Duration::from_secs(120),
+        Duration::from_millis(50),
+        || l.lock().unwrap().committed.is_some(),
+    )
+    .await;
+    let log = log.lock().unwrap();
+    let info = log.infos.last().unwrap();
+    assert_eq!(info.starting_at, Checkpoint::At(at("key-0:49")));
+    assert_eq!(info.pending_checkpoint, Some(at("key-0:54")));
+    assert_eq!(
+        info.pending_checkpoint_state.as_deref(),
+        Some(&b"state-54"[..])
+    );
+    assert!(
+        log.answers[0].contains("BeyondDelivered"),
+        "{:?}",
+        log.answers
+    );
+    assert!(
+        log.answers[1].contains("BeforeCheckpoint"),
+        "{:?}",
+        log.answers
+    );
+    let row = rig.lease_of(&shard).await;
+    assert_eq!(row.checkpoint, Checkpoint::At(log.committed.clone().unwrap()));
+    assert!(log.committed.clone().unwrap() > at("key-0:54"), "{row:?}");
+    assert_eq!(row.pending_checkpoint, None);
+    assert_eq!(row.pending_checkpoint_state, None);
+    drop(log);
+    next.abort();
+}
+
+/// Outside manual mode a prepare is refused with its reason: the reader's own
+/// checkpoints would remove it.
+#[tokio::test(start_paused = true)]
+async fn a_prepare_outside_manual_mode_is_refused() {
+    struct PreparesOnce(Arc<Mutex<Vec<String>>>);
+    impl Processor for PreparesOnce {
+        async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+            if let Some(last) = batch.records().last() {
+                let at = ExtendedSequenceNumber::new(last.sequence_number.clone(), 0);
+                let answer = cp.prepare_checkpoint(at, None).await;
+                self.0.lock().unwrap().push(format!("{:?}", answer.err()));
+            }
+            Ok(())
+        }
+    }
+    for mode in [CheckpointMode::Auto, CheckpointMode::Watermark] {
+        let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+        let mut producer = Producer::default();
+        producer.put_round(&rig.streams, STREAM, 1, 5).await;
+        let mut settings = fast_settings(STREAM, APP);
+        settings.checkpoint.mode = mode;
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let a = answers.clone();
+        let worker = Worker::builder()
+            .settings(settings)
+            .backend(rig.backend())
+            .processor(move |_| PreparesOnce(a.clone()))
+            .start()
+            .await
+            .unwrap();
+        let a = answers.clone();
+        wait_until(
+            "an answer",
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || !a.lock().unwrap().is_empty(),
+        )
+        .await;
+        let got = answers.lock().unwrap()[0].clone();
+        assert!(got.contains("PrepareNeedsManualMode"), "{mode:?}: {got}");
+        let shard = rig.shards().await[0].id.clone();
+        assert_eq!(rig.lease_of(&shard).await.pending_checkpoint, None);
+        worker.abort();
+    }
 }
