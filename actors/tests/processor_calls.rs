@@ -274,7 +274,8 @@ struct TwoPhaseLog {
     committed: Option<ExtendedSequenceNumber>,
 }
 
-/// Manual mode. The first worker's processor (`first`) checkpoints each batch and, at
+/// Manual mode. The first worker's processor (`first`) checkpoints each batch (paced,
+/// not flushed) and, at
 /// the batch holding record `key-0:54`, only prepares a checkpoint at that record, with
 /// state, and stops there (the test then kills its worker). The next owner's
 /// processor checks the refusals, then prepares at its first batch's last record and
@@ -305,10 +306,9 @@ impl Processor for TwoPhase {
                         .await?;
                     self.log.lock().unwrap().prepared = true;
                 }
-                None => {
-                    cp.checkpoint_batch(batch).await?;
-                    cp.flush().await?;
-                }
+                // Not flushed: the last of these is still to be written when the
+                // prepare comes, and must not remove the prepared one afterwards.
+                None => cp.checkpoint_batch(batch).await?,
             }
             return Ok(());
         }
@@ -364,6 +364,8 @@ async fn a_prepared_checkpoint_and_its_state_reach_the_next_owner() {
         || l.lock().unwrap().prepared,
     )
     .await;
+    // Several checkpoint intervals: a paced write of an earlier position would land now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     worker.abort();
 
     let shard = rig.shards().await[0].id.clone();

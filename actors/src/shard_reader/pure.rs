@@ -789,6 +789,47 @@ mod tests {
     }
 
     #[test]
+    fn what_a_prepared_checkpoint_may_name() {
+        let at = |n: u128| ExtendedSequenceNumber::new(SequenceNumber::from_u128(n), 0);
+        let done = |n: u128| Checkpoint::At(at(n));
+        use CheckpointMode::{Auto, Manual, Watermark};
+        use Refusal::*;
+        // (mode, phase, prepare at, last delivered, checkpoint) -> answer
+        let table = [
+            ((Manual, Phase::Reading, 5, Some(9), Some(done(3))), Ok(())),
+            ((Manual, Phase::Reading, 9, Some(9), Some(done(9))), Ok(())),
+            (
+                (Manual, Phase::Reading, 5, Some(9), Some(Checkpoint::TrimHorizon)),
+                Ok(()),
+            ),
+            ((Manual, Phase::Reading, 5, Some(9), None), Ok(())),
+            (
+                (Manual, Phase::Reading, 2, Some(9), Some(done(3))),
+                Err(BeforeCheckpoint),
+            ),
+            (
+                (Manual, Phase::Reading, 10, Some(9), Some(done(3))),
+                Err(BeyondDelivered),
+            ),
+            ((Manual, Phase::Reading, 1, None, None), Err(BeyondDelivered)),
+            (
+                (Manual, Phase::LeaseLost, 5, Some(9), Some(done(3))),
+                Err(LeaseLost),
+            ),
+            ((Auto, Phase::Reading, 5, Some(9), Some(done(3))), Err(NotManual)),
+            (
+                (Watermark, Phase::Reading, 5, Some(9), Some(done(3))),
+                Err(NotManual),
+            ),
+        ];
+        for ((mode, phase, n, last, checkpoint), want) in table {
+            let last = last.map(at);
+            let got = prepare_checkpoint(mode, phase, &at(n), last.as_ref(), checkpoint.as_ref());
+            assert_eq!(got, want, "{mode:?} {phase:?} {n} {last:?} {checkpoint:?}");
+        }
+    }
+
+    #[test]
     fn an_empty_read_is_a_call_only_when_asked_and_none_is_waiting() {
         // (reader.call_on_empty, an empty call still waiting) -> call
         let table = [
