@@ -1216,7 +1216,11 @@ impl ReaderState {
     /// De-aggregates, drops what a checkpoint inside an aggregate already covers, and
     /// sends one batch to the processor; an empty one only as `reader.call_on_empty`
     /// asks ([`pure::call_on_empty`]).
-    fn deliver(&mut self, raw: Vec<Record>, facts: ReadFacts<'_>) -> Result<(), ActorProcessingErr> {
+    fn deliver(
+        &mut self,
+        raw: Vec<Record>,
+        facts: ReadFacts<'_>,
+    ) -> Result<(), ActorProcessingErr> {
         let read_nothing = raw.is_empty();
         let range = self.args.lease.hash_range;
         let records = if read_nothing {

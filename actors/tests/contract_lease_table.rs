@@ -652,10 +652,7 @@ mod cases {
             .prepare_checkpoint(&lease.key, &owned(&other(), 1), &at(9), Some(b"x"))
             .await
             .unwrap_err();
-        assert!(
-            matches!(err, LeaseError::ConditionFailed { .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, LeaseError::ConditionFailed { .. }), "{err:?}");
         let got = table.get(&lease.key).await.unwrap().unwrap();
         assert_eq!(got.pending_checkpoint, Some(at(6)));
 

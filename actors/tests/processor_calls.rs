@@ -10,8 +10,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::backend::LeaseTable;
+use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, LeaseKey, SequenceNumber, ShardId,
 };
@@ -75,7 +75,9 @@ impl Processor for Recorder {
             shard: batch.shard_id().clone(),
             records: batch.len(),
             millis_behind: batch.millis_behind_latest(),
-            waited: batch.delivered_at().checked_duration_since(batch.fetched_at()),
+            waited: batch
+                .delivered_at()
+                .checked_duration_since(batch.fetched_at()),
             at_end: batch.is_at_shard_end(),
             children: batch.child_shards().to_vec(),
         });
@@ -149,7 +151,13 @@ async fn an_idle_shard_is_called_empty_only_when_asked_and_its_checkpoint_stays(
             }
             // Where the records alone put the checkpoint (watermark: nothing acked).
             let want_at_last = mode != CheckpointMode::Watermark;
-            let last = rig.records(&shard).await.last().unwrap().sequence_number.clone();
+            let last = rig
+                .records(&shard)
+                .await
+                .last()
+                .unwrap()
+                .sequence_number
+                .clone();
             match &row.checkpoint {
                 Checkpoint::At(at) => {
                     assert!(want_at_last, "{mode:?} {on_empty}: {:?}", row.checkpoint);
@@ -320,16 +328,20 @@ impl Processor for TwoPhase {
             cp.prepare_checkpoint(beyond, None).await.err(),
             // Before the checkpoint the last owner committed (and within what was
             // delivered).
-            cp.prepare_checkpoint(ExtendedSequenceNumber::new(SequenceNumber::parse("1")?, 0), None)
-                .await
-                .err(),
+            cp.prepare_checkpoint(
+                ExtendedSequenceNumber::new(SequenceNumber::parse("1")?, 0),
+                None,
+            )
+            .await
+            .err(),
         ];
         let prepared = cp
             .prepare_checkpoint(position(last), Some(b"state-b".to_vec()))
             .await?;
         prepared.checkpoint().await?;
         let mut log = self.log.lock().unwrap();
-        log.answers.extend(refusals.iter().map(|r| format!("{r:?}")));
+        log.answers
+            .extend(refusals.iter().map(|r| format!("{r:?}")));
         log.committed = Some(position(last));
         Ok(())
     }
@@ -388,6 +400,7 @@ async fn a_prepared_checkpoint_and_its_state_reach_the_next_owner() {
         || l.lock().unwrap().committed.is_some(),
     )
     .await;
+    let row = rig.lease_of(&shard).await;
     let log = log.lock().unwrap();
     let info = log.infos.last().unwrap();
     assert_eq!(info.starting_at, Checkpoint::At(at("key-0:49")));
@@ -406,8 +419,10 @@ async fn a_prepared_checkpoint_and_its_state_reach_the_next_owner() {
         "{:?}",
         log.answers
     );
-    let row = rig.lease_of(&shard).await;
-    assert_eq!(row.checkpoint, Checkpoint::At(log.committed.clone().unwrap()));
+    assert_eq!(
+        row.checkpoint,
+        Checkpoint::At(log.committed.clone().unwrap())
+    );
     assert!(log.committed.clone().unwrap() > at("key-0:54"), "{row:?}");
     assert_eq!(row.pending_checkpoint, None);
     assert_eq!(row.pending_checkpoint_state, None);
@@ -421,7 +436,11 @@ async fn a_prepared_checkpoint_and_its_state_reach_the_next_owner() {
 async fn a_prepare_outside_manual_mode_is_refused() {
     struct PreparesOnce(Arc<Mutex<Vec<String>>>);
     impl Processor for PreparesOnce {
-        async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        async fn process(
+            &mut self,
+            batch: &Batch,
+            cp: &Checkpointer,
+        ) -> Result<(), ProcessorError> {
             if let Some(last) = batch.records().last() {
                 let at = ExtendedSequenceNumber::new(last.sequence_number.clone(), 0);
                 let answer = cp.prepare_checkpoint(at, None).await;

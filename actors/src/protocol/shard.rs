@@ -171,8 +171,13 @@ pub enum CheckpointError {
     },
     /// Prepared checkpoints need `checkpoint.mode = "manual"`: in the other modes the
     /// reader checkpoints by itself, and each of its writes would remove the prepared one.
-    #[error("shard {shard}: prepare_checkpoint needs checkpoint.mode = \"manual\" (it is {mode:?})")]
-    PrepareNeedsManualMode { shard: ShardId, mode: CheckpointMode },
+    #[error(
+        "shard {shard}: prepare_checkpoint needs checkpoint.mode = \"manual\" (it is {mode:?})"
+    )]
+    PrepareNeedsManualMode {
+        shard: ShardId,
+        mode: CheckpointMode,
+    },
 }
 
 /// Acks and checkpoints for one shard. Cheap to clone and `Send`: hand it to tasks.

@@ -799,7 +799,13 @@ mod tests {
             ((Manual, Phase::Reading, 5, Some(9), Some(done(3))), Ok(())),
             ((Manual, Phase::Reading, 9, Some(9), Some(done(9))), Ok(())),
             (
-                (Manual, Phase::Reading, 5, Some(9), Some(Checkpoint::TrimHorizon)),
+                (
+                    Manual,
+                    Phase::Reading,
+                    5,
+                    Some(9),
+                    Some(Checkpoint::TrimHorizon),
+                ),
                 Ok(()),
             ),
             ((Manual, Phase::Reading, 5, Some(9), None), Ok(())),
@@ -811,12 +817,18 @@ mod tests {
                 (Manual, Phase::Reading, 10, Some(9), Some(done(3))),
                 Err(BeyondDelivered),
             ),
-            ((Manual, Phase::Reading, 1, None, None), Err(BeyondDelivered)),
+            (
+                (Manual, Phase::Reading, 1, None, None),
+                Err(BeyondDelivered),
+            ),
             (
                 (Manual, Phase::LeaseLost, 5, Some(9), Some(done(3))),
                 Err(LeaseLost),
             ),
-            ((Auto, Phase::Reading, 5, Some(9), Some(done(3))), Err(NotManual)),
+            (
+                (Auto, Phase::Reading, 5, Some(9), Some(done(3))),
+                Err(NotManual),
+            ),
             (
                 (Watermark, Phase::Reading, 5, Some(9), Some(done(3))),
                 Err(NotManual),

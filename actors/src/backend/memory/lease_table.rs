@@ -16,9 +16,9 @@ use crate::backend::{
     HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
 };
 use crate::model::item::{
-    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, ROSTER_KEY, ReadUnits, Row, attr,
-    PENDING_ATTRS, checkpoint_attrs, decode_row, encode_lease, heartbeat_index_view,
-    heartbeat_key, item_size, load_attrs, pending_checkpoint_attrs, shard_set,
+    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, PENDING_ATTRS, ROSTER_KEY, ReadUnits, Row,
+    attr, checkpoint_attrs, decode_row, encode_lease, heartbeat_index_view, heartbeat_key,
+    item_size, load_attrs, pending_checkpoint_attrs, shard_set,
 };
 use crate::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
