@@ -67,7 +67,8 @@ impl fmt::Debug for ProcessorError {
 /// }
 /// ```
 pub trait Processor: Send + 'static {
-    /// Called once before the first batch.
+    /// Called once before the first batch. `shard.pending_checkpoint` (and its state)
+    /// is what the last owner prepared and did not commit: reconcile it here.
     fn initialize(
         &mut self,
         shard: &ShardInfo,
@@ -76,6 +77,8 @@ pub trait Processor: Send + 'static {
         async { Ok(()) }
     }
 
+    /// Called with each batch in order; with `reader.call_on_empty` also with an empty
+    /// one when a read brought nothing (for work done on time, on an idle shard).
     fn process(
         &mut self,
         batch: &Batch,
