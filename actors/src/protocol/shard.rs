@@ -44,7 +44,8 @@ pub struct ShardInfo {
 ///
 /// Empty only with `reader.call_on_empty`: a read that brought nothing (the Java KCL's
 /// `callProcessRecordsEvenForEmptyRecordList`). An empty batch has nothing to ack and
-/// never moves a checkpoint; acking it is a no-op.
+/// never moves a checkpoint; acking it is a no-op. The next empty call waits until this
+/// one is dropped: keep a clone of an empty batch past `process` and there is none.
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub(crate) shard: ShardId,
