@@ -112,7 +112,8 @@ impl Batch {
         self.at_shard_end
     }
 
-    /// At shard end, the children the ending read named (the KCL's `childShards`).
+    /// At shard end, the children the ending read named (the `ChildShards` Kinesis returns
+    /// with a shard's end).
     pub fn child_shards(&self) -> &[ShardId] {
         &self.child_shards
     }
