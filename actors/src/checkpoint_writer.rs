@@ -12,6 +12,12 @@
 //!
 //! Every write is conditional on the lease's owner and counter. A failed condition means
 //! the lease was lost: the supervisor is told, and the shard's position is forgotten.
+//!
+//! Two-phase checkpoints (`Prepare`, `Commit`) are written at once, never paced: a
+//! prepare writes the shard's coalesced position first (its later write would remove
+//! the prepared one), then the pending position; a commit writes the prepared position
+//! (or a later coalesced one) as the checkpoint, which removes the pending attributes in
+//! the same write.
 
 mod pace;
 
@@ -47,6 +53,9 @@ struct ShardPosition {
     fence: Fence,
     pending: Option<ExtendedSequenceNumber>,
     written: Option<Checkpoint>,
+    /// A prepared checkpoint written to the row this epoch and not yet removed by a
+    /// checkpoint write.
+    prepared: Option<ExtendedSequenceNumber>,
     writes: u64,
     pace: Pace,
 }
@@ -80,22 +89,7 @@ impl Actor for CheckpointWriter {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             CheckpointMsg::Advance { key, fence, at } => {
-                let interval = state.args.interval;
-                let entry = state
-                    .shards
-                    .entry(key.clone())
-                    .or_insert_with(|| ShardPosition {
-                        fence: fence.clone(),
-                        pending: None,
-                        written: None,
-                        writes: 0,
-                        pace: Pace::new(interval),
-                    });
-                if entry.fence != fence {
-                    // A new lease epoch (the shard was lost and taken again): start over.
-                    entry.fence = fence;
-                    entry.written = None;
-                }
+                let entry = state.entry(&key, fence);
                 let newer = match (&entry.pending, &entry.written) {
                     (Some(p), _) => at > *p,
                     (None, Some(Checkpoint::At(w))) => at > *w,
@@ -106,6 +100,42 @@ impl Actor for CheckpointWriter {
                     let decision = entry.pace.advanced(Instant::now());
                     state.carry_out(&myself, &key, decision).await;
                 }
+            }
+            CheckpointMsg::Prepare {
+                key,
+                fence,
+                at,
+                state: app_state,
+                reply,
+            } => {
+                state.entry(&key, fence.clone());
+                let mut result = state.write_pending(&myself, &key, FLUSH_ATTEMPTS).await;
+                if result.is_ok() {
+                    let write = Write::Prepare(&at, app_state.as_deref());
+                    result = state.write(&key, &fence, write, FLUSH_ATTEMPTS).await;
+                }
+                let _ = reply.send(result);
+            }
+            CheckpointMsg::Commit {
+                key,
+                fence,
+                at,
+                reply,
+            } => {
+                let entry = state.entry(&key, fence);
+                let target = match &entry.pending {
+                    Some(p) if *p > at => p.clone(),
+                    _ => at,
+                };
+                let already = entry.prepared.is_none()
+                    && matches!(&entry.written, Some(Checkpoint::At(w)) if *w >= target);
+                let result = if already {
+                    Ok(())
+                } else {
+                    entry.pending = Some(target);
+                    state.write_pending(&myself, &key, FLUSH_ATTEMPTS).await
+                };
+                let _ = reply.send(result);
             }
             CheckpointMsg::Flush { key, reply } => {
                 let result = state.write_pending(&myself, &key, FLUSH_ATTEMPTS).await;
@@ -131,8 +161,7 @@ impl Actor for CheckpointWriter {
                     .write(
                         &key,
                         &fence,
-                        &Checkpoint::ShardEnd,
-                        &children,
+                        Write::Checkpoint(&Checkpoint::ShardEnd, &children),
                         FLUSH_ATTEMPTS,
                     )
                     .await;
@@ -176,7 +205,38 @@ impl Actor for CheckpointWriter {
     }
 }
 
+/// One conditional write of a shard's row.
+#[derive(Clone, Copy)]
+enum Write<'a> {
+    /// The checkpoint (with the children, at SHARD_END); removes any prepared one.
+    Checkpoint(&'a Checkpoint, &'a [ShardId]),
+    /// A prepared checkpoint and its application state.
+    Prepare(&'a ExtendedSequenceNumber, Option<&'a [u8]>),
+}
+
 impl WriterState {
+    /// The shard's position, made on its first message; a new lease epoch (the shard was
+    /// lost and taken again) starts over.
+    fn entry(&mut self, key: &LeaseKey, fence: Fence) -> &mut ShardPosition {
+        let interval = self.args.interval;
+        let entry = self
+            .shards
+            .entry(key.clone())
+            .or_insert_with(|| ShardPosition {
+                fence: fence.clone(),
+                pending: None,
+                written: None,
+                prepared: None,
+                writes: 0,
+                pace: Pace::new(interval),
+            });
+        if entry.fence != fence {
+            entry.fence = fence;
+            entry.written = None;
+            entry.prepared = None;
+        }
+        entry
+    }
     /// Does what the shard's pace decided: a paced write (one attempt: a throttled one
     /// is tried again an interval later, never in a loop), or a timer for the trailing
     /// write.
@@ -225,7 +285,12 @@ impl WriterState {
         };
         let fence = shard.fence.clone();
         let result = self
-            .write(key, &fence, &Checkpoint::At(at), &[], attempts)
+            .write(
+                key,
+                &fence,
+                Write::Checkpoint(&Checkpoint::At(at), &[]),
+                attempts,
+            )
             .await;
         self.answered(myself, key);
         result
@@ -238,8 +303,7 @@ impl WriterState {
         &mut self,
         key: &LeaseKey,
         fence: &Fence,
-        checkpoint: &Checkpoint,
-        children: &[ShardId],
+        write: Write<'_>,
         attempts: u32,
     ) -> Result<(), CheckpointError> {
         let span = tracing::info_span!(
@@ -247,7 +311,7 @@ impl WriterState {
             shard_id = %key.shard_id(),
             lease_counter = fence.counter,
         );
-        self.attempt_writes(key, fence, checkpoint, children, attempts)
+        self.attempt_writes(key, fence, write, attempts)
             .instrument(span)
             .await
     }
@@ -256,8 +320,7 @@ impl WriterState {
         &mut self,
         key: &LeaseKey,
         fence: &Fence,
-        checkpoint: &Checkpoint,
-        children: &[ShardId],
+        write: Write<'_>,
         attempts: u32,
     ) -> Result<(), CheckpointError> {
         let shard_id = key.shard_id();
@@ -266,26 +329,48 @@ impl WriterState {
         loop {
             attempt += 1;
             let started = Instant::now();
-            match self
-                .args
-                .table
-                .checkpoint(key, fence, checkpoint, children)
-                .await
-            {
+            let answer = match write {
+                Write::Checkpoint(checkpoint, children) => {
+                    self.args
+                        .table
+                        .checkpoint(key, fence, checkpoint, children)
+                        .await
+                }
+                Write::Prepare(at, state) => {
+                    self.args
+                        .table
+                        .prepare_checkpoint(key, fence, at, state)
+                        .await
+                }
+            };
+            match answer {
                 Ok(()) => {
-                    self.args.telemetry.emit(CheckpointWritten {
-                        key,
-                        at: checkpoint,
-                        took: started.elapsed(),
-                    });
-                    if let Some(entry) = self.shards.get_mut(key) {
-                        // Written exactly what was pending: nothing newer has come since.
-                        if matches!((&entry.pending, checkpoint), (Some(p), Checkpoint::At(c)) if p == c)
-                        {
-                            entry.pending = None;
+                    let entry = self.shards.get_mut(key);
+                    match write {
+                        Write::Checkpoint(checkpoint, _) => {
+                            self.args.telemetry.emit(CheckpointWritten {
+                                key,
+                                at: checkpoint,
+                                took: started.elapsed(),
+                            });
+                            if let Some(entry) = entry {
+                                // Written exactly what was pending: nothing newer has
+                                // come since.
+                                if matches!((&entry.pending, checkpoint), (Some(p), Checkpoint::At(c)) if p == c)
+                                {
+                                    entry.pending = None;
+                                }
+                                entry.written = Some(checkpoint.clone());
+                                entry.prepared = None;
+                                entry.writes += 1;
+                            }
                         }
-                        entry.written = Some(checkpoint.clone());
-                        entry.writes += 1;
+                        Write::Prepare(at, _) => {
+                            if let Some(entry) = entry {
+                                entry.prepared = Some(at.clone());
+                                entry.writes += 1;
+                            }
+                        }
                     }
                     return Ok(());
                 }

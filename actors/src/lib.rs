@@ -83,7 +83,9 @@ pub use backend::aws::Endpoints;
 pub use fencing::FenceReason;
 pub use handle::WorkerHandle;
 pub use processor::{Processor, ProcessorError};
-pub use protocol::{AckToken, Batch, CheckpointError, Checkpointer, ProcessorMsg, ShardInfo};
+pub use protocol::{
+    AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
+};
 pub use settings::{
     AwsSettings, CheckpointMode, InitialPosition, LoadError, MetricsLevel, Settings,
 };

@@ -68,7 +68,8 @@ impl fmt::Debug for ProcessorError {
 /// }
 /// ```
 pub trait Processor: Send + 'static {
-    /// Called once before the first batch.
+    /// Called once before the first batch. `shard.pending_checkpoint` (and its state)
+    /// is what the last owner prepared and did not commit: reconcile it here.
     fn initialize(
         &mut self,
         shard: &ShardInfo,
@@ -77,6 +78,8 @@ pub trait Processor: Send + 'static {
         async { Ok(()) }
     }
 
+    /// Called with each batch in order; with `reader.call_on_empty` also with an empty
+    /// one when a read brought nothing (for work done on time, on an idle shard).
     fn process(
         &mut self,
         batch: &Batch,
@@ -286,7 +289,7 @@ impl Actor for ProcessorHost {
                     .await
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
-            ProcessorMsg::Process(batch, checkpointer) => {
+            ProcessorMsg::Process(mut batch, checkpointer) => {
                 // Batches already queued here when the worker fenced itself wait too:
                 // another worker may take the lease once the failover time passes.
                 // Blocking the mailbox is the point. A revoked lease (the keeper found
@@ -321,6 +324,7 @@ impl Actor for ProcessorHost {
                 if crate::mutants::active(crate::mutants::Mutant::CheckpointBeforeProcessed) {
                     checkpointer.ack_batch(&batch);
                 }
+                batch.delivered_at = tokio::time::Instant::now().into_std();
                 state
                     .processor
                     .0
@@ -408,11 +412,17 @@ mod tests {
             data: bytes::Bytes::from_static(b"x"),
             approximate_arrival: None,
         };
+        let now = tokio::time::Instant::now().into_std();
         Batch {
             shard: shard.clone(),
             id: BatchId(id),
             records: Arc::from(vec![record]),
             millis_behind_latest: None,
+            fetched_at: now,
+            delivered_at: now,
+            at_shard_end: false,
+            child_shards: Arc::from(Vec::new()),
+            _empty_slot: None,
         }
     }
 

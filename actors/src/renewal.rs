@@ -56,7 +56,9 @@ use crate::backend::{
     HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
 };
 use crate::fencing::Fencing;
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+use crate::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
+};
 use crate::telemetry::{LeaseRenewalFailed, LeaseRenewalRefused, LeaseRenewed, Telemetry};
 
 /// One held lease's counters.
@@ -550,6 +552,20 @@ impl LeaseTable for Renewing {
         }))
     }
 
+    /// A progress write like a checkpoint: sent under the row's current counter, ordered
+    /// with this lease's renewals.
+    fn prepare_checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        pending: &'a ExtendedSequenceNumber,
+        state: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.fenced(key, expected, false, move |f| {
+            Box::pin(async move { self.inner.prepare_checkpoint(key, &f, pending, state).await })
+        }))
+    }
+
     fn delete<'a>(
         &'a self,
         key: &'a LeaseKey,
@@ -798,6 +814,35 @@ mod tests {
         assert_eq!(released, 7);
         table.renew_all().await;
         assert_eq!(inner.calls("renew"), 5);
+    }
+
+    /// A prepared checkpoint (two-phase, with state) crosses renewals as a checkpoint
+    /// does: sent under the row's current counter, never refused as a lost lease; the
+    /// commit then removes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_prepared_checkpoint_crosses_renewals_like_a_checkpoint() {
+        let (inner, table, taken) = held(FaultPlan::seeded(1)).await;
+        table.renew_all().await;
+        let Checkpoint::At(pending) = at(3) else {
+            unreachable!("at() makes positions")
+        };
+        table
+            .prepare_checkpoint(&taken.key, &taken.fence(), &pending, Some(b"state"))
+            .await
+            .expect("a prepare across a renewal is not a lost lease");
+        let raw = inner.get(&taken.key).await.unwrap().unwrap();
+        assert_eq!(raw.counter, 2, "the renewal moved the row's counter");
+        assert_eq!(raw.pending_checkpoint, Some(pending.clone()));
+        assert_eq!(raw.pending_checkpoint_state.as_deref(), Some(&b"state"[..]));
+        table.renew_all().await;
+        table
+            .checkpoint(&taken.key, &taken.fence(), &at(3), &[])
+            .await
+            .expect("the commit across a renewal");
+        let raw = inner.get(&taken.key).await.unwrap().unwrap();
+        assert_eq!((raw.counter, raw.checkpoint), (3, at(3)));
+        assert_eq!(raw.pending_checkpoint, None);
+        assert_eq!(raw.pending_checkpoint_state, None);
     }
 
     /// A renewal whose answer is lost (it landed) or that failed (it did not): the next

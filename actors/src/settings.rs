@@ -266,6 +266,11 @@ pub struct ReaderSettings {
     /// Streams keeps 24 hours): the changes between the checkpoint and the oldest one
     /// kept are gone either way.
     pub trimmed_checkpoint: TrimmedCheckpoint,
+    /// Call `process` with an empty batch when a read brings no records (the Java KCL's
+    /// `callProcessRecordsEvenForEmptyRecordList`), so a processor that flushes on time
+    /// is called on an idle shard too. At most one empty call waits for the processor
+    /// at a time; an empty call never moves a checkpoint.
+    pub call_on_empty: bool,
 }
 
 /// What to do about a checkpoint past the stream's retention.
@@ -298,6 +303,7 @@ impl Default for ReaderSettings {
             parent_poll_interval: Duration::from_secs(1),
             shard_sync_interval: Duration::from_secs(60),
             trimmed_checkpoint: TrimmedCheckpoint::Fail,
+            call_on_empty: false,
         }
     }
 }

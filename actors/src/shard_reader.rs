@@ -36,7 +36,7 @@ use crate::backend::{
 use crate::backoff::Backoff;
 use crate::fencing::{FenceReason, Fencing};
 use crate::model::{
-    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId,
+    BatchId, Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId,
 };
 use crate::processor::{HostArgs, HostFence, ProcessorSource};
 use crate::protocol::{
@@ -194,9 +194,17 @@ pub(crate) struct ReaderState {
     /// In-memory bytes per record of the last batch: a read's `Limit` is its grant over
     /// this.
     record_memory: u64,
+    /// Held by the empty batch on its way to the processor (`reader.call_on_empty`);
+    /// shared with nobody when none is.
+    empty_slot: Arc<()>,
     /// The in-memory size of the largest fan-out event so far: a pull is made when the
     /// grant holds one as large.
     largest_event: u64,
+}
+
+/// The ids of the children a shard's end named, for its last batch.
+fn child_ids(end: Option<&[ChildShard]>) -> Arc<[ShardId]> {
+    end.unwrap_or(&[]).iter().map(|c| c.id.clone()).collect()
 }
 
 /// What a fan-out event says beyond its records, acted on once they are delivered.
@@ -206,6 +214,15 @@ struct HeldAfter {
     end: Option<Vec<ChildShard>>,
     /// The event had no records.
     idle: bool,
+    /// When the event arrived (each batch of it carries this as `fetched_at`).
+    fetched_at: Instant,
+}
+
+/// What the read that brought a batch said beside its records.
+struct ReadFacts<'a> {
+    fetched_at: Instant,
+    /// The shard ended with this read, and the children it named.
+    end: Option<&'a [ChildShard]>,
 }
 
 impl Actor for ShardReader {
@@ -270,6 +287,7 @@ impl Actor for ShardReader {
             wants_more: false,
             budget_wait: false,
             record_memory: pure::FIRST_GUESS_RECORD_MEMORY,
+            empty_slot: Arc::new(()),
             largest_event: 0,
             args,
         })
@@ -295,6 +313,12 @@ impl Actor for ShardReader {
             }
             ReaderMsg::Flush(reply) => {
                 let _ = reply.send(state.flush().await);
+            }
+            ReaderMsg::Prepare(at, app_state, reply) => {
+                let _ = reply.send(state.prepare_checkpoint(at, app_state).await);
+            }
+            ReaderMsg::Commit(at, reply) => {
+                let _ = reply.send(state.commit_prepared(at).await);
             }
             ReaderMsg::LeaseLost => state.lease_lost(&myself),
             ReaderMsg::Shutdown(reply) => state.shutdown(&myself, reply),
@@ -475,6 +499,8 @@ impl ReaderState {
             parents: lease.parent_shard_ids.clone(),
             hash_range: lease.hash_range,
             starting_at: lease.checkpoint.clone(),
+            pending_checkpoint: lease.pending_checkpoint.clone(),
+            pending_checkpoint_state: lease.pending_checkpoint_state.clone(),
         };
         self.start_position = Some(position);
         self.skip_through = skip;
@@ -658,6 +684,7 @@ impl ReaderState {
                     continuation: event.continuation.filter(|_| !at_end),
                     end: at_end.then_some(event.child_shards),
                     idle: event.records.is_empty(),
+                    fetched_at: Instant::now(),
                 });
                 let memory: u64 = event.records.iter().map(pure::record_memory).sum();
                 self.largest_event = self.largest_event.max(memory);
@@ -700,7 +727,18 @@ impl ReaderState {
             let batch: Vec<Record> = self.held.drain(..take).collect();
             let memory: u64 = batch.iter().map(pure::record_memory).sum();
             self.held_memory = self.held_memory.saturating_sub(memory);
-            self.deliver(batch)?;
+            let after = self.held_after.take();
+            let facts = ReadFacts {
+                fetched_at: after.as_ref().map_or_else(Instant::now, |a| a.fetched_at),
+                // The event's last records are the shard's last.
+                end: after
+                    .as_ref()
+                    .and_then(|a| a.end.as_deref())
+                    .filter(|_| self.held.is_empty()),
+            };
+            let delivered = self.deliver(batch, facts);
+            self.held_after = after;
+            delivered?;
         }
         let poll = self.settings().reader.poll_interval;
         if !self.held.is_empty() {
@@ -710,6 +748,15 @@ impl ReaderState {
         let Some(after) = self.held_after.take() else {
             return Ok(());
         };
+        if after.idle {
+            self.deliver(
+                Vec::new(),
+                ReadFacts {
+                    fetched_at: after.fetched_at,
+                    end: after.end.as_deref(),
+                },
+            )?;
+        }
         if let Some(continuation) = after.continuation {
             self.continuation = Some(continuation);
         }
@@ -1000,6 +1047,7 @@ impl ReaderState {
         let call_started = Instant::now();
         let answer = self.args.streams.get_records(&iterator, limit).await;
         let took = call_started.elapsed();
+        let fetched_at = Instant::now();
         // The grant becomes what the answer brought (exactly, before any other reader
         // asks): `deliver` settles again with what is kept of it.
         self.wants_more = matches!(&answer, Ok(batch) if !batch.records.is_empty());
@@ -1036,10 +1084,16 @@ impl ReaderState {
                 };
                 let at_end = batch.next_iterator.is_none();
                 self.iterator = batch.next_iterator;
+                self.deliver(
+                    batch.records,
+                    ReadFacts {
+                        fetched_at,
+                        end: at_end.then_some(batch.child_shards.as_deref().unwrap_or(&[])),
+                    },
+                )?;
                 if at_end {
                     self.children = batch.child_shards;
                 }
-                self.deliver(batch.records)?;
                 if at_end {
                     info!(message = "Shard read to its end.", shard_id = %self.shard);
                     self.phase = Phase::Draining;
@@ -1176,16 +1230,41 @@ impl ReaderState {
     }
 
     /// De-aggregates, drops what a checkpoint inside an aggregate already covers, and
-    /// sends one batch to the processor.
-    fn deliver(&mut self, raw: Vec<Record>) -> Result<(), ActorProcessingErr> {
-        if raw.is_empty() {
-            return Ok(());
-        }
+    /// sends one batch to the processor; an empty one only as `reader.call_on_empty`
+    /// asks ([`pure::call_on_empty`]).
+    fn deliver(
+        &mut self,
+        raw: Vec<Record>,
+        facts: ReadFacts<'_>,
+    ) -> Result<(), ActorProcessingErr> {
+        let read_nothing = raw.is_empty();
         let range = self.args.lease.hash_range;
-        let records = pure::fresh_records(raw, range.as_ref(), &mut self.skip_through);
+        let records = if read_nothing {
+            raw
+        } else {
+            pure::fresh_records(raw, range.as_ref(), &mut self.skip_through)
+        };
         let Some(last) = records.last() else {
-            // All skipped: what the read brought is not kept.
-            self.settle_budget();
+            if !read_nothing {
+                // All skipped: what the read brought is not kept.
+                self.settle_budget();
+            }
+            let waiting = Arc::strong_count(&self.empty_slot) > 1;
+            if pure::call_on_empty(self.settings().reader.call_on_empty, waiting) {
+                self.send_batch(Batch {
+                    shard: self.shard.clone(),
+                    // No real batch has this id: an ack of it (there should be none,
+                    // `ack_batch` skips empty batches) acks nothing.
+                    id: BatchId(u64::MAX),
+                    records: Arc::from(Vec::new()),
+                    millis_behind_latest: self.millis_behind,
+                    fetched_at: facts.fetched_at.into_std(),
+                    delivered_at: Instant::now().into_std(),
+                    at_shard_end: facts.end.is_some(),
+                    child_shards: child_ids(facts.end),
+                    _empty_slot: Some(self.empty_slot.clone()),
+                })?;
+            }
             return Ok(());
         };
         self.last_delivered = Some(pure::position_of(last));
@@ -1229,6 +1308,11 @@ impl ReaderState {
             id,
             records,
             millis_behind_latest: self.millis_behind,
+            fetched_at: facts.fetched_at.into_std(),
+            delivered_at: now.into_std(),
+            at_shard_end: facts.end.is_some(),
+            child_shards: child_ids(facts.end),
+            _empty_slot: None,
         };
         self.records_delivered += len as u64;
         self.bytes_delivered += bytes;
@@ -1239,6 +1323,10 @@ impl ReaderState {
         self.args
             .lags
             .delivered(&self.args.lease.key, len as u64, bytes);
+        self.send_batch(batch)
+    }
+
+    fn send_batch(&self, batch: Batch) -> Result<(), ActorProcessingErr> {
         if let Some(processor) = &self.processor {
             processor.cast(ProcessorMsg::Process(batch, self.checkpointer()))?;
         }
@@ -1307,19 +1395,97 @@ impl ReaderState {
                 self.send_advance(at);
                 Ok(())
             }
-            Err(Refusal::LeaseLost) => Err(CheckpointError::LeaseLost {
-                shard: self.shard.clone(),
-            }),
-            Err(Refusal::BeyondDelivered) => Err(CheckpointError::BeyondDelivered {
-                shard: self.shard.clone(),
-                requested: at,
+            Err(refusal) => Err(self.refused(refusal, at)),
+        }
+    }
+
+    /// The error a processor is given for a refused checkpoint.
+    fn refused(&self, refusal: Refusal, requested: ExtendedSequenceNumber) -> CheckpointError {
+        let shard = self.shard.clone();
+        match refusal {
+            Refusal::LeaseLost => CheckpointError::LeaseLost { shard },
+            Refusal::BeyondDelivered => CheckpointError::BeyondDelivered {
+                shard,
+                requested,
                 last: self
                     .last_delivered
                     .as_ref()
                     .map(|l| l.to_string())
                     .unwrap_or_else(|| "none".to_owned()),
-            }),
+            },
+            Refusal::BeforeCheckpoint => CheckpointError::BeforeCheckpoint {
+                shard,
+                requested,
+                checkpoint: self
+                    .checkpoint
+                    .as_ref()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "none".to_owned()),
+            },
+            Refusal::NotManual => CheckpointError::PrepareNeedsManualMode {
+                shard,
+                mode: self.mode,
+            },
         }
+    }
+
+    /// Writes a prepared checkpoint ([`CheckpointMsg::Prepare`]) once the rules allow it.
+    async fn prepare_checkpoint(
+        &mut self,
+        at: ExtendedSequenceNumber,
+        state: Option<Vec<u8>>,
+    ) -> Result<(), CheckpointError> {
+        if let Err(refusal) = pure::prepare_checkpoint(
+            self.mode,
+            self.phase,
+            &at,
+            self.last_delivered.as_ref(),
+            self.checkpoint.as_ref(),
+        ) {
+            return Err(self.refused(refusal, at));
+        }
+        let (key, fence) = (self.key.clone(), self.fence.clone());
+        ractor::call_t!(
+            self.args.writer,
+            |reply| CheckpointMsg::Prepare {
+                key,
+                fence,
+                at,
+                state,
+                reply
+            },
+            WRITER_TIMEOUT_MS
+        )
+        .map_err(|e| CheckpointError::NotWritten {
+            shard: self.shard.clone(),
+            why: e.to_string(),
+        })?
+    }
+
+    /// Commits a prepared checkpoint ([`CheckpointMsg::Commit`]).
+    async fn commit_prepared(&mut self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
+        if let Err(refusal) = pure::manual_checkpoint(self.phase, &at, self.last_delivered.as_ref())
+        {
+            return Err(self.refused(refusal, at));
+        }
+        if !matches!(&self.checkpoint, Some(Checkpoint::At(done)) if *done >= at) {
+            self.checkpoint = Some(Checkpoint::At(at.clone()));
+        }
+        let (key, fence) = (self.key.clone(), self.fence.clone());
+        ractor::call_t!(
+            self.args.writer,
+            |reply| CheckpointMsg::Commit {
+                key,
+                fence,
+                at,
+                reply
+            },
+            WRITER_TIMEOUT_MS
+        )
+        .map_err(|e| CheckpointError::NotWritten {
+            shard: self.shard.clone(),
+            why: e.to_string(),
+        })?
     }
 
     async fn flush(&self) -> Result<(), CheckpointError> {

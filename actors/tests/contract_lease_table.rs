@@ -615,6 +615,7 @@ mod cases {
         let key = LeaseKey::from(&key);
         let before = table.get(&key).await.unwrap().unwrap();
         assert!(before.pending_checkpoint.is_some());
+        assert_eq!(before.pending_checkpoint_state, Some(vec![0, 1, 2]));
         table
             .checkpoint(&key, &owned(&me(), 4), &seq(1), &[])
             .await
@@ -628,6 +629,90 @@ mod cases {
             Some(&AttrValue::N("0.45817".into()))
         );
         assert!(!raw.contains_key("pendingCheckpointState"));
+    }
+
+    /// A prepared checkpoint is written beside the committed one in the KCL's
+    /// attributes, fenced, leaving the counter and the checkpoint; a prepare without
+    /// state removes an earlier one's; the next checkpoint removes all three.
+    pub async fn prepare_checkpoint_is_fenced_and_a_checkpoint_completes_it(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(8);
+        table.create_if_absent(&lease).await.unwrap();
+        table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        let fence = owned(&me(), 1);
+        table
+            .checkpoint(&lease.key, &fence, &seq(1), &[])
+            .await
+            .unwrap();
+        let at = |n: u128| match seq(n) {
+            Checkpoint::At(at) => at,
+            other => panic!("{other:?}"),
+        };
+        table
+            .prepare_checkpoint(&lease.key, &fence, &at(5), Some(&[0, 1, 2, 255]))
+            .await
+            .unwrap();
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                &got.checkpoint,
+                &got.pending_checkpoint,
+                &got.pending_checkpoint_state,
+                got.counter,
+                got.owner_switches_since_checkpoint,
+            ),
+            (&seq(1), &Some(at(5)), &Some(vec![0, 1, 2, 255]), 1, 0)
+        );
+        let raw = env.get_raw(table.table_name(), lease.key.as_str()).await;
+        assert_eq!(
+            raw.get("pendingCheckpointState"),
+            Some(&AttrValue::B("AAEC/w==".into()))
+        );
+        assert_eq!(
+            raw.get("pendingCheckpointSubSequenceNumber"),
+            Some(&AttrValue::N("0".into()))
+        );
+
+        table
+            .prepare_checkpoint(&lease.key, &fence, &at(6), None)
+            .await
+            .unwrap();
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(
+            (&got.pending_checkpoint, &got.pending_checkpoint_state),
+            (&Some(at(6)), &None)
+        );
+
+        // Another owner's fence is refused and changes nothing.
+        let err = table
+            .prepare_checkpoint(&lease.key, &owned(&other(), 1), &at(9), Some(b"x"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LeaseError::ConditionFailed { .. }), "{err:?}");
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(got.pending_checkpoint, Some(at(6)));
+
+        table
+            .checkpoint(&lease.key, &fence, &seq(6), &[])
+            .await
+            .unwrap();
+        let got = table.get(&lease.key).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                &got.checkpoint,
+                &got.pending_checkpoint,
+                &got.pending_checkpoint_state
+            ),
+            (&seq(6), &None, &None)
+        );
+        let raw = env.get_raw(table.table_name(), lease.key.as_str()).await;
+        for name in [
+            "pendingCheckpoint",
+            "pendingCheckpointSubSequenceNumber",
+            "pendingCheckpointState",
+        ] {
+            assert!(!raw.contains_key(name), "{name} left in {raw:?}");
+        }
     }
 
     pub async fn delete_is_fenced(env: Env) {
@@ -1165,6 +1250,7 @@ macro_rules! suite {
                 renew_bumps_only_the_counter_and_is_fenced,
                 checkpoint_is_fenced_and_keeps_the_counter,
                 checkpoint_leaves_foreign_attributes_and_clears_pending,
+                prepare_checkpoint_is_fenced_and_a_checkpoint_completes_it,
                 delete_is_fenced,
                 heartbeats_count_up_and_show_in_the_scan,
                 the_roster_names_the_heartbeat_rows_a_round_reads,

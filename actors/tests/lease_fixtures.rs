@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
+use flotilla_actors::model::item::{
+    AttrValue, Item, PENDING_ATTRS, Row, decode_row, encode_lease, pending_checkpoint_attrs,
+};
 use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, ShardId, StreamIdentifier, WorkerId};
 
 fn dir() -> PathBuf {
@@ -89,6 +91,20 @@ fn the_split_reads_as_the_java_kcl_wrote_it() {
             .as_str(),
         "49680458031214033458151125408336582481295989964940509234"
     );
+    // Prepared without application state (kcl-rs has no state argument): none is read,
+    // and flotilla's prepare writes the same two attributes for it.
+    let pending = prepared.pending_checkpoint.as_ref().unwrap();
+    assert_eq!(pending.sub_sequence, 0);
+    assert_eq!(prepared.pending_checkpoint_state, None);
+    let row = items("fixture-app.after-split.json")
+        .into_iter()
+        .find(|i| i.get("leaseKey") == Some(&AttrValue::S("shardId-000000000003".into())))
+        .unwrap();
+    let (set, remove) = pending_checkpoint_attrs(pending, None);
+    for (name, value) in set {
+        assert_eq!(row.get(name), Some(&value), "{name}");
+    }
+    assert_eq!(remove, ["pendingCheckpointState"]);
     // 56-digit checkpoints are sequence numbers, compared numerically.
     let one = by_key(&leases, "shardId-000000000001");
     let Checkpoint::At(at) = &one.checkpoint else {
@@ -156,6 +172,33 @@ fn created_multi_stream_rows_are_written_as_the_kcl_writes_them() {
 
 /// What flotilla writes for a lease is what the other implementation wrote: same names,
 /// same types, same encodings. The attributes left over are the ones we do not write.
+/// The KCL's checkpoint writes in the operation log remove the prepared checkpoint's
+/// three attributes, the ones flotilla's checkpoint write removes.
+#[test]
+fn a_checkpoint_removes_the_pending_attributes_the_kcl_removes() {
+    let mut checkpoints = 0;
+    for line in read("fixture-multi-app.dynamodb-ops.jsonl").lines() {
+        let op: serde_json::Value = serde_json::from_str(line).unwrap();
+        let updates = &op["request"]["AttributeUpdates"];
+        if updates["checkpoint"]["Action"] != "PUT" {
+            continue;
+        }
+        let mut deleted: Vec<&str> = updates
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, u)| u["Action"] == "DELETE")
+            .map(|(name, _)| name.as_str())
+            .collect();
+        deleted.sort();
+        let mut ours = PENDING_ATTRS.to_vec();
+        ours.sort();
+        assert_eq!(deleted, ours, "{line}");
+        checkpoints += 1;
+    }
+    assert_eq!(checkpoints, 4);
+}
+
 #[test]
 fn flotilla_writes_the_same_attributes() {
     let mut unwritten = BTreeSet::new();
@@ -258,6 +301,13 @@ fn every_java_kcl_attribute_is_accepted() {
         row.insert(name.into(), sample);
         let read = lease(&row);
         assert_eq!(read.key, LeaseKey::new("shardId-000000000009"), "{name}");
+        if name == "pendingCheckpointState" {
+            assert_eq!(read.pending_checkpoint_state, Some(vec![0, 1, 2]));
+            // The KCL's create path can write it as a number (the README's upstream
+            // quirk): the row stays readable, without a state.
+            row.insert(name.into(), AttrValue::N("0".into()));
+            assert_eq!(lease(&row).pending_checkpoint_state, None);
+        }
         seen += 1;
     }
     assert_eq!(

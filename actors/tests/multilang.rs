@@ -279,6 +279,41 @@ async fn lines_that_are_not_messages_are_skipped() {
     );
 }
 
+/// With `callProcessRecordsEvenForEmptyRecordList = true` (`reader.call_on_empty`) the
+/// child is sent `processRecords` with `"records": []` once the shard is read through,
+/// as the KCL's daemon sends it; its records came first, in their own calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_shard_is_still_called_when_asked_as_the_kcl_asks() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 5).await;
+    let out = scratch("empty");
+    let command = scripted("empty", &out, None);
+    let mut settings = fast_settings(STREAM, APP);
+    settings.checkpoint.mode = CheckpointMode::Manual;
+    settings.reader.call_on_empty = true;
+    let worker = Worker::builder()
+        .settings(settings)
+        .backend(rig.backend())
+        .processor(move |_| MultiLangProcessor::new(command.clone()))
+        .start()
+        .await
+        .unwrap();
+    wait_line(&out, "processRecords 0", 3, Duration::from_secs(30)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let calls: Vec<String> = lines(&out)
+        .into_iter()
+        .filter(|l| l.starts_with("processRecords"))
+        .collect();
+    let first_empty = calls.iter().position(|l| l == "processRecords 0").unwrap();
+    let records: usize = calls[..first_empty]
+        .iter()
+        .map(|l| l["processRecords ".len()..].parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(records, 10, "{calls:?}");
+}
+
 /// A child that stops answering is stopped by the watchdog (`timeoutInSeconds`) and
 /// its shard restarts with a new child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

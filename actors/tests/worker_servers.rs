@@ -52,8 +52,19 @@ impl Env {
     }
 
     async fn start(&self, probes: &ProbeFactory) -> Worker {
+        let f = probes.clone();
+        Worker::builder()
+            .settings(fast_settings(&self.stream, &self.application))
+            .backend(self.backend())
+            .processor(move |shard| f.make(shard))
+            .start()
+            .await
+            .unwrap()
+    }
+
+    fn backend(&self) -> Backend {
         let endpoint = self.dynamodb_endpoint.clone();
-        let backend = Backend::new(
+        Backend::new(
             Arc::new(self.kinesis.clone()),
             move |name| {
                 Arc::new(DynamoLeaseTable::new(
@@ -63,15 +74,7 @@ impl Env {
                 ))
             },
             Arc::new(MemoryMetrics::new()),
-        );
-        let f = probes.clone();
-        Worker::builder()
-            .settings(fast_settings(&self.stream, &self.application))
-            .backend(backend)
-            .processor(move |shard| f.make(shard))
-            .start()
-            .await
-            .unwrap()
+        )
     }
 
     async fn open_shards(&self) -> Vec<Shard> {
@@ -307,6 +310,130 @@ mod more_scenarios {
     }
 }
 
+mod two_phase {
+    use super::*;
+    use flotilla_actors::model::ExtendedSequenceNumber;
+    use flotilla_actors::{
+        Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, ShardInfo,
+    };
+    use std::sync::Mutex;
+
+    #[derive(Debug, Default)]
+    struct Log {
+        infos: Vec<ShardInfo>,
+        /// Where the first owner prepared; where the next one committed.
+        prepared: Option<ExtendedSequenceNumber>,
+        committed: Option<ExtendedSequenceNumber>,
+    }
+
+    /// The first owner prepares at its first batch's last record, with state, and
+    /// commits nothing; the next owner prepares and commits at its first batch's last.
+    struct Preparer {
+        first: bool,
+        log: Arc<Mutex<Log>>,
+    }
+
+    impl Processor for Preparer {
+        async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
+            self.log.lock().unwrap().infos.push(shard.clone());
+            Ok(())
+        }
+
+        async fn process(
+            &mut self,
+            batch: &Batch,
+            cp: &Checkpointer,
+        ) -> Result<(), ProcessorError> {
+            let Some(last) = batch.records().last() else {
+                return Ok(());
+            };
+            let at = ExtendedSequenceNumber::new(last.sequence_number.clone(), 0);
+            let done = {
+                let log = self.log.lock().unwrap();
+                if self.first {
+                    log.prepared.is_some()
+                } else {
+                    log.committed.is_some()
+                }
+            };
+            if done {
+                return Ok(());
+            }
+            if self.first {
+                cp.prepare_checkpoint(at.clone(), Some(b"state-a".to_vec()))
+                    .await?;
+                self.log.lock().unwrap().prepared = Some(at);
+            } else {
+                let prepared = cp.prepare_checkpoint(at.clone(), None).await?;
+                prepared.checkpoint().await?;
+                self.log.lock().unwrap().committed = Some(at);
+            }
+            Ok(())
+        }
+    }
+
+    /// A prepared checkpoint and its state, written through the real DynamoDB adapter,
+    /// reach the next owner after its first owner dies; the next owner's commit removes
+    /// them.
+    pub async fn a_prepared_checkpoint_reaches_the_next_owner(kinesis: String, dynamodb: String) {
+        let env = Env::new(kinesis, dynamodb, 1).await;
+        let mut producer = Producer::default();
+        producer.put_round(&env.kinesis, &env.stream, 1, 20).await;
+        let log = Arc::new(Mutex::new(Log::default()));
+        let start = |first: bool| {
+            let mut settings = fast_settings(&env.stream, &env.application);
+            settings.checkpoint.mode = CheckpointMode::Manual;
+            let log = log.clone();
+            Worker::builder()
+                .settings(settings)
+                .backend(env.backend())
+                .processor(move |_| Preparer {
+                    first,
+                    log: log.clone(),
+                })
+                .start()
+        };
+        let worker_a = start(true).await.unwrap();
+        let l = log.clone();
+        wait_until("the prepare", PATIENCE, Duration::from_millis(100), || {
+            l.lock().unwrap().prepared.is_some()
+        })
+        .await;
+        worker_a.abort();
+        let prepared = log.lock().unwrap().prepared.clone();
+        let table = env.table();
+        let row = table.scan().await.unwrap().leases.pop().unwrap();
+        assert_eq!(row.checkpoint, Checkpoint::TrimHorizon);
+        assert_eq!(row.pending_checkpoint, prepared);
+        assert_eq!(row.pending_checkpoint_state, Some(b"state-a".to_vec()));
+
+        let worker_b = start(false).await.unwrap();
+        let l = log.clone();
+        wait_until(
+            "the next owner's commit",
+            PATIENCE,
+            Duration::from_millis(100),
+            || l.lock().unwrap().committed.is_some(),
+        )
+        .await;
+        let (info, committed) = {
+            let log = log.lock().unwrap();
+            (log.infos.last().cloned().unwrap(), log.committed.clone())
+        };
+        assert_eq!(info.starting_at, Checkpoint::TrimHorizon);
+        assert_eq!(info.pending_checkpoint, prepared);
+        assert_eq!(
+            info.pending_checkpoint_state.as_deref(),
+            Some(&b"state-a"[..])
+        );
+        let row = table.scan().await.unwrap().leases.pop().unwrap();
+        assert_eq!(row.checkpoint, Checkpoint::At(committed.unwrap()));
+        assert_eq!(row.pending_checkpoint, None);
+        assert_eq!(row.pending_checkpoint_state, None);
+        shutdown_clean(worker_b).await;
+    }
+}
+
 /// Why a tier cannot read in the tests' read mode, where it cannot: moto has no
 /// SubscribeToShard. Its first test checks what it can instead (the shard reported
 /// unread, with the reason); the others have nothing to add and end at once.
@@ -362,6 +489,16 @@ macro_rules! tier {
                 }
                 let (kinesis, dynamodb) = $start;
                 scenarios::resumes_after_a_crash(kinesis, dynamodb).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_prepared_checkpoint_reaches_the_next_owner() {
+                if no_fanout(stringify!($tier)).is_some() {
+                    return;
+                }
+                let (kinesis, dynamodb) = $start;
+                two_phase::a_prepared_checkpoint_reaches_the_next_owner(kinesis, dynamodb)
+                    .await;
             }
         }
     };

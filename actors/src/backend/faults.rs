@@ -20,7 +20,10 @@ use crate::backend::{
     StreamAdmin, StreamClient, StreamError, StreamSummary, Subscription, TableState,
 };
 use crate::model::item::ReadUnits;
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId, WorkerLoad};
+use crate::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, Shard, ShardId, WorkerId,
+    WorkerLoad,
+};
 
 /// One injected misbehaviour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -735,6 +738,19 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         Box::pin(self.run(
             "checkpoint",
             self.inner.checkpoint(key, expected, checkpoint, children),
+        ))
+    }
+
+    fn prepare_checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        pending: &'a ExtendedSequenceNumber,
+        state: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.run(
+            "prepare_checkpoint",
+            self.inner.prepare_checkpoint(key, expected, pending, state),
         ))
     }
 

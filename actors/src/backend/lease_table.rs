@@ -3,7 +3,10 @@
 use futures::future::BoxFuture;
 
 use crate::model::item::{MalformedRow, ReadUnits, Row};
-use crate::model::{Checkpoint, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+use crate::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId,
+    WorkerLoad,
+};
 
 /// Everything a scan found.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -158,6 +161,9 @@ impl LeaseError {
 /// * `checkpoint(key, fence, cp, children)`: checkpoint set, ownerSwitchesSinceCheckpoint
 ///   := 0, any pending (two-phase) checkpoint removed, `childShardIds` set when given;
 ///   the counter does not change.
+/// * `prepare_checkpoint(key, fence, pending, state)`: `pendingCheckpoint` and its
+///   sub-sequence number set, `pendingCheckpointState` set to `state` (removed when
+///   `None`); the checkpoint, ownerSwitchesSinceCheckpoint and the counter do not change.
 /// * `delete(key, fence)`: the row is removed.
 /// * `heartbeat(me, load)`: the worker's heartbeat counter + 1 (created at 1), returned;
 ///   the load attributes replaced.
@@ -236,6 +242,17 @@ pub trait LeaseTable: Send + Sync + 'static {
         expected: &'a Fence,
         checkpoint: &'a Checkpoint,
         children: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<(), LeaseError>>;
+
+    /// Records a prepared (two-phase) checkpoint beside the committed one, in the Java
+    /// KCL's attributes (`DynamoDBCheckpointer.prepareCheckpoint`), so that the next
+    /// owner sees both. Fenced like `checkpoint`; the next `checkpoint` removes it.
+    fn prepare_checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        pending: &'a ExtendedSequenceNumber,
+        state: Option<&'a [u8]>,
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
 
     fn delete<'a>(

@@ -190,8 +190,13 @@ pub struct Lease {
     pub parent_shard_ids: Vec<ShardId>,
     pub child_shard_ids: Vec<ShardId>,
     pub hash_range: Option<HashKeyRange>,
-    /// A prepared (two-phase) checkpoint a KCL left behind; read, never written.
+    /// A prepared (two-phase) checkpoint: the position a processor said it is about to
+    /// commit (`Checkpointer::prepare_checkpoint`, the Java KCL's `prepareCheckpoint`),
+    /// shown to the next owner in `ShardInfo`. Every checkpoint write removes it.
     pub pending_checkpoint: Option<ExtendedSequenceNumber>,
+    /// The application state prepared with it (`pendingCheckpointState`, binary; the
+    /// KCL's `prepareCheckpoint(..., byte[] pendingCheckpointState)` writes it).
+    pub pending_checkpoint_state: Option<Vec<u8>>,
     /// KCL 3.x graceful hand-off marker; read, never written.
     pub checkpoint_owner: Option<String>,
     /// A live worker's request that the owner hand this lease over to it (a steal).
@@ -223,6 +228,7 @@ impl Lease {
             child_shard_ids: Vec::new(),
             hash_range,
             pending_checkpoint: None,
+            pending_checkpoint_state: None,
             checkpoint_owner: None,
             handoff_to: None,
             source: None,

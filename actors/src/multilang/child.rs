@@ -332,7 +332,12 @@ fn refusal(error: &CheckpointError) -> CheckpointRefusal {
         CheckpointError::LeaseLost { .. } | CheckpointError::ReaderGone { .. } => {
             CheckpointRefusal::Shutdown
         }
-        CheckpointError::BeyondDelivered { .. } => CheckpointRefusal::IllegalArgument,
+        CheckpointError::BeyondDelivered { .. } | CheckpointError::BeforeCheckpoint { .. } => {
+            CheckpointRefusal::IllegalArgument
+        }
+        // The MultiLang protocol has no prepare; a processor outside manual mode cannot
+        // prepare now.
+        CheckpointError::PrepareNeedsManualMode { .. } => CheckpointRefusal::InvalidState,
         CheckpointError::NotWritten { .. } => CheckpointRefusal::Throttling,
     }
 }

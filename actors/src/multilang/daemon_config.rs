@@ -238,13 +238,11 @@ impl DaemonConfig {
                     watchdog = Some(Duration::from_secs(secs));
                 }
             } else if key == "callProcessRecordsEvenForEmptyRecordList" {
+                // The child is sent processRecords with `"records": []` as the KCL's
+                // MultiLang daemon sends it (reader.call_on_empty).
                 match value.to_ascii_lowercase().as_str() {
                     "false" => {}
-                    "true" => {
-                        return Err(unsupported(
-                            "flotilla calls processRecords only with records; remove the key, and act on time in the processor if it relied on empty calls",
-                        ));
-                    }
+                    "true" => settings.push(("reader.call_on_empty".to_owned(), "true".to_owned())),
                     _ => return Err(bad("expected true or false")),
                 }
             } else if key == "retrievalMode" {
@@ -436,6 +434,14 @@ regionName = us-east-1
     }
 
     #[test]
+    fn empty_calls_are_asked_for_as_the_kcl_asks_for_them() {
+        let on = config("executableName = x\ncallProcessRecordsEvenForEmptyRecordList = TRUE\n");
+        assert_eq!(setting(&on.unwrap(), "reader.call_on_empty"), Some("true"));
+        let off = config("executableName = x\ncallProcessRecordsEvenForEmptyRecordList = false\n");
+        assert_eq!(setting(&off.unwrap(), "reader.call_on_empty"), None);
+    }
+
+    #[test]
     fn a_file_without_a_position_starts_at_latest_as_the_kcl_does() {
         let c = config("executableName = x\nmaxRecords = 100\n").unwrap();
         assert_eq!(setting(&c, "worker.initial_position"), Some("LATEST"));
@@ -467,8 +473,8 @@ regionName = us-east-1
                 "seconds since the epoch",
             ),
             (
-                "executableName = x\ncallProcessRecordsEvenForEmptyRecordList = true\n",
-                "only with records",
+                "executableName = x\ncallProcessRecordsEvenForEmptyRecordList = yes\n",
+                "expected true or false",
             ),
             (
                 "executableName = x\nretrievalMode = FANOUT\n",

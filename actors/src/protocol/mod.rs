@@ -24,7 +24,9 @@ use crate::status::{
 
 mod shard;
 
-pub use shard::{AckToken, Batch, CheckpointError, Checkpointer, ProcessorMsg, ShardInfo};
+pub use shard::{
+    AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
+};
 
 /// Why a shard reader stopped on purpose, carried in ractor's stop reason (a string)
 /// and read back by the supervisor with [`StopReason::parse`]: anything else is a
@@ -210,6 +212,26 @@ pub(crate) enum CheckpointMsg {
         key: LeaseKey,
         reply: RpcReplyPort<Result<(), CheckpointError>>,
     },
+    /// Record a prepared (two-phase) checkpoint: the shard's coalesced position is
+    /// written first (a later write of it would remove the prepared one), then the
+    /// prepared position and state, fenced. Answered once written.
+    Prepare {
+        key: LeaseKey,
+        fence: Fence,
+        at: ExtendedSequenceNumber,
+        state: Option<Vec<u8>>,
+        reply: RpcReplyPort<Result<(), CheckpointError>>,
+    },
+    /// Commit a prepared checkpoint: write `at` (or the shard's coalesced position, if
+    /// later) as the checkpoint, which removes the prepared one in the same write.
+    /// Answered once written; nothing is written when a checkpoint at or past `at` was
+    /// written since the prepare (it removed the prepared one already).
+    Commit {
+        key: LeaseKey,
+        fence: Fence,
+        at: ExtendedSequenceNumber,
+        reply: RpcReplyPort<Result<(), CheckpointError>>,
+    },
     /// Write every pending position now; answers how many shards failed.
     FlushAll(RpcReplyPort<Vec<CheckpointError>>),
     /// Write the mandatory SHARD_END checkpoint (with the children, when known).
@@ -247,6 +269,17 @@ pub(crate) enum ReaderMsg {
         RpcReplyPort<Result<(), CheckpointError>>,
     ),
     Flush(RpcReplyPort<Result<(), CheckpointError>>),
+    /// `Checkpointer::prepare_checkpoint`: the position and the application state.
+    Prepare(
+        ExtendedSequenceNumber,
+        Option<Vec<u8>>,
+        RpcReplyPort<Result<(), CheckpointError>>,
+    ),
+    /// `PreparedCheckpoint::checkpoint`: commit the prepared position.
+    Commit(
+        ExtendedSequenceNumber,
+        RpcReplyPort<Result<(), CheckpointError>>,
+    ),
     LeaseLost,
     Shutdown(RpcReplyPort<ShardShutdown>),
     /// The processor answered `shard_ended` or `shutdown_requested`.

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use ractor::{ActorRef, RpcReplyPort};
 
@@ -26,16 +27,45 @@ pub struct ShardInfo {
     pub hash_range: Option<HashKeyRange>,
     /// Where reading starts: the last checkpoint, or the initial position.
     pub starting_at: Checkpoint,
+    /// A prepared (two-phase) checkpoint left in the lease row and not committed: the
+    /// last owner (flotilla's `prepare_checkpoint`, or the Java KCL's
+    /// `prepareCheckpoint`) may have applied side effects up to it. Reading starts at
+    /// `starting_at` all the same; reconciling is the processor's (the KCL's
+    /// `InitializationInput.pendingCheckpointSequenceNumber`). Cleared by the next
+    /// checkpoint written.
+    pub pending_checkpoint: Option<ExtendedSequenceNumber>,
+    /// The application state prepared with it (`pendingCheckpointState`; the KCL's
+    /// `InitializationInput.pendingCheckpointState`).
+    pub pending_checkpoint_state: Option<Vec<u8>>,
 }
 
 /// Records fetched by one GetRecords call (de-aggregated), in sequence order. Cheap to
 /// clone: the records are shared, not copied.
+///
+/// Empty only with `reader.call_on_empty`: a read that brought nothing (the Java KCL's
+/// `callProcessRecordsEvenForEmptyRecordList`). An empty batch has nothing to ack and
+/// never moves a checkpoint; acking it is a no-op. The next empty call waits until this
+/// one is dropped: keep a clone of an empty batch past `process` and there is none.
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub(crate) shard: ShardId,
     pub(crate) id: BatchId,
     pub(crate) records: Arc<[Record]>,
     pub(crate) millis_behind_latest: Option<u64>,
+    /// When the read that brought the records answered (the KCL's `cacheEntryTime`).
+    pub(crate) fetched_at: Instant,
+    /// When the processor was handed the batch (the KCL's `cacheExitTime`): set by the
+    /// reader when it sends the batch, and again by the processor host right before
+    /// `process`, so the time between includes the wait behind earlier batches.
+    pub(crate) delivered_at: Instant,
+    /// The read that brought these records said the shard has ended; `child_shards` are
+    /// the children it named (empty if it named none).
+    pub(crate) at_shard_end: bool,
+    pub(crate) child_shards: Arc<[ShardId]>,
+    /// An empty batch holds this (for its drop) while it is on its way to the processor: the reader
+    /// sends no other empty one until it is dropped, so a busy processor's mailbox holds
+    /// at most one. `None` for batches with records.
+    pub(crate) _empty_slot: Option<Arc<()>>,
 }
 
 impl Batch {
@@ -55,9 +85,37 @@ impl Batch {
         self.records.is_empty()
     }
 
-    /// How far behind the tip of the shard this batch was when fetched.
+    /// How far behind the tip of the shard this batch was when fetched (also on an
+    /// empty batch: 0 there means the shard is caught up).
     pub fn millis_behind_latest(&self) -> Option<u64> {
         self.millis_behind_latest
+    }
+
+    /// When the read that brought this batch answered (the Java KCL's
+    /// `ProcessRecordsInput.cacheEntryTime`). From tokio's clock, so it follows paused
+    /// time in tests.
+    pub fn fetched_at(&self) -> Instant {
+        self.fetched_at
+    }
+
+    /// When the batch was handed to `process` (the KCL's `cacheExitTime`);
+    /// `delivered_at - fetched_at` is how long it waited behind earlier batches.
+    pub fn delivered_at(&self) -> Instant {
+        self.delivered_at
+    }
+
+    /// The read that brought this batch also said the shard has ended (the KCL's
+    /// `isAtShardEnd`): no batch follows, `shard_ended` comes next. A shard whose end
+    /// comes with a read of no records only says so here with `reader.call_on_empty`;
+    /// `shard_ended` is called either way.
+    pub fn is_at_shard_end(&self) -> bool {
+        self.at_shard_end
+    }
+
+    /// At shard end, the children the ending read named (the `ChildShards` Kinesis returns
+    /// with a shard's end).
+    pub fn child_shards(&self) -> &[ShardId] {
+        &self.child_shards
     }
 
     /// The token that acks record `index` of this batch (watermark mode).
@@ -105,6 +163,23 @@ pub enum CheckpointError {
     /// The shard's reader is gone (the shard ended, the worker is stopping).
     #[error("shard {shard}: the reader has stopped")]
     ReaderGone { shard: ShardId },
+    /// A prepared checkpoint before the last checkpoint would move the shard back (the
+    /// KCL refuses one outside "the last checkpoint .. the last record delivered" too).
+    #[error("shard {shard}: cannot prepare {requested}, the checkpoint is already at {checkpoint}")]
+    BeforeCheckpoint {
+        shard: ShardId,
+        requested: ExtendedSequenceNumber,
+        checkpoint: String,
+    },
+    /// Prepared checkpoints need `checkpoint.mode = "manual"`: in the other modes the
+    /// reader checkpoints by itself, and each of its writes would remove the prepared one.
+    #[error(
+        "shard {shard}: prepare_checkpoint needs checkpoint.mode = \"manual\" (it is {mode:?})"
+    )]
+    PrepareNeedsManualMode {
+        shard: ShardId,
+        mode: CheckpointMode,
+    },
 }
 
 /// Acks and checkpoints for one shard. Cheap to clone and `Send`: hand it to tasks.
@@ -169,9 +244,11 @@ impl Checkpointer {
         }
     }
 
-    /// Acks every record of a batch.
+    /// Acks every record of a batch (nothing for an empty one).
     pub fn ack_batch(&self, batch: &Batch) {
-        let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+        if !batch.is_empty() {
+            let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+        }
     }
 
     /// Marks everything up to and including `at` as processed (manual mode). The write
@@ -204,6 +281,66 @@ impl Checkpointer {
         let shard = self.shard.clone();
         ractor::call_t!(self.reader, ReaderMsg::Flush, CALL_TIMEOUT_MS)
             .map_err(|_| CheckpointError::ReaderGone { shard })?
+    }
+
+    /// The first phase of a two-phase checkpoint (manual mode; the Java KCL's
+    /// `prepareCheckpoint`): records `at`, with the application's `state`, as the shard's
+    /// pending checkpoint in its lease row, beside the committed one, and returns once it
+    /// is written. Then apply the side effects up to `at` and call
+    /// [`PreparedCheckpoint::checkpoint`]. If the worker fails in between, the next owner
+    /// sees both positions and the state in [`ShardInfo`] and can reconcile.
+    ///
+    /// The write is fenced like every checkpoint. Refused: a position past the last
+    /// record delivered or before the last checkpoint, and in the modes that checkpoint
+    /// by themselves. The shard's coalesced checkpoint is written first; any later
+    /// checkpoint (a plain one too) removes the prepared one, as in the KCL.
+    pub async fn prepare_checkpoint(
+        &self,
+        at: ExtendedSequenceNumber,
+        state: Option<Vec<u8>>,
+    ) -> Result<PreparedCheckpoint, CheckpointError> {
+        let shard = self.shard.clone();
+        ractor::call_t!(
+            self.reader,
+            ReaderMsg::Prepare,
+            CALL_TIMEOUT_MS,
+            at.clone(),
+            state
+        )
+        .map_err(|_| CheckpointError::ReaderGone { shard })??;
+        Ok(PreparedCheckpoint {
+            checkpointer: self.clone(),
+            at,
+        })
+    }
+}
+
+/// A pending checkpoint written by [`Checkpointer::prepare_checkpoint`] (the KCL's
+/// `PreparedCheckpointer`).
+#[derive(Debug, Clone)]
+pub struct PreparedCheckpoint {
+    checkpointer: Checkpointer,
+    at: ExtendedSequenceNumber,
+}
+
+impl PreparedCheckpoint {
+    /// The prepared position.
+    pub fn position(&self) -> &ExtendedSequenceNumber {
+        &self.at
+    }
+
+    /// The second phase: writes the prepared position as the shard's checkpoint and
+    /// removes the pending one and its state, in one fenced write, and returns once it
+    /// is written. A checkpoint already written at or past it has done both.
+    pub async fn checkpoint(self) -> Result<(), CheckpointError> {
+        let shard = self.checkpointer.shard.clone();
+        ractor::call_t!(
+            self.checkpointer.reader,
+            ReaderMsg::Commit,
+            CALL_TIMEOUT_MS,
+            self.at
+        )
+        .map_err(|_| CheckpointError::ReaderGone { shard })?
     }
 }
 

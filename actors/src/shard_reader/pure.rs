@@ -18,6 +18,7 @@ use crate::model::{
     AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, SequenceNumber,
     Watermark,
 };
+use crate::settings::CheckpointMode;
 use crate::status::ShardState;
 
 /// Transient GetRecords failures in a row after which the iterator is replaced.
@@ -317,6 +318,15 @@ pub(crate) fn after_ack(phase: Phase, window_full: bool) -> AfterAck {
     }
 }
 
+/// Whether a read that kept no records becomes an empty call to the processor: only when
+/// `reader.call_on_empty` asks for it (the KCL's
+/// `callProcessRecordsEvenForEmptyRecordList`), and not while the last empty call is
+/// still waiting for the processor, so a slow processor's mailbox holds at most one and
+/// its calls do not pile up behind a long `process`.
+pub(crate) fn call_on_empty(enabled: bool, empty_call_waiting: bool) -> bool {
+    enabled && !empty_call_waiting
+}
+
 /// A drained shard ends (`shard_ended` to the processor) once every record is acked.
 pub(crate) fn ready_to_end(phase: Phase, window_empty: bool) -> bool {
     phase == Phase::Draining && window_empty
@@ -359,6 +369,10 @@ pub(crate) enum Refusal {
     /// Past the last record delivered (or nothing delivered yet): a restart would skip
     /// records.
     BeyondDelivered,
+    /// A prepared checkpoint before the last checkpoint.
+    BeforeCheckpoint,
+    /// A prepared checkpoint outside manual mode.
+    NotManual,
 }
 
 pub(crate) fn manual_checkpoint(
@@ -372,6 +386,29 @@ pub(crate) fn manual_checkpoint(
     match last_delivered {
         Some(last) if at <= last => Ok(()),
         _ => Err(Refusal::BeyondDelivered),
+    }
+}
+
+/// Whether a prepared (two-phase) checkpoint at `at` may be written: only in manual
+/// mode (the other modes checkpoint by themselves, and each write removes a prepared
+/// checkpoint), within what a manual checkpoint may name, and not before the last
+/// checkpoint (`checkpoint`: the last one sent to the writer or read from the row), as
+/// the KCL's `ShardRecordProcessorCheckpointer.prepareCheckpoint` refuses.
+pub(crate) fn prepare_checkpoint(
+    mode: CheckpointMode,
+    phase: Phase,
+    at: &ExtendedSequenceNumber,
+    last_delivered: Option<&ExtendedSequenceNumber>,
+    checkpoint: Option<&Checkpoint>,
+) -> Result<(), Refusal> {
+    match mode {
+        CheckpointMode::Manual => {}
+        CheckpointMode::Auto | CheckpointMode::Watermark => return Err(Refusal::NotManual),
+    }
+    manual_checkpoint(phase, at, last_delivered)?;
+    match checkpoint {
+        Some(Checkpoint::At(done)) if at < done => Err(Refusal::BeforeCheckpoint),
+        _ => Ok(()),
     }
 }
 
@@ -748,6 +785,73 @@ mod tests {
                     "{phase:?} {stalled}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn what_a_prepared_checkpoint_may_name() {
+        let at = |n: u128| ExtendedSequenceNumber::new(SequenceNumber::from_u128(n), 0);
+        let done = |n: u128| Checkpoint::At(at(n));
+        use CheckpointMode::{Auto, Manual, Watermark};
+        use Refusal::*;
+        // (mode, phase, prepare at, last delivered, checkpoint) -> answer
+        let table = [
+            ((Manual, Phase::Reading, 5, Some(9), Some(done(3))), Ok(())),
+            ((Manual, Phase::Reading, 9, Some(9), Some(done(9))), Ok(())),
+            (
+                (
+                    Manual,
+                    Phase::Reading,
+                    5,
+                    Some(9),
+                    Some(Checkpoint::TrimHorizon),
+                ),
+                Ok(()),
+            ),
+            ((Manual, Phase::Reading, 5, Some(9), None), Ok(())),
+            (
+                (Manual, Phase::Reading, 2, Some(9), Some(done(3))),
+                Err(BeforeCheckpoint),
+            ),
+            (
+                (Manual, Phase::Reading, 10, Some(9), Some(done(3))),
+                Err(BeyondDelivered),
+            ),
+            (
+                (Manual, Phase::Reading, 1, None, None),
+                Err(BeyondDelivered),
+            ),
+            (
+                (Manual, Phase::LeaseLost, 5, Some(9), Some(done(3))),
+                Err(LeaseLost),
+            ),
+            (
+                (Auto, Phase::Reading, 5, Some(9), Some(done(3))),
+                Err(NotManual),
+            ),
+            (
+                (Watermark, Phase::Reading, 5, Some(9), Some(done(3))),
+                Err(NotManual),
+            ),
+        ];
+        for ((mode, phase, n, last, checkpoint), want) in table {
+            let last = last.map(at);
+            let got = prepare_checkpoint(mode, phase, &at(n), last.as_ref(), checkpoint.as_ref());
+            assert_eq!(got, want, "{mode:?} {phase:?} {n} {last:?} {checkpoint:?}");
+        }
+    }
+
+    #[test]
+    fn an_empty_read_is_a_call_only_when_asked_and_none_is_waiting() {
+        // (reader.call_on_empty, an empty call still waiting) -> call
+        let table = [
+            ((false, false), false),
+            ((false, true), false),
+            ((true, false), true),
+            ((true, true), false),
+        ];
+        for ((enabled, waiting), want) in table {
+            assert_eq!(call_on_empty(enabled, waiting), want, "{enabled} {waiting}");
         }
     }
 

@@ -5,6 +5,7 @@
 Every message it receives is appended to OUT as one line (`action shardId-or-count`),
 and what it learns from flotilla's answers too. MODE:
 
+    empty         nothing special (a processRecords with no records is logged as `processRecords 0`)
     beyond        checkpoints past the last record it was given; writes the answer
     garbage       prints text and unknown JSON to stdout before each status
     hang          never answers processRecords

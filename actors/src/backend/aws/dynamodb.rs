@@ -52,10 +52,13 @@ use crate::backend::{
 };
 use crate::model::item::{
     AttrValue, ENTITY_ROSTER, ENTITY_WORKER, HEARTBEAT_INDEX, HEARTBEAT_INDEX_PROJECTION, Item,
-    MalformedRow, ROSTER_KEY, ReadUnits, Row, attr, checkpoint_attrs, decode_counter, decode_fence,
-    decode_row, encode_lease, heartbeat_key, load_attrs, shard_set,
+    MalformedRow, PENDING_ATTRS, ROSTER_KEY, ReadUnits, Row, attr, checkpoint_attrs,
+    decode_counter, decode_fence, decode_row, encode_lease, heartbeat_key, load_attrs,
+    pending_checkpoint_attrs, shard_set,
 };
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+use crate::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
+};
 
 /// The most keys one BatchGetItem may ask for.
 const BATCH_GET_MAX: usize = 100;
@@ -1251,13 +1254,32 @@ impl DynamoLeaseTable {
             let children = p.value("children", attr_to_sdk(OP, &shard_set(children))?);
             set.push(format!("{} = {children}", p.name(attr::CHILD_SHARD_IDS)));
         }
-        let remove = [
-            attr::PENDING_CHECKPOINT,
-            attr::PENDING_CHECKPOINT_SUB_SEQUENCE,
-            attr::PENDING_CHECKPOINT_STATE,
-        ]
-        .map(|name| p.name(name));
+        let remove = PENDING_ATTRS.map(|name| p.name(name));
         let update = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
+        self.update_only(key, &p, update, condition).await
+    }
+
+    async fn write_pending_checkpoint(
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
+        pending: &ExtendedSequenceNumber,
+        state: Option<&[u8]>,
+    ) -> Result<(), LeaseError> {
+        const OP: &str = "UpdateItem";
+        let mut p = Placeholders::default();
+        let condition = p.fence(fence);
+        let (set_attrs, remove_attrs) = pending_checkpoint_attrs(pending, state);
+        let mut set = Vec::new();
+        for (i, (name, value)) in set_attrs.into_iter().enumerate() {
+            let value = p.value(&format!("pending{i}"), attr_to_sdk(OP, &value)?);
+            set.push(format!("{} = {value}", p.name(name)));
+        }
+        let mut update = format!("SET {}", set.join(", "));
+        if !remove_attrs.is_empty() {
+            let remove: Vec<String> = remove_attrs.into_iter().map(|n| p.name(n)).collect();
+            update.push_str(&format!(" REMOVE {}", remove.join(", ")));
+        }
         self.update_only(key, &p, update, condition).await
     }
 
@@ -1800,6 +1822,16 @@ impl LeaseTable for DynamoLeaseTable {
         children: &'a [ShardId],
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(self.write_checkpoint(key, expected, checkpoint, children))
+    }
+
+    fn prepare_checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        pending: &'a ExtendedSequenceNumber,
+        state: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(self.write_pending_checkpoint(key, expected, pending, state))
     }
 
     fn delete<'a>(

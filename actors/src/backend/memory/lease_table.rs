@@ -16,11 +16,13 @@ use crate::backend::{
     HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
 };
 use crate::model::item::{
-    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, ROSTER_KEY, ReadUnits, Row, attr,
-    checkpoint_attrs, decode_row, encode_lease, heartbeat_index_view, heartbeat_key, item_size,
-    load_attrs, shard_set,
+    self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, PENDING_ATTRS, ROSTER_KEY, ReadUnits, Row,
+    attr, checkpoint_attrs, decode_row, encode_lease, heartbeat_index_view, heartbeat_key,
+    item_size, load_attrs, pending_checkpoint_attrs, shard_set,
 };
-use crate::model::{Checkpoint, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad};
+use crate::model::{
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
+};
 use crate::mutants::{self, Mutant};
 
 #[derive(Debug)]
@@ -672,12 +674,29 @@ impl LeaseTable for MemoryLeaseTable {
                 if !children.is_empty() {
                     row.insert(attr::CHILD_SHARD_IDS.into(), shard_set(children));
                 }
-                for pending in [
-                    attr::PENDING_CHECKPOINT,
-                    attr::PENDING_CHECKPOINT_SUB_SEQUENCE,
-                    attr::PENDING_CHECKPOINT_STATE,
-                ] {
+                for pending in PENDING_ATTRS {
                     row.remove(pending);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn prepare_checkpoint<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        expected: &'a Fence,
+        pending: &'a ExtendedSequenceNumber,
+        state: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            self.conditional("UpdateItem", key, expected, |row| {
+                let (set, remove) = pending_checkpoint_attrs(pending, state);
+                for (name, value) in set {
+                    row.insert(name.into(), value);
+                }
+                for name in remove {
+                    row.remove(name);
                 }
                 Ok(())
             })
