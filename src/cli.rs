@@ -486,6 +486,7 @@ impl Command {
             Command::Rewind(_) => "rewind",
             Command::Position(_) => "position",
             Command::Consumer(_) => "consumer",
+            Command::Destroy(_) => "destroy",
         }
     }
 }
