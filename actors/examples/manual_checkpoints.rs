@@ -361,7 +361,9 @@ mod tests {
         let put = streams.put_records(STREAM, &records).await;
         assert!(put.is_ok(), "{put:?}");
         let dynamo = MemoryDynamo::new();
-        let worker = start(&streams, &dynamo, &sink).await.map_err(|e| e.to_string());
+        let worker = start(&streams, &dynamo, &sink)
+            .await
+            .map_err(|e| e.to_string());
         let Ok(worker) = worker else {
             panic!("{worker:?}")
         };
@@ -379,7 +381,11 @@ mod tests {
         rows.dedup();
         assert_eq!(rows, (0..100).collect::<Vec<_>>());
         // The shutdown checkpointed the last record written.
-        let lease = dynamo.lease_table(APPLICATION).scan().await.map(|s| s.leases);
+        let lease = dynamo
+            .lease_table(APPLICATION)
+            .scan()
+            .await
+            .map(|s| s.leases);
         let last = sink.rows().last().map(|r| r.sequence.clone());
         assert!(
             matches!(&lease, Ok(leases) if leases.len() == 1

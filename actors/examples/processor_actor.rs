@@ -58,7 +58,10 @@ impl Sink {
     }
 
     fn rows(&self) -> Vec<String> {
-        self.writes().into_iter().flat_map(|(_, rows)| rows).collect()
+        self.writes()
+            .into_iter()
+            .flat_map(|(_, rows)| rows)
+            .collect()
     }
 }
 

@@ -128,7 +128,9 @@ fn by_key(entries: &Entries) -> std::collections::BTreeMap<String, Vec<u64>> {
 fn expected(from: u64, to: u64) -> std::collections::BTreeMap<String, Vec<u64>> {
     let mut keys = std::collections::BTreeMap::<String, Vec<u64>>::new();
     for i in from..to {
-        keys.entry(format!("customer-{}", i % 8)).or_default().push(i);
+        keys.entry(format!("customer-{}", i % 8))
+            .or_default()
+            .push(i);
     }
     keys
 }
@@ -144,7 +146,9 @@ async fn main() -> ExitCode {
         let worker = start_worker(&streams, &dynamo, "worker-a", &entries).await?;
         let all = wait_until(&entries, |e| e.len() >= 100).await;
         let report = worker.shutdown().await?;
-        Ok::<_, Box<dyn std::error::Error>>(all && report.clean() && by_key(&entries) == expected(0, 100))
+        Ok::<_, Box<dyn std::error::Error>>(
+            all && report.clean() && by_key(&entries) == expected(0, 100),
+        )
     };
     match run.await {
         Ok(true) => {
@@ -152,7 +156,10 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(false) => {
-            eprintln!("testing_your_processor: not what was expected: {:?}", by_key(&entries));
+            eprintln!(
+                "testing_your_processor: not what was expected: {:?}",
+                by_key(&entries)
+            );
             ExitCode::FAILURE
         }
         Err(error) => {
@@ -177,7 +184,9 @@ mod tests {
         put_orders(&streams, 0, 200).await.unwrap();
         let dynamo = MemoryDynamo::new();
         let entries = Entries::default();
-        let worker = start_worker(&streams, &dynamo, "worker-a", &entries).await.unwrap();
+        let worker = start_worker(&streams, &dynamo, "worker-a", &entries)
+            .await
+            .unwrap();
 
         assert!(wait_until(&entries, |e| e.len() >= 200).await);
         assert!(worker.shutdown().await.unwrap().clean());
@@ -191,7 +200,9 @@ mod tests {
         put_orders(&streams, 0, 100).await.unwrap();
         let dynamo = MemoryDynamo::new();
         let entries = Entries::default();
-        let worker = start_worker(&streams, &dynamo, "worker-a", &entries).await.unwrap();
+        let worker = start_worker(&streams, &dynamo, "worker-a", &entries)
+            .await
+            .unwrap();
         assert!(wait_until(&entries, |e| e.len() >= 100).await);
 
         // Split the shard in two; later orders go to its children, which are read
@@ -199,7 +210,10 @@ mod tests {
         let parent = streams.list_shards(STREAM).await.unwrap().remove(0);
         let range = parent.hash_range;
         let middle = range.start + (range.end - range.start) / 2;
-        streams.split_shard(STREAM, &parent.id, middle).await.unwrap();
+        streams
+            .split_shard(STREAM, &parent.id, middle)
+            .await
+            .unwrap();
         put_orders(&streams, 100, 200).await.unwrap();
 
         assert!(wait_until(&entries, |e| e.len() >= 200).await);
@@ -214,7 +228,9 @@ mod tests {
         put_orders(&streams, 0, 100).await.unwrap();
         let dynamo = MemoryDynamo::new();
         let first = Entries::default();
-        let crashed = start_worker(&streams, &dynamo, "worker-a", &first).await.unwrap();
+        let crashed = start_worker(&streams, &dynamo, "worker-a", &first)
+            .await
+            .unwrap();
         assert!(wait_until(&first, |e| e.len() >= 100).await);
         // Let its checkpoints be written, then crash it: no shutdown, leases still held.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -222,7 +238,9 @@ mod tests {
 
         put_orders(&streams, 100, 200).await.unwrap();
         let second = Entries::default();
-        let worker = start_worker(&streams, &dynamo, "worker-b", &second).await.unwrap();
+        let worker = start_worker(&streams, &dynamo, "worker-b", &second)
+            .await
+            .unwrap();
         // Once the crashed worker's leases expire, the second takes them over and reads
         // from their checkpoints: only the new orders (after a crash in the middle of
         // a batch, some before them would come again: at-least-once).
