@@ -37,11 +37,13 @@ const KEYS: u64 = 8;
 /// Records buffered before one write to the sink.
 const FLUSH_EVERY: usize = 25;
 
+/// One write to the sink: the shard it came from and its rows (`key:index`).
+type Write = (ShardId, Vec<String>);
+
 /// A stand-in for a database that takes rows in bulk.
 #[derive(Clone, Default)]
 struct Sink {
-    /// Each write: the shard it came from and its rows (`key:index`).
-    writes: Arc<Mutex<Vec<(ShardId, Vec<String>)>>>,
+    writes: Arc<Mutex<Vec<Write>>>,
 }
 
 impl Sink {
@@ -53,7 +55,7 @@ impl Sink {
         Ok(())
     }
 
-    fn writes(&self) -> Vec<(ShardId, Vec<String>)> {
+    fn writes(&self) -> Vec<Write> {
         self.writes.lock().map(|w| w.clone()).unwrap_or_default()
     }
 
@@ -192,7 +194,7 @@ async fn wait_for_rows(sink: &Sink, rows: usize) -> Result<(), String> {
 /// What a run across a split left behind.
 #[derive(Debug)]
 struct Outcome {
-    sink: Vec<(ShardId, Vec<String>)>,
+    sink: Vec<Write>,
     parent: ShardId,
     /// Every lease's checkpoint at the end.
     checkpoints: BTreeMap<ShardId, Checkpoint>,
@@ -266,7 +268,12 @@ async fn main() -> ExitCode {
                 println!("wrote {} rows from {shard}", rows.len());
             }
             for (shard, checkpoint) in &outcome.checkpoints {
-                println!("{shard}: checkpoint {checkpoint:?}");
+                let role = if *shard == outcome.parent {
+                    "split"
+                } else {
+                    "child"
+                };
+                println!("{shard} ({role}): checkpoint {checkpoint:?}");
             }
             ExitCode::SUCCESS
         }
