@@ -141,6 +141,10 @@ impl SinkWriter {
 
 impl Processor for SinkWriter {
     async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
+        if batch.is_empty() {
+            // Nothing to write, and nothing new to checkpoint.
+            return Ok(());
+        }
         // A failed write returns the error: the shard restarts from its checkpoint, so
         // nothing is lost (and nothing is checkpointed past what the sink holds).
         self.sink.write(batch.records()).await?;
