@@ -4,7 +4,7 @@
 //! asset. It reloads itself every [`crate::status_history::STEP`] (a meta refresh), the
 //! step of the charts.
 //!
-//! Every piece of data goes through [`escape`]: an error message or a stream name that
+//! Every piece of data goes through `escape`: an error message or a stream name that
 //! looks like markup stays text.
 
 use std::fmt::Write as _;
