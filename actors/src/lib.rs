@@ -34,7 +34,9 @@
 //! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
 //!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
 //!   the snapshots it returns. `status_server`: the HTTP endpoint; `prometheus`: its
-//!   `/metrics` text, every family named from a `metrics::Metric` by one rule.
+//!   `/metrics` text, every family named from a `metrics::Metric` by one rule, and
+//!   [`metric_families`], the same families as data for other exporters (the binary's
+//!   OTLP push).
 //! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
 //!   actor's callbacks in its span (the subscriber and format are the embedder's).
 
@@ -73,6 +75,7 @@ pub use backend::aws::Endpoints;
 pub use fencing::FenceReason;
 pub use handle::WorkerHandle;
 pub use processor::{Processor, ProcessorError};
+pub use prometheus::{FamilyPoints, MetricFamily, metric_families};
 pub use protocol::{AckToken, Batch, CheckpointError, Checkpointer, ProcessorMsg, ShardInfo};
 pub use settings::{
     AwsSettings, CheckpointMode, InitialPosition, LoadError, MetricsLevel, Settings,
@@ -83,5 +86,6 @@ pub use status::{
 };
 pub use stream_set::StreamSet;
 pub use worker::{
-    Backend, ProcessorActorFactory, RequestedShutdown, Worker, WorkerBuilder, WorkerError,
+    Backend, ProcessorActorFactory, RequestedShutdown, StatusProbe, Worker, WorkerBuilder,
+    WorkerError,
 };
