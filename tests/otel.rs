@@ -1,6 +1,7 @@
 //! `flotilla demo` built with the `otel` feature, exporting to an OTLP/HTTP receiver on
 //! loopback: the spans (command, worker, shard, checkpoint) and the `/metrics`
 //! families arrive as OTLP protobuf, with their attributes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
 use std::sync::{Arc, Mutex};
 
