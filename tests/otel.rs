@@ -79,7 +79,7 @@ async fn the_demo_exports_its_spans_and_metrics_over_otlp_http() {
 
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args(["demo", "--status-bind", "127.0.0.1:0"])
-        .args(["--duration", "3", "--workers", "1", "--shards", "2"])
+        .args(["--duration", "3", "--workers", "2", "--shards", "2"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
         .env("OTEL_METRIC_EXPORT_INTERVAL", "500")
         .env("OTEL_SERVICE_NAME", "otel-test")
@@ -113,19 +113,29 @@ async fn the_demo_exports_its_spans_and_metrics_over_otlp_http() {
     let named = |name: &'static str| spans.iter().filter(move |s| s.name == name);
     let command = named("command").next().expect("a command span");
     assert_eq!(text(&command.attributes, "command"), Some("demo"));
-    let worker = named("worker").next().expect("a worker span");
-    let worker_id = text(&worker.attributes, "worker_id").expect("worker_id");
-    assert!(!worker_id.is_empty());
-    assert_eq!(
-        text(&worker.attributes, "application"),
-        Some("flotilla-demo")
-    );
+    let workers: Vec<&Span> = named("worker").collect();
+    let mut worker_ids: Vec<&str> = workers
+        .iter()
+        .map(|w| text(&w.attributes, "worker_id").expect("worker_id"))
+        .collect();
+    worker_ids.sort_unstable();
+    assert_eq!(worker_ids, ["demo-1", "demo-2"], "{workers:?}");
+    for worker in &workers {
+        assert_eq!(
+            text(&worker.attributes, "application"),
+            Some("flotilla-demo")
+        );
+    }
     let shards: Vec<&Span> = named("shard").collect();
     assert!(!shards.is_empty(), "no shard span");
     for shard in &shards {
         let shard_id = text(&shard.attributes, "shard_id").expect("shard_id");
         assert!(shard_id.starts_with("shardId-"), "{shard_id}");
-        assert_eq!(text(&shard.attributes, "worker_id"), Some(worker_id));
+        let owner = text(&shard.attributes, "worker_id").expect("worker_id");
+        let worker = workers
+            .iter()
+            .find(|w| text(&w.attributes, "worker_id") == Some(owner))
+            .unwrap_or_else(|| panic!("no worker span for {shard:?}"));
         // The lease's counter when the reader started (its fence).
         let counter = match attr(&shard.attributes, "lease_counter") {
             Some(any_value::Value::IntValue(n)) => Some(*n),
@@ -134,9 +144,9 @@ async fn the_demo_exports_its_spans_and_metrics_over_otlp_http() {
         };
         assert!(counter.is_some_and(|n| n >= 1), "{shard:?}");
         // Under its worker's span, in the command's trace.
+        assert_eq!(shard.parent_span_id, worker.span_id, "{shard:?}");
         assert_eq!(shard.trace_id, command.trace_id);
     }
-    assert!(shards.iter().any(|s| s.parent_span_id == worker.span_id));
     assert!(named("checkpoint").next().is_some(), "no checkpoint span");
 
     // Metrics: the families /metrics serves, from the same snapshot.
@@ -155,24 +165,42 @@ async fn the_demo_exports_its_spans_and_metrics_over_otlp_http() {
             .find(|m| m.name == name)
             .unwrap_or_else(|| panic!("no {name} in {:?}", last.iter().map(|m| &m.name)))
     };
+    // One metric per name (OTLP's rule), every worker's points under it.
+    let mut names: Vec<&str> = last.iter().map(|m| m.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), last.len(), "a family twice");
     let up = family("flotilla_up");
-    assert!(matches!(up.data, Some(metric::Data::Gauge(_))));
+    let Some(metric::Data::Gauge(gauge)) = &up.data else {
+        panic!("{up:?}");
+    };
+    let mut up_workers: Vec<&str> = gauge
+        .data_points
+        .iter()
+        .map(|p| text(&p.attributes, "worker").expect("worker"))
+        .collect();
+    up_workers.sort_unstable();
+    assert_eq!(up_workers, worker_ids);
     let processed = family("flotilla_records_processed");
     assert!(!processed.description.is_empty());
     let Some(metric::Data::Sum(sum)) = &processed.data else {
         panic!("{processed:?}");
     };
     assert!(sum.is_monotonic);
-    let worker_wide = sum
+    let mut total = 0.0;
+    for point in sum
         .data_points
         .iter()
-        .find(|p| text(&p.attributes, "shard").is_none())
-        .expect("a worker-wide point");
-    assert_eq!(text(&worker_wide.attributes, "worker"), Some(worker_id));
-    let total = match worker_wide.value {
-        Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(v)) => v,
-        ref other => panic!("{other:?}"),
-    };
+        .filter(|p| text(&p.attributes, "shard").is_none())
+    {
+        assert!(worker_ids.contains(&text(&point.attributes, "worker").expect("worker")));
+        match point.value {
+            Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(
+                v,
+            )) => total += v,
+            ref other => panic!("{other:?}"),
+        }
+    }
     assert!(total > 0.0, "no records processed: {processed:?}");
     assert!(
         sum.data_points
@@ -185,9 +213,14 @@ async fn the_demo_exports_its_spans_and_metrics_over_otlp_http() {
     let Some(metric::Data::Histogram(histogram)) = &timing.data else {
         panic!("{timing:?}");
     };
-    let point = &histogram.data_points[0];
-    assert!(point.count > 0, "{point:?}");
-    assert_eq!(point.bucket_counts.len(), point.explicit_bounds.len() + 1);
-    assert_eq!(point.bucket_counts.iter().sum::<u64>(), point.count);
-    assert!(point.explicit_bounds.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(histogram.data_points.len(), worker_ids.len());
+    assert!(
+        histogram.data_points.iter().any(|p| p.count > 0),
+        "{histogram:?}"
+    );
+    for point in &histogram.data_points {
+        assert_eq!(point.bucket_counts.len(), point.explicit_bounds.len() + 1);
+        assert_eq!(point.bucket_counts.iter().sum::<u64>(), point.count);
+        assert!(point.explicit_bounds.windows(2).all(|w| w[0] < w[1]));
+    }
 }
