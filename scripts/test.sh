@@ -26,6 +26,8 @@
 #   FLOTILLA_SIM_FANOUT_SEEDS  seeds the simulator runs again in fan-out mode (100).
 #   FLOTILLA_TEST_FANOUT=1     runs the fan-out pass of the worker and fleet suites
 #                              (FLOTILLA_TEST_READ_MODE=fanout) with extra arguments too.
+#   FLOTILLA_TEST_OTEL=1       runs tests/otel.rs (built with --features otel) with extra
+#                              arguments too.
 #
 #   FLOTILLA_TEST_CHROMIUM     a Chromium binary for tests/fleet_page.rs; when
 #                              unset, `chromium` (or `chromium-browser`) from PATH.
@@ -284,6 +286,7 @@ stop_group() { # NAME: SIGTERM, then SIGKILL after 10 s
 # shellcheck disable=SC2317 # called from the EXIT trap
 cleanup() {
     stop_group tests
+    stop_group otel
     stop_group dynamodb-local
     stop_group kinesis-mock
     stop_group moto
@@ -534,6 +537,23 @@ if [[ -z "${FLOTILLA_TEST_CMD:-}" && ($# -eq 0 || "${FLOTILLA_TEST_FANOUT:-}" ==
     wait "${GROUP_PGID[fanout]}" || status=$?
     awk '/^test result: / { p += $4; f += $6 } END { printf "fan-out tests: %d passed, %d failed\n", p, f }' \
         "$LOG_DIR/cargo-test-fanout.log"
+fi
+
+# The OpenTelemetry export (cargo feature `otel`, off in every other build): its one test
+# binary with the feature, which builds the binary once more with the OTel crates. The
+# same workspace-wide selection and features as the run above, so that only what the
+# OTel crates change is built again (futures, ractor, flotilla-actors, the binary).
+# Whole-suite runs only, or with FLOTILLA_TEST_OTEL=1.
+if [[ -z "${FLOTILLA_TEST_CMD:-}" && ($# -eq 0 || "${FLOTILLA_TEST_OTEL:-}" == 1) ]]; then
+    log "the OpenTelemetry export test (--features otel) ..."
+    : >"$LOG_DIR/cargo-test-otel.log"
+    # shellcheck disable=SC2016 # expanded by the inner bash, not here
+    spawn_group otel - "${test_env[@]}" bash -c \
+        'cargo test --workspace --no-fail-fast --features flotilla-actors/external-servers,flotilla/otel --test otel 2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' \
+        test.sh "$LOG_DIR/cargo-test-otel.log"
+    wait "${GROUP_PGID[otel]}" || status=$?
+    awk '/^test result: / { p += $4; f += $6 } END { printf "otel tests: %d passed, %d failed\n", p, f }' \
+        "$LOG_DIR/cargo-test-otel.log"
 fi
 
 # How many tests ran on each tier of the contract and worker suites (test names start with

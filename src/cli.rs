@@ -1078,6 +1078,8 @@ async fn serve(
     mut worker: Worker,
     mut terminate: tokio::signal::unix::Signal,
 ) -> anyhow::Result<()> {
+    #[cfg(feature = "otel")]
+    crate::otel::watch(&worker);
     let signal_name = tokio::select! {
         result = tokio::signal::ctrl_c() => {
             result.context("cannot listen for Ctrl-C")?;

@@ -400,6 +400,8 @@ impl Fleet {
                 .start()
                 .await
                 .with_context(|| format!("cannot start worker {id}"))?;
+            #[cfg(feature = "otel")]
+            crate::otel::watch(&worker);
             if let Some(addr) = worker.status_addr() {
                 if n == 1 {
                     eprintln!("fleet page: http://{addr}/fleet.html");

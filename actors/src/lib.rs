@@ -40,7 +40,9 @@
 //!   `/metrics` text, every family named from a `metrics::Metric` by one rule; `status_tree`: the supervision tree a person reads,
 //!   one pure function of a snapshot (the page draws it, `flotilla status` prints it);
 //!   `status_page`: `/status.html`, that tree and its charts drawn as one page;
-//!   `status_history`: the bounded rings of the last 10 minutes the charts draw.
+//!   `status_history`: the bounded rings of the last 10 minutes the charts draw;
+//!   [`metric_families`]: the `/metrics` families as data for other exporters (the
+//!   binary's OTLP push).
 //! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
 //!   actor's callbacks in its span (the subscriber and format are the embedder's).
 
@@ -83,6 +85,7 @@ pub use backend::aws::Endpoints;
 pub use fencing::FenceReason;
 pub use handle::WorkerHandle;
 pub use processor::{Processor, ProcessorError};
+pub use prometheus::{FamilyPoints, MetricFamily, metric_families};
 pub use protocol::{
     AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
 };
@@ -95,5 +98,6 @@ pub use status::{
 };
 pub use stream_set::StreamSet;
 pub use worker::{
-    Backend, ProcessorActorFactory, RequestedShutdown, Worker, WorkerBuilder, WorkerError,
+    Backend, ProcessorActorFactory, RequestedShutdown, StatusProbe, Worker, WorkerBuilder,
+    WorkerError,
 };

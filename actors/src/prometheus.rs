@@ -169,6 +169,111 @@ impl Scrape {
     }
 }
 
+/// One family of [`metric_families`]: what `/metrics` serves, as data for an exporter
+/// that is not the text encoder (the binary's OTLP push), so that both name, describe
+/// and bucket every family by the same rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricFamily {
+    /// The family's name as `/metrics` serves it, a counter's without `_total` (which
+    /// the Prometheus encoders add, OTel's to a monotonic sum too).
+    pub name: String,
+    pub help: &'static str,
+    /// The UCUM unit: `ms` for the timings' histograms, empty otherwise.
+    pub unit: &'static str,
+    pub points: FamilyPoints,
+}
+
+/// A family's series. Every point carries the worker's labels (`application`,
+/// `stream`, `worker`); counters and gauges once without and once per shard with
+/// `shard`, as `/metrics` serves them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FamilyPoints {
+    /// A running total since the worker started: (labels, value).
+    Counter(Vec<(Vec<(&'static str, String)>, f64)>),
+    /// A current reading: (labels, value).
+    Gauge(Vec<(Vec<(&'static str, String)>, f64)>),
+    /// The worker-wide distribution since start.
+    Histogram {
+        labels: Vec<(&'static str, String)>,
+        /// (upper bound, samples in that bucket alone), the last bound infinite.
+        buckets: Vec<(f64, u64)>,
+        sum: f64,
+        count: u64,
+    },
+}
+
+/// The families `/metrics` would serve for this status, in its order, with their
+/// unescaped label values.
+pub fn metric_families(status: &WorkerStatus) -> Vec<MetricFamily> {
+    Scrape::of(status).families()
+}
+
+impl Scrape {
+    fn families(&self) -> Vec<MetricFamily> {
+        let scrape = self;
+        let base = vec![
+            ("application", scrape.application.clone()),
+            ("stream", scrape.stream.clone()),
+            ("worker", scrape.worker.clone()),
+        ];
+        let gauge = |name: &str, help, value| MetricFamily {
+            name: name.to_owned(),
+            help,
+            unit: "",
+            points: FamilyPoints::Gauge(vec![(base.clone(), value)]),
+        };
+        let mut out = vec![
+            gauge(UP, UP_HELP, 1.0),
+            gauge(UPTIME, UPTIME_HELP, scrape.uptime_ms as f64 / 1000.0),
+        ];
+        let Some(metrics) = &scrape.metrics else {
+            return out;
+        };
+        for metric in Metric::ALL {
+            let (name, kind) = counter_or_gauge(metric);
+            let key = metric.name();
+            let worker = metrics.totals.get(key).copied().unwrap_or(0.0);
+            let shards = metrics
+                .per_shard
+                .iter()
+                .filter_map(|(shard, values)| Some((Some(shard), *values.get(key)?)));
+            let series = std::iter::once((None, worker))
+                .chain(shards)
+                .map(|(shard, value)| {
+                    let mut labels = base.clone();
+                    if let Some(shard) = shard {
+                        labels.push(("shard", shard.clone()));
+                    }
+                    (labels, value)
+                })
+                .collect();
+            out.push(MetricFamily {
+                name,
+                help: metric.help(),
+                unit: "",
+                points: match kind {
+                    Kind::Counter => FamilyPoints::Counter(series),
+                    Kind::Gauge => FamilyPoints::Gauge(series),
+                },
+            });
+        }
+        for timing in &metrics.histograms {
+            out.push(MetricFamily {
+                name: histogram_name(timing.metric),
+                help: timing.metric.help(),
+                unit: "ms",
+                points: FamilyPoints::Histogram {
+                    labels: base.clone(),
+                    buckets: timing.histogram.buckets(),
+                    sum: timing.histogram.sum(),
+                    count: timing.histogram.count(),
+                },
+            });
+        }
+        out
+    }
+}
+
 /// A label value as the text format wants it. The encoder (0.24) writes values as it
 /// is given them, so a `"` in an application's name would end the value early.
 fn escape(value: &str) -> String {
@@ -362,6 +467,65 @@ mod tests {
         ] {
             assert!(lines.contains(&expected.as_str()), "{expected}\n{text}");
         }
+    }
+
+    /// The families as data are the declared ones (a counter named without `_total`),
+    /// with the same help, labels and buckets the text carries.
+    #[test]
+    fn families_as_data_are_the_served_ones() {
+        let data = scrape(Some(busy())).families();
+        let as_declared: Vec<(String, &str, &str)> = data
+            .iter()
+            .map(|f| match &f.points {
+                FamilyPoints::Counter(_) => (format!("{}_total", f.name), "counter", f.help),
+                FamilyPoints::Gauge(_) => (f.name.clone(), "gauge", f.help),
+                FamilyPoints::Histogram { .. } => (f.name.clone(), "histogram", f.help),
+            })
+            .collect();
+        let declared: Vec<(String, &str, &str)> = families()
+            .into_iter()
+            .map(|f| (f.name, f.kind, f.help))
+            .collect();
+        assert_eq!(as_declared, declared);
+        let processed = data
+            .iter()
+            .find(|f| f.name == "flotilla_records_processed")
+            .unwrap();
+        let FamilyPoints::Counter(series) = &processed.points else {
+            panic!("{processed:?}");
+        };
+        let base = vec![
+            ("application", "orders-app".to_owned()),
+            ("stream", "orders".to_owned()),
+            ("worker", "w\"1".to_owned()),
+        ];
+        let mut on_shard = base.clone();
+        on_shard.push(("shard", "shardId-000000000000".to_owned()));
+        assert_eq!(series, &vec![(base.clone(), 3.0), (on_shard, 3.0)]);
+        let timing = data
+            .iter()
+            .find(|f| f.name == "flotilla_get_records_time_milliseconds")
+            .unwrap();
+        assert_eq!(timing.unit, "ms");
+        let FamilyPoints::Histogram {
+            labels,
+            buckets,
+            sum,
+            count,
+        } = &timing.points
+        else {
+            panic!("{timing:?}");
+        };
+        assert_eq!((labels, *sum, *count), (&base, 3.0, 1));
+        assert_eq!(
+            buckets.iter().map(|(_, n)| n).sum::<u64>(),
+            1,
+            "{buckets:?}"
+        );
+        assert_eq!(buckets.last().map(|(upper, _)| *upper), Some(f64::INFINITY));
+        let before = scrape(None).families();
+        let names: Vec<&str> = before.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, [UP, UPTIME]);
     }
 
     /// Before the first metrics snapshot: only that the worker is up.

@@ -782,6 +782,21 @@ pub struct Worker {
     stopper: Option<JoinHandle<()>>,
 }
 
+/// [`Worker::status`] for a task that does not own the [`Worker`]: cheap to clone, and
+/// it keeps nothing alive. Once the worker has stopped, its calls fail
+/// ([`WorkerError::Unresponsive`]), which a periodic reader takes as "nothing to read".
+#[derive(Debug, Clone)]
+pub struct StatusProbe {
+    supervisor: ActorRef<SupervisorMsg>,
+}
+
+impl StatusProbe {
+    pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
+        ractor::call_t!(self.supervisor, SupervisorMsg::Status, STATUS_TIMEOUT_MS)
+            .map_err(|e| WorkerError::Unresponsive(e.to_string()))
+    }
+}
+
 /// A worker that stopped because a [`WorkerHandle`] asked it to: what
 /// [`Worker::wait`] returns then.
 #[derive(Debug, Clone, PartialEq)]
@@ -827,6 +842,14 @@ impl Worker {
     pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
         ractor::call_t!(self.supervisor, SupervisorMsg::Status, STATUS_TIMEOUT_MS)
             .map_err(|e| self.stopped_or(e.to_string()))
+    }
+
+    /// Asks for this worker's status from a task that does not own the worker (the
+    /// binary's OTLP metrics push, on its own timer): see [`StatusProbe`].
+    pub fn status_probe(&self) -> StatusProbe {
+        StatusProbe {
+            supervisor: self.supervisor.clone(),
+        }
     }
 
     /// Stops gracefully. First the worker drains: it tells the fleet (its heartbeat says
