@@ -14,6 +14,11 @@ mod servers;
 
 #[path = "common/load.rs"]
 mod load;
+#[path = "common/stats.rs"]
+#[allow(dead_code)]
+mod stats;
+
+use stats::median;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,11 +118,6 @@ async fn flotilla(
     took
 }
 
-fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -145,9 +145,9 @@ fn main() {
             flotilla_rates.push(fr);
             ratios.push(fr / pr);
         }
-        let (pm, pmin, pmax) = stats(plain_rates);
-        let (fm, fmin, fmax) = stats(flotilla_rates);
-        let (rm, rmin, rmax) = stats(ratios);
+        let (pm, pmin, pmax) = median(&plain_rates);
+        let (fm, fmin, fmax) = median(&flotilla_rates);
+        let (rm, rmin, rmax) = median(&ratios);
         println!();
         println!("| id | what | median | min | max | target | ratio to target |");
         println!("|---|---|---|---|---|---|---|");

@@ -258,7 +258,7 @@ async fn drain() {
         ratios.push(rates[0] / raw_rate);
     }
     let row = |what: &str, v: Vec<f64>, target: &str| {
-        let (m, lo, hi) = median(v);
+        let (m, lo, hi) = median(&v);
         println!("| P11 | {what} | {m:.2} | {lo:.2} | {hi:.2} | {target} |");
     };
     println!("| id | what | median | min | max | target |");
@@ -350,7 +350,7 @@ async fn latency() {
             p50s.push(p50);
             p99s.push(p99);
         }
-        rows.push((server, mode, median(p50s), median(p99s)));
+        rows.push((server, mode, median(&p50s), median(&p99s)));
     }
     println!("| id | what | p50 median (min–max) | p99 median (min–max) | target |");
     println!("|---|---|---|---|---|");

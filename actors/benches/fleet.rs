@@ -9,6 +9,10 @@
 //! `FLOTILLA_BENCH_BALANCE=count|throughput` sets `lease.balance` for every worker.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
 
+#[path = "common/stats.rs"]
+#[allow(dead_code)]
+mod stats;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -28,6 +32,8 @@ use flotilla_actors::{
     Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
 };
 use tokio::time::Instant;
+
+use stats::{median, percentile, sorted};
 
 const STREAM: &str = "bench";
 const APP: &str = "bench-app";
@@ -250,29 +256,6 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v
-}
-
-/// median, min, max
-fn mmm(v: &[f64]) -> (f64, f64, f64) {
-    let s = sorted(v.to_vec());
-    (
-        pct(&s, 50.0),
-        s.first().copied().unwrap_or(f64::NAN),
-        s.last().copied().unwrap_or(f64::NAN),
-    )
-}
-
 /// One line of the final table.
 struct Row {
     id: String,
@@ -376,22 +359,26 @@ fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
         let gaps = sorted(gaps);
         println!(
             "  run {i}: per-shard gap p50 {:.2} s, max {:.2} s ({} shards); delivered again after the kill: {duplicates}",
-            pct(&gaps, 50.0),
-            pct(&gaps, 100.0),
+            percentile(&gaps, 0.5),
+            percentile(&gaps, 1.0),
             gaps.len()
         );
-        p50s.push(pct(&gaps, 50.0));
+        p50s.push(percentile(&gaps, 0.5));
         all.extend(gaps);
         dups.push(duplicates as f64);
     }
     let all = sorted(all);
-    let (p50, p99, max) = (pct(&all, 50.0), pct(&all, 99.0), pct(&all, 100.0));
+    let (p50, p99, max) = (
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        percentile(&all, 1.0),
+    );
     println!(
         "  all {} gaps: p50 {p50:.2} s, p99 {p99:.2} s, max {max:.2} s (target p99 <= {:.0} s)",
         all.len(),
         failover + 2.0
     );
-    let (dup_med, dup_min, dup_max) = mmm(&dups);
+    let (dup_med, dup_min, dup_max) = median(&dups);
     println!(
         "  delivered again after the kill, per run: median {dup_med:.0}, min {dup_min:.0}, max {dup_max:.0} (records of the victim's 4 shards, 10 records/s each)"
     );
@@ -472,7 +459,7 @@ fn p3e(n: usize, rows: &mut Vec<Row>) {
         println!("  run {i}: delivered again after the kill: {d}");
         dups.push(d as f64);
     }
-    let (med, min, max) = mmm(&dups);
+    let (med, min, max) = median(&dups);
     println!(
         "  delivered again after the kill, per run: median {med:.0}, min {min:.0}, max {max:.0}"
     );
@@ -580,9 +567,9 @@ fn p4(steal: bool, n: usize, rows: &mut Vec<Row>) {
         println!(
             "  run {i}: {} moved; gap old->new p50 {:.2} s max {:.2} s; from start max {:.2} s; duplicates {}",
             h.moved,
-            pct(&g, 50.0),
-            pct(&g, 100.0),
-            pct(&sorted(h.from_start.clone()), 100.0),
+            percentile(&g, 0.5),
+            percentile(&g, 1.0),
+            percentile(&sorted(h.from_start.clone()), 1.0),
             h.duplicates
         );
         gaps.extend(h.gaps);
@@ -593,9 +580,9 @@ fn p4(steal: bool, n: usize, rows: &mut Vec<Row>) {
     let id = if steal { "P4b" } else { "P4a" };
     println!(
         "  all: gap p50 {:.2} s p99 {:.2} s max {:.2} s; duplicates total {}",
-        pct(&g, 50.0),
-        pct(&g, 99.0),
-        pct(&g, 100.0),
+        percentile(&g, 0.5),
+        percentile(&g, 0.99),
+        percentile(&g, 1.0),
         dups.iter().sum::<f64>()
     );
     rows.push(Row {
@@ -603,7 +590,7 @@ fn p4(steal: bool, n: usize, rows: &mut Vec<Row>) {
         what: format!("{what}: gap last old delivery -> first new, per moved shard"),
         values: gaps,
         unit: "s",
-        target: Some((2.0, pct(&g, 99.0), "p99")),
+        target: Some((2.0, percentile(&g, 0.99), "p99")),
     });
     if !steal {
         let fs = sorted(from_start.clone());
@@ -612,7 +599,7 @@ fn p4(steal: bool, n: usize, rows: &mut Vec<Row>) {
             what: "shutdown start -> first delivery elsewhere, per shard".into(),
             values: from_start,
             unit: "s",
-            target: Some((2.0, pct(&fs, 99.0), "p99")),
+            target: Some((2.0, percentile(&fs, 0.99), "p99")),
         });
     }
     rows.push(Row {
@@ -815,7 +802,7 @@ fn p5(n: usize, rows: &mut Vec<Row>) {
             ls,
         ),
     ] {
-        let (_, _, max) = mmm(&v);
+        let (_, _, max) = median(&v);
         rows.push(Row {
             id: id.into(),
             what: what.into(),
@@ -1397,8 +1384,8 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
         // The KCL's scans, strongly consistent, billed by the bytes of the lease rows.
         let kcl_rcu = kcl_rows * lease_bytes as f64 / 4096.0;
         if !busy && !index {
-            let (rows_med, _, _) = mmm(&reads_rows);
-            let (rcu_med, _, _) = mmm(&rcus);
+            let (rows_med, _, _) = median(&reads_rows);
+            let (rcu_med, _, _) = median(&rcus);
             println!(
                 "  by key: {rows_med:.0} rows/min, {rcu_med:.0} RCU/min (KCL model {kcl_rcu:.0} RCU/min)"
             );
@@ -1422,8 +1409,8 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
             });
             continue;
         }
-        let (med, _, _) = mmm(&lease_writes);
-        let (cw_med, _, cw_max) = mmm(&checkpoints);
+        let (med, _, _) = median(&lease_writes);
+        let (cw_med, _, cw_max) = median(&checkpoints);
         if !busy {
             println!(
                 "  KCL model: renewals {kcl_writes:.0}/min; {kcl_scans:.0} scans/min = {kcl_rows:.0} rows read/min"
@@ -1439,7 +1426,7 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
                 unit: "w/min",
                 target: Some((kcl_writes / 10.0, med, "median")),
             });
-            let (rows_med, _, _) = mmm(&reads_rows);
+            let (rows_med, _, _) = median(&reads_rows);
             println!(
                 "  reads ratio KCL/flotilla: {:.1}x in rows (target >= 10x)",
                 kcl_rows / rows_med
@@ -1451,7 +1438,7 @@ fn p6(n: usize, rows: &mut Vec<Row>) {
                 unit: "rows/min",
                 target: Some((kcl_rows / 10.0, rows_med, "median")),
             });
-            let (rcu_med, _, _) = mmm(&rcus);
+            let (rcu_med, _, _) = median(&rcus);
             println!(
                 "  reads ratio KCL/flotilla: {:.1}x in RCU (KCL model {kcl_rcu:.0}; target >= 10x)",
                 kcl_rcu / rcu_med
@@ -1703,7 +1690,7 @@ fn p14(n: usize, rows: &mut Vec<Row>) {
     let mut row = |key: &str, id: &str, what: String, unit, target: Option<(f64, &'static str)>| {
         let values = v.remove(key).unwrap_or_default();
         let target = target.map(|(t, which)| {
-            let (med, _, max) = mmm(&values);
+            let (med, _, max) = median(&values);
             (t, if which == "max" { max } else { med }, which)
         });
         rows.push(Row {
@@ -1917,7 +1904,7 @@ fn p9(n: usize, rows: &mut Vec<Row>) {
             );
             v.push(if shards == 4 { first } else { all });
         }
-        let (med, _, _) = mmm(&v);
+        let (med, _, _) = median(&v);
         rows.push(Row {
             id: if shards == 4 {
                 "P9".into()
@@ -1988,7 +1975,7 @@ fn main() {
     println!("| id | what | n | median | min | max | target | ratio to target |");
     println!("|---|---|---|---|---|---|---|---|");
     for r in rows {
-        let (med, min, max) = mmm(&r.values);
+        let (med, min, max) = median(&r.values);
         let (target, ratio) = match r.target {
             Some((t, v, which)) if t > 0.0 => (
                 format!("≤ {t:.1} {} ({which})", r.unit),

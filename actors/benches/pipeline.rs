@@ -16,6 +16,9 @@
 
 #[path = "../tests/support/counted.rs"]
 mod counted;
+#[path = "common/stats.rs"]
+#[allow(dead_code)]
+mod stats;
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -33,6 +36,7 @@ use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, ShardInfo,
     Worker,
 };
+use stats::{median, percentile, sorted};
 
 const STREAM: &str = "bench";
 const APP: &str = "bench-app";
@@ -161,20 +165,7 @@ struct Row {
 
 impl Row {
     fn stats(&self) -> (f64, f64, f64) {
-        let mut v = self.samples.clone();
-        v.sort_by(f64::total_cmp);
-        let median = if v.is_empty() {
-            f64::NAN
-        } else if v.len() % 2 == 1 {
-            v[v.len() / 2]
-        } else {
-            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-        };
-        (
-            median,
-            v.first().copied().unwrap_or(f64::NAN),
-            v.last().copied().unwrap_or(f64::NAN),
-        )
+        median(&self.samples)
     }
 }
 
@@ -787,9 +778,9 @@ async fn p8_run(tuned: bool, secs: u64) -> (f64, f64) {
     );
     let _ = worker.shutdown().await;
     let pairs = std::mem::take(&mut *sink.lock().unwrap());
-    let pct = |mut lat: Vec<u64>, p: f64| {
-        lat.sort_unstable();
-        lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1e6
+    // Nanoseconds to milliseconds, sorted; percentiles by the benches' one rule.
+    let pct = |lat: Vec<u64>, p: f64| {
+        percentile(&sorted(lat.iter().map(|n| *n as f64 / 1e6).collect()), p)
     };
     // For the notes: the same without the first second of production (the readers
     // start from an idle backoff).

@@ -415,7 +415,7 @@ async fn drain() {
         ratio_adapter.push(ar / pr);
     }
     let row = |what: &str, v: Vec<f64>, target: &str| {
-        let (m, lo, hi) = median(v);
+        let (m, lo, hi) = median(&v);
         if target.is_empty() {
             println!("| P12 | {what} | {m:.0} | {lo:.0} | {hi:.0} | |");
         } else {
@@ -652,7 +652,7 @@ async fn latency() {
             .await;
     }
     let cell = |v: Vec<f64>| {
-        let (m, lo, hi) = median(v);
+        let (m, lo, hi) = median(&v);
         format!("{m:.1} ms ({lo:.1}–{hi:.1})")
     };
     println!();

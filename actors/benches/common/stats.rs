@@ -1,5 +1,5 @@
-//! What the benchmarks with named parts (P11, P12) share: which parts to run, and the
-//! figures they report.
+//! What the benchmarks share: which parts to run (the benches with named parts, P11,
+//! P12), and how their figures are summed up.
 
 /// Whether the part `name` runs: every part when none is named on the command line
 /// (`cargo bench --bench X -- drain latency`), else only those named.
@@ -11,13 +11,34 @@ pub fn wanted(name: &str) -> bool {
     args.is_empty() || args.iter().any(|a| a == name)
 }
 
-/// Median, minimum and maximum of the runs' figures.
-pub fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+/// The benchmarks' one definition of their figures. Every sample is kept (at most some
+/// 10^5 a run) and sorted once, so percentiles are exact; a recording histogram
+/// (hdrhistogram) would trade that for bounded memory, which a bench of minutes does not
+/// need.
+///
+/// Figures sorted ascending (NaN, which no bench produces, sorts last).
+pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
 }
 
-/// The `p` (0..=1) percentile of figures sorted ascending.
+/// The `p` (0..=1) percentile of figures sorted ascending: the nearest rank, rounded;
+/// NaN when there are none.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = (p * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Median (the 0.5 percentile, as above), minimum and maximum of the runs' figures; NaN
+/// for none.
+pub fn median(v: &[f64]) -> (f64, f64, f64) {
+    let s = sorted(v.to_vec());
+    (
+        percentile(&s, 0.5),
+        s.first().copied().unwrap_or(f64::NAN),
+        s.last().copied().unwrap_or(f64::NAN),
+    )
 }
