@@ -61,6 +61,7 @@ pub mod multilang;
 pub mod mutants;
 pub mod oracle;
 mod processor;
+#[cfg(feature = "status-server")]
 mod prometheus;
 mod protocol;
 mod renewal;
@@ -70,6 +71,7 @@ mod spans;
 pub mod status;
 pub mod status_history;
 pub mod status_page;
+#[cfg(feature = "status-server")]
 mod status_server;
 pub mod status_tree;
 pub mod stream_set;
