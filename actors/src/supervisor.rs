@@ -382,7 +382,8 @@ fn actor_state(cell: &ActorCell) -> String {
 }
 
 /// Built without the `status-server` feature: no endpoint. Settings refuse
-/// `status.enabled = true` in such a build (`settings::check_built`), so none was asked for.
+/// `status.enabled = true` in such a build (`Settings::check_built`), so none was
+/// asked for.
 #[cfg(not(feature = "status-server"))]
 async fn spawn_status_server(
     _myself: &ActorRef<SupervisorMsg>,
