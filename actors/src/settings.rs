@@ -1919,8 +1919,7 @@ mod tests {
             s.status.enabled = false;
             s.metrics.level = MetricsLevel::None;
         };
-        let status_error =
-            "settings: status.enabled = true: built without the status-server feature: set \
+        let status_error = "settings: status.enabled = true: built without the status-server feature: set \
              status.enabled = false or enable the feature";
         let cloudwatch_error = |level: &str| {
             format!(
@@ -1939,7 +1938,11 @@ mod tests {
             (BARE, quiet, None),
             (ALL, quiet, None),
             // Each feature serves its own setting, not the other's.
-            (endpoint_only, |s| s.metrics.level = MetricsLevel::None, None),
+            (
+                endpoint_only,
+                |s| s.metrics.level = MetricsLevel::None,
+                None,
+            ),
             (cloudwatch_only, |s| s.status.enabled = false, None),
             (
                 BARE,
