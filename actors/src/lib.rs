@@ -63,6 +63,7 @@ pub mod multilang;
 pub mod mutants;
 pub mod oracle;
 mod processor;
+#[cfg(feature = "status-server")]
 mod prometheus;
 mod protocol;
 mod renewal;
@@ -72,6 +73,7 @@ mod spans;
 pub mod status;
 pub mod status_history;
 pub mod status_page;
+#[cfg(feature = "status-server")]
 mod status_server;
 pub mod status_tree;
 pub mod stream_set;

@@ -568,10 +568,60 @@ impl SettingsError {
 /// for room it can never have stalls its shard for good.
 pub const MIN_WINDOW_BYTES: u64 = 1024 * 1024;
 
+/// The optional parts this build of the library has (its cargo features). Settings that
+/// need a part the build left out are refused by name rather than ignored, so a worker
+/// never runs silently without the endpoint or the metrics it was configured for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Built {
+    /// The `status-server` feature: the HTTP status endpoint.
+    pub status_server: bool,
+    /// The `cloudwatch` feature: the CloudWatch metrics adapter.
+    pub cloudwatch: bool,
+}
+
+impl Built {
+    /// This build's features.
+    pub const THIS: Built = Built {
+        status_server: cfg!(feature = "status-server"),
+        cloudwatch: cfg!(feature = "cloudwatch"),
+    };
+}
+
+/// Why `status.enabled = true` is refused by a build without the endpoint.
+pub const NO_STATUS_SERVER: &str =
+    "built without the status-server feature: set status.enabled = false or enable the feature";
+/// Why a `metrics.level` other than `none` is refused by a build without CloudWatch (and
+/// what the AWS backend's metrics sink answers in such a build).
+pub const NO_CLOUDWATCH: &str =
+    "built without the cloudwatch feature: set metrics.level = \"none\" or enable the feature";
+
 impl Settings {
+    /// The settings' demands on what was built: `status.enabled` needs the
+    /// `status-server` feature, and publishing metrics (`metrics.level` other than
+    /// `none`) the `cloudwatch` feature. Pure and given the build, so both answers are
+    /// tested in every build; [`Settings::validate`] asks it about [`Built::THIS`].
+    pub fn check_built(&self, built: Built) -> Result<(), SettingsError> {
+        if self.status.enabled && !built.status_server {
+            return Err(invalid("status.enabled", true, NO_STATUS_SERVER));
+        }
+        let level = match self.metrics.level {
+            MetricsLevel::None => None,
+            MetricsLevel::Summary => Some("summary"),
+            MetricsLevel::Detailed => Some("detailed"),
+        };
+        if let Some(level) = level
+            && !built.cloudwatch
+        {
+            return Err(invalid("metrics.level", quoted(level), NO_CLOUDWATCH));
+        }
+        Ok(())
+    }
+
     /// Returns the first problem, in the order of `config/default.toml`, so each message
-    /// can say one thing and how to fix it; fixing it may reveal the next.
+    /// can say one thing and how to fix it; fixing it may reveal the next. What this
+    /// build of the library lacks comes first ([`Settings::check_built`]).
     pub fn validate(&self) -> Result<(), SettingsError> {
+        self.check_built(Built::THIS)?;
         self.worker.validate()?;
         self.lease.validate()?;
         self.status.validate()?;
@@ -1845,6 +1895,92 @@ mod tests {
             adjust(&mut settings);
             assert_eq!(settings.validate(), Ok(()), "case {i}");
         }
+    }
+
+    #[test]
+    fn what_was_built_decides_the_endpoint_and_the_metrics() {
+        const ALL: Built = Built {
+            status_server: true,
+            cloudwatch: true,
+        };
+        const BARE: Built = Built {
+            status_server: false,
+            cloudwatch: false,
+        };
+        let endpoint_only = Built {
+            cloudwatch: false,
+            ..ALL
+        };
+        let cloudwatch_only = Built {
+            status_server: false,
+            ..ALL
+        };
+        let quiet = |s: &mut Settings| {
+            s.status.enabled = false;
+            s.metrics.level = MetricsLevel::None;
+        };
+        let status_error = "settings: status.enabled = true: built without the status-server feature: set \
+             status.enabled = false or enable the feature";
+        let cloudwatch_error = |level: &str| {
+            format!(
+                "settings: metrics.level = \"{level}\": built without the cloudwatch feature: \
+                 set metrics.level = \"none\" or enable the feature"
+            )
+        };
+        type Adjust = fn(&mut Settings);
+        let cases: Vec<(Built, Adjust, Option<String>)> = vec![
+            // The defaults need both.
+            (ALL, |_| {}, None),
+            (BARE, |_| {}, Some(status_error.to_owned())),
+            (endpoint_only, |_| {}, Some(cloudwatch_error("summary"))),
+            (cloudwatch_only, |_| {}, Some(status_error.to_owned())),
+            // With neither asked for, any build will do.
+            (BARE, quiet, None),
+            (ALL, quiet, None),
+            // Each feature serves its own setting, not the other's.
+            (
+                endpoint_only,
+                |s| s.metrics.level = MetricsLevel::None,
+                None,
+            ),
+            (cloudwatch_only, |s| s.status.enabled = false, None),
+            (
+                BARE,
+                |s| s.status.enabled = false,
+                Some(cloudwatch_error("summary")),
+            ),
+            (
+                BARE,
+                |s| {
+                    s.status.enabled = false;
+                    s.metrics.level = MetricsLevel::Detailed;
+                },
+                Some(cloudwatch_error("detailed")),
+            ),
+        ];
+        for (i, (built, adjust, want)) in cases.into_iter().enumerate() {
+            let mut settings = valid();
+            adjust(&mut settings);
+            let got = settings.check_built(built).map_err(|e| e.to_string());
+            assert_eq!(got, want.map_or(Ok(()), Err), "case {i}");
+        }
+        let mut settings = valid();
+        settings.metrics.level = MetricsLevel::Summary;
+        assert_eq!(
+            settings
+                .check_built(endpoint_only)
+                .map_err(|e| e.key().to_owned()),
+            Err("metrics.level".to_owned())
+        );
+    }
+
+    /// Fails only in a build without a feature (CI checks one) if `validate` forgot to ask.
+    #[test]
+    fn validate_asks_about_this_build() {
+        let mut settings = valid();
+        settings.status.enabled = true;
+        settings.metrics.level = MetricsLevel::Detailed;
+        assert_eq!(settings.validate(), settings.check_built(Built::THIS));
     }
 
     #[test]

@@ -536,6 +536,7 @@ pub(crate) struct FleetBoardInner {
     view: tokio::sync::watch::Sender<Option<Arc<(FleetView, tokio::time::Instant)>>>,
     wanted: std::sync::atomic::AtomicBool,
     /// When `/fleet` was last asked.
+    #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     asked: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
@@ -554,6 +555,7 @@ impl FleetBoardInner {
         self.view.send_replace(view);
     }
 
+    #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub(crate) fn subscribe(
         &self,
     ) -> tokio::sync::watch::Receiver<Option<Arc<(FleetView, tokio::time::Instant)>>> {
@@ -562,6 +564,7 @@ impl FleetBoardInner {
 
     /// Somebody asked for the fleet view (`GET /fleet`). Returns whether it was asked
     /// within `within` before, i.e. whether the keeper's rounds have kept it whole.
+    #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub(crate) fn want(&self, within: std::time::Duration) -> bool {
         self.wanted
             .store(true, std::sync::atomic::Ordering::Relaxed);

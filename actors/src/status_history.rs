@@ -15,6 +15,10 @@
 //! checks the figure). A series no longer sampled (a shard given away, a worker gone)
 //! is dropped once its last point leaves the window.
 
+// Without the `status-server` feature only the page's types (`Point`, `Series`) are
+// used; the rings the server keeps (`History`) are not.
+#![cfg_attr(not(feature = "status-server"), allow(dead_code))]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -36,7 +36,12 @@ use crate::status::{
     CoreActorStatus, ReleaseReport, ShardShutdown, ShardState, ShardStatus, ShutdownReport,
     WorkerStatus,
 };
+#[cfg(feature = "status-server")]
 use crate::status_server::{StatusArgs, StatusMsg, StatusServer};
+/// Built without the `status-server` feature there is no endpoint, so nothing to send
+/// one: the supervisor's slot for it stays empty.
+#[cfg(not(feature = "status-server"))]
+type StatusMsg = std::convert::Infallible;
 use crate::stream_watcher::{StreamWatcher, WatcherArgs};
 use crate::telemetry::{CoreActorFailed, Recovery, ShardEnded, ShardFailed, Telemetry};
 
@@ -75,9 +80,11 @@ pub(crate) struct WorkerContext {
     /// The watcher's last shard listing, for the keeper.
     pub listing: crate::status::ListingBoard,
     /// Where the status endpoint listens, once it does.
+    #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
     /// The status listener `Worker::start` bound (so a taken port fails the start with
     /// a plain error); the first status server takes it, a restarted one binds again.
+    #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub status_listener: Mutex<Option<tokio::net::TcpListener>>,
     /// Given to every processor (in its checkpointer) to ask for a graceful shutdown.
     pub handle: crate::handle::WorkerHandle,
@@ -374,6 +381,18 @@ fn actor_state(cell: &ActorCell) -> String {
     format!("{:?}", cell.get_status()).to_lowercase()
 }
 
+/// Built without the `status-server` feature: no endpoint. Settings refuse
+/// `status.enabled = true` in such a build (`Settings::check_built`), so none was
+/// asked for.
+#[cfg(not(feature = "status-server"))]
+async fn spawn_status_server(
+    _myself: &ActorRef<SupervisorMsg>,
+    _ctx: &Arc<WorkerContext>,
+) -> Result<Option<ActorRef<StatusMsg>>, ActorProcessingErr> {
+    Ok(None)
+}
+
+#[cfg(feature = "status-server")]
 async fn spawn_status_server(
     myself: &ActorRef<SupervisorMsg>,
     ctx: &Arc<WorkerContext>,

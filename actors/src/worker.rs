@@ -10,9 +10,9 @@ use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use crate::backend::aws::{
-    self, CloudWatchMetrics, DynamoLeaseTable, DynamoStreams, KinesisStream,
-};
+#[cfg(feature = "cloudwatch")]
+use crate::backend::aws::CloudWatchMetrics;
+use crate::backend::aws::{self, DynamoLeaseTable, DynamoStreams, KinesisStream};
 use crate::backend::clock::Clock;
 use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::time_scan::TimeScan;
@@ -127,6 +127,7 @@ impl Backend {
         let dynamodb_endpoint = endpoints.dynamodb.clone();
         let stream_sdk = aws::tuned_for(&sdk, aws::Service::Stream, settings);
         let table_sdk = aws::tuned_for(&sdk, aws::Service::LeaseTable, settings);
+        #[cfg(feature = "cloudwatch")]
         let metrics_sdk = aws::tuned_for(&sdk, aws::Service::Metrics, settings);
         Self {
             streams: Arc::new(KinesisStream::new(
@@ -145,10 +146,13 @@ impl Backend {
                     name,
                 ))
             }),
+            #[cfg(feature = "cloudwatch")]
             metrics: Arc::new(CloudWatchMetrics::new(
                 &metrics_sdk,
                 endpoints.cloudwatch.as_deref(),
             )),
+            #[cfg(not(feature = "cloudwatch"))]
+            metrics: Arc::new(aws::NoCloudWatch),
             clock: Clock::new(),
             aws: Some(settings.clone()),
         }

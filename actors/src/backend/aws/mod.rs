@@ -4,6 +4,7 @@
 //! All three are built from one `aws_config::SdkConfig` (default credential chain and
 //! region), with an optional endpoint URL per service for local servers.
 
+#[cfg(feature = "cloudwatch")]
 mod cloudwatch;
 mod dynamodb;
 mod dynamodb_streams;
@@ -13,6 +14,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
+#[cfg(feature = "cloudwatch")]
 pub use cloudwatch::{CloudWatchMetrics, IAM_ACTIONS as CLOUDWATCH_IAM_ACTIONS};
 pub use dynamodb::{
     Billing, DynamoLeaseTable, IAM_ACTIONS as DYNAMODB_IAM_ACTIONS, TableOptions, TableSettings,
@@ -22,6 +24,29 @@ pub use dynamodb_streams::{DynamoStreams, IAM_ACTIONS as DYNAMODB_STREAMS_IAM_AC
 pub use kinesis::{IAM_ACTIONS as KINESIS_IAM_ACTIONS, KinesisStream};
 
 use crate::backend::StreamError;
+#[cfg(not(feature = "cloudwatch"))]
+use crate::backend::{MetricDatum, MetricsError, MetricsSink};
+
+/// The metrics sink of an AWS backend built without the `cloudwatch` feature: there is
+/// no CloudWatch client to send with. Settings refuse every `metrics.level` but `none`
+/// in such a build, so nothing is ever put here; if something is, it is refused with
+/// the reason rather than dropped, so data cannot vanish without a word.
+#[cfg(not(feature = "cloudwatch"))]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCloudWatch;
+
+#[cfg(not(feature = "cloudwatch"))]
+impl MetricsSink for NoCloudWatch {
+    fn put<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _data: Vec<MetricDatum>,
+    ) -> futures::future::BoxFuture<'a, Result<(), MetricsError>> {
+        Box::pin(futures::future::ready(Err(MetricsError::Other {
+            message: crate::settings::NO_CLOUDWATCH.to_owned(),
+        })))
+    }
+}
 
 /// Endpoint URLs that replace the AWS ones (local servers). `None` means AWS.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
