@@ -87,6 +87,7 @@ pub use backend::aws::Endpoints;
 pub use fencing::FenceReason;
 pub use handle::WorkerHandle;
 pub use processor::{Processor, ProcessorError};
+#[cfg(feature = "status-server")]
 pub use prometheus::{FamilyPoints, MetricFamily, metric_families};
 pub use protocol::{
     AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
