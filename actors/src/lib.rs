@@ -52,15 +52,28 @@ pub mod balance;
 mod checkpoint_writer;
 pub mod fanout;
 mod fencing;
+/// Not public API: a pure simulation of fleets deciding with `balance`, for its property
+/// tests and the fleet benchmark. Public only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod fleet_sim;
 mod handle;
 pub mod kpl;
 mod lease_keeper;
 mod metrics;
+/// Not public API: the worker starts its own reporter; public only with the `testing`
+/// feature, for `tests/metrics_reporter.rs`, which drives the actor alone.
+#[cfg(feature = "testing")]
 pub mod metrics_reporter;
+#[cfg(not(feature = "testing"))]
+mod metrics_reporter;
 pub mod model;
 pub mod multilang;
+/// Not public API: deliberate protocol bugs for the fault simulator; public only with
+/// the `testing` feature, for `examples/simulate.rs`, which switches them on.
+#[cfg(feature = "testing")]
 pub mod mutants;
+#[cfg(not(feature = "testing"))]
+mod mutants;
 pub mod oracle;
 mod processor;
 #[cfg(feature = "status-server")]

@@ -41,7 +41,7 @@ pub struct MetricsSnapshot {
     pub last_error: Option<String>,
     /// Datums waiting for a retry or in flight.
     pub pending_datums: u64,
-    /// Datums given up on: older than [`RETRY_INTERVALS`] intervals, or refused as
+    /// Datums given up on: older than `RETRY_INTERVALS` intervals, or refused as
     /// invalid by the sink.
     pub dropped_datums: u64,
     /// Samples ignored because their value was not a finite number.

@@ -33,6 +33,9 @@ pub enum Mutant {
     ReleaseWithoutCounterBump,
 }
 
+// Without `testing` only the crate's `active` reads this: the table and the parser are
+// the simulator's (`examples/simulate.rs`).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 impl Mutant {
     pub const ALL: [Mutant; 5] = [
         Mutant::LiftFenceAfterGap,
@@ -86,6 +89,7 @@ mod switch {
     /// 0: none; otherwise the index in `Mutant::ALL` plus one.
     static ACTIVE: AtomicU8 = AtomicU8::new(0);
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn set(mutant: Option<Mutant>) {
         let value = match mutant {
             None => 0,
@@ -106,6 +110,7 @@ mod switch {
 /// Switches a mutant on for the whole process (`None`: the real protocol). Only the
 /// simulator calls this, one mutant at a time, with no other test in the process.
 #[cfg(feature = "mutants")]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub fn set(mutant: Option<Mutant>) {
     switch::set(mutant);
 }

@@ -12,7 +12,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::balance::{Observations, Peer};
-use crate::metrics::MetricsSnapshot;
+// The metrics part of a `WorkerStatus`, nameable here now that the reporter that fills
+// it is not public API.
+pub use crate::metrics::{Histogram, HistogramSnapshot, Metric, MetricsSnapshot};
 use crate::model::{Lease, LeaseKey, ShardId, WorkerId};
 
 /// Where a held shard is in its life.

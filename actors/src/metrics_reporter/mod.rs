@@ -22,6 +22,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{error, warn};
 
 use crate::metrics::Backlog;
+// The whole vocabulary a caller of the reporter needs; without `testing` the module is
+// the crate's own and only part of it is used here.
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use crate::metrics::{
     APPLICATION_DIMENSION, Aggregator, Kind, Metric, MetricsSnapshot, RETRY_INTERVALS,
     SHARD_DIMENSION, STREAM_DIMENSION, STREAM_ID_DIMENSION, Sample,
