@@ -8,10 +8,11 @@ mod support;
 use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::settings::ReadMode;
 use flotilla_actors::{Backend, Settings, Worker, WorkerError};
 
 use support::http::{get, json_until, url};
-use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
+use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, read_mode};
 use support::rig::{APP, Rig, STREAM, shutdown_clean};
 
 fn settings(id: &str) -> Settings {
@@ -157,12 +158,16 @@ async fn every_route_answers_with_live_data() {
     assert!(text.contains("worker=\"status-a\""));
     assert!(text.contains("shard=\"shardId-"));
     // The timings are taken where the work happens: the processor host's acks (batch
-    // processing), the reader's GetRecords and its delivery (put → delivery).
-    for timing in [
+    // processing), the reader's GetRecords (polling only: fan-out is pushed) and its
+    // delivery (put → delivery).
+    let mut timings = vec![
         "flotilla_processing_time_milliseconds",
-        "flotilla_get_records_time_milliseconds",
         "flotilla_put_to_delivery_time_milliseconds",
-    ] {
+    ];
+    if read_mode() == ReadMode::Polling {
+        timings.push("flotilla_get_records_time_milliseconds");
+    }
+    for timing in timings {
         let count = text
             .lines()
             .find(|l| l.starts_with(&format!("{timing}_count{{")))
