@@ -234,7 +234,7 @@ pub struct DeregisterArgs {
 /// timeouts and retries, as a worker's, for `service`.
 async fn command_sdk(region: Option<String>, service: Service) -> aws_config::SdkConfig {
     let sdk = load_sdk_config(region).await;
-    tuned_for(&sdk, service, &AwsSettings::default())
+    tuned_for(&sdk, AwsSettings::default().call_limits(service))
 }
 
 impl StreamArgs {
@@ -875,7 +875,7 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
         on(now.deletion_protection)
     );
     if let Some((stream, endpoint)) = kinesis {
-        let sdk = tuned_for(&sdk, Service::Stream, &AwsSettings::default());
+        let sdk = tuned_for(&sdk, AwsSettings::default().call_limits(Service::Stream));
         let client = KinesisStream::new(&sdk, Some(&endpoint));
         let existing = match client.describe_stream_summary(&stream).await {
             Ok(summary) => Some(summary),

@@ -590,10 +590,7 @@ impl Built {
 /// Why `status.enabled = true` is refused by a build without the endpoint.
 pub const NO_STATUS_SERVER: &str =
     "built without the status-server feature: set status.enabled = false or enable the feature";
-/// Why a `metrics.level` other than `none` is refused by a build without CloudWatch (and
-/// what the AWS backend's metrics sink answers in such a build).
-pub const NO_CLOUDWATCH: &str =
-    "built without the cloudwatch feature: set metrics.level = \"none\" or enable the feature";
+pub use crate::backend::aws::NO_CLOUDWATCH;
 
 impl Settings {
     /// The settings' demands on what was built: `status.enabled` needs the
@@ -1226,6 +1223,23 @@ impl MetricsSettings {
 }
 
 impl AwsSettings {
+    /// The limits on `service`'s calls (`backend::aws::tuned_for` applies them).
+    pub fn call_limits(
+        &self,
+        service: crate::backend::aws::Service,
+    ) -> crate::backend::aws::CallLimits {
+        use crate::backend::aws::Service;
+        crate::backend::aws::CallLimits {
+            operation: match service {
+                Service::Stream => self.kinesis_timeout,
+                Service::LeaseTable => self.dynamodb_timeout,
+                Service::Metrics => self.cloudwatch_timeout,
+            },
+            attempt: self.attempt_timeout,
+            max_attempts: self.max_attempts,
+        }
+    }
+
     /// The endpoint URLs, as the AWS adapters take them.
     pub fn endpoints(&self) -> crate::backend::aws::Endpoints {
         crate::backend::aws::Endpoints {

@@ -125,10 +125,10 @@ impl Backend {
         };
         let endpoints = settings.endpoints();
         let dynamodb_endpoint = endpoints.dynamodb.clone();
-        let stream_sdk = aws::tuned_for(&sdk, aws::Service::Stream, settings);
-        let table_sdk = aws::tuned_for(&sdk, aws::Service::LeaseTable, settings);
+        let stream_sdk = aws::tuned_for(&sdk, settings.call_limits(aws::Service::Stream));
+        let table_sdk = aws::tuned_for(&sdk, settings.call_limits(aws::Service::LeaseTable));
         #[cfg(feature = "cloudwatch")]
-        let metrics_sdk = aws::tuned_for(&sdk, aws::Service::Metrics, settings);
+        let metrics_sdk = aws::tuned_for(&sdk, settings.call_limits(aws::Service::Metrics));
         Self {
             streams: Arc::new(KinesisStream::new(
                 &stream_sdk,

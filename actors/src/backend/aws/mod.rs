@@ -27,6 +27,11 @@ use crate::backend::StreamError;
 #[cfg(not(feature = "cloudwatch"))]
 use crate::backend::{MetricDatum, MetricsError, MetricsSink};
 
+/// Why a `metrics.level` other than `none` is refused by a build without CloudWatch (the
+/// settings' rule), and what the AWS backend's metrics sink answers in such a build.
+pub const NO_CLOUDWATCH: &str =
+    "built without the cloudwatch feature: set metrics.level = \"none\" or enable the feature";
+
 /// The metrics sink of an AWS backend built without the `cloudwatch` feature: there is
 /// no CloudWatch client to send with. Settings refuse every `metrics.level` but `none`
 /// in such a build, so nothing is ever put here; if something is, it is refused with
@@ -43,7 +48,7 @@ impl MetricsSink for NoCloudWatch {
         _data: Vec<MetricDatum>,
     ) -> futures::future::BoxFuture<'a, Result<(), MetricsError>> {
         Box::pin(futures::future::ready(Err(MetricsError::Other {
-            message: crate::settings::NO_CLOUDWATCH.to_owned(),
+            message: NO_CLOUDWATCH.to_owned(),
         })))
     }
 }
@@ -78,33 +83,39 @@ pub enum Service {
     Metrics,
 }
 
-/// `sdk` with the timeouts and retries `settings` give `service`'s calls. Every client
-/// flotilla makes (worker and command line) goes through here, so `[aws]` is the one
-/// place they are set; the rest of `sdk` (credentials, region, HTTP client) is kept.
-pub fn tuned_for(
-    sdk: &aws_config::SdkConfig,
-    service: Service,
-    settings: &crate::settings::AwsSettings,
-) -> aws_config::SdkConfig {
-    let operation = match service {
-        Service::Stream => settings.kinesis_timeout,
-        Service::LeaseTable => settings.dynamodb_timeout,
-        Service::Metrics => settings.cloudwatch_timeout,
-    };
+/// How long one call of a service may take and how often it is tried: what
+/// `AwsSettings::call_limits` gives each [`Service`] from `[aws]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// The whole call, every attempt and backoff included.
+    pub operation: std::time::Duration,
+    /// One attempt; `None`: an attempt may take the whole call's time.
+    pub attempt: Option<std::time::Duration>,
+    /// Attempts per call, the first included (the SDK's standard retries).
+    pub max_attempts: u32,
+}
+
+/// `sdk` with `limits` on its calls. Every client flotilla makes (worker and command
+/// line) goes through here with the limits `[aws]` gives its service, so the settings are
+/// the one place they are set; the rest of `sdk` (credentials, region, HTTP client) is kept.
+pub fn tuned_for(sdk: &aws_config::SdkConfig, limits: CallLimits) -> aws_config::SdkConfig {
+    let CallLimits {
+        operation,
+        attempt,
+        max_attempts,
+    } = limits;
     let mut timeouts = match sdk.timeout_config() {
         Some(config) => config.to_builder(),
         None => aws_config::timeout::TimeoutConfig::builder(),
     }
     .operation_timeout(operation);
-    timeouts = match settings.attempt_timeout {
+    timeouts = match attempt {
         Some(attempt) => timeouts.operation_attempt_timeout(attempt),
         None => timeouts.disable_operation_attempt_timeout(),
     };
     sdk.to_builder()
         .timeout_config(timeouts.build())
-        .retry_config(
-            aws_config::retry::RetryConfig::standard().with_max_attempts(settings.max_attempts),
-        )
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(max_attempts))
         .build()
 }
 
