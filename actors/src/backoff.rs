@@ -48,10 +48,12 @@ impl Backoff {
         }
     }
 
+    /// The floor of every delay, and the first delay's cap.
     pub fn min(&self) -> Duration {
         self.min
     }
 
+    /// The most the cap grows to (never below [`Backoff::min`]).
     pub fn max(&self) -> Duration {
         self.max
     }
@@ -118,11 +120,17 @@ impl Backoff {
 pub enum Verdict {
     /// Restart it. `attempt` counts the restarts within the window, this one included
     /// (from 1): a number to log, or to feed a [`Backoff`].
-    Restart { attempt: u32 },
+    Restart {
+        /// Restarts within the window, this one included, from 1.
+        attempt: u32,
+    },
     /// It failed more than `max_restarts` times within the window: stop restarting it
     /// and escalate. `restarts_in_window` is always `max_restarts + 1`, for the log
     /// line: failures beyond that are not kept, as they cannot change a verdict.
-    GiveUp { restarts_in_window: u32 },
+    GiveUp {
+        /// Failures counted in the window: `max_restarts + 1`.
+        restarts_in_window: u32,
+    },
 }
 
 /// Allows at most `max_restarts` restarts within any `window`; one more is a give-up.
@@ -166,10 +174,12 @@ impl RestartIntensity {
         }
     }
 
+    /// Restarts allowed within the window; one more gives up.
     pub fn max_restarts(&self) -> u32 {
         self.max_restarts
     }
 
+    /// How long a restart counts against the limit.
     pub fn window(&self) -> Duration {
         self.window
     }

@@ -54,17 +54,22 @@ struct CounterSeen {
 /// One worker as this worker sees it, for status pages.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Peer {
+    /// The worker, as its heartbeat row or a lease's `leaseOwner` names it.
     pub worker: WorkerId,
+    /// Its last sign of life is within the failover time, on this worker's clock.
     pub alive: bool,
     /// False for an owner that never wrote a heartbeat row (a crashed worker's leftover
     /// name, or a Java KCL worker).
     pub has_heartbeat: bool,
+    /// What its last heartbeat reported (the default for an owner without a row).
     pub load: WorkerLoad,
     /// How long its heartbeat counter has stood still, on this worker's clock.
     pub silent_ms: u64,
 }
 
 impl Observations {
+    /// Nothing observed yet, `lease.java_compat` off (see
+    /// [`Observations::with_java_compat`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -221,13 +226,14 @@ impl Observations {
             .is_some_and(|since| now.saturating_duration_since(*since) >= failover_time)
     }
 
-    /// Whether `worker` has shown a sign of life within `failover_time` of `now`.
     /// The heartbeat counter last seen for `worker` (`None`: none seen, or no row).
     /// A take of its lease once it is dead is conditional on it (`take_expired`).
     pub fn heartbeat_of(&self, worker: &WorkerId) -> Option<u64> {
         self.seen.get(worker).and_then(|seen| seen.counter)
     }
 
+    /// Whether `worker` has shown a sign of life within `failover_time` of `now`.
+    /// A worker never seen counts as alive.
     pub fn is_alive(&self, worker: &WorkerId, now: Instant, failover_time: Duration) -> bool {
         match self.seen.get(worker) {
             Some(seen) => now.saturating_duration_since(seen.since) < failover_time,
@@ -319,6 +325,7 @@ pub enum Gain {
 }
 
 impl Gain {
+    /// The name in logs and in [`KeeperStatus::gained`](crate::KeeperStatus::gained).
     pub fn as_str(self) -> &'static str {
         match self {
             Gain::New => "new",
@@ -333,8 +340,11 @@ impl Gain {
 /// A lease to take, with the fence the take must match.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Take {
+    /// The lease to take.
     pub key: LeaseKey,
+    /// The owner and counter the row must still show for the take to succeed.
     pub fence: Fence,
+    /// How the lease comes to this worker, for the log and the counts.
     pub why: Gain,
 }
 
@@ -359,12 +369,15 @@ pub struct Decision {
 /// The inputs of [`decide`] that are settings rather than observations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
+    /// How long a worker's heartbeat may stand still before it counts as dead
+    /// (`lease.failover_time`).
     pub failover_time: Duration,
     /// 0 means no limit.
     pub max_leases: usize,
     /// Requests to live, non-draining workers per round (or half of this worker's
     /// shortfall, if more).
     pub max_moves_per_round: usize,
+    /// What the plan evens out: lease counts, or throughput as well.
     pub policy: Policy,
 }
 
@@ -423,10 +436,15 @@ impl Spread {
 /// One round's view, as this worker has it.
 #[derive(Debug, Clone, Copy)]
 pub struct Round<'a> {
+    /// Every lease row of the scan.
     pub leases: &'a [Lease],
+    /// The leases this worker holds, each with the fence it holds it under.
     pub held: &'a BTreeMap<LeaseKey, Fence>,
+    /// What this worker has seen of every worker's heartbeat.
     pub observations: &'a Observations,
+    /// The worker deciding, whose part of the plan [`decide`] returns.
     pub me: &'a WorkerId,
+    /// The time the round is decided at, on this worker's clock.
     pub now: Instant,
     /// Leases this worker gave up on lately; it leaves them to others.
     pub cooling: &'a BTreeSet<LeaseKey>,
@@ -465,6 +483,9 @@ pub fn targets(loads: &BTreeMap<WorkerId, usize>, total: usize) -> BTreeMap<Work
         .collect()
 }
 
+/// This worker's part of the plan for one round: the leases it has lost, takes, asks for,
+/// hands over, turns down and releases. Every worker computes the plan alike from the
+/// same scan (see the module's docs).
 pub fn decide(round: &Round<'_>, limits: &Limits) -> Decision {
     let Round {
         leases,

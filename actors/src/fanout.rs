@@ -31,6 +31,8 @@ pub(crate) const CONSUMER_WAIT: Duration = Duration::from_secs(120);
 /// Why the application's consumer could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
+    /// The stream already has [`MAX_CONSUMERS`] consumers and this one is not among them: an
+    /// operator must deregister one, or the application must poll. Retrying does not help.
     #[error(
         "enhanced fan-out: stream {stream} already has {count} registered consumers, the most \
          Kinesis allows ({MAX_CONSUMERS}); deregister one (`flotilla consumer list`, \
@@ -38,25 +40,38 @@ pub enum ConsumerError {
          Consumers: {names}"
     )]
     Limit {
+        /// The stream's name.
         stream: String,
+        /// Consumers the stream has.
         count: usize,
+        /// Their names, comma-separated, to choose one to deregister.
         names: String,
     },
+    /// The consumer was not ACTIVE within the wait (or retryable errors lasted as long); a later
+    /// start may find it ACTIVE.
     #[error(
         "enhanced fan-out: consumer {name} of stream {stream} is still {status} after {} \
          (Kinesis usually activates a consumer within seconds)",
         humantime::format_duration(*.waited)
     )]
     NotActive {
+        /// The stream's name.
         stream: String,
+        /// The consumer's name.
         name: String,
+        /// The last status seen (`CREATING` when none was).
         status: ConsumerStatus,
+        /// How long it was waited for.
         waited: Duration,
     },
+    /// A Kinesis call failed with an error not retried here (e.g. no such stream, access denied).
     #[error("enhanced fan-out: consumer {name} of stream {stream}")]
     Stream {
+        /// The stream's name.
         stream: String,
+        /// The consumer's name.
         name: String,
+        /// The call's error.
         #[source]
         source: StreamError,
     },

@@ -43,18 +43,29 @@ pub enum FenceReason {
     /// dead. `silent_ms` is how long ago the last confirmed one was sent (`None`: never),
     /// `error` the last heartbeat failure.
     HeartbeatUnconfirmed {
+        /// Milliseconds since the last confirmed heartbeat was sent; `None`: none yet.
         silent_ms: Option<u64>,
+        /// The last heartbeat failure's error, if one failed since.
         error: Option<String>,
     },
     /// Heartbeats resumed after a gap of `gap_ms`, longer than the fence time; the
     /// lease's row has not been read again since, so it may belong to another worker.
-    AwaitingReconfirmation { gap_ms: u64 },
+    AwaitingReconfirmation {
+        /// The gap between confirmed heartbeats, in milliseconds.
+        gap_ms: u64,
+    },
     /// The lease keeper found the lease is no longer this worker's.
-    Revoked { why: String },
+    Revoked {
+        /// Why, in words (another owner, a write under the lease refused, …).
+        why: String,
+    },
     /// `lease.java_compat`: the lease's counter has not been seen to move (taken or
     /// renewed) for `silent_ms`, from the send of the last confirmed renewal: a Java
     /// worker may soon judge it expired.
-    RenewalUnconfirmed { silent_ms: u64 },
+    RenewalUnconfirmed {
+        /// Milliseconds since the send of the last write that moved the lease's counter.
+        silent_ms: u64,
+    },
     /// This worker does not hold the lease under this counter (any more).
     NotHeld,
 }

@@ -38,6 +38,7 @@ fn heartbeat(
 /// The lease table and the fleet, one round at a time.
 #[derive(Debug)]
 pub struct Sim {
+    /// The lease table's rows, in lease order (`moves` and `rates` follow the same order).
     pub leases: Vec<Lease>,
     /// Live workers (draining ones included).
     pub workers: BTreeSet<WorkerId>,
@@ -45,8 +46,11 @@ pub struct Sim {
     pub draining: BTreeSet<WorkerId>,
     /// Crashed workers: their heartbeat rows stay, frozen.
     pub crashed: BTreeSet<WorkerId>,
+    /// The heartbeats as every worker observes them: one shared view, as all decide on one scan.
     pub obs: Observations,
+    /// The simulated time; each round moves it on by one second.
     pub now: Instant,
+    /// The settings every worker decides with.
     pub limits: Limits,
     /// Owner changes per lease.
     pub moves: Vec<u32>,
@@ -156,6 +160,7 @@ impl Sim {
         self.obs.observe(&hbs, owners.iter(), self.now);
     }
 
+    /// The leases `w` owns, with the fence of each.
     pub fn held_by(&self, w: &WorkerId) -> BTreeMap<LeaseKey, Fence> {
         self.leases
             .iter()
@@ -303,6 +308,8 @@ impl Sim {
         max - min + unowned * 1000
     }
 
+    /// Runs rounds until the fleet is settled (spread at most 1, no handoff in flight): the
+    /// rounds it took, or `None` when `max_rounds` were not enough.
     pub fn settle(&mut self, max_rounds: usize) -> Option<usize> {
         for r in 0..max_rounds {
             if self.spread() <= 1 && self.leases.iter().all(|l| l.handoff_to.is_none()) {

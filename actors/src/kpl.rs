@@ -120,6 +120,7 @@ pub enum PassThrough {
     NotAggregated,
     /// The magic, then 16 bytes or fewer.
     TooShort,
+    /// The magic, but the trailing 16 bytes are not the MD5 of the protobuf between.
     ChecksumMismatch,
     /// The checksum matches but the protobuf does not parse (including a missing
     /// required field); the text says where.
@@ -130,31 +131,49 @@ pub enum PassThrough {
 /// exception during deaggregation" and keeps the user records before it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UserRecordError {
+    /// A user record's partition key index is outside the partition key table.
     #[error(
         "user record {record}: partition key index {index} is outside the {table_len}-entry table"
     )]
     PartitionKeyIndex {
+        /// The user record's position in the aggregate (its sub-sequence number), from 0.
         record: u64,
+        /// The index it carries.
         index: u64,
+        /// Entries in the partition key table.
         table_len: usize,
     },
+    /// A user record's explicit hash key index is outside the explicit hash key table.
     #[error(
         "user record {record}: explicit hash key index {index} is outside the {table_len}-entry table"
     )]
     ExplicitHashKeyIndex {
+        /// The user record's position in the aggregate (its sub-sequence number), from 0.
         record: u64,
+        /// The index it carries.
         index: u64,
+        /// Entries in the explicit hash key table.
         table_len: usize,
     },
+    /// A user record's explicit hash key is not a decimal integer (Java's `BigInteger` fails).
     #[error("user record {record}: explicit hash key {key:?} is not a decimal integer")]
-    ExplicitHashKeyNotANumber { record: u64, key: String },
+    ExplicitHashKeyNotANumber {
+        /// The user record's position in the aggregate (its sub-sequence number), from 0.
+        record: u64,
+        /// The key as found (invalid UTF-8 replaced by U+FFFD).
+        key: String,
+    },
 }
 
 /// One user record to [`aggregate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserRecord {
+    /// The user record's partition key; stored once per distinct key in the aggregate's table.
     pub partition_key: String,
+    /// The explicit hash key (decimal, below 2^128) that picks the shard instead of the
+    /// partition key's MD5; `None`: the MD5 picks it.
     pub explicit_hash_key: Option<String>,
+    /// The user record's payload.
     pub data: Bytes,
 }
 

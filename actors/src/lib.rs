@@ -46,6 +46,10 @@
 //! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
 //!   actor's callbacks in its span (the subscriber and format are the embedder's).
 
+// Every public item says what it is for: the API is deliberate (README, "The library's
+// public API").
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod backoff;
 pub mod balance;

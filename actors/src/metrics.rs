@@ -12,7 +12,10 @@ use crate::settings::MetricsLevel;
 
 /// Dimension names, as the dashboards and alarms built on them expect.
 pub const APPLICATION_DIMENSION: &str = "Application";
+/// The stream's name: on a single-stream worker's datums, and on each stream's own datums
+/// when the worker reads several.
 pub const STREAM_DIMENSION: &str = "StreamName";
+/// The shard's id, on the per-shard datums of the `detailed` level.
 pub const SHARD_DIMENSION: &str = "ShardId";
 /// A multi-stream application's stream identifier (`account:stream:creationEpoch`), as
 /// the Java KCL's `MetricsUtil.addStreamId` names it: with it, two streams of one name
@@ -35,9 +38,11 @@ pub struct MetricsSnapshot {
     pub per_shard: BTreeMap<String, BTreeMap<String, f64>>,
     /// Successful PutMetricData calls.
     pub published_batches: u64,
+    /// Datums those calls delivered.
     pub published_datums: u64,
     /// Publishes that failed (each is retried at the next tick).
     pub publish_failures: u64,
+    /// The last failed publish's error (kept after later successes).
     pub last_error: Option<String>,
     /// Datums waiting for a retry or in flight.
     pub pending_datums: u64,
@@ -58,24 +63,45 @@ const METRIC_COUNT: usize = 31;
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Metric {
+    /// Records the processor has finished (acked).
     RecordsProcessed,
+    /// Bytes of the records the processor has finished.
     BytesProcessed,
+    /// How far behind the stream's tip a shard's last read was, in milliseconds (a
+    /// level).
     MillisBehindLatest,
+    /// Milliseconds from a batch's delivery to the processor to its ack (a sample per
+    /// batch).
     ProcessingTime,
+    /// Leases this worker holds (a level).
     LeasesHeld,
+    /// Leases this worker has taken, for any reason.
     LeasesTaken,
+    /// Leases this worker held and lost: taken by another worker, a write under them
+    /// refused, or their row no longer readable.
     LeasesLost,
+    /// Checkpoints written to the lease table.
     CheckpointWrites,
+    /// Checkpoint writes that failed or were refused (another owner or epoch).
     CheckpointFailures,
+    /// AWS calls refused as throttled.
     Throttles,
+    /// AWS calls that failed other than by throttling.
     ApiErrors,
+    /// Actors restarted by their supervisor after a failure: a shard's reader and
+    /// processor, or the worker's core.
     ActorRestarts,
     /// Lease movements by reason: taken from a dead owner, handed over to this worker
     /// at its request, handed over by it, released by it, finished by it at SHARD_END.
     LeasesExpired,
+    /// Leases handed over to this worker at its request.
     LeasesStolen,
+    /// Leases this worker handed over to a worker that asked for them.
     LeasesHandedOff,
+    /// Leases this worker released for any worker to take (at shutdown, giving up on a
+    /// failing shard, a former stream's, …).
     LeasesReleased,
+    /// Leases this worker finished at their shard's end (SHARD_END).
     LeasesEnded,
     /// Heartbeats failed in a row (a level: 0 while they are written).
     HeartbeatFailures,
@@ -303,6 +329,7 @@ impl Metric {
         }
     }
 
+    /// The CloudWatch unit of its datums: bytes, milliseconds, or a count.
     pub fn unit(self) -> Unit {
         match self {
             Metric::BytesProcessed | Metric::BudgetBytesInUse => Unit::Bytes,
@@ -338,6 +365,7 @@ impl Metric {
         }
     }
 
+    /// Whether the status snapshot sums its samples or shows the latest one.
     pub fn kind(self) -> Kind {
         match self {
             Metric::MillisBehindLatest
@@ -363,14 +391,18 @@ impl Metric {
 /// batch's record count, `ProcessingTime` with the time the batch took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
+    /// What was measured.
     pub metric: Metric,
     /// The shard's lease key, which names its stream too when the worker reads several;
     /// `None` for what belongs to the worker as a whole (leases held, restarts).
     pub shard: Option<LeaseKey>,
+    /// The amount or reading, in the metric's [`unit`](Metric::unit); a value that is not
+    /// finite is counted and ignored.
     pub value: f64,
 }
 
 impl Sample {
+    /// A sample of the worker as a whole.
     pub fn new(metric: Metric, value: f64) -> Self {
         Self {
             metric,
@@ -481,6 +513,7 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
+    /// An aggregator with nothing recorded.
     pub fn new() -> Self {
         Self::default()
     }
@@ -505,6 +538,7 @@ impl Aggregator {
         }
     }
 
+    /// Records each sample, as [`Self::record`] does.
     pub fn record_all(&mut self, samples: impl IntoIterator<Item = Sample>) {
         for sample in samples {
             self.record(sample);
@@ -700,10 +734,12 @@ impl Histogram {
             .collect()
     }
 
+    /// Samples observed, over every bucket.
     pub fn count(&self) -> u64 {
         self.counts.iter().sum()
     }
 
+    /// The sum of the samples observed, in the metric's unit.
     pub fn sum(&self) -> f64 {
         self.sum
     }
@@ -712,7 +748,9 @@ impl Histogram {
 /// One timing's distribution, as the status snapshot carries it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistogramSnapshot {
+    /// The timing measured.
     pub metric: Metric,
+    /// Its samples since the worker started, worker-wide.
     pub histogram: Histogram,
 }
 

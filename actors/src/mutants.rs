@@ -37,6 +37,7 @@ pub enum Mutant {
 // the simulator's (`examples/simulate.rs`).
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
 impl Mutant {
+    /// Every mutant, in the order the simulator's mutation table runs them.
     pub const ALL: [Mutant; 5] = [
         Mutant::LiftFenceAfterGap,
         Mutant::TakeWithoutCounterCheck,
@@ -70,6 +71,7 @@ impl Mutant {
         }
     }
 
+    /// The mutant of a command-line [`name`](Self::name); `None` for a name of none.
     pub fn parse(name: &str) -> Option<Mutant> {
         Mutant::ALL.into_iter().find(|m| m.name() == name)
     }

@@ -191,6 +191,7 @@ impl KeyedProducer {
             .collect()
     }
 
+    /// Records confirmed put, all keys together.
     pub fn total(&self) -> u64 {
         self.next.iter().sum()
     }
@@ -281,6 +282,8 @@ impl OrderCheck {
         self.distinct
     }
 
+    /// Deliveries of a record delivered before (at-least-once replays after a restart or a
+    /// lease move; not a violation).
     pub fn duplicates(&self) -> u64 {
         self.duplicates
     }

@@ -26,6 +26,7 @@ use crate::spans::Spanned;
 pub struct ProcessorError(Box<dyn StdError + Send + Sync + 'static>);
 
 impl ProcessorError {
+    /// An error that is only a message, for a failure with no error type of its own.
     pub fn msg(text: impl fmt::Display) -> Self {
         Self(text.to_string().into())
     }

@@ -177,9 +177,11 @@ pub struct MetricFamily {
     /// The family's name as `/metrics` serves it, a counter's without `_total` (which
     /// the Prometheus encoders add, OTel's to a monotonic sum too).
     pub name: String,
+    /// The `# HELP` text: what the family measures, in a sentence.
     pub help: &'static str,
     /// The UCUM unit: `ms` for the timings' histograms, empty otherwise.
     pub unit: &'static str,
+    /// The family's kind, with its series.
     pub points: FamilyPoints,
 }
 
@@ -194,10 +196,13 @@ pub enum FamilyPoints {
     Gauge(Vec<(Vec<(&'static str, String)>, f64)>),
     /// The worker-wide distribution since start.
     Histogram {
+        /// The worker's labels (no `shard`: the distribution is worker-wide).
         labels: Vec<(&'static str, String)>,
         /// (upper bound, samples in that bucket alone), the last bound infinite.
         buckets: Vec<(f64, u64)>,
+        /// The sum of every sample, in milliseconds.
         sum: f64,
+        /// Samples observed, over every bucket.
         count: u64,
     },
 }

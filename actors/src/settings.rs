@@ -26,27 +26,40 @@ pub use load::{CONFIG_FILE_VAR, LoadError};
 #[serde(deny_unknown_fields, default)]
 #[derive(Default)]
 pub struct Settings {
+    /// `[worker]`: what to consume, as which application and worker, and where new shards start.
     pub worker: WorkerSettings,
+    /// `[lease]`: heartbeats, failover, fencing and how leases are balanced across the fleet.
     pub lease: LeaseSettings,
+    /// `[reader]`: how each shard is read, and how far a reader may run ahead of its processor.
     pub reader: ReaderSettings,
+    /// `[checkpoint]`: how acked records become checkpoints, and how often they are written.
     pub checkpoint: CheckpointSettings,
+    /// `[supervision]`: restarts of failed actors, when to give up on them, and shutdown time.
     pub supervision: SupervisionSettings,
+    /// `[metrics]`: what is published to CloudWatch, under which namespace, how often.
     pub metrics: MetricsSettings,
+    /// `[status]`: the HTTP status endpoint.
     pub status: StatusSettings,
+    /// `[aws]`: region, endpoints, timeouts and retries of the AWS clients.
     pub aws: AwsSettings,
 }
 
 /// Where a shard with no checkpoint starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum InitialPosition {
+    /// `TRIM_HORIZON`: the oldest record the stream still keeps.
     #[serde(rename = "TRIM_HORIZON")]
     TrimHorizon,
+    /// `LATEST`: only records written after the reader first opens the shard.
     #[serde(rename = "LATEST")]
     Latest,
+    /// `AT_TIMESTAMP`: the first record that arrived at or after `initial_timestamp`.
     #[serde(rename = "AT_TIMESTAMP")]
     AtTimestamp,
 }
 
+/// `[worker]`: the source to consume, the application (and lease table) it is consumed as, this
+/// worker's id, and where shards with no checkpoint start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
@@ -60,6 +73,7 @@ pub struct WorkerSettings {
     pub application: String,
     /// This worker's id in the lease table; a random one when absent.
     pub worker_id: Option<String>,
+    /// Where a shard with no checkpoint starts (a shard with one always resumes from it).
     pub initial_position: InitialPosition,
     /// RFC 3339; required when `initial_position` is AT_TIMESTAMP.
     pub initial_timestamp: Option<String>,
@@ -89,7 +103,9 @@ impl Default for WorkerSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum StreamEntry {
+    /// A stream's name, or a Kinesis stream ARN; it starts at `worker.initial_position`.
     Name(String),
+    /// A stream with its own initial position (`{ name = "...", initial_position = "LATEST" }`).
     Table(StreamTable),
 }
 
@@ -101,8 +117,11 @@ pub struct StreamTable {
     /// The stream's name or its ARN; `arn = "..."` is the same key spelt for an ARN.
     #[serde(alias = "arn")]
     pub name: String,
+    /// Where this stream's shards with no checkpoint start; `None`: `worker.initial_position`.
     #[serde(default)]
     pub initial_position: Option<InitialPosition>,
+    /// The time for `AT_TIMESTAMP` (RFC 3339, UTC). `None`: the worker's
+    /// `initial_timestamp`, but only when the entry sets no `initial_position` either.
     #[serde(default)]
     pub initial_timestamp: Option<String>,
 }
@@ -114,10 +133,14 @@ pub struct StreamSpec {
     pub name: String,
     /// The ARN the entry named the stream by; `None` for a name.
     pub arn: Option<crate::model::StreamArn>,
+    /// Where this stream's shards with no checkpoint start (the entry's, else the worker's).
     pub initial_position: InitialPosition,
+    /// The start time when `initial_position` is `AT_TIMESTAMP`; `None` otherwise.
     pub initial_timestamp: Option<SystemTime>,
 }
 
+/// `[lease]`: how workers prove they are alive (heartbeats), when a silent one's leases may be
+/// taken (failover), when a worker stops itself first (fencing), and how leases are balanced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseSettings {
@@ -221,6 +244,8 @@ impl Default for LeaseSettings {
     }
 }
 
+/// `[reader]`: how each shard is read (polling or fan-out, call pacing, backoff), how much may
+/// be delivered and not yet acked, and when a processor counts as stalled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReaderSettings {
@@ -250,6 +275,9 @@ pub struct ReaderSettings {
     /// Backoff bounds after throttling or a transient error.
     #[serde(with = "humantime_serde")]
     pub backoff_min: Duration,
+    /// The longest backoff: each delay is drawn between `backoff_min` and a cap that doubles
+    /// per failure from `backoff_min` up to this. Raise both when many workers throttle the
+    /// same stream.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// A processor that acks nothing for this long while records are pending is stalled
@@ -321,6 +349,7 @@ pub enum ReadMode {
 }
 
 impl ReadMode {
+    /// The name used in files (`reader.mode = "polling"`) and in messages.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Polling => "polling",
@@ -364,9 +393,12 @@ impl CheckpointMode {
     }
 }
 
+/// `[checkpoint]`: how records become checkpointed, and how often a shard's checkpoint is written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSettings {
+    /// How records become checkpointed: per batch (`auto`), by the processor itself
+    /// (`manual`), or along the acked prefix (`watermark`).
     pub mode: CheckpointMode,
     /// A shard's checkpoint is written at once when none was written in the last
     /// interval, then at most once per interval; SHARD_END, shutdown and handoff flush
@@ -384,17 +416,22 @@ impl Default for CheckpointSettings {
     }
 }
 
+/// `[supervision]`: how failed shard readers, processors and core actors are restarted, when
+/// restarting is given up, and how long a graceful shutdown may take.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisionSettings {
     /// Backoff bounds between restarts of a failed shard reader or processor.
     #[serde(with = "humantime_serde")]
     pub restart_backoff_min: Duration,
+    /// The longest backoff between restarts: each delay is drawn between
+    /// `restart_backoff_min` and a cap that doubles per restart up to this.
     #[serde(with = "humantime_serde")]
     pub restart_backoff_max: Duration,
     /// More than this many restarts of one shard within `shard_restart_window` releases
     /// the shard's lease and cools it down locally.
     pub shard_max_restarts: u32,
+    /// The window in which restarts of one shard are counted against `shard_max_restarts`.
     #[serde(with = "humantime_serde")]
     pub shard_restart_window: Duration,
     /// How long a given-up shard is left alone by this worker.
@@ -403,6 +440,7 @@ pub struct SupervisionSettings {
     /// More than this many restarts of a core actor within `core_restart_window` stops
     /// the worker with an error.
     pub core_max_restarts: u32,
+    /// The window in which restarts of core actors are counted against `core_max_restarts`.
     #[serde(with = "humantime_serde")]
     pub core_restart_window: Duration,
     /// How long a graceful shutdown waits for processors to finish.
@@ -437,10 +475,13 @@ pub enum MetricsLevel {
     Detailed,
 }
 
+/// `[metrics]`: what the worker publishes to CloudWatch, under which namespace, how often.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
+    /// How much is published; anything but `none` needs the `cloudwatch` feature.
     pub level: MetricsLevel,
+    /// The CloudWatch namespace every metric is filed under; must not start with `AWS/`.
     pub namespace: String,
     /// One PutMetricData batch per interval (split only where the API limits force it).
     #[serde(with = "humantime_serde")]
@@ -457,6 +498,7 @@ impl Default for MetricsSettings {
     }
 }
 
+/// `[status]`: the read-only HTTP status endpoint (needs the `status-server` feature).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StatusSettings {
@@ -500,7 +542,9 @@ pub struct AwsSettings {
     pub region: Option<String>,
     /// Endpoint URLs for local servers; AWS when absent.
     pub kinesis_endpoint: Option<String>,
+    /// Endpoint URL of the lease table's DynamoDB (e.g. DynamoDB Local); AWS's when absent.
     pub dynamodb_endpoint: Option<String>,
+    /// Endpoint URL for CloudWatch metrics; AWS's when absent.
     pub cloudwatch_endpoint: Option<String>,
     /// How long one Kinesis (or DynamoDB Streams) call may take, every attempt included.
     /// The KCL's 30 s. A fan-out subscription is bounded by it until its first answer
@@ -546,11 +590,14 @@ impl Default for AwsSettings {
 /// message points at the line to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
+    /// The value of `key` cannot work; the worker must not start until it is changed.
     #[error("settings: {key} = {value}: {why}")]
     Invalid {
+        /// The dotted key at fault, as written in a file (`lease.failover_time`).
         key: String,
         /// The value as found, rendered as it would be written (`"text"`, `12s`, `(unset)`).
         value: String,
+        /// Why the value cannot work, and usually what to write instead.
         why: String,
     },
 }

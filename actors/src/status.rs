@@ -21,9 +21,11 @@ use crate::model::{Lease, LeaseKey, ShardId, WorkerId};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardState {
+    /// Just started: checking its parents and starting its processor; nothing read yet.
     Initializing,
     /// Waiting for its parents to reach SHARD_END (per-key order across reshards).
     BlockedOnParent,
+    /// Reading and delivering batches to its processor.
     Processing,
     /// Reading, and the last read found nothing new: at the tip of the shard.
     CaughtUp,
@@ -38,37 +40,56 @@ pub enum ShardState {
     Fenced,
     /// Read to its end; waiting for the last acks and the SHARD_END checkpoint.
     ShardEnding,
+    /// The worker is stopping: the processor's `shutdown_requested` runs, then the
+    /// shard's checkpoint is flushed.
     ShuttingDown,
     /// Finishing its batch and checkpoint before passing the lease to the worker that
     /// asked for it.
     HandingOff,
+    /// Another worker owns the lease now (or a write under it was refused): the
+    /// processor is told `lease_lost` and the reader stops, without checkpointing.
     LeaseLost,
     /// Failed; restarting after a backoff.
     Restarting,
 }
 
+/// One held shard, as its reader reports it (a reader that does not answer within 2 s
+/// shows as `restarting`, its counters 0).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShardStatus {
+    /// The shard's id within its stream.
     pub shard_id: ShardId,
     /// The shard's stream when the worker reads several (`worker.streams`); `None` for
     /// the one stream of `worker.stream`, named once in `WorkerStatus::stream`.
     pub stream: Option<String>,
+    /// Where the shard is in its life.
     pub state: ShardState,
     /// The lease epoch this worker holds the shard under.
     pub lease_counter: u64,
     /// The last position handed to the checkpoint writer.
     pub checkpoint: Option<String>,
+    /// The position of the last record handed to the processor, as `sequence/sub`;
+    /// `None` before the first.
     pub last_delivered: Option<String>,
+    /// MillisBehindLatest of the shard's last read: how far behind the stream's tip, in
+    /// ms; `None` before the first read.
     pub millis_behind_latest: Option<u64>,
+    /// Records handed to the processor by this reader (counted afresh after a restart).
     pub records_delivered: u64,
+    /// Bytes (data and partition key) of those records.
     pub bytes_delivered: u64,
+    /// Records delivered per second, over about the last second.
     pub records_per_second: f64,
+    /// Bytes delivered per second, over about the last second.
     pub bytes_per_second: f64,
     /// The last failed call (throttling, an expired iterator, a transient error).
     pub last_error: Option<String>,
     /// How long ago `last_error` happened: an old error is history, a fresh one news.
     pub last_error_ms_ago: Option<u64>,
+    /// Records delivered to the processor and not acked yet.
     pub in_flight_records: u64,
+    /// Bytes of the batches with a record not acked yet (a partly acked batch counts in
+    /// full).
     pub in_flight_bytes: u64,
     /// What the shard holds of the worker's memory budget: the in-memory size of its
     /// records not yet passed by the checkpoint watermark (and of a fan-out event's
@@ -100,16 +121,27 @@ pub struct SubscriptionView {
 /// One of the worker's long-lived actors.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CoreActorStatus {
+    /// `stream_watcher`, `lease_keeper`, `checkpoint_writer`, `metrics_reporter` or
+    /// `status_server`.
     pub name: &'static str,
     /// `running`, `starting`, `stopping`, … as ractor reports it.
     pub state: String,
+    /// Restarts of the core, whose actors restart together (so all show one count);
+    /// always 0 for the status server, which restarts alone.
     pub restarts: u32,
 }
 
+/// A whole worker's snapshot: what [`Worker::status`](crate::Worker::status) returns and
+/// `GET /status` serves. A core actor that does not answer within 2 s leaves its part
+/// empty.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerStatus {
+    /// This worker's id (`worker.worker_id`, or the generated `host-xxxxxxxx`).
     pub worker_id: String,
+    /// The application name, which is also the lease table's name.
     pub application: String,
+    /// The stream read (a table's stream by its ARN); with several streams, the names
+    /// the worker started with, joined by commas.
     pub stream: String,
     /// What `stream` is: `kinesis` or `dynamodb-streams` (a table's change stream).
     pub source: &'static str,
@@ -117,15 +149,24 @@ pub struct WorkerStatus {
     pub read_mode: &'static str,
     /// `running`, `draining` (handing leases over before it stops) or `stopping`.
     pub state: &'static str,
+    /// Milliseconds since the worker's supervisor started.
     pub uptime_ms: u64,
+    /// The shutdown is past its drain: shards are being stopped (state `stopping`).
     pub shutting_down: bool,
+    /// Each shard this worker holds (one whose reader is restarting included).
     pub shards: Vec<ShardStatus>,
     /// Restarts of shard readers and processors since the worker started.
     pub shard_restarts: u64,
+    /// The supervisor's long-lived actors, then the status server when enabled.
     pub core: Vec<CoreActorStatus>,
+    /// The lease keeper's view; `None` if it did not answer in time.
     pub leases: Option<KeeperStatus>,
+    /// The stream watcher's view; `None` if it did not answer in time.
     pub stream_watcher: Option<WatcherStatus>,
+    /// The checkpoint writer's view of each shard, by lease key; empty if it did not
+    /// answer in time.
     pub checkpoints: BTreeMap<String, CheckpointView>,
+    /// The metrics reporter's running figures; `None` if it did not answer in time.
     pub metrics: Option<MetricsSnapshot>,
     /// The worker's memory budget for un-acked records.
     pub budget: BudgetView,
@@ -134,6 +175,7 @@ pub struct WorkerStatus {
 /// The worker's memory budget (`reader.worker_budget_bytes`), for the status page.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BudgetView {
+    /// The whole budget, in bytes.
     pub total_bytes: u64,
     /// Held by the shards' un-acked records, and reserved by reads on their way.
     pub in_use_bytes: u64,
@@ -151,13 +193,20 @@ pub struct BudgetView {
 /// finished, every checkpoint was flushed and every lease released.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShutdownReport {
+    /// How each shard's processor and final checkpoint fared (handed-off shards too), by
+    /// shard id.
     pub shards: Vec<ShardShutdown>,
+    /// Checkpoints the final flush of every shard could not write, one line each.
     pub checkpoint_failures: Vec<String>,
+    /// Which leases were handed over, released, or could not be let go.
     pub leases: ReleaseReport,
+    /// Anything else that failed: a core actor that did not answer or stop in time.
     pub errors: Vec<String>,
 }
 
 impl ShutdownReport {
+    /// Whether the shutdown lost nothing: no error, no checkpoint failure, no lease left
+    /// unreleased, and every shard's processor and flush succeeded.
     pub fn clean(&self) -> bool {
         self.errors.is_empty()
             && self.checkpoint_failures.is_empty()
@@ -173,7 +222,9 @@ impl ShutdownReport {
 /// that has a heartbeat row or owns a lease, and every lease. Served as `GET /fleet`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FleetView {
+    /// The application (the lease table's name).
     pub application: String,
+    /// The observer's stream, as [`WorkerStatus::stream`] names it.
     pub stream: String,
     /// What `stream` is: `kinesis` or `dynamodb-streams`.
     pub source: &'static str,
@@ -183,7 +234,9 @@ pub struct FleetView {
     pub observer: String,
     /// Milliseconds since that worker's last scan.
     pub scanned_ms_ago: u64,
+    /// Every worker seen: with a heartbeat row, or named as a lease's owner.
     pub workers: Vec<FleetWorker>,
+    /// Every lease row (unreadable ones too), by lease key.
     pub leases: Vec<FleetLease>,
     /// Processable leases with no live owner.
     pub unassigned: Vec<String>,
@@ -357,11 +410,15 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     view
 }
 
+/// One worker of [`FleetView::workers`], as the observer sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FleetWorker {
+    /// The worker's id, as its heartbeat row and its leases' `leaseOwner` name it.
     pub worker_id: String,
     /// Its heartbeat moved within the failover time, on the observer's clock.
     pub alive: bool,
+    /// Its heartbeat says it is shutting down and handing its leases over
+    /// (`flotillaDraining`).
     pub draining: bool,
     /// False for an owner that never wrote a heartbeat row.
     pub has_heartbeat: bool,
@@ -395,22 +452,32 @@ pub enum FleetLeaseState {
     Stalled,
 }
 
+/// One lease row of [`FleetView::leases`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FleetLease {
+    /// The row's `leaseKey`: the shard id, or `account:stream:epoch:shard` for several
+    /// streams.
     pub lease_key: String,
+    /// The shard the lease is for.
     pub shard_id: String,
     /// The stream's name for a multi-stream key (`account:stream:epoch:shard`); `None`
     /// for a single stream's (the view's `stream`).
     pub stream: Option<String>,
+    /// The row's `leaseOwner`; `None` when nobody owns it, or the row is unreadable.
     pub owner: Option<String>,
+    /// Where the lease is in the fleet.
     pub state: FleetLeaseState,
     /// Why it is stalled (state `stalled`).
     pub reason: Option<String>,
     /// `None` when the row is unreadable.
     pub checkpoint: Option<String>,
+    /// The row's `leaseCounter` (the lease epoch); `None` when the row is unreadable.
     pub counter: Option<u64>,
+    /// The worker that asked for the lease (`flotillaHandoffTo`), while a request stands.
     pub handoff_to: Option<String>,
+    /// The row's `parentShardId`: the shards that must finish before this one is read.
     pub parents: Vec<String>,
+    /// The row's `childShardIds`, written with the SHARD_END checkpoint.
     pub children: Vec<String>,
     /// The owner's last reported MillisBehindLatest for it (from its heartbeat).
     pub millis_behind_latest: Option<u64>,
@@ -590,10 +657,15 @@ impl FleetBoardInner {
 /// What one shard's graceful stop achieved.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ShardShutdown {
+    /// The shard that stopped.
     pub shard_id: ShardId,
     /// `shutdown_requested` returned Ok (or the processor had not started).
     pub processor_ok: bool,
+    /// The shard's last position was written to the lease table after the processor
+    /// finished.
     pub checkpoint_flushed: bool,
+    /// What went wrong, if anything: the processor's error, the flush's, or why the
+    /// shard's reader could not be asked.
     pub error: Option<String>,
 }
 
@@ -602,7 +674,10 @@ pub struct ShardShutdown {
 pub struct ReleaseReport {
     /// Leases passed to a worker that asked for them, each at its final checkpoint.
     pub handed_off: Vec<String>,
+    /// Leases released (owner removed, epoch raised) for any worker to take at once.
     pub released: Vec<String>,
+    /// What could not be let go, each as `what: why` (a lease not released, the
+    /// heartbeat row not removed); a lease not released waits out the failover time.
     pub failed: Vec<String>,
     /// How the processors of handed-off shards finished.
     #[serde(skip)]
@@ -612,22 +687,30 @@ pub struct ReleaseReport {
 /// The lease keeper's view, for status pages.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct KeeperStatus {
+    /// The lease keys this worker holds.
     pub held: Vec<String>,
+    /// Workers whose heartbeat row moved within the failover time (draining ones too).
     pub live_workers: Vec<String>,
     /// Every worker seen in the table, alive or not, with its last reported load.
     pub peers: Vec<Peer>,
+    /// This worker's heartbeat counter as of its last confirmed heartbeat.
     pub heartbeat_counter: u64,
     /// Milliseconds since the last confirmed heartbeat was sent; `None` before the first.
     pub heartbeat_age_ms: Option<u64>,
     /// Heartbeats that failed in a row since the last confirmed one, and the last error.
     pub heartbeat_failures: u32,
+    /// The last failed heartbeat's error; `None` since the last confirmed one.
     pub heartbeat_error: Option<String>,
+    /// Rows of the last scan that could not be read, each with why.
     pub malformed_rows: Vec<String>,
+    /// Leases given up after their shard failed too often, left to other workers until
+    /// `supervision.shard_cooldown` has passed.
     pub cooling: Vec<String>,
     /// Requests this worker made that are not answered yet.
     pub requested: Vec<String>,
     /// Held leases being handed over now.
     pub handing_off: Vec<String>,
+    /// This worker is draining: handing its leases over before it stops.
     pub draining: bool,
     /// Leases this worker gained, counted by how: `new` (never owned before), `released`
     /// (let go by its last owner), `expired` (its owner died), `handed_off` (given to
@@ -642,11 +725,15 @@ pub struct KeeperStatus {
 /// The watcher's view, for status pages.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct WatcherStatus {
+    /// Shards of the last complete listing, over every stream read.
     pub shards: usize,
+    /// Of those, the shards still open (not closed by a split or merge).
     pub open_shards: usize,
+    /// Lease rows this worker created for new shards since it started.
     pub leases_created: u64,
     /// Rows of finished shards deleted after their children started.
     pub leases_deleted: u64,
+    /// Why the last shard sync failed; `None` once one succeeds.
     pub last_error: Option<String>,
     /// Each stream of a multi-stream worker's set: read, former (left the set, its rows
     /// deleted after `worker.former_stream_grace`) or unresolved (listed, not described).
@@ -661,6 +748,7 @@ pub struct WatcherStatus {
 /// One stream of the set, for status pages.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StreamView {
+    /// The stream as the set names it (a name, or an ARN).
     pub stream: String,
     /// `active`, `former` or `unresolved`.
     pub state: &'static str,
@@ -729,6 +817,7 @@ pub struct CheckpointView {
     pub written: Option<String>,
     /// A position waiting for the next write.
     pub pending: Option<String>,
+    /// Writes of the shard's row that succeeded (checkpoints and prepared checkpoints).
     pub writes: u64,
 }
 

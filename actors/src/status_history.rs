@@ -34,6 +34,7 @@ pub const POINTS: usize = 60;
 /// One sample of a series.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Point {
+    /// Records delivered per second when sampled (a fleet worker's: from its heartbeat).
     pub records_per_second: f32,
     /// MillisBehindLatest; `None` when not known (not read yet, or no owner reported it).
     pub lag_ms: Option<u32>,

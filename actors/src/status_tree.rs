@@ -16,6 +16,7 @@ use crate::status::{ShardState, ShardStatus, WorkerStatus};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeKind {
+    /// The worker's supervisor, the root of the tree.
     Supervisor,
     /// One of the worker's long-lived actors (lease keeper, stream watcher, …).
     Core,
@@ -28,22 +29,27 @@ pub enum NodeKind {
 /// One actor of the tree, as every view shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TreeNode {
+    /// What the node stands for.
     pub kind: NodeKind,
     /// `supervisor`, `lease_keeper`, `reader shardId-000000000001`, `processor`.
     pub name: String,
     /// `running`, or a shard's state (`processing`, `fenced`, …).
     pub state: String,
+    /// Restarts of the actor; `None` where none are counted (the supervisor, and a
+    /// processor, which restarts with its reader: the count is the reader's).
     pub restarts: Option<u32>,
     /// Why this node's shard is not processed now, when it is not: the views make it
     /// stand out (as `/fleet` does its stalled leases).
     pub stall: Option<String>,
     /// The last failure the actor reports, with how long ago when that is known.
     pub last_error: Option<String>,
+    /// How long ago `last_error` happened, in milliseconds; `None` when not known.
     pub error_age_ms: Option<u64>,
     /// A reader's shard (as [`shard_label`] names it): the key of its charts.
     pub shard: Option<String>,
     /// Further facts in the order shown: (label, value).
     pub facts: Vec<(String, String)>,
+    /// The nodes below this one, in the order shown.
     pub children: Vec<TreeNode>,
 }
 

@@ -167,6 +167,7 @@ impl Backend {
         self
     }
 
+    /// The Kinesis client: what the worker lists and reads Kinesis streams with.
     pub fn streams(&self) -> &Arc<dyn StreamClient> {
         &self.streams
     }
@@ -186,6 +187,7 @@ impl Backend {
         }
     }
 
+    /// The lease table of `application`, which is named after it.
     pub fn lease_table(&self, application: &str) -> Arc<dyn LeaseTable> {
         (self.tables)(application)
     }
@@ -199,13 +201,19 @@ impl Backend {
 /// Why a worker could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
+    /// The settings are not valid; the error names the key. Fix them and start again.
     #[error(transparent)]
     Settings(#[from] SettingsError),
+    /// The builder was not given a required part: `backend` or `processor`.
     #[error("worker: {0} is required (call WorkerBuilder::{0})")]
     Missing(&'static str),
+    /// The stream could not be described at start (not found, no access, or still
+    /// failing after a few retries).
     #[error("stream {stream}")]
     Stream {
+        /// The stream, as the settings name it.
         stream: String,
+        /// The stream service's error.
         #[source]
         source: StreamError,
     },
@@ -216,7 +224,13 @@ pub enum WorkerError {
     /// (the server gave no creation time, or an ARN without an account), or its entry's
     /// ARN is not the stream's.
     #[error("stream {stream}: cannot name it in multi-stream lease keys: {why}")]
-    StreamIdentity { stream: String, why: String },
+    StreamIdentity {
+        /// The stream, as `worker.streams` names it.
+        stream: String,
+        /// What is missing or does not match.
+        why: String,
+    },
+    /// Fan-out mode: the application's enhanced fan-out consumer could not be had.
     #[error(transparent)]
     Consumer(#[from] crate::fanout::ConsumerError),
     /// `worker.stream` names a DynamoDB table's stream and the backend reads none.
@@ -226,9 +240,13 @@ pub enum WorkerError {
          Backend::with_table_streams"
     )]
     NoTableStreams,
+    /// The lease table could not be found or created (`ensure_table`), still failing
+    /// after a few retries.
     #[error("lease table {table}")]
     LeaseTable {
+        /// The table's name (the application's).
         table: String,
+        /// The lease table's error.
         #[source]
         source: LeaseError,
     },
@@ -249,13 +267,20 @@ pub enum WorkerError {
         bind_failure(.error)
     )]
     StatusBind {
+        /// The address `status.bind` names.
         addr: SocketAddr,
+        /// Why it could not be bound.
         error: std::io::Error,
     },
+    /// The supervisor or its core actors could not be started (the error, as text).
     #[error("worker could not start its actors: {0}")]
     Spawn(String),
+    /// The worker has stopped: a core actor failed past its restart intensity (the
+    /// reason), or a requested shutdown stopped it.
     #[error("worker stopped: {0}")]
     Stopped(String),
+    /// The worker did not answer in time, or stopped before answering (the call's
+    /// error, as text).
     #[error("worker did not answer: {0}")]
     Unresponsive(String),
 }
@@ -320,6 +345,8 @@ impl WorkerBuilder {
         self
     }
 
+    /// The source to read (`worker.stream`): a Kinesis stream's name, a table's stream by
+    /// its ARN, or `dynamodb:TABLE`.
     pub fn stream(mut self, stream: impl Into<String>) -> Self {
         self.settings.worker.stream = stream.into();
         self
@@ -331,11 +358,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// This worker's id (`worker.worker_id`), unique in the fleet; kept across restarts,
+    /// the worker takes its own leases back at once. Unset, one is generated.
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
         self.settings.worker.worker_id = Some(id.into());
         self
     }
 
+    /// The services the worker talks to (required).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = Some(backend);
         self
@@ -795,6 +825,7 @@ pub struct StatusProbe {
 }
 
 impl StatusProbe {
+    /// As [`Worker::status`]: the worker's snapshot, or an error once it has stopped.
     pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
         ractor::call_t!(self.supervisor, SupervisorMsg::Status, STATUS_TIMEOUT_MS)
             .map_err(|e| WorkerError::Unresponsive(e.to_string()))
@@ -823,10 +854,12 @@ const STATUS_TIMEOUT_MS: u64 = 30_000;
 use crate::fanout::CONSUMER_WAIT;
 
 impl Worker {
+    /// A builder with the default settings; a backend and a processor are required.
     pub fn builder() -> WorkerBuilder {
         WorkerBuilder::default()
     }
 
+    /// This worker's id, as its heartbeat row and its leases name it.
     pub fn id(&self) -> &WorkerId {
         &self.id
     }
@@ -843,6 +876,8 @@ impl Worker {
         self.handle.clone()
     }
 
+    /// A snapshot of the whole worker, collected from its actors now. Fails once the
+    /// worker has stopped, or if it does not answer within 30 s.
     pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
         ractor::call_t!(self.supervisor, SupervisorMsg::Status, STATUS_TIMEOUT_MS)
             .map_err(|e| self.stopped_or(e.to_string()))

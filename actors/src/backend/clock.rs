@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+/// Wall-clock time that moves with tokio's clock (see the module doc). Copies share the
+/// same origin.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     wall: SystemTime,
@@ -23,10 +25,13 @@ impl Clock {
         }
     }
 
+    /// Tokio's current instant, for deadlines and durations.
     pub fn now(&self) -> Instant {
         Instant::now()
     }
 
+    /// The wall-clock time now: the wall time when this clock was made plus the tokio
+    /// time elapsed since.
     pub fn wall(&self) -> SystemTime {
         self.wall + self.base.elapsed()
     }
@@ -36,6 +41,7 @@ impl Clock {
         self.base.elapsed()
     }
 
+    /// The tokio instant this clock was made at, which [`Self::wall`] counts from.
     pub fn base(&self) -> Instant {
         self.base
     }

@@ -53,8 +53,12 @@ pub enum Fault {
 /// A fault for the `nth` call (counting from 0) of `op` (`None`: any operation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scheduled {
+    /// The operation, as the wrapper names it (the AWS call for the stream ports, e.g.
+    /// `"GetRecords"`; the method for the lease table, e.g. `"heartbeat"`).
     pub op: Option<&'static str>,
+    /// Which call of `op` (or of all operations, when `op` is `None`), counting from 0.
     pub nth: u64,
+    /// What happens to that call.
     pub fault: Fault,
 }
 
@@ -63,14 +67,21 @@ pub struct Scheduled {
 /// are not refused.
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
+    /// Seeds the random draws: the same seed and calls give the same faults.
     pub seed: u64,
+    /// Probability (0 to 1) that a call is refused as throttled ([`Fault::Throttle`]).
     pub throttle: f64,
+    /// Probability that a call fails as transient without effect ([`Fault::Transient`]).
     pub transient: f64,
+    /// Probability that a call takes effect but its answer is lost
+    /// ([`Fault::LostResponse`]).
     pub lost_response: f64,
     /// Calls that take effect at once and are answered after a delay drawn from
     /// `latency` (or `timeout_after` without it).
     pub late_answer: f64,
+    /// Probability that a call hangs for `timeout_after`, then fails ([`Fault::Timeout`]).
     pub timeout: f64,
+    /// Probability that a call panics ([`Fault::Panic`]).
     pub panic: f64,
     /// How long a timed-out call hangs before failing.
     pub timeout_after: Duration,
@@ -100,6 +111,8 @@ impl FaultPlan {
         }
     }
 
+    /// Adds a scheduled fault: `fault` on the `nth` call (from 0) of `op` (`None`: of
+    /// any operation).
     pub fn then(mut self, op: Option<&'static str>, nth: u64, fault: Fault) -> Self {
         self.schedule.push(Scheduled { op, nth, fault });
         self
@@ -176,19 +189,23 @@ impl Default for Freezer {
 }
 
 impl Freezer {
+    /// A freezer that is not frozen.
     pub fn new() -> Self {
         Self(Arc::default())
     }
 
+    /// Stops every backend call that shares this freezer until [`Self::thaw`].
     pub fn freeze(&self) {
         self.0.frozen.store(true, Ordering::SeqCst);
     }
 
+    /// Lets everything waiting go on, in the order it began to wait.
     pub fn thaw(&self) {
         self.0.frozen.store(false, Ordering::SeqCst);
         self.0.thawed.notify_waiters();
     }
 
+    /// Whether the freezer is frozen now.
     pub fn is_frozen(&self) -> bool {
         self.0.frozen.load(Ordering::SeqCst)
     }
@@ -209,6 +226,7 @@ impl Freezer {
 }
 
 impl<B> Faulty<B> {
+    /// Wraps `inner`, injecting faults by `plan`.
     pub fn new(inner: B, plan: FaultPlan) -> Self {
         let rng = StdRng::seed_from_u64(plan.seed);
         Self {
@@ -232,6 +250,7 @@ impl<B> Faulty<B> {
         self
     }
 
+    /// The wrapped backend, to reach it without faults (e.g. to check its state).
     pub fn inner(&self) -> &B {
         &self.inner
     }
@@ -431,7 +450,9 @@ impl<B> Faulty<B> {
 
 /// How each port spells the injected errors.
 pub trait Injected {
+    /// The port's throttling error for `op`.
     fn throttled(op: &'static str) -> Self;
+    /// The port's transient (retryable) error for `op`, saying `why`.
     fn transient(op: &'static str, why: &str) -> Self;
 }
 

@@ -11,7 +11,9 @@ use crate::model::{
 /// Everything a scan found.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ScanOutput {
+    /// Every lease row that could be read.
     pub leases: Vec<Lease>,
+    /// Every worker heartbeat row that could be read.
     pub heartbeats: Vec<Heartbeat>,
     /// Rows that could not be read. Reported here, skipped, never fatal.
     pub malformed: Vec<MalformedRow>,
@@ -40,6 +42,7 @@ impl ScanOutput {
 pub struct HeartbeatsOutput {
     /// The workers the roster names (some may have no heartbeat row any more).
     pub roster: Vec<WorkerId>,
+    /// The heartbeat rows found for the workers the roster names.
     pub heartbeats: Vec<Heartbeat>,
     /// Heartbeat rows that could not be read. Reported here, skipped, never fatal.
     pub malformed: Vec<MalformedRow>,
@@ -70,10 +73,13 @@ pub enum HeartbeatDetail {
 /// Whether `ensure_table` found the table or made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableState {
+    /// The table was already there (and left as it was).
     Existed,
+    /// The table was missing and this call made it.
     Created,
 }
 
+/// Lease table errors, by what the caller should do about them.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LeaseError {
     /// The row changed since it was read: another worker owns it now, or it is gone.
@@ -82,24 +88,53 @@ pub enum LeaseError {
         owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody"),
         counter.map(|c| c.to_string()).unwrap_or_else(|| "unknown (row missing)".into()))]
     ConditionFailed {
+        /// The lease whose write was refused.
         key: LeaseKey,
+        /// The row's `leaseOwner` now; `None` when unowned or the row is gone.
         owner: Option<WorkerId>,
+        /// The row's `leaseCounter` now; `None` when the row is gone.
         counter: Option<u64>,
     },
+    /// DynamoDB asked us to slow down: back off with jitter and retry.
     #[error("{op}: throttled by DynamoDB: {message}")]
-    Throttled { op: &'static str, message: String },
+    Throttled {
+        /// The API call that failed (e.g. `"UpdateItem"`).
+        op: &'static str,
+        /// The error text (the server's, naming the table), for logs.
+        message: String,
+    },
+    /// The table does not exist (ResourceNotFoundException). Repeating fails the same
+    /// way until it is created.
     #[error("{op}: not found: {message}")]
-    NotFound { op: &'static str, message: String },
+    NotFound {
+        /// The API call that failed (e.g. `"UpdateItem"`).
+        op: &'static str,
+        /// The error text (the server's, naming the table), for logs.
+        message: String,
+    },
+    /// A row the call needed could not be read as a lease (see [`MalformedRow`]); it
+    /// stays so until someone fixes the row.
     #[error(transparent)]
     Malformed(#[from] MalformedRow),
+    /// The table exists but is not keyed by `leaseKey` (S) alone: not a lease table, or
+    /// the wrong name. Repeating fails the same way; the table cannot be used.
     #[error(
         "table {table} exists with key schema {found}; a lease table needs leaseKey (S) as its only hash key"
     )]
-    WrongKeySchema { table: String, found: String },
+    WrongKeySchema {
+        /// The table's name.
+        table: String,
+        /// Its key schema as found, for the message.
+        found: String,
+    },
+    /// A network failure, a timeout or a 5xx: retry.
     #[error("{op}: transient failure talking to {endpoint}: {message}")]
     Transient {
+        /// The API call that failed (e.g. `"UpdateItem"`).
         op: &'static str,
+        /// The URL the call went to, so an operator can tell which one is unreachable.
         endpoint: String,
+        /// The error text (the server's, naming the table), for logs.
         message: String,
     },
     /// The server's answer lacks what the call needs from it. Adapters read only what
@@ -107,20 +142,38 @@ pub enum LeaseError {
     /// returned less than DynamoDB promises for that call.
     #[error("{op}: table {table}: the answer about {key} has no {missing}")]
     IncompleteAnswer {
+        /// The API call that failed (e.g. `"UpdateItem"`).
         op: &'static str,
+        /// The table's name.
         table: String,
+        /// The `leaseKey` (or table) the answer was about.
         key: String,
+        /// What the answer lacked, as DynamoDB names it (e.g. `"leaseCounter"`).
         missing: String,
     },
     /// The credentials may not make this call, or are not valid (expired, unknown, a
     /// bad signature): it fails the same way until IAM or the credentials change.
     #[error("{op}: access denied: {message}")]
-    AccessDenied { op: &'static str, message: String },
+    AccessDenied {
+        /// The API call that failed (e.g. `"UpdateItem"`).
+        op: &'static str,
+        /// The error text (the server's, naming the table), for logs.
+        message: String,
+    },
+    /// Any other failure (a refused request, an operation the server lacks). Not
+    /// retryable.
     #[error("{op}: {message}")]
-    Other { op: &'static str, message: String },
+    Other {
+        /// The API call that failed (e.g. `"UpdateItem"`).
+        op: &'static str,
+        /// The error text (the server's, naming the table), for logs.
+        message: String,
+    },
 }
 
 impl LeaseError {
+    /// Whether the same call may succeed if repeated after a pause (a throttle or a
+    /// transient failure).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -186,15 +239,21 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// The table's name, for logs and errors.
     fn table_name(&self) -> &str;
 
+    /// Makes the table (and its heartbeat index) if it is missing, and waits until it is
+    /// ACTIVE; says whether it was there.
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>>;
 
+    /// Reads every row of the table, every page.
     fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>>;
 
     /// A strongly consistent read of one lease; `Ok(None)` if there is no such row.
     fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>>;
 
+    /// Writes a new lease row unless its key exists; `Ok(false)` if it did (nothing
+    /// written).
     fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>>;
 
+    /// Takes the lease for `new_owner` while the row is still `expected`.
     /// Returns the lease as written.
     fn take<'a>(
         &'a self,
@@ -218,6 +277,7 @@ pub trait LeaseTable: Send + Sync + 'static {
         owner_heartbeat: Option<u64>,
     ) -> BoxFuture<'a, Result<Lease, LeaseError>>;
 
+    /// Gives the lease up (owner removed) while the row is still `expected`.
     /// Returns the new counter.
     fn release<'a>(
         &'a self,
@@ -236,6 +296,8 @@ pub trait LeaseTable: Send + Sync + 'static {
         expected: &'a Fence,
     ) -> BoxFuture<'a, Result<u64, LeaseError>>;
 
+    /// Writes `checkpoint` (and `children`, the closed shard's child shards, when not
+    /// empty) while the row is still `expected`.
     fn checkpoint<'a>(
         &'a self,
         key: &'a LeaseKey,
@@ -255,6 +317,8 @@ pub trait LeaseTable: Send + Sync + 'static {
         state: Option<&'a [u8]>,
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
 
+    /// Deletes the lease row while it is still `expected`: the lease of a finished shard
+    /// whose children have started, or of a stream no longer consumed.
     fn delete<'a>(
         &'a self,
         key: &'a LeaseKey,
@@ -284,6 +348,8 @@ pub trait LeaseTable: Send + Sync + 'static {
         requester: &'a WorkerId,
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
 
+    /// Writes `worker`'s heartbeat row with its `load`; returns the new heartbeat
+    /// counter.
     fn heartbeat<'a>(
         &'a self,
         worker: &'a WorkerId,

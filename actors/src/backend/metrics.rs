@@ -7,12 +7,19 @@ use futures::future::BoxFuture;
 /// CloudWatch units flotilla publishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
+    /// A number of things (records, calls, leases).
     Count,
+    /// A size in bytes.
     Bytes,
+    /// A duration or lag in milliseconds.
     Milliseconds,
+    /// A duration in seconds.
     Seconds,
+    /// A rate (`Count/Second`).
     CountPerSecond,
+    /// A share, 0 to 100.
     Percent,
+    /// No unit (CloudWatch's `None`).
     None,
 }
 
@@ -35,21 +42,34 @@ impl Unit {
 /// a minute of samples costs one datum).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MetricValue {
+    /// One sample.
     Value(f64),
+    /// Many samples summarised (CloudWatch's `StatisticValues`).
     Statistics {
+        /// How many samples (`SampleCount`).
         count: f64,
+        /// Their sum (`Sum`).
         sum: f64,
+        /// The smallest (`Minimum`).
         min: f64,
+        /// The largest (`Maximum`).
         max: f64,
     },
 }
 
+/// One data point of PutMetricData (CloudWatch's `MetricDatum`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricDatum {
+    /// The `MetricName`, e.g. `"RecordsProcessed"`.
     pub name: String,
+    /// `Dimensions` as (name, value) pairs, e.g. `("ShardId", "shardId-000000000001")`;
+    /// at most [`MAX_DIMENSIONS`].
     pub dimensions: Vec<(String, String)>,
+    /// The value or statistic set; must be finite (see [`validate`]).
     pub value: MetricValue,
+    /// The `Unit` of the value.
     pub unit: Unit,
+    /// When the data point was measured (`Timestamp`), wall-clock.
     pub timestamp: SystemTime,
 }
 
@@ -94,16 +114,39 @@ pub fn batches(data: Vec<MetricDatum>) -> Vec<Vec<MetricDatum>> {
     out
 }
 
+/// Why publishing metrics failed. Only [`Self::Invalid`] loses data: the reporter drops
+/// what was refused, and keeps anything else for its next interval.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetricsError {
+    /// A datum CloudWatch would refuse (too many dimensions, a non-finite value); found
+    /// before sending, and nothing is sent. Repeating fails the same way.
     #[error("metric {name}: {why}")]
-    Invalid { name: String, why: String },
+    Invalid {
+        /// The datum's metric name.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// CloudWatch asked us to slow down: retry later.
     #[error("PutMetricData: throttled by CloudWatch: {message}")]
-    Throttled { message: String },
+    Throttled {
+        /// The server's error text, for logs.
+        message: String,
+    },
+    /// A network failure, a timeout or a 5xx: retry later.
     #[error("PutMetricData: transient failure talking to {endpoint}: {message}")]
-    Transient { endpoint: String, message: String },
+    Transient {
+        /// The URL the call went to.
+        endpoint: String,
+        /// The error text, for logs.
+        message: String,
+    },
+    /// Any other failure (access denied, a refused request, no CloudWatch in this build).
     #[error("PutMetricData: {message}")]
-    Other { message: String },
+    Other {
+        /// The error text, for logs.
+        message: String,
+    },
 }
 
 /// Publishing metrics.
@@ -112,6 +155,7 @@ pub enum MetricsError {
 /// within the service limits ([`batches`]); a datum with more than [`MAX_DIMENSIONS`]
 /// dimensions or a non-finite value is `Invalid` and nothing is sent.
 pub trait MetricsSink: Send + Sync + 'static {
+    /// PutMetricData: sends `data` under the CloudWatch `namespace`.
     fn put<'a>(
         &'a self,
         namespace: &'a str,

@@ -29,12 +29,15 @@ pub use metrics::{
 /// `ApiErrors` metrics mean the same whichever actor made the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallFailure {
+    /// The service asked us to slow down (a throttling code, HTTP 429).
     Throttled,
+    /// Any other failure: a 5xx, a timeout, a refused or malformed request.
     Failed,
 }
 
 /// An error of a port's call, classified by [`CallFailure`]'s rule.
 pub trait Classified {
+    /// Whether this error counts as a throttle or as another failure.
     fn call_failure(&self) -> CallFailure;
 }
 

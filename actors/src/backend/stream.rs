@@ -16,7 +16,10 @@ pub enum IteratorPosition {
     TrimHorizon,
     /// Just after the newest record: only records put from now on.
     Latest,
+    /// The record with this sequence number (AT_SEQUENCE_NUMBER).
     AtSequence(SequenceNumber),
+    /// The record after this sequence number (AFTER_SEQUENCE_NUMBER): resuming after a
+    /// checkpoint.
     AfterSequence(SequenceNumber),
     /// The first record that arrived at or after this instant.
     AtTimestamp(SystemTime),
@@ -38,11 +41,21 @@ impl fmt::Debug for ShardIterator {
 /// and the index inside the aggregate for a de-aggregated KPL user record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// The record's `SequenceNumber` in its shard; shared by every user record of one
+    /// KPL aggregate.
     pub sequence_number: SequenceNumber,
+    /// The user record's index inside its KPL aggregate; 0 for a plain record.
     pub sub_sequence_number: u64,
+    /// The producer's `PartitionKey`; for a DynamoDB table's stream, the item's key as
+    /// text.
     pub partition_key: String,
+    /// The explicit hash key (a decimal 128-bit number) of a de-aggregated KPL user
+    /// record; `None` for a plain record, since GetRecords does not return the producer's.
     pub explicit_hash_key: Option<String>,
+    /// The payload; for a DynamoDB table's stream, the change as JSON.
     pub data: Bytes,
+    /// When the service received the record (`ApproximateArrivalTimestamp`, or
+    /// DynamoDB Streams' `ApproximateCreationDateTime`); `None` when not reported.
     pub approximate_arrival: Option<SystemTime>,
 }
 
@@ -58,14 +71,18 @@ impl Record {
 /// A shard created by a split or merge, as GetRecords reports it at the end of a parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildShard {
+    /// The child's shard id.
     pub id: ShardId,
+    /// Its parents: one after a split, two after a merge.
     pub parents: Vec<ShardId>,
+    /// The hash keys the child covers.
     pub hash_range: HashKeyRange,
 }
 
 /// The answer to one GetRecords call.
 #[derive(Debug, Clone, Default)]
 pub struct RecordBatch {
+    /// The records read, in increasing sequence order; may be empty on a live shard.
     pub records: Vec<Record>,
     /// `None` once a closed shard has been read to its end (SHARD_END).
     pub next_iterator: Option<ShardIterator>,
@@ -77,6 +94,8 @@ pub struct RecordBatch {
 }
 
 impl RecordBatch {
+    /// Whether a closed shard has been read to its end (SHARD_END): there is no next
+    /// iterator, and nothing more will ever be read from this shard.
     pub fn is_shard_end(&self) -> bool {
         self.next_iterator.is_none()
     }
@@ -85,23 +104,33 @@ impl RecordBatch {
 /// A registered enhanced fan-out consumer of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Consumer {
+    /// The `ConsumerName`, unique per stream.
     pub name: String,
+    /// The `ConsumerARN`, which SubscribeToShard and DeregisterStreamConsumer take.
     pub arn: String,
+    /// The `ConsumerStatus`.
     pub status: ConsumerStatus,
+    /// The `ConsumerCreationTimestamp`, informational; `None` when the server's is
+    /// missing or out of range.
     pub created: Option<SystemTime>,
 }
 
 /// A consumer's status: only an `Active` one can subscribe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConsumerStatus {
+    /// `CREATING`: registered, not yet usable; poll until `Active`.
     Creating,
+    /// `ACTIVE`: may subscribe to shards.
     Active,
+    /// `DELETING`: being deregistered; the name is taken until it is gone.
     Deleting,
     /// A status this code does not know, kept as the server spelled it.
     Other(String),
 }
 
 impl ConsumerStatus {
+    /// The status from the server's spelling (`"ACTIVE"`, …); an unknown one is
+    /// [`Self::Other`], never an error.
     pub fn parse(text: &str) -> Self {
         match text {
             "CREATING" => Self::Creating,
@@ -126,12 +155,15 @@ impl fmt::Display for ConsumerStatus {
 /// One event of a shard subscription.
 #[derive(Debug, Clone, Default)]
 pub struct ShardEvent {
+    /// The records of this event, in increasing sequence order; often empty.
     pub records: Vec<Record>,
     /// Where a subscription after this event resumes: it moves on through empty
     /// stretches too. Kinesis sends the last record's sequence number, some emulators
     /// the position after it (see `subscribe_position` in the reader). `None` when the
     /// server sent none (the last event of a shard).
     pub continuation: Option<SequenceNumber>,
+    /// How far behind the tip of the shard this event is, in milliseconds
+    /// (`MillisBehindLatest`); `None` when not reported.
     pub millis_behind_latest: Option<u64>,
     /// The children of the shard, reported once it is closed. Empty when not reported.
     pub child_shards: Vec<ChildShard>,
@@ -163,10 +195,16 @@ impl fmt::Debug for dyn Subscription {
 /// DescribeStreamSummary, reduced to what a consumer needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSummary {
+    /// The `StreamName` (for a DynamoDB table's stream, the table's name).
     pub name: String,
+    /// The `StreamARN`: what fan-out consumers are registered on.
     pub arn: String,
+    /// The `StreamStatus` as the server spells it (`"ACTIVE"`, `"CREATING"`, …).
     pub status: String,
+    /// The `OpenShardCount`: shards still being written to.
     pub open_shard_count: u32,
+    /// How long records are kept, in hours (`RetentionPeriodHours`; 24 for DynamoDB
+    /// Streams).
     pub retention_hours: u32,
     /// When the stream was created (Kinesis' `StreamCreationTimestamp`): with the
     /// account in the ARN, it names the stream in multi-stream lease keys. `None` where
@@ -179,7 +217,11 @@ pub struct StreamSummary {
 /// these; emulators skip some, and the contract tests say so per backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
+    /// GetRecords names a closed shard's children (`ChildShards`) with its last batch;
+    /// without it, the reader finds them by listing the shards.
     pub child_shards_in_get_records: bool,
+    /// GetRecords and subscription events report `MillisBehindLatest`; without it the
+    /// lag is unknown.
     pub millis_behind_latest: bool,
     /// A subscription to a closed shard ends with an event naming its children.
     /// kinesis-mock's never does (it sends empty events until its five minutes are up),
@@ -205,6 +247,8 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// The real Kinesis service: everything reported, 10,000 records a call, calls
+    /// metered per shard.
     pub const FULL: Capabilities = Capabilities {
         child_shards_in_get_records: true,
         millis_behind_latest: true,
@@ -231,19 +275,48 @@ impl Capabilities {
 pub enum StreamError {
     /// Back off with jitter and retry.
     #[error("{op}: throttled by Kinesis: {message}")]
-    Throttled { op: &'static str, message: String },
+    Throttled {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
     /// Get a new iterator from the last delivered record.
     #[error("{op}: shard iterator expired: {message}")]
-    IteratorExpired { op: &'static str, message: String },
+    IteratorExpired {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
+    /// The stream, shard or consumer does not exist (ResourceNotFoundException): a
+    /// wrong name, a deleted stream, or a lease naming a shard the stream lacks.
+    /// Repeating fails the same way.
     #[error("{op}: not found: {message}")]
-    NotFound { op: &'static str, message: String },
+    NotFound {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
+    /// The request was refused as wrong (InvalidArgumentException, ValidationException):
+    /// a position not in the shard, a garbage iterator, a fan-out call to a source
+    /// without fan-out. Repeating fails the same way.
     #[error("{op}: invalid argument: {message}")]
-    InvalidArgument { op: &'static str, message: String },
+    InvalidArgument {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
     /// A network failure, a timeout or a 5xx: retry.
     #[error("{op}: transient failure talking to {endpoint}: {message}")]
     Transient {
+        /// The API call that failed (e.g. `"GetRecords"`).
         op: &'static str,
+        /// The URL the call went to, so an operator can tell which one is unreachable.
         endpoint: String,
+        /// The server's error text, for logs.
         message: String,
     },
     /// The server's answer lacks what the call needs from it. The adapter reads only
@@ -251,27 +324,52 @@ pub enum StreamError {
     /// server returned less than Kinesis promises for that call.
     #[error("{op}: the answer about {what} has no {missing}")]
     IncompleteAnswer {
+        /// The API call that failed (e.g. `"GetRecords"`).
         op: &'static str,
+        /// What the answer was about (e.g. `"record 4960…"`, `"consumer app"`).
         what: String,
+        /// The field the answer lacked, as AWS names it (e.g. `"SequenceNumber"`).
         missing: &'static str,
     },
     /// The resource is busy: a consumer still being created or deleted, or a shard
     /// subscription of the same consumer still open (the previous owner's, during a
     /// handoff). Back off and retry.
     #[error("{op}: resource in use: {message}")]
-    InUse { op: &'static str, message: String },
+    InUse {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
     /// The position asked for is older than the oldest record the shard still keeps
     /// (DynamoDB Streams' TrimmedDataAccessException: a checkpoint past the 24-hour
     /// retention). Repeating the call fails the same way: what lies between the
     /// position and the shard's trim horizon is gone.
     #[error("{op}: the records asked for are past the stream's retention: {message}")]
-    Trimmed { op: &'static str, message: String },
+    Trimmed {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
+    /// Any other failure, including an answer the adapter could not read (a malformed
+    /// sequence number). Not retryable: the caller gives up on the call.
     #[error("{op}: {message}")]
-    Other { op: &'static str, message: String },
+    Other {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
     /// The credentials may not make this call, or are not valid (expired, unknown, a
     /// bad signature): it fails the same way until IAM or the credentials change.
     #[error("{op}: access denied: {message}")]
-    AccessDenied { op: &'static str, message: String },
+    AccessDenied {
+        /// The API call that failed (e.g. `"GetRecords"`).
+        op: &'static str,
+        /// The server's error text, for logs.
+        message: String,
+    },
 }
 
 impl StreamError {
@@ -303,9 +401,12 @@ impl StreamError {
 ///   transient). At the end of a closed shard `next_iterator` is
 ///   `None`.
 pub trait StreamClient: Send + Sync + 'static {
+    /// ListShards: every shard of `stream` (a Kinesis stream's name, a DynamoDB Streams
+    /// ARN), open and closed, every page.
     fn list_shards<'a>(&'a self, stream: &'a str)
     -> BoxFuture<'a, Result<Vec<Shard>, StreamError>>;
 
+    /// GetShardIterator: an iterator of `shard` of `stream` starting at `position`.
     fn get_shard_iterator<'a>(
         &'a self,
         stream: &'a str,
@@ -313,12 +414,15 @@ pub trait StreamClient: Send + Sync + 'static {
         position: &'a IteratorPosition,
     ) -> BoxFuture<'a, Result<ShardIterator, StreamError>>;
 
+    /// GetRecords: at most `limit` records from `iterator`, and the iterator to read on
+    /// with.
     fn get_records<'a>(
         &'a self,
         iterator: &'a ShardIterator,
         limit: u32,
     ) -> BoxFuture<'a, Result<RecordBatch, StreamError>>;
 
+    /// DescribeStreamSummary of `stream`; an unknown stream is `NotFound`.
     fn describe_stream_summary<'a>(
         &'a self,
         stream: &'a str,
@@ -396,15 +500,20 @@ pub fn no_fan_out(op: &'static str) -> StreamError {
 /// Where a put landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutResult {
+    /// The shard the record was written to.
     pub shard: ShardId,
+    /// The sequence number the record was given there.
     pub sequence_number: SequenceNumber,
 }
 
 /// A record to put.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutRecord {
+    /// The `PartitionKey`: its MD5 hash picks the shard unless `explicit_hash_key` is set.
     pub partition_key: String,
+    /// The `ExplicitHashKey` that picks the shard instead of the partition key's hash.
     pub explicit_hash_key: Option<u128>,
+    /// The payload.
     pub data: Bytes,
 }
 
@@ -415,12 +524,14 @@ pub struct PutRecord {
 /// `merge_shards` return once the stream is ACTIVE again, with the parents closed (an
 /// ending sequence number) and the children open, naming their parents.
 pub trait StreamAdmin: StreamClient {
+    /// CreateStream with `shards` shards, returning once the stream is ACTIVE.
     fn create_stream<'a>(
         &'a self,
         stream: &'a str,
         shards: u32,
     ) -> BoxFuture<'a, Result<(), StreamError>>;
 
+    /// DeleteStream.
     fn delete_stream<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<(), StreamError>>;
 
     /// Puts records in order (PutRecords, split into calls of at most 500). A record
@@ -431,6 +542,8 @@ pub trait StreamAdmin: StreamClient {
         records: &'a [PutRecord],
     ) -> BoxFuture<'a, Result<Vec<PutResult>, StreamError>>;
 
+    /// SplitShard: closes `shard` and opens two children, the second starting at hash
+    /// key `new_starting_hash_key`.
     fn split_shard<'a>(
         &'a self,
         stream: &'a str,
@@ -438,6 +551,8 @@ pub trait StreamAdmin: StreamClient {
         new_starting_hash_key: u128,
     ) -> BoxFuture<'a, Result<(), StreamError>>;
 
+    /// MergeShards: closes `shard` and `adjacent` (whose hash key ranges must touch) and
+    /// opens one child covering both.
     fn merge_shards<'a>(
         &'a self,
         stream: &'a str,
@@ -451,9 +566,15 @@ pub trait StreamAdmin: StreamClient {
 pub enum ItemWrite {
     /// PutItem: an INSERT, or a MODIFY of an item already there. `attributes` must hold
     /// the table's key attribute ([`TABLE_KEY`], a string).
-    Put { attributes: Item },
+    Put {
+        /// The whole item, key included.
+        attributes: Item,
+    },
     /// DeleteItem by key: a REMOVE (nothing, if the item is not there).
-    Delete { key: String },
+    Delete {
+        /// The item's [`TABLE_KEY`] value.
+        key: String,
+    },
 }
 
 /// The key attribute of the tables [`TableStreamAdmin`] creates: a string named `pk`.
@@ -466,13 +587,16 @@ pub const TABLE_KEY: &str = "pk";
 /// are ACTIVE (key [`TABLE_KEY`], stream view NEW_AND_OLD_IMAGES); `write_items`
 /// applies the writes one after another, in order, each a change on the stream.
 pub trait TableStreamAdmin: StreamClient {
+    /// CreateTable with a stream; returns the stream's ARN once both are ACTIVE.
     fn create_table_with_stream<'a>(
         &'a self,
         table: &'a str,
     ) -> BoxFuture<'a, Result<String, StreamError>>;
 
+    /// DeleteTable, and with it its stream.
     fn delete_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), StreamError>>;
 
+    /// Applies `writes` to `table` one after another, in order.
     fn write_items<'a>(
         &'a self,
         table: &'a str,

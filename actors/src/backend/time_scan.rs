@@ -47,6 +47,7 @@ impl std::fmt::Debug for TimeScan {
 }
 
 impl TimeScan {
+    /// Wraps `inner` (a DynamoDB Streams client), adding AT_TIMESTAMP by scanning.
     pub fn new(inner: Arc<dyn StreamClient>) -> Self {
         Self { inner }
     }

@@ -11,6 +11,11 @@
 //! only by [`batches`] where the API limits force it. The publish runs in its own task,
 //! so a slow or unreachable CloudWatch never holds up `Record` or `Snapshot`. At level
 //! `None` the sink is never called.
+//!
+//! [`Sample`]: crate::metrics_reporter::Sample
+//! [`MetricsSink`]: crate::backend::MetricsSink
+//! [`MetricsMsg::Flush`]: crate::metrics_reporter::MetricsMsg::Flush
+//! [`batches`]: crate::backend::batches
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -34,6 +39,7 @@ use crate::backend::clock::Clock;
 use crate::backend::{MetricDatum, MetricsError, MetricsSink, batches};
 use crate::settings::{MetricsLevel, MetricsSettings};
 
+/// What the [`MetricsReporter`] is sent.
 pub enum MetricsMsg {
     /// Samples from any actor; fire-and-forget. Send one message per batch of records.
     Record(Vec<Sample>),
@@ -80,9 +86,13 @@ struct Published {
     flushes: Vec<RpcReplyPort<Result<usize, String>>>,
 }
 
+/// What a [`MetricsReporter`] is started with.
 pub struct MetricsArgs {
+    /// Where each interval's datums are published (CloudWatch, or an in-memory sink in tests).
     pub sink: Arc<dyn MetricsSink>,
+    /// `[metrics]`: level, namespace and publish interval.
     pub settings: MetricsSettings,
+    /// The application's name: every datum's `Application` dimension.
     pub application: String,
     /// The stream of a single-stream worker (its `StreamName` dimension); `None` for a
     /// worker of several streams, whose datums name each shard's own stream.
@@ -90,6 +100,7 @@ pub struct MetricsArgs {
     /// Only for logs: a worker-id dimension would split the fleet's figures into one
     /// metric per worker.
     pub worker_id: String,
+    /// The datums' timestamps; follows tokio's clock, so a paused test controls them.
     pub clock: Clock,
 }
 
@@ -104,9 +115,12 @@ impl fmt::Debug for MetricsArgs {
     }
 }
 
+/// The metrics actor: one per worker; takes samples, keeps totals, publishes per interval.
 #[derive(Debug)]
 pub struct MetricsReporter;
 
+/// The reporter's state: the running totals, the datums waiting to be published, and the
+/// publish record shown in its [`MetricsSnapshot`]. Opaque.
 pub struct MetricsState {
     args: MetricsArgs,
     aggregator: Aggregator,

@@ -60,11 +60,13 @@ pub struct SlotId(usize);
 /// The whole worker's budget, as a snapshot for status and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BudgetUse {
+    /// The whole budget in bytes (`reader.worker_budget_bytes`).
     pub total: u64,
     /// Bytes held and reserved by every shard.
     pub in_use: u64,
     /// What each shard is guaranteed now: `total / shards`.
     pub share: u64,
+    /// Shard readers holding a slot now.
     pub shards: usize,
     /// The most ever in use at once (held and reserved).
     pub peak: u64,
@@ -83,6 +85,7 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// A pool of `total` bytes with no shard in it yet.
     pub fn new(total: u64) -> Self {
         Self {
             total,
@@ -183,6 +186,7 @@ impl Pool {
         self.total / self.live.max(1) as u64
     }
 
+    /// The budget's use now, for status and metrics.
     pub fn usage(&self) -> BudgetUse {
         BudgetUse {
             total: self.total,
@@ -199,6 +203,7 @@ impl Pool {
 pub struct WorkerBudget(Arc<Mutex<Pool>>);
 
 impl WorkerBudget {
+    /// A budget of `total` bytes for the worker's readers to share.
     pub fn new(total: u64) -> Self {
         Self(Arc::new(Mutex::new(Pool::new(total))))
     }
@@ -212,6 +217,7 @@ impl WorkerBudget {
         }
     }
 
+    /// The budget's use now, for status and metrics.
     pub fn usage(&self) -> BudgetUse {
         self.with(|pool| pool.usage())
     }
@@ -252,6 +258,7 @@ impl BudgetSlot {
         self.budget.with(|pool| pool.share())
     }
 
+    /// The whole worker's budget use now (not this shard's alone).
     pub fn usage(&self) -> BudgetUse {
         self.budget.usage()
     }

@@ -27,8 +27,11 @@ pub use super::item::Item;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum ChangeKind {
+    /// A new item was put (`INSERT`).
     Insert,
+    /// An existing item was changed (`MODIFY`).
     Modify,
+    /// An item was deleted, by a user or by TTL (`REMOVE`; see [`DynamoChange::is_ttl_delete`]).
     Remove,
 }
 
@@ -63,13 +66,18 @@ impl fmt::Display for ChangeKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum StreamViewType {
+    /// Only the item's key (`KEYS_ONLY`).
     KeysOnly,
+    /// The item as it is after the change (`NEW_IMAGE`).
     NewImage,
+    /// The item as it was before the change (`OLD_IMAGE`).
     OldImage,
+    /// The item before and after the change (`NEW_AND_OLD_IMAGES`).
     NewAndOldImages,
 }
 
 impl StreamViewType {
+    /// Reads `StreamViewType`; `None` for a view this code does not know.
     pub fn parse(text: &str) -> Option<Self> {
         match text {
             "KEYS_ONLY" => Some(Self::KeysOnly),
@@ -80,6 +88,7 @@ impl StreamViewType {
         }
     }
 
+    /// `StreamViewType` as DynamoDB spells it.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::KeysOnly => "KEYS_ONLY",
@@ -104,8 +113,10 @@ impl StreamViewType {
 /// `{"type": "Service", "principalId": "dynamodb.amazonaws.com"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserIdentity {
+    /// `type`: `Service` for a TTL delete.
     #[serde(rename = "type")]
     pub kind: String,
+    /// `principalId`: `dynamodb.amazonaws.com` for a TTL delete.
     #[serde(rename = "principalId")]
     pub principal_id: String,
 }
@@ -131,16 +142,23 @@ pub struct ChangeBody {
         skip_serializing_if = "Option::is_none"
     )]
     pub approximate_creation_secs: Option<i64>,
+    /// `Keys`: the item's key attributes (always present, whatever the view type).
     #[serde(rename = "Keys")]
     pub keys: Item,
+    /// `NewImage`: the item after the change; `None` for a removal, or when the view omits it.
     #[serde(rename = "NewImage", default, skip_serializing_if = "Option::is_none")]
     pub new_image: Option<Item>,
+    /// `OldImage`: the item before the change; `None` for an insert, or when the view omits it.
     #[serde(rename = "OldImage", default, skip_serializing_if = "Option::is_none")]
     pub old_image: Option<Item>,
+    /// `SequenceNumber`: the stream record's sequence number in its shard (decimal text), the
+    /// same as the carrying record's.
     #[serde(rename = "SequenceNumber")]
     pub sequence_number: String,
+    /// `SizeBytes`: the stream record's size in bytes, as DynamoDB reports it; `None` if absent.
     #[serde(rename = "SizeBytes", default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
+    /// `StreamViewType`: which images the stream carries; `None` if absent or unknown.
     #[serde(
         rename = "StreamViewType",
         default,
@@ -152,25 +170,33 @@ pub struct ChangeBody {
 /// One change of one item: a record of a table's stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DynamoChange {
+    /// `eventID`: the stream record's unique id.
     #[serde(rename = "eventID")]
     pub event_id: String,
+    /// `eventName`: insert, modify or remove.
     #[serde(rename = "eventName")]
     pub event_name: ChangeKind,
+    /// `eventVersion`: the record format's version (today [`Self::EVENT_VERSION`]); `None` if
+    /// absent.
     #[serde(
         rename = "eventVersion",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub event_version: Option<String>,
+    /// `eventSource`: always [`Self::EVENT_SOURCE`] from DynamoDB; `None` if absent.
     #[serde(
         rename = "eventSource",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub event_source: Option<String>,
+    /// `awsRegion`: the table's region; `None` if absent.
     #[serde(rename = "awsRegion", default, skip_serializing_if = "Option::is_none")]
     pub aws_region: Option<String>,
+    /// `dynamodb`: the key, the images and the record's place in the shard.
     pub dynamodb: ChangeBody,
+    /// `userIdentity`: who made the change; only on deletes made by TTL, else `None`.
     #[serde(
         rename = "userIdentity",
         default,
@@ -213,6 +239,8 @@ impl DynamoChange {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// Reads a record's `data` as a change; [`ChangeError`] if it is not one (not a table
+    /// stream's record, or a shape this code does not know).
     pub fn from_json(data: &[u8]) -> Result<Self, ChangeError> {
         Ok(serde_json::from_slice(data)?)
     }

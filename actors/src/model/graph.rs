@@ -17,17 +17,23 @@ pub struct ShardGraph {
 /// What is wrong with the hash-key coverage of the open shards.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CoverageError {
+    /// No open shard covers these hash keys (inclusive).
     #[error("no open shard covers hash keys {0}")]
     Gap(HashKeyRange),
+    /// Two open shards cover the same hash keys.
     #[error("open shards {first} and {second} both cover hash keys {range}")]
     Overlap {
+        /// The open shard that starts first.
         first: ShardId,
+        /// The open shard that starts inside `first`'s keys.
         second: ShardId,
+        /// The hash keys both cover (inclusive).
         range: HashKeyRange,
     },
 }
 
 impl ShardGraph {
+    /// The graph of one listing; a parent not in it (trimmed) is still named by its children.
     pub fn new(shards: impl IntoIterator<Item = Shard>) -> Self {
         let shards: BTreeMap<ShardId, Shard> =
             shards.into_iter().map(|s| (s.id.clone(), s)).collect();
@@ -43,18 +49,22 @@ impl ShardGraph {
         Self { shards, children }
     }
 
+    /// The listed shard `id`; `None` if the listing does not show it.
     pub fn get(&self, id: &ShardId) -> Option<&Shard> {
         self.shards.get(id)
     }
 
+    /// Every listed shard, in shard-id order.
     pub fn shards(&self) -> impl Iterator<Item = &Shard> {
         self.shards.values()
     }
 
+    /// How many shards the listing shows.
     pub fn len(&self) -> usize {
         self.shards.len()
     }
 
+    /// Whether the listing shows no shard.
     pub fn is_empty(&self) -> bool {
         self.shards.is_empty()
     }

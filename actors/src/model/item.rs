@@ -21,19 +21,27 @@ use super::{
 /// ([`super::change::AttributeValue`] is this type).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AttrValue {
+    /// A string (`{"S": ".."}`).
     S(String),
     /// Numbers travel as decimal text.
     N(String),
     /// Binary, base64-encoded as in DynamoDB JSON.
     B(String),
+    /// A string set; DynamoDB refuses an empty one.
     SS(Vec<String>),
+    /// A number set, each number as decimal text.
     NS(Vec<String>),
+    /// A binary set, each element base64-encoded.
     BS(Vec<String>),
+    /// A boolean (`{"BOOL": true}`).
     #[serde(rename = "BOOL")]
     Bool(bool),
+    /// An explicit null (`{"NULL": true}`; the flag is always `true`).
     #[serde(rename = "NULL")]
     Null(bool),
+    /// A list of values of any types.
     L(Vec<AttrValue>),
+    /// A map from attribute names to values.
     M(BTreeMap<String, AttrValue>),
 }
 
@@ -76,35 +84,64 @@ pub type Item = BTreeMap<String, AttrValue>;
 
 pub mod attr {
     //! Attribute names of the KCL lease table.
+    /// The table's partition key: a lease's [`crate::model::LeaseKey`], or a heartbeat or
+    /// roster row's key.
     pub const LEASE_KEY: &str = "leaseKey";
+    /// The worker holding the lease (absent: nobody); on a heartbeat row, its worker.
     pub const LEASE_OWNER: &str = "leaseOwner";
+    /// The lease's fencing token, raised on every change of owner; a heartbeat's counter.
     pub const LEASE_COUNTER: &str = "leaseCounter";
+    /// The committed checkpoint: a sequence number or a KCL sentinel
+    /// ([`crate::model::Checkpoint`]).
     pub const CHECKPOINT: &str = "checkpoint";
+    /// The user record's index within a KPL aggregate at the checkpoint (0 for plain records).
     pub const CHECKPOINT_SUB_SEQUENCE: &str = "checkpointSubSequenceNumber";
+    /// Changes of owner since the last checkpoint: raised by a take or transfer, zeroed by a
+    /// checkpoint write.
     pub const OWNER_SWITCHES: &str = "ownerSwitchesSinceCheckpoint";
+    /// The shard's parents (a string set: one for a split, two for a merge).
     pub const PARENT_SHARD_IDS: &str = "parentShardId";
+    /// The shard's children, written with its SHARD_END checkpoint.
     pub const CHILD_SHARD_IDS: &str = "childShardIds";
+    /// The shard's first hash key (decimal text), with [`ENDING_HASH_KEY`].
     pub const STARTING_HASH_KEY: &str = "startingHashKey";
+    /// The shard's last hash key (decimal text, inclusive), with [`STARTING_HASH_KEY`].
     pub const ENDING_HASH_KEY: &str = "endingHashKey";
+    /// A prepared (two-phase) checkpoint's sequence number; every checkpoint write removes it.
     pub const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
+    /// The prepared checkpoint's sub-sequence number (its index in a KPL aggregate).
     pub const PENDING_CHECKPOINT_SUB_SEQUENCE: &str = "pendingCheckpointSubSequenceNumber";
+    /// Application state (binary) prepared with the pending checkpoint.
     pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
+    /// KCL 3.x graceful hand-off marker: read, never written; a take removes it.
     pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
+    /// What the row is: [`super::ENTITY_LEASE`] (or absent), [`super::ENTITY_WORKER`],
+    /// [`super::ENTITY_ROSTER`], or another program's type (left alone).
     pub const ENTITY_TYPE: &str = "entityType";
-    /// flotilla's own attributes; the Java KCL ignores attributes it does not know.
+    // flotilla's own attributes; the Java KCL ignores attributes it does not know.
+    /// A live worker's request that the owner hand this lease over to it (flotilla's
+    /// steal): written by the requester, honoured or cleared by the owner.
     pub const HANDOFF_TO: &str = "flotillaHandoffTo";
+    /// Heartbeat rows: leases the worker held when it wrote the heartbeat.
     pub const WORKER_LEASES: &str = "flotillaLeaseCount";
+    /// Heartbeat rows: records the worker delivered per second since its previous heartbeat.
     pub const WORKER_RECORDS_PER_SECOND: &str = "flotillaRecordsPerSecond";
+    /// Heartbeat rows: the worker is shutting down and hands its leases to whoever asks.
     pub const WORKER_DRAINING: &str = "flotillaDraining";
+    /// Heartbeat rows: MillisBehindLatest of each shard read, a map of lease key to ms.
     pub const WORKER_LAG: &str = "flotillaLagMs";
+    /// Heartbeat rows, fan-out mode: each open subscription's age, a map of lease key to ms.
     pub const WORKER_SUBSCRIBED: &str = "flotillaSubscribedMs";
     /// Per held lease, by lease key: `[records/s, bytes/s]` (an `L` of two `N`s); `NULL`
     /// from a worker that does not balance on throughput.
     pub const WORKER_LEASE_RATES: &str = "flotillaLeaseRates";
+    /// The stream a lease's shard belongs to (a Kinesis stream's name or a DynamoDB stream's
+    /// ARN), written once when the row is created.
     pub const SOURCE: &str = "flotillaSource";
     /// A multi-stream lease's stream identifier (`account:stream:creationEpoch`) and
     /// shard, which the Java KCL's multi-stream serializer requires in every row.
     pub const STREAM_NAME: &str = "streamName";
+    /// A multi-stream lease's shard id, derived from the key as [`STREAM_NAME`] is.
     pub const SHARD_ID: &str = "shardId";
     /// Ownership changes a worker has made (heartbeat rows): a peer that sees it move
     /// reads the lease rows again.
@@ -208,6 +245,7 @@ impl ReadUnits {
         Self((units.max(0.0) * 1000.0).round() as u64)
     }
 
+    /// The total in read capacity units (fractional), for reports and benches.
     pub fn as_units(self) -> f64 {
         self.0 as f64 / 1000.0
     }
@@ -248,20 +286,27 @@ pub fn heartbeat_key(worker: &WorkerId) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("lease row {}: attribute {attribute}: {why}", key.as_deref().unwrap_or("(no leaseKey)"))]
 pub struct MalformedRow {
+    /// The row's `leaseKey`; `None` when that attribute is missing or not a string.
     pub key: Option<String>,
+    /// The attribute that could not be read (its table name, e.g. `leaseCounter`).
     pub attribute: String,
+    /// What is wrong with it: missing, the wrong type, an unparsable value.
     pub why: String,
 }
 
 /// What a row of the lease table is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Row {
+    /// A lease row (`entityType` `LEASE`, or none, as the Java KCL writes them).
     Lease(Box<Lease>),
+    /// A flotilla worker's heartbeat row ([`ENTITY_WORKER`]).
     Heartbeat(Heartbeat),
     /// A row another program keeps in the table (the KCL 3.x coordinator, worker
     /// metrics, migration state). Left alone.
     Other {
+        /// The row's `leaseKey`.
         key: String,
+        /// Its `entityType`, as written.
         entity_type: String,
     },
 }

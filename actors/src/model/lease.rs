@@ -11,10 +11,12 @@ use super::{HashKeyRange, SequenceNumber, ShardId};
 pub struct LeaseKey(String);
 
 impl LeaseKey {
+    /// A key as written in the table, either form.
     pub fn new(key: impl Into<String>) -> Self {
         Self(key.into())
     }
 
+    /// The key as the table holds it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -71,10 +73,12 @@ impl fmt::Debug for LeaseKey {
 pub struct WorkerId(String);
 
 impl WorkerId {
+    /// A worker id, as written in `leaseOwner`.
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
     }
 
+    /// The id as the table holds it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -96,11 +100,14 @@ impl fmt::Debug for WorkerId {
 /// (`sub_sequence` is its index; plain records have 0).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExtendedSequenceNumber {
+    /// The record's sequence number.
     pub sequence: SequenceNumber,
+    /// The user record's index inside the record's KPL aggregate; 0 for a plain record.
     pub sub_sequence: u64,
 }
 
 impl ExtendedSequenceNumber {
+    /// A position from a sequence number and a sub-sequence index.
     pub fn new(sequence: SequenceNumber, sub_sequence: u64) -> Self {
         Self {
             sequence,
@@ -131,9 +138,13 @@ pub enum Checkpoint {
     ShardEnd,
 }
 
+/// The `checkpoint` text of [`Checkpoint::TrimHorizon`].
 pub const TRIM_HORIZON: &str = "TRIM_HORIZON";
+/// The `checkpoint` text of [`Checkpoint::Latest`].
 pub const LATEST: &str = "LATEST";
+/// The `checkpoint` text of [`Checkpoint::AtTimestamp`].
 pub const AT_TIMESTAMP: &str = "AT_TIMESTAMP";
+/// The `checkpoint` text of [`Checkpoint::ShardEnd`].
 pub const SHARD_END: &str = "SHARD_END";
 
 impl Checkpoint {
@@ -164,6 +175,7 @@ impl Checkpoint {
         })
     }
 
+    /// Whether the shard is finished (SHARD_END), so its children may be read.
     pub fn is_shard_end(&self) -> bool {
         matches!(self, Checkpoint::ShardEnd)
     }
@@ -182,13 +194,22 @@ impl fmt::Display for Checkpoint {
 /// every change of owner, and every ownership or checkpoint write is conditional on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lease {
+    /// The row's `leaseKey`: which shard (of which stream) this lease is for.
     pub key: LeaseKey,
+    /// The worker holding the lease (`leaseOwner`); `None`: nobody does, free to take.
     pub owner: Option<WorkerId>,
+    /// `leaseCounter`, the fencing token: raised on every change of owner (and by the
+    /// renewals of `lease.java_compat`), never by a checkpoint.
     pub counter: u64,
+    /// How far the shard has been processed (`checkpoint` and `checkpointSubSequenceNumber`).
     pub checkpoint: Checkpoint,
+    /// `ownerSwitchesSinceCheckpoint`: changes of owner since the last checkpoint write.
     pub owner_switches_since_checkpoint: u64,
+    /// The shard's parents (`parentShardId`); it is read once each is at SHARD_END or gone.
     pub parent_shard_ids: Vec<ShardId>,
+    /// The shard's children (`childShardIds`), written with its SHARD_END checkpoint.
     pub child_shard_ids: Vec<ShardId>,
+    /// The shard's hash keys (`startingHashKey`, `endingHashKey`); `None` on rows without them.
     pub hash_range: Option<HashKeyRange>,
     /// A prepared (two-phase) checkpoint: the position a processor said it is about to
     /// commit (`Checkpointer::prepare_checkpoint`, the Java KCL's `prepareCheckpoint`),
@@ -248,7 +269,9 @@ impl Lease {
 /// read if both its owner and its counter still match.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
+    /// The owner the writer read (`leaseOwner`); `None` for an unowned lease.
     pub owner: Option<WorkerId>,
+    /// The `leaseCounter` the writer read.
     pub counter: u64,
 }
 
@@ -256,8 +279,11 @@ pub struct Fence {
 /// its heartbeat counter keeps moving, as seen on the observer's own clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heartbeat {
+    /// The worker whose heartbeat this is.
     pub worker: WorkerId,
+    /// Raised by one at every heartbeat write; peers judge the worker alive while it moves.
     pub counter: u64,
+    /// What the worker reported with this heartbeat.
     pub load: WorkerLoad,
 }
 
@@ -276,10 +302,12 @@ pub struct WorkerLoad {
     /// that sees it move reads the lease rows again; while no counter moves (and no
     /// worker joins, leaves or dies), a round reads only the heartbeat rows.
     pub changes: u64,
-    /// MillisBehindLatest per shard it reads (shard id → ms), so any worker can show the
-    /// whole fleet's lag without reading the stream.
+    /// MillisBehindLatest per shard it reads (lease key → ms; a shard id names a shard
+    /// only within its stream), so any worker can show the whole fleet's lag without
+    /// reading the stream.
     pub lag_ms: std::collections::BTreeMap<String, u64>,
-    /// In fan-out mode, per shard whose subscription is open: how long it has been (ms).
+    /// In fan-out mode, per shard (by lease key) whose subscription is open: how long it
+    /// has been (ms).
     /// A held shard missing here has none (a fan-out worker's stall, shown fleet-wide).
     pub subscribed_ms: std::collections::BTreeMap<String, u64>,
     /// Each held lease's smoothed throughput, by lease key (not shard id: shard ids of
@@ -313,7 +341,9 @@ impl WorkerLoad {
 /// One lease's throughput as its owner measured it, smoothed over heartbeats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LeaseRate {
+    /// Records delivered to the processor per second.
     pub records_per_second: u64,
+    /// Bytes delivered per second (each record's data plus its partition key).
     pub bytes_per_second: u64,
 }
 

@@ -34,6 +34,7 @@ pub struct RateMeter {
 }
 
 impl RateMeter {
+    /// A meter that knows no lease yet.
     pub fn new() -> Self {
         Self::default()
     }

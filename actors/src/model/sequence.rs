@@ -37,18 +37,29 @@ pub struct SequenceNumber {
 /// Why a text is not a sequence number.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SequenceNumberError {
+    /// The text is empty.
     #[error("sequence number is empty")]
     Empty,
+    /// The text holds something other than ASCII digits (a sign, a space, a letter).
     #[error("sequence number {text:?} has a non-digit {found:?} at byte {at}")]
     NotDecimal {
+        /// The text that was read.
         text: String,
+        /// The first character that is not a digit.
         found: char,
+        /// Its byte offset in `text`.
         at: usize,
     },
+    /// More than [`MAX_DIGITS`] significant digits (or more than 255 leading zeros).
     #[error(
         "sequence number {text:?} has {digits} significant digits; Kinesis allows at most {MAX_DIGITS}"
     )]
-    TooLong { text: String, digits: usize },
+    TooLong {
+        /// The text that was read.
+        text: String,
+        /// How many significant digits it has (leading zeros not counted).
+        digits: usize,
+    },
 }
 
 impl SequenceNumber {

@@ -12,6 +12,7 @@ use super::SequenceNumber;
 pub struct ShardId(String);
 
 impl ShardId {
+    /// A shard id as Kinesis or the lease table gives it (not checked).
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
     }
@@ -21,6 +22,7 @@ impl ShardId {
         Self(format!("shardId-{index:012}"))
     }
 
+    /// The id as Kinesis writes it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -48,17 +50,29 @@ impl From<&str> for ShardId {
 /// whose range holds the MD5 of its partition key (or its explicit hash key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HashKeyRange {
+    /// The first hash key in the range.
     pub start: u128,
+    /// The last hash key in the range (inclusive).
     pub end: u128,
 }
 
 /// Why a hash-key range is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HashKeyError {
+    /// The text is not a decimal integer that fits in 128 bits.
     #[error("hash key {text:?} is not a decimal integer between 0 and 2^128-1")]
-    NotAHashKey { text: String },
+    NotAHashKey {
+        /// The text that was read.
+        text: String,
+    },
+    /// The range would start after it ends.
     #[error("hash key range starts at {start} after it ends at {end}")]
-    Inverted { start: u128, end: u128 },
+    Inverted {
+        /// The range's first key as given.
+        start: u128,
+        /// The range's last key as given, below `start`.
+        end: u128,
+    },
 }
 
 impl HashKeyRange {
@@ -68,6 +82,7 @@ impl HashKeyRange {
         end: u128::MAX,
     };
 
+    /// The range `start..=end`; [`HashKeyError::Inverted`] if `start > end`.
     pub fn new(start: u128, end: u128) -> Result<Self, HashKeyError> {
         if start > end {
             return Err(HashKeyError::Inverted { start, end });
@@ -80,6 +95,7 @@ impl HashKeyRange {
         Self::new(parse_hash_key(start)?, parse_hash_key(end)?)
     }
 
+    /// Whether `key` is in the range (both ends included).
     pub fn contains(&self, key: u128) -> bool {
         self.start <= key && key <= self.end
     }
@@ -108,6 +124,8 @@ impl fmt::Display for HashKeyRange {
     }
 }
 
+/// Reads a hash key as Kinesis and the lease table write it: decimal digits only, at most
+/// 2^128 − 1.
 pub fn parse_hash_key(text: &str) -> Result<u128, HashKeyError> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(HashKeyError::NotAHashKey {
@@ -129,19 +147,24 @@ pub fn partition_key_hash(partition_key: &str) -> u128 {
 /// (split or merged), and is the last sequence number it will ever hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SequenceRange {
+    /// `StartingSequenceNumber`: the shard's first sequence number.
     pub start: SequenceNumber,
+    /// `EndingSequenceNumber`: the last sequence number of a closed shard; `None` while open.
     pub end: Option<SequenceNumber>,
 }
 
 /// A shard from ListShards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shard {
+    /// The shard's id (`ShardId`).
     pub id: ShardId,
     /// The shard this one was split from, or the first of the two it was merged from.
     pub parent: Option<ShardId>,
     /// The second parent of a merge.
     pub adjacent_parent: Option<ShardId>,
+    /// `HashKeyRange`: the hash keys whose records the shard takes (took, once closed).
     pub hash_range: HashKeyRange,
+    /// `SequenceNumberRange`: the sequence numbers the shard has held.
     pub sequence_range: SequenceRange,
 }
 

@@ -10,13 +10,24 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// A Kinesis data stream, by name.
-    Kinesis { stream: String },
+    Kinesis {
+        /// The stream's name (1 to 128 characters of A-Z a-z 0-9 _ . -).
+        stream: String,
+    },
     /// A DynamoDB table's stream, by its ARN
     /// (`arn:aws:dynamodb:REGION:ACCOUNT:table/NAME/stream/LABEL`).
-    TableStream { arn: String, table: String },
+    TableStream {
+        /// The stream's ARN, as given.
+        arn: String,
+        /// The table's name, read from the ARN.
+        table: String,
+    },
     /// The current stream of a table (`dynamodb:TABLE`): DescribeTable's
     /// `LatestStreamArn`, looked up when the worker starts.
-    Table { table: String },
+    Table {
+        /// The table's name (after the `dynamodb:` prefix).
+        table: String,
+    },
 }
 
 /// The prefix that names a table's current stream.
@@ -63,6 +74,7 @@ impl Source {
         }
     }
 
+    /// Whether the records are a DynamoDB table's changes (not a Kinesis stream's).
     pub fn is_table_stream(&self) -> bool {
         self.table().is_some()
     }
@@ -90,11 +102,14 @@ impl fmt::Display for Source {
 /// The two kinds of source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SourceKind {
+    /// A Kinesis data stream (`kinesis`).
     Kinesis,
+    /// A DynamoDB table's stream, read through DynamoDB Streams (`dynamodb-streams`).
     DynamoDbStreams,
 }
 
 impl SourceKind {
+    /// The name position tokens and status use: `kinesis` or `dynamodb-streams`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Kinesis => "kinesis",

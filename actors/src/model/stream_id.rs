@@ -18,24 +18,43 @@ use super::{Checkpoint, LeaseKey, ShardId};
 /// checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamIdentifier {
+    /// The AWS account id that owns the stream (from its ARN).
     pub account: String,
+    /// The stream's name.
     pub name: String,
+    /// When the stream was created, in whole seconds since the Unix epoch.
     pub creation_epoch: u64,
 }
 
 /// Why a text is not a stream identifier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StreamIdError {
+    /// The text (carried) is not `account:stream:creationEpoch`: not three parts, or an
+    /// empty account or name.
     #[error("{0:?} is not account:stream:creationEpoch")]
     Form(String),
+    /// The third part is not a whole number of seconds.
     #[error("{text:?}: the creation epoch {epoch:?} is not a number of seconds")]
-    Epoch { text: String, epoch: String },
+    Epoch {
+        /// The identifier's text.
+        text: String,
+        /// Its creation-epoch part, as written.
+        epoch: String,
+    },
+    /// A described stream's ARN (carried) has no account to build the identifier from.
     #[error("stream ARN {0:?} names no account")]
     Account(String),
+    /// The text is not a Kinesis stream ARN: a part is missing, or the service or the
+    /// resource is not a Kinesis stream's.
     #[error(
         "{arn:?} is not a Kinesis stream ARN (arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME): {why}"
     )]
-    Arn { arn: String, why: &'static str },
+    Arn {
+        /// The text as given.
+        arn: String,
+        /// Which part is wrong.
+        why: &'static str,
+    },
 }
 
 /// A Kinesis stream named by its ARN, `arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME`.
@@ -43,9 +62,13 @@ pub enum StreamIdError {
 /// the account in its multi-stream lease keys is the ARN's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StreamArn {
+    /// The AWS partition: `aws`, `aws-cn`, `aws-us-gov`.
     pub partition: String,
+    /// The stream's region, e.g. `us-east-1`.
     pub region: String,
+    /// The AWS account id that owns the stream.
     pub account: String,
+    /// The stream's name (what follows `stream/`).
     pub name: String,
 }
 
@@ -222,10 +245,12 @@ impl ConsumedStreams {
         Self(streams)
     }
 
+    /// The streams, in the order they were given.
     pub fn iter(&self) -> impl Iterator<Item = &ConsumedStream> {
         self.0.iter()
     }
 
+    /// Whether lease keys take the multi-stream form (the streams carry identifiers).
     pub fn is_multi(&self) -> bool {
         self.0.iter().any(|s| s.id.is_some())
     }

@@ -47,8 +47,11 @@ pub enum FormerWhy {
 /// A stream that left the set, with when.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FormerStream<T> {
+    /// The stream as it was read, with its identifier (the prefix of its rows' keys).
     pub stream: ConsumedStream,
+    /// When it left the set; its grace counts from here.
     pub since: T,
+    /// Why it left.
     pub why: FormerWhy,
 }
 
@@ -63,7 +66,9 @@ impl<T: Copy + Add<Duration, Output = T>> FormerStream<T> {
 /// call failed): asked again at every sync.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UnresolvedStream {
+    /// The stream as the list names it (a name or an ARN).
     pub stream: String,
+    /// Why it is not read yet: the describe's error, or "not described yet".
     pub error: String,
 }
 
@@ -72,7 +77,9 @@ pub struct UnresolvedStream {
 /// readers starts, so they subscribe with it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
+    /// The stream's identifier, the prefix of its lease keys.
     pub id: StreamIdentifier,
+    /// The ARN of its enhanced fan-out consumer; `None` when read by polling.
     pub consumer: Option<Arc<str>>,
 }
 
@@ -88,7 +95,11 @@ impl From<StreamIdentifier> for Resolved {
 pub struct StreamSetView<T> {
     /// Streams read now, each with its identifier.
     pub active: ConsumedStreams,
+    /// Streams that left the set (or whose listing said they no longer exist), until
+    /// forgotten once past their grace with no row left.
     pub former: Vec<FormerStream<T>>,
+    /// Streams of the last good list not read yet: not described, or (fan-out mode) their
+    /// consumer not found or registered. Asked again at every sync.
     pub unresolved: Vec<UnresolvedStream>,
     /// The last good list (each entry without an identifier).
     pub wanted: Vec<ConsumedStream>,

@@ -31,7 +31,9 @@ impl fmt::Display for BatchId {
 /// Ordered as the records are (by batch, then index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Watermark {
+    /// The batch the record was delivered in.
     pub batch: BatchId,
+    /// The record's position in that batch, from 0.
     pub index: usize,
 }
 
@@ -45,12 +47,17 @@ impl fmt::Display for Watermark {
 /// from another window, or an index past the batch), never a race.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AckError {
+    /// The batch id was never handed out by this window.
     #[error("ack of {0}, which was never delivered")]
     UnknownBatch(BatchId),
+    /// The batch exists, but has no record at `index`.
     #[error("ack of {batch} record {index}, but the batch has {len} records")]
     IndexOutOfRange {
+        /// The batch acked.
         batch: BatchId,
+        /// The record index the ack named.
         index: usize,
+        /// How many records the batch has.
         len: usize,
     },
 }
@@ -136,6 +143,7 @@ impl Batch {
 }
 
 impl AckWindow {
+    /// An empty window: nothing delivered, no watermark; the first batch gets id 0.
     pub fn new() -> Self {
         Self::default()
     }

@@ -73,36 +73,65 @@ struct Running {
 /// Why a call to the child failed (the shard restarts).
 #[derive(Debug, thiserror::Error)]
 pub enum ChildError {
+    /// The child process could not be started (`executableName` empty, not found, not executable).
     #[error("cannot start {program:?}: {source}")]
     Spawn {
+        /// The program as named by `executableName` (empty when it was empty).
         program: String,
+        /// Why the operating system would not start it.
         source: std::io::Error,
     },
+    /// No child to talk to: an earlier call failed and killed it, or its pipes were missing.
     #[error("the child is not running (it failed earlier)")]
     NotRunning,
+    /// Writing a message to the child's stdin failed (it has most likely exited).
     #[error("writing {action} to the child: {source}")]
     Write {
+        /// The message being written (`processRecords`, `checkpoint`, …).
         action: &'static str,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The child closed its stdout (exited) before its `status` for the action.
     #[error("the child closed its stdout while flotilla waited for its status for {action}{exit}")]
-    Closed { action: &'static str, exit: String },
+    Closed {
+        /// The action whose status was awaited.
+        action: &'static str,
+        /// The child's exit status, as ` (exit status: 1)`, or empty when not known yet.
+        exit: String,
+    },
+    /// Reading the child's stdout failed (or a line was not UTF-8).
     #[error("reading the child's stdout: {0}")]
     Read(std::io::Error),
+    /// The child wrote a `status` or `checkpoint` message without a valid field it must carry
+    /// (other lines that are not messages are skipped): a bug in the child.
     #[error(
         "the child wrote something that is not the protocol while flotilla waited for {action}: {error}"
     )]
     NotProtocol {
+        /// The action whose status was awaited.
         action: &'static str,
+        /// What is wrong with the line.
         error: super::protocol::LineError,
     },
+    /// The child answered with a `status` for another action than the one sent: out of step.
     #[error("the child answered status for {got} while flotilla waited for {action}")]
-    WrongStatus { action: &'static str, got: String },
+    WrongStatus {
+        /// The action sent.
+        action: &'static str,
+        /// The `responseFor` the child answered with.
+        got: String,
+    },
+    /// The child wrote no line within the watchdog (`timeoutInSeconds`) while a status was awaited.
     #[error("the child wrote no line for {} while flotilla waited for its status for {action} (timeoutInSeconds)", humantime::format_duration(*.limit))]
     Timeout {
+        /// The action whose status was awaited.
         action: &'static str,
+        /// The watchdog, per line.
         limit: Duration,
     },
+    /// The child answered `shardEnded` without checkpointing at SHARD_END, so the shard
+    /// cannot end: a bug in the child's record processor.
     #[error(
         "the child answered shardEnded without checkpointing at SHARD_END; a MultiLang processor must call checkpoint() in shardEnded, or the shard never ends"
     )]
@@ -110,6 +139,8 @@ pub enum ChildError {
 }
 
 impl MultiLangProcessor {
+    /// A processor for one shard that starts its child from `command` at `initialize`. The command
+    /// is shared by every shard's processor.
     pub fn new(command: Arc<ChildCommand>) -> Self {
         Self {
             command,

@@ -15,6 +15,7 @@ use super::properties::Properties;
 /// What a properties file configures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonConfig {
+    /// The record processor's command (`executableName`) and its watchdog (`timeoutInSeconds`).
     pub command: ChildCommand,
     /// flotilla settings by dotted key (`worker.stream`), each as text the settings
     /// loader parses (`"500ms"`, `"TRIM_HORIZON"`).
@@ -26,18 +27,33 @@ pub struct DaemonConfig {
 /// A properties file flotilla cannot run as the daemon would.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DaemonConfigError {
+    /// A key the daemon requires is absent: `executableName`, the child's command.
     #[error("{key} is required (the record processor's command)")]
-    Missing { key: &'static str },
+    Missing {
+        /// The key missing.
+        key: &'static str,
+    },
+    /// A key flotilla maps has a value the daemon would not accept either (not a number, an
+    /// unknown level, a malformed ARN): fix the value.
     #[error("{key} = {value:?}: {why}")]
     BadValue {
+        /// The property's key.
         key: String,
+        /// The value as written.
         value: String,
+        /// What was expected instead.
         why: String,
     },
+    /// A setting flotilla cannot honour as the daemon would (e.g. `retrievalMode = FANOUT`, another
+    /// credentials provider, a `tableName` unlike `applicationName`); ignoring it would change
+    /// what the application does.
     #[error("{key} = {value:?} is not supported: {what_to_do}")]
     Unsupported {
+        /// The property's key.
         key: String,
+        /// The value as written.
         value: String,
+        /// What to change to run the file with flotilla.
         what_to_do: String,
     },
 }
@@ -147,6 +163,9 @@ const IGNORED: &[(&str, &str)] = &[
 ];
 
 impl DaemonConfig {
+    /// Maps a parsed properties file; an error for the first key that cannot be run as the daemon
+    /// would. The settings are not validated here: the settings loader does that
+    /// ([`Settings::load_over`](crate::Settings::load_over)).
     pub fn from_properties(properties: &Properties) -> Result<Self, DaemonConfigError> {
         let mut settings = Vec::new();
         let mut warnings = Vec::new();

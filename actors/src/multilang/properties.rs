@@ -27,10 +27,13 @@ pub struct Properties {
 pub struct PropertiesError {
     /// 1-based, the line the logical line starts on.
     pub line: usize,
+    /// What is wrong (e.g. a malformed `\uXXXX` escape).
     pub what: String,
 }
 
 impl Properties {
+    /// Reads a file's text as `java.util.Properties::load` reads it; an error only where Java's
+    /// loader would refuse the line too.
     pub fn parse(text: &str) -> Result<Self, PropertiesError> {
         let mut pairs = Vec::new();
         let lines: Vec<&str> = text.lines().collect();

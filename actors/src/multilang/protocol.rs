@@ -25,27 +25,38 @@ use crate::model::{Checkpoint, ExtendedSequenceNumber, SequenceNumber};
 /// What flotilla sends a child.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToChild<'a> {
+    /// Sent first, once the child is started: the shard it processes and where it starts.
     Initialize {
+        /// The shard's id (`shardId-000000000001`).
         shard_id: &'a str,
         /// Where the shard starts: a sequence number, or a sentinel (`TRIM_HORIZON`,
         /// `LATEST`, `AT_TIMESTAMP`).
         starting_at: &'a Checkpoint,
     },
+    /// A batch of records (data base64-encoded); the child may checkpoint before its `status`.
     ProcessRecords {
+        /// The batch's records, each sent with `"action":"record"`.
         records: &'a [Record],
+        /// How far the batch is behind the shard's tip, in milliseconds (Kinesis's
+        /// `MillisBehindLatest`); `None`: not known.
         millis_behind_latest: Option<u64>,
         /// When flotilla received the batch: the arrival time of a record whose server
         /// did not say (Kinesis always does; emulators and stripped answers may not).
         /// The Python client cannot take a null there.
         received_at: SystemTime,
     },
+    /// The lease is gone (taken, or handed over after `shutdownRequested`): no checkpoint now.
     LeaseLost,
+    /// The shard's last record was processed: the child must checkpoint at SHARD_END.
     ShardEnded,
+    /// The worker is stopping gracefully: the child may checkpoint; `leaseLost` follows.
     ShutdownRequested,
     /// The answer to a `checkpoint` request: the request's own position, echoed as the
     /// daemon echoes it, and the KCL's name of the error, if any.
     Checkpoint {
+        /// The request answered, whose position is echoed.
         request: &'a CheckpointRequest,
+        /// Why the checkpoint was refused; `None`: it was written.
         error: Option<CheckpointRefusal>,
     },
 }
@@ -68,6 +79,7 @@ pub enum CheckpointRefusal {
 }
 
 impl CheckpointRefusal {
+    /// The Java exception's simple name, as the `error` field of the checkpoint answer carries it.
     pub const fn kcl_name(self) -> &'static str {
         match self {
             CheckpointRefusal::IllegalArgument => "IllegalArgumentException",
@@ -207,8 +219,10 @@ struct CheckpointOut<'a> {
 pub enum FromChild {
     /// It finished the action named.
     Status {
+        /// The action finished (`responseFor`): must be the one flotilla last sent.
         response_for: String,
     },
+    /// It asks for a checkpoint; flotilla answers with a `checkpoint` message before it goes on.
     Checkpoint(CheckpointRequest),
 }
 
@@ -217,6 +231,7 @@ pub enum FromChild {
 pub struct CheckpointRequest {
     /// `None`: at the last record delivered (during `shardEnded`: SHARD_END).
     pub sequence: Option<String>,
+    /// The `subSequenceNumber` as written (number or string); `None`: absent or null, i.e. 0.
     pub sub_sequence: Option<Value>,
 }
 
@@ -225,7 +240,9 @@ pub struct CheckpointRequest {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not a checkpoint position: sequenceNumber {sequence:?}, subSequenceNumber {sub_sequence}")]
 pub struct NotAPosition {
+    /// The `sequenceNumber` as written.
     pub sequence: String,
+    /// The `subSequenceNumber` as written, as JSON text (`null` when absent).
     pub sub_sequence: String,
 }
 
@@ -258,16 +275,34 @@ impl CheckpointRequest {
 /// stdout: the Python sample does); [`LineError::is_skippable`] says which.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LineError {
+    /// Not JSON (e.g. text the child printed); skipped.
     #[error("not a JSON object: {line}")]
-    NotJson { line: String },
+    NotJson {
+        /// The line (its first 200 characters).
+        line: String,
+    },
+    /// JSON without an `action`; skipped.
     #[error("no \"action\" in {line}")]
-    NoAction { line: String },
+    NoAction {
+        /// The line (its first 200 characters).
+        line: String,
+    },
+    /// An action a child does not send (only `status` and `checkpoint` are read); skipped.
     #[error("unknown action {action:?} in {line}")]
-    UnknownAction { action: String, line: String },
+    UnknownAction {
+        /// The action named.
+        action: String,
+        /// The line (its first 200 characters).
+        line: String,
+    },
+    /// A `status` or `checkpoint` message without a valid `field`: a protocol violation.
     #[error("a {action} message without a valid {field}: {line}")]
     BadField {
+        /// The message's action.
         action: &'static str,
+        /// The field missing or of the wrong type (`responseFor`, `sequenceNumber`).
         field: &'static str,
+        /// The line (its first 200 characters).
         line: String,
     },
 }

@@ -18,12 +18,15 @@ use crate::settings::CheckpointMode;
 /// What a processor learns about its shard when it starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardInfo {
+    /// The shard's id within its stream.
     pub shard_id: ShardId,
     /// The stream the shard is of (as `worker.stream` or `worker.streams` names it): a
     /// worker of several streams has shards of the same id in each.
     pub stream: String,
     /// The shards this one was split or merged from; all of them are finished.
     pub parents: Vec<ShardId>,
+    /// The hash keys the shard covers (the lease row's `startingHashKey` and
+    /// `endingHashKey`); `None` when the row has none.
     pub hash_range: Option<HashKeyRange>,
     /// Where reading starts: the last checkpoint, or the initial position.
     pub starting_at: Checkpoint,
@@ -69,18 +72,22 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The shard the records are from.
     pub fn shard_id(&self) -> &ShardId {
         &self.shard
     }
 
+    /// The records, de-aggregated, in sequence order.
     pub fn records(&self) -> &[Record] {
         &self.records
     }
 
+    /// How many records the batch holds (user records, after de-aggregation).
     pub fn len(&self) -> usize {
         self.records.len()
     }
 
+    /// Whether the read brought no record (only with `reader.call_on_empty`).
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
@@ -148,27 +155,44 @@ pub struct AckToken {
 pub enum CheckpointError {
     /// Another worker owns the shard now; stop processing it.
     #[error("shard {shard}: lease lost, the checkpoint was not written")]
-    LeaseLost { shard: ShardId },
+    LeaseLost {
+        /// The shard whose checkpoint was refused.
+        shard: ShardId,
+    },
     /// A checkpoint past the last record delivered would skip records on a restart.
     #[error("shard {shard}: cannot checkpoint {requested}, the last record delivered is {last}")]
     BeyondDelivered {
+        /// The shard whose checkpoint was refused.
         shard: ShardId,
+        /// The position asked for.
         requested: ExtendedSequenceNumber,
+        /// The last record delivered, as text (`none` if nothing was delivered yet).
         last: String,
     },
     /// The lease table could not be written (throttled, unreachable); the position is
     /// kept and written later.
     #[error("shard {shard}: checkpoint not written yet: {why}")]
-    NotWritten { shard: ShardId, why: String },
+    NotWritten {
+        /// The shard whose checkpoint is not written yet.
+        shard: ShardId,
+        /// The lease table's error, or why the writer did not answer.
+        why: String,
+    },
     /// The shard's reader is gone (the shard ended, the worker is stopping).
     #[error("shard {shard}: the reader has stopped")]
-    ReaderGone { shard: ShardId },
+    ReaderGone {
+        /// The shard whose reader is gone.
+        shard: ShardId,
+    },
     /// A prepared checkpoint before the last checkpoint would move the shard back (the
     /// KCL refuses one outside "the last checkpoint .. the last record delivered" too).
     #[error("shard {shard}: cannot prepare {requested}, the checkpoint is already at {checkpoint}")]
     BeforeCheckpoint {
+        /// The shard whose prepared checkpoint was refused.
         shard: ShardId,
+        /// The position asked for.
         requested: ExtendedSequenceNumber,
+        /// The shard's checkpoint now, as text.
         checkpoint: String,
     },
     /// Prepared checkpoints need `checkpoint.mode = "manual"`: in the other modes the
@@ -177,7 +201,9 @@ pub enum CheckpointError {
         "shard {shard}: prepare_checkpoint needs checkpoint.mode = \"manual\" (it is {mode:?})"
     )]
     PrepareNeedsManualMode {
+        /// The shard whose prepared checkpoint was refused.
         shard: ShardId,
+        /// The worker's `checkpoint.mode`.
         mode: CheckpointMode,
     },
 }
@@ -215,10 +241,12 @@ impl fmt::Debug for Checkpointer {
 const CALL_TIMEOUT_MS: u64 = 30_000;
 
 impl Checkpointer {
+    /// The shard this checkpointer acks and checkpoints.
     pub fn shard_id(&self) -> &ShardId {
         &self.shard
     }
 
+    /// The worker's `checkpoint.mode`: how this shard's checkpoint moves (see [`Checkpointer`]).
     pub fn mode(&self) -> CheckpointMode {
         self.mode
     }
@@ -351,10 +379,20 @@ impl PreparedCheckpoint {
 /// unconfirmed); batches already in its mailbox are its own to hold back.
 #[derive(Debug)]
 pub enum ProcessorMsg {
+    /// The first message: the shard, and where reading starts (as
+    /// [`Processor::initialize`](crate::Processor::initialize) gets it).
     Initialize(ShardInfo),
+    /// A batch to process, in order; ack its records through the checkpointer.
     Process(Batch, Checkpointer),
     /// The lease is gone: stop, and do not checkpoint.
     LeaseLost,
+    /// Every record is delivered and acked: answer `Ok` and the SHARD_END checkpoint is
+    /// written; an `Err` (or no answer within `supervision.shutdown_timeout`) fails the
+    /// shard, which restarts.
     ShardEnded(Checkpointer, RpcReplyPort<Result<(), String>>),
+    /// The shard is stopping (a shutdown, a handoff): finish and checkpoint, then answer
+    /// within `supervision.shutdown_timeout`; the reader then flushes the checkpoint. An
+    /// `Err`, or no answer, is reported in the shard's
+    /// [`ShardShutdown`](crate::ShardShutdown).
     ShutdownRequested(Checkpointer, RpcReplyPort<Result<(), String>>),
 }

@@ -30,20 +30,33 @@ pub const CONFIG_FILE_VAR: &str = "FLOTILLA_CONFIG";
 /// (the file's path or the variable's name) and, where there is one, the key.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// The settings file could not be read (missing, unreadable); fix the path or its permissions.
     #[error("cannot read settings file {}", path.display())]
     ReadFile {
+        /// The file as named by the caller or `FLOTILLA_CONFIG`.
         path: PathBuf,
+        /// The I/O error reading it.
         #[source]
         source: std::io::Error,
     },
     /// Not TOML, an unknown key, or a value of the wrong type.
     #[error("settings file {}: {why}", path.display())]
-    File { path: PathBuf, why: String },
+    File {
+        /// The settings file.
+        path: PathBuf,
+        /// What is wrong, with the key where the parser names one.
+        why: String,
+    },
+    /// A `FLOTILLA__…` or `FLOTILLA_CONFIG` variable whose value is not UTF-8.
     #[error("environment variable {name}: its value is not UTF-8")]
-    NotUtf8 { name: String },
+    NotUtf8 {
+        /// The variable's name.
+        name: String,
+    },
     /// A `FLOTILLA__…` variable that names no setting.
     #[error("environment variable {name}: no setting {key}; {known}")]
     UnknownVariable {
+        /// The variable's name.
         name: String,
         /// The dotted key it would set.
         key: String,
@@ -53,20 +66,30 @@ pub enum LoadError {
     /// A variable whose value its setting does not accept.
     #[error("environment variable {name}={value:?}: {why}")]
     Variable {
+        /// The variable's name.
         name: String,
+        /// Its value as found.
         value: String,
+        /// Why the setting does not accept it.
         why: String,
     },
     /// The layers together do not make settings (each one alone did).
     #[error("settings: {why}")]
-    Merge { why: String },
+    Merge {
+        /// What does not fit, as the parser says it.
+        why: String,
+    },
     /// A value of the base layer a caller gave (`Settings::load_over`): `origin` names
     /// where it came from (e.g. a MultiLang properties file).
     #[error("{origin}: setting {key} = {value:?}: {why}")]
     Base {
+        /// Where the base came from (e.g. the MultiLang properties file's path).
         origin: String,
+        /// The dotted key of the base value (`worker.stream`).
         key: String,
+        /// The value as given, as text.
         value: String,
+        /// Why the setting does not accept it.
         why: String,
     },
     /// The settings parse but cannot work ([`Settings::validate`]).

@@ -324,22 +324,33 @@ pub enum Billing {
     #[default]
     OnDemand,
     /// PROVISIONED with these capacity units, for the table and its heartbeat index.
-    Provisioned { read: i64, write: i64 },
+    Provisioned {
+        /// Read capacity units (`ReadCapacityUnits`).
+        read: i64,
+        /// Write capacity units (`WriteCapacityUnits`).
+        write: i64,
+    },
 }
 
 /// How `flotilla init` makes a lease table for production. The default is what a worker
 /// makes when it finds none: on demand, no deletion protection, no tags.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TableOptions {
+    /// On demand or provisioned capacity.
     pub billing: Billing,
+    /// Whether DeleteTable is refused until protection is turned off
+    /// (`DeletionProtectionEnabled`).
     pub deletion_protection: bool,
+    /// Tags (key, value) put on the new table.
     pub tags: Vec<(String, String)>,
 }
 
 /// A lease table's production settings as the service reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableSettings {
+    /// On demand or provisioned, with the table's capacity units.
     pub billing: Billing,
+    /// Whether deletion protection is on (`false` where the server does not say).
     pub deletion_protection: bool,
     /// `None`: the server does not report point-in-time recovery (a local server).
     pub point_in_time_recovery: Option<bool>,

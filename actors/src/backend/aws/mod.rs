@@ -57,8 +57,12 @@ impl MetricsSink for NoCloudWatch {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Endpoints {
+    /// The Kinesis Data Streams endpoint URL.
     pub kinesis: Option<String>,
+    /// The DynamoDB endpoint URL: the lease table, and DynamoDB Streams too (a local
+    /// server serves both).
     pub dynamodb: Option<String>,
+    /// The CloudWatch endpoint URL, for the metrics.
     pub cloudwatch: Option<String>,
 }
 
@@ -155,10 +159,6 @@ pub(crate) const THROTTLING_CODES: &[&str] = &[
     "EC2ThrottledException",
 ];
 
-/// Error codes that say the service failed, not the request: retried like a 5xx.
-/// DynamoDB names its 500s `InternalServerError`, Kinesis `InternalFailure`; both may
-/// answer `ServiceUnavailable` (503). Matched whatever the HTTP status, because an
-/// emulator may send them with a 400.
 /// Error codes that mean the credentials may not make the call or are not valid. The
 /// same request fails the same way until IAM or the credentials change; the binary
 /// says what to grant.
@@ -175,6 +175,10 @@ pub(crate) const DENIED_CODES: &[&str] = &[
     "ExpiredToken",
 ];
 
+/// Error codes that say the service failed, not the request: retried like a 5xx.
+/// DynamoDB names its 500s `InternalServerError`, Kinesis `InternalFailure`; both may
+/// answer `ServiceUnavailable` (503). Matched whatever the HTTP status, because an
+/// emulator may send them with a 400.
 pub(crate) const TRANSIENT_CODES: &[&str] = &[
     "InternalFailure",
     "InternalServerError",

@@ -136,6 +136,7 @@ pub struct MemoryDynamo {
 }
 
 impl MemoryDynamo {
+    /// An empty DynamoDB: no tables, UpdateTable allowed, heartbeat indexes not lagging.
     pub fn new() -> Self {
         Self::default()
     }

@@ -20,6 +20,7 @@ pub struct MemoryMetrics {
 }
 
 impl MemoryMetrics {
+    /// A sink that has recorded nothing yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -37,6 +38,7 @@ impl MemoryMetrics {
             .collect()
     }
 
+    /// Forgets every call recorded so far (for every clone).
     pub fn clear(&self) {
         self.lock().clear();
     }

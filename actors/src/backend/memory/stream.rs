@@ -29,7 +29,9 @@ use crate::model::{
 /// Per-shard read limits of a provisioned Kinesis stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadLimits {
+    /// GetRecords calls a shard serves in any one second; more are `Throttled`.
     pub calls_per_second: usize,
+    /// Bytes a shard returns in any one second; once reached, calls are `Throttled`.
     pub bytes_per_second: usize,
 }
 
@@ -72,6 +74,8 @@ impl ReadRules {
     };
 }
 
+/// How [`MemoryStreams`] behaves: timeouts, retention, limits. The default is Kinesis'
+/// rules without read limits, with consumers ACTIVE after half a second.
 #[derive(Debug, Clone)]
 pub struct MemoryStreamsConfig {
     /// How long an iterator stays valid after it is issued (Kinesis: 5 minutes).
@@ -370,6 +374,7 @@ impl MemoryStreams {
         self.clock
     }
 
+    /// The configuration this backend was made with.
     pub fn config(&self) -> &MemoryStreamsConfig {
         &self.config
     }

@@ -41,6 +41,8 @@ use crate::model::{DynamoChange, HashKeyRange, SequenceNumber, Shard, ShardId};
 /// The largest item DynamoDB stores: 400 KB.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
+/// How [`MemoryTableStreams`] behaves: iterator lifetime, retention, shards, and the
+/// region and account its ARNs name.
 #[derive(Debug, Clone)]
 pub struct MemoryTableStreamsConfig {
     /// How long a shard iterator stays valid (DynamoDB Streams: 15 minutes).
@@ -145,6 +147,7 @@ impl MemoryTableStreams {
         self.streams.clock()
     }
 
+    /// The configuration this backend was made with.
     pub fn config(&self) -> &MemoryTableStreamsConfig {
         &self.config
     }
