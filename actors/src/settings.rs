@@ -155,7 +155,7 @@ pub struct LeaseSettings {
     /// still processes.
     #[serde(with = "humantime_serde")]
     pub fence_margin: Duration,
-    /// The most leases this worker holds; 0 means no limit.
+    /// The most leases this worker holds; 0 means no limit beyond its fair share.
     pub max_leases: u32,
     /// The most leases this worker asks live workers to hand over in one round (leases
     /// of dead or draining workers do not count), unless its shortfall is more: then its
@@ -443,7 +443,9 @@ pub struct SupervisionSettings {
     /// The window in which restarts of core actors are counted against `core_max_restarts`.
     #[serde(with = "humantime_serde")]
     pub core_restart_window: Duration,
-    /// How long a graceful shutdown waits for processors to finish.
+    /// How long each step of a graceful shutdown may take (processors finishing their
+    /// batch and checkpointing, the handoffs in flight) before leases are released
+    /// anyway. Keep the whole stop below the platform's kill timeout.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
 }

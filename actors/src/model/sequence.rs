@@ -50,7 +50,7 @@ pub enum SequenceNumberError {
         /// Its byte offset in `text`.
         at: usize,
     },
-    /// More than [`MAX_DIGITS`] significant digits (or more than 255 leading zeros).
+    /// More than [`MAX_DIGITS`] significant digits.
     #[error(
         "sequence number {text:?} has {digits} significant digits; Kinesis allows at most {MAX_DIGITS}"
     )]
@@ -59,6 +59,15 @@ pub enum SequenceNumberError {
         text: String,
         /// How many significant digits it has (leading zeros not counted).
         digits: usize,
+    },
+    /// More than 255 leading zeros: padding no server sends, and more than the parsed
+    /// form keeps track of.
+    #[error("sequence number {text:?} has {zeros} leading zeros; at most 255 are accepted")]
+    TooManyLeadingZeros {
+        /// The text that was read.
+        text: String,
+        /// How many leading zeros it has.
+        zeros: usize,
     },
 }
 
@@ -80,10 +89,16 @@ impl SequenceNumber {
         // "000" is zero: keep one digit as the significant part.
         let significant = zeros.min(text.len() - 1);
         let digits = text.len() - significant;
-        if digits > MAX_DIGITS || significant > usize::from(u8::MAX) {
+        if digits > MAX_DIGITS {
             return Err(SequenceNumberError::TooLong {
                 text: text.to_owned(),
                 digits,
+            });
+        }
+        if significant > usize::from(u8::MAX) {
+            return Err(SequenceNumberError::TooManyLeadingZeros {
+                text: text.to_owned(),
+                zeros: significant,
             });
         }
         Ok(Self {
@@ -235,6 +250,12 @@ mod tests {
             .to_string();
         assert!(err.contains("130 significant digits"), "{err}");
         assert!(SequenceNumber::parse(&"9".repeat(MAX_DIGITS)).is_ok());
+        let padded = format!("{}7", "0".repeat(256));
+        let err = SequenceNumber::parse(&padded)
+            .expect_err("too much padding")
+            .to_string();
+        assert!(err.contains("256 leading zeros"), "{err}");
+        assert!(SequenceNumber::parse(&format!("{}7", "0".repeat(255))).is_ok());
     }
 
     proptest! {
