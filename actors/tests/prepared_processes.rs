@@ -26,15 +26,13 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
-use flotilla_actors::backend::memory::MemoryMetrics;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin};
 use flotilla_actors::model::{Checkpoint, ExtendedSequenceNumber, SequenceNumber};
 use flotilla_actors::{
-    Backend, Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, ShardInfo, Worker,
+    Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, ShardInfo, Worker,
 };
 use serde_json::{Value, json};
 use support::probe::{Producer, fast_settings};
@@ -149,17 +147,7 @@ async fn worker_process() {
     let mut settings = fast_settings(&required(STREAM), &required(APPLICATION));
     settings.checkpoint.mode = CheckpointMode::Manual;
     let stream = KinesisStream::new(&servers::sdk_config(), Some(&kinesis));
-    let backend = Backend::new(
-        Arc::new(stream),
-        move |name| {
-            Arc::new(DynamoLeaseTable::new(
-                &servers::sdk_config(),
-                Some(&dynamodb),
-                name,
-            ))
-        },
-        Arc::new(MemoryMetrics::new()),
-    );
+    let backend = servers::dynamo_backend(&stream, &dynamodb);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let done = std::sync::Mutex::new(Some(tx));
     let worker = Worker::builder()

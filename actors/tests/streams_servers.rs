@@ -15,11 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
-use flotilla_actors::backend::memory::MemoryMetrics;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, StreamArn, StreamIdentifier};
 use flotilla_actors::settings::{InitialPosition, ReadMode, StreamEntry, StreamSpec};
-use flotilla_actors::{Backend, StreamSet, Worker};
+use flotilla_actors::{StreamSet, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::shutdown_clean;
 use support::servers;
@@ -49,7 +48,7 @@ async fn two_streams_in_one_table(
         StreamEntry::Name(b_arn.clone()),
     ];
     settings.reader.mode = mode;
-    let backend = dynamo_backend(&kinesis, &dynamodb_endpoint);
+    let backend = servers::dynamo_backend(&kinesis, &dynamodb_endpoint);
     let probes = ProbeFactory::new(Misbehave::default());
     let f = probes.clone();
     let worker: Worker = Worker::builder()
@@ -146,7 +145,7 @@ async fn a_stream_set_that_changes(
             async move { answer }
         }
     });
-    let backend = dynamo_backend(&kinesis, &dynamodb_endpoint);
+    let backend = servers::dynamo_backend(&kinesis, &dynamodb_endpoint);
     let probes = ProbeFactory::new(Misbehave::default());
     let f = probes.clone();
     let worker: Worker = Worker::builder()
@@ -318,20 +317,4 @@ async fn kinesis_mock_dynamodb_local_fanout() {
 async fn moto() {
     let url = servers::external_endpoint("FLOTILLA_TEST_MOTO_ENDPOINT");
     two_streams_in_one_table(url.clone(), url, ReadMode::Polling).await;
-}
-
-/// The real adapters: the given Kinesis client, lease tables on `dynamodb_endpoint`.
-fn dynamo_backend(kinesis: &KinesisStream, dynamodb_endpoint: &str) -> Backend {
-    let endpoint = dynamodb_endpoint.to_owned();
-    Backend::new(
-        Arc::new(kinesis.clone()),
-        move |name| {
-            Arc::new(DynamoLeaseTable::new(
-                &servers::sdk_config(),
-                Some(&endpoint),
-                name,
-            ))
-        },
-        Arc::new(MemoryMetrics::new()),
-    )
 }

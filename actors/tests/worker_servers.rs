@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
-use flotilla_actors::backend::memory::MemoryMetrics;
 use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, Shard};
 use flotilla_actors::settings::ReadMode;
@@ -63,18 +62,7 @@ impl Env {
     }
 
     fn backend(&self) -> Backend {
-        let endpoint = self.dynamodb_endpoint.clone();
-        Backend::new(
-            Arc::new(self.kinesis.clone()),
-            move |name| {
-                Arc::new(DynamoLeaseTable::new(
-                    &servers::sdk_config(),
-                    Some(&endpoint),
-                    name,
-                ))
-            },
-            Arc::new(MemoryMetrics::new()),
-        )
+        servers::dynamo_backend(&self.kinesis, &self.dynamodb_endpoint)
     }
 
     async fn open_shards(&self) -> Vec<Shard> {

@@ -110,3 +110,23 @@ pub fn unique_name(prefix: &str) -> String {
         .unwrap_or(0);
     format!("{prefix}-{}-{n}-{nanos}", std::process::id())
 }
+
+/// The real adapters: the given Kinesis client, lease tables on `dynamodb_endpoint`,
+/// metrics kept in memory.
+pub fn dynamo_backend(
+    kinesis: &flotilla_actors::backend::aws::KinesisStream,
+    dynamodb_endpoint: &str,
+) -> flotilla_actors::Backend {
+    let endpoint = dynamodb_endpoint.to_owned();
+    flotilla_actors::Backend::new(
+        std::sync::Arc::new(kinesis.clone()),
+        move |name| {
+            std::sync::Arc::new(flotilla_actors::backend::aws::DynamoLeaseTable::new(
+                &sdk_config(),
+                Some(&endpoint),
+                name,
+            ))
+        },
+        std::sync::Arc::new(flotilla_actors::backend::memory::MemoryMetrics::new()),
+    )
+}
