@@ -529,6 +529,7 @@ if [[ -z "${FLOTILLA_TEST_CMD:-}" && ($# -eq 0 || "${FLOTILLA_TEST_FANOUT:-}" ==
         --test worker_memory --test worker_modes --test worker_servers
         --test worker_supervision --test fleet_handoff --test fleet_memory --test stalls
         --test fencing_gaps --test embedding --test status_http --test fleet_processes
+        --test log_spans --test prepared_processes
     )
     # shellcheck disable=SC2016 # expanded by the inner bash, not here
     spawn_group fanout - "${test_env[@]}" FLOTILLA_TEST_READ_MODE=fanout bash -c \
