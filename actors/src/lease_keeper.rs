@@ -465,7 +465,7 @@ impl KeeperState {
             .args
             .lags
             .delivered_totals(|key| self.held.contains_key(key));
-        let lease_rates = self.rates.sample(&totals, self.held.keys(), now);
+        let lease_rates = self.rates.sample(&totals, &lag_ms, self.held.keys(), now);
         WorkerLoad {
             leases: self.held.len() as u64,
             records_per_second: rate,

@@ -3,6 +3,14 @@
 //! intervals, so one bursty interval does not move a shard (balance acts on these
 //! rates, and a rate that jumps with every beat would move leases back and forth).
 //!
+//! A lease just taken is first read from its checkpoint: the backlog behind it is not
+//! the shard's traffic. Its average starts from an interval that began with the reader
+//! caught up, since the first interval measured weighs fully: seeded with a catch-up
+//! burst (in fan-out mode the backlog arrives an interval late, after the
+//! subscription's start), a lease taken by a joiner looked hot for several beats, and
+//! the other workers asked for it back (each lease of a join moved up to 3 times in a
+//! fleet test).
+//!
 //! Pure: the cumulative counts and the time are parameters.
 
 use std::collections::BTreeMap;
@@ -16,6 +24,17 @@ use super::{LeaseKey, LeaseRate};
 /// a one-interval burst moves the rate by a third of itself.
 pub const SMOOTHING: f64 = 0.3;
 
+/// A lease's reader is caught up while its last MillisBehindLatest is at most this: what
+/// it delivers is then the shard's own traffic, not a backlog.
+pub const CAUGHT_UP_MS: u64 = 1_000;
+
+/// Intervals a lease may stay behind before its rate is measured all the same: a shard
+/// read from far back (a replay) is measured at the pace it is processed, rather than
+/// holding throughput balance off (which waits for every lease's rate) for as long as
+/// the replay lasts. A source whose reads carry no MillisBehindLatest (DynamoDB
+/// Streams) is measured from here too.
+pub const MAX_WARM_UP_INTERVALS: u32 = 10;
+
 #[derive(Debug, Clone)]
 struct Meter {
     /// Cumulative (records, bytes) at `at`.
@@ -25,6 +44,9 @@ struct Meter {
     intervals: u32,
     /// Smoothed (records/s, bytes/s); `None` until a fair interval was measured.
     average: Option<(f64, f64)>,
+    /// Whether the reader was caught up at `at`, so that the interval from `at` on is
+    /// the shard's traffic. Never at first sight: that interval holds the reader's start.
+    caught_up: bool,
 }
 
 /// The per-lease rates of one worker, fed at each heartbeat.
@@ -40,27 +62,34 @@ impl RateMeter {
     }
 
     /// Takes this heartbeat's cumulative delivered `(records, bytes)` per lease (a lease
-    /// absent there delivered nothing yet) and returns the rate of each held lease that
-    /// has one. A lease gets a rate from its second interval held: the first one holds
-    /// the reader's start (getting an iterator, catching up), not the lease's throughput.
+    /// absent there delivered nothing yet) and each reader's last MillisBehindLatest by
+    /// lease key (absent: not read yet), and returns the rate of each held lease that
+    /// has one. A lease gets a rate from the first interval that began with its reader
+    /// caught up (at the earliest its second interval held: the first holds the
+    /// reader's start), or once it has been behind for [`MAX_WARM_UP_INTERVALS`].
     /// Leases no longer held are forgotten, so a lease that comes back starts afresh.
     pub fn sample<'a>(
         &mut self,
         totals: &BTreeMap<LeaseKey, (u64, u64)>,
+        lag_ms: &BTreeMap<String, u64>,
         held: impl IntoIterator<Item = &'a LeaseKey>,
         now: Instant,
     ) -> BTreeMap<LeaseKey, LeaseRate> {
         let mut next: BTreeMap<LeaseKey, Meter> = BTreeMap::new();
         for key in held {
             let total = totals.get(key).copied().unwrap_or((0, 0));
+            let caught_up = lag_ms
+                .get(key.as_str())
+                .is_some_and(|&ms| ms <= CAUGHT_UP_MS);
             let meter = match self.meters.remove(key) {
                 None => Meter {
                     last: total,
                     at: now,
                     intervals: 0,
                     average: None,
+                    caught_up: false,
                 },
-                Some(meter) => measure(meter, total, now),
+                Some(meter) => measure(meter, total, caught_up, now),
             };
             next.insert(key.clone(), meter);
         }
@@ -82,7 +111,7 @@ impl RateMeter {
     }
 }
 
-fn measure(meter: Meter, total: (u64, u64), now: Instant) -> Meter {
+fn measure(meter: Meter, total: (u64, u64), caught_up: bool, now: Instant) -> Meter {
     let secs = now.saturating_duration_since(meter.at).as_secs_f64();
     if secs <= 0.0 {
         return meter;
@@ -92,6 +121,7 @@ fn measure(meter: Meter, total: (u64, u64), now: Instant) -> Meter {
         return Meter {
             last: total,
             at: now,
+            caught_up,
             ..meter
         };
     }
@@ -100,19 +130,20 @@ fn measure(meter: Meter, total: (u64, u64), now: Instant) -> Meter {
         (total.1 - meter.last.1) as f64 / secs,
     );
     let intervals = meter.intervals.saturating_add(1);
-    let average = match (intervals, meter.average) {
-        (1, _) => None,
-        (_, None) => Some(interval),
-        (_, Some((r, b))) => Some((
+    let average = match meter.average {
+        Some((r, b)) => Some((
             SMOOTHING * interval.0 + (1.0 - SMOOTHING) * r,
             SMOOTHING * interval.1 + (1.0 - SMOOTHING) * b,
         )),
+        None if meter.caught_up || intervals > MAX_WARM_UP_INTERVALS => Some(interval),
+        None => None,
     };
     Meter {
         last: total,
         at: now,
         intervals,
         average,
+        caught_up,
     }
 }
 
@@ -130,6 +161,11 @@ mod tests {
         rows.iter().map(|&(i, r, b)| (key(i), (r, b))).collect()
     }
 
+    /// Every lease's reader `ms` behind the tip.
+    fn lag(ms: u64) -> BTreeMap<String, u64> {
+        (0..8u8).map(|i| (key(i).as_str().to_owned(), ms)).collect()
+    }
+
     #[test]
     fn a_rate_appears_from_the_second_interval_and_is_smoothed_after() {
         let t0 = Instant::now();
@@ -137,14 +173,18 @@ mod tests {
         let held = [key(1)];
         let mut meter = RateMeter::new();
         // Baseline, then the first interval (the reader's start): no rate yet.
-        assert!(meter.sample(&totals(&[(1, 0, 0)]), &held, t0).is_empty());
         assert!(
             meter
-                .sample(&totals(&[(1, 50, 500)]), &held, t0 + s)
+                .sample(&totals(&[(1, 0, 0)]), &lag(0), &held, t0)
+                .is_empty()
+        );
+        assert!(
+            meter
+                .sample(&totals(&[(1, 50, 500)]), &lag(0), &held, t0 + s)
                 .is_empty()
         );
         // Second interval: 100 records/s, 1000 bytes/s, taken as it is.
-        let rates = meter.sample(&totals(&[(1, 250, 2500)]), &held, t0 + 2 * s);
+        let rates = meter.sample(&totals(&[(1, 250, 2500)]), &lag(0), &held, t0 + 2 * s);
         assert_eq!(
             rates[&key(1)],
             LeaseRate {
@@ -153,9 +193,69 @@ mod tests {
             }
         );
         // A burst of 400/s moves the average by SMOOTHING of the difference only.
-        let rates = meter.sample(&totals(&[(1, 1050, 10500)]), &held, t0 + 3 * s);
+        let rates = meter.sample(&totals(&[(1, 1050, 10500)]), &lag(0), &held, t0 + 3 * s);
         assert_eq!(rates[&key(1)].records_per_second, 190);
         assert_eq!(rates[&key(1)].bytes_per_second, 1900);
+    }
+
+    #[test]
+    fn a_lease_read_from_behind_is_measured_from_the_interval_after_it_caught_up() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let held = [key(1)];
+        let mut meter = RateMeter::new();
+        // (cumulative records, the reader's lag at the beat): the reader starts, then
+        // a backlog of 900 arrives an interval late (a fan-out subscription's start),
+        // and the shard's own 100/s follows.
+        let beats: [(u64, u64, bool); 6] = [
+            (0, 30_000, false),
+            (0, 30_000, false),
+            (900, 0, false),
+            (1_000, 0, true),
+            (1_100, 0, true),
+            (1_200, 0, true),
+        ];
+        for (i, (records, behind, rated)) in beats.into_iter().enumerate() {
+            let rates = meter.sample(
+                &totals(&[(1, records, records)]),
+                &lag(behind),
+                &held,
+                t0 + s * i as u32,
+            );
+            assert_eq!(rates.contains_key(&key(1)), rated, "beat {i}: {rates:?}");
+            if rated {
+                // The burst never entered the average.
+                assert_eq!(rates[&key(1)].records_per_second, 100, "beat {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lease_that_stays_behind_is_measured_after_the_warm_up_limit() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let held = [key(1)];
+        let mut meter = RateMeter::new();
+        let unread = BTreeMap::new();
+        for i in 0..=MAX_WARM_UP_INTERVALS {
+            let n = u64::from(i) * 50;
+            // Not read yet counts as behind, like a lag past the bound.
+            let lags = if i % 2 == 0 {
+                lag(CAUGHT_UP_MS + 1)
+            } else {
+                unread.clone()
+            };
+            let rates = meter.sample(&totals(&[(1, n, n)]), &lags, &held, t0 + s * i);
+            assert!(rates.is_empty(), "interval {i}: {rates:?}");
+        }
+        let n = u64::from(MAX_WARM_UP_INTERVALS + 1) * 50;
+        let rates = meter.sample(
+            &totals(&[(1, n, n)]),
+            &lag(60_000),
+            &held,
+            t0 + s * (MAX_WARM_UP_INTERVALS + 1),
+        );
+        assert_eq!(rates[&key(1)].records_per_second, 50);
     }
 
     #[test]
@@ -167,16 +267,27 @@ mod tests {
         for i in 0..3u64 {
             meter.sample(
                 &totals(&[(1, 10 * i, 10 * i), (2, 20 * i, 20 * i)]),
+                &lag(0),
                 &both,
                 t0 + s * i as u32,
             );
         }
-        let rates = meter.sample(&totals(&[(1, 30, 30), (2, 60, 60)]), &both, t0 + 3 * s);
+        let rates = meter.sample(
+            &totals(&[(1, 30, 30), (2, 60, 60)]),
+            &lag(0),
+            &both,
+            t0 + 3 * s,
+        );
         assert_eq!(rates.len(), 2);
         assert_eq!(rates[&key(2)].records_per_second, 20);
         // Key 2 let go, then back: it starts afresh (no rate for two intervals).
-        meter.sample(&totals(&[(1, 40, 40)]), &[key(1)], t0 + 4 * s);
-        let rates = meter.sample(&totals(&[(1, 50, 50), (2, 80, 80)]), &both, t0 + 5 * s);
+        meter.sample(&totals(&[(1, 40, 40)]), &lag(0), &[key(1)], t0 + 4 * s);
+        let rates = meter.sample(
+            &totals(&[(1, 50, 50), (2, 80, 80)]),
+            &lag(0),
+            &both,
+            t0 + 5 * s,
+        );
         assert_eq!(rates.keys().collect::<Vec<_>>(), vec![&key(1)]);
     }
 
@@ -187,10 +298,10 @@ mod tests {
         let held = [key(1)];
         let mut meter = RateMeter::new();
         for (i, n) in [0u64, 10, 20, 30].iter().enumerate() {
-            meter.sample(&totals(&[(1, *n, *n)]), &held, t0 + s * i as u32);
+            meter.sample(&totals(&[(1, *n, *n)]), &lag(0), &held, t0 + s * i as u32);
         }
-        let before = meter.sample(&totals(&[(1, 40, 40)]), &held, t0 + 4 * s)[&key(1)];
-        let after = meter.sample(&totals(&[(1, 5, 5)]), &held, t0 + 5 * s)[&key(1)];
+        let before = meter.sample(&totals(&[(1, 40, 40)]), &lag(0), &held, t0 + 4 * s)[&key(1)];
+        let after = meter.sample(&totals(&[(1, 5, 5)]), &lag(0), &held, t0 + 5 * s)[&key(1)];
         assert_eq!(before, after);
         assert_eq!(after.records_per_second, 10);
     }
