@@ -66,7 +66,7 @@ impl RateMeter {
     /// lease key (absent: not read yet), and returns the rate of each held lease that
     /// has one. A lease gets a rate from the first interval that began with its reader
     /// caught up (at the earliest its second interval held: the first holds the
-    /// reader's start), or once it has been behind for [`MAX_WARM_UP_INTERVALS`].
+    /// reader's start), or once it has been behind for `MAX_WARM_UP_INTERVALS` (10).
     /// Leases no longer held are forgotten, so a lease that comes back starts afresh.
     pub fn sample<'a>(
         &mut self,
