@@ -2037,7 +2037,8 @@ mod tests {
         );
     }
 
-    /// Fails only in a build without a feature (CI checks one) if `validate` forgot to ask.
+    /// Fails only in a build without a feature (`.ci/run` runs it in one) if `validate`
+    /// forgot to ask.
     #[test]
     fn validate_asks_about_this_build() {
         let mut settings = valid();
