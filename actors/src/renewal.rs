@@ -337,24 +337,20 @@ impl Renewing {
         match self.inner.renew(key, &fence).await {
             Ok(counter) => {
                 self.lives().renewed(key, fence.counter, counter);
-                if let Some((fencing, telemetry)) = core {
-                    fencing.lock().renewed(key, &taken, sent);
-                    telemetry.emit(LeaseRenewed { key, counter });
+                if let Some(core) = &core {
+                    report_renewed(core, key, &taken, sent, counter);
                 }
             }
             Err(LeaseError::ConditionFailed { owner, .. }) => {
                 self.lives().forget(key);
-                if let Some((fencing, telemetry)) = core {
-                    let now = owner.as_ref().map(|o| o.as_str()).unwrap_or("nobody");
-                    fencing.lock().revoke(
+                if let Some(core) = &core {
+                    report_lost(
+                        core,
                         key,
                         &taken,
-                        format!("renewal refused: owner is now {now}"),
+                        owner.as_ref(),
+                        "renewal refused: owner is now",
                     );
-                    telemetry.emit(LeaseRenewalRefused {
-                        key,
-                        owner: owner.as_ref(),
-                    });
                 }
             }
             Err(error) => {
@@ -376,28 +372,22 @@ impl Renewing {
         let row = self.inner.get(key).await?;
         let taken = self.lives().taken_fence(key);
         let resolution = self.lives().resolve(key, row.as_ref());
-        if let (Some(taken), Some((fencing, telemetry))) = (taken, self.core()) {
+        if let (Some(taken), Some(core)) = (taken, self.core()) {
             match resolution {
+                // `Landed` comes only from a row read at the renewed counter.
                 Resolution::Landed(sent) => {
-                    fencing.lock().renewed(key, &taken, sent);
                     if let Some(row) = &row {
-                        telemetry.emit(LeaseRenewed {
-                            key,
-                            counter: row.counter,
-                        });
+                        report_renewed(&core, key, &taken, sent, row.counter);
                     }
                 }
                 Resolution::NotLanded => {}
-                Resolution::Lost => {
-                    let owner = row.as_ref().and_then(|r| r.owner.as_ref());
-                    let now = owner.map(|o| o.as_str()).unwrap_or("nobody");
-                    fencing.lock().revoke(
-                        key,
-                        &taken,
-                        format!("renewal unanswered, then the row showed owner {now}"),
-                    );
-                    telemetry.emit(LeaseRenewalRefused { key, owner });
-                }
+                Resolution::Lost => report_lost(
+                    &core,
+                    key,
+                    &taken,
+                    row.as_ref().and_then(|r| r.owner.as_ref()),
+                    "renewal unanswered, then the row showed owner",
+                ),
             }
         }
         Ok(())
@@ -441,18 +431,42 @@ impl Renewing {
         }
     }
 
-    /// A take of any kind: a new life once written.
+    /// A take of any kind: a new life once written (an error is shown already by
+    /// `fenced`).
     fn took(&self, result: Result<Lease, LeaseError>) -> Result<Lease, LeaseError> {
-        let mut lives = self.lives();
-        match result {
-            Ok(lease) => {
-                lives.took(&lease);
-                Ok(lives.show(lease))
-            }
-            // Shown already by `fenced`.
-            Err(error) => Err(error),
-        }
+        result.map(|lease| {
+            let mut lives = self.lives();
+            lives.took(&lease);
+            lives.show(lease)
+        })
     }
+}
+
+/// A renewal of the life `taken`, sent at `sent`, moved the row to `counter`: the board
+/// lets the lease deliver on, and it is counted.
+fn report_renewed(
+    (fencing, telemetry): &(Fencing, Telemetry),
+    key: &LeaseKey,
+    taken: &Fence,
+    sent: Instant,
+    counter: u64,
+) {
+    fencing.lock().renewed(key, taken, sent);
+    telemetry.emit(LeaseRenewed { key, counter });
+}
+
+/// The life `taken` is over (the row is `owner`'s now, or gone): revoked on the board at
+/// once, `why` followed by the owner, and counted.
+fn report_lost(
+    (fencing, telemetry): &(Fencing, Telemetry),
+    key: &LeaseKey,
+    taken: &Fence,
+    owner: Option<&WorkerId>,
+    why: &str,
+) {
+    let now = owner.map(|o| o.as_str()).unwrap_or("nobody");
+    fencing.lock().revoke(key, taken, format!("{why} {now}"));
+    telemetry.emit(LeaseRenewalRefused { key, owner });
 }
 
 impl LeaseTable for Renewing {

@@ -18,7 +18,7 @@ use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::{FaultPlan, Faulty, Freezer};
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::model::{
-    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId,
+    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, WorkerId,
 };
 use tokio::time::Instant;
 
@@ -58,7 +58,6 @@ struct JavaState {
     expired: Vec<(LeaseKey, WorkerId, Duration)>,
     /// Take what the KCL rule judges expired (as java-2).
     take_expired: bool,
-    renewals: u64,
 }
 
 struct JavaFleet {
@@ -92,7 +91,6 @@ impl JavaFleet {
                         let mut s = state.lock().unwrap();
                         match renewed {
                             Ok(counter) => {
-                                s.renewals += 1;
                                 s.held.insert(
                                     key,
                                     Fence {
@@ -213,12 +211,14 @@ async fn java_owned(
     held
 }
 
-async fn keys_of(rig: &Rig, shard: &ShardId) -> BTreeSet<String> {
-    rig.records(shard)
-        .await
-        .into_iter()
-        .map(|r| r.partition_key)
-        .collect()
+/// The partition keys of the records on the shards of `leases`.
+async fn keys_of(rig: &Rig, leases: &[LeaseKey]) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    for lease in leases {
+        let records = rig.records(&lease.shard_id()).await;
+        keys.extend(records.into_iter().map(|r| r.partition_key));
+    }
+    keys
 }
 
 async fn owners(table: &Table) -> BTreeMap<String, Option<String>> {
@@ -317,10 +317,7 @@ async fn only_stalled_leases_are_taken(rig: &Rig, table: Table, settings: Settin
     let at_take = table.get(&stalled[0]).await.unwrap().unwrap().counter;
 
     // Every record of the second round on the taken shards, none of the first.
-    let mut taken_keys = BTreeSet::new();
-    for key in &stalled {
-        taken_keys.extend(keys_of(rig, &key.shard_id()).await);
-    }
+    let taken_keys = keys_of(rig, &stalled).await;
     let want: u64 = taken_keys.len() as u64 * 5;
     let seen = probes.seen.clone();
     let mut last = 0;
@@ -484,10 +481,7 @@ async fn a_frozen_flotilla_worker_is_fenced_when_the_java_fleet_takes_its_leases
         .start_on(backend, &probes, settings("flotilla-1", true))
         .await;
     wait_held(&[&worker], &[2], Duration::from_secs(20)).await;
-    let mut taken_keys = BTreeSet::new();
-    for key in &stalled {
-        taken_keys.extend(keys_of(&rig, &key.shard_id()).await);
-    }
+    let taken_keys = keys_of(&rig, &stalled).await;
     producer.put_round(&rig.streams, STREAM, 40, 5).await;
     let want = taken_keys.len() as u64 * 5;
     let seen = probes.seen.clone();

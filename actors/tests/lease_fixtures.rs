@@ -170,8 +170,6 @@ fn created_multi_stream_rows_are_written_as_the_kcl_writes_them() {
     assert_eq!(created, 4);
 }
 
-/// What flotilla writes for a lease is what the other implementation wrote: same names,
-/// same types, same encodings. The attributes left over are the ones we do not write.
 /// The KCL's checkpoint writes in the operation log remove the prepared checkpoint's
 /// three attributes, the ones flotilla's checkpoint write removes.
 #[test]
@@ -199,6 +197,8 @@ fn a_checkpoint_removes_the_pending_attributes_the_kcl_removes() {
     assert_eq!(checkpoints, 4);
 }
 
+/// What flotilla writes for a lease is what the other implementation wrote: same names,
+/// same types, same encodings. The attributes left over are the ones we do not write.
 #[test]
 fn flotilla_writes_the_same_attributes() {
     let mut unwritten = BTreeSet::new();

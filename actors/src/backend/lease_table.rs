@@ -204,7 +204,7 @@ impl LeaseError {
 ///   (unchanged) and nothing is written.
 /// * `release(key, fence)`: owner removed, counter + 1, any handoff request removed.
 /// * `renew(key, fence)`: counter + 1, nothing else (a handoff request stays); used only
-///   with `lease.java_compat`, through `backend::renewal::Renewing`.
+///   with `lease.java_compat`, through `crate::renewal::Renewing`.
 /// * `request_handoff(key, fence, me)`: handoff request := me, unless another worker's
 ///   request is there (`ConditionFailed`); counter unchanged. Asking again is fine.
 /// * `transfer(key, fence, to)`: only while the request names `to`: owner := to,
@@ -288,7 +288,7 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// Renews a held lease the Java KCL's way (`lease.java_compat`): the counter + 1,
     /// only while the row is `expected`, so that Java workers, which judge a lease by its
     /// counter moving, see it alive. Returns the new counter. Only
-    /// `backend::renewal::Renewing` calls it, and it keeps the rest of the worker on the
+    /// `crate::renewal::Renewing` calls it, and it keeps the rest of the worker on the
     /// counter the lease was taken with (ARCHITECTURE.md, "Java KCL workers").
     fn renew<'a>(
         &'a self,

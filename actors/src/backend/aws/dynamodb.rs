@@ -221,6 +221,21 @@ impl Placeholders {
         placeholder
     }
 
+    /// `#name = :{tag}{i}` for each attribute, for an update's SET clause.
+    fn assignments(
+        &mut self,
+        op: &'static str,
+        tag: &str,
+        attrs: &[(impl AsRef<str>, AttrValue)],
+    ) -> Result<Vec<String>, LeaseError> {
+        let mut set = Vec::with_capacity(attrs.len());
+        for (i, (name, value)) in attrs.iter().enumerate() {
+            let value = self.value(&format!("{tag}{i}"), attr_to_sdk(op, value)?);
+            set.push(format!("{} = {value}", self.name(name.as_ref())));
+        }
+        Ok(set)
+    }
+
     fn names(&self) -> Option<HashMap<String, String>> {
         (!self.names.is_empty()).then(|| self.names.clone())
     }
@@ -357,15 +372,6 @@ pub struct TableSettings {
 }
 
 impl DynamoLeaseTable {
-    /// Creates the table with `options` when it is missing (an existing one is left as it
-    /// is, as with [`LeaseTable::ensure_table`]), and waits until it is ACTIVE.
-    pub async fn ensure_table_with(
-        &self,
-        options: &TableOptions,
-    ) -> Result<TableState, LeaseError> {
-        self.ensure(options).await
-    }
-
     /// The table's billing, deletion protection and point-in-time recovery; `None` if
     /// there is no such table.
     pub async fn table_settings(&self) -> Result<Option<TableSettings>, LeaseError> {
@@ -458,17 +464,14 @@ impl DynamoLeaseTable {
         let arn = table
             .table_arn()
             .ok_or_else(|| self.incomplete("DescribeTable", &self.table, "TableArn"))?;
-        let mut request = self.client.tag_resource().resource_arn(arn);
-        for (key, value) in tags {
-            request = request.tags(
-                Tag::builder()
-                    .key(key)
-                    .value(value)
-                    .build()
-                    .map_err(|e| build_error(OP, e))?,
-            );
-        }
-        request.send().await.map_err(|e| self.classify(OP, e))?;
+        let tags = sdk_tags(OP, tags)?;
+        self.client
+            .tag_resource()
+            .resource_arn(arn)
+            .set_tags((!tags.is_empty()).then_some(tags))
+            .send()
+            .await
+            .map_err(|e| self.classify(OP, e))?;
         Ok(())
     }
 
@@ -713,7 +716,12 @@ impl DynamoLeaseTable {
         }
     }
 
-    async fn ensure(&self, options: &TableOptions) -> Result<TableState, LeaseError> {
+    /// Creates the table with `options` when it is missing (an existing one is left as it
+    /// is, as with [`LeaseTable::ensure_table`]), and waits until it is ACTIVE.
+    pub async fn ensure_table_with(
+        &self,
+        options: &TableOptions,
+    ) -> Result<TableState, LeaseError> {
         let (state, mut table) = match self.describe().await? {
             Some(table) => (TableState::Existed, Some(table)),
             None => {
@@ -727,16 +735,7 @@ impl DynamoLeaseTable {
                             .map_err(|e| build_error("CreateTable", e))?,
                     ),
                 };
-                let mut tags = Vec::with_capacity(options.tags.len());
-                for (key, value) in &options.tags {
-                    tags.push(
-                        Tag::builder()
-                            .key(key)
-                            .value(value)
-                            .build()
-                            .map_err(|e| build_error("CreateTable", e))?,
-                    );
-                }
+                let tags = sdk_tags("CreateTable", &options.tags)?;
                 let created = self
                     .client
                     .create_table()
@@ -1254,11 +1253,7 @@ impl DynamoLeaseTable {
         const OP: &str = "UpdateItem";
         let mut p = Placeholders::default();
         let condition = p.fence(fence);
-        let mut set = Vec::new();
-        for (i, (name, value)) in checkpoint_attrs(checkpoint).into_iter().enumerate() {
-            let value = p.value(&format!("checkpoint{i}"), attr_to_sdk(OP, &value)?);
-            set.push(format!("{} = {value}", p.name(name)));
-        }
+        let mut set = p.assignments(OP, "checkpoint", &checkpoint_attrs(checkpoint))?;
         let zero = p.value("zero", number(0));
         set.push(format!("{} = {zero}", p.name(attr::OWNER_SWITCHES)));
         if !children.is_empty() {
@@ -1281,11 +1276,7 @@ impl DynamoLeaseTable {
         let mut p = Placeholders::default();
         let condition = p.fence(fence);
         let (set_attrs, remove_attrs) = pending_checkpoint_attrs(pending, state);
-        let mut set = Vec::new();
-        for (i, (name, value)) in set_attrs.into_iter().enumerate() {
-            let value = p.value(&format!("pending{i}"), attr_to_sdk(OP, &value)?);
-            set.push(format!("{} = {value}", p.name(name)));
-        }
+        let set = p.assignments(OP, "pending", &set_attrs)?;
         let mut update = format!("SET {}", set.join(", "));
         if !remove_attrs.is_empty() {
             let remove: Vec<String> = remove_attrs.into_iter().map(|n| p.name(n)).collect();
@@ -1339,10 +1330,7 @@ impl DynamoLeaseTable {
             format!("{owner} = {me}"),
             format!("{indexed} = {worker_type}"),
         ];
-        for (i, (name, value)) in load_attrs(load).iter().enumerate() {
-            let value = p.value(&format!("load{i}"), attr_to_sdk(OP, value)?);
-            set.push(format!("{} = {value}", p.name(name)));
-        }
+        set.extend(p.assignments(OP, "load", &load_attrs(load))?);
         let output = self
             .client
             .update_item()
@@ -1672,6 +1660,19 @@ fn unsupported<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> bool
         .is_some_and(|m| m.contains("not supported") || m.contains("Unknown operation"))
 }
 
+/// `tags` as the SDK takes them (CreateTable, TagResource).
+fn sdk_tags(op: &'static str, tags: &[(String, String)]) -> Result<Vec<Tag>, LeaseError> {
+    tags.iter()
+        .map(|(key, value)| {
+            Tag::builder()
+                .key(key)
+                .value(value)
+                .build()
+                .map_err(|e| build_error(op, e))
+        })
+        .collect()
+}
+
 fn build_error(op: &'static str, err: aws_sdk_dynamodb::error::BuildError) -> LeaseError {
     LeaseError::Other {
         op,
@@ -1775,7 +1776,7 @@ impl LeaseTable for DynamoLeaseTable {
     }
 
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
-        Box::pin(async move { self.ensure(&TableOptions::default()).await })
+        Box::pin(async move { self.ensure_table_with(&TableOptions::default()).await })
     }
 
     fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
