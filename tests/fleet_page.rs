@@ -80,12 +80,11 @@ impl Drop for TempDir {
     }
 }
 
-/// Loads `url` in headless Chromium with a fresh profile and returns the DOM after
-/// [`VIRTUAL_TIME_MS`] of virtual time, i.e. after the page's script has run.
-fn dump_dom(url: &str) -> String {
+/// Runs headless Chromium on `url` with a fresh profile in `dir`, [`VIRTUAL_TIME_MS`] of
+/// virtual time and `args` after the common ones, its stderr to `dir/stderr.log`; waits
+/// [`CHROMIUM_LIMIT`] at most, then kills it and returns `None`.
+fn run_chromium(dir: &TempDir, args: &[&str], url: &str, stdout: Stdio) -> Option<ExitStatus> {
     let chromium = chromium();
-    let dir = TempDir::new("chromium");
-    let (out_path, err_path) = (dir.0.join("dom.html"), dir.0.join("stderr.log"));
     let mut child = Command::new(&chromium)
         .args([
             "--headless",
@@ -98,11 +97,11 @@ fn dump_dom(url: &str) -> String {
             dir.0.join("profile").display()
         ))
         .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
-        .arg("--dump-dom")
+        .args(args)
         .arg(url)
         .stdin(Stdio::null())
-        .stdout(File::create(&out_path).unwrap())
-        .stderr(File::create(&err_path).unwrap())
+        .stdout(stdout)
+        .stderr(File::create(dir.0.join("stderr.log")).unwrap())
         .spawn()
         .unwrap_or_else(|e| {
             panic!(
@@ -111,19 +110,32 @@ fn dump_dom(url: &str) -> String {
             )
         });
     let started = Instant::now();
-    let status = loop {
+    loop {
         if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
+            return Some(status);
         }
         if started.elapsed() > CHROMIUM_LIMIT {
             let _ = child.kill();
             let _ = child.wait();
-            break None;
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
+    }
+}
+
+/// Loads `url` in headless Chromium with a fresh profile and returns the DOM after
+/// [`VIRTUAL_TIME_MS`] of virtual time, i.e. after the page's script has run.
+fn dump_dom(url: &str) -> String {
+    let dir = TempDir::new("chromium");
+    let out_path = dir.0.join("dom.html");
+    let status = run_chromium(
+        &dir,
+        &["--dump-dom"],
+        url,
+        File::create(&out_path).unwrap().into(),
+    );
     let dom = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.0.join("stderr.log")).unwrap_or_default();
     let tail: Vec<&str> = stderr
         .lines()
         .rev()
@@ -149,45 +161,22 @@ fn dump_dom(url: &str) -> String {
 /// test's output folder, and returns what the page wrote to the console (errors,
 /// uncaught exceptions, failed loads): the pages write nothing when all is well.
 fn screenshot(url: &str, name: &str) -> (PathBuf, Vec<String>) {
-    let chromium = chromium();
     let dir = TempDir::new("chromium-shot");
     let folder = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pages");
     std::fs::create_dir_all(&folder).unwrap();
     let png = folder.join(format!("{name}.png"));
     let _ = std::fs::remove_file(&png);
-    let err_path = dir.0.join("stderr.log");
-    let mut child = Command::new(&chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--window-size=1280,1000",
-        ])
-        .arg(format!(
-            "--user-data-dir={}",
-            dir.0.join("profile").display()
-        ))
-        .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
-        .arg(format!("--screenshot={}", png.display()))
-        .arg(url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > CHROMIUM_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("chromium did not finish its screenshot of {url} within {CHROMIUM_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let screenshot = format!("--screenshot={}", png.display());
+    let args = [
+        "--enable-logging=stderr",
+        "--v=0",
+        "--window-size=1280,1000",
+        screenshot.as_str(),
+    ];
+    if run_chromium(&dir, &args, url, Stdio::null()).is_none() {
+        panic!("chromium did not finish its screenshot of {url} within {CHROMIUM_LIMIT:?}");
     }
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.0.join("stderr.log")).unwrap_or_default();
     let console = stderr
         .lines()
         .filter(|l| l.contains(":CONSOLE"))

@@ -159,19 +159,11 @@ impl Scrape {
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)
     }
-
-    fn base(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("application", escape(&self.application)),
-            ("stream", escape(&self.stream)),
-            ("worker", escape(&self.worker)),
-        ]
-    }
 }
 
-/// One family of [`metric_families`]: what `/metrics` serves, as data for an exporter
-/// that is not the text encoder (the binary's OTLP push), so that both name, describe
-/// and bucket every family by the same rules.
+/// One family of [`metric_families`]: what `/metrics` serves, as data. The text encoder
+/// writes these, and the binary's OTLP push sends them, so that both name, describe and
+/// bucket every family by the same rules.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricFamily {
     /// The family's name as `/metrics` serves it, a counter's without `_total` (which
@@ -215,11 +207,10 @@ pub fn metric_families(status: &WorkerStatus) -> Vec<MetricFamily> {
 
 impl Scrape {
     fn families(&self) -> Vec<MetricFamily> {
-        let scrape = self;
         let base = vec![
-            ("application", scrape.application.clone()),
-            ("stream", scrape.stream.clone()),
-            ("worker", scrape.worker.clone()),
+            ("application", self.application.clone()),
+            ("stream", self.stream.clone()),
+            ("worker", self.worker.clone()),
         ];
         let gauge = |name: &str, help, value| MetricFamily {
             name: name.to_owned(),
@@ -229,9 +220,9 @@ impl Scrape {
         };
         let mut out = vec![
             gauge(UP, UP_HELP, 1.0),
-            gauge(UPTIME, UPTIME_HELP, scrape.uptime_ms as f64 / 1000.0),
+            gauge(UPTIME, UPTIME_HELP, self.uptime_ms as f64 / 1000.0),
         ];
-        let Some(metrics) = &scrape.metrics else {
+        let Some(metrics) = &self.metrics else {
             return out;
         };
         for metric in Metric::ALL {
@@ -289,71 +280,59 @@ fn escape(value: &str) -> String {
 }
 
 impl Collector for Scrape {
+    /// The text is [`Scrape::families`] encoded, so `/metrics` and the OTLP push cannot
+    /// name, describe or bucket a family differently.
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let base = self.base();
-        let up = ConstGauge::new(1i64);
-        up.encode(
-            encoder
-                .encode_descriptor(UP, UP_HELP, None, MetricType::Gauge)?
-                .encode_family(&base)?,
-        )?;
-        let uptime = ConstGauge::new(self.uptime_ms as f64 / 1000.0);
-        uptime.encode(
-            encoder
-                .encode_descriptor(UPTIME, UPTIME_HELP, None, MetricType::Gauge)?
-                .encode_family(&base)?,
-        )?;
-        let Some(metrics) = &self.metrics else {
-            return Ok(());
-        };
-        for metric in Metric::ALL {
-            let (name, kind) = counter_or_gauge(metric);
-            let key = metric.name();
-            let metric_type = match kind {
-                Kind::Counter => MetricType::Counter,
-                Kind::Gauge => MetricType::Gauge,
-            };
-            let mut family = encoder.encode_descriptor(&name, metric.help(), None, metric_type)?;
-            let worker = metrics.totals.get(key).copied().unwrap_or(0.0);
-            let shards = metrics
-                .per_shard
+        let escaped = |labels: &[(&'static str, String)]| -> Vec<(&'static str, String)> {
+            labels
                 .iter()
-                .filter_map(|(shard, values)| Some((Some(shard), *values.get(key)?)));
-            for (shard, value) in std::iter::once((None, worker)).chain(shards) {
-                let mut labels = base.clone();
-                if let Some(shard) = shard {
-                    labels.push(("shard", escape(shard)));
+                .map(|(name, value)| (*name, escape(value)))
+                .collect()
+        };
+        for family in self.families() {
+            let metric_type = match &family.points {
+                FamilyPoints::Counter(_) => MetricType::Counter,
+                FamilyPoints::Gauge(_) => MetricType::Gauge,
+                FamilyPoints::Histogram { .. } => MetricType::Histogram,
+            };
+            let mut descriptor =
+                encoder.encode_descriptor(&family.name, family.help, None, metric_type)?;
+            match &family.points {
+                FamilyPoints::Counter(series) => {
+                    for (labels, value) in series {
+                        ConstCounter::new(*value)
+                            .encode(descriptor.encode_family(&escaped(labels))?)?;
+                    }
                 }
-                let series = family.encode_family(&labels)?;
-                match kind {
-                    Kind::Counter => ConstCounter::new(value).encode(series)?,
-                    Kind::Gauge => ConstGauge::new(value).encode(series)?,
+                FamilyPoints::Gauge(series) => {
+                    for (labels, value) in series {
+                        let labels = escaped(labels);
+                        let series = descriptor.encode_family(&labels)?;
+                        // `flotilla_up` is written as the integer `1`.
+                        if family.name == UP {
+                            ConstGauge::new(*value as i64).encode(series)?;
+                        } else {
+                            ConstGauge::new(*value).encode(series)?;
+                        }
+                    }
+                }
+                FamilyPoints::Histogram {
+                    labels,
+                    buckets,
+                    sum,
+                    count,
+                } => {
+                    // The encoder writes its last bucket as `+Inf` when its bound is
+                    // `f64::MAX`.
+                    let buckets: Vec<(f64, u64)> = buckets
+                        .iter()
+                        .map(|&(upper, n)| (if upper.is_finite() { upper } else { f64::MAX }, n))
+                        .collect();
+                    descriptor
+                        .encode_family(&escaped(labels))?
+                        .encode_histogram::<Vec<(&str, String)>>(*sum, *count, &buckets, None)?;
                 }
             }
-        }
-        for timing in &metrics.histograms {
-            let name = histogram_name(timing.metric);
-            let mut family = encoder.encode_descriptor(
-                &name,
-                timing.metric.help(),
-                None,
-                MetricType::Histogram,
-            )?;
-            // The encoder writes its last bucket as `+Inf` when its bound is `f64::MAX`.
-            let buckets: Vec<(f64, u64)> = timing
-                .histogram
-                .buckets()
-                .into_iter()
-                .map(|(upper, n)| (if upper.is_finite() { upper } else { f64::MAX }, n))
-                .collect();
-            family
-                .encode_family(&base)?
-                .encode_histogram::<Vec<(&str, String)>>(
-                    timing.histogram.sum(),
-                    timing.histogram.count(),
-                    &buckets,
-                    None,
-                )?;
         }
         Ok(())
     }

@@ -45,7 +45,7 @@ use tracing::{debug, info};
 use crate::protocol::SupervisorMsg;
 use crate::settings::Settings;
 use crate::status::{FleetBoard, WorkerStatus};
-use crate::status_history::{History, STEP, shard_samples, worker_samples};
+use crate::status_history::{History, STEP, Series, shard_samples, worker_samples};
 
 /// A snapshot this recent is served as it is: requests arriving together share one
 /// collection.
@@ -258,11 +258,7 @@ async fn status_page(State(shared): State<Shared>) -> Response {
     let Some(snapshot) = shared.worker.snapshot().await else {
         return unavailable("no status collected yet");
     };
-    let charts = shared
-        .history
-        .lock()
-        .map(|h| h.shards.series())
-        .unwrap_or_default();
+    let charts = shared.charts(|h| &h.shards);
     Html(crate::status_page::render(&snapshot.0, &charts)).into_response()
 }
 
@@ -273,18 +269,18 @@ async fn status_tree(State(shared): State<Shared>) -> Response {
     }
 }
 
+impl Shared {
+    /// One of the charts' histories, each series' window.
+    fn charts(&self, which: fn(&Histories) -> &History) -> Vec<Series> {
+        self.history
+            .lock()
+            .map(|h| which(&h).series())
+            .unwrap_or_default()
+    }
+}
+
 /// The charts' points as JSON: the step, and each series oldest first (`null` a gap).
-fn history_json(history: &Arc<std::sync::Mutex<Histories>>, fleet: bool) -> Response {
-    let series = history
-        .lock()
-        .map(|h| {
-            if fleet {
-                h.workers.series()
-            } else {
-                h.shards.series()
-            }
-        })
-        .unwrap_or_default();
+fn history_json(series: Vec<Series>) -> Response {
     axum::Json(serde_json::json!({
         "step_ms": STEP.as_millis() as u64,
         "series": series,
@@ -293,11 +289,11 @@ fn history_json(history: &Arc<std::sync::Mutex<Histories>>, fleet: bool) -> Resp
 }
 
 async fn status_history(State(shared): State<Shared>) -> Response {
-    history_json(&shared.history, false)
+    history_json(shared.charts(|h| &h.shards))
 }
 
 async fn fleet_history(State(shared): State<Shared>) -> Response {
-    history_json(&shared.history, true)
+    history_json(shared.charts(|h| &h.workers))
 }
 
 /// One sample per [`STEP`] into the charts' rings: this worker's shards from a status

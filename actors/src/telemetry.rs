@@ -149,10 +149,6 @@ impl Event for LeaseRenewalRefused<'_> {
             owner = self.owner.map(|o| o.as_str()),
         );
     }
-
-    fn samples(&self) -> Vec<Sample> {
-        Vec::new()
-    }
 }
 
 /// `lease.java_compat`: a renewal failed or went unanswered (it may have landed: the
