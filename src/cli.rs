@@ -233,8 +233,12 @@ pub struct DeregisterArgs {
 /// The SDK configuration of a one-off command (no settings file): the default `[aws]`
 /// timeouts and retries, as a worker's, for `service`.
 async fn command_sdk(region: Option<String>, service: Service) -> aws_config::SdkConfig {
-    let sdk = load_sdk_config(region).await;
-    tuned_for(&sdk, AwsSettings::default().call_limits(service))
+    command_limits(&load_sdk_config(region).await, service)
+}
+
+/// `sdk` with a one-off command's limits for `service` (see [`command_sdk`]).
+fn command_limits(sdk: &aws_config::SdkConfig, service: Service) -> aws_config::SdkConfig {
+    tuned_for(sdk, AwsSettings::default().call_limits(service))
 }
 
 impl StreamArgs {
@@ -460,16 +464,13 @@ impl TableArgs {
     }
 
     async fn open(&self) -> Arc<dyn LeaseTable> {
-        let sdk = self.sdk().await;
-        self.open_with(&sdk)
+        Arc::new(self.client(&self.sdk().await))
     }
 
-    fn open_with(&self, sdk: &aws_config::SdkConfig) -> Arc<dyn LeaseTable> {
-        Arc::new(DynamoLeaseTable::new(
-            sdk,
-            self.dynamodb_endpoint.as_deref(),
-            self.table.clone(),
-        ))
+    /// The table's DynamoDB client on `sdk`, for what only DynamoDB has (its options,
+    /// deleting it).
+    fn client(&self, sdk: &aws_config::SdkConfig) -> DynamoLeaseTable {
+        DynamoLeaseTable::new(sdk, self.dynamodb_endpoint.as_deref(), self.table.clone())
     }
 }
 
@@ -662,8 +663,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
 /// confirmation) before anything is deleted; then the consumers, then the table.
 async fn destroy(args: DestroyArgs) -> anyhow::Result<()> {
     let name = &args.table.table;
-    let sdk = args.table.sdk().await;
-    let table = DynamoLeaseTable::new(&sdk, args.table.dynamodb_endpoint.as_deref(), name.clone());
+    let table = args.table.client(&args.table.sdk().await);
     let protected = table
         .deletion_protected()
         .await
@@ -684,19 +684,15 @@ async fn destroy(args: DestroyArgs) -> anyhow::Result<()> {
     }
     if protected.is_some() && !args.force {
         let scan = ops::scan(&table).await?;
-        let (live, _) = ops::live_owners(&table, scan, args.failover_time)
-            .await
-            .map_err(|e| ops::explain(e, name))
-            .with_context(|| format!("cannot read lease table {name}"))?;
-        if !live.is_empty() {
-            let names: Vec<String> = live.iter().map(ToString::to_string).collect();
-            bail!(
-                "refusing to delete lease table {name} while live workers hold leases: {}.\n\
-                 Stop them first and run this again. --force deletes anyway: the live workers \
-                 then lose their checkpoints and fail",
-                names.join(", ")
-            );
-        }
+        ops::refuse_while_alive(
+            &table,
+            scan,
+            args.failover_time,
+            &format!("delete lease table {name}"),
+            "Stop them first and run this again. --force deletes anyway: the live workers then \
+             lose their checkpoints and fail",
+        )
+        .await?;
     }
     let consumer = args.consumer_name.clone().unwrap_or_else(|| name.clone());
     if !args.yes {
@@ -792,18 +788,18 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
         .is_some_and(ops::is_local_endpoint);
     let sdk = args.table.sdk().await;
     let name = &args.table.table;
-    let table = DynamoLeaseTable::new(&sdk, args.table.dynamodb_endpoint.as_deref(), name.clone());
+    let table = args.table.client(&sdk);
     let options = TableOptions {
         billing,
         deletion_protection: args.deletion_protection.map_or(on_aws, OnOff::is_on),
         tags: args.tags.clone(),
     };
+    let explain = |e| ops::explain(e, name);
     let state = table
         .ensure_table_with(&options)
         .await
-        .map_err(|e| ops::explain(e, name))
+        .map_err(explain)
         .with_context(|| format!("cannot make lease table {name}"))?;
-    let explain = |e| ops::explain(e, name);
     match state {
         TableState::Created => {
             if args.point_in_time_recovery.map_or(on_aws, OnOff::is_on) {
@@ -865,17 +861,19 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
     let pitr = now
         .point_in_time_recovery
         .map_or("not supported by this server", on);
-    let mut note = String::new();
-    if state == TableState::Existed && args.billing_mode.is_some() && now.billing != billing {
-        note = " (billing left as it is: change it with UpdateTable)".to_owned();
-    }
+    let note =
+        if state == TableState::Existed && args.billing_mode.is_some() && now.billing != billing {
+            " (billing left as it is: change it with UpdateTable)"
+        } else {
+            ""
+        };
     println!(
         "lease table {name}: {what}; {billed}{note}, point-in-time recovery {pitr}, deletion \
          protection {}",
         on(now.deletion_protection)
     );
     if let Some((stream, endpoint)) = kinesis {
-        let sdk = tuned_for(&sdk, AwsSettings::default().call_limits(Service::Stream));
+        let sdk = command_limits(&sdk, Service::Stream);
         let client = KinesisStream::new(&sdk, Some(&endpoint));
         let existing = match client.describe_stream_summary(&stream).await {
             Ok(summary) => Some(summary),

@@ -292,17 +292,21 @@ pub fn confirm(prompt: &str, expected: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The liveness check unless forced: an error naming the live workers.
-async fn refuse_while_alive(
+/// What a refused checkpoint write says to do (`refuse_while_alive`'s `advice`).
+const WRITE_ADVICE: &str = "Stop them first (a clean stop releases their leases) and run this \
+                            again. --force writes anyway: only for workers you know are dead, \
+                            as a live one writes its own checkpoint over the new one";
+
+/// The liveness check the commands skip with --force: an error naming the live workers
+/// ("refusing to `doing` ..."), then `advice` (how to go on), and the last scan made
+/// when there are none.
+pub async fn refuse_while_alive(
     table: &dyn LeaseTable,
     scan: ScanOutput,
-    force: bool,
     failover_time: Duration,
     doing: &str,
+    advice: &str,
 ) -> anyhow::Result<ScanOutput> {
-    if force {
-        return Ok(scan);
-    }
     let (live, scan) = live_owners(table, scan, failover_time)
         .await
         .map_err(|e| explain(e, table.table_name()))
@@ -310,10 +314,7 @@ async fn refuse_while_alive(
     if !live.is_empty() {
         let names: Vec<String> = live.iter().map(ToString::to_string).collect();
         bail!(
-            "refusing to {doing} while live workers hold leases: {}.\nStop them first (a \
-             clean stop releases their leases) and run this again. --force writes anyway: \
-             only for workers you know are dead, as a live one writes its own checkpoint \
-             over the new one",
+            "refusing to {doing} while live workers hold leases: {}.\n{advice}",
             names.join(", ")
         );
     }
@@ -336,7 +337,11 @@ pub async fn rewind(
             table.table_name()
         );
     }
-    let mut scan = refuse_while_alive(table, scan, force, failover_time, "rewind").await?;
+    let mut scan = if force {
+        scan
+    } else {
+        refuse_while_alive(table, scan, failover_time, "rewind", WRITE_ADVICE).await?
+    };
     scan.leases.sort_by(|a, b| a.key.cmp(&b.key));
     let to = target.checkpoint();
     let mut writes = Writes::default();
@@ -583,8 +588,11 @@ pub async fn import(
             SourceKind::of_stream(to),
         );
     }
-    let mut scan =
-        refuse_while_alive(table, scan, force, failover_time, "import positions").await?;
+    let mut scan = if force {
+        scan
+    } else {
+        refuse_while_alive(table, scan, failover_time, "import positions", WRITE_ADVICE).await?
+    };
     scan.leases.sort_by(|a, b| a.key.cmp(&b.key));
     let mut writes = Writes::default();
     for lease in &scan.leases {

@@ -220,26 +220,27 @@ impl MetricsPush {
 
     /// One export: fresh statuses when `read`, else the last ones read.
     async fn push_once(&self, read: bool) {
-        let probes: Vec<StatusProbe> = match self.workers.lock() {
-            Ok(workers) => workers.iter().map(|(p, _)| p.clone()).collect(),
-            Err(_) => return,
-        };
+        let mut fresh = Vec::new();
         if read {
-            let mut fresh = Vec::with_capacity(probes.len());
+            // Asked without the lock held: a status is an await.
+            let probes: Vec<StatusProbe> = match self.workers.lock() {
+                Ok(workers) => workers.iter().map(|(p, _)| p.clone()).collect(),
+                Err(_) => return,
+            };
             for probe in &probes {
                 // A stopped worker answers nothing: its last status stays.
                 fresh.push(probe.status().await.ok());
             }
-            if let Ok(mut workers) = self.workers.lock() {
+        }
+        let statuses: Vec<WorkerStatus> = match self.workers.lock() {
+            Ok(mut workers) => {
                 for ((_, last), status) in workers.iter_mut().zip(fresh) {
                     if status.is_some() {
                         *last = status;
                     }
                 }
+                workers.iter().filter_map(|(_, s)| s.clone()).collect()
             }
-        }
-        let statuses: Vec<WorkerStatus> = match self.workers.lock() {
-            Ok(workers) => workers.iter().filter_map(|(_, s)| s.clone()).collect(),
             Err(_) => return,
         };
         if statuses.is_empty() {
