@@ -26,7 +26,7 @@ mod stats;
 #[path = "common/load.rs"]
 mod load;
 
-use stats::{median, percentile, wanted};
+use stats::{median, percentile, sorted, wanted};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -339,8 +339,7 @@ async fn latency() {
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
             worker.abort();
-            let mut lat = seen.latencies_ms.lock().unwrap().clone();
-            lat.sort_by(|a, b| a.total_cmp(b));
+            let lat = sorted(seen.latencies_ms.lock().unwrap().clone());
             let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
             println!(
                 "latency {server} {} run {run}: {} records, p50 {p50:.1} ms, p99 {p99:.1} ms",

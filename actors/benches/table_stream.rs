@@ -31,7 +31,7 @@ mod servers;
 #[path = "common/stats.rs"]
 mod stats;
 
-use stats::{median, percentile, wanted};
+use stats::{median, percentile, sorted, wanted};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -574,8 +574,7 @@ async fn put_stamped(env: &Env, table: &str, i: u64) {
 }
 
 fn latency_line(what: &str, seen: &Seen) -> (f64, f64, usize) {
-    let mut v = seen.latencies_ms.lock().unwrap().clone();
-    v.sort_by(|a, b| a.total_cmp(b));
+    let v = sorted(seen.latencies_ms.lock().unwrap().clone());
     let (p50, p99) = (percentile(&v, 0.5), percentile(&v, 0.99));
     println!(
         "  {what}: {} changes, p50 {p50:.1} ms, p99 {p99:.1} ms, max {:.1} ms",

@@ -161,9 +161,8 @@ pub(crate) struct ReaderState {
     records_delivered: u64,
     bytes_delivered: u64,
     rate: RateMeter,
-    /// The last call that failed, for the status page.
-    last_error: Option<String>,
-    last_error_at: Option<Instant>,
+    /// The last call that failed and when, for the status page.
+    last_error: Option<(String, Instant)>,
     /// The last GetRecords was throttled; cleared by the next success.
     throttled: bool,
     /// The last GetRecords returned nothing and said the shard is at its tip.
@@ -202,8 +201,9 @@ pub(crate) struct ReaderState {
     largest_event: u64,
 }
 
-/// The ids of the children a shard's end named, for its last batch.
-fn child_ids(end: Option<&[ChildShard]>) -> Arc<[ShardId]> {
+/// The ids of the children a shard's end named (none if it named none), for its last
+/// batch and its SHARD_END checkpoint.
+fn child_ids<C: FromIterator<ShardId>>(end: Option<&[ChildShard]>) -> C {
     end.unwrap_or(&[]).iter().map(|c| c.id.clone()).collect()
 }
 
@@ -270,7 +270,6 @@ impl Actor for ShardReader {
             bytes_delivered: 0,
             rate: RateMeter::new(),
             last_error: None,
-            last_error_at: None,
             throttled: false,
             caught_up: false,
             fenced: None,
@@ -1210,8 +1209,7 @@ impl ReaderState {
 
     fn count_failure(&mut self, call: Call, error: &StreamError) {
         self.throttled = error.call_failure() == CallFailure::Throttled;
-        self.last_error = Some(error.to_string());
-        self.last_error_at = Some(Instant::now());
+        self.last_error = Some((error.to_string(), Instant::now()));
         self.failures_in_row += 1;
         // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
         if pure::stall_report_due(self.failures_in_row) {
@@ -1239,11 +1237,7 @@ impl ReaderState {
     ) -> Result<(), ActorProcessingErr> {
         let read_nothing = raw.is_empty();
         let range = self.args.lease.hash_range;
-        let records = if read_nothing {
-            raw
-        } else {
-            pure::fresh_records(raw, range.as_ref(), &mut self.skip_through)
-        };
+        let records = pure::fresh_records(raw, range.as_ref(), &mut self.skip_through);
         let Some(last) = records.last() else {
             if !read_nothing {
                 // All skipped: what the read brought is not kept.
@@ -1445,21 +1439,14 @@ impl ReaderState {
             return Err(self.refused(refusal, at));
         }
         let (key, fence) = (self.key.clone(), self.fence.clone());
-        ractor::call_t!(
-            self.args.writer,
-            |reply| CheckpointMsg::Prepare {
-                key,
-                fence,
-                at,
-                state,
-                reply
-            },
-            WRITER_TIMEOUT_MS
-        )
-        .map_err(|e| CheckpointError::NotWritten {
-            shard: self.shard.clone(),
-            why: e.to_string(),
-        })?
+        self.ask_writer(|reply| CheckpointMsg::Prepare {
+            key,
+            fence,
+            at,
+            state,
+            reply,
+        })
+        .await
     }
 
     /// Commits a prepared checkpoint ([`CheckpointMsg::Commit`]).
@@ -1472,32 +1459,33 @@ impl ReaderState {
             self.checkpoint = Some(Checkpoint::At(at.clone()));
         }
         let (key, fence) = (self.key.clone(), self.fence.clone());
-        ractor::call_t!(
-            self.args.writer,
-            |reply| CheckpointMsg::Commit {
-                key,
-                fence,
-                at,
-                reply
-            },
-            WRITER_TIMEOUT_MS
-        )
-        .map_err(|e| CheckpointError::NotWritten {
-            shard: self.shard.clone(),
-            why: e.to_string(),
-        })?
+        self.ask_writer(|reply| CheckpointMsg::Commit {
+            key,
+            fence,
+            at,
+            reply,
+        })
+        .await
     }
 
     async fn flush(&self) -> Result<(), CheckpointError> {
         let key = self.key.clone();
-        ractor::call_t!(
-            self.args.writer,
-            |reply| CheckpointMsg::Flush { key, reply },
-            WRITER_TIMEOUT_MS
-        )
-        .map_err(|e| CheckpointError::NotWritten {
-            shard: self.shard.clone(),
-            why: e.to_string(),
+        self.ask_writer(|reply| CheckpointMsg::Flush { key, reply })
+            .await
+    }
+
+    /// Asks the checkpoint writer for a write and waits for its answer, for the
+    /// processor's checkpointer: a writer that does not answer is a checkpoint not
+    /// written (yet).
+    async fn ask_writer(
+        &self,
+        message: impl FnOnce(RpcReplyPort<Result<(), CheckpointError>>) -> CheckpointMsg,
+    ) -> Result<(), CheckpointError> {
+        ractor::call_t!(self.args.writer, message, WRITER_TIMEOUT_MS).map_err(|e| {
+            CheckpointError::NotWritten {
+                shard: self.shard.clone(),
+                why: e.to_string(),
+            }
         })?
     }
 
@@ -1548,12 +1536,7 @@ impl ReaderState {
                 if let Err(error) = result {
                     return Err(format!("shard {}: shard_ended failed: {error}", self.shard).into());
                 }
-                let children: Vec<ShardId> = self
-                    .children
-                    .iter()
-                    .flatten()
-                    .map(|c| c.id.clone())
-                    .collect();
+                let children: Vec<ShardId> = child_ids(self.children.as_deref());
                 let key = self.key.clone();
                 let fence = self.fence.clone();
                 let written = ractor::call_t!(
@@ -1686,8 +1669,11 @@ impl ReaderState {
             bytes_delivered: self.bytes_delivered,
             records_per_second: self.rate.per_second().0,
             bytes_per_second: self.rate.per_second().1,
-            last_error: self.last_error.clone(),
-            last_error_ms_ago: self.last_error_at.map(|at| at.elapsed().as_millis() as u64),
+            last_error: self.last_error.as_ref().map(|(error, _)| error.clone()),
+            last_error_ms_ago: self
+                .last_error
+                .as_ref()
+                .map(|(_, at)| at.elapsed().as_millis() as u64),
             in_flight_records: self.ledger.in_flight_records() as u64,
             in_flight_bytes: self.ledger.in_flight_bytes(),
             memory_bytes: self.ledger.memory() + self.held_memory,

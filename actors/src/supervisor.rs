@@ -140,9 +140,9 @@ struct ShardEntry {
     backoff: Backoff,
     restarts: u32,
     /// Why the reader last failed: the status shows it while the shard waits to
-    /// restart (a shard that fails at once, as on a trimmed checkpoint, is mostly there).
-    last_failure: Option<String>,
-    last_failure_at: Option<Instant>,
+    /// restart (a shard that fails at once, as on a trimmed checkpoint, is mostly there),
+    /// and when.
+    last_failure: Option<(String, Instant)>,
     /// Being handed over to this worker: its end is the handoff task's to report.
     handing_off: Option<WorkerId>,
 }
@@ -238,7 +238,6 @@ impl Actor for Supervisor {
                         ),
                         restarts: 0,
                         last_failure: None,
-                        last_failure_at: None,
                         handing_off: None,
                     },
                 );
@@ -638,8 +637,7 @@ impl SupervisorState {
             return;
         };
         entry.reader = None;
-        entry.last_failure = Some(failure.clone());
-        entry.last_failure_at = Some(Instant::now());
+        entry.last_failure = Some((failure.clone(), Instant::now()));
         self.shard_restarts += 1;
         match entry.intensity.record(Instant::now().into_std()) {
             Verdict::Restart { attempt } => {
@@ -801,10 +799,11 @@ impl SupervisorState {
                 bytes_delivered: 0,
                 records_per_second: 0.0,
                 bytes_per_second: 0.0,
-                last_error: entry.last_failure.clone(),
+                last_error: entry.last_failure.as_ref().map(|(error, _)| error.clone()),
                 last_error_ms_ago: entry
-                    .last_failure_at
-                    .map(|at| at.elapsed().as_millis() as u64),
+                    .last_failure
+                    .as_ref()
+                    .map(|(_, at)| at.elapsed().as_millis() as u64),
                 in_flight_records: 0,
                 in_flight_bytes: 0,
                 memory_bytes: 0,

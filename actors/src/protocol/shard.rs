@@ -282,9 +282,8 @@ impl Checkpointer {
     /// Marks everything up to and including `at` as processed (manual mode). The write
     /// follows within `checkpoint.interval`.
     pub async fn checkpoint(&self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
-        let shard = self.shard.clone();
-        ractor::call_t!(self.reader, ReaderMsg::Checkpoint, CALL_TIMEOUT_MS, at)
-            .map_err(|_| CheckpointError::ReaderGone { shard })?
+        self.ask_reader(|reply| ReaderMsg::Checkpoint(at, reply))
+            .await
     }
 
     /// Manual checkpoint at a record.
@@ -306,9 +305,7 @@ impl Checkpointer {
 
     /// Writes the shard's checkpoint now and waits for the write.
     pub async fn flush(&self) -> Result<(), CheckpointError> {
-        let shard = self.shard.clone();
-        ractor::call_t!(self.reader, ReaderMsg::Flush, CALL_TIMEOUT_MS)
-            .map_err(|_| CheckpointError::ReaderGone { shard })?
+        self.ask_reader(ReaderMsg::Flush).await
     }
 
     /// The first phase of a two-phase checkpoint (manual mode; the Java KCL's
@@ -327,19 +324,26 @@ impl Checkpointer {
         at: ExtendedSequenceNumber,
         state: Option<Vec<u8>>,
     ) -> Result<PreparedCheckpoint, CheckpointError> {
-        let shard = self.shard.clone();
-        ractor::call_t!(
-            self.reader,
-            ReaderMsg::Prepare,
-            CALL_TIMEOUT_MS,
-            at.clone(),
-            state
-        )
-        .map_err(|_| CheckpointError::ReaderGone { shard })??;
+        let prepare = at.clone();
+        self.ask_reader(|reply| ReaderMsg::Prepare(prepare, state, reply))
+            .await?;
         Ok(PreparedCheckpoint {
             checkpointer: self.clone(),
             at,
         })
+    }
+
+    /// Asks the shard's reader and waits for its answer; a reader that does not answer
+    /// has stopped.
+    async fn ask_reader(
+        &self,
+        message: impl FnOnce(RpcReplyPort<Result<(), CheckpointError>>) -> ReaderMsg,
+    ) -> Result<(), CheckpointError> {
+        ractor::call_t!(self.reader, message, CALL_TIMEOUT_MS).map_err(|_| {
+            CheckpointError::ReaderGone {
+                shard: self.shard.clone(),
+            }
+        })?
     }
 }
 
@@ -361,14 +365,10 @@ impl PreparedCheckpoint {
     /// removes the pending one and its state, in one fenced write, and returns once it
     /// is written. A checkpoint already written at or past it has done both.
     pub async fn checkpoint(self) -> Result<(), CheckpointError> {
-        let shard = self.checkpointer.shard.clone();
-        ractor::call_t!(
-            self.checkpointer.reader,
-            ReaderMsg::Commit,
-            CALL_TIMEOUT_MS,
-            self.at
-        )
-        .map_err(|_| CheckpointError::ReaderGone { shard })?
+        let Self { checkpointer, at } = self;
+        checkpointer
+            .ask_reader(|reply| ReaderMsg::Commit(at, reply))
+            .await
     }
 }
 
