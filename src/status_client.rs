@@ -386,22 +386,15 @@ fn yes_no(value: &Value) -> String {
 }
 
 fn rate(value: &Value) -> String {
-    match value.as_f64() {
-        Some(r) if r >= 100.0 => format!("{r:.0}"),
-        Some(r) => format!("{r:.1}"),
-        None => text(value),
-    }
+    value
+        .as_f64()
+        .map_or_else(|| text(value), flotilla_actors::status_tree::rate)
 }
 
 fn millis_as_duration(value: &Value) -> String {
-    match value.as_u64() {
-        // Whole seconds past a minute: milliseconds there are noise.
-        Some(ms) if ms >= 60_000 => {
-            humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
-        }
-        Some(ms) => humantime::format_duration(Duration::from_millis(ms)).to_string(),
-        None => text(value),
-    }
+    value
+        .as_u64()
+        .map_or_else(|| text(value), flotilla_actors::status_tree::duration)
 }
 
 /// A checkpoint cell: sentinels as they are, a 56-digit sequence number shortened to

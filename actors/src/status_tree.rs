@@ -230,7 +230,9 @@ fn state_name(state: ShardState) -> String {
         .unwrap_or_else(|| format!("{state:?}"))
 }
 
-fn rate(per_second: f64) -> String {
+/// A rate as the page and `flotilla status` show one: whole units from 100 up, one
+/// decimal below.
+pub fn rate(per_second: f64) -> String {
     if per_second >= 100.0 {
         format!("{per_second:.0}")
     } else {
@@ -238,8 +240,9 @@ fn rate(per_second: f64) -> String {
     }
 }
 
-/// Whole seconds past a minute (milliseconds there are noise).
-pub(crate) fn duration(ms: u64) -> String {
+/// A duration given in milliseconds, as the page and `flotilla status` show one: whole
+/// seconds past a minute (milliseconds there are noise).
+pub fn duration(ms: u64) -> String {
     let d = if ms >= 60_000 {
         std::time::Duration::from_secs(ms / 1000)
     } else {
