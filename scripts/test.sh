@@ -541,7 +541,8 @@ if [[ -z "${FLOTILLA_TEST_CMD:-}" && ($# -eq 0 || "${FLOTILLA_TEST_FANOUT:-}" ==
 fi
 
 # The OpenTelemetry export (cargo feature `otel`, off in every other build): its one test
-# binary with the feature, which builds the binary once more with the OTel crates. The
+# binary, and the binary's unit tests (the OTel variables' rules are among them), with the
+# feature, which builds the binary once more with the OTel crates. The
 # same workspace-wide selection and features as the run above, so that only what the
 # OTel crates change is built again (futures, ractor, flotilla-actors, the binary).
 # Whole-suite runs only, or with FLOTILLA_TEST_OTEL=1.
@@ -550,7 +551,7 @@ if [[ -z "${FLOTILLA_TEST_CMD:-}" && ($# -eq 0 || "${FLOTILLA_TEST_OTEL:-}" == 1
     : >"$LOG_DIR/cargo-test-otel.log"
     # shellcheck disable=SC2016 # expanded by the inner bash, not here
     spawn_group otel - "${test_env[@]}" bash -c \
-        'cargo test --workspace --no-fail-fast --features flotilla-actors/external-servers,flotilla/otel --test otel 2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' \
+        'cargo test --workspace --no-fail-fast --features flotilla-actors/external-servers,flotilla/otel --test otel --bin flotilla 2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' \
         test.sh "$LOG_DIR/cargo-test-otel.log"
     wait "${GROUP_PGID[otel]}" || status=$?
     awk '/^test result: / { p += $4; f += $6 } END { printf "otel tests: %d passed, %d failed\n", p, f }' \

@@ -66,21 +66,76 @@ pub struct Export {
     metrics: Option<(Arc<MetricsPush>, tokio::task::JoinHandle<()>)>,
 }
 
+/// What the variables ask for, read from `var` (the process's environment in
+/// [`from_env`]; a table in the tests). Pure, so that OTel's variable rules are one
+/// function with a table test.
+#[derive(Debug, Clone, PartialEq)]
+struct Plan {
+    /// Spans are exported (the exporter reads its endpoint and headers itself).
+    traces: bool,
+    /// Metrics are pushed: where, with which headers, how often.
+    metrics: Option<MetricsPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct MetricsPlan {
+    endpoint: String,
+    headers: Vec<(String, String)>,
+    interval: Duration,
+}
+
+impl Plan {
+    fn read(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        let env = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let nothing = Plan {
+            traces: false,
+            metrics: None,
+        };
+        if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(nothing);
+        }
+        let base = env("OTEL_EXPORTER_OTLP_ENDPOINT");
+        let off = |name: &str| env(name).is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
+        let traces = !off("OTEL_TRACES_EXPORTER")
+            && (base.is_some() || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some());
+        let endpoint = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").or_else(|| {
+            base.as_ref()
+                .map(|b| format!("{}/v1/metrics", b.trim_end_matches('/')))
+        });
+        let metrics = match (off("OTEL_METRICS_EXPORTER"), endpoint) {
+            (false, Some(endpoint)) => Some(MetricsPlan {
+                endpoint,
+                headers: env("OTEL_EXPORTER_OTLP_METRICS_HEADERS")
+                    .or_else(|| env("OTEL_EXPORTER_OTLP_HEADERS"))
+                    .map(|h| parse_headers(&h))
+                    .unwrap_or_default(),
+                interval: match env("OTEL_METRIC_EXPORT_INTERVAL") {
+                    None => DEFAULT_INTERVAL,
+                    Some(ms) => match ms.trim().parse::<u64>() {
+                        Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                        _ => anyhow::bail!(
+                            "OTEL_METRIC_EXPORT_INTERVAL: {ms:?} is not a positive number of milliseconds"
+                        ),
+                    },
+                },
+            }),
+            _ => None,
+        };
+        Ok(Plan { traces, metrics })
+    }
+}
+
 /// Reads the variables and starts what they ask for. `Ok(Export::default())` (nothing)
 /// when no endpoint is set or the SDK is disabled.
 pub fn from_env() -> anyhow::Result<Export> {
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
-        return Ok(Export::default());
-    }
-    let base = env("OTEL_EXPORTER_OTLP_ENDPOINT");
-    let off = |var: &str| env(var).is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
+    let plan = Plan::read(|name| std::env::var(name).ok())?;
     let mut export = Export::default();
+    if !plan.traces && plan.metrics.is_none() {
+        return Ok(export);
+    }
     let client = TokioHttp::new()?;
     let resource = resource();
-    if !off("OTEL_TRACES_EXPORTER")
-        && (base.is_some() || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some())
-    {
+    if plan.traces {
         // The exporter resolves the endpoint, headers and timeout from the same variables.
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -95,27 +150,15 @@ pub fn from_env() -> anyhow::Result<Export> {
                 .build(),
         );
     }
-    let metrics_endpoint = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").or_else(|| {
-        base.as_ref()
-            .map(|b| format!("{}/v1/metrics", b.trim_end_matches('/')))
-    });
-    if let (false, Some(endpoint)) = (off("OTEL_METRICS_EXPORTER"), metrics_endpoint) {
+    if let Some(MetricsPlan {
+        endpoint,
+        headers,
+        interval,
+    }) = plan.metrics
+    {
         let endpoint: hyper::Uri = endpoint
             .parse()
             .with_context(|| format!("OpenTelemetry: metrics endpoint {endpoint:?}"))?;
-        let headers = env("OTEL_EXPORTER_OTLP_METRICS_HEADERS")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_HEADERS"))
-            .map(|h| parse_headers(&h))
-            .unwrap_or_default();
-        let interval = match env("OTEL_METRIC_EXPORT_INTERVAL") {
-            None => DEFAULT_INTERVAL,
-            Some(ms) => match ms.trim().parse::<u64>() {
-                Ok(ms) if ms > 0 => Duration::from_millis(ms),
-                _ => anyhow::bail!(
-                    "OTEL_METRIC_EXPORT_INTERVAL: {ms:?} is not a positive number of milliseconds"
-                ),
-            },
-        };
         let push = Arc::new(MetricsPush {
             client,
             endpoint,
@@ -480,5 +523,144 @@ impl HttpClient for TokioHttp {
         Self: 'async_trait,
     {
         Box::pin(self.send(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(vars: &[(&str, &str)]) -> anyhow::Result<Plan> {
+        Plan::read(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    fn metrics(endpoint: &str, headers: &[(&str, &str)], interval_ms: u64) -> Option<MetricsPlan> {
+        Some(MetricsPlan {
+            endpoint: endpoint.to_owned(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            interval: Duration::from_millis(interval_ms),
+        })
+    }
+
+    #[test]
+    fn the_variables_turn_each_signal_on_and_off_as_otel_says() {
+        const BASE: (&str, &str) = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/");
+        let on = metrics("http://collector:4318/v1/metrics", &[], 60_000);
+        // (case, variables, traces on, the metrics push)
+        type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, bool, Option<MetricsPlan>);
+        let table: Vec<Case> = vec![
+            ("nothing set", vec![], false, None),
+            (
+                "a blank base",
+                vec![("OTEL_EXPORTER_OTLP_ENDPOINT", " ")],
+                false,
+                None,
+            ),
+            (
+                "the base: both, /v1/metrics appended",
+                vec![BASE],
+                true,
+                on.clone(),
+            ),
+            (
+                "disabled",
+                vec![BASE, ("OTEL_SDK_DISABLED", "TRUE")],
+                false,
+                None,
+            ),
+            (
+                "traces off",
+                vec![BASE, ("OTEL_TRACES_EXPORTER", "none")],
+                false,
+                on.clone(),
+            ),
+            (
+                "metrics off",
+                vec![BASE, ("OTEL_METRICS_EXPORTER", "None")],
+                true,
+                None,
+            ),
+            (
+                "traces alone, by their own endpoint",
+                vec![(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://t:4318/v1/traces",
+                )],
+                true,
+                None,
+            ),
+            (
+                "metrics alone, by their own endpoint, used as it is",
+                vec![("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9000/push")],
+                false,
+                metrics("http://m:9000/push", &[], 60_000),
+            ),
+            (
+                "the metrics endpoint wins over the base",
+                vec![
+                    BASE,
+                    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9000/push"),
+                ],
+                true,
+                metrics("http://m:9000/push", &[], 60_000),
+            ),
+            (
+                "headers, the metrics' own first; interval",
+                vec![
+                    BASE,
+                    ("OTEL_EXPORTER_OTLP_HEADERS", "a=1"),
+                    (
+                        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+                        "api-key = k, x-tenant=t,junk",
+                    ),
+                    ("OTEL_METRIC_EXPORT_INTERVAL", "5000"),
+                ],
+                true,
+                metrics(
+                    "http://collector:4318/v1/metrics",
+                    &[("api-key", "k"), ("x-tenant", "t")],
+                    5_000,
+                ),
+            ),
+            (
+                "the shared headers otherwise",
+                vec![BASE, ("OTEL_EXPORTER_OTLP_HEADERS", "a=1")],
+                true,
+                metrics("http://collector:4318/v1/metrics", &[("a", "1")], 60_000),
+            ),
+        ];
+        for (case, vars, traces, metrics) in table {
+            let got = plan(&vars).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+            assert_eq!(got, Plan { traces, metrics }, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_bad_interval_is_refused_with_its_name() {
+        for bad in ["0", "-5", "10s"] {
+            let err = plan(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_METRIC_EXPORT_INTERVAL", bad),
+            ])
+            .expect_err(bad)
+            .to_string();
+            assert!(err.starts_with("OTEL_METRIC_EXPORT_INTERVAL: "), "{err}");
+        }
+        // With metrics off, the interval is not read.
+        assert!(
+            plan(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_METRICS_EXPORTER", "none"),
+                ("OTEL_METRIC_EXPORT_INTERVAL", "0"),
+            ])
+            .is_ok()
+        );
     }
 }
