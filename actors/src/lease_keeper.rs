@@ -42,6 +42,7 @@ use crate::status::{FleetScan, KeeperStatus, ReleaseReport, ShardShutdown, fleet
 use crate::telemetry::{Call, CallFailed, LeaseGained, LeaseGiven, Metric, Sample, Telemetry};
 use pure::{Action, DrainState, DrainVerdict, PeerMark, ReadState, ScanWhy};
 
+mod legacy;
 #[cfg(test)]
 mod model;
 mod pure;
@@ -134,6 +135,8 @@ pub(crate) struct KeeperState {
     long_free_at_scan: BTreeSet<LeaseKey>,
     /// The roster as last read.
     roster: Option<BTreeSet<WorkerId>>,
+    /// flotilla's own rows left in the lease table by workers of an older version.
+    legacy: legacy::LegacyWatch,
     /// The last scan, which rounds without one act and report on.
     last_scan: Option<LastScan>,
     /// When the heartbeat rows were last read whole (lags and rates included: a scan
@@ -212,6 +215,7 @@ impl Actor for LeaseKeeper {
             marks_at_scan: BTreeMap::new(),
             long_free_at_scan: BTreeSet::new(),
             roster: None,
+            legacy: legacy::LegacyWatch::default(),
             last_scan: None,
             whole_read: None,
             totals: BTreeMap::new(),
@@ -607,6 +611,7 @@ impl KeeperState {
                     }
                 }
                 self.roster = Some(out.roster.into_iter().collect());
+                self.legacy.observe(&out.legacy, false, now);
                 let owners: Vec<WorkerId> = self
                     .last_scan
                     .iter()
@@ -663,7 +668,39 @@ impl KeeperState {
             None => self.quiet_round(myself, now),
         }
         self.remove_dead_rows(now).await;
+        self.retire_legacy_rows(now).await;
         self.publish_changes().await;
+    }
+
+    /// Deletes the lease table's legacy rows once no worker of an older version is
+    /// alive (`legacy::LegacyWatch::retirement`), so that the Java KCL can read the table.
+    async fn retire_legacy_rows(&mut self, now: Instant) {
+        let failover = self.settings().failover_time;
+        let members = self
+            .observations
+            .members(&self.args.me, self.drain.is_some(), now, failover);
+        let Some(plan) = self
+            .legacy
+            .retirement(&self.args.me, &members, now, failover)
+        else {
+            return;
+        };
+        match self.args.table.retire_legacy(&plan).await {
+            Ok(true) => {
+                info!(
+                    message = "No worker of an older flotilla is left: its rows in the lease table (roster and heartbeats) deleted; the table holds lease rows only.",
+                    table = %self.args.table.table_name(),
+                    rows = plan.rows.len(),
+                );
+                self.legacy.retired();
+                // A scan confirms nothing was left behind.
+                self.asked = true;
+            }
+            Ok(false) => {
+                debug!(message = "The legacy roster changed; its rows are kept for now.")
+            }
+            Err(error) => warn!(message = "Legacy rows not deleted.", %error),
+        }
     }
 
     /// Whether the last scan's rows, judged with the heartbeats just read, would make
@@ -838,6 +875,7 @@ impl KeeperState {
         self.totals = totals(&scan.heartbeats);
         self.totals_at_whole.clone_from(&self.totals);
         self.repair_roster(&scan.heartbeats).await;
+        self.legacy.observe(&scan.legacy, true, Instant::now());
         // Held leases the scan shows still ours: proof of ownership as of when the scan
         // was sent, which lifts the fence after a gap in heartbeats.
         {

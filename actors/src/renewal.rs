@@ -474,6 +474,10 @@ impl LeaseTable for Renewing {
         self.inner.table_name()
     }
 
+    fn worker_table_name(&self) -> &str {
+        self.inner.worker_table_name()
+    }
+
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         self.inner.ensure_table()
     }
@@ -652,6 +656,13 @@ impl LeaseTable for Renewing {
         counter: u64,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         self.inner.remove_dead_heartbeat(worker, counter)
+    }
+
+    fn retire_legacy<'a>(
+        &'a self,
+        plan: &'a crate::backend::layout::Retirement,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        self.inner.retire_legacy(plan)
     }
 }
 

@@ -17,6 +17,7 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType,
 };
 use flotilla_actors::backend::aws::{DynamoLeaseTable, item_from_sdk, item_to_sdk};
+use flotilla_actors::backend::layout::{LegacyRows, Retirement, worker_table_name};
 use flotilla_actors::backend::memory::MemoryDynamo;
 use flotilla_actors::backend::{HeartbeatDetail, LeaseError, LeaseTable, TableState};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
@@ -102,6 +103,46 @@ impl Env {
                 Arc::new(DynamoLeaseTable::new(sdk, Some(endpoint), name))
             }
         }
+    }
+
+    /// A handle of flotilla before the worker table (heartbeats in the lease table).
+    fn older(&self, name: &str) -> Arc<dyn LeaseTable> {
+        match &self.raw {
+            Raw::Memory(db) => Arc::new(db.older_version_lease_table(name)),
+            Raw::Dynamo { sdk, endpoint, .. } => {
+                Arc::new(DynamoLeaseTable::older_version(sdk, Some(endpoint), name))
+            }
+        }
+    }
+
+    /// Every row of the table, raw, by `leaseKey` (a strongly consistent scan).
+    async fn raw_rows(&self, table: &str) -> BTreeMap<String, Item> {
+        let items: Vec<Item> = match &self.raw {
+            Raw::Memory(db) => db.scan_raw(table),
+            Raw::Dynamo { client, .. } => {
+                let mut out = Vec::new();
+                let mut start = None;
+                loop {
+                    let page = client
+                        .scan()
+                        .table_name(table)
+                        .consistent_read(true)
+                        .set_exclusive_start_key(start.take())
+                        .send()
+                        .await
+                        .unwrap();
+                    out.extend(page.items().iter().map(|i| item_from_sdk(i).unwrap()));
+                    match page.last_evaluated_key {
+                        Some(last) if !last.is_empty() => start = Some(last),
+                        _ => break out,
+                    }
+                }
+            }
+        };
+        items
+            .into_iter()
+            .map(|i| (i["leaseKey"].as_s().unwrap().to_owned(), i))
+            .collect()
     }
 
     /// A fresh, ensured lease table.
@@ -785,11 +826,13 @@ mod cases {
         assert_eq!(workers, [&other()], "{}", env.tier);
     }
 
-    /// A table made without the heartbeat index (by the Java KCL, say): heartbeats are
-    /// read by key until `ensure_table` adds it; then through it.
+    /// A worker table made without the heartbeat index (by hand, say, beside a lease
+    /// table the Java KCL made): heartbeats are read by key until `ensure_table` adds
+    /// it; then through it.
     pub async fn without_the_index_heartbeats_are_read_by_key_until_ensure_adds_it(env: Env) {
         let name = servers::unique_name("kcl-leases");
         env.create_kcl_table(&name).await;
+        env.create_kcl_table(&worker_table_name(&name)).await;
         let table = env.table(&name);
         let busy = WorkerLoad {
             leases: 3,
@@ -880,12 +923,233 @@ mod cases {
             table.scan().await.unwrap().leases.is_empty(),
             "heartbeats are not leases"
         );
+        assert!(
+            env.raw_rows(table.table_name()).await.is_empty(),
+            "{}: heartbeats written into the lease table",
+            env.tier
+        );
+    }
+
+    /// The Java KCL reads every row of the lease table as a lease
+    /// (`DynamoDBLeaseSerializer.fromDynamoRecord`, which needs `leaseKey` and a
+    /// numeric `leaseCounter`): whatever a worker does, the lease table holds nothing
+    /// else, and flotilla's own rows are in the worker table.
+    pub async fn the_lease_table_holds_lease_rows_only(env: Env) {
+        let table = env.fresh().await;
+        let lease = new_lease(1);
+        table.create_if_absent(&lease).await.unwrap();
+        let idle = WorkerLoad::default();
+        table.heartbeat(&me(), &idle).await.unwrap();
+        table.heartbeat(&other(), &idle).await.unwrap();
+        table.join_roster(&[me(), other()]).await.unwrap();
+        let held = table.take(&lease.key, &unowned(0), &me()).await.unwrap();
+        table
+            .checkpoint(&lease.key, &held.fence(), &seq(5), &[])
+            .await
+            .unwrap();
+        table
+            .request_handoff(&lease.key, &held.fence(), &other())
+            .await
+            .unwrap();
+        table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+        table.remove_heartbeat(&other()).await.unwrap();
+        table.scan().await.unwrap();
+        let rows = env.raw_rows(table.table_name()).await;
+        assert_eq!(
+            rows.keys().collect::<Vec<_>>(),
+            [lease.key.as_str()],
+            "{}",
+            env.tier
+        );
+        for (key, row) in &rows {
+            assert!(
+                matches!(row.get("leaseCounter"), Some(AttrValue::N(_))),
+                "{}: row {key} has no numeric leaseCounter: {row:?}",
+                env.tier
+            );
+        }
+        let workers = env.raw_rows(table.worker_table_name()).await;
+        let mut keys: Vec<&str> = workers.keys().map(|k| k.as_str()).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            ["flotilla-roster", "flotilla-worker#worker-a"],
+            "{}",
+            env.tier
+        );
+        assert_eq!(
+            table.worker_table_name(),
+            format!("{}-FlotillaWorkers", table.table_name())
+        );
+    }
+
+    /// A worker of this version beside one of the version before the worker table
+    /// (heartbeats and roster in the lease table): each sees the other alive, a take
+    /// from either stays conditional on the row the taker judged, and once the older
+    /// worker is gone its rows and this version's copies are retired, leaving lease rows
+    /// only. An older worker that starts later brings the copies back.
+    pub async fn beside_an_older_version_neither_breaks_and_the_legacy_rows_retire(env: Env) {
+        let name = servers::unique_name("mixed");
+        let new = env.table(&name);
+        assert_eq!(new.ensure_table().await.unwrap(), TableState::Created);
+        let older = env.older(&name);
+        older.ensure_table().await.unwrap();
+        let (old_w, new_w) = (WorkerId::new("old"), WorkerId::new("new"));
+        let idle = WorkerLoad::default();
+        assert_eq!(older.heartbeat(&old_w, &idle).await.unwrap(), 1);
+        assert_eq!(older.heartbeat(&old_w, &idle).await.unwrap(), 2);
+        older
+            .join_roster(std::slice::from_ref(&old_w))
+            .await
+            .unwrap();
+
+        // The new worker reads the older one's heartbeat through the legacy roster.
+        let read = new.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        let counters: Vec<(&str, u64)> = read
+            .heartbeats
+            .iter()
+            .map(|h| (h.worker.as_str(), h.counter))
+            .collect();
+        assert_eq!(counters, [("old", 2)], "{}", env.tier);
+        assert_eq!(read.legacy.roster, Some(vec![old_w.clone()]));
+        assert_eq!(read.legacy.older, vec![(old_w.clone(), 2)]);
+        assert!(read.roster.contains(&old_w));
+
+        // Its heartbeats go to both places, with one counter; the older one sees it.
+        assert_eq!(new.heartbeat(&new_w, &idle).await.unwrap(), 1);
+        new.join_roster(std::slice::from_ref(&new_w)).await.unwrap();
+        assert_eq!(new.heartbeat(&new_w, &idle).await.unwrap(), 2);
+        let seen_by_old = older.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        let mut counters: Vec<(String, u64)> = seen_by_old
+            .heartbeats
+            .iter()
+            .map(|h| (h.worker.as_str().to_owned(), h.counter))
+            .collect();
+        counters.sort();
+        assert_eq!(
+            counters,
+            [("new".into(), 2), ("old".into(), 2)],
+            "{}",
+            env.tier
+        );
+        let read = new.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        assert_eq!(read.legacy.both, vec![new_w.clone()], "{}", env.tier);
+
+        // A take from the older worker, judged by its legacy row: refused once it moved.
+        let lease = new_lease(1);
+        new.create_if_absent(&lease).await.unwrap();
+        let held_old = older.take(&lease.key, &unowned(0), &old_w).await.unwrap();
+        assert_eq!(older.heartbeat(&old_w, &idle).await.unwrap(), 3);
+        let err = new
+            .take_expired(&lease.key, &held_old.fence(), &new_w, Some(2))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, LeaseError::ConditionFailed { .. }),
+            "{}: {err:?}",
+            env.tier
+        );
+        let held_new = new
+            .take_expired(&lease.key, &held_old.fence(), &new_w, Some(3))
+            .await
+            .unwrap();
+        assert_eq!(held_new.owner, Some(new_w.clone()));
+        // And the older worker's take from the new one, judged by the copy it reads.
+        assert_eq!(new.heartbeat(&new_w, &idle).await.unwrap(), 3);
+        let err = older
+            .take_expired(&lease.key, &held_new.fence(), &old_w, Some(2))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, LeaseError::ConditionFailed { .. }),
+            "{}: {err:?}",
+            env.tier
+        );
+        // A take from a peer of this version, writing both places: refused once it moved.
+        let peer = WorkerId::new("new-peer");
+        let peer_table = env.table(&name);
+        peer_table
+            .heartbeats(HeartbeatDetail::Summary)
+            .await
+            .unwrap();
+        assert_eq!(peer_table.heartbeat(&peer, &idle).await.unwrap(), 1);
+        let lease2 = new_lease(2);
+        new.create_if_absent(&lease2).await.unwrap();
+        let held_peer = new.take(&lease2.key, &unowned(0), &peer).await.unwrap();
+        assert_eq!(peer_table.heartbeat(&peer, &idle).await.unwrap(), 2);
+        assert!(
+            new.take_expired(&lease2.key, &held_peer.fence(), &new_w, Some(1))
+                .await
+                .is_err(),
+            "{}: a take from a peer whose heartbeat moved",
+            env.tier
+        );
+        new.take_expired(&lease2.key, &held_peer.fence(), &new_w, Some(2))
+            .await
+            .unwrap();
+        peer_table.remove_heartbeat(&peer).await.unwrap();
+
+        // A retirement planned on a stale roster is refused and deletes nothing.
+        let stale = Retirement {
+            roster: Some(vec![new_w.clone()]),
+            rows: vec![(new_w.clone(), None)],
+        };
+        assert!(!new.retire_legacy(&stale).await.unwrap(), "{}", env.tier);
+        assert!(env.raw_rows(&name).await.contains_key("flotilla-roster"));
+
+        // The older worker leaves cleanly: only this version's copies are left, and
+        // they go.
+        older.remove_heartbeat(&old_w).await.unwrap();
+        let read = new.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        assert_eq!(
+            read.legacy,
+            LegacyRows {
+                roster: Some(vec![new_w.clone()]),
+                older: vec![],
+                both: vec![new_w.clone()],
+            },
+            "{}",
+            env.tier
+        );
+        let plan = Retirement {
+            roster: Some(vec![new_w.clone()]),
+            rows: vec![(new_w.clone(), None)],
+        };
+        assert!(new.retire_legacy(&plan).await.unwrap(), "{}", env.tier);
+        let only_leases =
+            |rows: &BTreeMap<String, Item>| rows.keys().all(|k| k.starts_with("shardId-"));
+        assert!(only_leases(&env.raw_rows(&name).await), "{}", env.tier);
+        // Heartbeats go on in the worker table alone.
+        assert_eq!(new.heartbeat(&new_w, &idle).await.unwrap(), 4);
+        assert_eq!(new.heartbeat(&new_w, &idle).await.unwrap(), 5);
+        assert!(only_leases(&env.raw_rows(&name).await), "{}", env.tier);
+        assert!(new.scan().await.unwrap().legacy.is_empty());
+
+        // An older worker starts again: the copies come back while it is there.
+        older.heartbeat(&old_w, &idle).await.unwrap();
+        older
+            .join_roster(std::slice::from_ref(&old_w))
+            .await
+            .unwrap();
+        new.heartbeats(HeartbeatDetail::Summary).await.unwrap();
+        assert_eq!(new.heartbeat(&new_w, &idle).await.unwrap(), 6);
+        let seen_by_old = older.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        assert!(
+            seen_by_old
+                .heartbeats
+                .iter()
+                .any(|h| h.worker == new_w && h.counter == 6),
+            "{}: {:?}",
+            env.tier,
+            seen_by_old.heartbeats
+        );
     }
 
     pub async fn the_roster_names_the_heartbeat_rows_a_round_reads(env: Env) {
         let table = env.fresh().await;
         let none = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
-        assert_eq!((none.roster.len(), none.items_read), (0, 1), "{}", env.tier);
+        // The roster, and the legacy roster in the lease table (one BatchGetItem).
+        assert_eq!((none.roster.len(), none.items_read), (0, 2), "{}", env.tier);
         let idle = WorkerLoad::default();
         let busy = WorkerLoad {
             leases: 2,
@@ -914,7 +1178,7 @@ mod cases {
         let mut roster = read.roster.clone();
         roster.sort();
         assert_eq!(roster, [me(), other(), third.clone()]);
-        assert_eq!(read.items_read, 4);
+        assert_eq!(read.items_read, 5);
         let mut beats: Vec<(WorkerId, u64, WorkerLoad)> = read
             .heartbeats
             .into_iter()
@@ -922,10 +1186,11 @@ mod cases {
             .collect();
         beats.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(beats, [(me(), 1, busy), (other(), 1, idle.clone())]);
-        // The roster is not a lease, nor a heartbeat.
+        // The roster is not a lease, nor a heartbeat, nor another program's row.
         let scan = table.scan().await.unwrap();
         assert!(scan.leases.is_empty() && scan.malformed.is_empty());
-        assert_eq!((scan.heartbeats.len(), scan.other_rows), (2, 1));
+        assert_eq!((scan.heartbeats.len(), scan.other_rows), (2, 0));
+        assert!(scan.legacy.is_empty(), "{:?}", scan.legacy);
         // A clean exit leaves the roster.
         table.remove_heartbeat(&me()).await.unwrap();
         let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
@@ -941,7 +1206,7 @@ mod cases {
         table.join_roster(&many).await.unwrap();
         let read = table.heartbeats(HeartbeatDetail::Full).await.unwrap();
         assert_eq!(read.heartbeats.len(), 131, "{}", env.tier);
-        assert_eq!(read.items_read, 1 + 132);
+        assert_eq!(read.items_read, 2 + 132);
     }
 
     pub async fn a_dead_workers_row_is_removed_only_while_its_counter_stands(env: Env) {
@@ -979,7 +1244,7 @@ mod cases {
             .await
             .unwrap();
         env.put_raw(
-            table.table_name(),
+            table.worker_table_name(),
             serde_json::from_str(r#"{"leaseKey":{"S":"flotilla-worker#worker-b"},"entityType":{"S":"FLOTILLA_WORKER"},"leaseOwner":{"S":"worker-b"},"leaseCounter":{"S":"x"}}"#).unwrap(),
         )
         .await;
@@ -1264,6 +1529,8 @@ macro_rules! suite {
                 scan_reports_malformed_rows_and_goes_on,
                 scan_paginates_past_one_megabyte,
                 reads_rows_written_by_another_kcl,
+                the_lease_table_holds_lease_rows_only,
+                beside_an_older_version_neither_breaks_and_the_legacy_rows_retire,
             );
         }
     };
@@ -1443,10 +1710,11 @@ async fn without_transactions_an_expired_lease_is_taken_by_a_plain_conditional_w
 async fn where_the_index_may_not_be_added_heartbeats_are_read_by_key() {
     let db = MemoryDynamo::new();
     db.create_table("kcl", "leaseKey", "S");
+    db.create_table(&worker_table_name("kcl"), "leaseKey", "S");
     db.refuse_table_updates();
     let table = db.lease_table("kcl");
     assert_eq!(table.ensure_table().await.unwrap(), TableState::Existed);
-    assert!(!db.has_heartbeat_index("kcl"));
+    assert!(!db.has_heartbeat_index(&worker_table_name("kcl")));
     table
         .heartbeat(&me(), &WorkerLoad::default())
         .await
@@ -1472,7 +1740,10 @@ async fn a_lagging_index_shows_old_counters_and_joiners_are_read_by_key() {
     let read = table.heartbeats(HeartbeatDetail::Summary).await.unwrap();
     assert_eq!(read.heartbeats.len(), 1);
     assert_eq!(read.heartbeats[0].counter, 1);
-    assert_eq!(read.items_read, 2, "the roster and one row by key");
+    assert_eq!(
+        read.items_read, 3,
+        "the roster, the legacy roster and one row by key"
+    );
     tokio::time::advance(Duration::from_secs(6)).await;
     table.heartbeat(&me(), &idle).await.unwrap();
     // In the index now, at its counter of 5 s ago.

@@ -681,6 +681,10 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
         self.inner.table_name()
     }
 
+    fn worker_table_name(&self) -> &str {
+        self.inner.worker_table_name()
+    }
+
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(self.run("ensure_table", self.inner.ensure_table()))
     }
@@ -859,6 +863,13 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
             self.inner.remove_dead_heartbeat(worker, counter),
         ))
     }
+
+    fn retire_legacy<'a>(
+        &'a self,
+        plan: &'a crate::backend::layout::Retirement,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.run("retire_legacy", self.inner.retire_legacy(plan)))
+    }
 }
 
 impl<B: MetricsSink> MetricsSink for Faulty<B> {
@@ -897,6 +908,11 @@ mod tests {
         let make = || {
             let db = MemoryDynamo::new();
             db.create_table("t", "leaseKey", "S");
+            db.create_table(
+                &crate::backend::layout::worker_table_name("t"),
+                "leaseKey",
+                "S",
+            );
             Faulty::new(db.lease_table("t"), plan())
         };
         let (a, b) = (make(), make());
@@ -914,6 +930,11 @@ mod tests {
     async fn scheduled_faults_hit_the_named_call() {
         let db = MemoryDynamo::new();
         db.create_table("t", "leaseKey", "S");
+        db.create_table(
+            &crate::backend::layout::worker_table_name("t"),
+            "leaseKey",
+            "S",
+        );
         let plan = FaultPlan::seeded(1)
             .then(Some("heartbeat"), 1, Fault::LostResponse)
             .then(Some("heartbeat"), 2, Fault::Throttle);
@@ -938,6 +959,11 @@ mod tests {
 
         let db = MemoryDynamo::new();
         db.create_table("t", "leaseKey", "S");
+        db.create_table(
+            &crate::backend::layout::worker_table_name("t"),
+            "leaseKey",
+            "S",
+        );
         let table = Faulty::new(db.lease_table("t"), FaultPlan::seeded(1));
         let me = WorkerId::new("w");
         assert_eq!(table.heartbeat(&me, &WorkerLoad::default()).await, Ok(1));
@@ -959,6 +985,11 @@ mod tests {
     async fn timeouts_and_latency_use_tokio_time() {
         let db = MemoryDynamo::new();
         db.create_table("t", "leaseKey", "S");
+        db.create_table(
+            &crate::backend::layout::worker_table_name("t"),
+            "leaseKey",
+            "S",
+        );
         let mut plan = FaultPlan::seeded(1).then(None, 0, Fault::Timeout).then(
             None,
             1,

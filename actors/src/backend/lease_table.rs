@@ -2,6 +2,7 @@
 
 use futures::future::BoxFuture;
 
+use super::layout::{LegacyRows, Retirement};
 use crate::model::item::{MalformedRow, ReadUnits, Row};
 use crate::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId,
@@ -13,26 +14,34 @@ use crate::model::{
 pub struct ScanOutput {
     /// Every lease row that could be read.
     pub leases: Vec<Lease>,
-    /// Every worker heartbeat row that could be read.
+    /// Every heartbeat row that could be read: the worker table's, and the legacy rows
+    /// of workers of an older version ([`crate::backend::layout::merge`]).
     pub heartbeats: Vec<Heartbeat>,
     /// Rows that could not be read. Reported here, skipped, never fatal.
     pub malformed: Vec<MalformedRow>,
-    /// Rows other programs keep in the table (KCL 3.x coordinator state and the like).
+    /// Rows other programs keep in the lease table (KCL 3.x coordinator state and the
+    /// like); flotilla's own rows are not among them.
     pub other_rows: usize,
     /// What the scan is billed (the server's ConsumedCapacity; the memory backend
     /// computes it by DynamoDB's rules). Zero from a server that does not say.
     pub read_units: ReadUnits,
+    /// flotilla's own rows found in the lease table (the layout before the worker
+    /// table): see [`crate::backend::layout`].
+    pub legacy: LegacyRows,
 }
 
 impl ScanOutput {
-    /// Files one row read by a scan where it belongs.
-    pub fn push(&mut self, row: Result<Row, MalformedRow>) {
+    /// Files one row read by a scan of a table holding only leases and other programs'
+    /// rows (flotilla's own rows are the caller's: [`Row::Heartbeat`] and
+    /// [`Row::Roster`] are returned to it).
+    pub fn push(&mut self, row: Result<Row, MalformedRow>) -> Option<Row> {
         match row {
             Ok(Row::Lease(lease)) => self.leases.push(*lease),
-            Ok(Row::Heartbeat(heartbeat)) => self.heartbeats.push(heartbeat),
             Ok(Row::Other { .. }) => self.other_rows += 1,
+            Ok(own @ (Row::Heartbeat(_) | Row::Roster(_))) => return Some(own),
             Err(malformed) => self.malformed.push(malformed),
         }
+        None
     }
 }
 
@@ -40,7 +49,8 @@ impl ScanOutput {
 /// without reading a single lease row.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeartbeatsOutput {
-    /// The workers the roster names (some may have no heartbeat row any more).
+    /// The workers the roster names (some may have no heartbeat row any more), with
+    /// those the legacy roster names.
     pub roster: Vec<WorkerId>,
     /// The heartbeat rows found for the workers the roster names.
     pub heartbeats: Vec<Heartbeat>,
@@ -56,6 +66,10 @@ pub struct HeartbeatsOutput {
     pub summary: bool,
     /// What the read is billed (as [`ScanOutput::read_units`]).
     pub read_units: ReadUnits,
+    /// flotilla's own rows found in the lease table: the legacy roster, and the legacy
+    /// heartbeat rows of the workers it names that have no worker-table row (read and
+    /// merged into `heartbeats`). See [`crate::backend::layout`].
+    pub legacy: LegacyRows,
 }
 
 /// How much of each heartbeat row [`LeaseTable::heartbeats`] must return.
@@ -191,10 +205,15 @@ impl LeaseError {
 /// otherwise, so a worker that holds `(me, n)` knows nobody else held the lease since.
 ///
 /// Contract (checked by `tests/contract_lease_table.rs` on every backend):
-/// * `ensure_table` creates a PAY_PER_REQUEST table keyed by `leaseKey` (S) and returns
-///   once it is ACTIVE; an existing table with another key schema is `WrongKeySchema`.
-/// * `scan` returns every row, paginated; a malformed row is reported in
-///   `ScanOutput::malformed` and the scan goes on.
+/// * `ensure_table` creates a PAY_PER_REQUEST table keyed by `leaseKey` (S), and the
+///   worker table beside it (same key, with the heartbeat index), and returns once both
+///   are ACTIVE; an existing table with another key schema is `WrongKeySchema`. The
+///   lease table holds lease rows only: heartbeats and the roster are in the worker
+///   table (`crate::backend::layout`).
+/// * `scan` returns every row of both tables, paginated; a malformed row is reported
+///   in `ScanOutput::malformed` and the scan goes on; legacy rows (flotilla's own rows
+///   in the lease table) are reported in `ScanOutput::legacy`, and those of workers of
+///   an older version merged into the heartbeats.
 /// * `create_if_absent` never overwrites: it returns `false` if the key exists.
 /// * `take(key, fence, me)`: owner := me, counter + 1, ownerSwitchesSinceCheckpoint + 1,
 ///   any handoff request removed.
@@ -219,7 +238,9 @@ impl LeaseError {
 ///   `None`); the checkpoint, ownerSwitchesSinceCheckpoint and the counter do not change.
 /// * `delete(key, fence)`: the row is removed.
 /// * `heartbeat(me, load)`: the worker's heartbeat counter + 1 (created at 1), returned;
-///   the load attributes replaced.
+///   the load attributes replaced. While the lease table has a legacy roster, the
+///   worker's legacy row gets the same counter and load, and the worker is named in that
+///   roster, and the call succeeds only once both writes have.
 /// * `join_roster(workers)`: each named in the roster row (`flotilla-roster`); naming
 ///   one already there is fine.
 /// * `heartbeats(detail)`: the roster, and the heartbeat row of every worker it names
@@ -233,11 +254,19 @@ impl LeaseError {
 ///   read by key, said once at WARN.
 /// * `remove_heartbeat(me)` and `remove_dead_heartbeat(w, counter)` also take the worker
 ///   out of the roster; the latter only while the row's counter is `counter` (`false`,
-///   nothing removed, when it moved; `true` when the row is already gone).
+///   nothing removed, when it moved; `true` when the row is already gone). Both remove
+///   the worker's legacy row and legacy roster entry too.
+/// * `retire_legacy(plan)`: the legacy roster deleted only while it names exactly the
+///   plan's workers (`false`, nothing deleted, otherwise), then the plan's legacy
+///   heartbeat rows, each under its condition.
+/// * `take_expired` checks the owner's heartbeat by `crate::backend::layout::beat_checks`.
 /// * Attributes a write does not name are left as they are (a Java KCL's extras survive).
 pub trait LeaseTable: Send + Sync + 'static {
     /// The table's name, for logs and errors.
     fn table_name(&self) -> &str;
+
+    /// The worker table's name (`crate::backend::layout::worker_table_name`).
+    fn worker_table_name(&self) -> &str;
 
     /// Makes the table (and its heartbeat index) if it is missing, and waits until it is
     /// ACTIVE; says whether it was there.
@@ -389,4 +418,11 @@ pub trait LeaseTable: Send + Sync + 'static {
         worker: &'a WorkerId,
         counter: u64,
     ) -> BoxFuture<'a, Result<bool, LeaseError>>;
+
+    /// Deletes flotilla's own rows from the lease table once no worker of an older
+    /// version is alive to read them (`crate::backend::layout`): the legacy roster,
+    /// only while it names exactly `plan.roster`, then `plan.rows`. `Ok(false)`: the
+    /// roster changed (an older worker joined), nothing deleted.
+    fn retire_legacy<'a>(&'a self, plan: &'a Retirement)
+    -> BoxFuture<'a, Result<bool, LeaseError>>;
 }

@@ -5,12 +5,15 @@
 //! * `memory`: in-process adapters that keep state and conditions like the services do;
 //!   the embedded default of `flotilla demo` and the fast test double.
 //! * `faults`: a wrapper that injects throttling, errors, latency and timeouts.
+//! * `layout`: where flotilla's own rows live (the worker table), and how a table of an
+//!   older version moves there.
 //! * `time_scan`: AT_TIMESTAMP for DynamoDB Streams, which has no such iterator.
 //! * `clock`: wall-clock time derived from tokio's clock, so paused tests move it too.
 
 pub mod aws;
 pub mod clock;
 pub mod faults;
+pub mod layout;
 mod lease_table;
 pub mod memory;
 mod metrics;

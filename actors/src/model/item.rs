@@ -266,8 +266,9 @@ impl std::ops::AddAssign for ReadUnits {
 
 /// `entityType` of lease rows (KCL 3.5+; rows without it are leases too).
 pub const ENTITY_LEASE: &str = "LEASE";
-/// `entityType` of flotilla's per-worker heartbeat rows. The Java KCL skips rows whose
-/// entity type is not `LEASE`, so they do not disturb it.
+/// `entityType` of flotilla's per-worker heartbeat rows, kept in the worker table
+/// (`crate::backend::layout`): the Java KCL 2.x reads every row of the lease table as
+/// a lease, whatever its entity type, and fails on one without a `leaseCounter`.
 pub const ENTITY_WORKER: &str = "FLOTILLA_WORKER";
 /// Prefix of heartbeat rows' `leaseKey`; cannot collide with a shard id.
 pub const WORKER_KEY_PREFIX: &str = "flotilla-worker#";
@@ -301,6 +302,9 @@ pub enum Row {
     Lease(Box<Lease>),
     /// A flotilla worker's heartbeat row ([`ENTITY_WORKER`]).
     Heartbeat(Heartbeat),
+    /// flotilla's roster row ([`ENTITY_ROSTER`]): the workers it names, read leniently
+    /// (anything but a string set names nobody).
+    Roster(Vec<WorkerId>),
     /// A row another program keeps in the table (the KCL 3.x coordinator, worker
     /// metrics, migration state). Left alone.
     Other {
@@ -458,6 +462,10 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
                 },
             }))
         }
+        Some(ENTITY_ROSTER) => Ok(Row::Roster(match item.get(attr::ROSTER_WORKERS) {
+            Some(AttrValue::SS(ids)) => ids.iter().map(|id| WorkerId::new(id.as_str())).collect(),
+            _ => Vec::new(),
+        })),
         Some(other) => Ok(Row::Other {
             key,
             entity_type: other.to_owned(),
@@ -765,6 +773,7 @@ impl fmt::Display for Row {
         match self {
             Row::Lease(lease) => write!(f, "lease {}", lease.key),
             Row::Heartbeat(hb) => write!(f, "heartbeat of {}", hb.worker),
+            Row::Roster(_) => write!(f, "roster row {ROSTER_KEY}"),
             Row::Other { key, entity_type } => write!(f, "{entity_type} row {key}"),
         }
     }

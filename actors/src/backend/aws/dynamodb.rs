@@ -47,6 +47,7 @@ use tracing::{info, warn};
 
 use super::Failure;
 
+use crate::backend::layout::{self, BeatCheck, Dual, LegacyWrite, Place, Retirement};
 use crate::backend::{
     HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
 };
@@ -103,13 +104,19 @@ pub const IAM_ACTIONS: &[&str] = &[
 pub struct DynamoLeaseTable {
     client: aws_sdk_dynamodb::Client,
     table: String,
+    /// The worker table (`layout::worker_table_name`): heartbeats and the roster. The
+    /// lease table's own name for a handle of the older layout.
+    workers: String,
+    /// This handle's state towards the lease table's legacy rows (`layout::Dual`).
+    dual: Arc<Mutex<Dual>>,
     /// Named in transient errors so an operator can tell which endpoint is unreachable.
     endpoint: String,
     /// Cleared when the server turns TransactWriteItems down as an unknown operation
     /// (some emulators have no transactions): expired leases are then taken with a
     /// plain conditional write, said once at WARN.
     transactions: Arc<AtomicBool>,
-    /// Whether heartbeats can be read through [`HEARTBEAT_INDEX`], as last learnt.
+    /// Whether heartbeats can be read through the worker table's [`HEARTBEAT_INDEX`],
+    /// as last learnt.
     index: Arc<Mutex<IndexState>>,
 }
 
@@ -485,13 +492,43 @@ impl DynamoLeaseTable {
         if let Some(url) = endpoint {
             config = config.endpoint_url(url);
         }
+        let table = table.into();
         Self {
             client: aws_sdk_dynamodb::Client::from_conf(config.build()),
-            table: table.into(),
+            workers: layout::worker_table_name(&table),
+            table,
+            dual: Arc::default(),
             endpoint: super::endpoint_name(sdk, "dynamodb", endpoint),
             transactions: Arc::new(AtomicBool::new(true)),
             index: Arc::new(Mutex::new(IndexState::Unknown)),
         }
+    }
+
+    /// A handle that keeps heartbeats and the roster in the lease table itself, as
+    /// flotilla did before the worker table: a worker of the older version, for tests
+    /// of the two side by side (`crate::backend::layout`).
+    pub fn older_version(
+        sdk: &aws_config::SdkConfig,
+        endpoint: Option<&str>,
+        table: impl Into<String>,
+    ) -> Self {
+        let mut handle = Self::new(sdk, endpoint, table);
+        handle.workers = handle.table.clone();
+        handle
+    }
+
+    fn dual(&self) -> std::sync::MutexGuard<'_, Dual> {
+        self.dual.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether heartbeats live in a worker table of their own.
+    fn split(&self) -> bool {
+        self.workers != self.table
+    }
+
+    /// Whether the lease table may hold legacy rows that count (`layout::Dual::legacy`).
+    fn legacy_in_use(&self) -> bool {
+        self.split() && self.dual().legacy()
     }
 
     /// Whether the table exists (`None`: it does not) and has deletion protection on.
@@ -508,29 +545,31 @@ impl DynamoLeaseTable {
     /// `Ok(false)`: there was no such table. An operator's call (`flotilla destroy`): a
     /// worker never deletes its table, and no policy in `deploy/` grants it.
     pub async fn delete_table(&self) -> Result<bool, LeaseError> {
-        match self
-            .client
-            .delete_table()
-            .table_name(&self.table)
-            .send()
-            .await
-        {
+        let existed = self.delete_named(&self.table).await?;
+        if self.split() {
+            self.delete_named(&self.workers).await?;
+        }
+        Ok(existed)
+    }
+
+    /// DeleteTable of one table, waiting until it is gone; `Ok(false)`: there was none.
+    async fn delete_named(&self, name: &str) -> Result<bool, LeaseError> {
+        match self.client.delete_table().table_name(name).send().await {
             Ok(_) => {}
             Err(err) => {
-                return match self.classify("DeleteTable", err) {
+                return match self.classify_in(name, "DeleteTable", err) {
                     LeaseError::NotFound { .. } => Ok(false),
                     other => Err(other),
                 };
             }
         }
         let deadline = Instant::now() + WAIT_LIMIT;
-        while self.describe().await?.is_some() {
+        while self.describe_named(name).await?.is_some() {
             if Instant::now() >= deadline {
                 return Err(LeaseError::Other {
                     op: "DeleteTable",
                     message: format!(
-                        "table {} is still there {}s after DeleteTable",
-                        self.table,
+                        "table {name} is still there {}s after DeleteTable",
                         WAIT_LIMIT.as_secs()
                     ),
                 });
@@ -544,7 +583,20 @@ impl DynamoLeaseTable {
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        let message = format!("table {}: {}", self.table, super::error_text(&err));
+        self.classify_in(&self.table, op, err)
+    }
+
+    /// `classify` for a call on the table `table` (the worker table's calls name it).
+    fn classify_in<E>(
+        &self,
+        table: &str,
+        op: &'static str,
+        err: SdkError<E, HttpResponse>,
+    ) -> LeaseError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let message = format!("table {table}: {}", super::error_text(&err));
         match (err.code(), super::classify(&err)) {
             (Some("ResourceNotFoundException"), _) => LeaseError::NotFound { op, message },
             (_, Failure::Throttled) => LeaseError::Throttled { op, message },
@@ -722,7 +774,38 @@ impl DynamoLeaseTable {
         &self,
         options: &TableOptions,
     ) -> Result<TableState, LeaseError> {
-        let (state, mut table) = match self.describe().await? {
+        if !self.split() {
+            // The older layout: one table, with the heartbeat index.
+            return self.ensure_named(&self.table, options, true).await;
+        }
+        let (leases, workers) = futures::join!(
+            self.ensure_named(&self.table, options, false),
+            self.ensure_named(&self.workers, options, true)
+        );
+        let state = leases?;
+        workers?;
+        let legacy = self.rosters().await?.legacy;
+        self.dual().saw_roster(legacy.is_some());
+        if legacy.is_some() {
+            info!(
+                message = "The lease table holds a roster of an older flotilla: heartbeats are written there too until no worker of that version is left.",
+                table = %self.table,
+                worker_table = %self.workers,
+            );
+        }
+        Ok(state)
+    }
+
+    /// Creates the table `name` (with the heartbeat index when `index`) if it is
+    /// missing, and waits until it is ACTIVE; with `index`, adds the index to a table
+    /// that lacks it where it may.
+    async fn ensure_named(
+        &self,
+        name: &str,
+        options: &TableOptions,
+        index: bool,
+    ) -> Result<TableState, LeaseError> {
+        let (state, mut table) = match self.describe_named(name).await? {
             Some(table) => (TableState::Existed, Some(table)),
             None => {
                 let throughput = match options.billing {
@@ -736,10 +819,10 @@ impl DynamoLeaseTable {
                     ),
                 };
                 let tags = sdk_tags("CreateTable", &options.tags)?;
-                let created = self
+                let mut create = self
                     .client
                     .create_table()
-                    .table_name(&self.table)
+                    .table_name(name)
                     .key_schema(
                         KeySchemaElement::builder()
                             .attribute_name(attr::LEASE_KEY)
@@ -754,53 +837,57 @@ impl DynamoLeaseTable {
                             .build()
                             .map_err(|e| build_error("CreateTable", e))?,
                     )
-                    .attribute_definitions(index_parts()?.2)
-                    .global_secondary_indexes({
-                        let (key, projection, _) = index_parts()?;
-                        // A provisioned table's index gets the table's throughput.
-                        GlobalSecondaryIndex::builder()
-                            .index_name(HEARTBEAT_INDEX)
-                            .key_schema(key)
-                            .projection(projection)
-                            .set_provisioned_throughput(throughput.clone())
-                            .build()
-                            .map_err(|e| build_error("CreateTable", e))?
-                    })
                     .billing_mode(match options.billing {
                         Billing::OnDemand => BillingMode::PayPerRequest,
                         Billing::Provisioned { .. } => BillingMode::Provisioned,
                     })
-                    .set_provisioned_throughput(throughput)
+                    .set_provisioned_throughput(throughput.clone())
                     // Sent only when asked for, so servers that do not know the
                     // parameter (and every worker's own make) see the request as before.
                     .set_deletion_protection_enabled(options.deletion_protection.then_some(true))
-                    .set_tags((!tags.is_empty()).then_some(tags))
-                    .send()
-                    .await;
+                    .set_tags((!tags.is_empty()).then_some(tags));
+                if index {
+                    let (key, projection, definition) = index_parts()?;
+                    // A provisioned table's index gets the table's throughput.
+                    create = create
+                        .attribute_definitions(definition)
+                        .global_secondary_indexes(
+                            GlobalSecondaryIndex::builder()
+                                .index_name(HEARTBEAT_INDEX)
+                                .key_schema(key)
+                                .projection(projection)
+                                .set_provisioned_throughput(throughput.clone())
+                                .build()
+                                .map_err(|e| build_error("CreateTable", e))?,
+                        );
+                }
+                let created = create.send().await;
                 match created {
                     Ok(output) => (TableState::Created, output.table_description),
                     // Another worker created it between our describe and create.
                     Err(err) if err.code() == Some("ResourceInUseException") => {
                         (TableState::Existed, None)
                     }
-                    Err(err) => return Err(self.classify("CreateTable", err)),
+                    Err(err) => return Err(self.classify_in(name, "CreateTable", err)),
                 }
             }
         };
         let deadline = Instant::now() + WAIT_LIMIT;
         loop {
             if let Some(table) = &table {
-                self.check_key_schema(table)?;
+                self.check_key_schema(name, table)?;
                 match table.table_status() {
                     Some(TableStatus::Creating) => {}
                     Some(TableStatus::Deleting) => {
                         return Err(LeaseError::Other {
                             op: "DescribeTable",
-                            message: format!("table {} is being deleted", self.table),
+                            message: format!("table {name} is being deleted"),
                         });
                     }
                     _ => {
-                        self.ensure_index(table).await;
+                        if index {
+                            self.ensure_index(table).await;
+                        }
                         return Ok(state);
                     }
                 }
@@ -809,35 +896,33 @@ impl DynamoLeaseTable {
                 return Err(LeaseError::Other {
                     op: "DescribeTable",
                     message: format!(
-                        "table {} not ACTIVE after {WAIT_LIMIT:?} (status {:?})",
-                        self.table,
+                        "table {name} not ACTIVE after {WAIT_LIMIT:?} (status {:?})",
                         table.as_ref().and_then(|t| t.table_status())
                     ),
                 });
             }
             tokio::time::sleep(POLL_INTERVAL).await;
-            table = self.describe().await?;
+            table = self.describe_named(name).await?;
         }
     }
 
-    /// DescribeTable; `None` if there is no such table.
+    /// DescribeTable of the lease table; `None` if there is no such table.
     async fn describe(&self) -> Result<Option<TableDescription>, LeaseError> {
-        match self
-            .client
-            .describe_table()
-            .table_name(&self.table)
-            .send()
-            .await
-        {
+        self.describe_named(&self.table).await
+    }
+
+    /// DescribeTable of `name`; `None` if there is no such table.
+    async fn describe_named(&self, name: &str) -> Result<Option<TableDescription>, LeaseError> {
+        match self.client.describe_table().table_name(name).send().await {
             Ok(output) => Ok(output.table),
-            Err(err) => match self.classify("DescribeTable", err) {
+            Err(err) => match self.classify_in(name, "DescribeTable", err) {
                 LeaseError::NotFound { .. } => Ok(None),
                 other => Err(other),
             },
         }
     }
 
-    fn check_key_schema(&self, table: &TableDescription) -> Result<(), LeaseError> {
+    fn check_key_schema(&self, name: &str, table: &TableDescription) -> Result<(), LeaseError> {
         let type_of = |name: &str| {
             table
                 .attribute_definitions()
@@ -865,7 +950,7 @@ impl DynamoLeaseTable {
             return Ok(());
         }
         Err(LeaseError::WrongKeySchema {
-            table: self.table.clone(),
+            table: name.to_owned(),
             found: schema
                 .iter()
                 .map(|k| {
@@ -899,9 +984,9 @@ impl DynamoLeaseTable {
         );
         let was_active = before == IndexState::Active;
         if now == IndexState::Active && !was_active {
-            info!(message = "Heartbeats are read through the heartbeat index.", table = %self.table, index = HEARTBEAT_INDEX);
+            info!(message = "Heartbeats are read through the heartbeat index.", table = %self.workers, index = HEARTBEAT_INDEX);
         } else if was_active && now != IndexState::Active {
-            warn!(message = "The heartbeat index is gone; heartbeats are read by key (a read unit or more a row).", table = %self.table, index = HEARTBEAT_INDEX);
+            warn!(message = "The heartbeat index is gone; heartbeats are read by key (a read unit or more a row).", table = %self.workers, index = HEARTBEAT_INDEX);
         }
         now
     }
@@ -917,12 +1002,12 @@ impl DynamoLeaseTable {
         match self.add_index(table).await {
             Ok(()) => info!(
                 message = "Heartbeat index requested (UpdateTable); heartbeats are read by key until it is ACTIVE.",
-                table = %self.table,
+                table = %self.workers,
                 index = HEARTBEAT_INDEX,
             ),
             Err(error) => warn!(
                 message = "The lease table has no heartbeat index and it could not be added; heartbeats are read by key (a read unit or more a row each round). Add the index (README, \"Running a fleet\") or allow dynamodb:UpdateTable.",
-                table = %self.table,
+                table = %self.workers,
                 index = HEARTBEAT_INDEX,
                 %error,
             ),
@@ -960,14 +1045,14 @@ impl DynamoLeaseTable {
         let create = create.build().map_err(|e| build_error(OP, e))?;
         self.client
             .update_table()
-            .table_name(&self.table)
+            .table_name(&self.workers)
             .attribute_definitions(definition)
             .global_secondary_index_updates(
                 GlobalSecondaryIndexUpdate::builder().create(create).build(),
             )
             .send()
             .await
-            .map_err(|e| self.classify(OP, e))?;
+            .map_err(|e| self.classify_in(&self.workers, OP, e))?;
         Ok(())
     }
 
@@ -981,13 +1066,13 @@ impl DynamoLeaseTable {
             IndexState::Absent { .. } | IndexState::Unknown => {}
         }
         let first = self.index_state() == IndexState::Unknown;
-        match self.describe().await {
+        match self.describe_named(&self.workers).await {
             Ok(Some(table)) => {
                 let state = self.learn_index(&table);
                 if first && state != IndexState::Active {
                     warn!(
                         message = "The lease table has no ACTIVE heartbeat index; heartbeats are read by key (a read unit or more a row each round) until it has.",
-                        table = %self.table,
+                        table = %self.workers,
                         index = HEARTBEAT_INDEX,
                     );
                 }
@@ -1004,25 +1089,61 @@ impl DynamoLeaseTable {
 
     async fn scan_all(&self) -> Result<ScanOutput, LeaseError> {
         let mut out = ScanOutput::default();
+        let (mut legacy, mut roster) = (Vec::new(), None);
+        let billed = self
+            .scan_named(&self.table, |item| match out.push(decode_item(item)) {
+                Some(Row::Heartbeat(beat)) => legacy.push(beat),
+                Some(Row::Roster(names)) => roster = Some(names),
+                _ => {}
+            })
+            .await?;
+        out.read_units += billed;
+        if !self.split() {
+            out.heartbeats = legacy;
+            return Ok(out);
+        }
+        let mut own = Vec::new();
+        let mut malformed = Vec::new();
+        out.read_units += self
+            .scan_named(&self.workers, |item| match decode_item(item) {
+                Ok(Row::Heartbeat(beat)) => own.push(beat),
+                Ok(_) => {}
+                Err(bad) => malformed.push(bad),
+            })
+            .await?;
+        out.malformed.extend(malformed);
+        self.dual().saw_roster(roster.is_some());
+        (out.heartbeats, out.legacy) = layout::merge(own, roster, legacy);
+        Ok(out)
+    }
+
+    /// Every item of the table `name`, every page (strongly consistent), handed to
+    /// `each`; what the scan was billed.
+    async fn scan_named(
+        &self,
+        name: &str,
+        mut each: impl FnMut(&SdkItem),
+    ) -> Result<ReadUnits, LeaseError> {
+        let mut billed = ReadUnits::default();
         let mut start: Option<SdkItem> = None;
         loop {
             let page = self
                 .client
                 .scan()
-                .table_name(&self.table)
+                .table_name(name)
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take())
                 .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await
-                .map_err(|e| self.classify("Scan", e))?;
-            out.read_units += units(page.consumed_capacity());
+                .map_err(|e| self.classify_in(name, "Scan", e))?;
+            billed += units(page.consumed_capacity());
             for item in page.items() {
-                out.push(decode_item(item));
+                each(item);
             }
             match page.last_evaluated_key {
                 Some(last) if !last.is_empty() => start = Some(last),
-                _ => return Ok(out),
+                _ => return Ok(billed),
             }
         }
     }
@@ -1099,30 +1220,28 @@ impl DynamoLeaseTable {
             .set_expression_attribute_values(p.values())
             .build()
             .map_err(built)?;
-        let mut beat = Placeholders::default();
-        let check = match owner_heartbeat {
-            Some(counter) => {
-                let name = beat.name(attr::LEASE_COUNTER);
-                let value = beat.value("beat", number(counter));
-                format!("{name} = {value}")
-            }
-            None => format!("attribute_not_exists({})", beat.name(attr::LEASE_KEY)),
-        };
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(&heartbeat_key(owner))))
-            .condition_expression(check)
-            .set_expression_attribute_names(beat.names())
-            .set_expression_attribute_values(beat.values())
-            .build()
-            .map_err(built)?;
-        let result = self
+        let mut request = self
             .client
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(update).build())
-            .transact_items(TransactWriteItem::builder().condition_check(check).build())
-            .send()
-            .await;
+            .transact_items(TransactWriteItem::builder().update(update).build());
+        for (place, check) in layout::beat_checks(owner_heartbeat, self.legacy_in_use()) {
+            let mut beat = Placeholders::default();
+            let condition = beat_condition(&mut beat, check);
+            let check = ConditionCheck::builder()
+                .table_name(match place {
+                    Place::Workers => &self.workers,
+                    Place::Legacy => &self.table,
+                })
+                .set_key(Some(Self::key(&heartbeat_key(owner))))
+                .condition_expression(condition)
+                .set_expression_attribute_names(beat.names())
+                .set_expression_attribute_values(beat.values())
+                .build()
+                .map_err(built)?;
+            request =
+                request.transact_items(TransactWriteItem::builder().condition_check(check).build());
+        }
+        let result = request.send().await;
         if let Err(err) = result {
             return Err(match err.as_service_error() {
                 Some(TransactWriteItemsError::TransactionCanceledException(e)) => {
@@ -1313,6 +1432,49 @@ impl DynamoLeaseTable {
     }
 
     async fn beat(&self, worker: &WorkerId, load: &WorkerLoad) -> Result<u64, LeaseError> {
+        let counter = self
+            .beat_in(&self.workers, worker, load, None, false)
+            .await?
+            .ok_or_else(|| self.incomplete("UpdateItem", &heartbeat_key(worker), "the write"))?;
+        if !self.split() {
+            return Ok(counter);
+        }
+        let write = self.dual().next();
+        let existed = match write {
+            LegacyWrite::Nothing => true,
+            LegacyWrite::Join => {
+                self.beat_in(&self.table, worker, load, Some(counter), false)
+                    .await?;
+                self.edit_roster_in(&self.table, "ADD", std::slice::from_ref(worker))
+                    .await?;
+                true
+            }
+            LegacyWrite::Update => self
+                .beat_in(&self.table, worker, load, Some(counter), true)
+                .await?
+                .is_some(),
+            LegacyWrite::Leave => {
+                self.delete_beat_in(&self.table, worker, BeatCheck::AbsentOrAtMost(u64::MAX))
+                    .await?;
+                true
+            }
+        };
+        self.dual().done(write, existed);
+        Ok(counter)
+    }
+
+    /// Writes `worker`'s heartbeat row in the table `name` with `load`: the counter + 1
+    /// (`set`: `None`), or set to `set` (a legacy row, which takes the worker-table
+    /// row's counter). With `only_if_there`, only while the row exists: `Ok(None)` when
+    /// it does not. Returns the counter written.
+    async fn beat_in(
+        &self,
+        name: &str,
+        worker: &WorkerId,
+        load: &WorkerLoad,
+        set: Option<u64>,
+        only_if_there: bool,
+    ) -> Result<Option<u64>, LeaseError> {
         const OP: &str = "UpdateItem";
         let key = heartbeat_key(worker);
         let mut p = Placeholders::default();
@@ -1323,46 +1485,114 @@ impl DynamoLeaseTable {
         );
         let worker_type = p.value("worker_type", AttributeValue::S(ENTITY_WORKER.to_owned()));
         let me = p.value("worker", AttributeValue::S(worker.as_str().to_owned()));
-        let one = p.value("one", number(1));
         let indexed = p.name(attr::HEARTBEAT_INDEX_KEY);
-        let mut set = vec![
+        let mut assignments = vec![
             format!("{entity} = {worker_type}"),
             format!("{owner} = {me}"),
             format!("{indexed} = {worker_type}"),
         ];
-        set.extend(p.assignments(OP, "load", &load_attrs(load))?);
-        let output = self
+        assignments.extend(p.assignments(OP, "load", &load_attrs(load))?);
+        let update = match set {
+            None => {
+                let one = p.value("one", number(1));
+                format!("SET {} ADD {counter} {one}", assignments.join(", "))
+            }
+            Some(value) => {
+                let value = p.value("counter", number(value));
+                assignments.push(format!("{counter} = {value}"));
+                format!("SET {}", assignments.join(", "))
+            }
+        };
+        let condition =
+            only_if_there.then(|| format!("attribute_exists({})", p.name(attr::LEASE_KEY)));
+        let result = self
             .client
             .update_item()
-            .table_name(&self.table)
+            .table_name(name)
             .set_key(Some(Self::key(&key)))
-            .update_expression(format!("SET {} ADD {counter} {one}", set.join(", ")))
+            .update_expression(update)
+            .set_condition_expression(condition)
             .set_expression_attribute_names(p.names())
             .set_expression_attribute_values(p.values())
             .return_values(ReturnValue::UpdatedNew)
             .send()
-            .await
-            .map_err(|e| self.classify(OP, e))?;
+            .await;
+        let output = match result {
+            Ok(output) => output,
+            Err(err)
+                if matches!(
+                    err.as_service_error(),
+                    Some(UpdateItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(err) => return Err(self.classify_in(name, OP, err)),
+        };
+        if let Some(value) = set {
+            return Ok(Some(value));
+        }
         // The write happened: the counter is all that is read from the answer (never
         // the row, which UPDATED_NEW does not return whole).
         self.counter_in(OP, &key, &output.attributes.unwrap_or_default())
+            .map(Some)
+    }
+
+    /// Deletes `worker`'s heartbeat row in the table `name` while `check` holds for it;
+    /// `Ok(false)` when it did not (nothing deleted).
+    async fn delete_beat_in(
+        &self,
+        name: &str,
+        worker: &WorkerId,
+        check: BeatCheck,
+    ) -> Result<bool, LeaseError> {
+        const OP: &str = "DeleteItem";
+        let mut p = Placeholders::default();
+        let condition = match check {
+            BeatCheck::AbsentOrAtMost(u64::MAX) => None,
+            check => Some(beat_condition(&mut p, check)),
+        };
+        let result = self
+            .client
+            .delete_item()
+            .table_name(name)
+            .set_key(Some(Self::key(&heartbeat_key(worker))))
+            .set_condition_expression(condition)
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err) => match err.as_service_error() {
+                Some(DeleteItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.classify_in(name, OP, err)),
+            },
+        }
     }
 
     async fn remove_beat(&self, worker: &WorkerId) -> Result<(), LeaseError> {
-        self.client
-            .delete_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(&heartbeat_key(worker))))
-            .send()
-            .await
-            .map_err(|e| self.classify("DeleteItem", e))?;
-        self.edit_roster("DELETE", std::slice::from_ref(worker))
-            .await
+        let any = BeatCheck::AbsentOrAtMost(u64::MAX);
+        self.delete_beat_in(&self.workers, worker, any).await?;
+        self.edit_roster_in(&self.workers, "DELETE", std::slice::from_ref(worker))
+            .await?;
+        if self.split() {
+            self.delete_beat_in(&self.table, worker, any).await?;
+            self.edit_roster_in(&self.table, "DELETE", std::slice::from_ref(worker))
+                .await?;
+            self.dual().removed();
+        }
+        Ok(())
     }
 
-    /// `ADD` or `DELETE` worker ids on the roster's string set (one UpdateItem; the row
-    /// is created by the first ADD).
-    async fn edit_roster(&self, verb: &str, workers: &[WorkerId]) -> Result<(), LeaseError> {
+    /// `ADD` or `DELETE` worker ids on the roster's string set in the table `name` (one
+    /// UpdateItem; the row is created by the first ADD).
+    async fn edit_roster_in(
+        &self,
+        name: &str,
+        verb: &str,
+        workers: &[WorkerId],
+    ) -> Result<(), LeaseError> {
         const OP: &str = "UpdateItem";
         if workers.is_empty() {
             return Ok(());
@@ -1388,7 +1618,7 @@ impl DynamoLeaseTable {
         let request = self
             .client
             .update_item()
-            .table_name(&self.table)
+            .table_name(name)
             .set_key(Some(Self::key(ROSTER_KEY)))
             .update_expression(update)
             .set_condition_expression(condition)
@@ -1404,53 +1634,105 @@ impl DynamoLeaseTable {
             {
                 Ok(())
             }
-            Err(err) => Err(self.classify(OP, err)),
+            Err(err) => Err(self.classify_in(name, OP, err)),
         }
     }
 
-    /// The roster's worker ids, read leniently: only its string set is looked at; and
-    /// what the GetItem was billed.
-    async fn roster(&self) -> Result<(Vec<WorkerId>, Option<MalformedRow>, ReadUnits), LeaseError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(ROSTER_KEY)))
-            .consistent_read(true)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await
-            .map_err(|e| self.classify("GetItem", e))?;
-        let billed = units(output.consumed_capacity());
-        let Some(item) = output.item else {
-            return Ok((Vec::new(), None, billed));
-        };
-        match item.get(attr::ROSTER_WORKERS) {
-            None => Ok((Vec::new(), None, billed)),
-            Some(AttributeValue::Ss(ids)) => Ok((
-                ids.iter().map(|id| WorkerId::new(id.as_str())).collect(),
-                None,
-                billed,
-            )),
-            Some(_) => Ok((
-                Vec::new(),
-                Some(MalformedRow {
-                    key: Some(ROSTER_KEY.to_owned()),
-                    attribute: attr::ROSTER_WORKERS.to_owned(),
-                    why: "not a string set".to_owned(),
-                }),
-                billed,
-            )),
+    /// The worker table's roster, read leniently (only its string set is looked at),
+    /// and, with a worker table of its own, the lease table's legacy roster, in one
+    /// BatchGetItem (the legacy one eventually consistent: it only says whether workers
+    /// of an older version may be there); and what the read was billed.
+    async fn rosters(&self) -> Result<Rosters, LeaseError> {
+        const OP: &str = "BatchGetItem";
+        if !self.split() {
+            let output = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(Self::key(ROSTER_KEY)))
+                .consistent_read(true)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .map_err(|e| self.classify("GetItem", e))?;
+            let (workers, malformed) = roster_in(output.item.as_ref());
+            return Ok(Rosters {
+                workers,
+                malformed,
+                legacy: None,
+                billed: units(output.consumed_capacity()),
+            });
         }
+        let wanted = |consistent: bool| {
+            KeysAndAttributes::builder()
+                .keys(Self::key(ROSTER_KEY))
+                .consistent_read(consistent)
+                .build()
+                .map_err(|e| build_error(OP, e))
+        };
+        let mut request = Some(
+            self.client
+                .batch_get_item()
+                .request_items(&self.workers, wanted(true)?)
+                .request_items(&self.table, wanted(false)?),
+        );
+        let (mut found, mut billed) = (HashMap::new(), ReadUnits::default());
+        let mut pause = POLL_INTERVAL;
+        for retry in 0..=UNPROCESSED_RETRIES {
+            let Some(sent) = request.take() else { break };
+            let answer = sent
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .map_err(|e| self.classify_in(&self.workers, OP, e))?;
+            billed += units(answer.consumed_capacity());
+            for (table, items) in answer.responses.unwrap_or_default() {
+                if let Some(item) = items.into_iter().next() {
+                    found.insert(table, item);
+                }
+            }
+            let unprocessed = answer.unprocessed_keys.unwrap_or_default();
+            if unprocessed.values().all(|k| k.keys.is_empty()) {
+                break;
+            }
+            if retry == UNPROCESSED_RETRIES {
+                return Err(LeaseError::Throttled {
+                    op: OP,
+                    message: format!(
+                        "roster rows still unprocessed after {UNPROCESSED_RETRIES} retries"
+                    ),
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            request = Some(
+                self.client
+                    .batch_get_item()
+                    .set_request_items(Some(unprocessed)),
+            );
+        }
+        let (workers, malformed) = roster_in(found.get(&self.workers));
+        let legacy = found.get(&self.table).map(|item| roster_in(Some(item)).0);
+        Ok(Rosters {
+            workers,
+            malformed,
+            legacy,
+            billed,
+        })
     }
 
     async fn read_heartbeats(
         &self,
         detail: HeartbeatDetail,
     ) -> Result<HeartbeatsOutput, LeaseError> {
-        let (roster, bad_roster, billed) = self.roster().await?;
+        let Rosters {
+            workers: roster,
+            malformed: bad_roster,
+            legacy: legacy_roster,
+            billed,
+        } = self.rosters().await?;
         let mut out = HeartbeatsOutput {
-            items_read: 1,
+            items_read: if self.split() { 2 } else { 1 },
             malformed: bad_roster.into_iter().collect(),
             read_units: billed,
             ..HeartbeatsOutput::default()
@@ -1474,8 +1756,35 @@ impl DynamoLeaseTable {
             // Rows the roster does not name are not this read's, as by key.
             out.heartbeats.retain(|h| roster.contains(&h.worker));
         }
-        self.batch_get_heartbeats(&by_key, &mut out).await?;
+        self.batch_get_heartbeats(&self.workers, &by_key, &mut out)
+            .await?;
         out.roster = roster;
+        if !self.split() {
+            return Ok(out);
+        }
+        self.dual().saw_roster(legacy_roster.is_some());
+        // The legacy rows of the workers the legacy roster names that the worker table
+        // does not show: workers of an older version.
+        let mut legacy = HeartbeatsOutput::default();
+        if let Some(names) = &legacy_roster {
+            let unseen: Vec<&WorkerId> = names
+                .iter()
+                .filter(|w| !out.heartbeats.iter().any(|h| &h.worker == *w))
+                .collect();
+            self.batch_get_heartbeats(&self.table, &unseen, &mut legacy)
+                .await?;
+            let more: Vec<WorkerId> = names
+                .iter()
+                .filter(|w| !out.roster.contains(w))
+                .cloned()
+                .collect();
+            out.roster.extend(more);
+        }
+        out.items_read += legacy.items_read;
+        out.read_units += legacy.read_units;
+        out.malformed.extend(legacy.malformed);
+        let own = std::mem::take(&mut out.heartbeats);
+        (out.heartbeats, out.legacy) = layout::merge(own, legacy_roster, legacy.heartbeats);
         Ok(out)
     }
 
@@ -1493,7 +1802,7 @@ impl DynamoLeaseTable {
             let page = self
                 .client
                 .query()
-                .table_name(&self.table)
+                .table_name(&self.workers)
                 .index_name(HEARTBEAT_INDEX)
                 .key_condition_expression("#k = :v")
                 .expression_attribute_names("#k", attr::HEARTBEAT_INDEX_KEY)
@@ -1506,7 +1815,7 @@ impl DynamoLeaseTable {
                 Ok(page) => page,
                 // "The table does not have the specified index".
                 Err(err) if err.code() == Some("ValidationException") => {
-                    warn!(message = "Heartbeat index query refused; heartbeats are read by key.", table = %self.table, index = HEARTBEAT_INDEX, error = %super::error_text(&err));
+                    warn!(message = "Heartbeat index query refused; heartbeats are read by key.", table = %self.workers, index = HEARTBEAT_INDEX, error = %super::error_text(&err));
                     *self.index.lock().unwrap_or_else(|e| e.into_inner()) = IndexState::Absent {
                         checked: Instant::now(),
                     };
@@ -1515,7 +1824,7 @@ impl DynamoLeaseTable {
                         .retain(|m| m.key.as_deref() == Some(ROSTER_KEY));
                     return Ok(None);
                 }
-                Err(err) => return Err(self.classify(OP, err)),
+                Err(err) => return Err(self.classify_in(&self.workers, OP, err)),
             };
             out.read_units += units(page.consumed_capacity());
             out.items_read += page.items().len();
@@ -1550,6 +1859,7 @@ impl DynamoLeaseTable {
     /// keys a call, unprocessed keys asked again), into `out`.
     async fn batch_get_heartbeats(
         &self,
+        name: &str,
         workers: &[&WorkerId],
         out: &mut HeartbeatsOutput,
     ) -> Result<(), LeaseError> {
@@ -1569,16 +1879,16 @@ impl DynamoLeaseTable {
                 let answer = self
                     .client
                     .batch_get_item()
-                    .request_items(&self.table, wanted)
+                    .request_items(name, wanted)
                     .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
                     .await
-                    .map_err(|e| self.classify(OP, e))?;
+                    .map_err(|e| self.classify_in(name, OP, e))?;
                 out.read_units += units(answer.consumed_capacity());
                 for item in answer
                     .responses
                     .as_ref()
-                    .and_then(|r| r.get(&self.table))
+                    .and_then(|r| r.get(name))
                     .into_iter()
                     .flatten()
                 {
@@ -1590,7 +1900,7 @@ impl DynamoLeaseTable {
                 }
                 keys = answer
                     .unprocessed_keys
-                    .and_then(|mut u| u.remove(&self.table))
+                    .and_then(|mut u| u.remove(name))
                     .map(|k| k.keys)
                     .unwrap_or_default();
                 if !keys.is_empty() {
@@ -1613,32 +1923,131 @@ impl DynamoLeaseTable {
     }
 
     async fn remove_dead_beat(&self, worker: &WorkerId, counter: u64) -> Result<bool, LeaseError> {
+        let one = std::slice::from_ref(worker);
+        if !self
+            .delete_beat_in(&self.workers, worker, BeatCheck::AbsentOrEquals(counter))
+            .await?
+        {
+            return Ok(false);
+        }
+        self.edit_roster_in(&self.workers, "DELETE", one).await?;
+        if self.split() {
+            if !self
+                .delete_beat_in(&self.table, worker, BeatCheck::AbsentOrAtMost(counter))
+                .await?
+            {
+                return Ok(false);
+            }
+            self.edit_roster_in(&self.table, "DELETE", one).await?;
+        }
+        Ok(true)
+    }
+
+    /// `LeaseTable::retire_legacy`: the legacy roster (conditional on naming exactly
+    /// the plan's workers: its size, and each of them), then the rows.
+    async fn retire(&self, plan: &Retirement) -> Result<bool, LeaseError> {
         const OP: &str = "DeleteItem";
+        if !self.split() {
+            return Ok(false);
+        }
         let mut p = Placeholders::default();
-        let (key, count) = (p.name(attr::LEASE_KEY), p.name(attr::LEASE_COUNTER));
-        let seen = p.value("seen", number(counter));
+        let key = p.name(attr::LEASE_KEY);
+        let condition = match &plan.roster {
+            None => format!("attribute_not_exists({key})"),
+            Some(names) if names.is_empty() => {
+                let set = p.name(attr::ROSTER_WORKERS);
+                format!("attribute_exists({key}) AND attribute_not_exists({set})")
+            }
+            Some(names) => {
+                let set = p.name(attr::ROSTER_WORKERS);
+                let size = p.value("size", number(names.len() as u64));
+                let mut terms = vec![
+                    format!("attribute_exists({key})"),
+                    format!("size({set}) = {size}"),
+                ];
+                for (i, name) in names.iter().enumerate() {
+                    let value = p.value(
+                        &format!("w{i}"),
+                        AttributeValue::S(name.as_str().to_owned()),
+                    );
+                    terms.push(format!("contains({set}, {value})"));
+                }
+                terms.join(" AND ")
+            }
+        };
         let result = self
             .client
             .delete_item()
             .table_name(&self.table)
-            .set_key(Some(Self::key(&heartbeat_key(worker))))
-            .condition_expression(format!("attribute_not_exists({key}) OR {count} = {seen}"))
+            .set_key(Some(Self::key(ROSTER_KEY)))
+            .condition_expression(condition)
             .set_expression_attribute_names(p.names())
             .set_expression_attribute_values(p.values())
             .send()
             .await;
-        match result {
-            Ok(_) => {}
-            Err(err) => {
-                return match err.as_service_error() {
-                    Some(DeleteItemError::ConditionalCheckFailedException(_)) => Ok(false),
-                    _ => Err(self.classify(OP, err)),
-                };
-            }
+        if let Err(err) = result {
+            return match err.as_service_error() {
+                Some(DeleteItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.classify(OP, err)),
+            };
         }
-        self.edit_roster("DELETE", std::slice::from_ref(worker))
-            .await?;
+        for (worker, counter) in &plan.rows {
+            let check = match counter {
+                Some(c) => BeatCheck::AbsentOrEquals(*c),
+                None => BeatCheck::AbsentOrAtMost(u64::MAX),
+            };
+            self.delete_beat_in(&self.table, worker, check).await?;
+        }
+        self.dual().saw_roster(false);
         Ok(true)
+    }
+}
+
+/// The workers a roster row names, read leniently (only its string set), and the
+/// malformed-row report when that attribute is not a string set.
+fn roster_in(item: Option<&SdkItem>) -> (Vec<WorkerId>, Option<MalformedRow>) {
+    match item.and_then(|i| i.get(attr::ROSTER_WORKERS)) {
+        None => (Vec::new(), None),
+        Some(AttributeValue::Ss(ids)) => (
+            ids.iter().map(|id| WorkerId::new(id.as_str())).collect(),
+            None,
+        ),
+        Some(_) => (
+            Vec::new(),
+            Some(MalformedRow {
+                key: Some(ROSTER_KEY.to_owned()),
+                attribute: attr::ROSTER_WORKERS.to_owned(),
+                why: "not a string set".to_owned(),
+            }),
+        ),
+    }
+}
+
+/// The two roster rows one round reads.
+struct Rosters {
+    /// The worker table's roster.
+    workers: Vec<WorkerId>,
+    /// Its report when it is not a string set.
+    malformed: Option<MalformedRow>,
+    /// The lease table's legacy roster, if there is one.
+    legacy: Option<Vec<WorkerId>>,
+    billed: ReadUnits,
+}
+
+/// A heartbeat row's condition as a DynamoDB condition expression (naming only the
+/// attributes it uses: DynamoDB refuses unused placeholders).
+fn beat_condition(p: &mut Placeholders, check: BeatCheck) -> String {
+    let absent =
+        |p: &mut Placeholders| format!("attribute_not_exists({})", p.name(attr::LEASE_KEY));
+    let compare = |p: &mut Placeholders, op: &str, c: u64| {
+        let counter = p.name(attr::LEASE_COUNTER);
+        format!("{counter} {op} {}", p.value("beat", number(c)))
+    };
+    match check {
+        BeatCheck::Absent => absent(p),
+        BeatCheck::Equals(c) => compare(p, "=", c),
+        BeatCheck::AbsentOrEquals(c) => format!("{} OR {}", absent(p), compare(p, "=", c)),
+        BeatCheck::AbsentOrAtMost(c) => format!("{} OR {}", absent(p), compare(p, "<=", c)),
     }
 }
 
@@ -1775,6 +2184,10 @@ impl LeaseTable for DynamoLeaseTable {
         &self.table
     }
 
+    fn worker_table_name(&self) -> &str {
+        &self.workers
+    }
+
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(async move { self.ensure_table_with(&TableOptions::default()).await })
     }
@@ -1896,7 +2309,7 @@ impl LeaseTable for DynamoLeaseTable {
     }
 
     fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(self.edit_roster("ADD", workers))
+        Box::pin(self.edit_roster_in(&self.workers, "ADD", workers))
     }
 
     fn heartbeats(
@@ -1912,6 +2325,13 @@ impl LeaseTable for DynamoLeaseTable {
         counter: u64,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(self.remove_dead_beat(worker, counter))
+    }
+
+    fn retire_legacy<'a>(
+        &'a self,
+        plan: &'a Retirement,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.retire(plan))
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
+use crate::backend::layout::{self, Dual, LegacyWrite, Place, Retirement};
 use crate::backend::{
     HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
 };
@@ -147,11 +148,28 @@ impl MemoryDynamo {
         self.tables.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A lease table handle; the table itself exists once `ensure_table` made it.
+    /// A lease table handle; the table itself, and its worker table
+    /// ([`layout::worker_table_name`]), exist once `ensure_table` made them.
     pub fn lease_table(&self, name: impl Into<String>) -> MemoryLeaseTable {
+        let name = name.into();
         MemoryLeaseTable {
             db: self.clone(),
-            name: name.into(),
+            workers: layout::worker_table_name(&name),
+            name,
+            dual: Arc::default(),
+        }
+    }
+
+    /// A lease table handle that keeps heartbeats and the roster in the lease table
+    /// itself, as flotilla did before the worker table: a worker of the older version,
+    /// for tests of the two side by side (`crate::backend::layout`).
+    pub fn older_version_lease_table(&self, name: impl Into<String>) -> MemoryLeaseTable {
+        let name = name.into();
+        MemoryLeaseTable {
+            db: self.clone(),
+            workers: name.clone(),
+            name,
+            dual: Arc::default(),
         }
     }
 
@@ -198,6 +216,14 @@ impl MemoryDynamo {
         self.lock().get(table)?.items.get(key).cloned()
     }
 
+    /// Every row of `table` as stored (none if there is no such table).
+    pub fn scan_raw(&self, table: &str) -> Vec<Item> {
+        self.lock()
+            .get(table)
+            .map(|t| t.items.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Writes a raw row, as another program (or a corrupting hand) might.
     pub fn put_raw(&self, table: &str, item: Item) -> Result<(), LeaseError> {
         let mut tables = self.lock();
@@ -227,11 +253,17 @@ fn not_found(op: &'static str, table: &str) -> LeaseError {
     }
 }
 
-/// One lease table of a [`MemoryDynamo`].
+/// One lease table of a [`MemoryDynamo`], with its worker table.
 #[derive(Debug, Clone)]
 pub struct MemoryLeaseTable {
     db: MemoryDynamo,
     name: String,
+    /// Where heartbeats and the roster live; the lease table's own name for a handle of
+    /// the older layout.
+    workers: String,
+    /// This handle's state towards the lease table's legacy rows (one per worker, as
+    /// each worker has its own handle).
+    dual: Arc<Mutex<Dual>>,
 }
 
 fn number(item: &Item, name: &str) -> Option<u64> {
@@ -253,6 +285,21 @@ fn owner_of(item: &Item) -> Option<WorkerId> {
 const TAKE_UNCHECKED: &str = "UpdateItem (mutant: unconditional take)";
 
 impl MemoryLeaseTable {
+    fn dual(&self) -> MutexGuard<'_, Dual> {
+        self.dual.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether heartbeats live in a worker table of their own (a handle of the older
+    /// layout keeps them in the lease table).
+    fn split(&self) -> bool {
+        self.workers != self.name
+    }
+
+    /// Whether the lease table may hold legacy rows that count (`layout::Dual::legacy`).
+    fn legacy_in_use(&self) -> bool {
+        self.split() && self.dual().legacy()
+    }
+
     /// Runs `write` on the row if it matches the fence, as a conditional update would.
     fn conditional<T>(
         &self,
@@ -274,26 +321,41 @@ impl MemoryLeaseTable {
         heartbeat: Option<(&WorkerId, Option<u64>)>,
         write: impl FnOnce(&mut Item) -> Result<T, LeaseError>,
     ) -> Result<T, LeaseError> {
+        let legacy = self.legacy_in_use();
         let mut tables = self.db.lock();
-        let table = tables
-            .get_mut(&self.name)
-            .ok_or_else(|| not_found(op, &self.name))?;
         if let Some((worker, expected)) = heartbeat
             && op != TAKE_UNCHECKED
         {
-            let beat = table.items.get(&heartbeat_key(worker));
-            let matches = match expected {
-                None => beat.is_none(),
-                Some(counter) => {
-                    beat.and_then(|row| number(row, attr::LEASE_COUNTER)) == Some(counter)
-                }
+            let key_of = heartbeat_key(worker);
+            let counter_in = |name: &str| {
+                tables
+                    .get(name)
+                    .and_then(|t| t.items.get(&key_of))
+                    .map(|row| number(row, attr::LEASE_COUNTER))
             };
+            let matches =
+                layout::beat_checks(expected, legacy)
+                    .into_iter()
+                    .all(|(place, check)| {
+                        let row = match place {
+                            Place::Workers => counter_in(&self.workers),
+                            Place::Legacy => counter_in(&self.name),
+                        };
+                        // A row without a readable counter stands for no counter at all.
+                        check.holds(row.map(|c| c.unwrap_or(u64::MAX)))
+                    });
             if !matches {
+                let table = tables
+                    .get_mut(&self.name)
+                    .ok_or_else(|| not_found(op, &self.name))?;
                 // The lease row is refused as it is (after its own fence is checked).
                 let row = fenced(key, fence, table.items.get_mut(key.as_str()))?;
                 return Err(refused(key, row));
             }
         }
+        let table = tables
+            .get_mut(&self.name)
+            .ok_or_else(|| not_found(op, &self.name))?;
         let row = if op == TAKE_UNCHECKED {
             // Mutant TakeWithoutCounterCheck: only the row's existence is checked.
             table
@@ -445,8 +507,87 @@ fn push_heartbeat(out: &mut HeartbeatsOutput, row: Result<Row, item::MalformedRo
     }
 }
 
+/// The heartbeat rows of `workers`, read by key as a strongly consistent BatchGetItem
+/// (billed per item asked for), into `out`.
+fn read_by_key(table: &Table, workers: &[&WorkerId], out: &mut HeartbeatsOutput) {
+    if workers.is_empty() {
+        return;
+    }
+    let rows: Vec<Option<&Item>> = workers
+        .iter()
+        .map(|w| table.items.get(&heartbeat_key(w)))
+        .collect();
+    out.items_read += rows.len();
+    out.read_units += ReadUnits::by_item(rows.iter().map(|r| r.map_or(0, item_size)), true);
+    for row in rows.into_iter().flatten() {
+        push_heartbeat(out, decode_row(row));
+    }
+}
+
+fn roster_has(roster: &[WorkerId], worker: &WorkerId) -> bool {
+    roster.contains(worker)
+}
+
 fn set_counter(item: &mut Item, value: u64) {
     item.insert(attr::LEASE_COUNTER.into(), AttrValue::N(value.to_string()));
+}
+
+fn table_mut<'t>(
+    tables: &'t mut BTreeMap<String, Table>,
+    name: &str,
+    op: &'static str,
+) -> Result<&'t mut Table, LeaseError> {
+    tables.get_mut(name).ok_or_else(|| not_found(op, name))
+}
+
+/// A heartbeat row written as the UpdateItem does it: the counter + 1 (`set`: `None`),
+/// or set to a given value (a legacy row, which takes its worker-table row's counter);
+/// returns the counter written.
+fn write_beat(table: &mut Table, worker: &WorkerId, load: &WorkerLoad, set: Option<u64>) -> u64 {
+    let key = heartbeat_key(worker);
+    let row = table.items.entry(key.clone()).or_default();
+    let counter = set.unwrap_or_else(|| number(row, attr::LEASE_COUNTER).unwrap_or(0) + 1);
+    row.insert(attr::LEASE_KEY.into(), AttrValue::S(key.clone()));
+    row.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_WORKER.into()));
+    row.insert(
+        attr::LEASE_OWNER.into(),
+        AttrValue::S(worker.as_str().into()),
+    );
+    set_counter(row, counter);
+    row.extend(load_attrs(load));
+    row.insert(
+        attr::HEARTBEAT_INDEX_KEY.into(),
+        AttrValue::S(ENTITY_WORKER.into()),
+    );
+    table.touched(&key);
+    counter
+}
+
+/// Deletes `worker`'s heartbeat row if `check` holds for it (absent counts as passing
+/// when the check allows it); `false` when it did not hold.
+fn remove_beat_if(table: &mut Table, worker: &WorkerId, check: layout::BeatCheck) -> bool {
+    let key = heartbeat_key(worker);
+    let counter = table
+        .items
+        .get(&key)
+        .map(|row| number(row, attr::LEASE_COUNTER).unwrap_or(u64::MAX));
+    if !check.holds(counter) {
+        return false;
+    }
+    if table.items.remove(&key).is_some() {
+        table.touched(&key);
+    }
+    true
+}
+
+/// The legacy roster of a lease table, if it has one.
+fn legacy_roster(table: &Table) -> Option<Vec<WorkerId>> {
+    table.items.contains_key(ROSTER_KEY).then(|| {
+        roster_of(table)
+            .iter()
+            .map(|id| WorkerId::new(id.as_str()))
+            .collect()
+    })
 }
 
 impl LeaseTable for MemoryLeaseTable {
@@ -454,53 +595,95 @@ impl LeaseTable for MemoryLeaseTable {
         &self.name
     }
 
+    fn worker_table_name(&self) -> &str {
+        &self.workers
+    }
+
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(async move {
             let refused = self.db.updates_refused.load(Ordering::SeqCst);
             let lag = self.db.index_lag();
             let mut tables = self.db.lock();
-            match tables.get_mut(&self.name) {
+            let mut ensure = |name: &str, index: bool| match tables.get_mut(name) {
                 Some(table) if table.key == (attr::LEASE_KEY.to_owned(), "S".to_owned()) => {
                     // UpdateTable adds the index (backfilled at once here) where allowed.
-                    if table.index.is_none() && !refused {
+                    if index && table.index.is_none() && !refused {
                         table.index = Some(BeatIndex::over(&table.items, lag));
                     }
                     Ok(TableState::Existed)
                 }
                 Some(table) => Err(LeaseError::WrongKeySchema {
-                    table: self.name.clone(),
+                    table: name.to_owned(),
                     found: format!("{} (HASH, {})", table.key.0, table.key.1),
                 }),
                 None => {
                     tables.insert(
-                        self.name.clone(),
+                        name.to_owned(),
                         Table {
                             key: (attr::LEASE_KEY.to_owned(), "S".to_owned()),
                             items: BTreeMap::new(),
-                            index: Some(BeatIndex::over(&BTreeMap::new(), lag)),
+                            index: index.then(|| BeatIndex::over(&BTreeMap::new(), lag)),
                         },
                     );
                     Ok(TableState::Created)
                 }
+            };
+            if !self.split() {
+                // The older layout: one table, with the heartbeat index.
+                return ensure(&self.name, true);
             }
+            let state = ensure(&self.name, false)?;
+            ensure(&self.workers, true)?;
+            let roster = tables.get(&self.name).and_then(legacy_roster).is_some();
+            self.dual().saw_roster(roster);
+            Ok(state)
         })
     }
 
     fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
         Box::pin(async move {
-            let items: Vec<Item> = {
+            let (items, worker_items): (Vec<Item>, Vec<Item>) = {
                 let tables = self.db.lock();
                 let table = tables
                     .get(&self.name)
                     .ok_or_else(|| not_found("Scan", &self.name))?;
-                table.items.values().cloned().collect()
+                let workers = match self.split() {
+                    true => tables
+                        .get(&self.workers)
+                        .ok_or_else(|| not_found("Scan", &self.workers))?
+                        .items
+                        .values()
+                        .cloned()
+                        .collect(),
+                    false => Vec::new(),
+                };
+                (table.items.values().cloned().collect(), workers)
             };
             let mut out = ScanOutput {
-                read_units: ReadUnits::by_page(items.iter().map(item_size).sum(), true),
+                read_units: ReadUnits::by_page(items.iter().map(item_size).sum(), true)
+                    + ReadUnits::by_page(worker_items.iter().map(item_size).sum(), true),
                 ..ScanOutput::default()
             };
+            let (mut own, mut legacy, mut roster) = (Vec::new(), Vec::new(), None);
             for item in &items {
-                out.push(decode_row(item));
+                match out.push(decode_row(item)) {
+                    Some(Row::Heartbeat(beat)) => legacy.push(beat),
+                    Some(Row::Roster(names)) => roster = Some(names),
+                    _ => {}
+                }
+            }
+            for item in &worker_items {
+                match decode_row(item) {
+                    Ok(Row::Heartbeat(beat)) => own.push(beat),
+                    Ok(_) => {}
+                    Err(malformed) => out.malformed.push(malformed),
+                }
+            }
+            if self.split() {
+                self.dual().saw_roster(roster.is_some());
+                (out.heartbeats, out.legacy) = layout::merge(own, roster, legacy);
+            } else {
+                out.heartbeats = legacy;
             }
             Ok(out)
         })
@@ -727,26 +910,37 @@ impl LeaseTable for MemoryLeaseTable {
     ) -> BoxFuture<'a, Result<u64, LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables
-                .get_mut(&self.name)
-                .ok_or_else(|| not_found("UpdateItem", &self.name))?;
-            let key = heartbeat_key(worker);
-            let row = table.items.entry(key.clone()).or_default();
-            let counter = number(row, attr::LEASE_COUNTER).unwrap_or(0) + 1;
-            row.insert(attr::LEASE_KEY.into(), AttrValue::S(key));
-            row.insert(attr::ENTITY_TYPE.into(), AttrValue::S(ENTITY_WORKER.into()));
-            row.insert(
-                attr::LEASE_OWNER.into(),
-                AttrValue::S(worker.as_str().into()),
+            let counter = write_beat(
+                table_mut(&mut tables, &self.workers, "UpdateItem")?,
+                worker,
+                load,
+                None,
             );
-            set_counter(row, counter);
-            row.extend(load_attrs(load));
-            row.insert(
-                attr::HEARTBEAT_INDEX_KEY.into(),
-                AttrValue::S(ENTITY_WORKER.into()),
-            );
-            let key = heartbeat_key(worker);
-            table.touched(&key);
+            if !self.split() {
+                return Ok(counter);
+            }
+            let write = self.dual().next();
+            let leases = table_mut(&mut tables, &self.name, "UpdateItem")?;
+            let existed = match write {
+                LegacyWrite::Nothing => true,
+                LegacyWrite::Join => {
+                    write_beat(leases, worker, load, Some(counter));
+                    edit_roster(leases, std::slice::from_ref(worker), &[]);
+                    true
+                }
+                LegacyWrite::Update => {
+                    let there = leases.items.contains_key(&heartbeat_key(worker));
+                    if there {
+                        write_beat(leases, worker, load, Some(counter));
+                    }
+                    there
+                }
+                LegacyWrite::Leave => {
+                    remove_beat_if(leases, worker, layout::BeatCheck::AbsentOrAtMost(u64::MAX));
+                    true
+                }
+            };
+            self.dual().done(write, existed);
             Ok(counter)
         })
     }
@@ -757,13 +951,16 @@ impl LeaseTable for MemoryLeaseTable {
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables
-                .get_mut(&self.name)
-                .ok_or_else(|| not_found("DeleteItem", &self.name))?;
-            let key = item::heartbeat_key(worker);
-            table.items.remove(&key);
-            table.touched(&key);
+            let any = layout::BeatCheck::AbsentOrAtMost(u64::MAX);
+            let table = table_mut(&mut tables, &self.workers, "DeleteItem")?;
+            remove_beat_if(table, worker, any);
             edit_roster(table, &[], std::slice::from_ref(worker));
+            if self.split() {
+                let leases = table_mut(&mut tables, &self.name, "DeleteItem")?;
+                remove_beat_if(leases, worker, any);
+                edit_roster(leases, &[], std::slice::from_ref(worker));
+                self.dual().removed();
+            }
             Ok(())
         })
     }
@@ -771,10 +968,11 @@ impl LeaseTable for MemoryLeaseTable {
     fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables
-                .get_mut(&self.name)
-                .ok_or_else(|| not_found("UpdateItem", &self.name))?;
-            edit_roster(table, workers, &[]);
+            edit_roster(
+                table_mut(&mut tables, &self.workers, "UpdateItem")?,
+                workers,
+                &[],
+            );
             Ok(())
         })
     }
@@ -785,14 +983,13 @@ impl LeaseTable for MemoryLeaseTable {
     ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables
-                .get_mut(&self.name)
-                .ok_or_else(|| not_found("GetItem", &self.name))?;
+            let table = table_mut(&mut tables, &self.workers, "GetItem")?;
             let roster: Vec<WorkerId> = roster_of(table)
                 .iter()
                 .map(|id| WorkerId::new(id.as_str()))
                 .collect();
-            // The roster: a strongly consistent GetItem.
+            // The roster: a strongly consistent read (with the legacy roster, one
+            // BatchGetItem).
             let roster_bytes = table.items.get(ROSTER_KEY).map_or(0, item_size);
             let mut out = HeartbeatsOutput {
                 items_read: 1,
@@ -820,20 +1017,38 @@ impl LeaseTable for MemoryLeaseTable {
                 }
                 None => by_key.extend(&roster),
             }
-            if !by_key.is_empty() {
-                // A strongly consistent BatchGetItem, billed per item asked for.
-                let rows: Vec<Option<&Item>> = by_key
-                    .iter()
-                    .map(|w| table.items.get(&heartbeat_key(w)))
-                    .collect();
-                out.items_read += rows.len();
-                out.read_units +=
-                    ReadUnits::by_item(rows.iter().map(|r| r.map_or(0, item_size)), true);
-                for row in rows.into_iter().flatten() {
-                    push_heartbeat(&mut out, decode_row(row));
-                }
-            }
+            read_by_key(table, &by_key, &mut out);
             out.roster = roster;
+            if !self.split() {
+                return Ok(out);
+            }
+            // The legacy roster, in the same BatchGetItem as the roster, then the legacy
+            // rows of the workers it names that the worker table does not show.
+            let leases = table_mut(&mut tables, &self.name, "BatchGetItem")?;
+            let legacy_names = legacy_roster(leases);
+            out.items_read += 1;
+            out.read_units +=
+                ReadUnits::by_item([leases.items.get(ROSTER_KEY).map_or(0, item_size)], true);
+            self.dual().saw_roster(legacy_names.is_some());
+            let mut legacy = HeartbeatsOutput::default();
+            if let Some(names) = &legacy_names {
+                let unseen: Vec<&WorkerId> = names
+                    .iter()
+                    .filter(|w| !out.heartbeats.iter().any(|h| &h.worker == *w))
+                    .collect();
+                read_by_key(leases, &unseen, &mut legacy);
+                let more: Vec<WorkerId> = names
+                    .iter()
+                    .filter(|w| !roster_has(&out.roster, w))
+                    .cloned()
+                    .collect();
+                out.roster.extend(more);
+            }
+            out.items_read += legacy.items_read;
+            out.read_units += legacy.read_units;
+            out.malformed.extend(legacy.malformed);
+            let own = std::mem::take(&mut out.heartbeats);
+            (out.heartbeats, out.legacy) = layout::merge(own, legacy_names, legacy.heartbeats);
             Ok(out)
         })
     }
@@ -845,18 +1060,51 @@ impl LeaseTable for MemoryLeaseTable {
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(async move {
             let mut tables = self.db.lock();
-            let table = tables
-                .get_mut(&self.name)
-                .ok_or_else(|| not_found("DeleteItem", &self.name))?;
-            let key = heartbeat_key(worker);
-            if let Some(row) = table.items.get(&key) {
-                if number(row, attr::LEASE_COUNTER) != Some(counter) {
-                    return Ok(false);
-                }
-                table.items.remove(&key);
-                table.touched(&key);
+            let table = table_mut(&mut tables, &self.workers, "DeleteItem")?;
+            if !remove_beat_if(table, worker, layout::BeatCheck::AbsentOrEquals(counter)) {
+                return Ok(false);
             }
             edit_roster(table, &[], std::slice::from_ref(worker));
+            if self.split() {
+                let leases = table_mut(&mut tables, &self.name, "DeleteItem")?;
+                if !remove_beat_if(leases, worker, layout::BeatCheck::AbsentOrAtMost(counter)) {
+                    return Ok(false);
+                }
+                edit_roster(leases, &[], std::slice::from_ref(worker));
+            }
+            Ok(true)
+        })
+    }
+
+    fn retire_legacy<'a>(
+        &'a self,
+        plan: &'a Retirement,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            if !self.split() {
+                return Ok(false);
+            }
+            let mut tables = self.db.lock();
+            let leases = table_mut(&mut tables, &self.name, "DeleteItem")?;
+            let names = |list: &[WorkerId]| -> std::collections::BTreeSet<String> {
+                list.iter().map(|w| w.as_str().to_owned()).collect()
+            };
+            let now = legacy_roster(leases);
+            if now.as_deref().map(names) != plan.roster.as_deref().map(names) {
+                return Ok(false);
+            }
+            if leases.items.remove(ROSTER_KEY).is_some() {
+                leases.touched(ROSTER_KEY);
+            }
+            for (worker, counter) in &plan.rows {
+                let check = match counter {
+                    Some(c) => layout::BeatCheck::AbsentOrEquals(*c),
+                    None => layout::BeatCheck::AbsentOrAtMost(u64::MAX),
+                };
+                remove_beat_if(leases, worker, check);
+            }
+            let mut dual = self.dual();
+            dual.saw_roster(false);
             Ok(true)
         })
     }
