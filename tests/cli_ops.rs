@@ -1121,7 +1121,10 @@ async fn destroy_asks_for_confirmation_and_scripts_pass_yes() {
     let out = fx.run(&["destroy"], &["--yes"]).await;
     assert_ok(&out);
     assert!(
-        text(&out.stdout).contains("lease table destroy-confirm: deleted"),
+        text(&out.stdout).contains(
+            "lease table destroy-confirm: deleted, with its worker table \
+             destroy-confirm-FlotillaWorkers"
+        ),
         "{}",
         text(&out.stdout)
     );
@@ -1303,7 +1306,20 @@ async fn described(
         .billing_mode_summary()
         .and_then(|b| b.billing_mode())
         .map_or("PROVISIONED".to_owned(), |b| b.as_str().to_owned());
-    let index = table.global_secondary_indexes()[0].provisioned_throughput();
+    // The heartbeat index is on the worker table, made with the same options.
+    let workers = client
+        .describe_table()
+        .table_name(format!("{app}-FlotillaWorkers"))
+        .send()
+        .await
+        .unwrap()
+        .table
+        .unwrap();
+    assert!(
+        table.global_secondary_indexes().is_empty(),
+        "the lease table has no index (the KCL's is made so)"
+    );
+    let index = workers.global_secondary_indexes()[0].provisioned_throughput();
     let tags = client
         .list_tags_of_resource()
         .resource_arn(table.table_arn().unwrap())
@@ -1360,7 +1376,8 @@ async fn init_makes_a_provisioned_protected_tagged_table_and_changes_only_what_i
     assert_eq!(
         text(&out.stdout),
         "lease table prod-app: created; provisioned 5 RCU / 3 WCU, point-in-time recovery not \
-         supported by this server, deletion protection on\n"
+         supported by this server, deletion protection on; heartbeats in \
+         prod-app-FlotillaWorkers\n"
     );
     let (billing, table, index, protected, mut tags) = described(&endpoint, "prod-app").await;
     tags.sort();

@@ -2,14 +2,16 @@
 //!
 //! * the Kubernetes manifests and the CloudFormation template parse, and say what the
 //!   service needs (a grace period that covers the drain, probes on the status port,
-//!   a locked-down pod, a lease table with PITR and deletion protection, metrics fenced
-//!   by namespace);
+//!   a locked-down pod, a lease table with PITR and deletion protection and without
+//!   flotilla's index, a worker table named as the workers derive it with the heartbeat
+//!   index, metrics fenced by namespace);
 //! * the IAM policies grant exactly the AWS actions the adapters call, on the resources
 //!   they call them on, no more and no fewer, for each source (a Kinesis stream, a
 //!   DynamoDB table's stream) and read mode: each adapter's `IAM_ACTIONS` is checked
 //!   against the SDK calls in its source, and the policies against the union of the
 //!   `IAM_ACTIONS` of the adapters a worker of that source uses, less what a worker
-//!   never does;
+//!   never does, each action on the resources it acts on (for the lease adapter, per
+//!   table: [`LEASE_ADAPTER_TABLES`]);
 //! * the Dockerfile is multi-stage, runs as a numeric non-root user and stops on SIGTERM.
 //!
 //! The CloudFormation template uses the short-form tags (`!Ref`, `!Sub`, `!GetAtt`...);
@@ -24,6 +26,7 @@ use std::time::Duration;
 use flotilla_actors::backend::aws::{
     CLOUDWATCH_IAM_ACTIONS, DYNAMODB_IAM_ACTIONS, DYNAMODB_STREAMS_IAM_ACTIONS, KINESIS_IAM_ACTIONS,
 };
+use flotilla_actors::backend::layout::{WORKER_TABLE_SUFFIX, worker_table_name};
 use flotilla_actors::model::item::{HEARTBEAT_INDEX, HEARTBEAT_INDEX_PROJECTION, attr};
 use flotilla_actors::model::{Source, SourceKind};
 use flotilla_actors::settings::Settings;
@@ -40,11 +43,15 @@ enum On {
     TableStream,
     /// The source table itself (`…:table/TABLE`), to find its current stream.
     SourceTable,
-    /// The lease table.
+    /// The lease table (`…:table/APPLICATION`): lease rows only.
     LeaseTable,
-    /// The lease table's heartbeat index (`…:table/NAME/index/flotilla-heartbeats`),
-    /// which a round Queries.
-    LeaseTableIndex,
+    /// The worker table (`…:table/APPLICATION-FlotillaWorkers`): the heartbeats and
+    /// the roster.
+    WorkerTable,
+    /// The worker table's heartbeat index
+    /// (`…:table/APPLICATION-FlotillaWorkers/index/flotilla-heartbeats`), which a round
+    /// Queries.
+    WorkerTableIndex,
     /// `*`: PutMetricData has no resource-level permissions (a condition fences it).
     Anything,
 }
@@ -66,8 +73,9 @@ struct Adapter {
     never_granted: &'static [&'static str],
     /// The sources whose workers use it.
     sources: &'static [SourceKind],
-    /// What each of its actions is on.
-    on: fn(&str) -> On,
+    /// What each of its actions is on (one resource, or several: the lease adapter
+    /// makes some calls on both of its tables).
+    on: fn(&str) -> &'static [On],
 }
 
 const EVERY_SOURCE: &[SourceKind] = &[SourceKind::Kinesis, SourceKind::DynamoDbStreams];
@@ -94,9 +102,9 @@ const ADAPTERS: &[Adapter] = &[
         sources: &[SourceKind::Kinesis],
         on: |action| {
             if ON_THE_CONSUMER.contains(&action) {
-                On::Consumer
+                &[On::Consumer]
             } else {
-                On::Stream
+                &[On::Stream]
             }
         },
     },
@@ -117,9 +125,9 @@ const ADAPTERS: &[Adapter] = &[
         sources: &[SourceKind::DynamoDbStreams],
         on: |action| {
             if action == "dynamodb:DescribeTable" {
-                On::SourceTable
+                &[On::SourceTable]
             } else {
-                On::TableStream
+                &[On::TableStream]
             }
         },
     },
@@ -128,7 +136,10 @@ const ADAPTERS: &[Adapter] = &[
         clients: &["client"],
         service: "dynamodb",
         declared: DYNAMODB_IAM_ACTIONS,
-        // `flotilla destroy`'s and `flotilla init`'s table options.
+        // `flotilla destroy`'s and `flotilla init`'s table options. (`flotilla init`'s
+        // UpdateTable for deletion protection, on the lease table, is the same action as
+        // a worker's UpdateTable of the worker table, which LEASE_ADAPTER_TABLES grants
+        // on the worker table only.)
         never_granted: &[
             "dynamodb:DeleteTable",
             "dynamodb:DescribeContinuousBackups",
@@ -137,11 +148,13 @@ const ADAPTERS: &[Adapter] = &[
         ],
         sources: EVERY_SOURCE,
         on: |action| {
-            if action == "dynamodb:Query" {
-                On::LeaseTableIndex
-            } else {
-                On::LeaseTable
-            }
+            LEASE_ADAPTER_TABLES
+                .iter()
+                .find(|(a, _)| *a == action)
+                .map(|(_, on)| *on)
+                .unwrap_or_else(|| {
+                    panic!("{action}: LEASE_ADAPTER_TABLES does not say which table it is on")
+                })
         },
     },
     Adapter {
@@ -151,8 +164,40 @@ const ADAPTERS: &[Adapter] = &[
         declared: CLOUDWATCH_IAM_ACTIONS,
         never_granted: &[],
         sources: EVERY_SOURCE,
-        on: |_| On::Anything,
+        on: |_| &[On::Anything],
     },
+];
+
+/// Which of its two tables (`flotilla_actors::backend::layout`) each of the lease
+/// adapter's worker calls acts on, mirroring `actors/src/backend/aws/dynamodb.rs` (its
+/// `IAM_ACTIONS` is the union, and its doc comment says the same split): the lease
+/// table holds lease rows only, so that the Java KCL, which reads every row of it as a
+/// lease, can share it; flotilla's heartbeat rows and roster are in the worker table.
+///
+/// On the lease table: the leases (Scan to list them, PutItem to create one, GetItem,
+/// UpdateItem, DeleteItem), and the legacy rows an older flotilla left there (read with
+/// the Scan and BatchGetItem, written and retired with UpdateItem and DeleteItem,
+/// checked in a take's TransactWriteItems with ConditionCheckItem). No UpdateTable (the
+/// lease table has no index of flotilla's) and no Query.
+///
+/// On the worker table: UpdateTable only to add the heartbeat index to a table that
+/// lacks it; the rows are written with UpdateItem, never PutItem, and read with
+/// BatchGetItem, Scan or a Query of the index, never GetItem.
+const LEASE_ADAPTER_TABLES: &[(&str, &[On])] = &[
+    ("dynamodb:DescribeTable", &[On::LeaseTable, On::WorkerTable]),
+    ("dynamodb:CreateTable", &[On::LeaseTable, On::WorkerTable]),
+    ("dynamodb:UpdateTable", &[On::WorkerTable]),
+    ("dynamodb:Scan", &[On::LeaseTable, On::WorkerTable]),
+    ("dynamodb:Query", &[On::WorkerTableIndex]),
+    ("dynamodb:GetItem", &[On::LeaseTable]),
+    ("dynamodb:BatchGetItem", &[On::LeaseTable, On::WorkerTable]),
+    ("dynamodb:PutItem", &[On::LeaseTable]),
+    ("dynamodb:UpdateItem", &[On::LeaseTable, On::WorkerTable]),
+    ("dynamodb:DeleteItem", &[On::LeaseTable, On::WorkerTable]),
+    (
+        "dynamodb:ConditionCheckItem",
+        &[On::LeaseTable, On::WorkerTable],
+    ),
 ];
 
 /// What only a worker in fan-out mode calls (reader.mode = "fanout", Kinesis only):
@@ -167,13 +212,14 @@ const FANOUT_ONLY: &[&str] = &[
 /// The actions on a fan-out consumer's ARN rather than the stream's.
 const ON_THE_CONSUMER: &[&str] = &["kinesis:DescribeStreamConsumer", "kinesis:SubscribeToShard"];
 
-/// Not granted by the CloudFormation stack, which makes the lease table itself, with
-/// its heartbeat index (a worker calls CreateTable only when the table is missing, and
-/// UpdateTable only when it lacks the index). The standalone policies, for tables made
-/// by the first worker, do grant them.
+/// Not granted by the CloudFormation stack, which makes both tables itself, the worker
+/// table with its heartbeat index (a worker calls CreateTable only when a table is
+/// missing, and UpdateTable only when the worker table lacks the index). The standalone
+/// policies, for tables made by the first worker, do grant them.
 const MADE_BY_THE_STACK: &[(&str, On)] = &[
     ("dynamodb:CreateTable", On::LeaseTable),
-    ("dynamodb:UpdateTable", On::LeaseTable),
+    ("dynamodb:CreateTable", On::WorkerTable),
+    ("dynamodb:UpdateTable", On::WorkerTable),
 ];
 
 /// A worker's source and read mode: what decides the calls it makes.
@@ -638,6 +684,13 @@ fn resource<'a>(template: &'a Value, kind: &str) -> &'a Value {
     found[0]
 }
 
+/// The resource `name` (its logical id) of the template, which must be of type `kind`.
+fn named<'a>(template: &'a Value, name: &str, kind: &str) -> &'a Value {
+    let found = at(template, "template", &["Resources", name]);
+    assert_eq!(text(found, name, &["Type"]), kind, "{name}'s type");
+    found
+}
+
 /// The statements in force: a statement may be `!If [CONDITION, S, !Ref AWS::NoValue]`,
 /// present when `holds(CONDITION)`.
 fn statements<'a>(policy_document: &'a Value, holds: &dyn Fn(&str) -> bool) -> Vec<&'a Value> {
@@ -684,7 +737,9 @@ fn actions(statement: &Value) -> Vec<String> {
 }
 
 /// The resources a policy may name, exactly, and what each is: in the template
-/// (`!Sub` text, or `!GetAtt LeaseTable.Arn`)...
+/// (`!Sub` text, or `!GetAtt LeaseTable.Arn`)... (the two tables' names and the
+/// index's are checked against the code by
+/// `the_policies_name_the_tables_and_the_index_the_code_uses`)
 const TEMPLATE_RESOURCES: &[(&str, On)] = &[
     (
         "arn:${AWS::Partition}:kinesis:${AWS::Region}:${AWS::AccountId}:stream/${StreamName}",
@@ -703,9 +758,10 @@ const TEMPLATE_RESOURCES: &[(&str, On)] = &[
         On::SourceTable,
     ),
     ("!GetAtt LeaseTable.Arn", On::LeaseTable),
+    ("!GetAtt WorkerTable.Arn", On::WorkerTable),
     (
-        "${LeaseTable.Arn}/index/flotilla-heartbeats",
-        On::LeaseTableIndex,
+        "${WorkerTable.Arn}/index/flotilla-heartbeats",
+        On::WorkerTableIndex,
     ),
     ("*", On::Anything),
 ];
@@ -733,8 +789,12 @@ const POLICY_RESOURCES: &[(&str, On)] = &[
         On::LeaseTable,
     ),
     (
-        "arn:aws:dynamodb:${Region}:${AccountId}:table/${ApplicationName}/index/flotilla-heartbeats",
-        On::LeaseTableIndex,
+        "arn:aws:dynamodb:${Region}:${AccountId}:table/${ApplicationName}-FlotillaWorkers",
+        On::WorkerTable,
+    ),
+    (
+        "arn:aws:dynamodb:${Region}:${AccountId}:table/${ApplicationName}-FlotillaWorkers/index/flotilla-heartbeats",
+        On::WorkerTableIndex,
     ),
     ("*", On::Anything),
 ];
@@ -761,27 +821,38 @@ fn resource_text(statement: &Value) -> String {
 /// actions, Deny statements (whose arithmetic this test does not do), a resource that
 /// is none of `resources`, and an action granted twice on one resource.
 fn granted(statements: &[&Value], resources: &[(&str, On)]) -> BTreeSet<Permission> {
+    try_granted(statements, resources).unwrap_or_else(|refusal| panic!("{refusal}"))
+}
+
+/// [`granted`], with what it refuses as an error.
+fn try_granted(
+    statements: &[&Value],
+    resources: &[(&str, On)],
+) -> Result<BTreeSet<Permission>, String> {
     let mut all = BTreeSet::new();
     for statement in statements {
-        assert_eq!(text(statement, "statement", &["Effect"]), "Allow");
+        let effect = text(statement, "statement", &["Effect"]);
+        if effect != "Allow" {
+            return Err(format!(
+                "Effect {effect}: only Allow statements are checked"
+            ));
+        }
         let resource = resource_text(statement);
         let on = resources
             .iter()
             .find(|(known, _)| *known == resource)
             .map(|(_, on)| *on)
-            .unwrap_or_else(|| panic!("Resource {resource}: not a resource a worker uses"));
+            .ok_or_else(|| format!("Resource {resource}: not a resource a worker uses"))?;
         for action in actions(statement) {
-            assert!(
-                !action.contains('*'),
-                "{action}: a wildcard is not least privilege"
-            );
-            assert!(
-                all.insert((action.clone(), on)),
-                "{action} is granted twice on {resource}"
-            );
+            if action.contains('*') {
+                return Err(format!("{action}: a wildcard is not least privilege"));
+            }
+            if !all.insert((action.clone(), on)) {
+                return Err(format!("{action} is granted twice on {resource}"));
+            }
         }
     }
-    all
+    Ok(all)
 }
 
 /// The statement that grants `action` (the first, whatever the conditions).
@@ -946,6 +1017,11 @@ impl Stack {
         refused
     }
 
+    /// The worker policy's document, to change for a test of the checks.
+    fn policy_mut(&mut self) -> &mut Value {
+        &mut self.template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]
+    }
+
     /// The worker policy's statements in force.
     fn statements(&self) -> Vec<&Value> {
         statements(worker_policy(&self.template), &|c| self.condition(c))
@@ -979,6 +1055,8 @@ fn the_template_declares_its_parameters_and_outputs() {
     for output in [
         "LeaseTableName",
         "LeaseTableArn",
+        "WorkerTableName",
+        "WorkerTableArn",
         "StreamArn",
         "WorkerStream",
         "WorkerPolicyArn",
@@ -991,34 +1069,28 @@ fn the_template_declares_its_parameters_and_outputs() {
     at(&template, "template", &["Conditions", condition]);
 }
 
-#[test]
-fn the_lease_table_is_on_demand_keyed_by_lease_key_and_protected() {
-    let template = template();
-    let table = at(
-        resource(&template, "AWS::DynamoDB::Table"),
-        "LeaseTable",
-        &["Properties"],
-    );
-    let name = tagged(at(table, "LeaseTable", &["TableName"]));
+/// A table of the template: on demand, keyed by `leaseKey` alone, kept when the stack
+/// goes and protected from deletion; its attribute definitions as (name, type).
+fn keyed_by_lease_key(table: &Value, what: &str) -> Vec<(String, String)> {
     assert_eq!(
-        name.map(|(tag, arg)| (tag, arg.as_str().unwrap().to_owned())),
-        Some(("!Ref".to_owned(), "ApplicationName".to_owned())),
-        "the table must be named after the application"
+        text(table, what, &["DeletionPolicy"]),
+        "Retain",
+        "{what} must outlive the stack"
     );
+    assert_eq!(text(table, what, &["UpdateReplacePolicy"]), "Retain");
+    let properties = at(table, what, &["Properties"]);
+    assert_eq!(text(properties, what, &["BillingMode"]), "PAY_PER_REQUEST");
+    assert!(flag(properties, what, &["DeletionProtectionEnabled"]));
+    let key = at(properties, what, &["KeySchema"]).as_sequence().unwrap();
+    assert_eq!(key.len(), 1, "{what} has a hash key only");
     assert_eq!(
-        text(table, "LeaseTable", &["BillingMode"]),
-        "PAY_PER_REQUEST"
+        text(&key[0], "KeySchema", &["AttributeName"]),
+        attr::LEASE_KEY
     );
-    let key = at(table, "LeaseTable", &["KeySchema"])
-        .as_sequence()
-        .unwrap();
-    assert_eq!(key.len(), 1, "the KCL lease table has a hash key only");
-    assert_eq!(text(&key[0], "KeySchema", &["AttributeName"]), "leaseKey");
     assert_eq!(text(&key[0], "KeySchema", &["KeyType"]), "HASH");
-    let attributes = at(table, "LeaseTable", &["AttributeDefinitions"])
+    at(properties, what, &["AttributeDefinitions"])
         .as_sequence()
-        .unwrap();
-    let defined: Vec<(String, String)> = attributes
+        .unwrap()
         .iter()
         .map(|a| {
             (
@@ -1026,17 +1098,81 @@ fn the_lease_table_is_on_demand_keyed_by_lease_key_and_protected() {
                 text(a, "AttributeDefinitions", &["AttributeType"]).to_owned(),
             )
         })
+        .collect()
+}
+
+#[test]
+fn the_template_makes_the_lease_table_and_the_worker_table() {
+    let template = template();
+    let tables: BTreeSet<&str> = at(&template, "template", &["Resources"])
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::DynamoDB::Table"))
+        .map(|(name, _)| name.as_str().unwrap())
         .collect();
+    assert_eq!(tables, ["LeaseTable", "WorkerTable"].into());
+}
+
+#[test]
+fn the_lease_table_is_on_demand_keyed_by_lease_key_protected_and_holds_no_index() {
+    let template = template();
+    let resource = named(&template, "LeaseTable", "AWS::DynamoDB::Table");
+    let table = at(resource, "LeaseTable", &["Properties"]);
+    let name = tagged(at(table, "LeaseTable", &["TableName"]));
     assert_eq!(
-        defined,
+        name.map(|(tag, arg)| (tag, arg.as_str().unwrap().to_owned())),
+        Some(("!Ref".to_owned(), "ApplicationName".to_owned())),
+        "the table must be named after the application"
+    );
+    // The KCL 2.x shape: the key and nothing else. The heartbeat index is the worker
+    // table's: the lease table holds no row it would index.
+    assert_eq!(
+        keyed_by_lease_key(resource, "LeaseTable"),
+        [(attr::LEASE_KEY.to_owned(), "S".to_owned())]
+    );
+    for index in ["GlobalSecondaryIndexes", "LocalSecondaryIndexes"] {
+        assert!(
+            table.get(index).is_none(),
+            "the lease table has {index}: flotilla's heartbeat index is on the worker table"
+        );
+    }
+    assert!(flag(
+        table,
+        "LeaseTable",
+        &[
+            "PointInTimeRecoverySpecification",
+            "PointInTimeRecoveryEnabled"
+        ]
+    ));
+}
+
+#[test]
+fn the_worker_table_is_named_as_the_workers_derive_it_and_has_the_heartbeat_index() {
+    let template = template();
+    let resource = named(&template, "WorkerTable", "AWS::DynamoDB::Table");
+    let table = at(resource, "WorkerTable", &["Properties"]);
+    let name = tagged(at(table, "WorkerTable", &["TableName"]));
+    assert_eq!(
+        name.map(|(tag, arg)| (tag, arg.as_str().unwrap().to_owned())),
+        Some(("!Sub".to_owned(), worker_table_name("${ApplicationName}"))),
+        "the worker table must be named as layout::worker_table_name names it"
+    );
+    let stack = Stack::of(CASES[0]);
+    assert_eq!(
+        stack.value(at(table, "WorkerTable", &["TableName"])),
+        worker_table_name(stack.parameter("ApplicationName"))
+    );
+    assert_eq!(
+        keyed_by_lease_key(resource, "WorkerTable"),
         [
-            ("leaseKey".to_owned(), "S".to_owned()),
+            (attr::LEASE_KEY.to_owned(), "S".to_owned()),
             (attr::HEARTBEAT_INDEX_KEY.to_owned(), "S".to_owned())
         ]
     );
     // The heartbeat index, as `ensure_table` makes it: sparse (keyed by an attribute
     // only heartbeat rows carry), projecting only what a round reads.
-    let indexes = at(table, "LeaseTable", &["GlobalSecondaryIndexes"])
+    let indexes = at(table, "WorkerTable", &["GlobalSecondaryIndexes"])
         .as_sequence()
         .unwrap();
     assert_eq!(indexes.len(), 1);
@@ -1060,15 +1196,23 @@ fn the_lease_table_is_on_demand_keyed_by_lease_key_and_protected() {
         .map(|a| a.as_str().unwrap())
         .collect();
     assert_eq!(projected, HEARTBEAT_INDEX_PROJECTION);
-    assert!(flag(
-        table,
-        "LeaseTable",
-        &[
-            "PointInTimeRecoverySpecification",
-            "PointInTimeRecoveryEnabled"
-        ]
-    ));
-    assert!(flag(table, "LeaseTable", &["DeletionProtectionEnabled"]));
+
+    // Every application name the template accepts leaves the worker table's name
+    // within DynamoDB's 255 characters.
+    let pattern = text(
+        &template,
+        "template",
+        &["Parameters", "ApplicationName", "AllowedPattern"],
+    );
+    let longest: usize = pattern
+        .rsplit_once(',')
+        .and_then(|(_, max)| max.strip_suffix('}'))
+        .and_then(|max| max.parse().ok())
+        .unwrap_or_else(|| panic!("ApplicationName's AllowedPattern {pattern}: no {{MIN,MAX}}"));
+    assert!(
+        longest + WORKER_TABLE_SUFFIX.len() <= 255,
+        "ApplicationName may be {longest} long: its worker table's name would exceed 255"
+    );
 }
 
 #[test]
@@ -1171,8 +1315,23 @@ fn worker_permissions(case: Case) -> BTreeSet<Permission> {
             {
                 continue;
             }
-            needed.insert((action.to_string(), (adapter.on)(action)));
+            for on in (adapter.on)(action) {
+                needed.insert((action.to_string(), *on));
+            }
         }
+    }
+    needed
+}
+
+/// What the stack's policy grants a worker of `case`: [`worker_permissions`] less what
+/// the stack makes itself ([`MADE_BY_THE_STACK`]).
+fn stack_worker_permissions(case: Case) -> BTreeSet<Permission> {
+    let mut needed = worker_permissions(case);
+    for (action, on) in MADE_BY_THE_STACK {
+        assert!(
+            needed.remove(&(action.to_string(), *on)),
+            "{action} on {on:?} is listed as made by the stack, but no worker calls it there"
+        );
     }
     needed
 }
@@ -1295,7 +1454,8 @@ fn a_table_stream_worker_makes_no_kinesis_call_and_a_kinesis_worker_no_streams_c
             (SourceKind::Kinesis, false) => [
                 On::Stream,
                 On::LeaseTable,
-                On::LeaseTableIndex,
+                On::WorkerTable,
+                On::WorkerTableIndex,
                 On::Anything,
             ]
             .into(),
@@ -1303,7 +1463,8 @@ fn a_table_stream_worker_makes_no_kinesis_call_and_a_kinesis_worker_no_streams_c
                 On::Stream,
                 On::Consumer,
                 On::LeaseTable,
-                On::LeaseTableIndex,
+                On::WorkerTable,
+                On::WorkerTableIndex,
                 On::Anything,
             ]
             .into(),
@@ -1311,7 +1472,8 @@ fn a_table_stream_worker_makes_no_kinesis_call_and_a_kinesis_worker_no_streams_c
                 On::TableStream,
                 On::SourceTable,
                 On::LeaseTable,
-                On::LeaseTableIndex,
+                On::WorkerTable,
+                On::WorkerTableIndex,
                 On::Anything,
             ]
             .into(),
@@ -1342,17 +1504,10 @@ fn the_stacks_policy_grants_exactly_what_a_worker_calls() {
         let stack = Stack::of(*case);
         assert_eq!(stack.refusals(), Vec::<String>::new(), "{case:?}");
         let granted = granted(&stack.statements(), TEMPLATE_RESOURCES);
-        let mut needed = worker_permissions(*case);
-        for (action, on) in MADE_BY_THE_STACK {
-            assert!(
-                needed.remove(&(action.to_string(), *on)),
-                "{action} is listed as made by the stack, but no worker calls it any more"
-            );
-        }
         assert_grants_exactly(
             &format!("deploy/cloudformation/flotilla.yaml's WorkerPolicy ({case:?})"),
             &granted,
-            &needed,
+            &stack_worker_permissions(*case),
         );
     }
     // The source types are the ones the code names.
@@ -1390,6 +1545,7 @@ fn the_stack_refuses_a_source_without_its_name_and_kinesis_options_for_a_table()
     for bad in [
         &[("SourceTable", "")][..],
         &[("SourceTable", "orders-audit")],
+        &[("SourceTable", worker_table_name("orders-audit").leak())],
         &[("ReadMode", "fanout")],
         &[("CreateStream", "true")],
     ] {
@@ -1479,6 +1635,195 @@ fn the_standalone_policies_grant_exactly_what_a_worker_calls() {
             "PutMetricData statement",
             &["Condition", "StringEquals", "cloudwatch:namespace"],
         );
+    }
+}
+
+#[test]
+fn the_lease_adapters_table_split_covers_exactly_the_calls_a_worker_makes() {
+    let adapter = ADAPTERS.iter().find(|a| a.file == "dynamodb.rs").unwrap();
+    let granted: Vec<&str> = adapter
+        .declared
+        .iter()
+        .copied()
+        .filter(|action| !adapter.never_granted.contains(action))
+        .collect();
+    let split: Vec<&str> = LEASE_ADAPTER_TABLES.iter().map(|(a, _)| *a).collect();
+    assert_eq!(
+        split.iter().collect::<BTreeSet<_>>().len(),
+        split.len(),
+        "LEASE_ADAPTER_TABLES lists an action twice"
+    );
+    assert_eq!(
+        split.iter().collect::<BTreeSet<_>>(),
+        granted.iter().collect::<BTreeSet<_>>(),
+        "LEASE_ADAPTER_TABLES must name the tables of exactly dynamodb.rs's IAM_ACTIONS \
+         (less what no worker makes)"
+    );
+    for (action, on) in LEASE_ADAPTER_TABLES {
+        assert!(!on.is_empty(), "{action} is on no table");
+        assert!(
+            on.iter()
+                .all(|on| matches!(on, On::LeaseTable | On::WorkerTable | On::WorkerTableIndex)),
+            "{action}: the lease adapter acts on its two tables and the index only"
+        );
+    }
+}
+
+#[test]
+fn the_policies_name_the_tables_and_the_index_the_code_uses() {
+    let table = |name: &str| format!("arn:aws:dynamodb:${{Region}}:${{AccountId}}:table/{name}");
+    let workers = worker_table_name("${ApplicationName}");
+    let expected = [
+        (table("${ApplicationName}"), On::LeaseTable),
+        (table(&workers), On::WorkerTable),
+        (
+            format!("{}/index/{HEARTBEAT_INDEX}", table(&workers)),
+            On::WorkerTableIndex,
+        ),
+    ];
+    for (arn, on) in &expected {
+        assert!(
+            POLICY_RESOURCES.contains(&(arn.as_str(), *on)),
+            "POLICY_RESOURCES does not know {arn} as {on:?}"
+        );
+    }
+    assert!(TEMPLATE_RESOURCES.contains(&(
+        format!("${{WorkerTable.Arn}}/index/{HEARTBEAT_INDEX}").as_str(),
+        On::WorkerTableIndex
+    )));
+}
+
+/// The statement of a policy document with this `Sid`.
+fn statement_mut<'a>(policy_document: &'a mut Value, sid: &str) -> &'a mut Value {
+    policy_document["Statement"]
+        .as_sequence_mut()
+        .expect("Statement is not a list")
+        .iter_mut()
+        .find(|s| s.get("Sid").and_then(Value::as_str) == Some(sid))
+        .unwrap_or_else(|| panic!("no statement {sid}"))
+}
+
+/// Drops the statement of a policy document with this `Sid`.
+fn drop_statement(policy_document: &mut Value, sid: &str) {
+    let all = policy_document["Statement"].as_sequence_mut().unwrap();
+    let before = all.len();
+    all.retain(|s| s.get("Sid").and_then(Value::as_str) != Some(sid));
+    assert_eq!(all.len(), before - 1, "no statement {sid}");
+}
+
+/// Sets `key` (Resource or Action) of statement `to` to that of statement `from`.
+fn copy_key(policy_document: &mut Value, key: &str, from: &str, to: &str) {
+    let value = statement_mut(policy_document, from)[key].clone();
+    statement_mut(policy_document, to)[key] = value;
+}
+
+/// `from` replaced by `to` in every string of `value`, through tags.
+fn replace_text(value: &mut Value, from: &str, to: &str) {
+    match value {
+        Value::String(text) => *text = text.replace(from, to),
+        Value::Sequence(items) => items.iter_mut().for_each(|v| replace_text(v, from, to)),
+        Value::Mapping(map) => map.iter_mut().for_each(|(_, v)| replace_text(v, from, to)),
+        Value::Tagged(tagged) => replace_text(&mut tagged.value, from, to),
+        _ => {}
+    }
+}
+
+/// A way to get the two tables wrong, applied to a policy document, given the text
+/// that names the worker table in it and the text that names the lease table.
+type MixUp = fn(&mut Value, &str, &str);
+
+const LEASE: &str = "KeepTheLeaseTable";
+const WORKERS: &str = "KeepTheWorkerTable";
+const INDEX: &str = "ReadTheHeartbeatIndex";
+
+const MIX_UPS: &[(&str, MixUp)] = &[
+    ("the two tables' statements swapped", |doc, _, _| {
+        let lease = statement_mut(doc, LEASE)["Resource"].clone();
+        copy_key(doc, "Resource", WORKERS, LEASE);
+        statement_mut(doc, WORKERS)["Resource"] = lease;
+    }),
+    (
+        "the lease table's statement on the worker table",
+        |doc, _, _| copy_key(doc, "Resource", WORKERS, LEASE),
+    ),
+    (
+        "the worker table's statement on the lease table",
+        |doc, _, _| copy_key(doc, "Resource", LEASE, WORKERS),
+    ),
+    (
+        "the lease table's actions on the worker table too",
+        |doc, _, _| copy_key(doc, "Action", LEASE, WORKERS),
+    ),
+    (
+        "the worker table's actions on the lease table too",
+        |doc, _, _| copy_key(doc, "Action", WORKERS, LEASE),
+    ),
+    ("no statement on the worker table", |doc, _, _| {
+        drop_statement(doc, WORKERS)
+    }),
+    ("nothing on the worker table or its index", |doc, _, _| {
+        drop_statement(doc, WORKERS);
+        drop_statement(doc, INDEX);
+    }),
+    (
+        "the heartbeat index of the lease table",
+        |doc, workers, lease| {
+            let resource = &mut statement_mut(doc, INDEX)["Resource"];
+            let before = resource.clone();
+            replace_text(resource, workers, lease);
+            assert_ne!(*resource, before, "{workers} is not in the index's ARN");
+        },
+    ),
+];
+
+/// Whether `statements` pass [`granted`] and grant exactly `needed`.
+fn grants_exactly(
+    statements: &[&Value],
+    resources: &[(&str, On)],
+    needed: &BTreeSet<Permission>,
+) -> bool {
+    try_granted(statements, resources).is_ok_and(|granted| &granted == needed)
+}
+
+#[test]
+fn a_policy_that_mixes_up_the_tables_or_leaves_out_the_worker_table_fails_the_check() {
+    for (file, case) in STANDALONE_POLICIES {
+        let needed = worker_permissions(*case);
+        let passes = |policy: &Value| {
+            grants_exactly(
+                &statements(policy, &|c| panic!("{file}: a condition {c}")),
+                POLICY_RESOURCES,
+                &needed,
+            )
+        };
+        let policy = yaml(file);
+        assert!(passes(&policy), "{file} as it is fails the check");
+        for (mix_up, change) in MIX_UPS {
+            let mut changed = policy.clone();
+            change(
+                &mut changed,
+                "${ApplicationName}-FlotillaWorkers",
+                "${ApplicationName}",
+            );
+            assert!(!passes(&changed), "{file} with {mix_up} passes the check");
+        }
+    }
+    for case in CASES {
+        let needed = stack_worker_permissions(*case);
+        let passes =
+            |stack: &Stack| grants_exactly(&stack.statements(), TEMPLATE_RESOURCES, &needed);
+        assert!(
+            passes(&Stack::of(*case)),
+            "the stack ({case:?}) fails the check"
+        );
+        for (mix_up, change) in MIX_UPS {
+            let mut stack = Stack::of(*case);
+            change(stack.policy_mut(), "WorkerTable", "LeaseTable");
+            assert!(
+                !passes(&stack),
+                "the stack's policy ({case:?}) with {mix_up} passes the check"
+            );
+        }
     }
 }
 

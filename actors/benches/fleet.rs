@@ -1272,17 +1272,20 @@ async fn p6_run(leases: u32, workers: usize, minutes: u64, busy: bool, index: bo
     for w in ws {
         w.abort();
     }
-    let size = |key: &str| {
+    let size = |table: &str, key: &str| {
         rig.dynamo
-            .get_raw(APP, key)
+            .get_raw(table, key)
             .map(|item| flotilla_actors::model::item::item_size(&item))
             .unwrap_or(0)
     };
-    let lease_bytes =
-        size(LeaseKey::from(&flotilla_actors::model::ShardId::from_index(0)).as_str());
-    let heartbeat_bytes = size(&flotilla_actors::model::item::heartbeat_key(
-        &WorkerId::new(names[0].as_str()),
-    ));
+    let lease_bytes = size(
+        APP,
+        LeaseKey::from(&flotilla_actors::model::ShardId::from_index(0)).as_str(),
+    );
+    let heartbeat_bytes = size(
+        &flotilla_actors::backend::layout::worker_table_name(APP),
+        &flotilla_actors::model::item::heartbeat_key(&WorkerId::new(names[0].as_str())),
+    );
     Cost {
         per_min,
         items_per_min,

@@ -21,6 +21,11 @@ mod load;
 
 pub use load::{CONFIG_FILE_VAR, LoadError};
 
+/// The longest application name: the lease table's name, whose worker table
+/// (`crate::backend::layout::worker_table_name`) adds 16 characters to it within
+/// DynamoDB's 255.
+pub const MAX_APPLICATION: usize = 255 - crate::backend::layout::WORKER_TABLE_SUFFIX.len();
+
 /// All settings of one worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -865,9 +870,10 @@ impl WorkerSettings {
         aws_name(
             key,
             &self.application,
-            3..=255,
-            "the application name is the lease table's name, and DynamoDB table names are \
-             3 to 255 characters of A-Z a-z 0-9 _ . -",
+            3..=MAX_APPLICATION,
+            "the application name is the lease table's name, and its worker table is named \
+             APPLICATION-FlotillaWorkers: DynamoDB table names are 3 to 255 characters of \
+             A-Z a-z 0-9 _ . -, so the application is 3 to 239",
         )?;
         if let Some(source) = &source
             && source.table() == Some(self.application.as_str())
@@ -1653,7 +1659,7 @@ mod tests {
             ("worker.application", |s| s.worker.application.clear()),
             ("worker.application", |s| s.worker.application = "ab".into()),
             ("worker.application", |s| {
-                s.worker.application = "a".repeat(256)
+                s.worker.application = "a".repeat(MAX_APPLICATION + 1)
             }),
             ("worker.application", |s| {
                 s.worker.application = "orders/consumer".into()
@@ -1906,7 +1912,7 @@ mod tests {
             |s| s.worker.stream = "s".into(),
             |s| s.worker.stream = "a.B_c-9".repeat(19)[..128].to_owned(),
             |s| s.worker.application = "abc".into(),
-            |s| s.worker.application = "a".repeat(255),
+            |s| s.worker.application = "a".repeat(MAX_APPLICATION),
             |s| s.worker.worker_id = Some("i-0abc:worker/1".into()),
             |s| {
                 s.worker.initial_position = InitialPosition::AtTimestamp;

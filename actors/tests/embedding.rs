@@ -77,7 +77,14 @@ async fn a_backend_built_from_the_settings_reads_where_they_say() {
         .unwrap();
     probes.wait_distinct(10, Duration::from_secs(30)).await;
     shutdown_clean(worker).await;
-    assert_eq!(tables(&dynamodb).await, vec![settings.worker.application]);
+    assert_eq!(
+        tables(&dynamodb).await,
+        vec![
+            settings.worker.application.clone(),
+            format!("{}-FlotillaWorkers", settings.worker.application)
+        ],
+        "the lease table and its worker table, where the settings say"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

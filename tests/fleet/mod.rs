@@ -44,6 +44,10 @@ use flotilla_actors::oracle::{KeyedProducer, OrderCheck};
 #[allow(dead_code)] // the in-process servers there are not used here
 mod servers;
 
+/// Workers of the real Java KCL 2.5.8 in a [`Fleet`] (only tests/kcl.rs starts them).
+#[allow(dead_code)]
+pub mod kcl;
+
 /// Items of a table with a stream, and the changes owed for them.
 #[path = "../../actors/tests/support/changes.rs"]
 #[allow(dead_code)]
@@ -168,8 +172,7 @@ impl Env {
         open
     }
 
-    /// A full scan of the lease table with the DynamoDB API: `leaseKey`, `leaseOwner`
-    /// and `checkpoint` of each row; rows keyed `flotilla-worker#ID` are heartbeats.
+    /// A full scan of the lease table with the DynamoDB API (`scan_leases`).
     pub async fn leases(&self) -> Leases {
         scan_leases(&self.dynamodb, &self.application).await
     }
@@ -233,43 +236,79 @@ fn common_settings(mode: &str) -> String {
     )
 }
 
-/// A full scan of `application`'s lease table with the DynamoDB API: `leaseKey`, `leaseOwner`
-/// and `checkpoint` of each row; rows keyed `flotilla-worker#ID` are heartbeats; rows of
-/// another `entityType` (the roster) are skipped.
+/// A full scan of `application`'s lease table with the DynamoDB API: `leaseKey`,
+/// `leaseOwner` and `checkpoint` of each row, and the heartbeat rows of its worker table
+/// (`APPLICATION-FlotillaWorkers`). Panics on a row of flotilla's own in the lease table,
+/// or on one without a numeric `leaseCounter`: the Java KCL reads every row there as a
+/// lease. Rows of another `entityType` (another program's) are skipped.
 pub async fn scan_leases(dynamodb: &aws_sdk_dynamodb::Client, application: &str) -> Leases {
     let mut leases = Leases::default();
+    for item in scan_all(dynamodb, application).await {
+        let text = |name: &str| match item.get(name) {
+            Some(AttributeValue::S(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let Some(key) = text("leaseKey") else {
+            continue;
+        };
+        assert!(
+            !key.starts_with("flotilla-"),
+            "flotilla's own row {key} in the lease table {application}: the Java KCL cannot read it"
+        );
+        if text("entityType").is_some_and(|t| t != "LEASE") {
+            continue;
+        }
+        assert!(
+            matches!(item.get("leaseCounter"), Some(AttributeValue::N(_))),
+            "lease row {key} has no numeric leaseCounter: {item:?}"
+        );
+        if text("checkpoint").as_deref() == Some("SHARD_END") {
+            leases.finished.insert(key);
+        } else {
+            leases.open.insert(key, text("leaseOwner"));
+        }
+    }
+    let workers = format!("{application}-FlotillaWorkers");
+    for item in scan_all(dynamodb, &workers).await {
+        if let Some(AttributeValue::S(key)) = item.get("leaseKey")
+            && let Some(worker) = key.strip_prefix("flotilla-worker#")
+        {
+            leases.heartbeats.insert(worker.to_owned());
+        }
+    }
+    leases
+}
+
+/// Every item of `table` (none if it does not exist yet), every page.
+async fn scan_all(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Vec<std::collections::HashMap<String, AttributeValue>> {
+    let mut items = Vec::new();
     let mut start = None;
     loop {
-        let page = dynamodb
+        let page = match dynamodb
             .scan()
-            .table_name(application)
+            .table_name(table)
             .consistent_read(true)
             .set_exclusive_start_key(start)
             .send()
             .await
-            .unwrap();
-        for item in page.items() {
-            let text = |name: &str| match item.get(name) {
-                Some(AttributeValue::S(s)) => Some(s.clone()),
-                _ => None,
-            };
-            let Some(key) = text("leaseKey") else {
-                continue;
-            };
-            if let Some(worker) = key.strip_prefix("flotilla-worker#") {
-                leases.heartbeats.insert(worker.to_owned());
-            } else if text("entityType").is_some_and(|t| t != "LEASE") {
-                // The roster, or another program's row: not a lease.
-                continue;
-            } else if text("checkpoint").as_deref() == Some("SHARD_END") {
-                leases.finished.insert(key);
-            } else {
-                leases.open.insert(key, text("leaseOwner"));
+        {
+            Ok(page) => page,
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                return items;
             }
-        }
+            Err(err) => panic!("scan of {table}: {err:?}"),
+        };
+        items.extend(page.items().iter().cloned());
         match page.last_evaluated_key() {
             Some(last) if !last.is_empty() => start = Some(last.clone()),
-            _ => return leases,
+            _ => return items,
         }
     }
 }
@@ -412,6 +451,10 @@ pub struct Fleet {
     deliveries: Arc<Mutex<Vec<Delivery>>>,
     /// Stdout lines that are not record lines.
     bad_lines: Arc<Mutex<Vec<String>>>,
+    /// Lifecycle lines of Java KCL workers' processors ([`kcl::Event`]).
+    events: Arc<Mutex<Vec<kcl::Event>>>,
+    /// Set when the fleet is dropped: the Java workers' output readers stop.
+    closed: Arc<AtomicBool>,
 }
 
 impl Fleet {
@@ -421,7 +464,17 @@ impl Fleet {
             workers: Vec::new(),
             deliveries: Arc::default(),
             bad_lines: Arc::default(),
+            events: Arc::default(),
+            closed: Arc::default(),
         }
+    }
+
+    /// Starts `flotilla run` as worker `id` of `env`'s application, with `settings`
+    /// (`FLOTILLA__…` variables) over its settings file.
+    #[allow(dead_code)] // tests/kcl.rs's
+    pub fn spawn_with(&mut self, env: &Env, id: &str, settings: &[(&str, &str)]) {
+        let config = env.worker_config(id);
+        self.spawn_process(id, &config, &env.dir, settings);
     }
 
     /// Starts `flotilla run` as worker `id` of `env`'s application.
@@ -631,6 +684,7 @@ fn log_tail(path: &Path, lines: usize) -> String {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
         for worker in &mut self.workers {
             if worker.exit.is_none() && matches!(worker.child.try_wait(), Ok(None)) {
                 let _ = worker.child.kill();

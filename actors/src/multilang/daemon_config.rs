@@ -160,6 +160,38 @@ const IGNORED: &[(&str, &str)] = &[
         "metricsEnabledDimensions",
         "flotilla's dimensions follow metricsLevel",
     ),
+    (
+        "shardPrioritization",
+        "flotilla reads every held shard at once; a child waits only for its parents",
+    ),
+    (
+        "schedulerInitializationBackoffTimeMillis",
+        "flotilla's start fails at once with the reason instead of retrying 20 times",
+    ),
+    (
+        "logWarningForTaskAfterMillis",
+        "a processor that acks nothing for reader.processor_timeout is reported as stalled and restarted",
+    ),
+    (
+        "retryGetRecordsInSeconds",
+        "GetRecords is retried with flotilla's own backoff (reader.backoff_max)",
+    ),
+    (
+        "maxGetRecordsThreadPool",
+        "flotilla reads on tokio's threads",
+    ),
+    (
+        "listShardsCacheAllowedAgeInSeconds",
+        "flotilla lists shards every reader.shard_sync_interval",
+    ),
+    (
+        "cacheMissWarningModulus",
+        "flotilla keeps no shard cache to miss",
+    ),
+    (
+        "maxCacheMissesBeforeReload",
+        "flotilla keeps no shard cache to miss",
+    ),
 ];
 
 impl DaemonConfig {
@@ -523,6 +555,95 @@ regionName = us-east-1
         for (text, want) in table {
             let error = config(text).unwrap_err().to_string();
             assert!(error.contains(want), "{text:?}: {error}");
+        }
+    }
+
+    /// Every key the KCL 2.5.8 MultiLangDaemon reads from its file
+    /// (`KinesisClientLibConfigurator` sets each on `MultiLangDaemonConfiguration` by
+    /// name, and `MultiLangDaemonConfig` reads the first three itself; seen in the
+    /// source at tag v2.5.8 and with the daemon of tests/kcl.rs), each with a value it
+    /// accepts. flotilla maps each, says why it does not need it, or refuses it with
+    /// what to do: none is "not a key flotilla knows".
+    const KCL_2_5_8_KEYS: &[(&str, &str)] = &[
+        ("executableName", "python3 app.py"),
+        ("processingLanguage", "python/3.11"),
+        ("maxActiveThreads", "0"),
+        ("applicationName", "orders-app"),
+        ("streamName", "orders"),
+        (
+            "streamArn",
+            "arn:aws:kinesis:us-east-1:123456789012:stream/orders",
+        ),
+        ("tableName", "orders-app"),
+        ("workerId", "w-1"),
+        (
+            "AWSCredentialsProvider",
+            "DefaultAWSCredentialsProviderChain",
+        ),
+        (
+            "AWSCredentialsProviderDynamoDB",
+            "DefaultAWSCredentialsProviderChain",
+        ),
+        (
+            "AWSCredentialsProviderCloudWatch",
+            "DefaultAWSCredentialsProviderChain",
+        ),
+        ("regionName", "us-east-1"),
+        ("kinesisEndpoint", "http://127.0.0.1:4567"),
+        ("dynamoDBEndpoint", "http://127.0.0.1:8000"),
+        ("failoverTimeMillis", "10000"),
+        ("shardSyncIntervalMillis", "60000"),
+        ("cleanupLeasesUponShardCompletion", "true"),
+        ("ignoreUnexpectedChildShards", "false"),
+        ("maxLeasesForWorker", "20"),
+        ("maxLeasesToStealAtOneTime", "1"),
+        ("initialLeaseTableReadCapacity", "10"),
+        ("initialLeaseTableWriteCapacity", "10"),
+        ("maxLeaseRenewalThreads", "20"),
+        ("listShardsBackoffTimeInMillis", "1500"),
+        ("maxListShardsRetryAttempts", "50"),
+        ("initialPositionInStream", "TRIM_HORIZON"),
+        ("initialPositionInStreamExtended", "1700000000"),
+        ("parentShardPollIntervalMillis", "10000"),
+        ("shardPrioritization", "NoOpShardPrioritization"),
+        ("skipShardSyncAtWorkerInitializationIfLeasesExist", "false"),
+        ("schedulerInitializationBackoffTimeMillis", "1000"),
+        ("taskBackoffTimeMillis", "500"),
+        ("logWarningForTaskAfterMillis", "10000"),
+        ("callProcessRecordsEvenForEmptyRecordList", "false"),
+        ("metricsLevel", "NONE"),
+        ("metricsBufferTimeMillis", "10000"),
+        ("metricsMaxQueueSize", "10000"),
+        ("metricsEnabledDimensions", "Operation,ShardId"),
+        ("retrievalMode", "POLLING"),
+        ("idleTimeBetweenReadsInMillis", "1000"),
+        ("maxRecords", "10000"),
+        ("retryGetRecordsInSeconds", "1"),
+        ("maxGetRecordsThreadPool", "1"),
+        ("shutdownGraceMillis", "3000"),
+        ("timeoutInSeconds", "60"),
+        ("validateSequenceNumberBeforeCheckpointing", "true"),
+    ];
+
+    #[test]
+    fn every_key_the_java_daemon_reads_is_mapped_explained_or_refused() {
+        let required = "executableName = python3 app.py\napplicationName = orders-app\n";
+        for (key, value) in KCL_2_5_8_KEYS {
+            let text = format!("{required}{key} = {value}\n");
+            match config(&text) {
+                Ok(c) => {
+                    let unknown: Vec<&String> = c
+                        .warnings
+                        .iter()
+                        .filter(|w| w.contains("not a key flotilla knows"))
+                        .collect();
+                    assert!(unknown.is_empty(), "{key}: {unknown:?}");
+                }
+                Err(DaemonConfigError::Unsupported { what_to_do, .. }) => {
+                    assert!(!what_to_do.is_empty(), "{key}: refused without a way out")
+                }
+                Err(other) => panic!("{key} = {value}: {other}"),
+            }
         }
     }
 }

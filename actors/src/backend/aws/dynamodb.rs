@@ -77,14 +77,34 @@ const INDEX_RECHECK: Duration = Duration::from_secs(60);
 type SdkItem = HashMap<String, AttributeValue>;
 
 /// The IAM actions this adapter calls, one per SDK operation in this file; a test
-/// (`tests/deploy.rs`) reads the file and keeps the two equal. All act on the one
-/// lease table, so a policy can scope them to its ARN.
+/// (`tests/deploy.rs`) reads the file and keeps the two equal. They act on two tables
+/// (`layout`), and this list is their union; a policy scopes each action to the
+/// tables it acts on (`tests/deploy.rs`'s `LEASE_ADAPTER_TABLES` says the same split,
+/// and checks deploy/'s policies against it):
 ///
-/// `CreateTable` is called only by `ensure_table` when the table is missing (`flotilla
-/// init`, or a worker's start); where the table is made beforehand (deploy/'s
+/// * the lease table (the application's name; lease rows only, as the KCL reads every
+///   row of it as a lease): `DescribeTable`, `CreateTable`, `Scan`, `GetItem`,
+///   `BatchGetItem`, `PutItem`, `UpdateItem`, `DeleteItem` and `ConditionCheckItem`.
+///   Besides the leases, `Scan`, `BatchGetItem`, `UpdateItem`, `DeleteItem` and the
+///   condition check (in the take's `TransactWriteItems`) reach the legacy rows an
+///   older flotilla left there. No `UpdateTable` and no `Query`: the lease table has no
+///   index of ours;
+/// * the worker table (`layout::worker_table_name`: heartbeats and the roster):
+///   `DescribeTable`, `CreateTable`, `UpdateTable`, `Scan`, `BatchGetItem`,
+///   `UpdateItem`, `DeleteItem` and `ConditionCheckItem` (in the take's
+///   `TransactWriteItems`), never `GetItem` or `PutItem`; and `Query`, on its heartbeat
+///   index (`<worker table ARN>/index/flotilla-heartbeats`).
+///
+/// `CreateTable` is called only by `ensure_table` when a table is missing (`flotilla
+/// init`, or a worker's start); where the tables are made beforehand (deploy/'s
 /// CloudFormation stack) a worker does not need it. `UpdateTable` likewise, only to add
-/// the heartbeat index to a table that lacks it; without it heartbeats are read by key.
-/// `Query` acts on the heartbeat index (`<table ARN>/index/flotilla-heartbeats`).
+/// the heartbeat index to a worker table that lacks it; without it heartbeats are read
+/// by key. The operator's calls of `flotilla init` and `flotilla destroy`, which no
+/// worker makes, are not listed (`DeleteTable` of both tables; on the lease table
+/// `DescribeContinuousBackups`, `UpdateContinuousBackups`, `TagResource`, and
+/// `UpdateTable` for deletion protection, listed only as the worker table's). A handle
+/// of [`DynamoLeaseTable::older_version`], for tests, keeps everything in the lease
+/// table.
 pub const IAM_ACTIONS: &[&str] = &[
     "dynamodb:DescribeTable",
     "dynamodb:CreateTable",
@@ -447,38 +467,57 @@ impl DynamoLeaseTable {
         }
     }
 
-    /// Turns deletion protection on or off (UpdateTable).
+    /// Turns deletion protection on or off (UpdateTable) on the lease table and its
+    /// worker table, which `flotilla destroy` deletes together.
     pub async fn set_deletion_protection(&self, on: bool) -> Result<(), LeaseError> {
-        self.client
-            .update_table()
-            .table_name(&self.table)
-            .deletion_protection_enabled(on)
-            .send()
-            .await
-            .map_err(|e| self.classify("UpdateTable", e))?;
+        for name in self.tables() {
+            self.client
+                .update_table()
+                .table_name(name)
+                .deletion_protection_enabled(on)
+                .send()
+                .await
+                .map_err(|e| self.classify_in(name, "UpdateTable", e))?;
+        }
         Ok(())
     }
 
-    /// Adds (or overwrites) tags on the table (TagResource, by the table's ARN).
+    /// The lease table and, where it has one of its own, the worker table.
+    fn tables(&self) -> Vec<&str> {
+        let mut names = vec![self.table.as_str()];
+        if self.split() {
+            names.push(&self.workers);
+        }
+        names
+    }
+
+    /// Adds (or overwrites) tags on the lease table and its worker table (TagResource,
+    /// by each table's ARN; a worker table not made yet is skipped: it gets them when
+    /// made with the same options).
     pub async fn tag(&self, tags: &[(String, String)]) -> Result<(), LeaseError> {
         const OP: &str = "TagResource";
-        let Some(table) = self.describe().await? else {
-            return Err(LeaseError::NotFound {
-                op: OP,
-                message: format!("table {}", self.table),
-            });
-        };
-        let arn = table
-            .table_arn()
-            .ok_or_else(|| self.incomplete("DescribeTable", &self.table, "TableArn"))?;
-        let tags = sdk_tags(OP, tags)?;
-        self.client
-            .tag_resource()
-            .resource_arn(arn)
-            .set_tags((!tags.is_empty()).then_some(tags))
-            .send()
-            .await
-            .map_err(|e| self.classify(OP, e))?;
+        for (i, name) in self.tables().into_iter().enumerate() {
+            let Some(table) = self.describe_named(name).await? else {
+                if i > 0 {
+                    continue;
+                }
+                return Err(LeaseError::NotFound {
+                    op: OP,
+                    message: format!("table {name}"),
+                });
+            };
+            let arn = table
+                .table_arn()
+                .ok_or_else(|| self.incomplete("DescribeTable", name, "TableArn"))?;
+            let tags = sdk_tags(OP, tags)?;
+            self.client
+                .tag_resource()
+                .resource_arn(arn)
+                .set_tags((!tags.is_empty()).then_some(tags))
+                .send()
+                .await
+                .map_err(|e| self.classify_in(name, OP, e))?;
+        }
         Ok(())
     }
 
@@ -531,13 +570,20 @@ impl DynamoLeaseTable {
         self.split() && self.dual().legacy()
     }
 
-    /// Whether the table exists (`None`: it does not) and has deletion protection on.
-    /// For `flotilla destroy`, which leaves a protected table to whoever protected it.
+    /// Whether the lease table exists (`None`: it does not) and it or its worker table
+    /// has deletion protection on. For `flotilla destroy`, which leaves a protected
+    /// table to whoever protected it.
     pub async fn deletion_protected(&self) -> Result<Option<bool>, LeaseError> {
-        Ok(self
-            .describe()
-            .await?
-            .map(|table| table.deletion_protection_enabled().unwrap_or(false)))
+        let Some(table) = self.describe().await? else {
+            return Ok(None);
+        };
+        let mut protected = table.deletion_protection_enabled().unwrap_or(false);
+        if self.split()
+            && let Some(workers) = self.describe_named(&self.workers).await?
+        {
+            protected |= workers.deletion_protection_enabled().unwrap_or(false);
+        }
+        Ok(Some(protected))
     }
 
     /// DeleteTable, then waits (up to a minute) until the table is gone, so a command
