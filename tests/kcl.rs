@@ -801,3 +801,292 @@ async fn a_kcl_worker_joining_a_flotilla_fleet_steals_within_the_documented_boun
     env.leases().await;
     checks.finish(&fleet);
 }
+
+/// One daemon's transcript, by shard: the messages in the order exchanged.
+fn transcripts(path: &std::path::Path) -> BTreeMap<String, Vec<(String, serde_json::Value)>> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut by_pid: BTreeMap<u64, Vec<(u64, String, serde_json::Value)>> = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        by_pid.entry(v["pid"].as_u64().unwrap()).or_default().push((
+            v["n"].as_u64().unwrap(),
+            v["dir"].as_str().unwrap().to_owned(),
+            v["message"].clone(),
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for (_, mut lines) in by_pid {
+        lines.sort_by_key(|(n, _, _)| *n);
+        let Some(shard) = lines
+            .iter()
+            .find(|(_, d, m)| d == "in" && m["action"] == "initialize")
+            .and_then(|(_, _, m)| m["shardId"].as_str().map(str::to_owned))
+        else {
+            continue;
+        };
+        out.entry(shard)
+            .or_insert_with(Vec::new)
+            .extend(lines.into_iter().map(|(_, d, m)| (d, m)));
+    }
+    out
+}
+
+/// The names of a message's fields, sorted.
+fn fields(message: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = message
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// What two daemons' exchanges with the same processor over the same records must
+/// share, by shard: the `initialize` message whole; every record of every
+/// `processRecords`, every field (the batches may be cut differently: when each read
+/// happens is timing); the fields of each kind of message; each batch answered by a
+/// checkpoint at its last record, acknowledged without error, then a status; the
+/// messages after the last batch (the shutdown). Allowed to differ: how the records are
+/// cut into batches and their `millisBehindLatest`.
+fn protocol_differences(
+    java: &BTreeMap<String, Vec<(String, serde_json::Value)>>,
+    flotilla: &BTreeMap<String, Vec<(String, serde_json::Value)>>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    let shards: BTreeSet<&String> = java.keys().chain(flotilla.keys()).collect();
+    for shard in shards {
+        let (Some(a), Some(b)) = (java.get(shard), flotilla.get(shard)) else {
+            found.push(format!("{shard}: exchanged with one daemon only"));
+            continue;
+        };
+        let initialize = |t: &[(String, serde_json::Value)]| {
+            t.iter()
+                .find(|(d, m)| d == "in" && m["action"] == "initialize")
+                .map(|(_, m)| m.clone())
+        };
+        if initialize(a) != initialize(b) {
+            found.push(format!(
+                "{shard}: initialize {:?} vs {:?}",
+                initialize(a),
+                initialize(b)
+            ));
+        }
+        let records = |t: &[(String, serde_json::Value)]| -> Vec<serde_json::Value> {
+            t.iter()
+                .filter(|(d, m)| d == "in" && m["action"] == "processRecords")
+                .flat_map(|(_, m)| m["records"].as_array().cloned().unwrap_or_default())
+                .collect()
+        };
+        let (ra, rb) = (records(a), records(b));
+        if ra.len() != rb.len() {
+            found.push(format!("{shard}: {} records vs {}", ra.len(), rb.len()));
+        }
+        for (i, (x, y)) in ra.iter().zip(&rb).enumerate() {
+            let names: BTreeSet<String> = fields(x).into_iter().chain(fields(y)).collect();
+            for field in &names {
+                if x.get(field) != y.get(field) {
+                    found.push(format!(
+                        "{shard}: record {i}: {field} {:?} vs {:?}",
+                        x.get(field),
+                        y.get(field)
+                    ));
+                }
+            }
+        }
+        // The fields of each kind of message, by direction and action.
+        let kinds = |t: &[(String, serde_json::Value)]| -> BTreeMap<String, Vec<String>> {
+            let mut kinds = BTreeMap::new();
+            for (d, m) in t {
+                let action = m["action"].as_str().unwrap_or("?");
+                let key = format!("{d}:{action}");
+                kinds.entry(key).or_insert_with(|| fields(m));
+            }
+            kinds
+        };
+        let (ka, kb) = (kinds(a), kinds(b));
+        for kind in ka.keys().chain(kb.keys()).collect::<BTreeSet<_>>() {
+            if ka.get(kind) != kb.get(kind) {
+                found.push(format!(
+                    "{shard}: {kind} fields {:?} vs {:?}",
+                    ka.get(kind),
+                    kb.get(kind)
+                ));
+            }
+        }
+        // Each exchange, batches folded into one step: the shape must be the same.
+        let shape = |t: &[(String, serde_json::Value)]| -> Vec<String> {
+            let mut steps: Vec<String> = Vec::new();
+            for (d, m) in t {
+                // A blank line (amazon_kclpy writes one before each message) is no
+                // message: both daemons skip it.
+                if m.get("unparsed").is_some_and(|u| u == "") {
+                    continue;
+                }
+                let action = m["action"].as_str().unwrap_or("?");
+                let step = match (d.as_str(), action) {
+                    ("in", "checkpoint") => format!(
+                        "in:checkpoint(error={})",
+                        m.get("error").map_or("absent".into(), |e| e.to_string())
+                    ),
+                    ("out", "status") => format!("out:status({})", m["responseFor"]),
+                    _ => format!("{d}:{action}"),
+                };
+                steps.push(step);
+            }
+            // A batch: processRecords, the processor's checkpoint and its answer, status.
+            let batch = [
+                "in:processRecords",
+                "out:checkpoint",
+                "in:checkpoint(error=null)",
+                "out:status(\"processRecords\")",
+            ];
+            let mut folded: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < steps.len() {
+                if steps[i..].starts_with(&batch.map(String::from)) {
+                    if folded.last().map(String::as_str) != Some("batch*") {
+                        folded.push("batch*".into());
+                    }
+                    i += batch.len();
+                } else {
+                    folded.push(steps[i].clone());
+                    i += 1;
+                }
+            }
+            folded
+        };
+        let (sa, sb) = (shape(a), shape(b));
+        if sa != sb {
+            found.push(format!("{shard}: exchange {sa:?} vs {sb:?}"));
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multilang_the_same_processor_under_the_java_daemon_and_flotilla() {
+    const TAG: &str = "kcl-multilang";
+    let _serial = SERIAL.lock().await;
+    let env = Env::new("kcl-ml", 2).await;
+    let open = env.open_shards().await;
+    // 15 records on each shard and, on the first, a KPL aggregate of 5.
+    let mut records: Vec<PutRecord> = open
+        .iter()
+        .enumerate()
+        .flat_map(|(s, shard)| {
+            (0..15).map(move |i| PutRecord {
+                partition_key: format!("key-{s}-{}", i % 3),
+                explicit_hash_key: Some(shard.hash_range.start + 1),
+                data: Bytes::from(format!("rec:{s}:{i}")),
+            })
+        })
+        .collect();
+    records.push(aggregate_record(
+        "agg",
+        0,
+        5,
+        Some(open[0].hash_range.start + 1),
+    ));
+    env.kinesis
+        .put_records(&env.stream, &records)
+        .await
+        .unwrap();
+    let total = 35;
+    // One properties file, as a user has it; run by each daemon in turn on a fresh
+    // lease table of the same name.
+    let props = env.dir.join("conformance.properties");
+    std::fs::write(
+        &props,
+        fleet::kcl::properties(
+            &env.application,
+            &env.stream,
+            "conformance",
+            &env.kinesis_endpoint(),
+            &env.dynamodb_endpoint(),
+            &KclOptions {
+                transcript: true,
+                ..KclOptions::default()
+            },
+        ),
+    )
+    .unwrap();
+    let mut fleet = Fleet::new(TAG);
+    let mut checks = Checks::new(TAG);
+    let delivered_by = |fleet: &Fleet, worker: &str| {
+        fleet.with_deliveries(|all| all.iter().filter(|d| &*d.worker == worker).count())
+    };
+    let mut rows = Vec::new();
+    for (id, daemon, limit) in [
+        ("java", fleet::kcl::Daemon::Java, KCL_FRESH_START_LIMIT),
+        (
+            "flotilla",
+            fleet::kcl::Daemon::Flotilla,
+            FLOTILLA_START_LIMIT,
+        ),
+    ] {
+        fleet.spawn_daemon(&env, id, daemon, &props, None);
+        let took = wait_for(limit, STEP, || delivered_by(&fleet, id) >= total).await;
+        report(TAG, &format!("{id}: all {total} records after {took:?}"));
+        checks.check(took.is_some(), format!("{id} delivers every record"));
+        // Its last checkpoints land, then it stops on SIGTERM, as a user stops it.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        rows.push(env.rows().await);
+        fleet.terminate(id);
+        let exit = fleet.wait_exit(id, Duration::from_secs(30)).await;
+        report(TAG, &format!("{id}: SIGTERM -> {exit:?}"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        env.delete_lease_table().await;
+    }
+    let per_shard = |worker: &str| -> BTreeMap<String, Vec<(String, u64, String)>> {
+        let mut by: BTreeMap<String, Vec<(String, u64, String)>> = BTreeMap::new();
+        for d in fleet.deliveries().iter().filter(|d| &*d.worker == worker) {
+            by.entry(d.shard.clone()).or_default().push((
+                d.sequence.clone(),
+                d.sub_sequence,
+                d.data.clone(),
+            ));
+        }
+        by
+    };
+    checks.check(
+        per_shard("java") == per_shard("flotilla"),
+        format!(
+            "the same records, in the same order per shard: {:?} vs {:?}",
+            per_shard("java"),
+            per_shard("flotilla")
+        ),
+    );
+    let positions = |rows: &BTreeMap<String, fleet::kcl::Row>| -> BTreeMap<String, (String, u64)> {
+        rows.iter()
+            .map(|(k, r)| (k.clone(), (r.checkpoint.clone(), r.sub_sequence)))
+            .collect()
+    };
+    checks.check(
+        positions(&rows[0]) == positions(&rows[1]),
+        format!(
+            "the same checkpoints in the table: {:?} vs {:?}",
+            positions(&rows[0]),
+            positions(&rows[1])
+        ),
+    );
+    let java = transcripts(&env.dir.join("java.transcript"));
+    let flotilla = transcripts(&env.dir.join("flotilla.transcript"));
+    let differences = protocol_differences(&java, &flotilla);
+    report(
+        TAG,
+        &format!(
+            "transcripts: {} shards; messages java {} / flotilla {}",
+            java.len(),
+            java.values().map(Vec::len).sum::<usize>(),
+            flotilla.values().map(Vec::len).sum::<usize>()
+        ),
+    );
+    for line in &differences {
+        report(TAG, &format!("difference: {line}"));
+    }
+    checks.check(
+        !java.is_empty() && differences.is_empty(),
+        format!("the same protocol messages, field by field: {differences:?}"),
+    );
+    checks.finish(&fleet);
+}

@@ -33,6 +33,18 @@ pub struct KclOptions {
     pub stop_at: Option<String>,
     /// More properties, appended last (later keys win).
     pub properties: Vec<(String, String)>,
+    /// The processor is started through `tests/kcl/transcript.py`, which writes every
+    /// line of the exchange to the worker's transcript (`ID.transcript`).
+    pub transcript: bool,
+}
+
+/// Which MultiLang daemon runs a properties file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Daemon {
+    /// The Java KCL 2.5.8's MultiLangDaemon.
+    Java,
+    /// `flotilla multilang --properties FILE`.
+    Flotilla,
 }
 
 /// A lifecycle line of a Java worker's processor.
@@ -97,12 +109,21 @@ pub fn properties(
     options: &KclOptions,
 ) -> String {
     let failover = options.failover.unwrap_or(Duration::from_secs(10));
-    let mut lines = vec![
-        format!(
-            "executableName = {} {}",
+    let processor = format!(
+        "{} {}",
+        kcl_python(),
+        kcl_dir().join("record_processor.py").display()
+    );
+    let executable = match options.transcript {
+        true => format!(
+            "{} {} {processor}",
             kcl_python(),
-            kcl_dir().join("record_processor.py").display()
+            kcl_dir().join("transcript.py").display()
         ),
+        false => processor,
+    };
+    let mut lines = vec![
+        format!("executableName = {executable}"),
         format!("streamName = {stream}"),
         format!("applicationName = {application}"),
         format!("workerId = {worker}"),
@@ -146,31 +167,71 @@ impl Fleet {
             ),
         )
         .unwrap();
+        self.spawn_daemon(env, id, Daemon::Java, &props, options.stop_at.as_deref());
+    }
+
+    /// Runs the properties file `props` with `daemon` as worker `id` (the label of its
+    /// processor's lines: the file names the `workerId`). Its processor's output is
+    /// `ID.records` (and `ID.transcript` when the file starts it through the transcript),
+    /// the daemon's log `ID.kcl.log` (Java) or `ID.log` (flotilla).
+    pub fn spawn_daemon(
+        &mut self,
+        env: &Env,
+        id: &str,
+        daemon: Daemon,
+        props: &Path,
+        stop_at: Option<&str>,
+    ) {
         let out = env.dir.join(format!("{id}.records"));
         let _ = std::fs::remove_file(&out);
         std::fs::File::create(&out).unwrap();
-        let log = env.dir.join(format!("{id}.kcl.log"));
-        let jvm = std::fs::File::create(env.dir.join(format!("{id}.jvm.log"))).unwrap();
-        let mut command = Command::new("java");
+        let transcript = env.dir.join(format!("{id}.transcript"));
+        let _ = std::fs::remove_file(&transcript);
+        let (mut command, log) = match daemon {
+            Daemon::Java => {
+                let log = env.dir.join(format!("{id}.kcl.log"));
+                let mut command = Command::new("java");
+                command
+                    .args([
+                        "-Xss512k",
+                        "-Xmx384m",
+                        "-XX:+UseSerialGC",
+                        "-XX:TieredStopAtLevel=1",
+                    ])
+                    .arg(format!("-DFLOTILLA_KCL_LOG={}", log.display()))
+                    .arg("-cp")
+                    .arg(format!("{}/*", kcl_jars().display()))
+                    .arg("software.amazon.kinesis.multilang.MultiLangDaemon")
+                    .arg("--properties-file")
+                    .arg(props)
+                    .arg("--log-configuration")
+                    .arg(kcl_dir().join("logback.xml"));
+                let jvm = std::fs::File::create(env.dir.join(format!("{id}.jvm.log"))).unwrap();
+                command.stdout(jvm.try_clone().unwrap()).stderr(jvm);
+                (command, log)
+            }
+            Daemon::Flotilla => {
+                let log = env.dir.join(format!("{id}.log"));
+                let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+                command.arg("multilang").arg("--properties").arg(props);
+                for (name, _) in std::env::vars_os() {
+                    let upper = name.to_string_lossy().to_ascii_uppercase();
+                    if upper.starts_with("FLOTILLA__") || upper == "FLOTILLA_CONFIG" {
+                        command.env_remove(&name);
+                    }
+                }
+                let file = std::fs::File::create(&log).unwrap();
+                command
+                    .env("FLOTILLA__STATUS__BIND", "127.0.0.1:0")
+                    .env("FLOTILLA_LOG", "info")
+                    .stdout(file.try_clone().unwrap())
+                    .stderr(file);
+                (command, log)
+            }
+        };
         command
-            .args([
-                "-Xss512k",
-                "-Xmx384m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-            ])
-            .arg(format!("-DFLOTILLA_KCL_LOG={}", log.display()))
-            .arg("-cp")
-            .arg(format!("{}/*", kcl_jars().display()))
-            .arg("software.amazon.kinesis.multilang.MultiLangDaemon")
-            .arg("--properties-file")
-            .arg(&props)
-            .arg("--log-configuration")
-            .arg(kcl_dir().join("logback.xml"))
             .current_dir(&env.dir)
             .stdin(Stdio::null())
-            .stdout(jvm.try_clone().unwrap())
-            .stderr(jvm)
             .env_remove("AWS_PROFILE")
             .env_remove("AWS_DEFAULT_PROFILE")
             .env_remove("AWS_SESSION_TOKEN")
@@ -179,8 +240,9 @@ impl Fleet {
             .env("AWS_REGION", "us-east-1")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("FLOTILLA_KCL_OUT", &out)
-            .env("FLOTILLA_KCL_WORKER", id);
-        match &options.stop_at {
+            .env("FLOTILLA_KCL_WORKER", id)
+            .env("FLOTILLA_KCL_TRANSCRIPT", &transcript);
+        match stop_at {
             Some(data) => command.env("FLOTILLA_KCL_STOP_AT", data),
             None => command.env_remove("FLOTILLA_KCL_STOP_AT"),
         };
@@ -321,6 +383,41 @@ pub struct Row {
 }
 
 impl Env {
+    /// The Kinesis server's endpoint.
+    pub fn kinesis_endpoint(&self) -> String {
+        self.kinesis_endpoint.clone()
+    }
+
+    /// The DynamoDB server's endpoint.
+    pub fn dynamodb_endpoint(&self) -> String {
+        self.dynamodb_endpoint.clone()
+    }
+
+    /// Deletes the application's lease table (the worker table stays), and waits until
+    /// it is gone.
+    pub async fn delete_lease_table(&self) {
+        self.dynamodb
+            .delete_table()
+            .table_name(&self.application)
+            .send()
+            .await
+            .unwrap();
+        for _ in 0..100 {
+            if self
+                .dynamodb
+                .describe_table()
+                .table_name(&self.application)
+                .send()
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("lease table {} still there", self.application);
+    }
+
     /// Every lease row of the application's table by lease key, raw (a strongly
     /// consistent scan through the SDK, not the library's codec).
     pub async fn rows(&self) -> std::collections::BTreeMap<String, Row> {

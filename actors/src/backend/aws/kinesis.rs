@@ -721,10 +721,12 @@ fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, St
     let approximate_arrival = record
         .approximate_arrival_timestamp()
         .map(|at| {
-            SystemTime::try_from(*at).map_err(|e| StreamError::Other {
-                op: OP,
-                message: format!("{what}: ApproximateArrivalTimestamp {at} out of range: {e}"),
-            })
+            SystemTime::try_from(*at)
+                .map(nearest_millisecond)
+                .map_err(|e| StreamError::Other {
+                    op: OP,
+                    message: format!("{what}: ApproximateArrivalTimestamp {at} out of range: {e}"),
+                })
         })
         .transpose()?;
     Ok(Record {
@@ -743,6 +745,22 @@ fn record_from_sdk(record: &aws_sdk_kinesis::types::Record) -> Result<Record, St
         data: Bytes::copy_from_slice(record.data().as_ref()),
         approximate_arrival,
     })
+}
+
+/// A record's arrival time to the millisecond, as Kinesis gives it. The SDK reads the
+/// JSON answer's epoch seconds (`1795847954.925`) as a floating-point number, which
+/// lands just below the millisecond (`.924999952`): truncated, as every conversion to
+/// milliseconds does, it became the millisecond before, and a MultiLang child saw an
+/// `approximateArrivalTimestamp` one less than the Java KCL's daemon sends it
+/// (tests/kcl.rs, the conformance test, found it).
+fn nearest_millisecond(at: SystemTime) -> SystemTime {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(since) => {
+            let millis = (since.as_nanos() + 500_000) / 1_000_000;
+            SystemTime::UNIX_EPOCH + Duration::from_millis(millis as u64)
+        }
+        Err(_) => at,
+    }
 }
 
 /// What RegisterStreamConsumer's `Consumer`, ListStreamConsumers' `Consumer`s and
@@ -1013,6 +1031,26 @@ impl StreamAdmin for KinesisStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_arrival_time_read_as_a_float_is_its_millisecond() {
+        let table = [
+            (1_795_847_954.925, 1_795_847_954_925u128),
+            (1_700_000_000.001, 1_700_000_000_001),
+            (1_700_000_000.0, 1_700_000_000_000),
+            (1_700_000_000.9995, 1_700_000_001_000),
+        ];
+        for (secs, millis) in table {
+            let read =
+                SystemTime::try_from(aws_sdk_kinesis::primitives::DateTime::from_secs_f64(secs))
+                    .unwrap();
+            let got = nearest_millisecond(read)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            assert_eq!(got, millis, "{secs}");
+        }
+    }
 
     fn record(bytes: usize) -> PutRecord {
         PutRecord {
