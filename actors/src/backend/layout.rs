@@ -269,7 +269,8 @@ mod tests {
     #[test]
     fn beat_checks_stop_a_take_whenever_the_owners_row_moved() {
         // (seen, legacy place in use, owner's worker-table row, owner's legacy row, take allowed)
-        let table: [(Option<u64>, bool, Option<u64>, Option<u64>, bool); 14] = [
+        type Case = (Option<u64>, bool, Option<u64>, Option<u64>, bool);
+        let table: [Case; 14] = [
             // No legacy rows: the worker-table row alone, exactly as seen.
             (Some(5), false, Some(5), None, true),
             (Some(5), false, Some(6), None, false),
