@@ -408,6 +408,12 @@ pub struct ImportArgs {
     /// application of several streams (worker.streams).
     #[arg(long)]
     pub stream: Option<String>,
+    /// Stamps the rows the token is applied to as this stream's (a single-stream
+    /// application's `worker.stream`), with --force: carries positions over to it on
+    /// purpose, where a worker of it would refuse rows of another stream (the same
+    /// records under another name). Its creation time is stamped by the next worker.
+    #[arg(long, value_name = "STREAM", requires = "force")]
+    pub source: Option<String>,
     #[command(flatten)]
     pub liveness: Liveness,
 }
@@ -675,6 +681,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
                 args.liveness.force,
                 args.liveness.failover_time,
                 args.stream.as_deref(),
+                args.source.as_deref(),
             )
             .await
         }

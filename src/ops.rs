@@ -544,6 +544,7 @@ pub async fn import(
     force: bool,
     failover_time: Duration,
     stream: Option<&str>,
+    adopt_as: Option<&str>,
 ) -> anyhow::Result<()> {
     let (token, mut checkpoints) = read_token(path)?;
     // One stream of a multi-stream application: its positions, onto its rows.
@@ -631,6 +632,28 @@ pub async fn import(
             missing.join(", ")
         );
         missing.clear();
+    }
+    // `--source`: the rows the token names are this stream's from now on (the next
+    // worker of it stamps the stream's creation time).
+    if let Some(to) = adopt_as {
+        let mut stamped = 0;
+        for lease in scan
+            .leases
+            .iter()
+            .filter(|l| l.key.stream_id().is_none() && checkpoints.contains_key(l.key.as_str()))
+        {
+            match table.stamp_source(&lease.key, to, None, true).await {
+                Ok(true) => stamped += 1,
+                Ok(false) => writes.failed.push(format!(
+                    "{}: the row is gone; not stamped as {to}'s",
+                    lease.key
+                )),
+                Err(error) => writes
+                    .failed
+                    .push(format!("{}: not stamped as {to}'s: {error}", lease.key)),
+            }
+        }
+        eprintln!("flotilla: {stamped} leases stamped as stream {to}'s (--source)");
     }
     eprintln!(
         "flotilla: {} leases set, {} already there, {} not in the token left as is{}",
@@ -724,6 +747,73 @@ pub fn is_local_endpoint(url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `position import --force --source B`: the positions of rows stamped as stream A
+    /// are carried to B on purpose: applied, and the rows stamped as B's (no creation
+    /// time: B's first worker stamps it), so that a worker of B adopts them instead of
+    /// refusing them (`model::origin`). Without it they stay A's.
+    #[tokio::test]
+    async fn import_with_source_carries_positions_over_to_another_stream() {
+        use flotilla_actors::backend::memory::MemoryDynamo;
+        use flotilla_actors::model::origin::{RowOrigin, StreamOrigin};
+        use flotilla_actors::model::{ExtendedSequenceNumber, SequenceNumber, ShardId};
+
+        let table = MemoryDynamo::new().lease_table("app");
+        table.ensure_table().await.unwrap();
+        let mut lease = Lease::new(
+            &ShardId::from_index(0),
+            Checkpoint::TrimHorizon,
+            vec![],
+            None,
+        );
+        lease.source = Some("orders".into());
+        lease.source_created = Some(1_700_000_000);
+        table.create_if_absent(&lease).await.unwrap();
+        let at = Checkpoint::At(ExtendedSequenceNumber::new(
+            SequenceNumber::parse("49590338271490256608559692538361571095921575989136588898")
+                .unwrap(),
+            0,
+        ));
+        let (text, sub) = at.encode();
+        let token = serde_json::json!({
+            "version": TOKEN_VERSION,
+            "application": "app",
+            "source": "orders",
+            "shards": {lease.key.as_str(): {"checkpoint": text, "sub_sequence": sub}},
+        });
+        let dir = std::env::temp_dir().join(format!("flotilla-import-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token.json");
+        std::fs::write(&path, token.to_string()).unwrap();
+        let payments = StreamOrigin {
+            name: "payments".into(),
+            created: Some(1_800_000_000),
+        };
+        let row = || async { table.get(&lease.key).await.unwrap().unwrap() };
+        import(&table, &path, true, Duration::from_secs(10), None, None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(payments.of(&row().await), RowOrigin::Foreign(_)),
+            "without --source the rows stay orders'"
+        );
+        import(
+            &table,
+            &path,
+            true,
+            Duration::from_secs(10),
+            None,
+            Some("payments"),
+        )
+        .await
+        .unwrap();
+        let carried = row().await;
+        assert_eq!(carried.checkpoint, at);
+        assert_eq!(carried.source.as_deref(), Some("payments"));
+        assert_eq!(carried.source_created, None);
+        assert_eq!(payments.of(&carried), RowOrigin::Adopt);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn targets_parse_in_either_spelling() {

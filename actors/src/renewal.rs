@@ -664,6 +664,16 @@ impl LeaseTable for Renewing {
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         self.inner.retire_legacy(plan)
     }
+
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        self.inner.stamp_source(key, source, created, overwrite)
+    }
 }
 
 #[cfg(test)]

@@ -25,11 +25,12 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{ChildShard, LeaseTable, StreamClient, StreamError};
 use crate::backoff::Backoff;
+use crate::model::origin::{RowOrigin, StreamOrigin, foreign_rows};
 use crate::model::{
     Checkpoint, ConsumedStream, Lease, LeaseKey, Shard, ShardGraph, ShardId, StreamSetView,
     check_list, plan_cleanup, plan_new_leases,
 };
-use crate::protocol::{KeeperMsg, WatcherMsg};
+use crate::protocol::{KeeperMsg, SupervisorMsg, WatcherMsg};
 use crate::status::{StreamView, WatcherStatus};
 use crate::stream_set::StreamSet;
 use crate::telemetry::{
@@ -54,6 +55,11 @@ pub(crate) struct WatcherArgs {
     pub grace: Duration,
     pub interval: Duration,
     pub keeper: ActorRef<KeeperMsg>,
+    /// Told when the rows turn out to be another stream's (`SupervisorMsg::Fatal`).
+    pub supervisor: ActorRef<SupervisorMsg>,
+    /// A single stream's name and creation time, which its rows must name; `None` for
+    /// several streams (their keys name theirs).
+    pub origin: Option<StreamOrigin>,
     pub telemetry: Telemetry,
     /// Where each complete listing is published, for the lease keeper.
     pub listing: crate::status::ListingBoard,
@@ -174,6 +180,14 @@ impl WatcherState {
                 Some(child.hash_range),
             );
             lease.key = parent.sibling(&child.id);
+            lease.source = self
+                .args
+                .set
+                .borrow()
+                .active
+                .of_key(parent)
+                .map(|c| c.stream.clone());
+            lease.source_created = self.args.origin.as_ref().and_then(|o| o.created);
             match self.args.table.create_if_absent(&lease).await {
                 Ok(true) => created += 1,
                 Ok(false) => {}
@@ -235,6 +249,9 @@ impl WatcherState {
                     .leases,
             ),
         };
+        if let Some(origin) = self.args.origin.clone() {
+            self.check_origin(&origin, &leases).await?;
+        }
         let (mut shard_count, mut open_count) = (0, 0);
         for (consumed, shards) in listings {
             // This stream's rows only (all of them for a single stream's bare keys).
@@ -248,6 +265,7 @@ impl WatcherState {
             for lease in &mut planned {
                 lease.key = consumed.lease_key(&lease.key.shard_id());
                 lease.source = Some(consumed.stream.clone());
+                lease.source_created = self.args.origin.as_ref().and_then(|o| o.created);
             }
             let mut created = 0;
             for lease in &planned {
@@ -291,6 +309,92 @@ impl WatcherState {
             let next = view.forget_deleted(&leases, tokio::time::Instant::now(), self.args.grace);
             if next.former.len() != view.former.len() {
                 self.publish_set(next);
+            }
+        }
+        Ok(())
+    }
+
+    /// At every listing of a single stream: the stream is still the one this worker
+    /// started on (a stream deleted and created again under its name is another one),
+    /// and every row is its own (`model::origin`). Otherwise the worker stops
+    /// (`SupervisorMsg::Fatal`): whatever it would do next would apply another stream's
+    /// positions. Rows written without their stream (a Java KCL beside it made them) are
+    /// stamped as this stream's.
+    async fn check_origin(
+        &mut self,
+        origin: &StreamOrigin,
+        leases: &[Lease],
+    ) -> Result<(), String> {
+        if let Some(was) = origin.created {
+            let summary = self
+                .args
+                .streams
+                .describe_stream_summary(&origin.name)
+                .await
+                .map_err(|e| format!("describing stream {}: {e}", origin.name))?;
+            let now = summary
+                .created
+                .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+                .filter(|s| *s > 0);
+            if let Some(now) = now
+                && now != was
+            {
+                let reason = format!(
+                    "stream {} was deleted and created again (now created at {}; this worker \
+                     started on the one created at {}): its lease rows hold the old stream's \
+                     positions; {}",
+                    origin.name,
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + Duration::from_secs(now)
+                    ),
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + Duration::from_secs(was)
+                    ),
+                    crate::model::origin::FOREIGN_ROWS_ADVICE
+                );
+                let _ = self
+                    .args
+                    .supervisor
+                    .cast(SupervisorMsg::Fatal(reason.clone()));
+                return Err(reason);
+            }
+        }
+        let foreign = foreign_rows(origin, leases);
+        if !foreign.is_empty() {
+            let reason = format!(
+                "lease table rows of another stream under stream {}'s keys: {}; {}",
+                origin.name,
+                foreign
+                    .iter()
+                    .take(5)
+                    .map(|(l, why)| format!("{} ({why})", l.key))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                crate::model::origin::FOREIGN_ROWS_ADVICE
+            );
+            let _ = self
+                .args
+                .supervisor
+                .cast(SupervisorMsg::Fatal(reason.clone()));
+            return Err(reason);
+        }
+        for lease in leases.iter().filter(|l| l.key.stream_id().is_none()) {
+            if origin.of(lease) == RowOrigin::Adopt {
+                match self
+                    .args
+                    .table
+                    .stamp_source(&lease.key, &origin.name, origin.created, false)
+                    .await
+                {
+                    Ok(true) => {
+                        info!(message = "Lease row written without its stream adopted as this stream's.", lease_key = %lease.key, stream = %origin.name)
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        debug!(message = "Lease row not stamped; the next listing tries again.", lease_key = %lease.key, %error)
+                    }
+                }
             }
         }
         Ok(())

@@ -59,6 +59,9 @@ pub(crate) struct WorkerContext {
     pub set: crate::status::StreamSetBoard,
     /// Where a changing stream set comes from (`None`: it is fixed).
     pub set_source: Option<crate::stream_set::StreamSet>,
+    /// A single stream's name and creation time, which its rows must name
+    /// (`model::origin`); `None` for several streams, whose keys name theirs.
+    pub origin: Option<crate::model::origin::StreamOrigin>,
     pub table: Arc<dyn LeaseTable>,
     /// `lease.java_compat`: `table` is this wrapper, which renews held leases; each
     /// core attaches its fencing board and telemetry to it.
@@ -297,6 +300,15 @@ impl Actor for Supervisor {
                     SupervisorMsg::DrainDone
                 });
             }
+            SupervisorMsg::Fatal(reason) => {
+                // Going on would process what must not be (another stream's positions,
+                // a table that is gone): stop without passing anything on.
+                error!(message = "The worker stops.", %reason);
+                if let Ok(mut fatal) = state.ctx.fatal.lock() {
+                    fatal.get_or_insert(reason.clone());
+                }
+                myself.stop(Some(reason));
+            }
             SupervisorMsg::DrainDone => {
                 let Some(reply) = state.shutdown_reply.take() else {
                     return Ok(());
@@ -510,6 +522,8 @@ async fn spawn_core(
             grace: settings.worker.former_stream_grace,
             interval: settings.reader.shard_sync_interval,
             keeper: keeper.clone(),
+            supervisor: myself.clone(),
+            origin: ctx.origin.clone(),
             listing: ctx.listing.clone(),
             rows,
             telemetry: telemetry.clone(),

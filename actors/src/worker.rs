@@ -18,6 +18,7 @@ use crate::backend::memory::{MemoryDynamo, MemoryMetrics, MemoryStreams};
 use crate::backend::time_scan::TimeScan;
 use crate::backend::{LeaseError, LeaseTable, MetricsSink, StreamClient, StreamError};
 use crate::handle::WorkerHandle;
+use crate::model::origin::StreamOrigin;
 use crate::model::{Checkpoint, ConsumedStream, ConsumedStreams, Source, SourceKind, WorkerId};
 pub use crate::processor::ProcessorActorFactory;
 use crate::processor::{BoxedProcessor, Processor, ProcessorFactory, ProcessorSource};
@@ -272,6 +273,24 @@ pub enum WorkerError {
         /// Why it could not be bound.
         error: std::io::Error,
     },
+    /// The lease table holds another stream's positions under this stream's keys
+    /// (`model::origin`): rows written for another `worker.stream`, or for a stream of
+    /// this name that was deleted and created again. Taken, they would skip this
+    /// stream's records; the worker does not start.
+    #[error(
+        "lease table {table}: {} of its rows are not stream {stream}'s: {}; {}",
+        rows.len(),
+        rows.iter().take(5).map(|(key, why)| format!("{key} ({why})")).collect::<Vec<_>>().join(", "),
+        crate::model::origin::FOREIGN_ROWS_ADVICE
+    )]
+    ForeignRows {
+        /// The lease table (the application).
+        table: String,
+        /// The stream this worker reads.
+        stream: String,
+        /// Each row of another stream, with why.
+        rows: Vec<(String, crate::model::origin::Foreign)>,
+    },
     /// The supervisor or its core actors could not be started (the error, as text).
     #[error("worker could not start its actors: {0}")]
     Spawn(String),
@@ -508,6 +527,21 @@ impl WorkerBuilder {
                 table: application.clone(),
                 source,
             })?;
+        // A single stream's rows are keyed by bare shard ids, as any stream's would be:
+        // each must be this stream's (`model::origin`).
+        let origin = match (&consumed, &summary) {
+            (None, Some(summary)) => Some(StreamOrigin {
+                name: stream.clone(),
+                created: match source.as_ref().is_some_and(Source::is_table_stream) {
+                    true => None,
+                    false => summary.created.and_then(epoch_seconds),
+                },
+            }),
+            _ => None,
+        };
+        if let Some(origin) = &origin {
+            check_origin(table.as_ref(), origin).await?;
+        }
         let consumed = Arc::new(consumed.unwrap_or_else(|| {
             ConsumedStreams::single(ConsumedStream {
                 stream: stream.clone(),
@@ -555,6 +589,7 @@ impl WorkerBuilder {
                 .0,
             ),
             set_source,
+            origin,
             table,
             renewing,
             metrics_sink: backend.metrics.clone(),
@@ -608,6 +643,68 @@ impl WorkerBuilder {
             stopper: Some(stopper),
         })
     }
+}
+
+/// Seconds since the epoch of a creation time (`None` before the epoch, or at it: an
+/// emulator's zero).
+fn epoch_seconds(at: std::time::SystemTime) -> Option<u64> {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
+        .filter(|s| *s > 0)
+}
+
+/// At start: refuses a lease table holding another stream's rows under this stream's
+/// keys, at ERROR naming them and what to do, and stamps the rows written without (all
+/// of) their source (the Java KCL's, an earlier flotilla's) as this stream's.
+async fn check_origin(table: &dyn LeaseTable, origin: &StreamOrigin) -> Result<(), WorkerError> {
+    let failed = |source| WorkerError::LeaseTable {
+        table: table.table_name().to_owned(),
+        source,
+    };
+    let scan = retrying(|| table.scan(), LeaseError::is_retryable)
+        .await
+        .map_err(failed)?;
+    let foreign = crate::model::origin::foreign_rows(origin, &scan.leases);
+    if !foreign.is_empty() {
+        let rows: Vec<(String, crate::model::origin::Foreign)> = foreign
+            .into_iter()
+            .map(|(lease, why)| (lease.key.as_str().to_owned(), why))
+            .collect();
+        tracing::error!(
+            message = "The lease table holds another stream's positions; not starting.",
+            table = %table.table_name(),
+            stream = %origin.name,
+            rows = %rows.iter().map(|(k, why)| format!("{k} ({why})")).collect::<Vec<_>>().join(", "),
+            advice = crate::model::origin::FOREIGN_ROWS_ADVICE,
+        );
+        return Err(WorkerError::ForeignRows {
+            table: table.table_name().to_owned(),
+            stream: origin.name.clone(),
+            rows,
+        });
+    }
+    let mut adopted = 0;
+    for lease in scan.leases.iter().filter(|l| l.key.stream_id().is_none()) {
+        if origin.of(lease) == crate::model::origin::RowOrigin::Adopt {
+            let stamped = retrying(
+                || table.stamp_source(&lease.key, &origin.name, origin.created, false),
+                LeaseError::is_retryable,
+            )
+            .await
+            .map_err(failed)?;
+            adopted += usize::from(stamped);
+        }
+    }
+    if adopted > 0 {
+        info!(
+            message = "Lease rows written without their stream (by the Java KCL, or an earlier flotilla) adopted as this stream's.",
+            table = %table.table_name(),
+            stream = %origin.name,
+            rows = adopted,
+        );
+    }
+    Ok(())
 }
 
 /// The one graceful shutdown's result, whoever started it: `Worker::shutdown` or a

@@ -430,6 +430,86 @@ fn no_fanout(tier: &str) -> Option<&'static str> {
         .then_some("moto has no SubscribeToShard (it answers a bare 500)")
 }
 
+mod origin {
+    use super::*;
+
+    /// A worker of another stream, or of this stream deleted and created again, on an
+    /// application's table: refused at start (`model::origin`), the rows untouched.
+    pub async fn another_streams_rows_are_refused(kinesis: String, dynamodb: String) {
+        let env = Env::new(kinesis, dynamodb, 2).await;
+        let probes = ProbeFactory::new(Misbehave::default());
+        let mut producer = Producer::with_prefix("origin");
+        producer.put_round(&env.kinesis, &env.stream, 8, 4).await;
+        let worker = env.start(&probes).await;
+        probes.wait_distinct(producer.total(), PATIENCE).await;
+        shutdown_clean(worker).await;
+        let start = |stream: String| {
+            let f = probes.clone();
+            let backend = env.backend();
+            let application = env.application.clone();
+            async move {
+                Worker::builder()
+                    .settings(fast_settings(&stream, &application))
+                    .backend(backend)
+                    .processor(move |shard| f.make(shard))
+                    .start()
+                    .await
+            }
+        };
+        // Renamed: another stream, the same application.
+        let other = servers::unique_name("worker-renamed");
+        env.kinesis.create_stream(&other, 2).await.unwrap();
+        match start(other).await {
+            Err(flotilla_actors::WorkerError::ForeignRows { rows, .. }) => {
+                assert_eq!(rows.len(), 2)
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a worker of another stream started on this stream's rows"),
+        }
+        // Recreated: the same name, created again (a second later: creation times are
+        // in seconds).
+        let created = env
+            .kinesis
+            .describe_stream_summary(&env.stream)
+            .await
+            .unwrap()
+            .created;
+        if created.is_none() {
+            eprintln!(
+                "this server gives no StreamCreationTimestamp: a recreated stream cannot be told apart by it"
+            );
+            return;
+        }
+        env.kinesis.delete_stream(&env.stream).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let mut again = Err(String::new());
+        for _ in 0..50 {
+            again = env
+                .kinesis
+                .create_stream(&env.stream, 2)
+                .await
+                .map_err(|e| e.to_string());
+            if again.is_ok() {
+                break;
+            }
+            // Still being deleted.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        again.unwrap();
+        match start(env.stream.clone()).await {
+            Err(flotilla_actors::WorkerError::ForeignRows { rows, .. }) => assert!(
+                rows.iter().all(|(_, why)| matches!(
+                    why,
+                    flotilla_actors::model::origin::Foreign::Recreated { .. }
+                )),
+                "{rows:?}"
+            ),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a worker started on the deleted stream's rows"),
+        }
+    }
+}
+
 macro_rules! tier {
     ($tier:ident, $(#[$attr:meta])* start: $start:expr) => {
         tier!($tier, $(#[$attr])* start: $start, resharding: Resharding::Full);
@@ -477,6 +557,15 @@ macro_rules! tier {
                 }
                 let (kinesis, dynamodb) = $start;
                 scenarios::resumes_after_a_crash(kinesis, dynamodb).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn another_streams_rows_are_refused() {
+                if no_fanout(stringify!($tier)).is_some() {
+                    return;
+                }
+                let (kinesis, dynamodb) = $start;
+                origin::another_streams_rows_are_refused(kinesis, dynamodb).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -870,6 +870,19 @@ impl<B: LeaseTable> LeaseTable for Faulty<B> {
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(self.run("retire_legacy", self.inner.retire_legacy(plan)))
     }
+
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.run(
+            "stamp_source",
+            self.inner.stamp_source(key, source, created, overwrite),
+        ))
+    }
 }
 
 impl<B: MetricsSink> MetricsSink for Faulty<B> {

@@ -260,6 +260,9 @@ impl LeaseError {
 ///   plan's workers (`false`, nothing deleted, otherwise), then the plan's legacy
 ///   heartbeat rows, each under its condition.
 /// * `take_expired` checks the owner's heartbeat by `crate::backend::layout::beat_checks`.
+/// * `stamp_source(key, source, created, overwrite)`: source and creation time set (the
+///   creation time removed when `None`), nothing else; without `overwrite` only on a row
+///   that names no creation time and no source or this one.
 /// * Attributes a write does not name are left as they are (a Java KCL's extras survive).
 pub trait LeaseTable: Send + Sync + 'static {
     /// The table's name, for logs and errors.
@@ -425,4 +428,19 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// roster changed (an older worker joined), nothing deleted.
     fn retire_legacy<'a>(&'a self, plan: &'a Retirement)
     -> BoxFuture<'a, Result<bool, LeaseError>>;
+
+    /// Stamps the lease row `key` with the stream its positions are in (`flotillaSource`
+    /// := `source`, and `flotillaSourceCreated` := `created`, removed when `None`),
+    /// owner, counter and checkpoint untouched: only while the row names no source or
+    /// `source` itself, and no creation time (`model::origin`: adopting a row the Java
+    /// KCL, or a flotilla before creation times, wrote); with `overwrite`, whatever it
+    /// names (`flotilla position import --force --source`). `Ok(false)`: the row names
+    /// another, or is gone; nothing written.
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>>;
 }

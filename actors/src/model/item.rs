@@ -138,6 +138,9 @@ pub mod attr {
     /// The stream a lease's shard belongs to (a Kinesis stream's name or a DynamoDB stream's
     /// ARN), written once when the row is created.
     pub const SOURCE: &str = "flotillaSource";
+    /// When the lease's source was created (seconds since the epoch): with
+    /// [`SOURCE`], which stream of that name the lease's positions are in.
+    pub const SOURCE_CREATED: &str = "flotillaSourceCreated";
     /// A multi-stream lease's stream identifier (`account:stream:creationEpoch`) and
     /// shard, which the Java KCL's multi-stream serializer requires in every row.
     pub const STREAM_NAME: &str = "streamName";
@@ -555,6 +558,7 @@ fn decode_lease(r: &Reader<'_>, key: String) -> Result<Lease, MalformedRow> {
         checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
         handoff_to: r.string(attr::HANDOFF_TO)?.map(WorkerId::new),
         source: r.string(attr::SOURCE)?.map(str::to_owned),
+        source_created: r.number(attr::SOURCE_CREATED)?,
     })
 }
 
@@ -689,6 +693,12 @@ pub fn encode_lease(lease: &Lease) -> Item {
     }
     if let Some(source) = &lease.source {
         item.insert(attr::SOURCE.into(), AttrValue::S(source.clone()));
+    }
+    if let Some(created) = lease.source_created {
+        item.insert(
+            attr::SOURCE_CREATED.into(),
+            AttrValue::N(created.to_string()),
+        );
     }
     item
 }

@@ -229,6 +229,12 @@ pub struct Lease {
     /// tokens can say which source they belong to. `None` on rows a KCL (or an older
     /// flotilla) created.
     pub source: Option<String>,
+    /// When `source` was created, in seconds since the epoch
+    /// (`flotillaSourceCreated`; Kinesis' `StreamCreationTimestamp`): a stream deleted and
+    /// created again under its name is another stream, whose positions these are not.
+    /// `None` on rows written before flotilla recorded it, by a KCL, or for a source
+    /// whose name already changes when it is made again (a table stream's ARN).
+    pub source_created: Option<u64>,
 }
 
 impl Lease {
@@ -253,6 +259,7 @@ impl Lease {
             checkpoint_owner: None,
             handoff_to: None,
             source: None,
+            source_created: None,
         }
     }
 

@@ -25,6 +25,7 @@ mod graph;
 pub mod item;
 mod lease;
 mod lease_plan;
+pub mod origin;
 mod rates;
 mod sequence;
 mod shard;

@@ -142,6 +142,9 @@ pub(crate) enum SupervisorMsg {
     DrainDone,
     /// The keeper saw a lease row the last listing does not explain: list now.
     ListShardsNow,
+    /// Something a core actor found makes going on wrong (the lease table holds another
+    /// stream's positions; the table is gone): the worker stops, with this reason.
+    Fatal(String),
     Status(RpcReplyPort<WorkerStatus>),
     Shutdown(RpcReplyPort<ShutdownReport>),
 }

@@ -1989,6 +1989,56 @@ impl DynamoLeaseTable {
         Ok(true)
     }
 
+    /// `LeaseTable::stamp_source`: one UpdateItem, conditional on the row (and, unless
+    /// `overwrite`, on its naming no creation time and no other source).
+    async fn stamp(
+        &self,
+        key: &LeaseKey,
+        source: &str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> Result<bool, LeaseError> {
+        const OP: &str = "UpdateItem";
+        let mut p = Placeholders::default();
+        let (row, named, when) = (
+            p.name(attr::LEASE_KEY),
+            p.name(attr::SOURCE),
+            p.name(attr::SOURCE_CREATED),
+        );
+        let value = p.value("source", AttributeValue::S(source.to_owned()));
+        let mut condition = format!("attribute_exists({row})");
+        if !overwrite {
+            condition.push_str(&format!(
+                " AND (attribute_not_exists({named}) OR {named} = {value}) AND attribute_not_exists({when})"
+            ));
+        }
+        let update = match created {
+            Some(c) => {
+                let c = p.value("created", number(c));
+                format!("SET {named} = {value}, {when} = {c}")
+            }
+            None => format!("SET {named} = {value} REMOVE {when}"),
+        };
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key.as_str())))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(p.names())
+            .set_expression_attribute_values(p.values())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.classify(OP, err)),
+            },
+        }
+    }
+
     /// `LeaseTable::retire_legacy`: the legacy roster (conditional on naming exactly
     /// the plan's workers: its size, and each of them), then the rows.
     async fn retire(&self, plan: &Retirement) -> Result<bool, LeaseError> {
@@ -2378,6 +2428,16 @@ impl LeaseTable for DynamoLeaseTable {
         plan: &'a Retirement,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(self.retire(plan))
+    }
+
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.stamp(key, source, created, overwrite))
     }
 }
 

@@ -1108,4 +1108,38 @@ impl LeaseTable for MemoryLeaseTable {
             Ok(true)
         })
     }
+
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = table_mut(&mut tables, &self.name, "UpdateItem")?;
+            let Some(row) = table.items.get_mut(key.as_str()) else {
+                return Ok(false);
+            };
+            let named = match row.get(attr::SOURCE) {
+                None => true,
+                Some(AttrValue::S(s)) => s == source,
+                Some(_) => false,
+            };
+            if !overwrite && !(named && !row.contains_key(attr::SOURCE_CREATED)) {
+                return Ok(false);
+            }
+            row.insert(attr::SOURCE.into(), AttrValue::S(source.to_owned()));
+            match created {
+                Some(c) => {
+                    row.insert(attr::SOURCE_CREATED.into(), AttrValue::N(c.to_string()));
+                }
+                None => {
+                    row.remove(attr::SOURCE_CREATED);
+                }
+            }
+            Ok(true)
+        })
+    }
 }
