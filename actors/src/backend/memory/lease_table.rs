@@ -216,6 +216,12 @@ impl MemoryDynamo {
         self.lock().get(table)?.items.get(key).cloned()
     }
 
+    /// Deletes `table` whole, as DeleteTable does (an operator's `flotilla destroy`, or a
+    /// hand): whoever uses it next is told it does not exist. `false`: there was none.
+    pub fn delete_table(&self, table: &str) -> bool {
+        self.lock().remove(table).is_some()
+    }
+
     /// Every row of `table` as stored (none if there is no such table).
     pub fn scan_raw(&self, table: &str) -> Vec<Item> {
         self.lock()
@@ -1127,7 +1133,10 @@ impl LeaseTable for MemoryLeaseTable {
                 Some(AttrValue::S(s)) => s == source,
                 Some(_) => false,
             };
-            if !overwrite && !(named && !row.contains_key(attr::SOURCE_CREATED)) {
+            // Adopting stamps only a row that names this stream (or nothing) and has no
+            // creation time yet; overwriting (import --force) stamps any row.
+            let adoptable = named && !row.contains_key(attr::SOURCE_CREATED);
+            if !(overwrite || adoptable) {
                 return Ok(false);
             }
             row.insert(attr::SOURCE.into(), AttrValue::S(source.to_owned()));
