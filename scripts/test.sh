@@ -219,6 +219,20 @@ ensure_java() {
     command -v java >/dev/null 2>&1 || die "java still missing after installing default-jre-headless"
 }
 
+# tests/kcl_prepared.rs compiles a small Java KCL application (tests/kcl/PreparingApp.java)
+# against the wheel's jars: it needs the compiler, which the JRE lacks. Installed only when
+# missing, like Java.
+ensure_javac() {
+    command -v javac >/dev/null 2>&1 && return 0
+    log "javac not found: installing Debian's default-jdk-headless"
+    local sudo=()
+    [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends default-jdk-headless >/dev/null
+    command -v javac >/dev/null 2>&1 || die "javac still missing after installing default-jdk-headless"
+}
+
 # moto is installed into a virtualenv: Debian's python3 needs python3-venv for
 # that (ensurepip). Installed only when missing, like Java.
 ensure_venv() {
@@ -259,6 +273,7 @@ install_all() {
         command -v "$tool" >/dev/null 2>&1 || die "$tool is required"
     done
     ensure_java
+    ensure_javac
     ensure_venv
     ensure_chromium
     mkdir -p "$SERVERS_DIR" "$LOG_DIR"
@@ -646,6 +661,13 @@ if [[ $# -eq 0 || -n "${FLOTILLA_SIM_SEEDS:-}" ]]; then
         fanout_seeds="${FLOTILLA_SIM_FANOUT_SEEDS:-100}"
         log "fault simulator: seeds 0..$fanout_seeds, every worker reading by enhanced fan-out"
         FLOTILLA_TEST_READ_MODE=fanout "$sim" --seeds "$fanout_seeds" || { log "ERROR: the fault simulator found a violation in fan-out mode (replay with FLOTILLA_TEST_READ_MODE=fanout)"; status=1; }
+        # Beside Java KCL 2.x workers (actors/tests/support/java_worker.rs), flotilla with
+        # lease.java_compat: FLOTILLA_SIM_JAVA_SEEDS seeds (100; 0 skips the pass).
+        java_seeds="${FLOTILLA_SIM_JAVA_SEEDS:-100}"
+        if [[ "$java_seeds" -gt 0 ]]; then
+            log "fault simulator: seeds 0..$java_seeds beside Java KCL workers (lease.java_compat)"
+            "$sim" --java --seeds "$java_seeds" || { log "ERROR: the fault simulator found a violation beside Java workers (replay command above)"; status=1; }
+        fi
         log "fault simulator: mutation table (up to $mutant_seeds seeds each)"
         "$sim" --mutants --seeds "$mutant_seeds" || { log "ERROR: a deliberate protocol bug went uncaught"; status=1; }
     fi

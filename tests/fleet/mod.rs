@@ -48,6 +48,11 @@ mod servers;
 #[allow(dead_code)]
 pub mod kcl;
 
+/// A small Java KCL 2.5.8 application using the KCL's API directly (prepared checkpoints,
+/// which MultiLang cannot express); only tests/kcl_prepared.rs starts it.
+#[allow(dead_code)]
+pub mod java_app;
+
 /// Items of a table with a stream, and the changes owed for them.
 #[path = "../../actors/tests/support/changes.rs"]
 #[allow(dead_code)]
