@@ -169,8 +169,9 @@ pub struct DestroyArgs {
     /// given more than once). Without it, consumers are left registered.
     #[arg(long = "stream", value_name = "STREAM")]
     pub streams: Vec<String>,
-    /// The consumer's name (reader.consumer_name); default: the table's (application's)
-    /// name, as workers name it.
+    /// The consumer's name (reader.consumer_name); default: the table's name, which is
+    /// the application's, as workers name it (with a lease.table that names the table
+    /// otherwise, give the application's name).
     #[arg(long, requires = "streams")]
     pub consumer_name: Option<String>,
     /// A Kinesis endpoint to use instead of AWS's (a local server).
@@ -454,7 +455,8 @@ pub struct MultiLangArgs {
 /// Where the lease table is.
 #[derive(Debug, Args)]
 pub struct TableArgs {
-    /// The lease table: the application name, as with the Java KCL.
+    /// The lease table: the workers' lease.table, which is their worker.application
+    /// unless set (as the Java KCL's tableName).
     #[arg(long, env = "FLOTILLA_TABLE")]
     pub table: String,
     /// AWS region; default: the SDK's chain (AWS_REGION, profile, ...).
@@ -710,6 +712,9 @@ async fn destroy(args: DestroyArgs) -> anyhow::Result<()> {
              --no-deletion-protection-enabled`) and run this again"
         ),
         _ => {}
+    }
+    if protected.is_some() && args.force {
+        ops::forced(&ops::scan(&table).await?, "deleting the lease table");
     }
     if protected.is_some() && !args.force {
         let scan = ops::scan(&table).await?;
@@ -992,7 +997,7 @@ async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
     }
     let worker = builder
         .settings(settings)
-        .processor(move |shard| StdoutProcessor::new(shard.shard_id.clone(), changes))
+        .processor(move |shard| StdoutProcessor::new(shard, changes))
         .start()
         .await
         .with_context(|| format!("cannot start a worker on {stream}"))?;
@@ -1000,12 +1005,12 @@ async fn run_worker(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// The stream list to read after the settings file was read again, or why the old one
-/// stays (the message names the key at fault). `Ok((list, others_changed))`: other
-/// settings changed too, which take a restart.
+/// stays (the message names the key at fault). `Ok((list, others))`: `others` are the
+/// other settings the file changed (dotted keys), which take a restart.
 fn reloaded_streams(
     started: &Settings,
     reloaded: Result<Settings, flotilla_actors::LoadError>,
-) -> Result<(Vec<flotilla_actors::settings::StreamSpec>, bool), String> {
+) -> Result<(Vec<flotilla_actors::settings::StreamSpec>, Vec<String>), String> {
     let reloaded = reloaded.map_err(|e| e.to_string())?;
     reloaded.validate().map_err(|e| e.to_string())?;
     if reloaded.worker.streams.is_empty() {
@@ -1018,13 +1023,13 @@ fn reloaded_streams(
     let list = reloaded.worker.stream_specs().map_err(|e| e.to_string())?;
     let mut others = reloaded.clone();
     others.worker.streams = started.worker.streams.clone();
-    Ok((list, others != *started))
+    Ok((list, started.changed_keys(&others)))
 }
 
 /// On each SIGHUP, reads the settings file again and gives the worker its new
 /// `worker.streams` (read at the next shard sync). A file that cannot be read or is not
 /// valid keeps the old list, said at ERROR with the key at fault; other changed
-/// settings are said to need a restart.
+/// settings are named as needing a restart.
 async fn reload_on_hangup(
     mut hangup: tokio::signal::unix::Signal,
     config: Option<PathBuf>,
@@ -1039,12 +1044,13 @@ async fn reload_on_hangup(
             continue;
         };
         match reloaded_streams(&started, Settings::load(config.as_deref())) {
-            Ok((list, others_changed)) => {
+            Ok((list, others)) => {
                 let names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
                 info!(message = "SIGHUP: settings file read again; the stream set changes at the next shard sync.", streams = ?names);
-                if others_changed {
+                if !others.is_empty() {
                     warn!(
-                        message = "SIGHUP: settings other than worker.streams changed; they take effect at the next restart."
+                        message = "SIGHUP: settings other than worker.streams changed; only worker.streams is read again, so these take effect at the next restart.",
+                        settings = %others.join(", ")
                     );
                 }
                 match current.lock() {
@@ -1074,6 +1080,11 @@ async fn multilang(args: MultiLangArgs) -> anyhow::Result<()> {
     for note in &daemon.warnings {
         warn!(message = "MultiLang property not used.", file = %path, note = %note);
     }
+    // Before anything starts: a program that cannot be run would fail each shard.
+    daemon
+        .command
+        .check()
+        .with_context(|| format!("properties file {path}"))?;
     let mut base = daemon.settings.clone();
     // The child decides what is processed: its checkpoints are the only ones.
     base.push(("checkpoint.mode".to_owned(), "manual".to_owned()));
@@ -1092,6 +1103,16 @@ async fn multilang(args: MultiLangArgs) -> anyhow::Result<()> {
     let stream = settings.worker.stream.clone();
     let backend = Backend::aws(&settings.aws).await;
     let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    // As `run` on one stream: a SIGHUP (whose default ends the process with its leases
+    // held) is said and ignored; nothing here can be re-read while running.
+    let mut hangup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            warn!(
+                message = "SIGHUP: flotilla multilang reads its properties file and settings only at start; nothing is re-read. Restart it to change them (SIGTERM stops it gracefully)."
+            );
+        }
+    });
     let command = Arc::new(daemon.command);
     let worker = Worker::builder()
         .settings(settings)
@@ -1218,7 +1239,7 @@ mod tests {
     }
 
     /// A re-read file gives its list; a bad one keeps the old list and names the key;
-    /// other changed settings are flagged as needing a restart.
+    /// other changed settings are named as needing a restart.
     #[test]
     fn a_reloaded_file_gives_its_list_or_says_which_key_is_wrong() {
         let mut next = started();
@@ -1228,9 +1249,14 @@ mod tests {
             list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
             ["a", "b"]
         );
-        assert!(!others);
+        assert!(others.is_empty(), "{others:?}");
         next.lease.max_leases = 7;
-        assert!(reloaded_streams(&started(), Ok(next.clone())).unwrap().1);
+        next.reader.mode = flotilla_actors::settings::ReadMode::Fanout;
+        assert_eq!(
+            reloaded_streams(&started(), Ok(next.clone())).unwrap().1,
+            ["lease.max_leases", "reader.mode"],
+            "the settings that need a restart, by name"
+        );
         let mut bad = started();
         bad.worker.streams.push(StreamEntry::Name("a".into()));
         let error = reloaded_streams(&started(), Ok(bad)).unwrap_err();

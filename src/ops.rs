@@ -7,7 +7,9 @@
 //! processes the shards: a live owner keeps its position in memory and writes it over
 //! the new one at its next checkpoint (checkpoints do not change the lease counter, so
 //! the fence does not stop it). Before writing, the owners of unfinished leases are
-//! watched for up to `lease.failover_time`, as the workers themselves judge liveness: an
+//! watched for as long as the workers themselves give a peer (`watch_window`: the
+//! `lease.failover_time` each declares in its heartbeat row, never less for a smaller
+//! `--failover-time`), as the workers themselves judge liveness: an
 //! owner is alive if its heartbeat row's counter moves, or (a Java KCL worker, which
 //! renews leases instead) a lease it owns has its counter raised; a worker that takes a
 //! lease meanwhile is alive too. Owners that show no sign of life are dead (crashed
@@ -94,15 +96,25 @@ pub async fn live_owners(
     };
     let first_heartbeats = heartbeats(&first);
     let first_leases = leases(&first);
+    let given = failover_time;
+    let failover_time = watch_window(given, &pending, &first.heartbeats);
     eprintln!(
-        "flotilla: checking whether the owners of the leases are alive: {} (up to {}, \
-         lease.failover_time; --force skips this)",
+        "flotilla: checking whether the owners of the leases are alive: {} (up to {}{}; \
+         --force skips this)",
         pending
             .iter()
             .map(WorkerId::as_str)
             .collect::<Vec<_>>()
             .join(", "),
-        humantime::format_duration(failover_time)
+        humantime::format_duration(failover_time),
+        if failover_time > given {
+            format!(
+                ", the lease.failover_time the workers declare, not the {} given",
+                humantime::format_duration(given)
+            )
+        } else {
+            ", lease.failover_time".to_owned()
+        }
     );
 
     let poll = (failover_time / 5).clamp(Duration::from_millis(100), Duration::from_secs(1));
@@ -292,6 +304,53 @@ pub fn confirm(prompt: &str, expected: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a command watches for a sign of life an owner that declares no failover
+/// time in its heartbeat row (a Java KCL worker, a flotilla before the declarations):
+/// the KCL's and flotilla's default `failoverTimeMillis` / `lease.failover_time`.
+pub const UNDECLARED_FAILOVER: Duration = Duration::from_secs(10);
+
+/// How long the owners of leases are watched for a sign of life before they count as
+/// dead: the longest failover time any of them declares in its heartbeat row (the time
+/// its own peers give it before they take its leases), [`UNDECLARED_FAILOVER`] for one
+/// that declares none, and `given` (`--failover-time`) only where it is longer. A
+/// smaller number on the command line never calls a live worker dead: with `0s` the
+/// check used to pass at once, and with `1s` against workers beating every 2 s, two
+/// times in three.
+pub fn watch_window(
+    given: Duration,
+    owners: &BTreeSet<WorkerId>,
+    heartbeats: &[flotilla_actors::model::Heartbeat],
+) -> Duration {
+    owners
+        .iter()
+        .map(|owner| {
+            heartbeats
+                .iter()
+                .find(|h| &h.worker == owner)
+                .and_then(|h| h.load.failover_time_ms)
+                .map_or(UNDECLARED_FAILOVER, Duration::from_millis)
+        })
+        .fold(given, Duration::max)
+}
+
+/// What `--force` overrides, said before it does: the leases whose owners are not
+/// checked for a sign of life.
+pub fn forced(scan: &ScanOutput, doing: &str) {
+    let owners: BTreeSet<&str> = scan
+        .leases
+        .iter()
+        .filter(|l| !l.checkpoint.is_shard_end())
+        .filter_map(|l| l.owner.as_ref().map(WorkerId::as_str))
+        .collect();
+    if !owners.is_empty() {
+        eprintln!(
+            "flotilla: --force: {doing} without checking whether the owners of the leases are \
+             alive ({}): a live one writes its own checkpoint over this, or fails",
+            owners.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
 /// What a refused checkpoint write says to do (`refuse_while_alive`'s `advice`).
 const WRITE_ADVICE: &str = "Stop them first (a clean stop releases their leases) and run this \
                             again. --force writes anyway: only for workers you know are dead, \
@@ -338,6 +397,7 @@ pub async fn rewind(
         );
     }
     let mut scan = if force {
+        forced(&scan, "rewinding");
         scan
     } else {
         refuse_while_alive(table, scan, failover_time, "rewind", WRITE_ADVICE).await?
@@ -590,6 +650,7 @@ pub async fn import(
         );
     }
     let mut scan = if force {
+        forced(&scan, "importing positions");
         scan
     } else {
         refuse_while_alive(table, scan, failover_time, "import positions", WRITE_ADVICE).await?
@@ -813,6 +874,44 @@ mod tests {
         assert_eq!(carried.source_created, None);
         assert_eq!(payments.of(&carried), RowOrigin::Adopt);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn owners_are_watched_as_long_as_they_declare_never_less() {
+        use flotilla_actors::model::{Heartbeat, WorkerLoad};
+        let s = Duration::from_secs;
+        let beat = |id: &str, failover: Option<u64>| Heartbeat {
+            worker: WorkerId::new(id),
+            counter: 1,
+            load: WorkerLoad {
+                failover_time_ms: failover,
+                ..WorkerLoad::default()
+            },
+        };
+        let owners = |ids: &[&str]| ids.iter().map(|i| WorkerId::new(*i)).collect();
+        let beats = [
+            beat("a", Some(4_000)),
+            beat("b", Some(30_000)),
+            beat("old", None),
+        ];
+        // (given, owners, window)
+        let table: [(Duration, &[&str], Duration); 6] = [
+            (s(0), &["a"], s(4)),
+            (s(1), &["a"], s(4)),
+            (s(60), &["a"], s(60)),
+            (s(0), &["a", "b"], s(30)),
+            // No declaration (an older flotilla): the default.
+            (s(0), &["old"], UNDECLARED_FAILOVER),
+            // No heartbeat row at all (a Java KCL worker): the default.
+            (Duration::from_millis(600), &["java"], UNDECLARED_FAILOVER),
+        ];
+        for (given, ids, want) in table {
+            assert_eq!(
+                watch_window(given, &owners(ids), &beats),
+                want,
+                "{given:?} {ids:?}"
+            );
+        }
     }
 
     #[test]

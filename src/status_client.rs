@@ -121,9 +121,10 @@ pub fn render_status(status: &Value) -> String {
                 rate(&shard["records_per_second"]),
                 text(&shard["in_flight_records"]),
                 text(&shard["restarts"]),
-                match fence_text(&shard["fenced"]) {
-                    Some(why) => format!("fenced: {why}"),
-                    None => subscription_note(&shard["subscription"], &shard["last_error"]),
+                match (fence_text(&shard["fenced"]), shard["stall"].as_str()) {
+                    (Some(why), _) => format!("fenced: {why}"),
+                    (None, Some(why)) => format!("stalled: {why}"),
+                    (None, None) => subscription_note(&shard["subscription"], &shard["last_error"]),
                 },
             ]);
             row

@@ -1,9 +1,12 @@
 //! The built-in `stdout` processor of `flotilla run`: one JSON object per record on
 //! stdout, so a worker can feed a shell pipeline (`flotilla run ... | jq ...`).
 //!
-//! Each line holds `shard_id`, `sequence_number` (a string: Kinesis sequence numbers do
-//! not fit a JSON number), `sub_sequence_number`, `partition_key`, `approximate_arrival`
-//! (RFC 3339 with milliseconds, or null) and `data`: the payload as text when it is
+//! Each line holds `stream` (the stream's name: a shard id repeats across the streams of
+//! `worker.streams`; a table's stream, which has no name of its own, by its ARN),
+//! `stream_arn` (when the worker's description of the stream gave one), `shard_id`,
+//! `sequence_number` (a string: Kinesis sequence numbers do not fit a JSON number),
+//! `sub_sequence_number`, `partition_key`, `approximate_arrival` (RFC 3339 with
+//! milliseconds, or null) and `data`: the payload as text when it is
 //! UTF-8, else base64 with `"data_encoding":"base64"` beside it. When the source is a
 //! DynamoDB table's stream, `change` replaces `data`: the change record as a JSON
 //! object (eventName, dynamodb.Keys/NewImage/OldImage, ...), so `jq .change.dynamodb`
@@ -13,22 +16,51 @@ use std::io::Write as _;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use flotilla_actors::model::ShardId;
-use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Record};
+use flotilla_actors::model::{ShardId, StreamArn};
+use flotilla_actors::{Batch, Checkpointer, Processor, ProcessorError, Record, ShardInfo};
 use serde::Serialize;
 
 /// Writes each batch to stdout, whole, and flushes before the batch is acked: a record
 /// is checkpointed only once its line has left the process.
 #[derive(Debug)]
 pub struct StdoutProcessor {
+    stream: Stream,
     shard: ShardId,
     /// The source is a table's stream: each record's data is a change, as JSON.
     changes: bool,
 }
 
+/// The stream as each line names it.
+#[derive(Debug)]
+struct Stream {
+    name: String,
+    arn: Option<String>,
+}
+
+impl Stream {
+    /// The name of the stream `shard` is of: a Kinesis stream named by its ARN (an entry
+    /// of `worker.streams`) by the name in it; a table's stream by its ARN, its only
+    /// name.
+    fn of(shard: &ShardInfo) -> Self {
+        let name = match StreamArn::parse(&shard.stream) {
+            Ok(arn) => arn.name,
+            Err(_) => shard.stream.clone(),
+        };
+        let arn = shard.stream_arn.clone().or_else(|| {
+            (StreamArn::is_kinesis_arn(&shard.stream) || shard.stream.starts_with("arn:"))
+                .then(|| shard.stream.clone())
+        });
+        Self { name, arn }
+    }
+}
+
 impl StdoutProcessor {
-    pub fn new(shard: ShardId, changes: bool) -> Self {
-        Self { shard, changes }
+    pub fn new(shard: &ShardInfo, changes: bool) -> Self {
+        Self {
+            stream: Stream::of(shard),
+            shard: shard.shard_id.clone(),
+            changes,
+        }
     }
 }
 
@@ -41,7 +73,7 @@ impl Processor for StdoutProcessor {
         for record in batch.records() {
             serde_json::to_writer(
                 &mut out,
-                &RecordLine::new(&self.shard, record, self.changes),
+                &RecordLine::new(&self.stream, &self.shard, record, self.changes),
             )?;
             out.write_all(b"\n")?;
         }
@@ -53,6 +85,9 @@ impl Processor for StdoutProcessor {
 /// One output line. Field order is the order written.
 #[derive(Debug, Serialize)]
 struct RecordLine<'a> {
+    stream: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_arn: Option<&'a str>,
     shard_id: &'a str,
     sequence_number: &'a str,
     sub_sequence_number: u64,
@@ -69,7 +104,7 @@ struct RecordLine<'a> {
 impl<'a> RecordLine<'a> {
     /// With `changes`, data that is JSON is written as `change`, an object; anything
     /// else (never the case on a table's stream) as `data`, so nothing is lost.
-    fn new(shard: &'a ShardId, record: &'a Record, changes: bool) -> Self {
+    fn new(stream: &'a Stream, shard: &'a ShardId, record: &'a Record, changes: bool) -> Self {
         let change = changes
             .then(|| serde_json::from_slice::<serde_json::Value>(&record.data).ok())
             .flatten();
@@ -79,6 +114,8 @@ impl<'a> RecordLine<'a> {
             (None, Err(_)) => (Some(STANDARD.encode(&record.data).into()), Some("base64")),
         };
         Self {
+            stream: &stream.name,
+            stream_arn: stream.arn.as_deref(),
             shard_id: shard.as_str(),
             sequence_number: record.sequence_number.as_str(),
             sub_sequence_number: record.sub_sequence_number,
@@ -93,10 +130,14 @@ impl<'a> RecordLine<'a> {
     }
 }
 
-/// The line for one record, without the newline.
+/// The line for one record of stream `orders` (ARN unknown), without the newline.
 #[cfg(test)]
 fn line(shard: &ShardId, record: &Record) -> String {
-    serde_json::to_string(&RecordLine::new(shard, record, false)).unwrap_or_default()
+    let stream = Stream {
+        name: "orders".to_owned(),
+        arn: None,
+    };
+    serde_json::to_string(&RecordLine::new(&stream, shard, record, false)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -128,13 +169,67 @@ mod tests {
         ShardId::from_index(4)
     }
 
+    const TABLE_STREAM: &str =
+        "arn:aws:dynamodb:us-east-1:123456789012:table/orders/stream/2024-05-01T00:00:00.000";
+
+    fn info(stream: &str, arn: Option<&str>) -> ShardInfo {
+        ShardInfo {
+            shard_id: shard(),
+            stream: stream.to_owned(),
+            stream_arn: arn.map(str::to_owned),
+            parents: Vec::new(),
+            hash_range: None,
+            starting_at: flotilla_actors::model::Checkpoint::TrimHorizon,
+            pending_checkpoint: None,
+            pending_checkpoint_state: None,
+        }
+    }
+
+    /// Every line names its stream: by its name (a shard id repeats across streams),
+    /// with its ARN where the worker's description gave one; an entry given by ARN by
+    /// the name in it; a table's stream, which has no name, by its ARN.
+    #[test]
+    fn each_line_names_its_stream_and_its_arn_where_known() {
+        let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/orders";
+        let fields = |stream: Stream| {
+            let text = serde_json::to_string(&RecordLine::new(
+                &stream,
+                &shard(),
+                &record(b"x", None),
+                false,
+            ))
+            .unwrap();
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            (value["stream"].clone(), value.get("stream_arn").cloned())
+        };
+        assert_eq!(
+            fields(Stream::of(&info("orders", Some(arn)))),
+            (serde_json::json!("orders"), Some(serde_json::json!(arn)))
+        );
+        assert_eq!(
+            fields(Stream::of(&info("orders", None))),
+            (serde_json::json!("orders"), None)
+        );
+        assert_eq!(
+            fields(Stream::of(&info(arn, None))),
+            (serde_json::json!("orders"), Some(serde_json::json!(arn)))
+        );
+        assert_eq!(
+            fields(Stream::of(&info(TABLE_STREAM, Some(TABLE_STREAM)))),
+            (
+                serde_json::json!(TABLE_STREAM),
+                Some(serde_json::json!(TABLE_STREAM))
+            )
+        );
+    }
+
     #[test]
     fn utf8_data_is_written_as_text_in_a_fixed_field_order() {
         let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_714_521_600_123);
         let text = line(&shard(), &record("héllo \"world\"".as_bytes(), Some(at)));
         assert_eq!(
             text,
-            r#"{"shard_id":"shardId-000000000004","sequence_number":"49590338271490256608559692538361571095921575989136588898","sub_sequence_number":3,"partition_key":"customer-7","approximate_arrival":"2024-05-01T00:00:00.123Z","data":"héllo \"world\""}"#
+            r#"{"stream":"orders","shard_id":"shardId-000000000004","sequence_number":"49590338271490256608559692538361571095921575989136588898","sub_sequence_number":3,"partition_key":"customer-7","approximate_arrival":"2024-05-01T00:00:00.123Z","data":"héllo \"world\""}"#
         );
     }
 
@@ -153,15 +248,26 @@ mod tests {
     #[test]
     fn a_change_of_a_table_stream_is_written_as_an_object() {
         let change = br#"{"eventID":"1","eventName":"INSERT","dynamodb":{"Keys":{"pk":{"S":"a"}},"SequenceNumber":"7"}}"#;
-        let text =
-            serde_json::to_string(&RecordLine::new(&shard(), &record(change, None), true)).unwrap();
+        let stream = Stream::of(&info(TABLE_STREAM, None));
+        let text = serde_json::to_string(&RecordLine::new(
+            &stream,
+            &shard(),
+            &record(change, None),
+            true,
+        ))
+        .unwrap();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["change"]["dynamodb"]["Keys"]["pk"]["S"], "a");
         assert_eq!(value["change"]["eventName"], "INSERT");
         assert!(value.get("data").is_none(), "{text}");
         // Not JSON: kept as data, never dropped.
-        let text =
-            serde_json::to_string(&RecordLine::new(&shard(), &record(b"x", None), true)).unwrap();
+        let text = serde_json::to_string(&RecordLine::new(
+            &stream,
+            &shard(),
+            &record(b"x", None),
+            true,
+        ))
+        .unwrap();
         assert!(text.contains(r#""data":"x""#), "{text}");
     }
 

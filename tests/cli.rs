@@ -50,15 +50,15 @@ async fn init_then_leases_on_a_local_dynamodb() {
     assert!(first.status.success(), "{}", text(&first.stderr));
     assert_eq!(
         text(&first.stdout),
-        "lease table cli-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off\n"
+        "lease table cli-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off; heartbeats in cli-app-FlotillaWorkers\n"
     );
     let again = tokio::task::block_in_place(|| run(vec!["init"]));
     assert_eq!(
         text(&again.stdout),
-        "lease table cli-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off\n"
+        "lease table cli-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off; heartbeats in cli-app-FlotillaWorkers\n"
     );
 
-    // A lease, a heartbeat and a malformed row, written through the library.
+    // A lease, a heartbeat and the roster, written through the library.
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb_credentials())
@@ -80,6 +80,7 @@ async fn init_then_leases_on_a_local_dynamodb() {
         .heartbeat(&WorkerId::new("w-1"), &Default::default())
         .await
         .unwrap();
+    table.join_roster(&[WorkerId::new("w-1")]).await.unwrap();
 
     let leases = tokio::task::block_in_place(|| run(vec!["leases"]));
     assert!(leases.status.success(), "{}", text(&leases.stderr));
@@ -91,6 +92,12 @@ async fn init_then_leases_on_a_local_dynamodb() {
     assert_eq!(line["parents"], serde_json::json!(["shardId-000000000001"]));
     assert!(
         text(&leases.stderr).contains("worker w-1: heartbeat 1"),
+        "{}",
+        text(&leases.stderr)
+    );
+    // flotilla's own rows (the roster, the heartbeats) are not another program's.
+    assert!(
+        !text(&leases.stderr).contains("rows of other programs"),
         "{}",
         text(&leases.stderr)
     );
@@ -266,6 +273,16 @@ async fn run_prints_records_as_json_lines_and_stops_cleanly_on_sigterm() {
 
     let record = &seen["key-7"];
     assert_eq!(record["data"], "record 7");
+    // Every line names its stream, and its ARN as the worker's description gave it.
+    for line in seen.values() {
+        assert_eq!(line["stream"], "cli-run", "{line}");
+        assert!(
+            line["stream_arn"].as_str().is_some_and(
+                |arn| arn.starts_with("arn:aws:kinesis:") && arn.ends_with(":stream/cli-run")
+            ),
+            "{line}"
+        );
+    }
     assert!(record.get("data_encoding").is_none(), "{record}");
     assert!(record["shard_id"].as_str().unwrap().starts_with("shardId-"));
     assert!(record["sequence_number"].is_string(), "{record}");
@@ -412,7 +429,17 @@ async fn sighup_rereads_the_stream_list() {
             match lines_rx.recv_timeout(left) {
                 Ok(line) => {
                     let value: serde_json::Value = serde_json::from_str(&line).unwrap();
-                    seen.insert(value["partition_key"].as_str().unwrap().to_owned());
+                    let key = value["partition_key"].as_str().unwrap().to_owned();
+                    // Both streams have shardId-000000000000: each line says which.
+                    let stream = key.rsplit_once('-').unwrap().0;
+                    assert_eq!(value["stream"], stream, "{line}");
+                    assert!(
+                        value["stream_arn"]
+                            .as_str()
+                            .is_some_and(|arn| arn.ends_with(&format!(":stream/{stream}"))),
+                        "{line}"
+                    );
+                    seen.insert(key);
                 }
                 Err(e) => {
                     let _ = child.kill();
@@ -447,4 +474,214 @@ async fn sighup_rereads_the_stream_list() {
     assert!(out.status.success(), "{}: {err}", out.status);
     assert!(err.contains("shutdown clean: 2 shards stopped"), "{err}");
     assert!(err.contains("worker.streams[1]"), "{err}");
+}
+
+/// A MultiLang child that answers every action with its status and nothing else, as a
+/// shell script (no interpreter to install).
+const ANSWERING_CHILD: &str = r#"while IFS= read -r line; do
+    case "$line" in
+        *'"action":"initialize"'*) a=initialize ;;
+        *'"action":"processRecords"'*) a=processRecords ;;
+        *'"action":"shutdownRequested"'*) a=shutdownRequested ;;
+        *'"action":"leaseLost"'*) a=leaseLost ;;
+        *'"action":"shardEnded"'*) a=shardEnded ;;
+        *) continue ;;
+    esac
+    printf '{"action":"status","responseFor":"%s"}\n' "$a"
+done
+"#;
+
+/// A scratch directory of its own for one test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("flotilla-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `flotilla multilang` as `flotilla run` is: a SIGHUP is said and ignored (its default
+/// would end the process with its leases held, no log, no shutdown), and SIGTERM then
+/// stops it gracefully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multilang_survives_sighup_and_stops_cleanly_on_sigterm() {
+    use std::io::BufRead as _;
+
+    use flotilla_actors::backend::StreamAdmin as _;
+    use flotilla_actors::backend::aws::KinesisStream;
+
+    let dynamodb = dynoxide().await;
+    let kinesis = ferrokinesis().await;
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb_credentials())
+        .load()
+        .await;
+    KinesisStream::new(&sdk, Some(&kinesis))
+        .create_stream("cli-ml-hup", 1)
+        .await
+        .unwrap();
+    let dir = scratch("ml-hup");
+    std::fs::write(dir.join("child.sh"), ANSWERING_CHILD).unwrap();
+    let properties = dir.join("app.properties");
+    std::fs::write(
+        &properties,
+        format!(
+            "executableName = sh child.sh\nstreamName = cli-ml-hup\n\
+             applicationName = cli-ml-hup-app\nregionName = us-east-1\n\
+             initialPositionInStream = TRIM_HORIZON\nidleTimeBetweenReadsInMillis = 200\n\
+             kinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["multilang", "--properties", properties.to_str().unwrap()])
+        .current_dir(&dir)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FLOTILLA__STATUS__BIND", "127.0.0.1:0")
+        .env("FLOTILLA__METRICS__LEVEL", "none")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = Vec::new();
+    let mut wait_for = |what: &str, child: &mut std::process::Child| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !log.iter().any(|l: &String| l.contains(what)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines_rx.recv_timeout(left) {
+                Ok(line) => log.push(line),
+                Err(e) => {
+                    let _ = child.kill();
+                    panic!("{e}: waiting for {what:?}:\n{}", log.join("\n"));
+                }
+            }
+        }
+        log.join("\n")
+    };
+    tokio::task::block_in_place(|| wait_for("MultiLang child started", &mut child));
+    let signal = |name: &str, child: &std::process::Child| {
+        let status = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-HUP", &child);
+    let said = tokio::task::block_in_place(|| wait_for("SIGHUP", &mut child));
+    assert!(said.contains("nothing is re-read"), "{said}");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP ended flotilla multilang:\n{said}"
+    );
+    signal("-TERM", &child);
+    let status = tokio::task::block_in_place(|| child.wait()).unwrap();
+    let log = tokio::task::block_in_place(|| wait_for("shutdown clean", &mut child));
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("shutdown clean: 1 shards stopped"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program `executableName` names that cannot be run stops `flotilla multilang` at
+/// start, naming it and why, before any lease is taken (no server is needed to see it):
+/// not on PATH, or a file without an executable bit (relative to the working directory).
+#[test]
+fn multilang_with_a_program_that_cannot_run_fails_at_start_naming_it() {
+    let dir = scratch("ml-exec");
+    std::fs::write(dir.join("processor.py"), "print('hello')\n").unwrap();
+    let properties = dir.join("app.properties");
+    let run = |executable: &str| {
+        std::fs::write(
+            &properties,
+            format!(
+                "executableName = {executable}\nstreamName = s\napplicationName = app\n\
+                 regionName = us-east-1\n\
+                 kinesisEndpoint = http://127.0.0.1:9\ndynamoDBEndpoint = http://127.0.0.1:9\n"
+            ),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["multilang", "--properties", properties.to_str().unwrap()])
+            .current_dir(&dir)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("FLOTILLA__STATUS__BIND", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{executable}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "failed at once, not after calls to the servers"
+        );
+        text(&out.stderr)
+    };
+    let missing = run("no-such-program-of-flotilla processor.py");
+    assert!(
+        missing.contains(
+            "executableName: cannot run \"no-such-program-of-flotilla\": not found on PATH"
+        ),
+        "{missing}"
+    );
+    let plain = run("./processor.py");
+    assert!(
+        plain.contains("executableName: cannot run \"./processor.py\"")
+            && plain.contains("is not executable (mode 644)"),
+        "{plain}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `FLOTILLA_LOG` that is not a filter (`warning`, a typo of `warn`, would silence
+/// every line, ERROR included) stops the command naming the valid levels; a filter with
+/// targets is taken as it is.
+#[test]
+fn an_invalid_log_filter_is_refused_naming_the_levels() {
+    // A file with an unknown key: the command fails after the logs are set up.
+    let file = ConfigFile::new(
+        "log-filter",
+        "[worker]\nstream = \"s\"\napplication = \"app\"\n[lease]\nfailover_tme = \"20s\"\n",
+    );
+    let run = |filter: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "--config", file.path()])
+            .env("FLOTILLA_LOG", filter)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{filter}");
+        text(&out.stderr)
+    };
+    for bad in ["warning", "info,verbose", "flotilla=loud"] {
+        let err = run(bad);
+        assert!(
+            err.contains(&format!("FLOTILLA_LOG={bad:?}"))
+                && err.contains("the levels are off, error, warn, info, debug, trace"),
+            "{bad}: {err}"
+        );
+        assert!(
+            !err.contains("failover_tme"),
+            "stopped before the command: {err}"
+        );
+    }
+    for good in [
+        "warn",
+        "flotilla_actors=debug",
+        "info,flotilla_actors=debug",
+    ] {
+        let err = run(good);
+        assert!(err.contains("failover_tme"), "{good}: {err}");
+    }
 }

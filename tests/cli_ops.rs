@@ -228,6 +228,62 @@ async fn rewind_refuses_while_a_live_worker_holds_leases_and_force_overrides() {
     assert_eq!(after.counter, 1);
 }
 
+/// A smaller `--failover-time` never calls a live worker dead: the owners are watched
+/// as long as they declare in their heartbeat rows (2 s beats, 6 s failover here), so a
+/// worker beating every 2 s is seen alive however small the number given (`0s` used to
+/// pass at once, `1s` two times in three). `--force` is the one way past, and says what
+/// it overrides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_smaller_failover_time_on_the_command_line_never_calls_a_live_worker_dead() {
+    let fx = Fixture::new("rewind-declared").await;
+    let lease = fx.lease(0, at(0)).await;
+    let live = WorkerId::new("w-slow-beats");
+    fx.table
+        .take(&lease.key, &lease.fence(), &live)
+        .await
+        .unwrap();
+    let declared = flotilla_actors::model::WorkerLoad {
+        heartbeat_interval_ms: Some(2_000),
+        failover_time_ms: Some(6_000),
+        ..Default::default()
+    };
+    let table = DynamoLeaseTable::new(&servers::sdk_config(), Some(&fx.endpoint), &fx.app);
+    let beating = tokio::spawn(async move {
+        loop {
+            table.heartbeat(&live, &declared).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for given in ["0s", "1s"] {
+        let out = fx
+            .run(&["rewind"], &["--to", "latest", "--failover-time", given])
+            .await;
+        assert!(
+            !out.status.success(),
+            "--failover-time {given}: rewound under a live worker"
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("refusing to rewind while live workers hold leases: w-slow-beats"),
+            "{err}"
+        );
+        assert!(
+            err.contains("the lease.failover_time the workers declare"),
+            "{err}"
+        );
+    }
+    assert_eq!(fx.get(0).await.checkpoint, at(0));
+    let out = fx.run(&["rewind"], &["--to", "latest", "--force"]).await;
+    assert_ok(&out);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--force: rewinding without checking") && err.contains("w-slow-beats"),
+        "{err}"
+    );
+    beating.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewind_goes_ahead_when_the_owners_heartbeat_stands_still() {
     let fx = Fixture::new("rewind-dead").await;
@@ -237,10 +293,13 @@ async fn rewind_goes_ahead_when_the_owners_heartbeat_stands_still() {
         .take(&lease.key, &lease.fence(), &dead)
         .await
         .unwrap();
-    fx.table
-        .heartbeat(&dead, &Default::default())
-        .await
-        .unwrap();
+    // It declared a short failover time: watched that long, then judged dead.
+    let declared = flotilla_actors::model::WorkerLoad {
+        heartbeat_interval_ms: Some(100),
+        failover_time_ms: Some(600),
+        ..Default::default()
+    };
+    fx.table.heartbeat(&dead, &declared).await.unwrap();
 
     let out = fx
         .run(&["rewind"], &["--to", "latest", "--failover-time", "600ms"])
@@ -560,6 +619,7 @@ async fn status_server() -> String {
         memory_bytes: 2_100,
         restarts: 1,
         fenced: None,
+        stall: None,
         subscription: Some(SubscriptionView {
             state: if error.is_some() { "none" } else { "open" },
             age_ms: if error.is_some() { None } else { Some(62_000) },

@@ -474,6 +474,7 @@ fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
         memory_bytes: 2_100,
         restarts: 0,
         fenced: None,
+        stall: None,
         subscription: None,
     };
     WorkerStatus {

@@ -926,3 +926,42 @@ async fn a_table_stream_sigterm_hands_the_one_shard_over() {
     );
     checks.finish(&fleet);
 }
+
+/// The lease table deleted under a running `flotilla run` (`flotilla destroy --force`, a
+/// hand): the worker stops at once with an ERROR that names the table and what happened,
+/// and exits non-zero, instead of going on fenced or making the table again and starting
+/// every shard over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_lease_table_is_deleted_stops_and_says_so() {
+    const TAG: &str = "deleted";
+    let _serial = SERIAL.lock().await;
+    let env = Env::new("fleet-deleted", 2).await;
+    let producer = Producer::start(&env);
+    let mut fleet = Fleet::new(TAG);
+    let mut checks = Checks::new(TAG);
+    fleet.spawn(&env, "deleted-w1");
+    wait_steady(&env, &fleet, TAG).await;
+    let deleted = Instant::now();
+    env.delete_lease_table().await;
+    let status = fleet
+        .wait_exit("deleted-w1", Duration::from_secs(3 * FAILOVER_SECS))
+        .await;
+    report(
+        TAG,
+        &format!(
+            "table deleted -> exit {status:?} after {}",
+            ms(deleted.elapsed())
+        ),
+    );
+    checks.check(
+        status.is_some_and(|s| !s.success()),
+        format!("the worker exits non-zero: {status:?}"),
+    );
+    let log = fleet.log_tail("deleted-w1", 40);
+    checks.check(
+        log.contains("ERROR") && log.contains("was deleted under this worker"),
+        format!("an ERROR says the table was deleted:\n{log}"),
+    );
+    producer.stop().await;
+    checks.finish(&fleet);
+}

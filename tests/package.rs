@@ -64,3 +64,138 @@ fn each_crate_ships_the_apache_license_it_declares_and_what_a_registry_shows() {
         }
     }
 }
+
+/// Files of the repository a person reads or a tool runs (source, docs, manifests,
+/// scripts), by path relative to the root: build outputs, the test servers and Git's
+/// own files left out. The changelog is history: it names files as they were.
+fn repository_texts() -> Vec<(String, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut folders = vec![root.clone()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if ![".git", "target", ".test-servers", "node_modules"].contains(&name.as_str()) {
+                    folders.push(path);
+                }
+                continue;
+            }
+            let relative = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let text_file = [".rs", ".md", ".toml", ".sh", ".py"]
+                .iter()
+                .any(|ext| name.ends_with(ext))
+                || relative == ".ci/run";
+            if text_file && relative != "CHANGELOG.md" {
+                found.push((relative, std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The path-like words of a text (letters, digits, `_ . / - *`), with where each starts.
+fn path_words(text: &str) -> Vec<(usize, &str)> {
+    let is_path = |c: char| c.is_ascii_alphanumeric() || "_./-*".contains(c);
+    let mut words = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
+        match (is_path(c), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                words.push((s, text[s..i].trim_end_matches('.')));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    words
+}
+
+/// A clone of the repository alone passes its tests: nothing reads or points at a
+/// folder beside it (the fixtures and the module-graph tool were once read from one),
+/// and every file of the repository that a manifest, a doc or a comment names exists.
+#[test]
+fn the_repository_names_nothing_outside_it_and_no_file_it_lacks() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let inside = |path: PathBuf| {
+        let mut resolved = PathBuf::new();
+        for part in path.components() {
+            match part {
+                std::path::Component::ParentDir => {
+                    resolved.pop();
+                }
+                other => resolved.push(other),
+            }
+        }
+        resolved.starts_with(&root) && resolved.exists()
+    };
+    let tops = [
+        "actors/",
+        "src/",
+        "tests/",
+        "benches/",
+        "examples/",
+        "scripts/",
+        "config/",
+        "deploy/",
+        ".ci/",
+    ];
+    let kinds = [
+        ".rs",
+        ".py",
+        ".sh",
+        ".toml",
+        ".md",
+        ".json",
+        ".jsonl",
+        ".java",
+        ".yaml",
+        ".yml",
+        ".js",
+        ".properties",
+        ".html",
+    ];
+    let mut wrong = Vec::new();
+    for (file, text) in repository_texts() {
+        let here = root.join(&file).parent().unwrap().to_path_buf();
+        // A path is read from its file's folder, its crate's, or the root.
+        let crate_dir = if file.starts_with("actors/") {
+            root.join("actors")
+        } else {
+            root.clone()
+        };
+        for (at, word) in path_words(&text) {
+            let up = word.strip_prefix('/').unwrap_or(word);
+            if up.starts_with("../")
+                && ![&here, &crate_dir, &root]
+                    .iter()
+                    .any(|base| inside(base.join(up)))
+            {
+                wrong.push(format!("{file}: {word} is outside the repository"));
+            }
+            let names_a_file = tops.iter().any(|t| word.starts_with(t))
+                && kinds.iter().any(|k| word.ends_with(k))
+                && !word.contains('*')
+                && !text[..at].ends_with(':');
+            if names_a_file
+                && ![
+                    root.join(word),
+                    root.join("actors").join(word),
+                    here.join(word),
+                ]
+                .iter()
+                .any(|p| p.exists())
+            {
+                wrong.push(format!("{file}: {word} does not exist"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -2,7 +2,7 @@
 //!
 //! The KPL packs many user records into one Kinesis record to get past the per-record
 //! limits of PutRecords. Its data blob is `MAGIC || PROTOBUF || MD5(PROTOBUF)`; see
-//! `shared/fixtures/kpl/README.md` for the format and the test vectors.
+//! `actors/tests/fixtures/kpl/README.md` for the format and the test vectors.
 //!
 //! A consumer that shares a lease table with the Java KCL must hand a processor the same
 //! user records the Java KCL would, or checkpoints (sequence number plus sub-sequence

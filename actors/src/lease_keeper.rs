@@ -483,6 +483,8 @@ impl KeeperState {
                 BalanceMode::Throughput => Some(lease_rates),
                 BalanceMode::Count => None,
             },
+            heartbeat_interval_ms: Some(self.settings().heartbeat_interval.as_millis() as u64),
+            failover_time_ms: Some(self.settings().failover_time.as_millis() as u64),
         }
     }
 
@@ -515,6 +517,11 @@ impl KeeperState {
                 0
             }
             Err(error) => {
+                if matches!(error, LeaseError::NotFound { .. }) {
+                    drop(fencing);
+                    self.table_gone(&error);
+                    return;
+                }
                 let failures = fencing.heartbeat_failed(error.to_string());
                 if let Some(drain) = &mut self.drain {
                     drain.table_failed.get_or_insert_with(|| error.to_string());
@@ -551,6 +558,28 @@ impl KeeperState {
             Sample::new(Metric::HeartbeatFailures, f64::from(failures)),
             Sample::new(Metric::ShardsFenced, fenced as f64),
         ]);
+    }
+
+    /// The lease table (or its worker table) does not exist: it was deleted under this
+    /// worker (`flotilla destroy --force`, by hand). Nothing it does next can be right:
+    /// made again, it would start every shard over. The worker stops with the reason
+    /// (at ERROR, and `Worker::wait`'s error: `flotilla run` exits non-zero), unless it is
+    /// already stopping, whose drain reports the failing table itself.
+    fn table_gone(&mut self, error: &LeaseError) {
+        if self.drain.is_some() {
+            self.drain_table_failed(error);
+            return;
+        }
+        self.args.fencing.lock().heartbeat_failed(error.to_string());
+        let reason = format!(
+            "the lease table {} (or its worker table {}) was deleted under this worker: {error}; \
+             its checkpoints are gone. Make it again only to start the application afresh \
+             (`flotilla init`), or point the worker at the right table and region",
+            self.args.table.table_name(),
+            self.args.table.worker_table_name(),
+        );
+        error!(message = "The lease table is gone; the worker stops.", %reason);
+        let _ = self.args.supervisor.cast(SupervisorMsg::Fatal(reason));
     }
 
     fn arm_poll(&mut self, myself: &ActorRef<KeeperMsg>) {
@@ -864,6 +893,10 @@ impl KeeperState {
         let scan = match self.args.table.scan().await {
             Ok(scan) => scan,
             Err(error) => {
+                if matches!(error, LeaseError::NotFound { .. }) {
+                    self.table_gone(&error);
+                    return;
+                }
                 warn!(message = "Lease table scan failed.", %error);
                 self.drain_table_failed(&error);
                 return;

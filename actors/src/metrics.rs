@@ -57,7 +57,7 @@ pub struct MetricsSnapshot {
     pub histograms: Vec<HistogramSnapshot>,
 }
 
-const METRIC_COUNT: usize = 31;
+const METRIC_COUNT: usize = 32;
 
 /// Everything the actors of a worker measure. The set is closed so the aggregator can
 /// keep one fixed-size slot per metric and never hash a name on the hot path.
@@ -108,6 +108,11 @@ pub enum Metric {
     /// Held shards not delivering now (self-fencing: heartbeat unconfirmed, awaiting a
     /// fresh read after a gap, revoked).
     ShardsFenced,
+    /// A held shard stalled: its processor waits past its stall time (a MultiLang child
+    /// that does not answer), or it cannot be read (a subscription refused, reads
+    /// failing in a row). Per shard, 1 while it is and 0 once it is not (a level; the
+    /// worker's figure is the highest, 1 while any is).
+    ShardsStalled,
     /// Lease rows of the table that cannot be read (each a shard nobody processes).
     LeasesUnreadable,
     /// Lease rows for shards the stream does not have (left alone, not taken).
@@ -184,6 +189,7 @@ impl Metric {
         Metric::LeasesEnded,
         Metric::HeartbeatFailures,
         Metric::ShardsFenced,
+        Metric::ShardsStalled,
         Metric::LeasesUnreadable,
         Metric::LeasesOrphaned,
         Metric::Subscriptions,
@@ -220,6 +226,7 @@ impl Metric {
             Metric::LeasesEnded => "LeasesEnded",
             Metric::HeartbeatFailures => "HeartbeatFailures",
             Metric::ShardsFenced => "ShardsFenced",
+            Metric::ShardsStalled => "ShardsStalled",
             Metric::LeasesUnreadable => "LeasesUnreadable",
             Metric::LeasesOrphaned => "LeasesOrphaned",
             Metric::Subscriptions => "Subscriptions",
@@ -264,6 +271,10 @@ impl Metric {
             Metric::LeasesEnded => "Leases this worker finished at the shard's end.",
             Metric::HeartbeatFailures => "Heartbeat writes failed in a row (0 while written).",
             Metric::ShardsFenced => "Held shards not delivering now (self-fencing).",
+            Metric::ShardsStalled => {
+                "Held shards stalled: a processor that does not answer, or a shard that \
+                 cannot be read (1 per shard while it is)."
+            }
             Metric::LeasesUnreadable => "Lease rows of the table that cannot be read.",
             Metric::LeasesOrphaned => "Lease rows for shards the stream does not have.",
             Metric::Subscriptions => "Enhanced fan-out subscriptions made.",
@@ -354,6 +365,7 @@ impl Metric {
             | Metric::LeasesEnded
             | Metric::HeartbeatFailures
             | Metric::ShardsFenced
+            | Metric::ShardsStalled
             | Metric::LeasesUnreadable
             | Metric::LeasesOrphaned
             | Metric::Subscriptions
@@ -372,6 +384,7 @@ impl Metric {
             | Metric::LeasesHeld
             | Metric::HeartbeatFailures
             | Metric::ShardsFenced
+            | Metric::ShardsStalled
             | Metric::LeasesUnreadable
             | Metric::LeasesOrphaned
             | Metric::BudgetBytesInUse

@@ -166,6 +166,90 @@ impl<P: Processor> DynProcessor for P {
     }
 }
 
+/// What a shard's processor is waiting on outside the worker, and since when: written by
+/// a processor that waits on something it can name (the MultiLang child's answer), read
+/// by the shard's reader, which reports a wait past its stall time as a stalled
+/// processor. Reached by the processor through the task-local its host runs each call
+/// in ([`ProcessorWait::current`]), so the [`Processor`] trait stays as it is.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProcessorWait(Arc<WaitInner>);
+
+#[derive(Debug, Default)]
+struct WaitInner {
+    wait: std::sync::Mutex<Option<Waiting>>,
+    /// The reader, told once, at the first wait, to start watching (a processor that
+    /// never waits costs its reader nothing).
+    reader: Option<ActorRef<crate::protocol::ReaderMsg>>,
+    told: AtomicBool,
+}
+
+/// One wait: what has not happened yet, since when, and the processor's own limit on it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Waiting {
+    /// What has not happened, as the stall's reason reads before "for N s": `the
+    /// MultiLang child has not answered processRecords`.
+    pub what: String,
+    pub since: tokio::time::Instant,
+    /// The processor's own limit on the wait (the MultiLang watchdog), if it has one.
+    pub limit: Option<Duration>,
+}
+
+tokio::task_local! {
+    static CURRENT_WAIT: ProcessorWait;
+}
+
+impl ProcessorWait {
+    /// The board of `reader`'s shard.
+    pub(crate) fn new(reader: ActorRef<crate::protocol::ReaderMsg>) -> Self {
+        Self(Arc::new(WaitInner {
+            reader: Some(reader),
+            ..WaitInner::default()
+        }))
+    }
+
+    /// The board of the shard whose processor call runs in this task; `None` outside a
+    /// processor host (a processor driven directly, in a test).
+    pub(crate) fn current() -> Option<Self> {
+        CURRENT_WAIT.try_with(Clone::clone).ok()
+    }
+
+    /// Runs one processor call with this board as the task's [`Self::current`]; whatever
+    /// wait the call leaves behind ends with it.
+    async fn scope<F: Future>(&self, call: F) -> F::Output {
+        let output = CURRENT_WAIT.scope(self.clone(), call).await;
+        self.end();
+        output
+    }
+
+    /// The processor waits for `what` from now, up to its own `limit`.
+    pub(crate) fn begin(&self, what: String, limit: Option<Duration>) {
+        if let Ok(mut wait) = self.0.wait.lock() {
+            *wait = Some(Waiting {
+                what,
+                since: tokio::time::Instant::now(),
+                limit,
+            });
+        }
+        if !self.0.told.swap(true, Ordering::AcqRel)
+            && let Some(reader) = &self.0.reader
+        {
+            let _ = reader.cast(crate::protocol::ReaderMsg::WatchWaits);
+        }
+    }
+
+    /// The wait is over.
+    pub(crate) fn end(&self) {
+        if let Ok(mut wait) = self.0.wait.lock() {
+            *wait = None;
+        }
+    }
+
+    /// The wait going on now, if any.
+    pub(crate) fn get(&self) -> Option<Waiting> {
+        self.0.wait.lock().ok().and_then(|w| w.clone())
+    }
+}
+
 /// Creates the processor for a shard. Called again after each restart.
 pub(crate) type ProcessorFactory = Arc<dyn Fn(&ShardInfo) -> BoxedProcessor + Send + Sync>;
 
@@ -231,6 +315,8 @@ pub(crate) struct ProcessorHost;
 
 pub(crate) struct HostArgs {
     pub mode: CheckpointMode,
+    /// What the processor waits on, shared with the reader (see [`ProcessorWait`]).
+    pub wait: ProcessorWait,
     pub revoked: Arc<AtomicBool>,
     /// The shard is stopping (shutdown, handoff): queued batches are skipped.
     pub stopping: Arc<AtomicBool>,
@@ -249,6 +335,7 @@ pub(crate) struct HostFence {
 pub(crate) struct HostState {
     processor: BoxedProcessor,
     mode: CheckpointMode,
+    wait: ProcessorWait,
     revoked: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,
     fence: HostFence,
@@ -268,6 +355,7 @@ impl Actor for ProcessorHost {
         Ok(HostState {
             processor,
             mode: args.mode,
+            wait: args.wait,
             revoked: args.revoked,
             stopping: args.stopping,
             fence: args.fence,
@@ -284,9 +372,8 @@ impl Actor for ProcessorHost {
         match message {
             ProcessorMsg::Initialize(info) => {
                 state
-                    .processor
-                    .0
-                    .initialize(&info)
+                    .wait
+                    .scope(state.processor.0.initialize(&info))
                     .await
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
@@ -327,9 +414,8 @@ impl Actor for ProcessorHost {
                 }
                 batch.delivered_at = tokio::time::Instant::now().into_std();
                 state
-                    .processor
-                    .0
-                    .process(&batch, &checkpointer)
+                    .wait
+                    .scope(state.processor.0.process(&batch, &checkpointer))
                     .await
                     .map_err(|e| failure("process", &batch.shard, e))?;
                 if state.mode.host_acks_each_batch() {
@@ -339,17 +425,23 @@ impl Actor for ProcessorHost {
             ProcessorMsg::LeaseLost => {
                 if !state.finished {
                     state.finished = true;
-                    state.processor.0.lease_lost().await;
+                    state.wait.scope(state.processor.0.lease_lost()).await;
                 }
                 myself.stop(StopReason::LeaseLost.text());
             }
             ProcessorMsg::ShardEnded(checkpointer, reply) => {
-                let result = state.processor.0.shard_ended(&checkpointer).await;
+                let result = state
+                    .wait
+                    .scope(state.processor.0.shard_ended(&checkpointer))
+                    .await;
                 state.finished = true;
                 let _ = reply.send(result.map_err(|e| e.to_string()));
             }
             ProcessorMsg::ShutdownRequested(checkpointer, reply) => {
-                let result = state.processor.0.shutdown_requested(&checkpointer).await;
+                let result = state
+                    .wait
+                    .scope(state.processor.0.shutdown_requested(&checkpointer))
+                    .await;
                 state.finished = true;
                 let _ = reply.send(result.map_err(|e| e.to_string()));
             }
@@ -458,6 +550,7 @@ mod tests {
                 }),
                 HostArgs {
                     mode: CheckpointMode::Auto,
+                    wait: ProcessorWait::default(),
                     revoked: Arc::new(AtomicBool::new(false)),
                     stopping: Arc::new(AtomicBool::new(false)),
                     fence: HostFence {

@@ -74,18 +74,19 @@ pub struct WorkerSettings {
     /// Many streams for one application (instead of `stream`): one fleet and one lease
     /// table for all, keys in the KCL's multi-stream form. Kinesis streams only.
     pub streams: Vec<StreamEntry>,
-    /// The application name; also the lease table's name.
+    /// The application name; also the lease table's name, unless `lease.table` names it.
     pub application: String,
     /// This worker's id in the lease table; a random one when absent.
     pub worker_id: Option<String>,
     /// Where a shard with no checkpoint starts (a shard with one always resumes from it).
+    #[serde(deserialize_with = "choice::deserialize")]
     pub initial_position: InitialPosition,
     /// RFC 3339; required when `initial_position` is AT_TIMESTAMP.
     pub initial_timestamp: Option<String>,
     /// How long the rows of a stream that left the set (or was deleted) are kept before
     /// they are deleted: listed again within it, a stream resumes from its checkpoints.
     /// The KCL's `waitPeriodToDeleteFormerStreams`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub former_stream_grace: Duration,
 }
 
@@ -105,13 +106,45 @@ impl Default for WorkerSettings {
 
 /// One stream of `worker.streams`: a name or a Kinesis stream ARN (a stream of another
 /// account is named by its ARN), or a table with what differs for it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum StreamEntry {
     /// A stream's name, or a Kinesis stream ARN; it starts at `worker.initial_position`.
     Name(String),
     /// A stream with its own initial position (`{ name = "...", initial_position = "LATEST" }`).
     Table(StreamTable),
+}
+
+/// Text is a name, a table is a [`StreamTable`], read as such: a misspelt key in a table
+/// is named with the keys there are (serde's `untagged` would only say that the entry
+/// matched no form).
+impl<'de> Deserialize<'de> for StreamEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = StreamEntry;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a stream's name or ARN, or a table such as \
+                     { name = \"orders\", initial_position = \"LATEST\" }",
+                )
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<StreamEntry, E> {
+                Ok(StreamEntry::Name(text.to_owned()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<StreamEntry, A::Error> {
+                StreamTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(StreamEntry::Table)
+            }
+        }
+        deserializer.deserialize_any(Entry)
+    }
 }
 
 /// A stream of `worker.streams` with its own settings; what it leaves out is the
@@ -123,7 +156,7 @@ pub struct StreamTable {
     #[serde(alias = "arn")]
     pub name: String,
     /// Where this stream's shards with no checkpoint start; `None`: `worker.initial_position`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "choice::optional")]
     pub initial_position: Option<InitialPosition>,
     /// The time for `AT_TIMESTAMP` (RFC 3339, UTC). `None`: the worker's
     /// `initial_timestamp`, but only when the entry sets no `initial_position` either.
@@ -149,16 +182,20 @@ pub struct StreamSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseSettings {
+    /// The lease table's name; `None`: `worker.application`'s, as the Java KCL names it
+    /// by default. Its worker table is named after it (`TABLE-FlotillaWorkers`). For an
+    /// application whose table is named otherwise (the KCL's `tableName`).
+    pub table: Option<String>,
     /// A worker whose heartbeat has not moved for this long is dead; its leases may be taken.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub failover_time: Duration,
     /// How often this worker bumps its heartbeat and scans the lease table.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub heartbeat_interval: Duration,
     /// A reader stops delivering when the heartbeat has not been written for
     /// `failover_time - fence_margin`, so no other worker can take its lease while it
     /// still processes.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub fence_margin: Duration,
     /// The most leases this worker holds; 0 means no limit beyond its fair share.
     pub max_leases: u32,
@@ -170,27 +207,28 @@ pub struct LeaseSettings {
     pub max_moves_per_round: u32,
     /// A handoff request the owner has not honoured for this long, although it is
     /// alive, is withdrawn (and logged); the balance is tried again next round.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub handoff_timeout: Duration,
     /// While a handoff is under way, how often the lease row is read (by the requester,
     /// to start as soon as the lease is its own) and the table scanned by a draining
     /// worker (to hand over as soon as someone asks). Sets the handoff gap.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub handoff_poll_interval: Duration,
     /// The longest a worker goes without reading every row of the table. Between such
     /// scans a round reads only the heartbeat rows, and scans when a peer's change
     /// counter moved, a worker joined, left, drained or died, or this worker changed
     /// something; this scan is the safety net for what none of those show (a row edited
     /// by hand, a worker of an older version).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub full_scan_interval: Duration,
     /// A dead worker's heartbeat row is deleted once it has stood still this long (by
     /// one live worker, only while its counter has not moved), so that the rows every
     /// round reads do not grow with every worker that ever ran.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub dead_worker_retention: Duration,
     /// What balance evens out: lease counts only, or throughput as well (bytes/s per
     /// worker, from the per-lease rates every worker publishes in its heartbeat).
+    #[serde(deserialize_with = "choice::deserialize")]
     pub balance: BalanceMode,
     /// Throughput balance: a worker more than this many percent above the fleet's mean
     /// bytes/s sheds leases, one more than this below it takes (KCL 3's
@@ -231,6 +269,7 @@ pub enum BalanceMode {
 impl Default for LeaseSettings {
     fn default() -> Self {
         Self {
+            table: None,
             failover_time: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             fence_margin: Duration::from_secs(3),
@@ -255,6 +294,7 @@ impl Default for LeaseSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct ReaderSettings {
     /// How records are read: GetRecords polling, or enhanced fan-out (SubscribeToShard).
+    #[serde(deserialize_with = "choice::deserialize")]
     pub mode: ReadMode,
     /// The enhanced fan-out consumer's name; `None`: the application's name (as the
     /// Java KCL names it). Only read in fan-out mode.
@@ -263,10 +303,10 @@ pub struct ReaderSettings {
     pub max_records: u32,
     /// The least time between two GetRecords calls on one shard (Kinesis allows five
     /// per second per shard, shared by every consumer).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub poll_interval: Duration,
     /// When a shard is caught up, the pause between calls doubles up to this.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub idle_max: Duration,
     /// Most records delivered to a processor and not yet acked; fetching pauses above it.
     pub window_records: u32,
@@ -278,26 +318,27 @@ pub struct ReaderSettings {
     /// shard at its share waits for its acks. See `model::budget`.
     pub worker_budget_bytes: u64,
     /// Backoff bounds after throttling or a transient error.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub backoff_min: Duration,
     /// The longest backoff: each delay is drawn between `backoff_min` and a cap that doubles
     /// per failure from `backoff_min` up to this. Raise both when many workers throttle the
     /// same stream.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub backoff_max: Duration,
     /// A processor that acks nothing for this long while records are pending is stalled
     /// and treated as failed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub processor_timeout: Duration,
     /// How often a child shard checks whether its parents have reached SHARD_END.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub parent_poll_interval: Duration,
     /// How often the shard list is read (with jitter), to find new shards.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub shard_sync_interval: Duration,
     /// What a reader does when its checkpoint is past the stream's retention (DynamoDB
     /// Streams keeps 24 hours): the changes between the checkpoint and the oldest one
     /// kept are gone either way.
+    #[serde(deserialize_with = "choice::deserialize")]
     pub trimmed_checkpoint: TrimmedCheckpoint,
     /// Call `process` with an empty batch when a read brings no records (the Java KCL's
     /// `callProcessRecordsEvenForEmptyRecordList`), so a processor that flushes on time
@@ -404,11 +445,12 @@ impl CheckpointMode {
 pub struct CheckpointSettings {
     /// How records become checkpointed: per batch (`auto`), by the processor itself
     /// (`manual`), or along the acked prefix (`watermark`).
+    #[serde(deserialize_with = "choice::deserialize")]
     pub mode: CheckpointMode,
     /// A shard's checkpoint is written at once when none was written in the last
     /// interval, then at most once per interval; SHARD_END, shutdown and handoff flush
     /// at once.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub interval: Duration,
 }
 
@@ -427,31 +469,31 @@ impl Default for CheckpointSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisionSettings {
     /// Backoff bounds between restarts of a failed shard reader or processor.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub restart_backoff_min: Duration,
     /// The longest backoff between restarts: each delay is drawn between
     /// `restart_backoff_min` and a cap that doubles per restart up to this.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub restart_backoff_max: Duration,
     /// More than this many restarts of one shard within `shard_restart_window` releases
     /// the shard's lease and cools it down locally.
     pub shard_max_restarts: u32,
     /// The window in which restarts of one shard are counted against `shard_max_restarts`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub shard_restart_window: Duration,
     /// How long a given-up shard is left alone by this worker.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub shard_cooldown: Duration,
     /// More than this many restarts of a core actor within `core_restart_window` stops
     /// the worker with an error.
     pub core_max_restarts: u32,
     /// The window in which restarts of core actors are counted against `core_max_restarts`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub core_restart_window: Duration,
     /// How long each step of a graceful shutdown may take (processors finishing their
     /// batch and checkpointing, the handoffs in flight) before leases are released
     /// anyway. Keep the whole stop below the platform's kill timeout.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub shutdown_timeout: Duration,
 }
 
@@ -487,11 +529,12 @@ pub enum MetricsLevel {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     /// How much is published; anything but `none` needs the `cloudwatch` feature.
+    #[serde(deserialize_with = "choice::deserialize")]
     pub level: MetricsLevel,
     /// The CloudWatch namespace every metric is filed under; must not start with `AWS/`.
     pub namespace: String,
     /// One PutMetricData batch per interval (split only where the API limits force it).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub interval: Duration,
 }
 
@@ -556,19 +599,19 @@ pub struct AwsSettings {
     /// How long one Kinesis (or DynamoDB Streams) call may take, every attempt included.
     /// The KCL's 30 s. A fan-out subscription is bounded by it until its first answer
     /// only; the events that follow are not (they last up to five minutes by design).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub kinesis_timeout: Duration,
     /// How long one DynamoDB (lease table) call may take, every attempt included. The
     /// KCL's one minute.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub dynamodb_timeout: Duration,
     /// How long one CloudWatch PutMetricData may take, every attempt included.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration_text")]
     pub cloudwatch_timeout: Duration,
     /// How long one attempt of any call may take before it is abandoned and retried
     /// (within the call's timeout). Unset: an attempt may take the whole call's time, as
     /// with the KCL's defaults.
-    #[serde(with = "humantime_serde::option")]
+    #[serde(with = "duration_text::option")]
     pub attempt_timeout: Option<Duration>,
     /// Attempts per call, the first included (the AWS SDK's standard retry mode, with its
     /// exponential backoff and retry quota). 1 turns the SDK's retries off; flotilla's own
@@ -681,6 +724,7 @@ impl Settings {
         self.supervision.validate()?;
         self.metrics.validate()?;
         self.aws.validate()?;
+        self.check_lease_table_is_not_read()?;
         if !self.worker.streams.is_empty() {
             // Kinesis streams only (checked per entry): fan-out works on every one.
             return self.check_stream_regions();
@@ -703,6 +747,39 @@ impl Settings {
 }
 
 impl Settings {
+    /// The lease table's name: `lease.table`, else `worker.application`.
+    pub fn lease_table(&self) -> &str {
+        self.lease
+            .table
+            .as_deref()
+            .unwrap_or(&self.worker.application)
+    }
+
+    /// A worker reading the changes of its own lease table would read its every lease
+    /// write as a change, without end.
+    fn check_lease_table_is_not_read(&self) -> Result<(), SettingsError> {
+        if !self.worker.streams.is_empty() {
+            return Ok(());
+        }
+        let table = self.lease_table();
+        if self.worker.source()?.table() != Some(table) {
+            return Ok(());
+        }
+        let (key, rename) = match &self.lease.table {
+            Some(_) => ("lease.table", "name the lease table differently"),
+            None => ("worker.application", "name the application differently"),
+        };
+        Err(invalid(
+            key,
+            quoted(table),
+            format!(
+                "is the lease table's name, and {} reads the changes of that same table: \
+                 every lease write would be a change to read, without end; {rename}",
+                quoted(&self.worker.stream)
+            ),
+        ))
+    }
+
     /// A stream of `worker.streams` named by an ARN of another region than
     /// `aws.region` cannot be read: Kinesis serves a stream in its own region only. (With
     /// no `aws.region`, the region comes from the environment, and the worker checks the
@@ -840,14 +917,11 @@ impl WorkerSettings {
                 ),
             ));
         }
-        if !self.streams.is_empty() {
+        if self.streams.is_empty() {
+            self.source()?;
+        } else {
             self.stream_specs()?;
         }
-        let source = if self.streams.is_empty() {
-            Some(self.source()?)
-        } else {
-            None
-        };
 
         if self.former_stream_grace.is_zero() {
             return Err(invalid(
@@ -875,20 +949,6 @@ impl WorkerSettings {
              APPLICATION-FlotillaWorkers: DynamoDB table names are 3 to 255 characters of \
              A-Z a-z 0-9 _ . -, so the application is 3 to 239",
         )?;
-        if let Some(source) = &source
-            && source.table() == Some(self.application.as_str())
-        {
-            return Err(invalid(
-                key,
-                quoted(&self.application),
-                format!(
-                    "is the lease table's name, and {} reads the changes of that same table: \
-                     every lease write would be a change to read, without end; name the \
-                     application differently",
-                    quoted(&self.stream)
-                ),
-            ));
-        }
 
         if let Some(id) = &self.worker_id {
             let key = "worker.worker_id";
@@ -953,6 +1013,17 @@ impl LeaseSettings {
     }
 
     fn validate(&self) -> Result<(), SettingsError> {
+        if let Some(table) = &self.table {
+            aws_name(
+                "lease.table",
+                table,
+                3..=MAX_APPLICATION,
+                "it is the lease table's name, and its worker table is named \
+                 TABLE-FlotillaWorkers: DynamoDB table names are 3 to 255 characters of \
+                 A-Z a-z 0-9 _ . -, so the lease table's is 3 to 239; remove lease.table to \
+                 name the table after worker.application",
+            )?;
+        }
         nonzero(
             "lease.failover_time",
             self.failover_time,
@@ -1474,6 +1545,186 @@ fn duration(value: Duration) -> String {
     humantime::format_duration(value).to_string()
 }
 
+/// Durations as text with their unit ("10s", "250ms", "5min") in files and variables,
+/// both ways. A value that is not one is refused saying what is wrong with it and how to
+/// write one (humantime-serde's own refusal says neither, and calls a bare number a
+/// string, since the settings loader hands every value over as text).
+mod duration_text {
+    use std::fmt;
+    use std::time::Duration;
+
+    use serde::Deserializer;
+    use serde::de::{Error, Visitor};
+
+    pub use humantime_serde::serialize;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        deserializer.deserialize_any(Text)
+    }
+
+    /// An optional duration; absent (or commented out) is `None`.
+    pub mod option {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer};
+
+        pub use humantime_serde::option::serialize;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            #[derive(Deserialize)]
+            struct Present(#[serde(with = "super")] Duration);
+            Ok(Option::<Present>::deserialize(deserializer)?.map(|Present(d)| d))
+        }
+    }
+
+    struct Text;
+
+    impl Visitor<'_> for Text {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration with its unit, e.g. \"10s\" or \"250ms\"")
+        }
+
+        fn visit_str<E: Error>(self, text: &str) -> Result<Duration, E> {
+            parse(text).map_err(E::custom)
+        }
+
+        fn visit_u64<E: Error>(self, number: u64) -> Result<Duration, E> {
+            Err(E::custom(no_unit(number)))
+        }
+
+        fn visit_i64<E: Error>(self, number: i64) -> Result<Duration, E> {
+            Err(E::custom(no_unit(number)))
+        }
+
+        fn visit_f64<E: Error>(self, number: f64) -> Result<Duration, E> {
+            Err(E::custom(no_unit(number)))
+        }
+    }
+
+    /// A number where a duration belongs: its unit is missing.
+    fn no_unit(number: impl fmt::Display) -> String {
+        format!(
+            "{number} is not a duration: it has no unit; write it as text with one, e.g. \
+             \"{number}s\" or \"250ms\""
+        )
+    }
+
+    /// `text` as a duration, or what is wrong with it and how to write one.
+    pub(super) fn parse(text: &str) -> Result<Duration, String> {
+        humantime::parse_duration(text).map_err(|error| match error {
+            humantime::DurationError::UnknownUnit { unit, value, .. } if unit.is_empty() => {
+                format!(
+                    "{text:?} is not a duration: it has no unit; write e.g. \"{value}s\" or \
+                     \"{value}ms\""
+                )
+            }
+            humantime::DurationError::UnknownUnit { unit, value, .. } => format!(
+                "{text:?} is not a duration: {unit:?} is not a unit (ns, us, ms, s, min, h, d, \
+                 w, or their names: sec, hours, days, ...); write e.g. \"{value}s\" or \
+                 \"250ms\""
+            ),
+            other => {
+                format!("{text:?} is not a duration ({other}); write e.g. \"10s\" or \"250ms\"")
+            }
+        })
+    }
+}
+
+/// A setting that is one of a few words (`reader.mode = "fanout"`), read as text and
+/// then as its enum, so that a wrong word is refused naming the right ones: the config
+/// crate reads an enum itself and says only that it "does not have variant
+/// constructor" the word.
+mod choice {
+    use std::fmt;
+
+    use serde::de::value::{Error as ValueError, StrDeserializer};
+    use serde::de::{DeserializeOwned, Error, IntoDeserializer, Visitor};
+    use serde::{Deserialize, Deserializer, forward_to_deserialize_any};
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: DeserializeOwned>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        word(&String::deserialize(deserializer)?)
+    }
+
+    /// An optional choice; absent is `None`.
+    pub fn optional<'de, D: Deserializer<'de>, T: DeserializeOwned>(
+        deserializer: D,
+    ) -> Result<Option<T>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| word(&text))
+            .transpose()
+    }
+
+    fn word<T: DeserializeOwned, E: Error>(text: &str) -> Result<T, E> {
+        let words: StrDeserializer<'_, ValueError> = text.into_deserializer();
+        T::deserialize(words).map_err(|_| {
+            let choices: Vec<String> = words_of::<T>().iter().map(|w| format!("{w:?}")).collect();
+            E::custom(format!(
+                "{text:?} is not one of the choices: write one of {}",
+                choices.join(", ")
+            ))
+        })
+    }
+
+    /// The words `T` accepts, as its derived `Deserialize` names them when it asks for an
+    /// enum (renames applied), so the list cannot drift from the type.
+    pub(super) fn words_of<T: DeserializeOwned>() -> Vec<&'static str> {
+        match T::deserialize(Words) {
+            Err(Listed(words)) => words,
+            Ok(_) => Vec::new(),
+        }
+    }
+
+    /// A deserializer that only listens: it answers every request with the enum's words
+    /// (none, when `T` asked for something else).
+    struct Words;
+
+    #[derive(Debug)]
+    struct Listed(Vec<&'static str>);
+
+    impl fmt::Display for Listed {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{:?}", self.0)
+        }
+    }
+
+    impl std::error::Error for Listed {}
+
+    impl Error for Listed {
+        fn custom<M: fmt::Display>(_: M) -> Self {
+            Listed(Vec::new())
+        }
+    }
+
+    impl<'de> Deserializer<'de> for Words {
+        type Error = Listed;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Listed> {
+            Err(Listed(Vec::new()))
+        }
+
+        fn deserialize_enum<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            variants: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Listed> {
+            Err(Listed(variants.to_vec()))
+        }
+
+        forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+            struct identifier ignored_any
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1673,6 +1924,17 @@ mod tests {
                 s.worker.stream =
                     "arn:aws:dynamodb:us-east-1:1:table/orders-audit/stream/2024".into();
                 s.worker.application = "orders-audit".into();
+            }),
+            ("lease.table", |s| s.lease.table = Some("ab".into())),
+            ("lease.table", |s| {
+                s.lease.table = Some("t".repeat(MAX_APPLICATION + 1))
+            }),
+            ("lease.table", |s| {
+                s.lease.table = Some("orders table".into())
+            }),
+            ("lease.table", |s| {
+                s.worker.stream = "dynamodb:orders-leases".into();
+                s.lease.table = Some("orders-leases".into());
             }),
             ("worker.worker_id", |s| {
                 s.worker.worker_id = Some(String::new())
@@ -1913,6 +2175,14 @@ mod tests {
             |s| s.worker.stream = "a.B_c-9".repeat(19)[..128].to_owned(),
             |s| s.worker.application = "abc".into(),
             |s| s.worker.application = "a".repeat(MAX_APPLICATION),
+            |s| s.lease.table = Some("abc".into()),
+            |s| s.lease.table = Some("t".repeat(MAX_APPLICATION)),
+            // Reading the application's table is fine when the lease table is another.
+            |s| {
+                s.worker.stream = "dynamodb:orders-audit".into();
+                s.worker.application = "orders-audit".into();
+                s.lease.table = Some("orders-audit-leases".into());
+            },
             |s| s.worker.worker_id = Some("i-0abc:worker/1".into()),
             |s| {
                 s.worker.initial_position = InitialPosition::AtTimestamp;
@@ -2054,6 +2324,15 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_table_is_the_application_unless_named() {
+        let mut settings = valid();
+        assert_eq!(settings.lease_table(), "orders-consumer");
+        settings.lease.table = Some("orders-leases".into());
+        assert_eq!(settings.lease_table(), "orders-leases");
+        assert_eq!(settings.worker.application, "orders-consumer");
+    }
+
+    #[test]
     fn heartbeat_error_says_why_with_the_numbers() {
         let mut settings = valid();
         settings.lease.heartbeat_interval = secs(12);
@@ -2097,6 +2376,29 @@ mod tests {
         let err = worker.initial_timestamp().unwrap_err();
         assert_eq!(err.key(), "worker.initial_timestamp");
         assert!(err.to_string().contains("2024-05-01T00:00:00Z"), "{err}");
+    }
+
+    /// The words a choice lists in its error are the enum's own, renames applied.
+    #[test]
+    fn each_choice_lists_its_words() {
+        assert_eq!(
+            choice::words_of::<InitialPosition>(),
+            ["TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"]
+        );
+        assert_eq!(
+            choice::words_of::<MetricsLevel>(),
+            ["none", "summary", "detailed"]
+        );
+        assert_eq!(choice::words_of::<ReadMode>(), ["polling", "fanout"]);
+        assert_eq!(
+            choice::words_of::<TrimmedCheckpoint>(),
+            ["fail", "trim_horizon"]
+        );
+        assert_eq!(choice::words_of::<BalanceMode>(), ["throughput", "count"]);
+        assert_eq!(
+            choice::words_of::<CheckpointMode>(),
+            ["auto", "manual", "watermark"]
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ use crate::fencing::{FenceReason, Fencing};
 use crate::model::{
     BatchId, Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId,
 };
-use crate::processor::{HostArgs, HostFence, ProcessorSource};
+use crate::processor::{HostArgs, HostFence, ProcessorSource, ProcessorWait};
 use crate::protocol::{
     Acks, Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorFailure, ProcessorMsg,
     ReaderMsg, ShardInfo, StopReason, SupervisorMsg,
@@ -47,18 +47,23 @@ use crate::settings::{CheckpointMode, Settings, TrimmedCheckpoint};
 use crate::status::{ShardShutdown, ShardStatus, SubscriptionView};
 use crate::telemetry::{
     Call, CallFailed, CheckpointTrimmed, DeliveryPaused, DeliveryResumed, Metric, RecordsProcessed,
-    Sample, Telemetry,
+    Sample, ShardStalled, ShardUnstalled, Telemetry,
 };
 use pure::{Ack, AfterAck, FetchGate, FetchStep, Ledger, Phase, ProcessorExit, Refusal, Signals};
 
 /// How long the reader waits on the checkpoint writer.
 const WRITER_TIMEOUT_MS: u64 = 30_000;
+/// How often a reader whose processor waits on something outside checks the wait
+/// against its stall time.
+const WAIT_CHECK: Duration = Duration::from_secs(1);
 
 pub(crate) struct ShardReader;
 
 pub(crate) struct ReaderArgs {
     pub lease: Lease,
     pub stream: String,
+    /// The stream's ARN where its description gave one, for the processor's `ShardInfo`.
+    pub stream_arn: Option<String>,
     pub streams: Arc<dyn StreamClient>,
     pub table: Arc<dyn LeaseTable>,
     pub settings: Arc<Settings>,
@@ -199,6 +204,18 @@ pub(crate) struct ReaderState {
     /// The in-memory size of the largest fan-out event so far: a pull is made when the
     /// grant holds one as large.
     largest_event: u64,
+    /// What the processor waits on outside, shared with its host (a MultiLang child's
+    /// answer): past its stall time, the shard is stalled.
+    wait: ProcessorWait,
+    /// Checks `wait` every [`WAIT_CHECK`], from the processor's first wait on.
+    wait_timer: Option<tokio::task::JoinHandle<()>>,
+    /// Why the shard cannot be read, from the first refusal of the current run of
+    /// failures: a subscription refused, or reads failing in a row. Cleared by the next
+    /// read or subscription that succeeds.
+    read_stall: Option<String>,
+    /// Since when the stall shown now was reported (ERROR and gauge), and when its gauge
+    /// was last sampled; `None` while the shard is not stalled.
+    stalled: Option<(Instant, Instant)>,
 }
 
 /// The ids of the children a shard's end named (none if it named none), for its last
@@ -244,6 +261,10 @@ impl Actor for ShardReader {
         let mode = settings.checkpoint.mode;
         let _ = myself.cast(ReaderMsg::Start);
         Ok(ReaderState {
+            wait: ProcessorWait::new(myself.clone()),
+            wait_timer: None,
+            read_stall: None,
+            stalled: None,
             me: myself.clone(),
             key,
             shard,
@@ -327,7 +348,15 @@ impl Actor for ShardReader {
                 return Err(format!("shard {}: {error}", state.shard).into());
             }
             ReaderMsg::Status(reply) => {
+                state.note_stall();
                 let _ = reply.send(state.status());
+            }
+            ReaderMsg::WatchWaits => {
+                if state.wait_timer.is_none() {
+                    state.wait_timer =
+                        Some(myself.send_interval(WAIT_CHECK, || ReaderMsg::WatchWaits));
+                }
+                state.note_stall();
             }
             ReaderMsg::Event { generation, event } => {
                 state.on_event(&myself, generation, event).await?;
@@ -342,6 +371,18 @@ impl Actor for ShardReader {
         state: &mut ReaderState,
     ) -> Result<(), ActorProcessingErr> {
         state.args.lags.remove(&state.args.lease.key);
+        if let Some(timer) = state.wait_timer.take() {
+            timer.abort();
+        }
+        // Its stall, if any, ends with the reader (a failed reader's is ended by the
+        // supervisor's ShardFailed).
+        if state.stalled.take().is_some() {
+            state.report(vec![Sample::shard(
+                Metric::ShardsStalled,
+                &state.args.lease.key,
+                0.0,
+            )]);
+        }
         Ok(())
     }
 
@@ -495,6 +536,7 @@ impl ReaderState {
         let info = ShardInfo {
             shard_id: self.shard.clone(),
             stream: self.args.stream.clone(),
+            stream_arn: self.args.stream_arn.clone(),
             parents: lease.parent_shard_ids.clone(),
             hash_range: lease.hash_range,
             starting_at: lease.checkpoint.clone(),
@@ -519,6 +561,7 @@ impl ReaderState {
     ) -> Result<ActorRef<ProcessorMsg>, ActorProcessingErr> {
         let host = HostArgs {
             mode: self.mode,
+            wait: self.wait.clone(),
             revoked: self.revoked.clone(),
             stopping: self.stopping.clone(),
             fence: HostFence {
@@ -622,6 +665,7 @@ impl ReaderState {
                 self.args
                     .lags
                     .subscribed(&self.args.lease.key, Some(Instant::now()));
+                self.read_again();
                 debug!(message = "Shard subscribed.", shard_id = %self.shard, ?position);
                 self.schedule_fetch(myself, Duration::ZERO);
             }
@@ -630,6 +674,12 @@ impl ReaderState {
             // lease stays held.
             Err(error) if error.is_retryable() => {
                 self.count_failure(Call::SubscribeToShard, &error);
+                // A refusal stalls the shard at once, with its reason; the previous
+                // owner's subscription still open (a handoff) and the once-a-second
+                // limit are waited out (a stall only if they last, as any failure).
+                if pure::subscription_refused(&error) {
+                    self.read_stalled(format!("cannot subscribe: {error}"));
+                }
                 myself.send_after(self.backoff.next_random(), || ReaderMsg::Acquire);
             }
             Err(error @ StreamError::NotFound { .. }) => {
@@ -886,6 +936,7 @@ impl ReaderState {
 
     /// A call on the stream answered: ends a run of failures.
     fn answered(&mut self) {
+        self.read_again();
         if self.failures_in_row > 0 {
             if self.failures_in_row >= pure::STALL_REPORT_EVERY {
                 info!(message = "Shard read again.", shard_id = %self.shard, after_failures = self.failures_in_row);
@@ -1211,6 +1262,13 @@ impl ReaderState {
         self.throttled = error.call_failure() == CallFailure::Throttled;
         self.last_error = Some((error.to_string(), Instant::now()));
         self.failures_in_row += 1;
+        if self.failures_in_row >= pure::STALL_REPORT_EVERY {
+            self.read_stalled(format!(
+                "cannot be read: {} failed {} times in a row: {error}",
+                call.as_str(),
+                self.failures_in_row
+            ));
+        }
         // A shard that cannot be read is a stall: say so at ERROR, not at every retry.
         if pure::stall_report_due(self.failures_in_row) {
             error!(
@@ -1225,6 +1283,8 @@ impl ReaderState {
             shard: Some(&self.args.lease.key),
             error,
         });
+        // A stall that lasts is sampled again each metrics interval.
+        self.note_stall();
     }
 
     /// De-aggregates, drops what a checkpoint inside an aggregate already covers, and
@@ -1648,7 +1708,83 @@ impl ReaderState {
         self.ask_processor(myself, ProcessorMsg::ShutdownRequested);
     }
 
+    /// Why the shard is stalled now, if it is: it cannot be read, or its processor has
+    /// waited past its stall time (`pure::processor_stall_time`).
+    fn stall(&self) -> Option<String> {
+        if !pure::may_stall(self.phase) {
+            return None;
+        }
+        if let Some(why) = &self.read_stall {
+            return Some(why.clone());
+        }
+        let wait = self.wait.get()?;
+        let waited = wait.since.elapsed();
+        let after =
+            pure::processor_stall_time(wait.limit, self.settings().reader.processor_timeout);
+        (waited >= after).then(|| format!("{} for {} s", wait.what, waited.as_secs()))
+    }
+
+    /// Says a change of stall once (an ERROR when one starts, an INFO when it ends) and
+    /// keeps the shard's gauge: 1 while stalled (sampled again every metrics interval),
+    /// 0 once not.
+    fn note_stall(&mut self) {
+        let now = Instant::now();
+        match (self.stalled, self.stall()) {
+            (None, Some(reason)) => {
+                self.args.telemetry.emit(ShardStalled {
+                    key: &self.args.lease.key,
+                    reason: &reason,
+                });
+                self.stalled = Some((now, now));
+            }
+            // Processed again; or stopping (a shutdown, a lost lease), which is no news
+            // of the stall: the gauge alone is ended.
+            (Some((since, _)), None) if pure::may_stall(self.phase) => {
+                self.args.telemetry.emit(ShardUnstalled {
+                    key: &self.args.lease.key,
+                    stalled_for: now.saturating_duration_since(since),
+                });
+                self.stalled = None;
+            }
+            (Some(_), None) => {
+                self.report(vec![Sample::shard(
+                    Metric::ShardsStalled,
+                    &self.args.lease.key,
+                    0.0,
+                )]);
+                self.stalled = None;
+            }
+            (Some((since, sampled)), Some(_))
+                if now.saturating_duration_since(sampled) >= self.settings().metrics.interval =>
+            {
+                self.report(vec![Sample::shard(
+                    Metric::ShardsStalled,
+                    &self.args.lease.key,
+                    1.0,
+                )]);
+                self.stalled = Some((since, now));
+            }
+            _ => {}
+        }
+    }
+
+    /// The shard cannot be read, for `why`: the first reason of a run is kept.
+    fn read_stalled(&mut self, why: String) {
+        if self.read_stall.is_none() {
+            self.read_stall = Some(why);
+            self.note_stall();
+        }
+    }
+
+    /// A read or a subscription succeeded: the shard can be read again.
+    fn read_again(&mut self) {
+        if self.read_stall.take().is_some() {
+            self.note_stall();
+        }
+    }
+
     fn status(&self) -> ShardStatus {
+        let stall = self.stall();
         ShardStatus {
             shard_id: self.shard.clone(),
             stream: self.args.lease.key.stream_name().map(str::to_owned),
@@ -1659,6 +1795,7 @@ impl ReaderState {
                     throttled: self.throttled,
                     caught_up: self.caught_up,
                     budget_wait: self.budget_wait,
+                    stalled: stall.is_some(),
                 },
             ),
             lease_counter: self.fence.counter,
@@ -1679,6 +1816,7 @@ impl ReaderState {
             memory_bytes: self.ledger.memory() + self.held_memory,
             restarts: self.args.restarts,
             fenced: self.fenced.clone(),
+            stall,
             subscription: self.args.consumer.as_ref().map(|_| SubscriptionView {
                 state: if self.feed.is_some() { "open" } else { "none" },
                 age_ms: self

@@ -38,6 +38,11 @@ pub enum ShardState {
     WaitingOnBudget,
     /// Delivery paused: this worker's heartbeat has not been confirmed recently.
     Fenced,
+    /// Held and not processed, and it will not be until something changes: its
+    /// processor waits past its stall time (a MultiLang child that does not answer), or
+    /// the shard cannot be read (a subscription refused, reads failing in a row).
+    /// `stall` says which.
+    Stalled,
     /// Read to its end; waiting for the last acks and the SHARD_END checkpoint.
     ShardEnding,
     /// The worker is stopping: the processor's `shutdown_requested` runs, then the
@@ -100,6 +105,10 @@ pub struct ShardStatus {
     /// Why delivery is paused (state `fenced`): the heartbeat is not confirmed, the
     /// lease awaits a fresh read after a gap, or it was revoked.
     pub fenced: Option<crate::fencing::FenceReason>,
+    /// Why the shard is stalled (state `stalled`, or a stalled shard that is fenced or
+    /// ending): `the MultiLang child has not answered processRecords for 31 s`,
+    /// `cannot subscribe: SubscribeToShard: …`.
+    pub stall: Option<String>,
     /// The shard's enhanced fan-out subscription (fan-out mode only).
     pub subscription: Option<SubscriptionView>,
 }
@@ -243,7 +252,9 @@ pub struct FleetView {
     /// Leases waiting for a parent to finish.
     pub blocked: Vec<String>,
     /// Leases nobody processes and nobody will until something outside changes, each
-    /// as `lease key: reason` (an unreadable row, a shard the stream does not have).
+    /// as `lease key: reason` (an unreadable row, a shard the stream does not have; on
+    /// its owner's view, a held shard that is stalled: a processor that does not answer,
+    /// a shard that cannot be read).
     pub stalled: Vec<String>,
     /// Every row that could not be read (lease rows among them, also in `stalled`).
     pub malformed_rows: Vec<String>,
@@ -410,6 +421,31 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     view
 }
 
+/// The observer's own held shards that are stalled (its `status`), shown stalled in its
+/// fleet view with their reason: what its shards' readers know, which the table does not
+/// say.
+#[cfg_attr(not(feature = "status-server"), allow(dead_code))]
+pub(crate) fn overlay_stalls(view: &mut FleetView, status: &WorkerStatus) {
+    for shard in status
+        .shards
+        .iter()
+        .filter(|s| s.state == ShardState::Stalled)
+    {
+        let reason = shard.stall.clone().unwrap_or_else(|| "stalled".to_owned());
+        let Some(lease) = view.leases.iter_mut().find(|l| {
+            l.shard_id == shard.shard_id.as_str()
+                && l.stream == shard.stream
+                && l.owner.as_deref() == Some(status.worker_id.as_str())
+                && l.state != FleetLeaseState::Finished
+        }) else {
+            continue;
+        };
+        lease.state = FleetLeaseState::Stalled;
+        view.stalled.push(format!("{}: {reason}", lease.lease_key));
+        lease.reason = Some(reason);
+    }
+}
+
 /// One worker of [`FleetView::workers`], as the observer sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FleetWorker {
@@ -448,7 +484,8 @@ pub enum FleetLeaseState {
     /// SHARD_END.
     Finished,
     /// Nobody processes it, and nobody will until something outside changes: its row is
-    /// unreadable, or its shard is not in the stream. `reason` says which.
+    /// unreadable, or its shard is not in the stream; or, on its owner's view, the shard
+    /// it holds is stalled (`ShardState::Stalled`). `reason` says which.
     Stalled,
 }
 
@@ -825,6 +862,68 @@ pub struct CheckpointView {
 mod tests {
     use super::FleetBoardInner;
     use std::time::Duration;
+
+    /// A held shard stalled on its owner shows stalled in the owner's fleet view, with
+    /// its reason; a shard of the same id of another stream, or one another worker
+    /// owns, does not.
+    #[test]
+    fn the_owners_stalled_shards_show_stalled_in_its_fleet_view() {
+        use super::*;
+        use crate::status_tree::tests::{shard, worker};
+        let lease = |shard: &str, stream: Option<&str>, owner: &str| FleetLease {
+            lease_key: match stream {
+                Some(s) => format!("1:{s}:5:{shard}"),
+                None => shard.to_owned(),
+            },
+            shard_id: shard.to_owned(),
+            stream: stream.map(str::to_owned),
+            owner: Some(owner.to_owned()),
+            state: FleetLeaseState::Held,
+            reason: None,
+            checkpoint: Some("TRIM_HORIZON".to_owned()),
+            counter: Some(1),
+            handoff_to: None,
+            parents: Vec::new(),
+            children: Vec::new(),
+            millis_behind_latest: None,
+            subscribed_ms: None,
+            rate: None,
+        };
+        let mut view = FleetView {
+            leases: vec![
+                lease("shardId-000000000000", Some("orders"), "w-1"),
+                lease("shardId-000000000000", Some("audit"), "w-1"),
+                lease("shardId-000000000001", Some("orders"), "w-2"),
+            ],
+            ..FleetView::default()
+        };
+        let why = "the MultiLang child has not answered processRecords for 31 s";
+        let stalled = |id: &str| ShardStatus {
+            stream: Some("orders".to_owned()),
+            stall: Some(why.to_owned()),
+            ..shard(id, ShardState::Stalled)
+        };
+        let status = worker(vec![
+            stalled("shardId-000000000000"),
+            // Not this worker's lease in the table (it moved): left as the table says.
+            stalled("shardId-000000000001"),
+        ]);
+        overlay_stalls(&mut view, &status);
+        let states: Vec<FleetLeaseState> = view.leases.iter().map(|l| l.state).collect();
+        assert_eq!(
+            states,
+            [
+                FleetLeaseState::Stalled,
+                FleetLeaseState::Held,
+                FleetLeaseState::Held
+            ]
+        );
+        assert_eq!(view.leases[0].reason.as_deref(), Some(why));
+        assert_eq!(
+            view.stalled,
+            [format!("1:orders:5:shardId-000000000000: {why}")]
+        );
+    }
 
     /// The keeper is told once per ask, and an ask counts as watched only within the
     /// window after the previous one (the status server waits for a fresh round

@@ -248,7 +248,7 @@ li.node { margin: .25rem 0; }
 .line .name { font-family: ui-monospace, monospace; font-weight: 600; }
 .fact { color: #555; margin-left: .5rem; font-size: 13px; }
 .state { display: inline-block; padding: 0 .45rem; border-radius: .6rem; font-size: 12px; color: #fff; background: #2e8b57; margin-left: .3rem; }
-.s-fenced, .s-lease_lost, .s-restarting, .s-stopping { background: #b3261e; }
+.s-fenced, .s-stalled, .s-lease_lost, .s-restarting, .s-stopping { background: #b3261e; }
 .s-throttled, .s-waiting_on_budget, .s-draining, .s-handing_off, .s-shard_ending, .s-finishing { background: #c77700; }
 .s-blocked_on_parent, .s-initializing, .s-starting { background: #6a4fb3; }
 .s-caught_up { background: #3b7dd8; }

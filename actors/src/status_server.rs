@@ -21,7 +21,7 @@
 //!   page when the client asks for HTML); `GET /fleet.html` — the page.
 //! * `GET /healthz` — liveness: the supervisor runs and answers.
 //! * `GET /readyz` — readiness: the lease table and the stream answer, leases are
-//!   served.
+//!   served, no held shard is stalled.
 //! * `GET /metrics` — the numbers the MetricsReporter sends to CloudWatch and their
 //!   timings' histograms, in the OpenMetrics text format (`prometheus`).
 //!
@@ -354,6 +354,10 @@ async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
         Some(view) => {
             let mut fleet = view.0.clone();
             fleet.scanned_ms_ago = view.1.elapsed().as_millis() as u64;
+            // This worker's stalled shards, which only its readers know.
+            if let Some(snapshot) = shared.worker.snapshot().await {
+                crate::status::overlay_stalls(&mut fleet, &snapshot.0);
+            }
             axum::Json(fleet).into_response()
         }
         None => unavailable("no lease-table scan yet"),
@@ -382,7 +386,7 @@ async fn healthz(State(shared): State<Shared>) -> Response {
 
 /// Ready while the heartbeat is being written and the table has been scanned (the lease
 /// table answers, leases are dealt), the last shard listing succeeded (the stream
-/// answers), and the worker is not stopping.
+/// answers), no held shard is stalled, and the worker is not stopping.
 async fn readyz(State(shared): State<Shared>) -> Response {
     let snapshot = shared.worker.snapshot().await;
     let Some(snapshot) = snapshot else {
@@ -422,6 +426,15 @@ async fn readyz(State(shared): State<Shared>) -> Response {
             None => "the stream has not been listed yet".to_owned(),
         }),
         None => problems.push("the stream watcher did not answer".to_owned()),
+    }
+    for shard in &status.shards {
+        if shard.state == crate::status::ShardState::Stalled {
+            problems.push(format!(
+                "shard {} is stalled: {}",
+                crate::status_tree::shard_label(shard),
+                shard.stall.as_deref().unwrap_or("no reason given")
+            ));
+        }
     }
     if problems.is_empty() {
         (StatusCode::OK, "ready\n").into_response()

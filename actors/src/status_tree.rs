@@ -99,6 +99,10 @@ pub fn stall(shard: &ShardStatus) -> Option<String> {
             None => "restarting after a failure".to_owned(),
         }),
         ShardState::LeaseLost => Some("lease lost: another worker owns it now".to_owned()),
+        ShardState::Stalled => Some(match &shard.stall {
+            Some(why) => format!("stalled: {why}"),
+            None => "stalled".to_owned(),
+        }),
         ShardState::Initializing
         | ShardState::BlockedOnParent
         | ShardState::Processing
@@ -207,6 +211,7 @@ pub fn tree(status: &WorkerStatus) -> TreeNode {
                 | ShardState::Throttled
                 | ShardState::WaitingOnBudget
                 | ShardState::Fenced
+                | ShardState::Stalled
                 | ShardState::LeaseLost => "running",
             },
         )
@@ -330,6 +335,7 @@ pub(crate) mod tests {
             memory_bytes: 900,
             restarts: 0,
             fenced: None,
+            stall: None,
             subscription: None,
         }
     }
@@ -418,6 +424,21 @@ pub(crate) mod tests {
                 "lease lost",
                 shard("s", ShardState::LeaseLost),
                 Some("lease lost: another worker owns it now"),
+            ),
+            (
+                "stalled",
+                ShardStatus {
+                    stall: Some(
+                        "the MultiLang child has not answered processRecords for 31 s".to_owned(),
+                    ),
+                    ..shard("s", ShardState::Stalled)
+                },
+                Some("stalled: the MultiLang child has not answered processRecords for 31 s"),
+            ),
+            (
+                "stalled, no reason",
+                shard("s", ShardState::Stalled),
+                Some("stalled"),
             ),
         ];
         for (name, shard, want) in cases {

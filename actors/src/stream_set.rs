@@ -115,6 +115,7 @@ impl StreamSpec {
             },
             initial_timestamp: self.initial_timestamp,
             consumer: None,
+            arn: None,
         }
     }
 }
@@ -228,5 +229,6 @@ pub(crate) async fn resolve(
     Ok(Resolved {
         id: found.id,
         consumer,
+        arn: Some(found.arn),
     })
 }

@@ -557,6 +557,7 @@ impl SupervisorState {
         let args = ReaderArgs {
             lease: entry.lease.clone(),
             stream: stream.stream.clone(),
+            stream_arn: stream.arn.clone(),
             streams: self.ctx.streams.clone(),
             table: self.ctx.table.clone(),
             settings: self.ctx.settings.clone(),
@@ -823,6 +824,7 @@ impl SupervisorState {
                 memory_bytes: 0,
                 restarts: entry.restarts,
                 fenced: None,
+                stall: None,
                 subscription: None,
             };
             let reader = entry.reader.clone();

@@ -294,7 +294,54 @@ impl Event for ShardFailed<'_> {
     }
 
     fn samples(&self) -> Vec<Sample> {
-        vec![Sample::shard(Metric::ActorRestarts, self.key, 1.0)]
+        // A failed reader says nothing more: whatever stall it had ended with it.
+        vec![
+            Sample::shard(Metric::ActorRestarts, self.key, 1.0),
+            Sample::shard(Metric::ShardsStalled, self.key, 0.0),
+        ]
+    }
+}
+
+/// A held shard stalled: its processor waits past its stall time, or it cannot be read.
+/// An ERROR when it starts (an INFO when it ends, [`ShardUnstalled`]); the gauge is 1
+/// meanwhile.
+pub(crate) struct ShardStalled<'a> {
+    pub key: &'a LeaseKey,
+    pub reason: &'a str,
+}
+
+impl Event for ShardStalled<'_> {
+    fn log(&self) {
+        error!(
+            message = "Shard stalled: held and not processed.",
+            lease_key = %self.key,
+            reason = %self.reason,
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(Metric::ShardsStalled, self.key, 1.0)]
+    }
+}
+
+/// A stalled shard is processed again (its processor answered, its subscription opened,
+/// its reads answer).
+pub(crate) struct ShardUnstalled<'a> {
+    pub key: &'a LeaseKey,
+    pub stalled_for: Duration,
+}
+
+impl Event for ShardUnstalled<'_> {
+    fn log(&self) {
+        info!(
+            message = "Shard no longer stalled.",
+            lease_key = %self.key,
+            stalled_ms = self.stalled_for.as_millis() as u64,
+        );
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(Metric::ShardsStalled, self.key, 0.0)]
     }
 }
 

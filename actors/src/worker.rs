@@ -32,7 +32,7 @@ use crate::status::{ShutdownReport, WorkerStatus};
 use crate::stream_set::StreamSet;
 use crate::supervisor::{Supervisor, WorkerContext};
 
-/// Opens the lease table of an application by name.
+/// Opens a lease table by name (`Settings::lease_table`).
 type OpenTable = Arc<dyn Fn(&str) -> Arc<dyn LeaseTable> + Send + Sync>;
 
 /// The three outside systems a worker talks to. Cheap to clone.
@@ -58,7 +58,7 @@ impl fmt::Debug for Backend {
 
 impl Backend {
     /// Any implementation of the ports, e.g. wrapped in [`crate::backend::faults::Faulty`].
-    /// `tables` opens the lease table of an application by name.
+    /// `tables` opens a lease table by its name (`Settings::lease_table`).
     pub fn new(
         streams: Arc<dyn StreamClient>,
         tables: impl Fn(&str) -> Arc<dyn LeaseTable> + Send + Sync + 'static,
@@ -188,9 +188,10 @@ impl Backend {
         }
     }
 
-    /// The lease table of `application`, which is named after it.
-    pub fn lease_table(&self, application: &str) -> Arc<dyn LeaseTable> {
-        (self.tables)(application)
+    /// The lease table named `name` (a worker's is `Settings::lease_table`: the
+    /// application's unless `lease.table` names another).
+    pub fn lease_table(&self, name: &str) -> Arc<dyn LeaseTable> {
+        (self.tables)(name)
     }
 
     /// Where the worker's metrics go (CloudWatch, on an AWS backend).
@@ -245,7 +246,7 @@ pub enum WorkerError {
     /// after a few retries.
     #[error("lease table {table}")]
     LeaseTable {
-        /// The table's name (the application's).
+        /// The table's name (`Settings::lease_table`).
         table: String,
         /// The lease table's error.
         #[source]
@@ -520,11 +521,11 @@ impl WorkerBuilder {
                 Some(Arc::<str>::from(consumer.arn))
             }
         };
-        let table = backend.lease_table(&application);
+        let table = backend.lease_table(settings.lease_table());
         retrying(|| table.ensure_table(), LeaseError::is_retryable)
             .await
             .map_err(|source| WorkerError::LeaseTable {
-                table: application.clone(),
+                table: settings.lease_table().to_owned(),
                 source,
             })?;
         // A single stream's rows are keyed by bare shard ids, as any stream's would be:
@@ -549,6 +550,7 @@ impl WorkerBuilder {
                 initial,
                 initial_timestamp,
                 consumer,
+                arn: summary.as_ref().map(|s| s.arn.clone()),
             })
         }));
         // Status, logs and metrics name the application's streams.
@@ -763,6 +765,7 @@ async fn identify_streams(
             initial: initial_checkpoint(spec.initial_position),
             initial_timestamp: spec.initial_timestamp,
             consumer: None,
+            arn: Some(found.arn.clone()),
         });
         arns.push(found.arn);
     }

@@ -290,7 +290,7 @@ fn owned(by: &WorkerId, counter: u64) -> Fence {
 }
 
 fn fixtures_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/lease-table")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lease-table")
 }
 
 fn fixture_items(file: &str) -> Vec<Item> {
@@ -786,6 +786,9 @@ mod cases {
                     bytes_per_second: 4000,
                 },
             )])),
+            // Not in the index either: read whole rows (scans) for them.
+            heartbeat_interval_ms: None,
+            failover_time_ms: None,
         };
         let idle = WorkerLoad::default();
         let third = WorkerId::new("worker-c");
@@ -900,6 +903,9 @@ mod cases {
                 )]
                 .into(),
             ),
+            // What an operator's command watches the heartbeat for.
+            heartbeat_interval_ms: Some(2_000),
+            failover_time_ms: Some(10_000),
         };
         assert_eq!(table.heartbeat(&me(), &idle).await.unwrap(), 1);
         assert_eq!(table.heartbeat(&me(), &busy).await.unwrap(), 2);

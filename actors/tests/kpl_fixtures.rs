@@ -1,4 +1,4 @@
-//! KPL aggregates made by AWS's Python aggregator, from ../shared/fixtures/kpl/. Every
+//! KPL aggregates made by AWS's Python aggregator, from tests/fixtures/kpl/. Every
 //! case must de-aggregate to its `expected` records (which follow the Java KCL where the
 //! Python library and Java disagree), field by field.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -72,10 +72,7 @@ struct WithShardRange {
 }
 
 fn fixtures() -> Vec<Fixture> {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/kpl"
-    ));
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/kpl"));
     let entries = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("KPL fixtures folder {}: {e}", dir.display()));
     let mut paths: Vec<PathBuf> = entries

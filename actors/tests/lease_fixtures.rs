@@ -1,5 +1,6 @@
 //! Lease rows written by another KCL-compatible implementation (kcl-rs, a port of the
-//! Java KCL), and the Java KCL's attribute list, from ../shared/fixtures/lease-table/.
+//! Java KCL), and the Java KCL's attribute list, from tests/fixtures/lease-table/ (its
+//! README says where they came from).
 //! Every row there must read correctly, and what flotilla writes must match them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +13,7 @@ use flotilla_actors::model::item::{
 use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, ShardId, StreamIdentifier, WorkerId};
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/lease-table")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lease-table")
 }
 
 fn read(file: &str) -> String {

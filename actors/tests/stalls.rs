@@ -1,6 +1,7 @@
 //! No stall is silent: a held lease whose row becomes unreadable, a lease row for a
-//! shard the stream does not have, and a heartbeat that cannot be confirmed each show,
-//! with the reason, in `/fleet`, `/status`, `/readyz` and `/metrics` of a running
+//! shard the stream does not have, a heartbeat that cannot be confirmed, a fan-out shard
+//! that cannot subscribe and a MultiLang child that does not answer each show, with the
+//! reason, in `/fleet`, `/status`, `/readyz`, `/metrics` and the log of a running
 //! worker (real HTTP, the memory backend, real time).
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +16,7 @@ use flotilla_actors::model::{Checkpoint, Lease, LeaseKey, ShardId, WorkerId};
 use flotilla_actors::{FenceReason, Settings};
 use serde_json::Value;
 
+use flotilla_actors::Worker;
 use support::http::{get, json_until, url};
 use support::probe::{Misbehave, ProbeFactory, fast_settings};
 use support::rig::{APP, Feed, Rig, STREAM, heartbeat_outage, keeper, shutdown_clean, wait_held};
@@ -243,12 +245,14 @@ async fn an_unconfirmed_heartbeat_fences_every_shard_and_readyz_says_why() {
 }
 
 /// A fan-out shard whose subscriptions keep failing (here every SubscribeToShard call
-/// fails): the worker keeps the lease, and the shard shows unread everywhere: `/fleet`
-/// (the owner's heartbeat reports no open subscription for it), `/status` (its
-/// subscription `none`, with the failing call), and `/metrics` (API errors for the
-/// shard). Once subscribing works, the fleet shows it subscribed.
+/// fails, as on a server without it): the worker keeps the lease, and the shard is
+/// stalled from the first refusal, everywhere: `/fleet` (the owner's heartbeat reports no
+/// open subscription for it, and the owner's view shows it stalled with the refusal),
+/// `/status` (state `stalled` with the refusal, its subscription `none`), `/readyz` (503
+/// naming it) and `/metrics` (`ShardsStalled`, API errors for the shard). Once
+/// subscribing works, the fleet shows it subscribed and the worker is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fanout_shard_that_cannot_subscribe_shows_unsubscribed_fleet_wide() {
+async fn a_fanout_shard_that_cannot_subscribe_is_stalled_fleet_wide() {
     use flotilla_actors::backend::faults::{FaultPlan, Faulty};
     use flotilla_actors::settings::ReadMode;
 
@@ -268,19 +272,37 @@ async fn a_fanout_shard_that_cannot_subscribe_shows_unsubscribed_fleet_wide() {
     let fleet = json_until(&a, "/fleet", "shows the held shard unsubscribed", |f| {
         f["read_mode"] == "fanout"
             && lease(f, shard.as_str())
-                .is_some_and(|l| l["state"] == "held" && l["subscribed_ms"].is_null())
+                .is_some_and(|l| l["state"] == "stalled" && l["subscribed_ms"].is_null())
     })
     .await;
-    assert_eq!(lease(&fleet, shard.as_str()).unwrap()["owner"], "a");
-    let status = json_until(&a, "/status", "shows the subscription failing", |s| {
-        s["shards"][0]["subscription"]["state"] == "none"
-            && s["shards"][0]["last_error"]
-                .as_str()
-                .is_some_and(|e| e.contains("SubscribeToShard"))
+    let row = lease(&fleet, shard.as_str()).unwrap();
+    assert_eq!(row["owner"], "a");
+    assert!(
+        row["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("cannot subscribe: SubscribeToShard")),
+        "{row}"
+    );
+    let status = json_until(&a, "/status", "shows the shard stalled", |s| {
+        s["shards"][0]["state"] == "stalled"
     })
     .await;
+    let stalled = &status["shards"][0];
+    assert_eq!(stalled["subscription"]["state"], "none", "{stalled}");
+    assert!(
+        stalled["stall"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("cannot subscribe: SubscribeToShard: transient")),
+        "{stalled}"
+    );
     assert_eq!(status["read_mode"], "fanout");
-    let text = get(&url(&a, "/metrics"), "*/*").await.2;
+    let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("shard shardId-000000000000 is stalled: cannot subscribe: SubscribeToShard"),
+        "{body}"
+    );
+    let text = metric_until(&a, "flotilla_shards_stalled", |v| v == 1.0).await;
     assert!(
         text.lines()
             .any(|l| l.contains("shard=\"shardId-000000000000\"")
@@ -290,8 +312,101 @@ async fn a_fanout_shard_that_cannot_subscribe_shows_unsubscribed_fleet_wide() {
 
     streams.set_plan(FaultPlan::seeded(6));
     json_until(&a, "/fleet", "shows the shard subscribed", |f| {
-        lease(f, shard.as_str()).is_some_and(|l| l["subscribed_ms"].is_u64())
+        lease(f, shard.as_str())
+            .is_some_and(|l| l["subscribed_ms"].is_u64() && l["state"] == "held")
     })
     .await;
+    json_until(&a, "/status", "shows the shard read again", |s| {
+        s["shards"][0]["state"] != "stalled" && s["shards"][0]["stall"].is_null()
+    })
+    .await;
+    let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
+    assert_eq!(code, 200, "{body}");
+    metric_until(&a, "flotilla_shards_stalled", |v| v == 0.0).await;
     shutdown_clean(a).await;
+}
+
+/// A MultiLang child that answers `initialize` and then never answers
+/// `processRecords`: past its stall time (half its watchdog, `timeoutInSeconds`) the
+/// shard is stalled, naming the action and for how long, in `/status`, the owner's
+/// `/fleet`, `/readyz`, `ShardsStalled` and an ERROR, while the child is still waited
+/// for; at the watchdog the child is replaced. (It showed `caught_up` until then.)
+// Current-thread: the log capture sees the events of the test's thread.
+#[tokio::test]
+async fn a_multilang_child_that_does_not_answer_is_a_stalled_processor() {
+    use flotilla_actors::CheckpointMode;
+    use flotilla_actors::multilang::{ChildCommand, MultiLangProcessor};
+    use std::sync::Arc;
+
+    let (events, _guard) = support::events::Events::capture();
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = support::probe::Producer::default();
+    producer.put_round(&rig.streams, STREAM, 2, 5).await;
+    // Answers initialize, then reads on and answers nothing.
+    let child = r#"while IFS= read -r line; do
+        case "$line" in
+            *'"action":"initialize"'*) printf '{"action":"status","responseFor":"initialize"}\n' ;;
+        esac
+    done"#;
+    let command = Arc::new(ChildCommand {
+        argv: vec!["sh".to_owned(), "-c".to_owned(), child.to_owned()],
+        watchdog: Some(Duration::from_secs(8)),
+    });
+    let mut s = settings("a");
+    s.checkpoint.mode = CheckpointMode::Manual;
+    let a = Worker::builder()
+        .settings(s)
+        .backend(rig.backend())
+        .processor(move |_| MultiLangProcessor::new(command.clone()))
+        .start()
+        .await
+        .unwrap();
+    wait_held(&[&a], &[1], Duration::from_secs(10)).await;
+    let shard = ShardId::from_index(0);
+
+    let status = json_until(&a, "/status", "shows the shard stalled", |s| {
+        s["shards"][0]["state"] == "stalled"
+    })
+    .await;
+    let stall = status["shards"][0]["stall"].as_str().unwrap().to_owned();
+    assert!(
+        stall.starts_with("the MultiLang child has not answered processRecords for ")
+            && stall.ends_with(" s"),
+        "{status}"
+    );
+    let waited: u64 = stall
+        .trim_start_matches("the MultiLang child has not answered processRecords for ")
+        .trim_end_matches(" s")
+        .parse()
+        .unwrap();
+    assert!((4..8).contains(&waited), "half the 8 s watchdog: {stall}");
+    let fleet = json_until(&a, "/fleet", "shows the shard stalled", |f| {
+        lease(f, shard.as_str()).is_some_and(|l| l["state"] == "stalled")
+    })
+    .await;
+    let row = lease(&fleet, shard.as_str()).unwrap();
+    assert!(
+        row["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("the MultiLang child has not answered processRecords")),
+        "{row}"
+    );
+    let (code, _, body) = get(&url(&a, "/readyz"), "*/*").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains(
+            "shard shardId-000000000000 is stalled: the MultiLang child has not answered processRecords"
+        ),
+        "{body}"
+    );
+    metric_until(&a, "flotilla_shards_stalled", |v| v == 1.0).await;
+    let logged = events.with("message", "Shard stalled: held and not processed.");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0]["level"], "ERROR");
+    assert_eq!(logged[0]["lease_key"], shard.as_str());
+    assert!(
+        logged[0]["reason"].starts_with("the MultiLang child has not answered processRecords"),
+        "{logged:?}"
+    );
+    a.abort();
 }

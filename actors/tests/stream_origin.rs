@@ -178,6 +178,30 @@ async fn rows_the_java_kcl_wrote_are_adopted_and_read_from_their_checkpoints() {
     );
 }
 
+/// The lease table deleted under a running worker (`flotilla destroy --force`, a hand):
+/// it stops with an ERROR that says so and `Worker::wait` fails with the reason, instead
+/// of going on fenced, or making the table again and starting every shard over.
+#[tokio::test(start_paused = true)]
+async fn a_lease_table_deleted_under_a_worker_stops_it_with_the_reason() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let mut worker = rig.start_with(&probes, settings(STREAM)).await;
+    wait_held(&[&worker], &[2], Duration::from_secs(10)).await;
+    assert!(rig.dynamo.delete_table(APP));
+    let stopped = tokio::time::timeout(Duration::from_secs(30), worker.wait())
+        .await
+        .expect("the worker stops at its next heartbeat");
+    let reason = stopped.unwrap_err().to_string();
+    assert!(
+        reason.contains(&format!("the lease table {APP}")) && reason.contains("was deleted"),
+        "{reason}"
+    );
+    assert!(
+        !rig.dynamo.scan_raw(APP).iter().any(|_| true),
+        "the table is not made again"
+    );
+}
+
 /// A worker of `stream` (the application's), or why it did not start.
 async fn start(rig: &Rig, probes: &ProbeFactory, stream: &str) -> Result<Worker, WorkerError> {
     let f = probes.clone();

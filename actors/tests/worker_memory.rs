@@ -329,6 +329,38 @@ async fn graceful_shutdown_flushes_checkpoints_and_releases_leases() {
     );
 }
 
+/// `lease.table` names the table the leases (and, after it, the worker table) are in;
+/// the application's name then names no table.
+#[tokio::test(start_paused = true)]
+async fn lease_table_names_the_table_the_leases_are_in() {
+    let rig = Rig::new(2, MemoryStreamsConfig::default()).await;
+    let probes = ProbeFactory::new(Misbehave::default());
+    let mut settings = fast_settings(STREAM, APP);
+    settings.lease.table = Some("orders-leases".to_owned());
+    let worker = rig.start_with(&probes, settings).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 20, 10).await;
+    probes.wait_distinct(producer.total(), PATIENCE).await;
+    shutdown_clean(worker).await;
+
+    let named = rig
+        .dynamo
+        .lease_table("orders-leases")
+        .scan()
+        .await
+        .unwrap();
+    assert_eq!(named.leases.len(), 2, "{named:?}");
+    let workers = flotilla_actors::backend::layout::worker_table_name("orders-leases");
+    assert!(
+        !rig.dynamo.scan_raw(&workers).is_empty(),
+        "the roster, in {workers}"
+    );
+    assert!(
+        rig.dynamo.scan_raw(APP).is_empty(),
+        "nothing in table {APP}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn throttling_transient_errors_and_expired_iterators_lose_nothing() {
     use std::sync::Arc;

@@ -15,7 +15,7 @@ use flotilla_actors::backend::aws::{DynamoLeaseTable, KinesisStream};
 use flotilla_actors::backend::{LeaseTable, StreamAdmin, StreamClient};
 use flotilla_actors::model::{Checkpoint, Shard};
 use flotilla_actors::settings::ReadMode;
-use flotilla_actors::{Backend, Worker};
+use flotilla_actors::{Backend, ShardState, Worker};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings, read_mode, wait_until};
 use support::rig::shutdown_clean;
 use support::servers;
@@ -105,18 +105,22 @@ mod scenarios {
         let env = Env::new(kinesis, dynamodb, 1).await;
         let probes = ProbeFactory::new(Misbehave::default());
         let worker = env.start(&probes).await;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let started = tokio::time::Instant::now();
+        let deadline = started + PATIENCE;
         loop {
             let status = worker.status().await.unwrap();
+            // Stalled from the first refusal, with it as the reason (it showed
+            // `processing`, ready, for 94 s: until 20 failures in a row).
             let reported = status.shards.first().is_some_and(|shard| {
-                shard
-                    .subscription
-                    .as_ref()
-                    .is_some_and(|s| s.state == "none")
+                shard.state == ShardState::Stalled
                     && shard
-                        .last_error
+                        .subscription
+                        .as_ref()
+                        .is_some_and(|s| s.state == "none")
+                    && shard
+                        .stall
                         .as_deref()
-                        .is_some_and(|e| e.contains("SubscribeToShard"))
+                        .is_some_and(|e| e.starts_with("cannot subscribe: SubscribeToShard"))
             });
             if reported {
                 assert_eq!(status.read_mode, "fanout");
@@ -129,6 +133,20 @@ mod scenarios {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "reported at the first refusal, not after a run of them: {:?}",
+            started.elapsed()
+        );
+        let (code, _, body) =
+            support::http::get(&support::http::url(&worker, "/readyz"), "*/*").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(
+            body.contains(
+                "shard shardId-000000000000 is stalled: cannot subscribe: SubscribeToShard"
+            ),
+            "{body}"
+        );
         shutdown_clean(worker).await;
     }
 

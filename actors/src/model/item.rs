@@ -149,6 +149,10 @@ pub mod attr {
     /// Ownership changes a worker has made (heartbeat rows): a peer that sees it move
     /// reads the lease rows again.
     pub const WORKER_CHANGES: &str = "flotillaChanges";
+    /// Heartbeat rows: the worker's `lease.heartbeat_interval`, in ms.
+    pub const WORKER_HEARTBEAT_MS: &str = "flotillaHeartbeatMs";
+    /// Heartbeat rows: the worker's `lease.failover_time`, in ms.
+    pub const WORKER_FAILOVER_MS: &str = "flotillaFailoverMs";
     /// The roster row's set of worker ids.
     pub const ROSTER_WORKERS: &str = "flotillaWorkers";
     /// The partition key of [`super::HEARTBEAT_INDEX`]: only heartbeat rows carry it
@@ -393,6 +397,15 @@ impl Reader<'_> {
         }
     }
 
+    /// A number, leniently: absent, `NULL` or unreadable is `None` (a declaration a
+    /// worker may not make must not make its heartbeat row unreadable).
+    fn number_lenient(&self, attribute: &str) -> Option<u64> {
+        self.item
+            .get(attribute)
+            .and_then(AttrValue::as_n)
+            .and_then(|n| n.parse().ok())
+    }
+
     fn boolean(&self, attribute: &str) -> Result<Option<bool>, MalformedRow> {
         match self.item.get(attribute) {
             None => Ok(None),
@@ -462,6 +475,8 @@ pub fn decode_row(item: &Item) -> Result<Row, MalformedRow> {
                     lag_ms: r.number_map(attr::WORKER_LAG)?,
                     subscribed_ms: r.number_map(attr::WORKER_SUBSCRIBED)?,
                     lease_rates: r.lease_rates(),
+                    heartbeat_interval_ms: r.number_lenient(attr::WORKER_HEARTBEAT_MS),
+                    failover_time_ms: r.number_lenient(attr::WORKER_FAILOVER_MS),
                 },
             }))
         }
@@ -726,7 +741,7 @@ pub fn encode_heartbeat(heartbeat: &Heartbeat) -> Item {
 }
 
 /// The load attributes a heartbeat write sets.
-pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 7] {
+pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 9] {
     let number_map = |map: &std::collections::BTreeMap<String, u64>| {
         AttrValue::M(
             map.iter()
@@ -752,6 +767,16 @@ pub fn load_attrs(load: &WorkerLoad) -> [(String, AttrValue); 7] {
         (
             attr::WORKER_CHANGES.into(),
             AttrValue::N(load.changes.to_string()),
+        ),
+        (
+            attr::WORKER_HEARTBEAT_MS.into(),
+            load.heartbeat_interval_ms
+                .map_or(AttrValue::Null(true), |ms| AttrValue::N(ms.to_string())),
+        ),
+        (
+            attr::WORKER_FAILOVER_MS.into(),
+            load.failover_time_ms
+                .map_or(AttrValue::Null(true), |ms| AttrValue::N(ms.to_string())),
         ),
         // NULL rather than absent for `None`: heartbeats are updates, and an absent
         // attribute would leave a previous life's rates in the row.
@@ -846,6 +871,8 @@ mod tests {
                     )]
                     .into(),
                 ),
+                heartbeat_interval_ms: Some(2_000),
+                failover_time_ms: Some(10_000),
             },
         };
         assert_eq!(

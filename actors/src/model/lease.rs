@@ -324,6 +324,16 @@ pub struct WorkerLoad {
     /// missing from `Some` has no rate yet (just taken: its first interval is not a fair
     /// sample).
     pub lease_rates: Option<std::collections::BTreeMap<LeaseKey, LeaseRate>>,
+    /// The worker's `lease.heartbeat_interval`, in ms, as it declares it: what an
+    /// operator's command watches a heartbeat for (`flotilla rewind`, `destroy`...), so
+    /// that no smaller number on a command line can call a live worker dead. `None` from
+    /// an older flotilla.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// The worker's `lease.failover_time`, in ms, as it declares it (see
+    /// `heartbeat_interval_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_time_ms: Option<u64>,
 }
 
 impl WorkerLoad {

@@ -208,6 +208,10 @@ pub struct ConsumedStream {
     /// The ARN of this stream's enhanced fan-out consumer, in fan-out mode (a consumer is
     /// registered on one stream, so each stream has its own); `None` polls.
     pub consumer: Option<Arc<str>>,
+    /// The stream's own ARN, once described (`None` before, and where no description
+    /// gave one): what a processor's [`ShardInfo`](crate::ShardInfo) names it by beside
+    /// its name.
+    pub arn: Option<String>,
 }
 
 impl ConsumedStream {
@@ -283,6 +287,7 @@ mod tests {
             initial: Checkpoint::TrimHorizon,
             initial_timestamp: None,
             consumer: None,
+            arn: None,
         }
     }
 

@@ -81,12 +81,18 @@ pub struct Resolved {
     pub id: StreamIdentifier,
     /// The ARN of its enhanced fan-out consumer; `None` when read by polling.
     pub consumer: Option<Arc<str>>,
+    /// The stream's ARN, as its description gave it.
+    pub arn: Option<String>,
 }
 
 impl From<StreamIdentifier> for Resolved {
-    /// A stream read by polling.
+    /// A stream read by polling, its ARN not known.
     fn from(id: StreamIdentifier) -> Self {
-        Self { id, consumer: None }
+        Self {
+            id,
+            consumer: None,
+            arn: None,
+        }
     }
 }
 
@@ -115,6 +121,7 @@ impl<T: Copy + Ord + Add<Duration, Output = T>> StreamSetView<T> {
             .map(|s| ConsumedStream {
                 id: None,
                 consumer: None,
+                arn: None,
                 ..s.clone()
             })
             .collect();
@@ -159,6 +166,7 @@ impl<T: Copy + Ord + Add<Duration, Output = T>> StreamSetView<T> {
                 active.push(ConsumedStream {
                     id: current.id.clone(),
                     consumer: current.consumer.clone(),
+                    arn: current.arn.clone(),
                     ..w.clone()
                 });
                 continue;
@@ -169,6 +177,7 @@ impl<T: Copy + Ord + Add<Duration, Output = T>> StreamSetView<T> {
                     active.push(ConsumedStream {
                         id: Some(found.id.clone()),
                         consumer: found.consumer.clone(),
+                        arn: found.arn.clone(),
                         ..w.clone()
                     });
                 }
@@ -331,6 +340,7 @@ mod tests {
             initial: Checkpoint::TrimHorizon,
             initial_timestamp: None,
             consumer: None,
+            arn: None,
         }
     }
 
@@ -487,6 +497,7 @@ mod tests {
         let found = Resolved {
             id: id("b", 2),
             consumer: Some(Arc::from("consumer-of-b")),
+            arn: None,
         };
         let after = before.next(
             vec![want("a"), want("b")],

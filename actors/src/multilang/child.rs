@@ -17,6 +17,12 @@
 //! fails, and restarts, visibly); `shutdownRequested` is followed by `leaseLost`.
 //!
 //! The child's stderr goes to the log, a line each, with the shard id.
+//!
+//! While it waits for the child (to read an action, or to answer it), it tells the
+//! shard's reader what it waits for (`processor::ProcessorWait`): a child that has not
+//! answered for half its watchdog (30 s without one) shows as a stalled shard, with the
+//! action, until it answers or the watchdog replaces it. [`ChildCommand::check`] finds
+//! the program before any shard starts.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -28,6 +34,7 @@ use tracing::{info, warn};
 
 use super::protocol::{CheckpointRefusal, CheckpointRequest, FromChild, ToChild};
 use crate::model::{ExtendedSequenceNumber, ShardId};
+use crate::processor::ProcessorWait;
 use crate::protocol::{Batch, CheckpointError, Checkpointer, ShardInfo};
 use crate::{Processor, ProcessorError};
 
@@ -38,6 +45,7 @@ pub struct ChildCommand {
     pub argv: Vec<String>,
     /// The longest a child may take to answer one action; `None`: no limit of its own
     /// (the reader's `processor_timeout` still fails a shard whose child never acks).
+    /// Half of it (30 s without one) is when a child's silence shows as a stall.
     pub watchdog: Option<Duration>,
 }
 
@@ -80,6 +88,15 @@ pub enum ChildError {
         program: String,
         /// Why the operating system would not start it.
         source: std::io::Error,
+    },
+    /// The program `executableName` names cannot be run: not found (on `PATH`, or at
+    /// its path), not a file, or not executable ([`ChildCommand::check`]).
+    #[error("executableName: cannot run {program:?}: {why}")]
+    NotRunnable {
+        /// The program as `executableName` names it (empty when it was empty).
+        program: String,
+        /// Why it cannot be run, and what to do.
+        why: String,
     },
     /// No child to talk to: an earlier call failed and killed it, or its pipes were missing.
     #[error("the child is not running (it failed earlier)")]
@@ -136,6 +153,96 @@ pub enum ChildError {
         "the child answered shardEnded without checkpointing at SHARD_END; a MultiLang processor must call checkpoint() in shardEnded, or the shard never ends"
     )]
     NoShardEndCheckpoint,
+}
+
+impl ChildCommand {
+    /// The program `executableName` names, found as the operating system will start it:
+    /// a name with a `/` as a path (relative to the working directory), any other on
+    /// `PATH`; it must be a file with an executable bit. Checked at start, so a missing
+    /// or unrunnable program stops `flotilla multilang` naming it, instead of failing
+    /// each shard as it starts.
+    pub fn check(&self) -> Result<std::path::PathBuf, ChildError> {
+        let Some(program) = self.argv.first() else {
+            return Err(ChildError::NotRunnable {
+                program: String::new(),
+                why: "executableName is empty".to_owned(),
+            });
+        };
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let cwd = std::env::current_dir().unwrap_or_default();
+        find_program(program, &path, &cwd).map_err(|why| ChildError::NotRunnable {
+            program: program.clone(),
+            why,
+        })
+    }
+}
+
+/// `program` as `execvp` finds it: a path when it has a `/` (relative to `cwd`), else
+/// the first file of that name in `path`'s directories that may be executed. `Err`
+/// says why none can be run.
+fn find_program(
+    program: &str,
+    path: &std::ffi::OsStr,
+    cwd: &std::path::Path,
+) -> Result<std::path::PathBuf, String> {
+    use std::path::Path;
+    if program.contains('/') {
+        let at = cwd.join(program);
+        return runnable(&at).map(|()| at).map_err(|why| {
+            if Path::new(program).is_absolute() {
+                why
+            } else {
+                format!(
+                    "{why} (relative to the working directory {})",
+                    cwd.display()
+                )
+            }
+        });
+    }
+    let mut refused = None;
+    for dir in std::env::split_paths(path) {
+        // An empty entry is the working directory, as execvp reads it.
+        let dir = if dir.as_os_str().is_empty() {
+            cwd.to_path_buf()
+        } else {
+            dir
+        };
+        let at = dir.join(program);
+        match runnable(&at) {
+            Ok(()) => return Ok(at),
+            Err(why) if at.exists() => refused = refused.or(Some(why)),
+            Err(_) => {}
+        }
+    }
+    Err(refused.unwrap_or_else(|| {
+        format!(
+            "not found on PATH ({}); name it by its path, or install it",
+            path.to_string_lossy()
+        )
+    }))
+}
+
+/// Whether `at` is a file the operating system will execute, or why not.
+fn runnable(at: &std::path::Path) -> Result<(), String> {
+    let meta = std::fs::metadata(at).map_err(|e| format!("{}: {e}", at.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a file", at.display()));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = meta.permissions().mode();
+        if mode & 0o111 == 0 {
+            return Err(format!(
+                "{} is not executable (mode {:o}): chmod +x it, or name its interpreter \
+                 first (executableName = python3 {})",
+                at.display(),
+                mode & 0o777,
+                at.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl MultiLangProcessor {
@@ -217,8 +324,21 @@ impl MultiLangProcessor {
     ) -> Result<(), ChildError> {
         let action = message.action();
         let watchdog = self.command.watchdog;
+        // Told to the shard's reader, which reports a wait past its stall time as a
+        // stalled processor (with the action in the reason); per line, as the watchdog.
+        let wait = ProcessorWait::current();
+        let waiting = || {
+            if let Some(wait) = &wait {
+                wait.begin(
+                    format!("the MultiLang child has not answered {action}"),
+                    watchdog,
+                );
+            }
+        };
+        waiting();
         self.send(&message).await?;
         loop {
+            waiting();
             let line = {
                 let child = self.child.as_mut().ok_or(ChildError::NotRunning)?;
                 let next = child.stdout.next_line();
@@ -230,6 +350,9 @@ impl MultiLangProcessor {
                 }
                 .map_err(ChildError::Read)?
             };
+            if let Some(wait) = &wait {
+                wait.end();
+            }
             let Some(line) = line else {
                 let exit = self.exit_status().await;
                 return Err(ChildError::Closed { action, exit });
@@ -461,5 +584,56 @@ impl MultiLangProcessor {
         {
             let _ = child.process.start_kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::find_program;
+
+    /// A program is found as execvp finds it, on PATH or by its path relative to the
+    /// working directory; a missing one, a directory and a file without an executable
+    /// bit are refused with why.
+    #[test]
+    fn the_program_is_found_as_the_operating_system_finds_it_or_refused_with_why() {
+        let dir = std::env::temp_dir().join(format!("flotilla-find-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        let tool = dir.join("bin/tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let plain = dir.join("plain.py");
+        std::fs::write(&plain, "print()\n").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path =
+            std::env::join_paths(["/nonexistent", dir.join("bin").to_str().unwrap()]).unwrap();
+
+        assert_eq!(find_program("tool", &path, &dir).unwrap(), tool);
+        assert_eq!(
+            find_program("./bin/tool", &path, &dir).unwrap(),
+            dir.join("./bin/tool")
+        );
+        assert_eq!(
+            find_program(tool.to_str().unwrap(), &path, std::path::Path::new("/")).unwrap(),
+            tool
+        );
+        let missing = find_program("no-such-tool", &path, &dir).unwrap_err();
+        assert!(
+            missing.starts_with("not found on PATH (/nonexistent:"),
+            "{missing}"
+        );
+        let relative = find_program("./tool", &path, &dir).unwrap_err();
+        assert!(
+            relative.contains("relative to the working directory"),
+            "{relative}"
+        );
+        let plain = find_program("./plain.py", &path, &dir).unwrap_err();
+        assert!(plain.contains("is not executable (mode 644)"), "{plain}");
+        let folder = find_program("./bin", &path, &dir).unwrap_err();
+        assert!(folder.contains("/bin is not a file"), "{folder}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

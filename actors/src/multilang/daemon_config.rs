@@ -44,9 +44,9 @@ pub enum DaemonConfigError {
         /// What was expected instead.
         why: String,
     },
-    /// A setting flotilla cannot honour as the daemon would (e.g. `retrievalMode = FANOUT`, another
-    /// credentials provider, a `tableName` unlike `applicationName`); ignoring it would change
-    /// what the application does.
+    /// A setting flotilla cannot honour as the daemon would (another credentials provider,
+    /// a fan-out consumer named by its ARN); ignoring it would change what the
+    /// application does.
     #[error("{key} = {value:?} is not supported: {what_to_do}")]
     Unsupported {
         /// The property's key.
@@ -92,7 +92,8 @@ const TEXTS: &[(&str, &str)] = &[
 ];
 
 /// Keys that make the daemon poll: with `retrievalMode` DEFAULT (or absent) it reads
-/// with enhanced fan-out unless one of them is set.
+/// with enhanced fan-out unless one of them is set (its `RetrievalMode.DEFAULT`: the
+/// polling configuration's properties set or not).
 const POLLING_KEYS: &[&str] = &[
     "maxRecords",
     "idleTimeBetweenReadsInMillis",
@@ -192,6 +193,26 @@ const IGNORED: &[(&str, &str)] = &[
         "maxCacheMissesBeforeReload",
         "flotilla keeps no shard cache to miss",
     ),
+    (
+        "fanoutConfig.maxDescribeStreamSummaryRetries",
+        "flotilla retries DescribeStreamSummary with its own backoff",
+    ),
+    (
+        "fanoutConfig.maxDescribeStreamConsumerRetries",
+        "flotilla waits for its consumer to be ACTIVE with its own backoff",
+    ),
+    (
+        "fanoutConfig.registerStreamConsumerRetries",
+        "flotilla retries RegisterStreamConsumer with its own backoff",
+    ),
+    (
+        "fanoutConfig.retryBackoffMillis",
+        "flotilla's fan-out calls back off as its other calls (reader.backoff_min, reader.backoff_max)",
+    ),
+    (
+        "consumerName",
+        "the daemon does not read it either (it reads fanoutConfig.consumerName), so the fan-out consumer is named after applicationName, as the daemon names it; write fanoutConfig.consumerName to name it",
+    ),
 ];
 
 impl DaemonConfig {
@@ -204,7 +225,6 @@ impl DaemonConfig {
         let mut watchdog = None;
         let mut argv = Vec::new();
         let mut stream_arn = None;
-        let mut table_name = None;
         let mut position_key = None;
         let mut timestamp = None;
         let mut retrieval_mode: Option<String> = None;
@@ -256,7 +276,21 @@ impl DaemonConfig {
                     })?;
                 stream_arn = Some(name.to_owned());
             } else if key == "tableName" {
-                table_name = Some(value.to_owned());
+                // The lease table's name (the daemon's `ConfigsBuilder.tableName`);
+                // its worker table is named after it.
+                if !value.is_empty() {
+                    settings.push(("lease.table".to_owned(), value.to_owned()));
+                }
+            } else if key == "fanoutConfig.consumerName" {
+                // The enhanced fan-out consumer's name (the daemon's `FanOutConfig`;
+                // without it, the application's name).
+                if !value.is_empty() {
+                    settings.push(("reader.consumer_name".to_owned(), value.to_owned()));
+                }
+            } else if key == "fanoutConfig.consumerArn" {
+                return Err(unsupported(
+                    "flotilla finds its fan-out consumer by name, registering it if absent; set fanoutConfig.consumerName to the consumer's name (the part of its ARN after `consumer/`, before `:`)",
+                ));
             } else if key == "initialPositionInStream" {
                 position_key = Some(match value.to_ascii_uppercase().as_str() {
                     "TRIM_HORIZON" => "TRIM_HORIZON",
@@ -298,9 +332,9 @@ impl DaemonConfig {
                 }
             } else if key == "retrievalMode" {
                 let mode = value.to_ascii_uppercase();
-                if mode != "POLLING" && mode != "DEFAULT" {
-                    return Err(unsupported(
-                        "flotilla reads by polling GetRecords; set retrievalMode = POLLING",
+                if !["FANOUT", "POLLING", "DEFAULT"].contains(&mode.as_str()) {
+                    return Err(bad(
+                        "expected FANOUT (enhanced fan-out), POLLING (GetRecords) or DEFAULT (fan-out unless a polling key such as maxRecords is set)",
                     ));
                 }
                 retrieval_mode = Some(mode);
@@ -333,16 +367,6 @@ impl DaemonConfig {
         if let Some(name) = stream_arn {
             settings.push(("worker.stream".to_owned(), name));
         }
-        if let Some(table) = table_name {
-            let application = properties.get("applicationName").map(str::trim);
-            if application != Some(table.as_str()) {
-                return Err(DaemonConfigError::Unsupported {
-                    key: "tableName".to_owned(),
-                    value: table,
-                    what_to_do: "flotilla names the lease table after applicationName, as the KCL does by default; set applicationName to the table's name, or remove tableName".to_owned(),
-                });
-            }
-        }
         // Where a new application starts: AT_TIMESTAMP when a time is given, else
         // initialPositionInStream, else LATEST (the KCL's default, not flotilla's).
         let position = match (timestamp, position_key) {
@@ -354,12 +378,16 @@ impl DaemonConfig {
             (None, None) => "LATEST",
         };
         settings.push(("worker.initial_position".to_owned(), position.to_owned()));
+        // How records are read, as the daemon decides it: FANOUT and POLLING say so;
+        // DEFAULT (or no retrievalMode) is fan-out unless a polling key is set.
         let polls = POLLING_KEYS.iter().any(|k| properties.get(k).is_some());
-        if retrieval_mode.is_none_or(|m| m == "DEFAULT") && !polls {
-            warnings.push(
-                "retrievalMode: with no polling key set (maxRecords, idleTimeBetweenReadsInMillis) the KCL would read with enhanced fan-out; flotilla polls GetRecords".to_owned(),
-            );
-        }
+        let mode = match retrieval_mode.as_deref() {
+            Some("FANOUT") => "fanout",
+            Some("POLLING") => "polling",
+            _ if polls => "polling",
+            _ => "fanout",
+        };
+        settings.push(("reader.mode".to_owned(), mode.to_owned()));
         Ok(Self {
             command: ChildCommand { argv, watchdog },
             settings,
@@ -407,17 +435,16 @@ regionName = us-east-1
             ("worker.application", "kclnodejssample"),
             ("worker.initial_position", "TRIM_HORIZON"),
             ("aws.region", "us-east-1"),
+            // No retrievalMode and no polling key: the daemon reads with fan-out.
+            ("reader.mode", "fanout"),
         ];
         for (key, want) in table {
             assert_eq!(setting(&c, key), Some(want), "{key}");
         }
-        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert_eq!(setting(&c, "lease.table"), None);
+        assert_eq!(setting(&c, "reader.consumer_name"), None);
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         assert!(c.warnings[0].starts_with("processingLanguage is not used"));
-        assert!(
-            c.warnings[1].contains("enhanced fan-out"),
-            "{:?}",
-            c.warnings
-        );
     }
 
     #[test]
@@ -427,7 +454,8 @@ regionName = us-east-1
              streamName = old-name\n\
              streamArn = arn:aws:kinesis:eu-west-1:123456789012:stream/orders\n\
              applicationName = orders-app\n\
-             tableName = orders-app\n\
+             tableName = orders-leases\n\
+             fanoutConfig.consumerName = orders-efo\n\
              maxRecords = 2500\n\
              idleTimeBetweenReadsInMillis = 50\n\
              failoverTimeMillis = 20000\n\
@@ -455,6 +483,9 @@ regionName = us-east-1
         let table = [
             ("worker.stream", "orders"),
             ("worker.application", "orders-app"),
+            ("lease.table", "orders-leases"),
+            ("reader.mode", "polling"),
+            ("reader.consumer_name", "orders-efo"),
             ("reader.max_records", "2500"),
             ("reader.poll_interval", "200ms"),
             ("lease.failover_time", "20000ms"),
@@ -496,9 +527,67 @@ regionName = us-east-1
     fn a_file_without_a_position_starts_at_latest_as_the_kcl_does() {
         let c = config("executableName = x\nmaxRecords = 100\n").unwrap();
         assert_eq!(setting(&c, "worker.initial_position"), Some("LATEST"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    /// `retrievalMode` as the daemon reads it: FANOUT and POLLING say so; DEFAULT, or
+    /// none, is fan-out unless a polling key is set.
+    #[test]
+    fn records_are_read_as_the_daemon_would_read_them() {
+        let table: &[(&str, &str)] = &[
+            ("", "fanout"),
+            ("retrievalMode = DEFAULT\n", "fanout"),
+            ("retrievalMode = FANOUT\n", "fanout"),
+            ("retrievalMode = fanout\n", "fanout"),
+            ("retrievalMode = POLLING\n", "polling"),
+            ("maxRecords = 500\n", "polling"),
+            ("idleTimeBetweenReadsInMillis = 1000\n", "polling"),
+            ("retryGetRecordsInSeconds = 1\n", "polling"),
+            ("maxGetRecordsThreadPool = 1\n", "polling"),
+            ("retrievalMode = DEFAULT\nmaxRecords = 500\n", "polling"),
+            // FANOUT said outright wins over a polling key, as in the daemon.
+            ("retrievalMode = FANOUT\nmaxRecords = 500\n", "fanout"),
+        ];
+        for (text, want) in table {
+            let c = config(&format!("executableName = x\n{text}")).unwrap();
+            assert_eq!(setting(&c, "reader.mode"), Some(*want), "{text:?}");
+        }
+    }
+
+    /// The lease table and the fan-out consumer may be named apart from the
+    /// application, as the daemon lets them be.
+    #[test]
+    fn the_table_and_the_consumer_take_their_own_names() {
+        let c = config(
+            "executableName = x\napplicationName = orders-app\ntableName = orders-leases\n\
+             fanoutConfig.consumerName = orders-efo\n",
+        )
+        .unwrap();
+        assert_eq!(setting(&c, "worker.application"), Some("orders-app"));
+        assert_eq!(setting(&c, "lease.table"), Some("orders-leases"));
+        assert_eq!(setting(&c, "reader.consumer_name"), Some("orders-efo"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        // As the worker gets them, under a settings file and variables (none here).
+        let mut base = c.settings.clone();
+        base.push(("worker.stream".to_owned(), "orders".to_owned()));
+        base.push(("metrics.level".to_owned(), "none".to_owned()));
+        base.push(("status.enabled".to_owned(), "false".to_owned()));
+        let settings = crate::Settings::load_over(&base, "app.properties", None, []).unwrap();
+        assert_eq!(settings.lease_table(), "orders-leases");
+        assert_eq!(settings.reader.mode, crate::settings::ReadMode::Fanout);
+        assert_eq!(
+            settings
+                .reader
+                .consumer_name_for(&settings.worker.application),
+            "orders-efo"
+        );
+        // A bare consumerName is not read by the daemon: said, and not used.
+        let c = config("executableName = x\nconsumerName = other\n").unwrap();
+        assert_eq!(setting(&c, "reader.consumer_name"), None);
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         assert!(
-            c.warnings.is_empty(),
-            "a polling key: no fan-out warning: {:?}",
+            c.warnings[0].contains("fanoutConfig.consumerName"),
+            "{:?}",
             c.warnings
         );
     }
@@ -528,8 +617,13 @@ regionName = us-east-1
                 "expected true or false",
             ),
             (
-                "executableName = x\nretrievalMode = FANOUT\n",
-                "retrievalMode = \"FANOUT\" is not supported",
+                "executableName = x\nretrievalMode = PUSH\n",
+                "retrievalMode = \"PUSH\": expected FANOUT (enhanced fan-out), POLLING \
+                 (GetRecords) or DEFAULT",
+            ),
+            (
+                "executableName = x\nfanoutConfig.consumerArn = arn:aws:kinesis:us-east-1:1:stream/s/consumer/c:1\n",
+                "set fanoutConfig.consumerName",
             ),
             (
                 "executableName = x\nAWSCredentialsProvider = ProfileCredentialsProvider|dev\n",
@@ -547,10 +641,6 @@ regionName = us-east-1
                 "executableName = x\nstreamArn = orders\n",
                 "not a Kinesis stream ARN",
             ),
-            (
-                "executableName = x\napplicationName = a\ntableName = b\n",
-                "names the lease table after applicationName",
-            ),
         ];
         for (text, want) in table {
             let error = config(text).unwrap_err().to_string();
@@ -562,8 +652,11 @@ regionName = us-east-1
     /// (`KinesisClientLibConfigurator` sets each on `MultiLangDaemonConfiguration` by
     /// name, and `MultiLangDaemonConfig` reads the first three itself; seen in the
     /// source at tag v2.5.8 and with the daemon of tests/kcl.rs), each with a value it
-    /// accepts. flotilla maps each, says why it does not need it, or refuses it with
-    /// what to do: none is "not a key flotilla knows".
+    /// accepts. The fan-out configuration's keys are written `fanoutConfig.NAME` (a
+    /// nested property to the daemon's BeanUtils: its configurator, run on a file with
+    /// a bare `consumerName`, leaves the consumer's name unset). flotilla maps each,
+    /// says why it does not need it, or refuses it with what to do: none is "not a key
+    /// flotilla knows".
     const KCL_2_5_8_KEYS: &[(&str, &str)] = &[
         ("executableName", "python3 app.py"),
         ("processingLanguage", "python/3.11"),
@@ -574,7 +667,7 @@ regionName = us-east-1
             "streamArn",
             "arn:aws:kinesis:us-east-1:123456789012:stream/orders",
         ),
-        ("tableName", "orders-app"),
+        ("tableName", "orders-leases"),
         ("workerId", "w-1"),
         (
             "AWSCredentialsProvider",
@@ -616,6 +709,15 @@ regionName = us-east-1
         ("metricsMaxQueueSize", "10000"),
         ("metricsEnabledDimensions", "Operation,ShardId"),
         ("retrievalMode", "POLLING"),
+        ("fanoutConfig.consumerName", "orders-app-efo"),
+        (
+            "fanoutConfig.consumerArn",
+            "arn:aws:kinesis:us-east-1:123456789012:stream/orders/consumer/c:1",
+        ),
+        ("fanoutConfig.maxDescribeStreamSummaryRetries", "10"),
+        ("fanoutConfig.maxDescribeStreamConsumerRetries", "10"),
+        ("fanoutConfig.registerStreamConsumerRetries", "10"),
+        ("fanoutConfig.retryBackoffMillis", "1000"),
         ("idleTimeBetweenReadsInMillis", "1000"),
         ("maxRecords", "10000"),
         ("retryGetRecordsInSeconds", "1"),

@@ -6,8 +6,8 @@
 //! writer its parent's, the status snapshots five actors). Here, an actor imports the
 //! protocol, the status snapshots, the model, the ports and its own pure core; only a
 //! parent knows its children's actor types (the supervisor its children, the reader
-//! the processor host it starts). `python3 ../shared/tools/modgraph.py actors/src
-//! --cycles` shows no cycle.
+//! the processor host it starts). `scripts/module-graph.py` checks it: no cycle, no
+//! import pointing up.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -293,6 +293,9 @@ pub(crate) enum ReaderMsg {
     /// processor sent before failing (supervision events overtake messages).
     ProcessorFailed(String),
     Status(RpcReplyPort<ShardStatus>),
+    /// The processor waits on something outside (`processor::ProcessorWait`): check
+    /// whether it is past its stall time, every second from the first of these on.
+    WatchWaits,
     /// An event of the shard's fan-out subscription (`generation` tells a current
     /// subscription's events from a cancelled one's).
     Event {

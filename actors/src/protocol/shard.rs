@@ -20,9 +20,13 @@ use crate::settings::CheckpointMode;
 pub struct ShardInfo {
     /// The shard's id within its stream.
     pub shard_id: ShardId,
-    /// The stream the shard is of (as `worker.stream` or `worker.streams` names it): a
-    /// worker of several streams has shards of the same id in each.
+    /// The stream the shard is of (as `worker.stream` or `worker.streams` names it: a
+    /// name, or an ARN; a table's stream by its ARN): a worker of several streams has
+    /// shards of the same id in each.
     pub stream: String,
+    /// The stream's ARN, as the worker's description of the stream gave it; `None`
+    /// where no description gave one.
+    pub stream_arn: Option<String>,
     /// The shards this one was split or merged from; all of them are finished.
     pub parents: Vec<ShardId>,
     /// The hash keys the shard covers (the lease row's `startingHashKey` and

@@ -10,7 +10,7 @@
 //! key or a bad value is reported with where it came from (the file's path, the
 //! variable's name), not only with the key it reached.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use config::{Config, ConfigBuilder, Environment, File, FileFormat, Map, builder::DefaultState};
@@ -311,6 +311,50 @@ fn error_text(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+impl Settings {
+    /// The dotted keys (`lease.max_leases`) whose values differ between `self` and
+    /// `other`, in order: what a re-read file changed. A key of a list (`worker.streams`)
+    /// is the list's.
+    pub fn changed_keys(&self, other: &Settings) -> Vec<String> {
+        let (Ok(mine), Ok(theirs)) = (serde_json::to_value(self), serde_json::to_value(other))
+        else {
+            // Settings always serialize; were they not to, nothing is known to differ.
+            return Vec::new();
+        };
+        let (mut before, mut after) = (BTreeMap::new(), BTreeMap::new());
+        collect_values("", &mine, &mut before);
+        collect_values("", &theirs, &mut after);
+        let keys: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+        keys.into_iter()
+            .filter(|key| before.get(*key) != after.get(*key))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The leaves of a serialized `Settings` by dotted key, as [`collect_keys`] finds them.
+fn collect_values(
+    prefix: &str,
+    value: &serde_json::Value,
+    values: &mut BTreeMap<String, serde_json::Value>,
+) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (name, value) in fields {
+                let key = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                collect_values(&key, value, values);
+            }
+        }
+        leaf => {
+            values.insert(prefix.to_owned(), leaf.clone());
+        }
+    }
 }
 
 /// Every dotted key `Settings` has, optional ones included: taken from the type itself,
@@ -736,6 +780,179 @@ mod tests {
         let text = error_text(load_from(None, env));
         assert!(text.contains("FLOTILLA__LEASE__FAILOVER_TIME"), "{text}");
         assert!(text.contains("\"20\""), "{text}");
+    }
+
+    /// A value serde refuses, in a file or a variable: the message names the key, what
+    /// is wrong and what to write (a unit for a duration, the words of a choice, the
+    /// keys of a stream's table).
+    #[test]
+    fn a_refused_value_says_what_to_write_instead() {
+        type Case = (&'static str, &'static str, &'static [&'static str]);
+        let files: &[Case] = &[
+            (
+                "lease",
+                "failover_time = \"10 parsecs\"",
+                &[
+                    "\"10 parsecs\" is not a duration: \"parsecs\" is not a unit (ns, us, ms, s, min",
+                    "write e.g. \"10s\" or \"250ms\"",
+                    "lease.failover_time",
+                ],
+            ),
+            (
+                "lease",
+                "failover_time = 20",
+                &[
+                    "20 is not a duration: it has no unit; write it as text with one, e.g. \"20s\"",
+                    "lease.failover_time",
+                ],
+            ),
+            (
+                "reader",
+                "poll_interval = 0.5",
+                &["0.5 is not a duration: it has no unit", "\"0.5s\""],
+            ),
+            (
+                "aws",
+                "attempt_timeout = \"soon\"",
+                &[
+                    "\"soon\" is not a duration (expected number at 0); write e.g. \"10s\" or \"250ms\"",
+                    "aws.attempt_timeout",
+                ],
+            ),
+            (
+                "aws",
+                "attempt_timeout = 3",
+                &["3 is not a duration: it has no unit", "aws.attempt_timeout"],
+            ),
+            (
+                "metrics",
+                "level = \"loud\"",
+                &[
+                    "\"loud\" is not one of the choices: write one of \"none\", \"summary\", \"detailed\"",
+                    "metrics.level",
+                ],
+            ),
+            (
+                "reader",
+                "mode = \"fan-out\"",
+                &["write one of \"polling\", \"fanout\"", "reader.mode"],
+            ),
+            (
+                "reader",
+                "trimmed_checkpoint = \"skip\"",
+                &[
+                    "write one of \"fail\", \"trim_horizon\"",
+                    "reader.trimmed_checkpoint",
+                ],
+            ),
+            (
+                "worker",
+                "initial_position = \"OLDEST\"",
+                &[
+                    "write one of \"TRIM_HORIZON\", \"LATEST\", \"AT_TIMESTAMP\"",
+                    "worker.initial_position",
+                ],
+            ),
+            (
+                "lease",
+                "balance = \"even\"",
+                &["write one of \"throughput\", \"count\"", "lease.balance"],
+            ),
+            (
+                "checkpoint",
+                "mode = \"Auto\"",
+                &[
+                    "write one of \"auto\", \"manual\", \"watermark\"",
+                    "checkpoint.mode",
+                ],
+            ),
+            (
+                "worker",
+                "streams = [\"a\", { name = \"b\", initial_postion = \"LATEST\" }]",
+                &[
+                    "unknown field `initial_postion`, expected one of `arn`, `name`, \
+                     `initial_position`, `initial_timestamp`",
+                    "worker.streams[1]",
+                ],
+            ),
+            (
+                "worker",
+                "streams = [{ name = \"b\", initial_position = \"NOW\" }]",
+                &["write one of \"TRIM_HORIZON\", \"LATEST\", \"AT_TIMESTAMP\""],
+            ),
+            (
+                "worker",
+                "streams = [7]",
+                &["expected a stream's name or ARN, or a table such as"],
+            ),
+        ];
+        for (section, line, want) in files {
+            let file = TempFile::new("refused", &format!("[{section}]\n{line}\n"));
+            let text = error_text(load_from(Some(&file.0), vars(REQUIRED)));
+            for want in *want {
+                assert!(text.contains(want), "{line}: {text}");
+            }
+            assert!(!text.contains("variant constructor"), "{line}: {text}");
+            assert!(!text.contains("expected a duration"), "{line}: {text}");
+        }
+
+        let variables: &[(&str, &str, &[&str])] = &[
+            (
+                "FLOTILLA__LEASE__FAILOVER_TIME",
+                "20",
+                &["\"20\" is not a duration: it has no unit; write e.g. \"20s\" or \"20ms\""],
+            ),
+            (
+                "FLOTILLA__READER__POLL_INTERVAL",
+                "200 parsecs",
+                &["\"parsecs\" is not a unit"],
+            ),
+            (
+                "FLOTILLA__METRICS__LEVEL",
+                "verbose",
+                &["write one of \"none\", \"summary\", \"detailed\""],
+            ),
+            (
+                "FLOTILLA__READER__MODE",
+                "FANOUT",
+                &["write one of \"polling\", \"fanout\""],
+            ),
+        ];
+        for (name, value, want) in variables {
+            let text = error_text(load_from(None, with_required(&[(name, value)])));
+            assert!(text.contains(name), "{text}");
+            for want in *want {
+                assert!(text.contains(want), "{name}={value}: {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn changed_keys_name_each_setting_that_differs() {
+        let base = Settings::default();
+        type Change = fn(&mut Settings);
+        let cases: &[(Change, &[&str])] = &[
+            (|_| {}, &[]),
+            (|s| s.lease.max_leases = 7, &["lease.max_leases"]),
+            (
+                |s| {
+                    s.reader.mode = crate::settings::ReadMode::Fanout;
+                    s.metrics.level = MetricsLevel::None;
+                    s.aws.attempt_timeout = Some(Duration::from_secs(1));
+                },
+                &["aws.attempt_timeout", "metrics.level", "reader.mode"],
+            ),
+            (
+                |s| s.worker.streams = vec![crate::settings::StreamEntry::Name("a".into())],
+                &["worker.streams"],
+            ),
+        ];
+        for (change, want) in cases {
+            let mut changed = base.clone();
+            change(&mut changed);
+            assert_eq!(base.changed_keys(&changed), *want);
+            assert_eq!(changed.changed_keys(&base), *want);
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::backend::{ChildShard, IteratorPosition, Record};
+use crate::backend::{ChildShard, IteratorPosition, Record, StreamError};
 use crate::model::{
     AckError, AckWindow, BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, SequenceNumber,
     Watermark,
@@ -63,16 +63,21 @@ pub(crate) struct Signals {
     /// The shard holds its share of the worker's memory budget and waits for its acks
     /// (or for others' acks to free room) before reading more.
     pub budget_wait: bool,
+    /// The shard is stalled: its processor waits past its stall time, or it cannot be
+    /// read (a subscription refused, reads failing in a row).
+    pub stalled: bool,
 }
 
-/// The state the status page shows for a phase. Fencing outranks throttling, which
-/// outranks waiting on the memory budget, which outranks being caught up: the most
-/// actionable reason a shard is not delivering.
+/// The state the status page shows for a phase. Fencing outranks a stall, which
+/// outranks throttling, which outranks waiting on the memory budget, which outranks
+/// being caught up: the most actionable reason a shard is not delivering. A processor
+/// that does not answer stalls a shard being read to its end too.
 pub(crate) fn shard_state(phase: Phase, signals: Signals) -> ShardState {
     match phase {
         Phase::Starting => ShardState::Initializing,
         Phase::BlockedOnParent => ShardState::BlockedOnParent,
         Phase::Reading if signals.fenced => ShardState::Fenced,
+        Phase::Reading | Phase::Draining | Phase::Ending if signals.stalled => ShardState::Stalled,
         Phase::Reading if signals.throttled => ShardState::Throttled,
         Phase::Reading if signals.budget_wait => ShardState::WaitingOnBudget,
         Phase::Reading if signals.caught_up => ShardState::CaughtUp,
@@ -240,6 +245,40 @@ pub(crate) fn fetch_step<F: FnOnce() -> bool>(gate: FetchGate<F>) -> FetchStep {
         return FetchStep::Acquire;
     }
     FetchStep::Read
+}
+
+/// How long a processor may wait on something outside the worker (a MultiLang child's
+/// answer) before its shard shows as stalled: half the processor's own limit on the
+/// wait (the MultiLang watchdog, `timeoutInSeconds`, which replaces the child at the
+/// limit), or [`PROCESSOR_STALL_TIME`] without one; at most half of
+/// `reader.processor_timeout`, which fails a shard whose processor acks nothing. So a
+/// stall shows for at least half of each wait before the shard restarts.
+pub(crate) fn processor_stall_time(
+    limit: Option<Duration>,
+    processor_timeout: Duration,
+) -> Duration {
+    limit
+        .map_or(PROCESSOR_STALL_TIME, |limit| limit / 2)
+        .min(processor_timeout / 2)
+}
+
+/// A processor's wait with no limit of its own shows as a stall after this.
+pub(crate) const PROCESSOR_STALL_TIME: Duration = Duration::from_secs(30);
+
+/// Whether a failed SubscribeToShard is a refusal, which stalls the shard at once: any
+/// failure but the two a subscription waits out, the previous owner's subscription still
+/// open (`InUse`, a handoff) and the once-a-second limit (`Throttled`).
+pub(crate) fn subscription_refused(error: &StreamError) -> bool {
+    !matches!(
+        error,
+        StreamError::InUse { .. } | StreamError::Throttled { .. }
+    )
+}
+
+/// Whether a shard in `phase` can be stalled: while it is read, or read to its end and
+/// waiting on its processor (a stop has its own time limit, `shutdown_timeout`).
+pub(crate) fn may_stall(phase: Phase) -> bool {
+    matches!(phase, Phase::Reading | Phase::Draining | Phase::Ending)
 }
 
 /// Whether the processor is stalled: records pending and no ack for longer than the
@@ -670,12 +709,34 @@ mod tests {
             throttled,
             caught_up,
             budget_wait: false,
+            stalled: false,
         }
     }
 
     fn waiting(mut signals: Signals) -> Signals {
         signals.budget_wait = true;
         signals
+    }
+
+    fn stalled(mut signals: Signals) -> Signals {
+        signals.stalled = true;
+        signals
+    }
+
+    /// A wait shows as a stall at half the processor's own limit, or after 30 s with no
+    /// limit, and never later than half of `processor_timeout`.
+    #[test]
+    fn a_processors_wait_is_a_stall_at_half_its_limit() {
+        let secs = Duration::from_secs;
+        assert_eq!(processor_stall_time(None, secs(300)), secs(30));
+        assert_eq!(processor_stall_time(Some(secs(60)), secs(300)), secs(30));
+        assert_eq!(processor_stall_time(Some(secs(10)), secs(300)), secs(5));
+        assert_eq!(processor_stall_time(Some(secs(900)), secs(300)), secs(150));
+        assert_eq!(processor_stall_time(None, secs(20)), secs(10));
+        assert!(
+            may_stall(Phase::Reading) && may_stall(Phase::Draining) && may_stall(Phase::Ending)
+        );
+        assert!(!may_stall(Phase::ShuttingDown) && !may_stall(Phase::Starting));
     }
 
     #[test]
@@ -722,6 +783,36 @@ mod tests {
             ),
             (Phase::LeaseLost, sig(false, false, false), S::LeaseLost),
             (Phase::Failing, sig(false, false, false), S::Restarting),
+            // A stall outranks everything but fencing while the shard is read, and
+            // shows while it is read to its end; a stop and a restart are what they are.
+            (Phase::Reading, stalled(sig(false, true, true)), S::Stalled),
+            (
+                Phase::Reading,
+                stalled(waiting(sig(false, false, false))),
+                S::Stalled,
+            ),
+            (Phase::Reading, stalled(sig(true, false, false)), S::Fenced),
+            (
+                Phase::Draining,
+                stalled(sig(false, false, false)),
+                S::Stalled,
+            ),
+            (Phase::Ending, stalled(sig(false, false, false)), S::Stalled),
+            (
+                Phase::ShuttingDown,
+                stalled(sig(false, false, false)),
+                S::ShuttingDown,
+            ),
+            (
+                Phase::Failing,
+                stalled(sig(false, false, false)),
+                S::Restarting,
+            ),
+            (
+                Phase::Starting,
+                stalled(sig(false, false, false)),
+                S::Initializing,
+            ),
         ];
         for (phase, signals, want) in table {
             assert_eq!(
