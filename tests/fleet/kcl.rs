@@ -448,3 +448,177 @@ impl Env {
             .collect()
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// For benches/kcl.rs: the Java KCL beside flotilla, measured
+// ---------------------------------------------------------------------------------------
+
+/// The lines a `flotilla run` worker wrote on stdout, counted without being parsed (the
+/// cheapest reader a worker's stdout can have): benches/kcl.rs's drain.
+#[derive(Debug, Default)]
+pub struct LineCount {
+    /// Lines read so far.
+    pub lines: std::sync::atomic::AtomicU64,
+    /// When the first line was read.
+    pub first: std::sync::Mutex<Option<Instant>>,
+    /// When the latest line was read (set before `lines` counts it).
+    pub last: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Env {
+    /// Another application (a new, empty lease table, made as the harness makes one) on
+    /// this env's stream, with a folder of its own for settings and logs.
+    pub async fn another_application(&self, prefix: &str) -> Env {
+        let sdk = super::servers::sdk_config();
+        let folder = super::servers::unique_name(&format!("{}-{prefix}", self.stream));
+        let (application, dynamodb, dir) =
+            super::application_on(&sdk, &self.dynamodb_endpoint, prefix, &folder).await;
+        Env {
+            kinesis: self.kinesis.clone(),
+            dynamodb,
+            stream: self.stream.clone(),
+            application,
+            kinesis_endpoint: self.kinesis_endpoint.clone(),
+            dynamodb_endpoint: self.dynamodb_endpoint.clone(),
+            dir,
+        }
+    }
+
+    /// A lease row for each open shard (in hash-key order, the `i`-th owned by
+    /// `owner(i)`, counter 1 when owned), at `checkpoint`: a table as a worker leaves it,
+    /// so that a KCL worker neither waits on an empty table nor makes the leases itself.
+    /// Returns the number of rows written.
+    pub async fn create_leases(
+        &self,
+        checkpoint: flotilla_actors::model::Checkpoint,
+        owner: impl Fn(usize) -> Option<String>,
+    ) -> usize {
+        use flotilla_actors::backend::LeaseTable as _;
+        let table = flotilla_actors::backend::aws::DynamoLeaseTable::new(
+            &super::servers::sdk_config(),
+            Some(&self.dynamodb_endpoint),
+            &self.application,
+        );
+        let shards = self.open_shards().await;
+        for (i, shard) in shards.iter().enumerate() {
+            let mut lease = flotilla_actors::model::Lease::new(
+                &shard.id,
+                checkpoint.clone(),
+                shard.parents().cloned().collect(),
+                Some(shard.hash_range),
+            );
+            lease.owner = owner(i).map(flotilla_actors::model::WorkerId::new);
+            lease.counter = u64::from(lease.owner.is_some());
+            assert!(
+                table.create_if_absent(&lease).await.unwrap(),
+                "lease {} already there",
+                lease.key
+            );
+        }
+        shards.len()
+    }
+
+    /// Deletes the stream (kinesis-mock counts every stream's shards against its limit).
+    pub async fn delete_stream(&self) {
+        use flotilla_actors::backend::StreamAdmin as _;
+        if let Err(e) = self.kinesis.delete_stream(&self.stream).await {
+            eprintln!("stream {} not deleted: {e}", self.stream);
+        }
+    }
+
+    /// A `flotilla run` settings file for worker `id`: flotilla's defaults but `settings`
+    /// (whole TOML sections, `[lease]` to `[status]`), the lease table reached at
+    /// `dynamodb` (DynamoDB Local, or a proxy in front of it).
+    pub fn run_config(&self, id: &str, dynamodb: &str, settings: &str) -> PathBuf {
+        let text = format!(
+            "[worker]\n\
+             stream = \"{stream}\"\n\
+             application = \"{application}\"\n\
+             worker_id = \"{id}\"\n\
+             initial_position = \"TRIM_HORIZON\"\n\
+             {settings}\
+             [aws]\n\
+             region = \"us-east-1\"\n\
+             kinesis_endpoint = \"{kinesis}\"\n\
+             dynamodb_endpoint = \"{dynamodb}\"\n",
+            stream = self.stream,
+            application = self.application,
+            kinesis = self.kinesis_endpoint,
+        );
+        let path = self.dir.join(format!("{id}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Fleet {
+    /// Starts `flotilla run --config CONFIG` as worker `id` of `env`, its record lines
+    /// parsed as deliveries (as [`Fleet::spawn`] does).
+    pub fn spawn_run(&mut self, env: &Env, id: &str, config: &Path) {
+        self.spawn_process(id, config, &env.dir, &[]);
+    }
+
+    /// Starts `flotilla run --config CONFIG` as worker `id` of `env` with its stdout
+    /// read by a thread that only counts lines (no delivery is filed).
+    pub fn spawn_counted(&mut self, env: &Env, id: &str, config: &Path) -> Arc<LineCount> {
+        let log = env.dir.join(format!("{id}.log"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (name, _) in std::env::vars_os() {
+            let upper = name.to_string_lossy().to_ascii_uppercase();
+            if upper.starts_with("FLOTILLA__") || upper == "FLOTILLA_CONFIG" {
+                command.env_remove(&name);
+            }
+        }
+        command
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_DEFAULT_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("FLOTILLA_LOG", "info");
+        let mut child = command.spawn().unwrap();
+        let count = Arc::new(LineCount::default());
+        let mut stdout = child.stdout.take().unwrap();
+        let counting = Arc::clone(&count);
+        std::thread::spawn(move || {
+            let mut buffer = vec![0u8; 1 << 16];
+            loop {
+                let n = match stdout.read(&mut buffer) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let at = Instant::now();
+                let lines = buffer[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+                if lines > 0 {
+                    counting.first.lock().unwrap().get_or_insert(at);
+                    *counting.last.lock().unwrap() = Some(at);
+                    counting.lines.fetch_add(lines, Ordering::SeqCst);
+                }
+            }
+        });
+        self.workers.push(WorkerProcess {
+            id: Arc::from(id),
+            child,
+            log,
+            exit: None,
+        });
+        count
+    }
+
+    /// The process id of worker `id` (the JVM of a Java worker, `flotilla` otherwise).
+    pub fn pid(&self, id: &str) -> u32 {
+        self.workers
+            .iter()
+            .find(|w| &*w.id == id)
+            .map(|w| w.child.id())
+            .unwrap_or_else(|| panic!("no worker {id}"))
+    }
+}
