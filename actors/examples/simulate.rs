@@ -7,6 +7,8 @@
 //! cargo run --release -p flotilla-actors --example simulate -- --seed 17 --verbose
 //! cargo run --release -p flotilla-actors --example simulate --features mutants -- \
 //!     --mutant lift-fence-after-gap --seeds 200
+//! # beside Java KCL workers, flotilla with `lease.java_compat` (or FLOTILLA_SIM_JAVA=1)
+//! cargo run --release -p flotilla-actors --example simulate -- --java --seeds 100
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,7 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use support::sim::{SimFailure, SimOptions, SimReport, run_seed};
+use support::sim::{JavaMode, SimFailure, SimOptions, SimReport, run_seed};
 
 #[derive(Clone, Copy)]
 struct Args {
@@ -36,10 +38,13 @@ struct Args {
     mutants: bool,
     /// Run the one seed `from` here and print its outcome as JSON (the parent's child).
     child: bool,
+    /// Beside Java KCL workers (`--java`, `--java-without-compat`, or `FLOTILLA_SIM_JAVA`).
+    java: Option<JavaMode>,
 }
 
 const USAGE: &str = "usage: simulate [--seeds N] [--from S] [--seed S] [--steps N] \
-    [--quiet-secs S] [--threads N] [--mutant NAME | --mutants] [--keep-going] [--verbose]";
+    [--quiet-secs S] [--threads N] [--mutant NAME | --mutants] [--java | --java-without-compat] \
+    [--keep-going] [--verbose]";
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
@@ -53,6 +58,7 @@ fn parse() -> Result<Args, String> {
         keep_going: false,
         mutants: false,
         child: false,
+        java: JavaMode::from_env(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -77,6 +83,8 @@ fn parse() -> Result<Args, String> {
             "--keep-going" => args.keep_going = true,
             "--mutants" => args.mutants = true,
             "--child" => args.child = true,
+            "--java" => args.java = Some(JavaMode::Compat),
+            "--java-without-compat" => args.java = Some(JavaMode::WithoutCompat),
             "--mutant" => {
                 let name = value("--mutant")?;
                 args.mutant = Some(set_mutant(&name)?);
@@ -133,6 +141,9 @@ fn run_isolated(options: &SimOptions) -> Result<SimReport, SimFailure> {
     ]);
     if let Some(mutant) = options.mutant {
         command.args(["--mutant", mutant]);
+    }
+    if let Some(java) = options.java {
+        command.arg(java.flag());
     }
     if options.verbose {
         command.arg("--verbose");
@@ -192,6 +203,7 @@ fn run_many(args: &Args, from: u64, count: u64, quiet_output: bool) -> Outcome {
                         quiet: args.quiet,
                         verbose: args.verbose,
                         mutant: args.mutant,
+                        java: args.java,
                         ..SimOptions::new(seed)
                     };
                     let started = Instant::now();
@@ -262,6 +274,9 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
     for (kind, n) in &faults {
         println!("  {kind:>20} {n}");
     }
+    if let Some(java) = args.java {
+        java_summary(reports, java);
+    }
     // Lease-table cost per worker-minute, by operation (writes and reads; for reads,
     // the items read too), under the faults above.
     let (mut calls, mut items): (BTreeMap<String, u64>, BTreeMap<String, u64>) =
@@ -298,6 +313,42 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
     }
 }
 
+/// Runs beside Java workers: their time, and what happened between the two kinds.
+fn java_summary(reports: &[SimReport], java: JavaMode) {
+    let hours: f64 = reports
+        .iter()
+        .map(|r| r.java_worker_time.as_secs_f64() / 3600.0)
+        .sum();
+    let mut stats: BTreeMap<String, u64> = BTreeMap::new();
+    for report in reports {
+        for (what, n) in &report.java {
+            *stats.entry(what.clone()).or_default() += n;
+        }
+    }
+    let overlap = reports
+        .iter()
+        .map(|r| r.java_steal_overlap)
+        .max()
+        .unwrap_or_default();
+    let seeds_with_overlap = reports
+        .iter()
+        .filter(|r| {
+            r.java
+                .get("flotilla_batches_after_a_steal")
+                .is_some_and(|n| *n > 0)
+        })
+        .count();
+    println!(
+        "beside Java KCL workers ({}): {hours:.1} Java worker-hours; longest a flotilla worker \
+         handed batches over after a Java steal: {:.3} s ({seeds_with_overlap} seeds with any)",
+        java.flag(),
+        overlap.as_secs_f64()
+    );
+    for (what, n) in &stats {
+        println!("  {what:>44} {n}");
+    }
+}
+
 fn main() {
     let args = match parse() {
         Ok(args) => args,
@@ -319,6 +370,7 @@ fn main() {
             quiet: args.quiet,
             verbose: args.verbose,
             mutant: args.mutant,
+            java: args.java,
             ..SimOptions::new(args.from)
         };
         let outcome = run_seed(&options);

@@ -3,7 +3,8 @@
 //! expired iterators, splits, merges and misbehaving processors, and the check that a
 //! seed replays exactly. The long run (hundreds of seeds, and the mutation table) is a
 //! release build, which `scripts/test.sh` runs:
-//! `cargo run --release -p flotilla-actors --example simulate -- --seeds 300`.
+//! `cargo run --release -p flotilla-actors --example simulate -- --seeds 300`, and
+//! beside Java KCL workers with `--java`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,7 +12,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::sim::{SimOptions, run_seed};
+use support::sim::{JavaMode, SimOptions, run_seed};
 
 /// Short runs: a debug build simulates about 25 times slower than a release one.
 fn short(seed: u64) -> SimOptions {
@@ -48,4 +49,43 @@ fn a_seed_replays_exactly() {
         (second.trace_hash, second.trace_lines),
         "seed 7 ran twice with different traces"
     );
+}
+
+/// Beside Java KCL 2.x workers (`support::sim::java_worker`), flotilla with
+/// `lease.java_compat`: the same faults, and the oracles between the two kinds.
+#[test]
+fn fleets_beside_java_workers_keep_every_invariant() {
+    for seed in 0..2 {
+        let options = SimOptions {
+            java: Some(JavaMode::Compat),
+            ..short(seed)
+        };
+        let report = run_seed(&options).unwrap_or_else(|failure| panic!("{failure}"));
+        println!(
+            "seed {seed} beside Java workers: {:.2} fleet-hours, {} process() calls, {:?}",
+            report.fleet_hours(),
+            report.process_calls,
+            report.java
+        );
+        assert!(report.process_calls > 0 && report.checks > 0, "{report:?}");
+        assert!(
+            report
+                .java
+                .get("java_takes_unowned")
+                .is_some_and(|n| *n > 0),
+            "the Java workers took nothing: {report:?}"
+        );
+    }
+}
+
+/// The same fleet with the mode left off: flotilla takes leases the Java workers still
+/// renew, and the oracles say so.
+#[test]
+fn beside_java_workers_without_the_mode_flotilla_takes_live_java_leases() {
+    let options = SimOptions {
+        java: Some(JavaMode::WithoutCompat),
+        ..short(0)
+    };
+    let failure = run_seed(&options).expect_err("the misconfiguration went unnoticed");
+    assert!(failure.what.contains("whose counter moved"), "{failure}");
 }

@@ -20,6 +20,20 @@
 //! * at the end the fleet is balanced, every record produced was finished, and every
 //!   worker leaves cleanly.
 //!
+//! With [`SimOptions::java`] (`simulate --java`, `FLOTILLA_SIM_JAVA=1`) the fleet runs
+//! beside Java KCL 2.x workers ([`java_worker`]): the flotilla workers run with
+//! `lease.java_compat` and the Java workers' failover time, the Java workers own the
+//! leases at the start, and the schedule also joins, stops, crashes, freezes, cuts off
+//! and troubles Java workers. The oracles then also hold between the two kinds (see
+//! [`JavaOracle`]): a flotilla worker hands a batch over only while the row names it,
+//! except within its renewal interval after a Java worker *stole* the lease from it
+//! (the documented overlap, counted and reported); nobody enters `process()` for a
+//! shard while a worker of the other kind that is not fenced (a Java worker: its
+//! lease not held by the KCL's own rule) is inside, but for that same steal; and a
+//! flotilla take of a Java worker's lease lands at least the failover time after the
+//! lease's counter last moved (flotilla never takes a lease a live Java worker
+//! renews). Without it, nothing of this runs and every seed replays as before.
+//!
 //! A run is one seed: the schedule, every fault plan, every processor misbehaviour and
 //! every jitter draw of the workers come from it ([`flotilla_actors::backoff::seed_jitter`]),
 //! and the fleet runs on one current-thread runtime in paused time, so the same seed
@@ -44,11 +58,16 @@ use flotilla_actors::model::{
 };
 use flotilla_actors::oracle::{OrderCheck, Seen};
 use flotilla_actors::{
-    Backend, Batch, Checkpointer, Processor, ProcessorError, Settings, ShardInfo, Worker,
+    Backend, Batch, Checkpointer, Processor, ProcessorError, Record, Settings, ShardInfo, Worker,
 };
 
 use super::probe::{Producer, fast_settings};
 use super::rig::{APP, Rig, STREAM};
+
+#[path = "java_worker.rs"]
+pub mod java_worker;
+
+use java_worker::{JavaHandle, JavaTiming, JavaWorker, TakeKind, Watched, is_java};
 
 /// Shards at the start.
 const SHARDS: u32 = 4;
@@ -78,6 +97,36 @@ pub struct SimOptions {
     pub verbose: bool,
     /// The mutant switched on (for the replay command only: the caller switches it).
     pub mutant: Option<&'static str>,
+    /// Run beside Java KCL workers (see the module doc); `None`: flotilla only.
+    pub java: Option<JavaMode>,
+}
+
+/// How a run beside Java KCL workers sets flotilla up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JavaMode {
+    /// `lease.java_compat = true`, as README's "Moving from the Java KCL" says.
+    Compat,
+    /// The mode left off (a deliberate misconfiguration: the oracles must catch it).
+    WithoutCompat,
+}
+
+impl JavaMode {
+    /// The mode `FLOTILLA_SIM_JAVA` asks for: `1`/`compat`, or `without-compat`.
+    pub fn from_env() -> Option<Self> {
+        match std::env::var("FLOTILLA_SIM_JAVA").ok()?.as_str() {
+            "" | "0" => None,
+            "without-compat" => Some(Self::WithoutCompat),
+            _ => Some(Self::Compat),
+        }
+    }
+
+    /// The `simulate` argument that asks for it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Compat => "--java",
+            Self::WithoutCompat => "--java-without-compat",
+        }
+    }
 }
 
 impl SimOptions {
@@ -88,6 +137,7 @@ impl SimOptions {
             quiet: Duration::from_secs(1800),
             verbose: false,
             mutant: None,
+            java: None,
         }
     }
 
@@ -102,9 +152,13 @@ impl SimOptions {
             .mutant
             .map(|m| format!(" --mutant {m}"))
             .unwrap_or_default();
+        let java = self
+            .java
+            .map(|j| format!(" {}", j.flag()))
+            .unwrap_or_default();
         format!(
             "cargo run --release -p flotilla-actors --example simulate{features} -- --seed {} \
-             --steps {} --quiet-secs {}{mutant} --verbose",
+             --steps {} --quiet-secs {}{mutant}{java} --verbose",
             self.seed,
             self.steps,
             self.quiet.as_secs()
@@ -137,6 +191,17 @@ pub struct SimReport {
     /// A hash of the whole event trace: equal for equal runs.
     pub trace_hash: u64,
     pub trace_lines: u64,
+    /// Runs beside Java workers: virtual time summed over the Java workers alive.
+    #[serde(default)]
+    pub java_worker_time: Duration,
+    /// Runs beside Java workers: what happened between the two kinds, by kind (see
+    /// `JavaOracle::stats`).
+    #[serde(default)]
+    pub java: BTreeMap<String, u64>,
+    /// The longest a flotilla worker went on handing batches of a lease a Java worker
+    /// stole from it, after the steal landed.
+    #[serde(default)]
+    pub java_steal_overlap: Duration,
 }
 
 impl SimReport {
@@ -275,7 +340,7 @@ struct Chaos {
 struct Member {
     id: String,
     worker: Worker,
-    table: Faulty<MemoryLeaseTable>,
+    table: Faulty<Watched>,
     stream: Faulty<MemoryStreams>,
     freezer: Freezer,
     /// Closed while the worker's processors hang (never return, so never ack).
@@ -308,11 +373,94 @@ struct Log {
     order: OrderCheck,
     /// Per worker id, what tells whether it is fenced: its lease table's injector (send
     /// time of the last confirmed heartbeat) and its freezer.
-    members: HashMap<String, (Faulty<MemoryLeaseTable>, Freezer)>,
+    members: HashMap<String, (Faulty<Watched>, Freezer)>,
     /// Per worker id, its processors' misbehaviour and its generator.
     chaos: HashMap<String, Chaos>,
     rng: Option<SplitMix>,
     faults: BTreeMap<String, u64>,
+    /// The oracles between flotilla and Java workers (`SimOptions::java`).
+    java: Option<JavaOracle>,
+}
+
+/// What the oracles between flotilla and Java KCL workers know.
+struct JavaOracle {
+    /// The failover time of both kinds.
+    failover: Duration,
+    /// flotilla's renewal interval (`failover_time / 3`).
+    renew_every: Duration,
+    /// flotilla's fence time (`failover_time - fence_margin`).
+    fresh_for: Duration,
+    /// The lease table, unwrapped: what the rows say at a delivery.
+    table: MemoryLeaseTable,
+    /// Every Java worker ever started, by id.
+    workers: HashMap<String, JavaHandle>,
+    /// Per lease, the last write that moved its counter: the owner and counter it
+    /// wrote, and when it landed.
+    history: HashMap<LeaseKey, (Option<String>, u64, Instant)>,
+    /// Per shard, the last Java take from a flotilla worker.
+    taken: HashMap<ShardId, JavaTake>,
+    /// flotilla workers with a fault on now, and when each one's last fault healed.
+    troubled: HashSet<String>,
+    healed: HashMap<String, Instant>,
+    /// What happened between the two kinds, by kind (`SimReport::java`).
+    stats: BTreeMap<String, u64>,
+    /// The longest a flotilla worker handed batches of a stolen lease after the steal.
+    steal_overlap: Duration,
+}
+
+/// A Java take of a flotilla worker's lease.
+#[derive(Debug, Clone)]
+struct JavaTake {
+    by: String,
+    from: String,
+    kind: TakeKind,
+    at: Instant,
+}
+
+impl JavaOracle {
+    fn count(&mut self, what: &str) {
+        *self.stats.entry(what.to_owned()).or_default() += 1;
+    }
+
+    /// How long after a Java worker stole a lease from `worker` (at `at`) it may still
+    /// hand a batch of it over: its next renewal (within `renew_every`) is refused and
+    /// revokes the lease at once; if a fault was on it since (the refusal may not come
+    /// back), its rule that a lease unrenewed for the fence time delivers nothing.
+    fn steal_bound(&self, worker: &str, at: Instant) -> Duration {
+        let troubled = self.troubled.contains(worker)
+            || self.healed.get(worker).is_some_and(|healed| *healed >= at);
+        if troubled {
+            self.fresh_for
+        } else {
+            self.renew_every + Duration::from_millis(50)
+        }
+    }
+
+    /// Whether the Java worker `worker`, inside `process()` for `shard` since `entered`,
+    /// would deliver no more: frozen (or thawed this instant, its call begun before), or
+    /// not holding the lease by the KCL's own rule (lost, or unrenewed for the failover
+    /// time on its clock).
+    fn java_fenced(
+        &self,
+        worker: &str,
+        shard: &ShardId,
+        entered: Instant,
+        now: Instant,
+        thawed: &HashMap<String, Instant>,
+    ) -> bool {
+        let Some(java) = self.workers.get(worker) else {
+            return true;
+        };
+        let resuming = thawed
+            .get(worker)
+            .is_some_and(|at| *at == now && entered < *at);
+        resuming
+            || java.freezer.is_frozen()
+            || java
+                .lock()
+                .holds(&LeaseKey::from(shard), now, self.failover)
+                .is_none()
+    }
 }
 
 impl Log {
@@ -341,6 +489,152 @@ impl Log {
     fn fault(&mut self, kind: &str) {
         *self.faults.entry(kind.to_owned()).or_default() += 1;
     }
+
+    /// Records what `me` finished of `shard`: the checkpoint oracle's set and the
+    /// per-key order.
+    fn finish(&mut self, me: &str, shard: &ShardId, records: &[Record]) {
+        let finished = self.finished.entry(shard.clone()).or_default();
+        for record in records {
+            finished.insert(record.sequence_number.clone());
+        }
+        for record in records {
+            let Some((key, seq)) = std::str::from_utf8(&record.data)
+                .ok()
+                .and_then(|t| t.rsplit_once(':'))
+                .and_then(|(k, s)| Some((k.to_owned(), s.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            self.checks += 1;
+            match self.order.observe_number(&key, seq) {
+                Seen::Duplicate => continue,
+                Seen::OutOfOrder => {
+                    let example = self.order.examples().last().cloned().unwrap_or_default();
+                    let what =
+                        format!("{me} on {shard} finished out of its key's order: {example}");
+                    self.violation(what);
+                }
+                Seen::InOrder | Seen::Malformed => {}
+            }
+            self.by_key.entry(key).or_default().push(seq);
+        }
+    }
+
+    /// A write that moved a lease's counter (or deleted its row) landed, by `by`
+    /// (`Watched`'s hook, Java runs only). A flotilla take of a Java worker's lease must
+    /// land the failover time or more after the counter it expects was written: the
+    /// Java owner's renewals stood still that long, so it was not a live, renewing
+    /// worker (its rule keeps a lease only while renewed within the failover time).
+    fn landed(
+        &mut self,
+        by: &str,
+        op: &'static str,
+        key: &LeaseKey,
+        expected: &Fence,
+        after: Option<(Option<&WorkerId>, u64)>,
+    ) {
+        let now = Instant::now();
+        let mut broken = None;
+        let Some(java) = self.java.as_mut() else {
+            return;
+        };
+        if !is_java(by)
+            && matches!(op, "take" | "take_expired")
+            && let Some(from) = expected.owner.as_ref().filter(|o| is_java(o.as_str()))
+        {
+            self.checks += 1;
+            java.count("flotilla_takes_from_java");
+            if let Some((_, counter, at)) = java.history.get(key)
+                && *counter == expected.counter
+            {
+                let still = now.saturating_duration_since(*at);
+                if still < java.failover {
+                    broken = Some(format!(
+                        "{by} took {key} from {from}, whose counter moved {still:?} before, under the failover time"
+                    ));
+                }
+            }
+        }
+        match after {
+            Some((owner, counter)) => {
+                java.history
+                    .insert(key.clone(), (owner.map(|o| o.to_string()), counter, now));
+            }
+            None => {
+                java.history.remove(key);
+            }
+        }
+        if let Some(what) = broken {
+            self.violation(what);
+        }
+    }
+
+    /// A Java worker's take landed: a take from a flotilla worker is remembered for the
+    /// delivery oracles.
+    fn java_took(
+        &mut self,
+        by: &str,
+        key: &LeaseKey,
+        from: Option<&str>,
+        kind: TakeKind,
+        counter: u64,
+    ) {
+        let Some(java) = self.java.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let at = java
+            .history
+            .get(key)
+            .filter(|(o, c, _)| o.as_deref() == Some(by) && *c == counter)
+            .map_or(now, |(_, _, at)| *at);
+        match (kind, from) {
+            (TakeKind::Unowned, _) => java.count("java_takes_unowned"),
+            (_, Some(from)) if !is_java(from) => {
+                java.count(match kind {
+                    TakeKind::Steal => "java_steals_from_flotilla",
+                    _ => "java_expired_takes_from_flotilla",
+                });
+                java.taken.insert(
+                    key.shard_id(),
+                    JavaTake {
+                        by: by.to_owned(),
+                        from: from.to_owned(),
+                        kind,
+                        at,
+                    },
+                );
+            }
+            (TakeKind::Steal, _) => java.count("java_steals_from_java"),
+            _ => java.count("java_expired_takes_from_java"),
+        }
+    }
+
+    /// Whether the flotilla worker `me` handing a batch of `shard` over while the row
+    /// names `owner` is the documented overlap: `owner`, a Java worker, stole it from
+    /// `me` within [`JavaOracle::steal_bound`]. Counted and timed when it is.
+    fn steal_excuses(&mut self, me: &str, shard: &ShardId, owner: Option<&WorkerId>) -> bool {
+        let now = Instant::now();
+        let Some(java) = self.java.as_mut() else {
+            return false;
+        };
+        let Some(owner) = owner.filter(|o| is_java(o.as_str())) else {
+            return false;
+        };
+        let Some(take) = java.taken.get(shard).cloned() else {
+            return false;
+        };
+        let after = now.saturating_duration_since(take.at);
+        let excused = take.kind == TakeKind::Steal
+            && take.by == owner.as_str()
+            && take.from == me
+            && after < java.steal_bound(me, take.at);
+        if excused {
+            java.count("flotilla_batches_after_a_steal");
+            java.steal_overlap = java.steal_overlap.max(after);
+        }
+        excused
+    }
 }
 
 #[derive(Clone, Default)]
@@ -350,11 +644,115 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Log> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The oracles of the moment a Java worker hands a batch to its processor: the row
+    /// names it (or another Java worker that stole it: the KCL's own overlap between
+    /// its workers, counted), and no flotilla worker that is not fenced is inside
+    /// `process()` for the shard, unless this worker stole the lease from it and its
+    /// call began within [`JavaOracle::steal_bound`] of the steal (the documented
+    /// overlap, counted).
+    fn java_enter(&self, me: &str, shard: &ShardId, records: &[Record]) -> Inside {
+        let row = {
+            let log = self.lock();
+            log.java.as_ref().and_then(|j| {
+                j.table
+                    .get(&LeaseKey::from(shard))
+                    .now_or_never()
+                    .and_then(Result::ok)
+                    .flatten()
+            })
+        };
+        let owner = row.as_ref().and_then(|l| l.owner.clone());
+        let mut log = self.lock();
+        let log = &mut *log;
+        log.process_calls += 1;
+        log.checks += 2;
+        let call = log.next_call;
+        log.next_call += 1;
+        let (first, last) = (
+            records.first().map(|r| r.sequence_number.to_string()),
+            records.last().map(|r| r.sequence_number.to_string()),
+        );
+        log.trace(format!(
+            "{me} process {shard} [{}..{}] ({} records)",
+            short(first.as_deref()),
+            short(last.as_deref()),
+            records.len()
+        ));
+        let now = Instant::now();
+        let mut broken = Vec::new();
+        let mut counted = Vec::new();
+        match owner.as_ref().map(WorkerId::as_str) {
+            Some(o) if o == me => {}
+            Some(o) if is_java(o) => counted.push("java_batches_after_a_java_steal"),
+            other => broken.push(format!(
+                "{me} (Java) handed a batch of {shard} to its processor while the lease row names {}",
+                other.unwrap_or("nobody")
+            )),
+        }
+        let others: Vec<(String, u64, Instant)> =
+            log.inside.get(shard).cloned().unwrap_or_default();
+        if let Some(java) = &log.java {
+            for (other, _, entered) in others.iter().filter(|(w, _, _)| w != me) {
+                if is_java(other) {
+                    counted.push("java_java_overlaps");
+                    continue;
+                }
+                let resuming = log
+                    .thawed
+                    .get(other)
+                    .is_some_and(|at| *at == now && entered < at);
+                let fenced = resuming
+                    || log.members.get(other).is_none_or(|(table, freezer)| {
+                        freezer.is_frozen()
+                            || table.last_confirmed("heartbeat").is_none_or(|sent| {
+                                now.saturating_duration_since(sent) >= java.fresh_for
+                            })
+                    });
+                if fenced {
+                    continue;
+                }
+                let stolen = java.taken.get(shard).is_some_and(|t| {
+                    t.kind == TakeKind::Steal
+                        && t.by == me
+                        && t.from == *other
+                        && *entered < t.at + java.steal_bound(other, t.at)
+                });
+                if stolen {
+                    counted.push("java_batches_beside_a_robbed_flotilla_call");
+                } else {
+                    broken.push(format!(
+                        "{me} (Java) entered process() for {shard} while {other}, not fenced, was inside"
+                    ));
+                }
+            }
+        }
+        if let Some(java) = log.java.as_mut() {
+            for what in counted {
+                java.count(what);
+            }
+        }
+        for what in broken {
+            log.violation(what);
+        }
+        log.inside
+            .entry(shard.clone())
+            .or_default()
+            .push((me.to_owned(), call, now));
+        Inside {
+            shared: self.clone(),
+            shard: shard.clone(),
+            call,
+        }
+    }
 }
 
-fn settings(id: &str) -> Settings {
+fn settings(id: &str, java: Option<JavaMode>) -> Settings {
     let mut s = fast_settings(STREAM, APP);
     s.worker.worker_id = Some(id.to_owned());
+    // Beside Java workers, README's "Moving from the Java KCL": the mode on, and the
+    // failover time (below) the Java workers' `failoverTimeMillis`.
+    s.lease.java_compat = java == Some(JavaMode::Compat);
     // The defaults users run, but for what makes a long simulation cheap or a stall
     // visible sooner.
     s.lease.failover_time = Duration::from_secs(10);
@@ -437,7 +835,9 @@ impl SimProcessor {
             short(last.as_deref()),
             batch.records().len()
         ));
-        if owner.as_ref().map(WorkerId::as_str) != Some(self.me.as_str()) {
+        if owner.as_ref().map(WorkerId::as_str) != Some(self.me.as_str())
+            && !log.steal_excuses(&self.me, &self.shard, owner.as_ref())
+        {
             let what = format!(
                 "{} handed a batch of {} to its processor while the lease row names {}",
                 self.me,
@@ -450,6 +850,30 @@ impl SimProcessor {
         let others: Vec<(String, u64, Instant)> =
             log.inside.get(&self.shard).cloned().unwrap_or_default();
         for (other, _, entered) in others.iter().filter(|(w, _, _)| *w != self.me) {
+            // A Java worker inside: fenced by the KCL's own rule, or it is an overlap
+            // flotilla must not make.
+            if let Some(java) = &mut log.java
+                && is_java(other)
+            {
+                // The overlap of a steal: the thief's batch beside the robbed worker's
+                // (its own delivery excused above, within the same bound).
+                let stolen = java.taken.get(&self.shard).is_some_and(|t| {
+                    t.kind == TakeKind::Steal
+                        && t.by == *other
+                        && t.from == self.me
+                        && now < t.at + java.steal_bound(&self.me, t.at)
+                });
+                if stolen {
+                    java.count("flotilla_batches_beside_a_stealing_java_call");
+                } else if !java.java_fenced(other, &self.shard, *entered, now, &log.thawed) {
+                    let what = format!(
+                        "{} entered process() for {} while {other} (Java), holding the lease by the KCL's rule, was inside",
+                        self.me, self.shard
+                    );
+                    log.violation(what);
+                }
+                continue;
+            }
             // Thawed this very instant, with a call begun before: the call is frozen
             // still in every sense but the flag (its task has not run since the thaw),
             // though a heartbeat sent on the thaw may already be confirmed.
@@ -484,35 +908,9 @@ impl SimProcessor {
     }
 
     fn finish(&self, batch: &Batch) {
-        let mut log = self.shared.lock();
-        let log = &mut *log;
-        let finished = log.finished.entry(self.shard.clone()).or_default();
-        for record in batch.records() {
-            finished.insert(record.sequence_number.clone());
-        }
-        for record in batch.records() {
-            let Some((key, seq)) = std::str::from_utf8(&record.data)
-                .ok()
-                .and_then(|t| t.rsplit_once(':'))
-                .and_then(|(k, s)| Some((k.to_owned(), s.parse::<u64>().ok()?)))
-            else {
-                continue;
-            };
-            log.checks += 1;
-            match log.order.observe_number(&key, seq) {
-                Seen::Duplicate => continue,
-                Seen::OutOfOrder => {
-                    let example = log.order.examples().last().cloned().unwrap_or_default();
-                    let what = format!(
-                        "{} on {} finished out of its key's order: {example}",
-                        self.me, self.shard
-                    );
-                    log.violation(what);
-                }
-                Seen::InOrder | Seen::Malformed => {}
-            }
-            log.by_key.entry(key).or_default().push(seq);
-        }
+        self.shared
+            .lock()
+            .finish(&self.me, &self.shard, batch.records());
     }
 }
 
@@ -588,6 +986,14 @@ enum Step {
     FailingProcessor,
     PanickingProcessor,
     HangingProcessor,
+    // Java workers (`SimOptions::java` only).
+    JavaJoin,
+    JavaStop,
+    JavaCrash,
+    JavaFreeze,
+    JavaPartition,
+    JavaLostAnswers,
+    JavaThrottle,
 }
 
 const STEPS: [Step; 16] = [
@@ -609,6 +1015,25 @@ const STEPS: [Step; 16] = [
     Step::HangingProcessor,
 ];
 
+/// The steps of Java workers, drawn beside [`STEPS`] in Java runs. No late answers and
+/// no freeze right after a call lands: the KCL times its own lease from a renewal's
+/// *answer*, its takers from when they saw the counter move, so an answer that comes
+/// a failover time late lets a Java holder keep a lease a taker rightly judged expired,
+/// between Java workers as much as with flotilla (the KCL's race, not one flotilla can
+/// fence).
+const JAVA_STEPS: [Step; 7] = [
+    Step::JavaJoin,
+    Step::JavaStop,
+    Step::JavaCrash,
+    Step::JavaFreeze,
+    Step::JavaPartition,
+    Step::JavaLostAnswers,
+    Step::JavaThrottle,
+];
+/// Java workers at the start of a Java run, and at most.
+const START_JAVA: usize = 2;
+const MAX_JAVA: usize = 3;
+
 struct Sim {
     options: SimOptions,
     rng: SplitMix,
@@ -624,7 +1049,11 @@ struct Sim {
     last_tick: Instant,
     fresh_for: Duration,
     /// Every worker's lease table handle, for the per-operation counts.
-    tables: Vec<Faulty<MemoryLeaseTable>>,
+    tables: Vec<Faulty<Watched>>,
+    /// Java runs: the Java workers alive, and how many ever joined.
+    java: Vec<JavaWorker>,
+    java_joined: usize,
+    java_time: Duration,
 }
 
 /// The keys of the leases that can be processed now, by the balancer's own rule
@@ -674,9 +1103,28 @@ impl Sim {
             worker_time: Duration::ZERO,
             last_tick: start,
             tables: Vec::new(),
-            fresh_for: settings("w").lease.fence_time(),
+            fresh_for: settings("w", None).lease.fence_time(),
+            java: Vec::new(),
+            java_joined: 0,
+            java_time: Duration::ZERO,
             options,
         };
+        if sim.options.java.is_some() {
+            let lease = settings("w", sim.options.java).lease;
+            sim.shared.lock().java = Some(JavaOracle {
+                failover: lease.failover_time,
+                renew_every: lease.failover_time / 3,
+                fresh_for: lease.fence_time(),
+                table: sim.rig.dynamo.lease_table(APP),
+                workers: HashMap::new(),
+                history: HashMap::new(),
+                taken: HashMap::new(),
+                troubled: HashSet::new(),
+                healed: HashMap::new(),
+                stats: BTreeMap::new(),
+                steal_overlap: Duration::ZERO,
+            });
+        }
         let result = sim.drive().await;
         let virtual_time = start.elapsed();
         let log = sim.shared.lock();
@@ -709,6 +1157,16 @@ impl Sim {
                 duplicates: log.order.duplicates(),
                 trace_hash: log.hasher.finish(),
                 trace_lines: log.lines,
+                java_worker_time: sim.java_time,
+                java: log
+                    .java
+                    .as_ref()
+                    .map(|j| j.stats.clone())
+                    .unwrap_or_default(),
+                java_steal_overlap: log
+                    .java
+                    .as_ref()
+                    .map_or(Duration::ZERO, |j| j.steal_overlap),
             }),
             Err(what) => Err(SimFailure {
                 seed: sim.options.seed,
@@ -722,6 +1180,14 @@ impl Sim {
     }
 
     async fn drive(&mut self) -> Result<(), String> {
+        if self.options.java.is_some() {
+            // A Java fleet owns every lease before flotilla starts beside it.
+            for _ in 0..START_JAVA {
+                self.java_join().await;
+            }
+            self.run_for(Duration::from_secs(30), true).await?;
+            self.check().await?;
+        }
         for _ in 0..START_WORKERS {
             self.join().await;
         }
@@ -732,6 +1198,7 @@ impl Sim {
             self.step = format!("step {n} ({step:?})");
             let what = self.take(step).await;
             self.trace(format!("step {n}: {what}"));
+            self.note_troubled();
             // The fault's stretch: records flow, the fleet reacts.
             let busy = self
                 .rng
@@ -745,6 +1212,13 @@ impl Sim {
         }
         self.step = "the end".into();
         self.heal_all();
+        // The last step of a migration: the Java workers stop; their leases expire and
+        // flotilla takes them.
+        while let Some(java) = self.java.pop() {
+            let id = java.id.clone();
+            let cut = java.stop().await;
+            self.trace(format!("{id} stops ({cut} consumers cut off)"));
+        }
         self.run_for(Duration::from_secs(30), true).await?;
         self.settled().await?;
         self.drain().await?;
@@ -762,7 +1236,7 @@ impl Sim {
     /// Picks a step the bounds allow.
     fn pick(&mut self) -> Step {
         let healthy = self.live.iter().filter(|m| m.fault.is_none()).count();
-        let allowed: Vec<Step> = STEPS
+        let mut allowed: Vec<Step> = STEPS
             .into_iter()
             .filter(|s| match s {
                 Step::Join => self.live.len() < MAX_LIVE,
@@ -771,7 +1245,77 @@ impl Sim {
                 _ => healthy > 0,
             })
             .collect();
+        if self.options.java.is_some() {
+            let java_healthy = self.java.iter().filter(|j| j.fault.is_none()).count();
+            allowed.extend(JAVA_STEPS.into_iter().filter(|s| match s {
+                Step::JavaJoin => self.java.len() < MAX_JAVA,
+                _ => java_healthy > 0,
+            }));
+        }
         allowed[self.rng.below(allowed.len() as u64) as usize]
+    }
+
+    /// A Java worker with no fault on it now.
+    fn java_healthy(&mut self) -> Option<usize> {
+        let healthy: Vec<usize> = (0..self.java.len())
+            .filter(|&i| self.java[i].fault.is_none())
+            .collect();
+        (!healthy.is_empty()).then(|| healthy[self.rng.index(healthy.len())])
+    }
+
+    /// Java runs: tells the oracles which flotilla workers have a fault on now (a steal
+    /// from one of them may go unnoticed until its fence time).
+    fn note_troubled(&mut self) {
+        let troubled: Vec<String> = self
+            .live
+            .iter()
+            .filter(|m| m.fault.is_some())
+            .map(|m| m.id.clone())
+            .collect();
+        if let Some(java) = self.shared.lock().java.as_mut() {
+            java.troubled.extend(troubled);
+        }
+    }
+
+    /// A Java worker joins, behind its own fault injectors and freezer.
+    async fn java_join(&mut self) {
+        let id = format!("j{:02}", self.java_joined);
+        self.java_joined += 1;
+        let seed = self.rng.next_u64();
+        let freezer = Freezer::new();
+        let table = Faulty::new(
+            Watched::new(self.rig.dynamo.lease_table(APP), Some(self.hook(&id))),
+            FaultPlan::seeded(seed),
+        )
+        .frozen_by(&freezer);
+        let stream =
+            Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
+        let failover = settings("w", self.options.java).lease.failover_time;
+        let java = JavaWorker::start(
+            id.clone(),
+            table,
+            stream,
+            freezer,
+            self.shared.clone(),
+            JavaTiming {
+                failover,
+                max_steal: 1,
+            },
+            seed ^ 2,
+        )
+        .await;
+        if let Some(oracle) = self.shared.lock().java.as_mut() {
+            oracle.workers.insert(id, java.handle.clone());
+        }
+        self.java.push(java);
+    }
+
+    /// The landing hook of `id`'s lease table (Java runs).
+    fn hook(&self, id: &str) -> java_worker::Hook {
+        let (shared, id) = (self.shared.clone(), id.to_owned());
+        Arc::new(move |op, key, expected, after| {
+            shared.lock().landed(&id, op, key, expected, after);
+        })
     }
 
     /// A live worker with no fault on it now.
@@ -788,8 +1332,12 @@ impl Sim {
         let seed = self.rng.next_u64();
         let freezer = Freezer::new();
         let hang = Freezer::new();
-        let table = Faulty::new(self.rig.dynamo.lease_table(APP), FaultPlan::seeded(seed))
-            .frozen_by(&freezer);
+        let hook = self.options.java.is_some().then(|| self.hook(&id));
+        let table = Faulty::new(
+            Watched::new(self.rig.dynamo.lease_table(APP), hook),
+            FaultPlan::seeded(seed),
+        )
+        .frozen_by(&freezer);
         self.tables.push(table.clone());
         let stream =
             Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
@@ -821,7 +1369,7 @@ impl Sim {
             }
         };
         let worker = match Worker::builder()
-            .settings(settings(&id))
+            .settings(settings(&id, self.options.java))
             .backend(backend)
             .processor(factory)
             .start()
@@ -1148,6 +1696,107 @@ impl Sim {
                 self.fault("hanging_processor");
                 format!("{id}: processors never return (never ack) for {length:?}")
             }
+            Step::JavaJoin => {
+                self.java_join().await;
+                self.fault("java_join");
+                format!("j{:02} (Java) joins", self.java_joined - 1)
+            }
+            Step::JavaStop | Step::JavaCrash => {
+                let Some(i) = self.java_healthy() else {
+                    return "no Java worker to stop".into();
+                };
+                let java = self.java.remove(i);
+                let id = java.id.clone();
+                if step == Step::JavaStop {
+                    self.fault("java_stop");
+                    let cut = java.stop().await;
+                    format!("{id} (Java) stops gracefully ({cut} consumers cut off)")
+                } else {
+                    self.fault("java_crash");
+                    java.crash();
+                    format!("{id} (Java) crashes")
+                }
+            }
+            Step::JavaFreeze => {
+                let Some(i) = self.java_healthy() else {
+                    return "no Java worker to freeze".into();
+                };
+                let length = if self.rng.chance(500) {
+                    self.rng.between(failover / 4, failover * 9 / 10)
+                } else {
+                    self.rng.between(failover * 11 / 10, failover * 4)
+                };
+                let java = &mut self.java[i];
+                java.freezer.freeze();
+                java.fault = Some(("java_freeze".into(), Instant::now() + length));
+                let id = java.id.clone();
+                self.fault("java_freeze");
+                format!("{id} (Java) freezes for {length:?}")
+            }
+            Step::JavaPartition => {
+                let Some(i) = self.java_healthy() else {
+                    return "no Java worker to cut off".into();
+                };
+                let length = self.rng.between(failover / 2, failover * 4);
+                let which = self.rng.below(3);
+                let hang = self.rng.chance(500);
+                let mut plan = FaultPlan::seeded(self.rng.next_u64());
+                if hang {
+                    plan.timeout = 1.0;
+                    plan.timeout_after = self.rng.between(Duration::from_secs(1), failover);
+                } else {
+                    plan.transient = 1.0;
+                }
+                let java = &mut self.java[i];
+                if which != 1 {
+                    java.table.set_plan(plan.clone());
+                }
+                if which != 0 {
+                    java.stream.set_plan(plan);
+                }
+                java.fault = Some(("java_partition".into(), Instant::now() + length));
+                let id = java.id.clone();
+                self.fault("java_partition");
+                format!(
+                    "{id} (Java) is cut off from {} ({}) for {length:?}",
+                    ["the lease table", "the stream", "both services"][which as usize],
+                    if hang { "calls hang" } else { "calls fail" }
+                )
+            }
+            Step::JavaLostAnswers | Step::JavaThrottle => {
+                let Some(i) = self.java_healthy() else {
+                    return "no Java worker to trouble".into();
+                };
+                let length = self.rng.between(failover / 2, failover * 6);
+                let rate = 0.1 + self.rng.below(600) as f64 / 1000.0;
+                let mut plan = FaultPlan::seeded(self.rng.next_u64());
+                let kind = if step == Step::JavaLostAnswers {
+                    plan.lost_response = rate;
+                    "java_lost_answers"
+                } else if self.rng.chance(500) {
+                    plan.throttle = rate;
+                    "java_throttling"
+                } else {
+                    plan.transient = rate;
+                    "java_server_errors"
+                };
+                let which = self.rng.below(3);
+                let java = &mut self.java[i];
+                if which != 1 {
+                    java.table.set_plan(plan.clone());
+                }
+                if which != 0 {
+                    java.stream.set_plan(plan);
+                }
+                java.fault = Some((kind.into(), Instant::now() + length));
+                let id = java.id.clone();
+                self.fault(kind);
+                format!(
+                    "{id} (Java): {kind} at {:.0}% on {} for {length:?}",
+                    rate * 100.0,
+                    ["the lease table", "the stream", "both services"][which as usize]
+                )
+            }
         }
     }
 
@@ -1165,9 +1814,25 @@ impl Sim {
                 healed.push(member.id.clone());
             }
         }
+        for java in &mut self.java {
+            if java.fault.as_ref().is_some_and(|(_, until)| *until <= now) {
+                Self::heal_java(java, &self.shared);
+                healed.push(java.id.clone());
+            }
+        }
         for id in healed {
             self.trace(format!("{id} healed"));
         }
+    }
+
+    fn heal_java(java: &mut JavaWorker, shared: &Shared) {
+        java.fault = None;
+        java.table.set_plan(FaultPlan::seeded(0));
+        java.stream.set_plan(FaultPlan::seeded(0));
+        if java.freezer.is_frozen() {
+            shared.lock().thawed.insert(java.id.clone(), Instant::now());
+        }
+        java.freezer.thaw();
     }
 
     fn heal(member: &mut Member, shared: &Shared) {
@@ -1182,12 +1847,21 @@ impl Sim {
         }
         member.freezer.thaw();
         member.hang.thaw();
-        shared.lock().chaos.remove(&member.id);
+        let mut log = shared.lock();
+        log.chaos.remove(&member.id);
+        if let Some(java) = log.java.as_mut()
+            && java.troubled.remove(&member.id)
+        {
+            java.healed.insert(member.id.clone(), Instant::now());
+        }
     }
 
     fn heal_all(&mut self) {
         for member in &mut self.live {
             Self::heal(member, &self.shared);
+        }
+        for java in &mut self.java {
+            Self::heal_java(java, &self.shared);
         }
         self.trace("every fault healed".into());
     }
@@ -1213,6 +1887,11 @@ impl Sim {
                 .live
                 .iter()
                 .filter_map(|m| m.fault.as_ref().map(|(_, until)| *until))
+                .chain(
+                    self.java
+                        .iter()
+                        .filter_map(|j| j.fault.as_ref().map(|(_, until)| *until)),
+                )
                 .min();
             let until = heal.map_or(next, |h| h.min(next)).max(Instant::now());
             tokio::time::sleep_until(until).await;
@@ -1226,6 +1905,7 @@ impl Sim {
     fn account(&mut self) {
         let now = Instant::now();
         self.worker_time += (now - self.last_tick) * self.live.len() as u32;
+        self.java_time += (now - self.last_tick) * self.java.len() as u32;
         self.last_tick = now;
     }
 
@@ -1400,7 +2080,7 @@ impl Sim {
         floor: usize,
         ceil: usize,
     ) -> Result<bool, String> {
-        let lease = settings("w").lease;
+        let lease = settings("w", self.options.java).lease;
         let limits = balance::Limits::from_settings(&lease);
         let slack = match limits.policy {
             balance::Policy::Count => return Ok(false),
