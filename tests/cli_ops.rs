@@ -938,13 +938,13 @@ async fn init_creates_a_local_stream_once_and_refuses_a_remote_one() {
     assert_ok(&out);
     assert_eq!(
         text(&out.stdout),
-        "lease table init-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off\nstream dev: created with 3 shards\n"
+        "lease table init-app: created; on-demand, point-in-time recovery not supported by this server, deletion protection off; heartbeats in init-app-FlotillaWorkers\nstream dev: created with 3 shards\n"
     );
     let out = init(vec!["--kinesis-endpoint".into(), kinesis.clone()]).await;
     assert_ok(&out);
     assert_eq!(
         text(&out.stdout),
-        "lease table init-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off\nstream dev: already exists, 3 open shards\n"
+        "lease table init-app: already exists; on-demand, point-in-time recovery not supported by this server, deletion protection off; heartbeats in init-app-FlotillaWorkers\nstream dev: already exists, 3 open shards\n"
     );
 
     let out = init(vec![
