@@ -530,20 +530,15 @@ impl Env {
     /// (whole TOML sections, `[lease]` to `[status]`), the lease table reached at
     /// `dynamodb` (DynamoDB Local, or a proxy in front of it).
     pub fn run_config(&self, id: &str, dynamodb: &str, settings: &str) -> PathBuf {
-        let text = format!(
-            "[worker]\n\
-             stream = \"{stream}\"\n\
-             application = \"{application}\"\n\
-             worker_id = \"{id}\"\n\
-             initial_position = \"TRIM_HORIZON\"\n\
-             {settings}\
-             [aws]\n\
-             region = \"us-east-1\"\n\
-             kinesis_endpoint = \"{kinesis}\"\n\
-             dynamodb_endpoint = \"{dynamodb}\"\n",
-            stream = self.stream,
-            application = self.application,
-            kinesis = self.kinesis_endpoint,
+        let text = super::worker_settings(
+            super::WorkerPlace {
+                stream: &self.stream,
+                application: &self.application,
+                kinesis: &self.kinesis_endpoint,
+                dynamodb,
+            },
+            id,
+            settings,
         );
         let path = self.dir.join(format!("{id}.toml"));
         std::fs::write(&path, text).unwrap();

@@ -184,28 +184,51 @@ impl Env {
 
     /// The settings file of worker `id`.
     fn worker_config(&self, id: &str) -> PathBuf {
-        let text = format!(
-            "[worker]\n\
-             stream = \"{stream}\"\n\
-             application = \"{application}\"\n\
-             worker_id = \"{id}\"\n\
-             initial_position = \"TRIM_HORIZON\"\n\
-             {common}\
-             [aws]\n\
-             region = \"us-east-1\"\n\
-             kinesis_endpoint = \"{kinesis}\"\n\
-             dynamodb_endpoint = \"{dynamodb}\"\n",
-            stream = self.stream,
-            application = self.application,
-            // scripts/test.sh runs the fleet once in each read mode.
-            common = common_settings(&read_mode()),
-            kinesis = self.kinesis_endpoint,
-            dynamodb = self.dynamodb_endpoint,
+        // scripts/test.sh runs the fleet once in each read mode.
+        let text = worker_settings(
+            WorkerPlace {
+                stream: &self.stream,
+                application: &self.application,
+                kinesis: &self.kinesis_endpoint,
+                dynamodb: &self.dynamodb_endpoint,
+            },
+            id,
+            &common_settings(&read_mode()),
         );
         let path = self.dir.join(format!("{id}.toml"));
         std::fs::write(&path, text).unwrap();
         path
     }
+}
+
+/// Where a `flotilla run` worker reads and keeps its leases.
+pub struct WorkerPlace<'a> {
+    pub stream: &'a str,
+    pub application: &'a str,
+    pub kinesis: &'a str,
+    pub dynamodb: &'a str,
+}
+
+/// A `flotilla run` settings file for worker `id` at `place`, from TRIM_HORIZON:
+/// flotilla's defaults but `settings` (whole TOML sections, `[lease]` to `[status]`).
+/// One text for the fleet and the real-KCL harness.
+pub fn worker_settings(place: WorkerPlace<'_>, id: &str, settings: &str) -> String {
+    format!(
+        "[worker]\n\
+         stream = \"{stream}\"\n\
+         application = \"{application}\"\n\
+         worker_id = \"{id}\"\n\
+         initial_position = \"TRIM_HORIZON\"\n\
+         {settings}\
+         [aws]\n\
+         region = \"us-east-1\"\n\
+         kinesis_endpoint = \"{kinesis}\"\n\
+         dynamodb_endpoint = \"{dynamodb}\"\n",
+        stream = place.stream,
+        application = place.application,
+        kinesis = place.kinesis,
+        dynamodb = place.dynamodb,
+    )
 }
 
 /// The read mode of this run: `polling`, or `fanout` in scripts/test.sh's fan-out pass
