@@ -1,0 +1,240 @@
+//! Reading by polling: a shard iterator from where reading resumes, then GetRecords
+//! calls paced by [`pure::next_read`], each asking for as many records as the reader's
+//! grant in the worker's memory budget holds at the shard's observed size per record.
+
+use std::time::Duration;
+
+use ractor::ActorProcessingErr;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::outbox::ReadFacts;
+use super::pure;
+use super::reading::{Next, Reading};
+use crate::backend::{IteratorPosition, ShardIterator, StreamError};
+use crate::settings::TrimmedCheckpoint;
+use crate::telemetry::{Call, CheckpointTrimmed};
+
+pub(super) struct Polling {
+    iterator: Option<ShardIterator>,
+    /// The wait between empty reads, growing while the shard stays quiet.
+    idle: Duration,
+}
+
+impl Polling {
+    pub fn new(idle: Duration) -> Self {
+        Self {
+            iterator: None,
+            idle,
+        }
+    }
+
+    pub fn has_iterator(&self) -> bool {
+        self.iterator.is_some()
+    }
+
+    /// Gets an iterator where reading resumes.
+    pub async fn acquire(&mut self, r: &mut Reading<'_>) -> Result<Next, ActorProcessingErr> {
+        let Some(position) = r.outbox.iterator_position() else {
+            return Ok(Next::Nothing);
+        };
+        let ctx = r.ctx;
+        match ctx
+            .ports
+            .streams
+            .get_shard_iterator(&ctx.stream, &ctx.shard, &position)
+            .await
+        {
+            Ok(iterator) => {
+                self.iterator = Some(iterator);
+                r.health.backoff.reset();
+                Ok(Next::Fetch(Duration::ZERO))
+            }
+            Err(error) if error.is_retryable() => {
+                r.count_failure(Call::GetShardIterator, &error);
+                Ok(Next::AcquireAfter(r.health.backoff.next_random()))
+            }
+            // The lease names a shard the stream does not have (an orphan row); the
+            // lease keeper lets the row go once a listing confirms it.
+            Err(error @ StreamError::NotFound { .. }) => Err(format!(
+                "shard {} is not in stream {}: {error}",
+                ctx.shard, ctx.stream
+            )
+            .into()),
+            Err(error @ StreamError::Trimmed { .. }) => {
+                self.trimmed(r, Call::GetShardIterator, &error).await
+            }
+            Err(error) => Err(format!("shard {}: GetShardIterator: {error}", ctx.shard).into()),
+        }
+    }
+
+    /// One GetRecords (the gate before it has passed), and what follows from its answer.
+    pub async fn read(&mut self, r: &mut Reading<'_>) -> Result<Next, ActorProcessingErr> {
+        let Some(iterator) = self.iterator.clone() else {
+            return Ok(Next::Nothing);
+        };
+        let ctx = r.ctx;
+        let reader = &ctx.settings().reader;
+        let poll = reader.poll_interval;
+        let capabilities = ctx.ports.streams.capabilities();
+        let most = reader.max_records.min(capabilities.max_records_per_call);
+        let granted = r.outbox.budget().grant();
+        let Some(limit) = pure::fetch_limit(
+            most,
+            granted,
+            r.outbox.record_memory(),
+            r.outbox.holds_nothing(true),
+        ) else {
+            // At its share of the memory budget: its acks (or the next poll, once
+            // others' acks free room) wake it.
+            r.health.budget_wait = true;
+            r.outbox.settle(0);
+            return Ok(Next::Fetch(poll));
+        };
+        r.health.budget_wait = false;
+        let call_started = Instant::now();
+        let answer = ctx.ports.streams.get_records(&iterator, limit).await;
+        let took = call_started.elapsed();
+        let fetched_at = Instant::now();
+        let incoming: u64 = answer
+            .as_ref()
+            .map_or(0, |b| b.records.iter().map(pure::record_memory).sum());
+        let got_records = matches!(&answer, Ok(batch) if !batch.records.is_empty());
+        r.outbox.read_answered(got_records, incoming, 0);
+        if answer.is_ok() {
+            r.answered();
+        }
+        match answer {
+            // Fenced while the call was out (the worker froze, the keeper found the
+            // lease lost): these records are not handed over. The iterator is dropped,
+            // so reading resumes after the last record delivered.
+            Ok(_) if !r.may_deliver() => {
+                self.iterator = None;
+                r.outbox.settle(0);
+                Ok(Next::Fetch(poll))
+            }
+            Ok(batch) => {
+                r.read_ok(
+                    batch.records.is_empty(),
+                    batch.millis_behind_latest,
+                    Some(took),
+                );
+                let read = pure::Read {
+                    got_records: !batch.records.is_empty(),
+                    caught_up: batch.millis_behind_latest.unwrap_or(0) == 0,
+                    full_unmetered: !capabilities.calls_metered
+                        && batch.records.len() >= limit as usize,
+                };
+                let at_end = batch.next_iterator.is_none();
+                self.iterator = batch.next_iterator;
+                r.deliver(
+                    batch.records,
+                    ReadFacts {
+                        fetched_at,
+                        end: at_end.then_some(batch.child_shards.as_deref().unwrap_or(&[])),
+                    },
+                    0,
+                )?;
+                if at_end {
+                    return Ok(Next::Ended(batch.child_shards));
+                }
+                let (delay, idle) = pure::next_read(
+                    read,
+                    poll,
+                    self.idle,
+                    reader.idle_max,
+                    call_started.elapsed(),
+                );
+                self.idle = idle;
+                Ok(Next::Fetch(delay))
+            }
+            Err(StreamError::IteratorExpired { .. }) => {
+                debug!(message = "Shard iterator expired; acquiring a new one.", shard_id = %ctx.shard);
+                self.iterator = None;
+                Ok(Next::Acquire)
+            }
+            Err(error) if error.is_retryable() => {
+                r.count_failure(Call::GetRecords, &error);
+                let delay = r.health.backoff.next_random();
+                debug!(message = "GetRecords failed; backing off.", shard_id = %ctx.shard, %error, delay_ms = delay.as_millis() as u64);
+                // A fresh iterator from the last record delivered, now and then.
+                if pure::renew_iterator(
+                    matches!(error, StreamError::Transient { .. }),
+                    r.health.failures_in_row(),
+                ) {
+                    self.iterator = None;
+                }
+                Ok(Next::Fetch(delay))
+            }
+            Err(error @ StreamError::Trimmed { .. }) => {
+                self.trimmed(r, Call::GetRecords, &error).await
+            }
+            Err(error) => Err(format!("shard {}: GetRecords: {error}", ctx.shard).into()),
+        }
+    }
+
+    /// Where reading was to resume is past the stream's retention. The loss is said and
+    /// counted either way; then the reader stops (the shard restarts and fails again
+    /// until an operator decides) or, where the settings allow it, goes on from the
+    /// oldest change kept.
+    async fn trimmed(
+        &mut self,
+        r: &mut Reading<'_>,
+        call: Call,
+        error: &StreamError,
+    ) -> Result<Next, ActorProcessingErr> {
+        let ctx = r.ctx;
+        let from = match r.outbox.last_delivered() {
+            Some(position) => position.to_string(),
+            None => ctx.lease.checkpoint.to_string(),
+        };
+        let oldest_kept = self.oldest_kept(r).await;
+        let going_on = ctx.settings().reader.trimmed_checkpoint == TrimmedCheckpoint::TrimHorizon;
+        ctx.ports.telemetry.emit(CheckpointTrimmed {
+            shard: &ctx.key,
+            from: &from,
+            oldest_kept: &oldest_kept,
+            going_on,
+        });
+        if !going_on {
+            return Err(format!(
+                "shard {}: {}: {error}; the changes after {from} up to {oldest_kept} are lost. \
+                 To go on from the oldest change kept, set reader.trimmed_checkpoint = \
+                 \"trim_horizon\" or run `flotilla rewind --to trim-horizon`",
+                ctx.shard,
+                call.as_str()
+            )
+            .into());
+        }
+        r.outbox.restart_at_trim_horizon();
+        self.iterator = None;
+        Ok(Next::Acquire)
+    }
+
+    /// The oldest change the shard keeps, for the message about a trimmed checkpoint:
+    /// its sequence number and time, or why it is not known.
+    async fn oldest_kept(&self, r: &Reading<'_>) -> String {
+        let ctx = r.ctx;
+        let streams = &ctx.ports.streams;
+        let first = async {
+            let iterator = streams
+                .get_shard_iterator(&ctx.stream, &ctx.shard, &IteratorPosition::TrimHorizon)
+                .await?;
+            streams.get_records(&iterator, 1).await
+        };
+        match first.await {
+            Ok(batch) => match batch.records.first() {
+                Some(record) => match record.approximate_arrival {
+                    Some(at) => format!(
+                        "{} (made {})",
+                        record.sequence_number,
+                        humantime::format_rfc3339_seconds(at)
+                    ),
+                    None => record.sequence_number.to_string(),
+                },
+                None => "TRIM_HORIZON (the shard keeps no change now)".to_owned(),
+            },
+            Err(error) => format!("TRIM_HORIZON (not read: {error})"),
+        }
+    }
+}
