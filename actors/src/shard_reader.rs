@@ -35,24 +35,22 @@ mod pure;
 mod reading;
 mod source;
 mod stall;
+mod startup;
+mod view;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::backend::{LeaseTable, StreamClient};
 use crate::backoff::Backoff;
-use crate::fencing::Fencing;
-use crate::model::{ExtendedSequenceNumber, Lease, ShardId};
-use crate::processor::{HostArgs, HostFence, ProcessorSource, ProcessorWait};
+use crate::model::ExtendedSequenceNumber;
 use crate::protocol::{
-    Acks, CheckpointError, CheckpointMsg, ProcessorFailure, ProcessorMsg, ReaderMsg, ShardInfo,
-    StopReason, SupervisorMsg,
+    Acks, CheckpointError, CheckpointMsg, ProcessorFailure, ProcessorMsg, ReaderMsg, StopReason,
 };
-use crate::settings::Settings;
 use crate::status::{ShardShutdown, ShardStatus};
-use crate::telemetry::{Metric, RecordsProcessed, Sample, Telemetry};
-use context::{Ctx, Ports, WRITER_TIMEOUT_MS};
+use crate::telemetry::{Metric, RecordsProcessed, Sample};
+use context::Ctx;
+pub(crate) use context::ReaderArgs;
 use ending::Ending;
 use health::ReadHealth;
 use outbox::Outbox;
@@ -60,40 +58,13 @@ use pure::{AfterAck, FetchGate, FetchStep, Phase, ProcessorExit};
 use reading::{Next, Reading};
 use source::Source;
 use stall::StallWatch;
+use startup::{Parents, ParentsStep, Started};
 
 /// How often a reader whose processor waits on something outside checks the wait
 /// against its stall time.
 const WAIT_CHECK: Duration = Duration::from_secs(1);
 
 pub(crate) struct ShardReader;
-
-pub(crate) struct ReaderArgs {
-    pub lease: Lease,
-    pub stream: String,
-    /// The stream's ARN where its description gave one, for the processor's `ShardInfo`.
-    pub stream_arn: Option<String>,
-    pub streams: Arc<dyn StreamClient>,
-    pub table: Arc<dyn LeaseTable>,
-    pub settings: Arc<Settings>,
-    pub initial_timestamp: Option<std::time::SystemTime>,
-    pub processor: ProcessorSource,
-    pub writer: ActorRef<CheckpointMsg>,
-    pub supervisor: ActorRef<SupervisorMsg>,
-    pub telemetry: Telemetry,
-    /// Self-fencing: checked before each fetch and each delivery.
-    pub fencing: Fencing,
-    pub restarts: u32,
-    /// The worker's delivered-records count, shared with the lease keeper.
-    pub delivered: Arc<std::sync::atomic::AtomicU64>,
-    /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
-    pub lags: crate::status::LagBoard,
-    /// Handed to the processor in its checkpointer, to ask the worker to stop.
-    pub worker: crate::handle::WorkerHandle,
-    /// The fan-out consumer's ARN in fan-out mode; `None` polls.
-    pub consumer: Option<Arc<str>>,
-    /// This reader's place in the worker's memory budget; dropping it returns the bytes.
-    pub budget: crate::model::BudgetSlot,
-}
 
 pub(crate) struct ReaderState {
     ctx: Ctx,
@@ -105,8 +76,7 @@ pub(crate) struct ReaderState {
     /// owner starts with them: nothing lost, nothing done twice).
     stopping: Arc<AtomicBool>,
     fetch_scheduled: bool,
-    /// Parents not yet seen at SHARD_END.
-    waiting_on: Vec<ShardId>,
+    parents: Parents,
     outbox: Outbox,
     health: ReadHealth,
     stall: StallWatch,
@@ -126,72 +96,25 @@ impl Actor for ShardReader {
         myself: ActorRef<Self::Msg>,
         args: ReaderArgs,
     ) -> Result<ReaderState, ActorProcessingErr> {
-        let ReaderArgs {
-            lease,
-            stream,
-            stream_arn,
-            streams,
-            table,
-            settings,
-            initial_timestamp,
-            processor,
-            writer,
-            supervisor,
-            telemetry,
-            fencing,
-            restarts,
-            delivered,
-            lags,
-            worker,
-            consumer,
-            budget,
-        } = args;
-        let key = lease.key.clone();
-        let shard = key.shard_id();
-        let fence = lease.fence();
-        let mode = settings.checkpoint.mode;
+        let settings = args.settings.clone();
         let now = Instant::now();
         let backoff = Backoff::new(settings.reader.backoff_min, settings.reader.backoff_max);
+        let (ctx, consumer, budget) = Ctx::new(args, myself.clone());
         let source = Source::new(consumer, settings.reader.poll_interval, now);
         let _ = myself.cast(ReaderMsg::Start);
         Ok(ReaderState {
-            outbox: Outbox::new(shard.clone(), mode, budget, now),
+            outbox: Outbox::new(ctx.shard.clone(), ctx.mode, budget, now),
             health: ReadHealth::new(backoff),
             stall: StallWatch::default(),
             source,
             ending: Ending::default(),
-            ctx: Ctx {
-                me: myself.clone(),
-                key,
-                shard,
-                fence,
-                mode,
-                lease,
-                stream,
-                stream_arn,
-                initial_timestamp,
-                restarts,
-                ports: Ports {
-                    streams,
-                    table,
-                    settings,
-                    processor,
-                    writer,
-                    supervisor,
-                    telemetry,
-                    fencing,
-                    delivered,
-                    lags,
-                    worker,
-                    wait: ProcessorWait::new(myself.clone()),
-                },
-            },
+            ctx,
             phase: Phase::Starting,
             processor: None,
             revoked: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             fetch_scheduled: false,
-            waiting_on: Vec::new(),
+            parents: Parents::default(),
             wait_timer: None,
         })
     }
@@ -354,137 +277,63 @@ impl ReaderState {
         self.ctx.me.stop(reason.text());
     }
 
-    /// Reads the lease (after flushing what a previous incarnation acked), waits for the
-    /// parents, starts the processor.
+    /// Reads the lease (after flushing what a previous incarnation acked), then waits
+    /// for the parents ([`startup`]).
     async fn start(&mut self) -> Result<(), ActorProcessingErr> {
         if !self.phase.starting() {
             return Ok(());
         }
-        let ctx = &self.ctx;
-        let key = ctx.key.clone();
-        match ractor::call_t!(
-            ctx.ports.writer,
-            |reply| CheckpointMsg::Flush { key, reply },
-            WRITER_TIMEOUT_MS
-        ) {
-            Ok(Err(CheckpointError::LeaseLost { .. })) => {
-                self.stop(StopReason::LeaseLost);
-                return Ok(());
+        match startup::read_lease(&self.ctx, &mut self.health.backoff).await? {
+            Started::Stop(reason) => self.stop(reason),
+            Started::Again(delay) => {
+                self.ctx.me.send_after(delay, || ReaderMsg::Start);
             }
-            Ok(_) => {}
-            Err(e) => return Err(format!("shard {}: checkpoint writer: {e}", ctx.shard).into()),
+            Started::Lease(lease) => {
+                self.parents = Parents::new(lease.parent_shard_ids.clone());
+                self.ctx.lease = lease;
+                let _ = self.ctx.me.cast(ReaderMsg::WaitParents);
+            }
         }
-        let lease = match ctx.ports.table.get(&ctx.key).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => {
-                self.stop(StopReason::LeaseLost);
-                return Ok(());
-            }
-            Err(error) if error.is_retryable() => {
-                ctx.me
-                    .send_after(self.health.backoff.next_random(), || ReaderMsg::Start);
-                return Ok(());
-            }
-            Err(error) => {
-                return Err(format!("shard {}: reading its lease: {error}", ctx.shard).into());
-            }
-        };
-        if lease.fence() != ctx.fence {
-            info!(message = "Lease changed hands before reading started.", shard_id = %ctx.shard);
-            self.stop(StopReason::LeaseLost);
-            return Ok(());
-        }
-        if lease.checkpoint.is_shard_end() {
-            let _ = ctx.ports.supervisor.cast(SupervisorMsg::ShardFinished {
-                key: ctx.key.clone(),
-                children: None,
-            });
-            self.stop(StopReason::ShardEnd);
-            return Ok(());
-        }
-        self.waiting_on = lease.parent_shard_ids.clone();
-        self.ctx.lease = lease;
-        let _ = self.ctx.me.cast(ReaderMsg::WaitParents);
         Ok(())
     }
 
-    /// Polls the parents not yet seen finished (only those: the reader's own lease was
-    /// read once, in `start`), then begins reading.
+    /// Polls the parents not yet seen finished, then begins reading.
     async fn wait_parents(&mut self) -> Result<(), ActorProcessingErr> {
         if !self.phase.starting() {
             return Ok(());
         }
         let ctx = &self.ctx;
-        while let Some(parent) = self.waiting_on.first().cloned() {
-            match ctx.ports.table.get(&ctx.lease.key.sibling(&parent)).await {
-                Ok(Some(p)) if !p.checkpoint.is_shard_end() => {
-                    if self.phase != Phase::BlockedOnParent {
-                        info!(message = "Shard waits for its parent to finish.", shard_id = %ctx.shard, parent = %parent);
-                    }
-                    self.phase = Phase::BlockedOnParent;
-                    ctx.me
-                        .send_after(ctx.settings().reader.parent_poll_interval, || {
-                            ReaderMsg::WaitParents
-                        });
-                    return Ok(());
-                }
-                // Finished, or its row is gone (cleaned up after it finished).
-                Ok(_) => {
-                    self.waiting_on.remove(0);
-                }
-                Err(error) => {
-                    debug!(message = "Parent lease unreadable; retrying.", shard_id = %ctx.shard, %error);
-                    ctx.me
-                        .send_after(self.health.backoff.next_random(), || ReaderMsg::WaitParents);
-                    return Ok(());
-                }
+        let blocked = self.phase == Phase::BlockedOnParent;
+        let poll = ctx.settings().reader.parent_poll_interval;
+        let table = ctx.ports.table.as_ref();
+        let step = self
+            .parents
+            .wait(table, &ctx.key, blocked, poll, &mut self.health.backoff);
+        match step.await {
+            ParentsStep::Blocked(delay) => {
+                self.phase = Phase::BlockedOnParent;
+                ctx.me.send_after(delay, || ReaderMsg::WaitParents);
             }
+            ParentsStep::Retry(delay) => {
+                ctx.me.send_after(delay, || ReaderMsg::WaitParents);
+            }
+            ParentsStep::Done => self.begin().await?,
         }
-        self.begin().await
+        Ok(())
     }
 
     /// Spawns the processor and starts reading from the lease's checkpoint.
     async fn begin(&mut self) -> Result<(), ActorProcessingErr> {
-        let ctx = &self.ctx;
-        let lease = &ctx.lease;
         self.health.backoff.reset();
-        let (position, skip) = match pure::start_position(&lease.checkpoint, ctx.initial_timestamp)
-        {
-            Ok(Some(start)) => start,
-            Ok(None) => return Ok(()),
-            Err(error) => return Err(format!("shard {}: {error}", ctx.shard).into()),
+        let Some(begun) =
+            startup::start_processor(&self.ctx, &self.revoked, &self.stopping).await?
+        else {
+            return Ok(());
         };
-        let info = ShardInfo {
-            shard_id: ctx.shard.clone(),
-            stream: ctx.stream.clone(),
-            stream_arn: ctx.stream_arn.clone(),
-            parents: lease.parent_shard_ids.clone(),
-            hash_range: lease.hash_range,
-            starting_at: lease.checkpoint.clone(),
-            pending_checkpoint: lease.pending_checkpoint.clone(),
-            pending_checkpoint_state: lease.pending_checkpoint_state.clone(),
-        };
-        let host = HostArgs {
-            mode: ctx.mode,
-            wait: ctx.ports.wait.clone(),
-            revoked: self.revoked.clone(),
-            stopping: self.stopping.clone(),
-            fence: HostFence {
-                fencing: ctx.ports.fencing.clone(),
-                key: ctx.key.clone(),
-                fence: ctx.fence.clone(),
-                recheck: ctx.settings().reader.poll_interval,
-            },
-        };
-        let processor = ctx
-            .ports
-            .processor
-            .start(&info, host, ctx.me.get_cell())
-            .await?;
+        let checkpoint = self.ctx.lease.checkpoint.clone();
         self.outbox
-            .begin(lease.checkpoint.clone(), position, skip, Instant::now());
-        processor.cast(ProcessorMsg::Initialize(info))?;
-        self.processor = Some(processor);
+            .begin(checkpoint, begun.position, begun.skip, Instant::now());
+        self.processor = Some(begun.processor);
         self.phase = Phase::Reading;
         let _ = self.ctx.me.cast(ReaderMsg::Acquire);
         Ok(())
@@ -704,38 +553,13 @@ impl ReaderState {
     }
 
     fn status(&self) -> ShardStatus {
-        let ctx = &self.ctx;
-        let now = Instant::now();
-        let stall = self.stall.reason(
-            self.phase,
-            ctx.ports.wait.get(),
-            ctx.settings().reader.processor_timeout,
-            now,
-        );
-        let (records_per_second, bytes_per_second) = self.outbox.throughput().per_second(now);
-        let last_error = self.health.last_error(now);
-        let ledger = self.outbox.ledger();
-        ShardStatus {
-            shard_id: ctx.shard.clone(),
-            stream: ctx.key.stream_name().map(str::to_owned),
-            state: pure::shard_state(self.phase, self.health.signals(stall.is_some())),
-            lease_counter: ctx.fence.counter,
-            checkpoint: self.outbox.checkpoint().map(|c| c.to_string()),
-            last_delivered: self.outbox.last_delivered().map(|p| p.to_string()),
-            millis_behind_latest: self.health.millis_behind(),
-            records_delivered: self.outbox.throughput().records,
-            bytes_delivered: self.outbox.throughput().bytes,
-            records_per_second,
-            bytes_per_second,
-            last_error: last_error.map(|(error, _)| error.to_owned()),
-            last_error_ms_ago: last_error.map(|(_, ago)| ago.as_millis() as u64),
-            in_flight_records: ledger.in_flight_records() as u64,
-            in_flight_bytes: ledger.in_flight_bytes(),
-            memory_bytes: ledger.memory() + self.source.held_memory(),
-            restarts: ctx.restarts,
-            fenced: self.health.fenced().cloned(),
-            stall,
-            subscription: self.source.view(now),
-        }
+        view::shard_status(view::Parts {
+            ctx: &self.ctx,
+            phase: self.phase,
+            outbox: &self.outbox,
+            health: &self.health,
+            stall: &self.stall,
+            source: &self.source,
+        })
     }
 }

@@ -18,6 +18,35 @@ use crate::settings::{CheckpointMode, Settings};
 use crate::status::LagBoard;
 use crate::telemetry::{Sample, Telemetry};
 
+/// What the supervisor gives a reader it starts.
+pub(crate) struct ReaderArgs {
+    pub lease: Lease,
+    pub stream: String,
+    /// The stream's ARN where its description gave one, for the processor's `ShardInfo`.
+    pub stream_arn: Option<String>,
+    pub streams: Arc<dyn StreamClient>,
+    pub table: Arc<dyn LeaseTable>,
+    pub settings: Arc<Settings>,
+    pub initial_timestamp: Option<SystemTime>,
+    pub processor: ProcessorSource,
+    pub writer: ActorRef<CheckpointMsg>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub telemetry: Telemetry,
+    /// Self-fencing: checked before each fetch and each delivery.
+    pub fencing: Fencing,
+    pub restarts: u32,
+    /// The worker's delivered-records count, shared with the lease keeper.
+    pub delivered: Arc<AtomicU64>,
+    /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
+    pub lags: LagBoard,
+    /// Handed to the processor in its checkpointer, to ask the worker to stop.
+    pub worker: crate::handle::WorkerHandle,
+    /// The fan-out consumer's ARN in fan-out mode; `None` polls.
+    pub consumer: Option<Arc<str>>,
+    /// This reader's place in the worker's memory budget; dropping it returns the bytes.
+    pub budget: crate::model::BudgetSlot,
+}
+
 /// How long the reader waits on the checkpoint writer.
 pub(super) const WRITER_TIMEOUT_MS: u64 = 30_000;
 
@@ -61,6 +90,62 @@ pub(super) struct Ports {
 }
 
 impl Ctx {
+    /// The wiring from the supervisor's arguments, and what is not wiring: the fan-out
+    /// consumer (the source's) and the budget slot (the outbox's).
+    pub fn new(
+        args: ReaderArgs,
+        me: ActorRef<ReaderMsg>,
+    ) -> (Self, Option<Arc<str>>, crate::model::BudgetSlot) {
+        let ReaderArgs {
+            lease,
+            stream,
+            stream_arn,
+            streams,
+            table,
+            settings,
+            initial_timestamp,
+            processor,
+            writer,
+            supervisor,
+            telemetry,
+            fencing,
+            restarts,
+            delivered,
+            lags,
+            worker,
+            consumer,
+            budget,
+        } = args;
+        let key = lease.key.clone();
+        let ctx = Ctx {
+            key: key.clone(),
+            shard: key.shard_id(),
+            fence: lease.fence(),
+            mode: settings.checkpoint.mode,
+            lease,
+            stream,
+            stream_arn,
+            initial_timestamp,
+            restarts,
+            ports: Ports {
+                streams,
+                table,
+                settings,
+                processor,
+                writer,
+                supervisor,
+                telemetry,
+                fencing,
+                delivered,
+                lags,
+                worker,
+                wait: ProcessorWait::new(me.clone()),
+            },
+            me,
+        };
+        (ctx, consumer, budget)
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.ports.settings
     }

@@ -1,0 +1,64 @@
+//! The shard as the status page shows it, read from the reader's parts.
+
+use tokio::time::Instant;
+
+use super::context::Ctx;
+use super::health::ReadHealth;
+use super::outbox::Outbox;
+use super::pure::{self, Phase};
+use super::source::Source;
+use super::stall::StallWatch;
+use crate::status::ShardStatus;
+
+/// The parts the status is read from.
+pub(super) struct Parts<'a> {
+    pub ctx: &'a Ctx,
+    pub phase: Phase,
+    pub outbox: &'a Outbox,
+    pub health: &'a ReadHealth,
+    pub stall: &'a StallWatch,
+    pub source: &'a Source,
+}
+
+pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
+    let Parts {
+        ctx,
+        phase,
+        outbox,
+        health,
+        stall,
+        source,
+    } = parts;
+    let now = Instant::now();
+    let stall = stall.reason(
+        phase,
+        ctx.ports.wait.get(),
+        ctx.settings().reader.processor_timeout,
+        now,
+    );
+    let (records_per_second, bytes_per_second) = outbox.throughput().per_second(now);
+    let last_error = health.last_error(now);
+    let ledger = outbox.ledger();
+    ShardStatus {
+        shard_id: ctx.shard.clone(),
+        stream: ctx.key.stream_name().map(str::to_owned),
+        state: pure::shard_state(phase, health.signals(stall.is_some())),
+        lease_counter: ctx.fence.counter,
+        checkpoint: outbox.checkpoint().map(|c| c.to_string()),
+        last_delivered: outbox.last_delivered().map(|p| p.to_string()),
+        millis_behind_latest: health.millis_behind(),
+        records_delivered: outbox.throughput().records,
+        bytes_delivered: outbox.throughput().bytes,
+        records_per_second,
+        bytes_per_second,
+        last_error: last_error.map(|(error, _)| error.to_owned()),
+        last_error_ms_ago: last_error.map(|(_, ago)| ago.as_millis() as u64),
+        in_flight_records: ledger.in_flight_records() as u64,
+        in_flight_bytes: ledger.in_flight_bytes(),
+        memory_bytes: ledger.memory() + source.held_memory(),
+        restarts: ctx.restarts,
+        fenced: health.fenced().cloned(),
+        stall,
+        subscription: source.view(now),
+    }
+}
