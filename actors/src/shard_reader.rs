@@ -29,6 +29,7 @@ mod context;
 mod ending;
 mod fanout;
 mod health;
+mod ledger;
 mod outbox;
 mod polling;
 mod pure;

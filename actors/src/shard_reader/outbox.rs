@@ -13,7 +13,8 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::pure::{self, Ack, Acked, Ledger, Phase, Refusal};
+use super::ledger::{Ack, Acked, Ledger};
+use super::pure::{self, Phase, Refusal};
 use crate::backend::{ChildShard, IteratorPosition, Record};
 use crate::model::{
     BatchId, BudgetSlot, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId,

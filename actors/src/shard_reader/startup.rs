@@ -194,6 +194,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_shard_waits_for_each_parent_until_it_is_finished_or_gone() {
         let table = MemoryDynamo::new().lease_table("t");
+        table.ensure_table().await.unwrap();
         let poll = Duration::from_secs(10);
         let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
         for row in [
