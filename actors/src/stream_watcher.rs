@@ -74,6 +74,8 @@ pub(crate) struct WatcherState {
     /// Each unresolved stream's error as last logged, so a stream that stays missing
     /// is logged again only when its error changes.
     unresolved_logged: BTreeMap<String, String>,
+    /// A task resolves streams that joined the set (`WatcherMsg::Resolved` ends it).
+    resolving: bool,
 }
 
 impl Actor for StreamWatcher {
@@ -92,6 +94,7 @@ impl Actor for StreamWatcher {
             status: WatcherStatus::default(),
             backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
             unresolved_logged: BTreeMap::new(),
+            resolving: false,
         })
     }
 
@@ -104,7 +107,7 @@ impl Actor for StreamWatcher {
         match message {
             WatcherMsg::Sync => {
                 let first = state.args.listing.borrow().is_none();
-                state.refresh_set().await;
+                state.refresh_set(&myself).await;
                 let next = match state.sync().await {
                     Ok(()) => {
                         // Leases are taken only for listed shards: the first listing
@@ -149,6 +152,16 @@ impl Actor for StreamWatcher {
                     state.status.last_error = Some(error);
                 }
             },
+            WatcherMsg::Resolved { wanted, resolved } => {
+                state.resolving = false;
+                let view = state.args.set.borrow().clone();
+                state.publish_set(view.next(wanted, &resolved, tokio::time::Instant::now()));
+                // The streams that joined are listed now, not at the next sync.
+                if let Err(error) = state.sync().await {
+                    warn!(message = "Shard sync failed.", streams = %state.names(), %error);
+                    state.status.last_error = Some(error);
+                }
+            }
             WatcherMsg::Status(reply) => {
                 let mut status = state.status.clone();
                 let view = state.args.set.borrow().clone();
@@ -401,10 +414,17 @@ impl WatcherState {
     }
 
     /// Asks the stream-set source for the list (when the set may change; a fixed set's
-    /// own list while one of its streams is unresolved), describes
-    /// the streams not read yet, and publishes the set `StreamSetView::next` makes.
-    /// A failed or refused answer keeps the last good set.
-    async fn refresh_set(&mut self) {
+    /// own list while one of its streams is unresolved), and publishes the set
+    /// `StreamSetView::next` makes. A failed or refused answer keeps the last good set.
+    ///
+    /// Streams not read yet are described by a task that reports back
+    /// (`WatcherMsg::Resolved`): in fan-out mode it waits for a new consumer to be
+    /// ACTIVE (up to `fanout::CONSUMER_WAIT`), and the watcher's mailbox (status, the
+    /// children a reader found) is not held up meanwhile. One such task at a time.
+    async fn refresh_set(&mut self, myself: &ActorRef<WatcherMsg>) {
+        if self.resolving {
+            return;
+        }
         let view = self.args.set.borrow().clone();
         let wanted: Result<Vec<ConsumedStream>, String> = match self.args.source.clone() {
             Some(source) => source
@@ -426,22 +446,34 @@ impl WatcherState {
                 return;
             }
         };
-        let mut resolved = BTreeMap::new();
-        for stream in view.to_resolve(&wanted) {
-            // In fan-out mode this waits for a new consumer to be ACTIVE (seconds in
-            // Kinesis): the stream is read from the sync that has it, never polled.
-            let answer = crate::stream_set::resolve(
-                self.args.streams.as_ref(),
-                &stream.stream,
-                self.args.consumer.as_deref(),
-                crate::fanout::CONSUMER_WAIT,
-            )
-            .await
-            .map_err(|e| e.to_string());
-            resolved.insert(stream.stream.clone(), answer);
+        let joining: Vec<String> = view
+            .to_resolve(&wanted)
+            .into_iter()
+            .map(|s| s.stream.clone())
+            .collect();
+        if joining.is_empty() {
+            let next = view.next(wanted, &BTreeMap::new(), tokio::time::Instant::now());
+            self.publish_set(next);
+            return;
         }
-        let next = view.next(wanted, &resolved, tokio::time::Instant::now());
-        self.publish_set(next);
+        self.resolving = true;
+        let (streams, consumer) = (self.args.streams.clone(), self.args.consumer.clone());
+        let watcher = myself.clone();
+        tokio::spawn(async move {
+            let mut resolved = BTreeMap::new();
+            for stream in joining {
+                let answer = crate::stream_set::resolve(
+                    streams.as_ref(),
+                    &stream,
+                    consumer.as_deref(),
+                    crate::fanout::CONSUMER_WAIT,
+                )
+                .await
+                .map_err(|e| e.to_string());
+                resolved.insert(stream, answer);
+            }
+            let _ = watcher.cast(WatcherMsg::Resolved { wanted, resolved });
+        });
     }
 
     /// Publishes the set, saying what changed.

@@ -201,6 +201,13 @@ pub(crate) enum WatcherMsg {
     /// listing does not explain).
     ListNow,
     Status(RpcReplyPort<WatcherStatus>),
+    /// The streams that joined the set, described (and in fan-out mode given their
+    /// consumer) by a task of the watcher's: `wanted` is the list they were resolved
+    /// for.
+    Resolved {
+        wanted: Vec<crate::model::ConsumedStream>,
+        resolved: BTreeMap<String, Result<crate::model::Resolved, String>>,
+    },
 }
 
 pub(crate) enum CheckpointMsg {
