@@ -270,6 +270,11 @@ impl HandOff {
 mod tests {
     use super::*;
 
+    /// (the two marks, phase, label, takes leases, accepts a shutdown, supervises)
+    type PhaseRow = ((bool, bool), Phase, &'static str, bool, bool, bool);
+    /// (name, the entry as (same fence, handing off), what the request finds)
+    type HandOffRow = (&'static str, Option<(bool, bool)>, HandOff);
+
     const RUNNING: Phase = Phase::Running;
     const DRAINING: Phase = Phase::Draining;
     const STOPPING: Phase = Phase::Stopping;
@@ -618,7 +623,7 @@ mod tests {
     #[test]
     fn each_phase_serves_what_it_should() {
         // (marks, phase, label, takes leases, accepts a shutdown, supervises)
-        let table: &[((bool, bool), Phase, &str, bool, bool, bool)] = &[
+        let table: &[PhaseRow] = &[
             ((false, false), RUNNING, "running", true, true, true),
             ((false, true), DRAINING, "draining", false, false, true),
             ((true, false), STOPPING, "stopping", false, false, false),
@@ -636,7 +641,7 @@ mod tests {
 
     #[test]
     fn a_hand_off_claims_only_a_shard_held_under_its_epoch_and_not_passing() {
-        let table: &[(&str, Option<(bool, bool)>, HandOff)] = &[
+        let table: &[HandOffRow] = &[
             ("held, same epoch", Some((true, false)), HandOff::Claim),
             (
                 "held, same epoch, already passing",

@@ -445,6 +445,17 @@ mod tests {
     const TABLE_ARN: &str =
         "arn:aws:dynamodb:eu-west-1:123456789012:table/orders/stream/2024-01-01T00:00:00.000";
 
+    /// (name, `worker.stream`, `worker.streams`, mode) → (kind, what is wanted, consumer)
+    type PlanRow = (
+        &'static str,
+        &'static str,
+        &'static [&'static str],
+        ReadMode,
+        SourceKind,
+        &'static str,
+        Option<&'static str>,
+    );
+
     fn settings(stream: &str, streams: &[&str], mode: ReadMode) -> Settings {
         let mut settings = Settings::default();
         settings.worker.application = "audit".to_owned();
@@ -473,15 +484,7 @@ mod tests {
     #[test]
     fn the_plan_names_each_kind_of_source() {
         // (name, stream, streams, mode) → (kind, source's variant or "many", consumer)
-        let table: &[(
-            &str,
-            &str,
-            &[&str],
-            ReadMode,
-            SourceKind,
-            &str,
-            Option<&str>,
-        )] = &[
+        let table: &[PlanRow] = &[
             (
                 "a Kinesis stream by name",
                 "orders",
