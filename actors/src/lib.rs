@@ -45,6 +45,10 @@
 //!   binary's OTLP push).
 //! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
 //!   actor's callbacks in its span (the subscriber and format are the embedder's).
+//! * Inside `supervisor/`: the shell, the restart and give-up decisions (`pure.rs`, a
+//!   table of scenarios), the status snapshot and the graceful stops; inside `worker/`:
+//!   the builder, the backend choice, and `boot.rs`, which resolves every kind of source
+//!   (names, ARNs, table streams, stream sets, fan-out consumers) once.
 
 // Every public item says what it is for: the API is deliberate (README, "The library's
 // public API").
