@@ -36,7 +36,7 @@ EXCEPTIONS = {
     "src/cli.rs": "the command line's clap definitions: every command and flag, flat",
 }
 
-TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{")
+TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
 STATE = re.compile(r"(?:pub(?:\([^)]*\))?\s+)?struct\s+(\w*State)\s*(?:<[^>]*>)?\s*\{")
 FIELD = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?[a-z_][a-z0-9_]*\s*:", re.M)
 

@@ -1,0 +1,312 @@
+//! The whole fleet as one worker sees it (`GET /fleet`): built from one lease-table
+//! scan and what the observer made of it ([`fleet_view`]), with the observer's own
+//! stalls laid over it ([`overlay_stalls`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::{ShardState, WorkerStatus};
+use crate::balance::Observations;
+use crate::model::{Lease, LeaseKey, WorkerId};
+
+/// The whole fleet as one worker sees it from its last lease-table scan: every worker
+/// that has a heartbeat row or owns a lease, and every lease. Served as `GET /fleet`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FleetView {
+    /// The application (the lease table's name).
+    pub application: String,
+    /// The observer's stream, as [`WorkerStatus::stream`] names it.
+    pub stream: String,
+    /// What `stream` is: `kinesis` or `dynamodb-streams`.
+    pub source: &'static str,
+    /// How the observer reads (`polling` or `fanout`; a fleet runs one settings file).
+    pub read_mode: &'static str,
+    /// The worker whose view this is.
+    pub observer: String,
+    /// Milliseconds since that worker's last scan.
+    pub scanned_ms_ago: u64,
+    /// Every worker seen: with a heartbeat row, or named as a lease's owner.
+    pub workers: Vec<FleetWorker>,
+    /// Every lease row (unreadable ones too), by lease key.
+    pub leases: Vec<FleetLease>,
+    /// Processable leases with no live owner.
+    pub unassigned: Vec<String>,
+    /// Leases waiting for a parent to finish.
+    pub blocked: Vec<String>,
+    /// Leases nobody processes and nobody will until something outside changes, each
+    /// as `lease key: reason` (an unreadable row, a shard the stream does not have; on
+    /// its owner's view, a held shard that is stalled: a processor that does not answer,
+    /// a shard that cannot be read).
+    pub stalled: Vec<String>,
+    /// Every row that could not be read (lease rows among them, also in `stalled`).
+    pub malformed_rows: Vec<String>,
+}
+
+/// What the fleet view is built from: one scan, and what the observer made of it.
+pub(crate) struct FleetScan<'a> {
+    pub application: &'a str,
+    pub stream: &'a str,
+    pub read_mode: &'static str,
+    pub observer: &'a WorkerId,
+    pub malformed: &'a [String],
+    /// Every lease row the scan read.
+    pub leases: &'a [Lease],
+    /// The rows the round dealt with, by key (what `processable` looks parents up in).
+    pub by_key: &'a BTreeMap<&'a LeaseKey, &'a Lease>,
+    /// Unreadable lease rows, with why.
+    pub unreadable: &'a BTreeMap<LeaseKey, String>,
+    /// Rows for shards the stream does not have, with why.
+    pub orphans: &'a BTreeMap<LeaseKey, String>,
+    pub observations: &'a Observations,
+    pub now: Instant,
+    pub failover: Duration,
+}
+
+/// The fleet as one scan shows it: workers with their liveness on this worker's
+/// clock, every lease with its state and its owner's last reported lag.
+pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
+    let FleetScan {
+        leases,
+        by_key,
+        unreadable,
+        orphans,
+        observations: obs,
+        now,
+        failover,
+        ..
+    } = *scan;
+    let mut view = FleetView {
+        application: scan.application.to_owned(),
+        stream: scan.stream.to_owned(),
+        source: crate::model::SourceKind::of_stream(scan.stream).as_str(),
+        read_mode: scan.read_mode,
+        observer: scan.observer.to_string(),
+        malformed_rows: scan.malformed.to_vec(),
+        ..FleetView::default()
+    };
+    let mut owned: BTreeMap<&WorkerId, u64> = BTreeMap::new();
+    let mut sorted: Vec<&Lease> = leases.iter().collect();
+    sorted.sort_by(|a, b| a.key.cmp(&b.key));
+    for lease in sorted {
+        let shard = lease.key.shard_id();
+        // A lease a live Java worker renews (`lease.java_compat`) is held, not a stall.
+        let owner_alive = obs.lease_owner_alive(lease, now, failover);
+        let reason = orphans.get(&lease.key).cloned();
+        let state = if lease.checkpoint.is_shard_end() {
+            FleetLeaseState::Finished
+        } else if reason.is_some() {
+            FleetLeaseState::Stalled
+        } else if !crate::balance::processable(lease, by_key) {
+            FleetLeaseState::Blocked
+        } else if !owner_alive {
+            FleetLeaseState::Unassigned
+        } else if lease.handoff_to.is_some() {
+            FleetLeaseState::HandingOff
+        } else {
+            FleetLeaseState::Held
+        };
+        match (state, &reason) {
+            (FleetLeaseState::Unassigned, _) => view.unassigned.push(lease.key.to_string()),
+            (FleetLeaseState::Blocked, _) => view.blocked.push(lease.key.to_string()),
+            (FleetLeaseState::Stalled, Some(why)) => {
+                view.stalled.push(format!("{}: {why}", lease.key))
+            }
+            _ => {}
+        }
+        if let Some(owner) = &lease.owner
+            && !lease.checkpoint.is_shard_end()
+        {
+            *owned.entry(owner).or_default() += 1;
+        }
+        let lag = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.lag_ms.get(lease.key.as_str()).copied());
+        let subscribed_ms = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.subscribed_ms.get(lease.key.as_str()).copied());
+        let rate = lease
+            .owner
+            .as_ref()
+            .and_then(|o| obs.load_of(o))
+            .and_then(|load| load.lease_rates.as_ref())
+            .and_then(|rates| rates.get(&lease.key).copied());
+        view.leases.push(FleetLease {
+            rate: rate.filter(|_| state != FleetLeaseState::Finished),
+            lease_key: lease.key.to_string(),
+            shard_id: shard.to_string(),
+            stream: lease.key.stream_name().map(str::to_owned),
+            owner: lease.owner.as_ref().map(|o| o.to_string()),
+            state,
+            reason,
+            checkpoint: Some(lease.checkpoint.to_string()),
+            counter: Some(lease.counter),
+            handoff_to: lease.handoff_to.as_ref().map(|w| w.to_string()),
+            parents: lease
+                .parent_shard_ids
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            children: lease
+                .child_shard_ids
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
+            subscribed_ms: subscribed_ms.filter(|_| state != FleetLeaseState::Finished),
+        });
+    }
+    // Unreadable lease rows: in the listing of leases too, so every shard of the
+    // table shows in exactly one state.
+    for (key, why) in unreadable {
+        let reason = format!("unreadable row: {why}");
+        view.stalled.push(format!("{key}: {reason}"));
+        view.leases.push(FleetLease {
+            lease_key: key.to_string(),
+            shard_id: key.shard_id().to_string(),
+            stream: key.stream_name().map(str::to_owned),
+            owner: None,
+            state: FleetLeaseState::Stalled,
+            reason: Some(reason),
+            checkpoint: None,
+            counter: None,
+            handoff_to: None,
+            parents: Vec::new(),
+            children: Vec::new(),
+            millis_behind_latest: None,
+            subscribed_ms: None,
+            rate: None,
+        });
+    }
+    view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
+    view.workers = obs
+        .peers(now, failover)
+        .into_iter()
+        .map(|peer| FleetWorker {
+            leases: owned.get(&peer.worker).copied().unwrap_or(0),
+            worker_id: peer.worker.to_string(),
+            alive: peer.alive,
+            draining: peer.load.draining,
+            has_heartbeat: peer.has_heartbeat,
+            records_per_second: peer.load.records_per_second,
+            bytes_per_second: peer
+                .load
+                .lease_rates
+                .as_ref()
+                .map(|rates| rates.values().map(|r| r.bytes_per_second).sum()),
+            silent_ms: peer.silent_ms,
+        })
+        .collect();
+    view
+}
+
+/// The observer's own held shards that are stalled (its `status`), shown stalled in its
+/// fleet view with their reason: what its shards' readers know, which the table does not
+/// say.
+#[cfg_attr(not(feature = "status-server"), allow(dead_code))]
+pub(crate) fn overlay_stalls(view: &mut FleetView, status: &WorkerStatus) {
+    for shard in status
+        .shards
+        .iter()
+        .filter(|s| s.state == ShardState::Stalled)
+    {
+        let reason = shard.stall.clone().unwrap_or_else(|| "stalled".to_owned());
+        let Some(lease) = view.leases.iter_mut().find(|l| {
+            l.shard_id == shard.shard_id.as_str()
+                && l.stream == shard.stream
+                && l.owner.as_deref() == Some(status.worker_id.as_str())
+                && l.state != FleetLeaseState::Finished
+        }) else {
+            continue;
+        };
+        lease.state = FleetLeaseState::Stalled;
+        view.stalled.push(format!("{}: {reason}", lease.lease_key));
+        lease.reason = Some(reason);
+    }
+}
+
+/// One worker of [`FleetView::workers`], as the observer sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetWorker {
+    /// The worker's id, as its heartbeat row and its leases' `leaseOwner` name it.
+    pub worker_id: String,
+    /// Its heartbeat moved within the failover time, on the observer's clock.
+    pub alive: bool,
+    /// Its heartbeat says it is shutting down and handing its leases over
+    /// (`flotillaDraining`).
+    pub draining: bool,
+    /// False for an owner that never wrote a heartbeat row.
+    pub has_heartbeat: bool,
+    /// Leases it owns in the table (not finished).
+    pub leases: u64,
+    /// Records per second it delivered, from its heartbeat.
+    pub records_per_second: u64,
+    /// The sum of its leases' smoothed bytes/s (what throughput balance evens out);
+    /// `None` from a worker that publishes no per-lease rates.
+    pub bytes_per_second: Option<u64>,
+    /// How long its heartbeat has stood still.
+    pub silent_ms: u64,
+}
+
+/// A lease's place in the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetLeaseState {
+    /// Owned by a live worker.
+    Held,
+    /// A live worker asked for it; the owner is handing it over.
+    HandingOff,
+    /// Processable, no live owner: the next scan deals it to someone.
+    Unassigned,
+    /// Waiting for a parent shard to finish.
+    Blocked,
+    /// SHARD_END.
+    Finished,
+    /// Nobody processes it, and nobody will until something outside changes: its row is
+    /// unreadable, or its shard is not in the stream; or, on its owner's view, the shard
+    /// it holds is stalled (`ShardState::Stalled`). `reason` says which.
+    Stalled,
+}
+
+/// One lease row of [`FleetView::leases`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetLease {
+    /// The row's `leaseKey`: the shard id, or `account:stream:epoch:shard` for several
+    /// streams.
+    pub lease_key: String,
+    /// The shard the lease is for.
+    pub shard_id: String,
+    /// The stream's name for a multi-stream key (`account:stream:epoch:shard`); `None`
+    /// for a single stream's (the view's `stream`).
+    pub stream: Option<String>,
+    /// The row's `leaseOwner`; `None` when nobody owns it, or the row is unreadable.
+    pub owner: Option<String>,
+    /// Where the lease is in the fleet.
+    pub state: FleetLeaseState,
+    /// Why it is stalled (state `stalled`).
+    pub reason: Option<String>,
+    /// `None` when the row is unreadable.
+    pub checkpoint: Option<String>,
+    /// The row's `leaseCounter` (the lease epoch); `None` when the row is unreadable.
+    pub counter: Option<u64>,
+    /// The worker that asked for the lease (`flotillaHandoffTo`), while a request stands.
+    pub handoff_to: Option<String>,
+    /// The row's `parentShardId`: the shards that must finish before this one is read.
+    pub parents: Vec<String>,
+    /// The row's `childShardIds`, written with the SHARD_END checkpoint.
+    pub children: Vec<String>,
+    /// The owner's last reported MillisBehindLatest for it (from its heartbeat).
+    pub millis_behind_latest: Option<u64>,
+    /// In a fan-out fleet, for a lease being read: how long the owner's subscription to
+    /// the shard had lasted at its last heartbeat, or `None` if it had none.
+    pub subscribed_ms: Option<u64>,
+    /// Its owner's smoothed records/s and bytes/s for it (from its heartbeat); `None`
+    /// until measured, or from an owner that publishes no rates.
+    pub rate: Option<crate::model::LeaseRate>,
+}
