@@ -377,8 +377,13 @@ mod tests {
             &'static [(&'static str, u64)],
             &'static [(u64, Option<&'static str>, u64)],
         );
-        // (what happened, scans, live owners with their sign)
-        let table: &[(&str, &[Scan], &[(&str, &str)])] = &[
+        /// What happened, the scans, and the live owners with their sign.
+        type Case = (
+            &'static str,
+            &'static [Scan],
+            &'static [(&'static str, &'static str)],
+        );
+        let table: &[Case] = &[
             (
                 "heartbeat moves",
                 &[
