@@ -20,6 +20,7 @@
 //! and the `/metrics` families over OTLP/HTTP (`otel`).
 
 mod cli;
+mod commands;
 mod demo;
 mod ops;
 #[cfg(feature = "otel")]
@@ -71,7 +72,7 @@ async fn main() -> ExitCode {
         }
     };
     tracing_subscriber::registry().with(layers).init();
-    let result = cli::run(args).await;
+    let result = commands::run(args).await;
     #[cfg(feature = "otel")]
     export.shutdown().await;
     match result {
