@@ -118,7 +118,7 @@ fn set_mutant(_: &str) -> Result<&'static str, String> {
 
 /// Runs one seed in a child process of this program (`--child`), which prints its
 /// outcome as one JSON line. Simulations running at once on two threads of one process
-/// do not always replay (ARCHITECTURE.md, "The fault simulator"); one per process do.
+/// do not always replay (SIMULATION.md, "The fault simulator"); one per process do.
 fn run_isolated(options: &SimOptions) -> Result<SimReport, SimFailure> {
     let failed = |what: String| SimFailure {
         seed: options.seed,

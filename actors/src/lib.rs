@@ -2,52 +2,50 @@
 //! share the shards through leases in a DynamoDB table, compatible with the KCL 2.x
 //! lease table.
 //!
+//! The crate's codemap, in short (ARCHITECTURE.md at the repository's root is the long
+//! one, with the layers `scripts/module-graph.py` checks), lowest layer first:
+//!
 //! * `model`: pure types — sequence numbers, shards and their lineage, leases,
-//!   checkpoints, the lease-table row codec. No I/O, no clock.
+//!   checkpoints, the lease-table row codec, stream sets, the memory budget, the ack
+//!   window. No I/O, no clock. `backoff`: [`backoff::Backoff`] (exponential, jittered
+//!   retry delays) and [`backoff::RestartIntensity`] (when a supervisor stops restarting
+//!   a child); pure. `mutants`: deliberate protocol bugs for the fault simulator.
 //! * `backend`: the only place that talks to AWS. Three ports ([`backend::StreamClient`],
 //!   [`backend::LeaseTable`], [`backend::MetricsSink`]), their AWS adapters, in-memory
 //!   adapters that behave like the services, and a fault injector.
-//! * `kpl`: KPL aggregate de-aggregation (and aggregation, for tests and demos), matching
-//!   the Java KCL record for record. Pure: no I/O.
-//! * `backoff`: [`backoff::Backoff`] (exponential, jittered retry delays) and
-//!   [`backoff::RestartIntensity`] (when a supervisor stops restarting a child). Pure:
-//!   the random draw and the current instant are parameters.
-
-//! * `balance`: which leases to take, ask for, hand over, and which are lost. Pure:
-//!   time is a parameter. `fleet_sim` runs whole fleets on it, round by round.
-//! * `renewal`: `lease.java_compat`'s renewals, a wrapper of the lease table that bumps
-//!   held leases' counters for Java KCL workers while everything above keeps the
-//!   counter it took the lease with (`Lives`: the pure bookkeeping).
-//! * `settings`: every tunable with its default and its validation, and
-//!   [`Settings::load`] (defaults, a TOML file, `FLOTILLA__…` variables).
-//! * `protocol`: every message the actors exchange, the reasons that travel with them,
-//!   and the types a processor speaks to its reader with; `status`: every snapshot;
-//!   `telemetry`: events that log and count together. Below the actors, so no actor
-//!   imports another (only a parent its children).
-//! * The actors, one module each: `supervisor` (the root), `stream_watcher`,
-//!   `lease_keeper`, `shard_reader`, `processor` (the user's trait and its host),
-//!   `checkpoint_writer`, `metrics_reporter`. They reach the outside only through
-//!   `backend`; the reader's and the keeper's decisions are their pure cores
-//!   (`shard_reader/pure.rs`, `lease_keeper/pure.rs`).
-//! * `multilang`: KCL MultiLangDaemon record processors (Python, Node.js, …) as child
-//!   processes, one per shard, behind the [`Processor`] trait; the binary's `flotilla
-//!   multilang` reads the daemon's properties file.
-//! * `stream_set`: [`StreamSet`], where a multi-stream worker's streams come from (a
-//!   fixed list, or a source asked at every shard sync).
-//! * `worker`: the embedding API ([`Worker`], [`Backend`]); `handle`: the
-//!   [`WorkerHandle`] a processor or the service asks a worker to stop with; `status`:
-//!   the snapshots it returns. `status_server`: the HTTP endpoint; `prometheus`: its
-//!   `/metrics` text, every family named from a `metrics::Metric` by one rule; `status_tree`: the supervision tree a person reads,
-//!   one pure function of a snapshot (the page draws it, `flotilla status` prints it);
-//!   `status_page`: `/status.html`, that tree and its charts drawn as one page;
-//!   `status_history`: the bounded rings of the last 10 minutes the charts draw;
-//!   [`metric_families`]: the `/metrics` families as data for other exporters (the
-//!   binary's OTLP push).
-//! * `spans`: the worker's and each shard's tracing span, and `Spanned`, which runs an
-//!   actor's callbacks in its span (the subscriber and format are the embedder's).
-//! * Inside `supervisor/`: the shell, the restart and give-up decisions (`pure.rs`, a
-//!   table of scenarios), the status snapshot and the graceful stops; inside `worker/`:
-//!   the builder, the backend choice, and `boot.rs`, which resolves every kind of source
+//! * Logic and configuration over the ports, no actor: `settings` (every tunable, its
+//!   validation, and [`Settings::load`]: defaults, a TOML file, `FLOTILLA__…`
+//!   variables); `balance` (which leases to take, ask for, hand over, and which are
+//!   lost; pure, and `fleet_sim` runs whole fleets on it); `fencing` (self-fencing:
+//!   may a lease deliver now); `kpl` (KPL de-aggregation matching the Java KCL);
+//!   `metrics` (what a worker measures, the reporter's pure half); `spans` (the worker's
+//!   and each shard's tracing span); `handle` (the [`WorkerHandle`] a processor or the
+//!   service asks a worker to stop with); `fanout` (the application's fan-out
+//!   consumer); `stream_set` ([`StreamSet`], where a multi-stream worker's streams come
+//!   from); `oracle` (the one per-key order and loss rule).
+//! * `metrics_reporter`: the actor that publishes the metrics, with its own message
+//!   type; the actors reach it only through `telemetry`.
+//! * What the actors share, below them, so no actor imports another (only a parent its
+//!   children): `protocol` (the messages of the supervisor, keeper, watcher, checkpoint
+//!   writer and reader, the reasons that travel with them, and the types a processor
+//!   speaks to its reader with); `status` (every snapshot, and the boards actors share);
+//!   `telemetry` (events that log and count together); `status_tree` (the supervision
+//!   tree a person reads), `status_page` (`/status.html`), `status_history` (the charts'
+//!   rings), `prometheus` (the `/metrics` text, and [`metric_families`] as data for
+//!   other exporters).
+//! * The actors: `stream_watcher`, `lease_keeper`, `shard_reader` (a shell over its
+//!   parts in `shard_reader/`), `processor` (the user's trait and its host),
+//!   `checkpoint_writer`, `status_server` (the HTTP endpoint; it takes no messages);
+//!   with them `renewal` (`lease.java_compat`'s renewals, a wrapper of the lease table)
+//!   and `multilang` (KCL MultiLangDaemon record processors as child processes behind
+//!   the [`Processor`] trait). They reach the outside only through `backend`; their
+//!   decisions are pure cores (`shard_reader/pure.rs`, `lease_keeper/pure.rs`,
+//!   `checkpoint_writer/pace.rs`).
+//! * `supervisor`: the root actor. Inside `supervisor/`: the shell, the restart and
+//!   give-up decisions (`pure.rs`, a table of scenarios), the core actors, the status
+//!   snapshot and the graceful stops.
+//! * `worker`: the embedding API ([`Worker`], [`Backend`]). Inside `worker/`: the
+//!   builder, the backend choice, and `boot.rs`, which resolves every kind of source
 //!   (names, ARNs, table streams, stream sets, fan-out consumers) once.
 
 // Every public item says what it is for: the API is deliberate (README, "The library's

@@ -243,7 +243,7 @@ pub struct LeaseSettings {
     /// (floor or ceil of leases / workers) to even out throughput. Past it, counts are
     /// evened first, as in count-only balance.
     pub balance_count_slack: u32,
-    /// Live migration beside a running Java KCL fleet (ARCHITECTURE.md, "Java KCL
+    /// Live migration beside a running Java KCL fleet (docs/lease-protocol.md, "Java KCL
     /// workers"): an owner with no heartbeat row is alive while the counters of its
     /// leases move (the KCL's own rule), and this worker bumps the counter of each lease
     /// it holds every `failover_time / 3` so Java workers see its leases alive. Costs one

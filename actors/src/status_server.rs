@@ -26,6 +26,16 @@
 //!   timings' histograms, in the OpenMetrics text format (`prometheus`).
 //!
 //! Nothing here shows credentials or endpoints: the snapshots hold none.
+//!
+//! Optional: this module (with `prometheus` and axum) is the `status-server` cargo
+//! feature. Without it the supervisor starts no endpoint (its slot's message type is
+//! `Infallible`), and `Settings::check_built` refuses `status.enabled = true`, naming
+//! the key and the fix; the snapshots and `Worker::status` are in every build. The
+//! worker's start binds `status.bind` before the stream or the table is touched and
+//! hands the listener to the first server, so a taken port stops the start
+//! (`WorkerError::StatusBind`). Once running, the server restarts alone (binding the same
+//! address again, beside the core actors, not with them), and the worker runs on
+//! without it if that fails.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -70,7 +80,7 @@ pub(crate) struct StatusArgs {
     pub settings: Arc<Settings>,
     /// Where the server really listens (port 0 picks one), for `Worker::status_addr`.
     pub bound: Arc<OnceLock<SocketAddr>>,
-    /// Already bound (by `Worker::start`, the first time); otherwise `bind` is bound here.
+    /// Already bound (by `WorkerBuilder::start`, the first time); otherwise `bind` is bound here.
     pub listener: Option<tokio::net::TcpListener>,
 }
 

@@ -2,6 +2,9 @@
 //! stream watcher asks at every shard sync (`reader.shard_sync_interval`), as the Java
 //! KCL polls its `MultiStreamTracker`. What changes is decided by
 //! [`crate::model::StreamSetView`]; this module only asks and describes.
+//!
+//! A stream that leaves the set keeps its fan-out consumer, as the KCL's
+//! `FanOutConsumerRegistration` never deregisters one.
 
 use std::fmt;
 use std::sync::Arc;

@@ -321,7 +321,7 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// only while the row is `expected`, so that Java workers, which judge a lease by its
     /// counter moving, see it alive. Returns the new counter. Only
     /// `crate::renewal::Renewing` calls it, and it keeps the rest of the worker on the
-    /// counter the lease was taken with (ARCHITECTURE.md, "Java KCL workers").
+    /// counter the lease was taken with (docs/lease-protocol.md, "Java KCL workers").
     fn renew<'a>(
         &'a self,
         key: &'a LeaseKey,
@@ -406,8 +406,8 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// the leases, and through the index by the bytes a round needs, not by rows.
     ///
     /// The index is eventually consistent: a `Summary` may show a counter a moment
-    /// old. That only delays a death (ARCHITECTURE.md, "Reads"); every ownership write
-    /// stays conditional on the rows themselves.
+    /// old. That only delays a death (docs/lease-protocol.md, "Reads"); every ownership
+    /// write stays conditional on the rows themselves.
     fn heartbeats(
         &self,
         detail: HeartbeatDetail,

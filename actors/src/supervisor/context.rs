@@ -1,4 +1,4 @@
-//! What a worker is built from, shared by all its actors: made once by `Worker::start`,
+//! What a worker is built from, shared by all its actors: made once by `WorkerBuilder::start`,
 //! handed to the supervisor, which passes its parts to the children it spawns. It
 //! outlives core restarts.
 
@@ -47,7 +47,7 @@ pub(crate) struct WorkerContext {
     /// Where the status endpoint listens, once it does.
     #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
-    /// The status listener `Worker::start` bound (so a taken port fails the start with
+    /// The status listener `WorkerBuilder::start` bound (so a taken port fails the start with
     /// a plain error); the first status server takes it, a restarted one binds again.
     #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub status_listener: Mutex<Option<tokio::net::TcpListener>>,

@@ -3,6 +3,16 @@
 //!
 //! All three are built from one `aws_config::SdkConfig` (default credential chain and
 //! region), with an optional endpoint URL per service for local servers.
+//!
+//! `tuned_for` gives each service's configuration the `[aws]` call timeout of that
+//! service (by default Kinesis and DynamoDB Streams 30 s, DynamoDB 1 min, CloudWatch
+//! 30 s, as the KCL's), the optional attempt timeout and the SDK's standard retries with
+//! `max_attempts`; `Backend::from_sdk` and every CLI command go through it, so the
+//! settings are the one place these are set. A fan-out subscription is bounded by it
+//! until its initial answer only (the SDK's operation timeout ends with the response
+//! headers; `tests/aws_timeouts.rs` holds one open past it). `classify` sorts SDK
+//! errors as the SDK's retry classifiers do (any 5xx, with or without an error code, is
+//! transient), and errors name the endpoint they could not reach.
 
 #[cfg(feature = "cloudwatch")]
 mod cloudwatch;
