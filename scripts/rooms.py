@@ -33,7 +33,6 @@ EXCEPTIONS = {
     "actors/src/backend/memory/lease_table.rs": "the in-memory lease table: one server's state, conditions and errors",
     "actors/src/backend/memory/table_stream.rs": "the in-memory DynamoDB Streams: one server's state and errors",
     "actors/src/lease_keeper/model.rs": "the keeper's model checker (test-only): the protocol as one stateright model",
-    "src/cli.rs": "the command line's clap definitions: every command and flag, flat",
 }
 
 TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
