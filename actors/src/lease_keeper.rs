@@ -34,21 +34,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
-use crate::backend::{LeaseError, LeaseTable};
-use crate::balance::{Limits, Observations, Policy};
-use crate::fencing::Fencing;
-use crate::model::{Lease, LeaseKey, WorkerId};
-use crate::protocol::LeaseMove;
-use crate::protocol::{KeeperMsg, SupervisorMsg};
-use crate::settings::Settings;
+use crate::backend::LeaseError;
+use crate::balance::{Limits, Observations};
+use crate::model::{Lease, LeaseKey};
+use crate::protocol::KeeperMsg;
 use crate::status::{FleetScan, KeeperStatus, fleet_view};
-use crate::telemetry::{Event, Metric, Sample, Telemetry};
+use crate::telemetry::{Metric, Sample};
 use pure::ScanWhy;
 
 mod act;
@@ -67,63 +64,11 @@ use act::{Context, Moves};
 use beat::{Beat, Load};
 use drain::Leaving;
 use held::Holdings;
-use ports::{Outbox, Ports};
+pub(crate) use ports::KeeperArgs;
 use round::{LastScan, Rounds, Seen};
 use rows::{Judged, Rows};
 
 pub(crate) struct LeaseKeeper;
-
-pub(crate) struct KeeperArgs {
-    pub table: Arc<dyn LeaseTable>,
-    pub me: WorkerId,
-    pub settings: Arc<Settings>,
-    pub supervisor: ActorRef<SupervisorMsg>,
-    pub telemetry: Telemetry,
-    /// Self-fencing: fed by every heartbeat, take, scan and loss.
-    pub fencing: Fencing,
-    /// Records delivered by this worker's readers, for the load in the heartbeat.
-    pub delivered: Arc<AtomicU64>,
-    pub lags: crate::status::LagBoard,
-    /// Where each scan's view of the fleet is published, for the status endpoint.
-    pub fleet: crate::status::FleetBoard,
-    /// The stream watcher's last listing, to tell orphan rows.
-    pub listing: crate::status::ListingBoard,
-    /// Where each scan's lease rows are published, for the stream watcher.
-    pub rows: crate::status::RowsBoard,
-    /// The stream set: a former stream's leases are finished, never taken, and its rows
-    /// deleted after the grace.
-    pub set: crate::status::StreamSetBoard,
-    pub application: String,
-    pub stream: String,
-}
-
-/// The parts' outbox is the supervisor's mailbox and the metrics reporter.
-impl Outbox for KeeperArgs {
-    fn tell(&self, msg: SupervisorMsg) {
-        let _ = self.supervisor.cast(msg);
-    }
-
-    fn emit(&self, event: &dyn Event) {
-        // As `Telemetry::emit`: the log line, then the samples.
-        event.log();
-        self.telemetry.record(event.samples());
-    }
-
-    fn record(&self, samples: Vec<Sample>) {
-        self.telemetry.record(samples);
-    }
-}
-
-/// The wiring a part's call works with.
-fn wire(args: &KeeperArgs) -> Ports<'_> {
-    Ports {
-        table: &*args.table,
-        me: &args.me,
-        settings: &args.settings,
-        fencing: &args.fencing,
-        out: args,
-    }
-}
 
 pub(crate) struct KeeperState {
     args: KeeperArgs,
@@ -190,7 +135,7 @@ impl Actor for LeaseKeeper {
                 fence,
                 outcome,
             } => {
-                let ports = wire(&state.args);
+                let ports = state.args.ports();
                 state
                     .rows
                     .retired(&ports, &mut state.held, key, fence, outcome)
@@ -220,7 +165,7 @@ impl Actor for LeaseKeeper {
                 if state.leaving.draining() {
                     state.round(&myself).await;
                 } else {
-                    let ports = wire(&state.args);
+                    let ports = state.args.ports();
                     state
                         .moves
                         .poll_requests(&ports, &mut state.held, &state.observations)
@@ -231,27 +176,12 @@ impl Actor for LeaseKeeper {
             }
             // Both name the epoch they are about: news of an old epoch must not drop a
             // lease taken again since.
-            KeeperMsg::Lost(key, fence) => {
-                let ports = wire(&state.args);
-                if state.held.holds(&key, &fence) {
-                    let why = "a write under this lease was refused";
-                    state.held.revoke(&key, why, ports.fencing);
-                    state.held.moved_away(&ports, &key, LeaseMove::Lost, None);
-                }
-            }
+            KeeperMsg::Lost(key, fence) => state.held.lost(&state.args.ports(), &key, &fence),
             KeeperMsg::Finished(key, fence) => {
-                let ports = wire(&state.args);
-                if state.held.holds(&key, &fence) {
-                    // SHARD_END may make children processable.
-                    state.held.changed();
-                    state.held.let_go(&key, ports.fencing);
-                    state
-                        .held
-                        .moved_away(&ports, &key, LeaseMove::ShardEnded, None);
-                }
+                state.held.finished(&state.args.ports(), &key, &fence)
             }
             KeeperMsg::GiveUp(key) => {
-                let ports = wire(&state.args);
+                let ports = state.args.ports();
                 state.moves.give_up(&ports, &mut state.held, key).await;
             }
             KeeperMsg::Transfer {
@@ -260,7 +190,7 @@ impl Actor for LeaseKeeper {
                 to,
                 outcome,
             } => {
-                let ports = wire(&state.args);
+                let ports = state.args.ports();
                 state
                     .moves
                     .transfer(&ports, &mut state.held, key, fence, to, outcome)
@@ -272,7 +202,7 @@ impl Actor for LeaseKeeper {
                 state.start_drain(&myself).await;
             }
             KeeperMsg::ReleaseAll(reply) => {
-                let ports = wire(&state.args);
+                let ports = state.args.ports();
                 state
                     .leaving
                     .release_all(&ports, &mut state.held, &mut state.moves.requested)
@@ -351,7 +281,7 @@ impl KeeperState {
     }
 
     async fn heartbeat(&mut self) {
-        let ports = wire(&self.args);
+        let ports = self.args.ports();
         let load = Load {
             delivered: &self.args.delivered,
             lags: &self.args.lags,
@@ -366,26 +296,12 @@ impl KeeperState {
         }
     }
 
-    /// The lease table (or its worker table) does not exist: it was deleted under this
-    /// worker (`flotilla destroy --force`, by hand). Nothing it does next can be right:
-    /// made again, it would start every shard over. The worker stops with the reason
-    /// (at ERROR, and `Worker::wait`'s error: `flotilla run` exits non-zero), unless it is
-    /// already stopping, whose drain reports the failing table itself.
+    /// The lease table is gone (`Leaving::table_gone`).
     fn table_gone(&mut self, error: &LeaseError) {
-        if self.leaving.draining() {
-            self.drain_table_failed(error);
-            return;
-        }
-        self.args.fencing.lock().heartbeat_failed(error.to_string());
-        let reason = format!(
-            "the lease table {} (or its worker table {}) was deleted under this worker: {error}; \
-             its checkpoints are gone. Make it again only to start the application afresh \
-             (`flotilla init`), or point the worker at the right table and region",
-            self.args.table.table_name(),
-            self.args.table.worker_table_name(),
-        );
-        error!(message = "The lease table is gone; the worker stops.", %reason);
-        let _ = self.args.supervisor.cast(SupervisorMsg::Fatal(reason));
+        let ports = self.args.ports();
+        let in_flight = !self.moves.handing_off.is_empty();
+        let holds_nothing = self.held.held.is_empty();
+        (self.leaving).table_gone(&ports, error, &self.observations, in_flight, holds_nothing);
     }
 
     /// A scan or heartbeat failed: while draining, nobody's request can be read, so
@@ -397,7 +313,7 @@ impl KeeperState {
     }
 
     fn check_drained(&mut self) {
-        let ports = wire(&self.args);
+        let ports = self.args.ports();
         self.leaving.check_drained(
             &ports,
             &self.observations,
@@ -422,7 +338,7 @@ impl KeeperState {
         let sent = Instant::now();
         let failover = self.settings().failover_time;
         let detail = self.rounds.detail(
-            &self.limits().policy,
+            &Limits::from_settings(self.settings()).policy,
             sent,
             failover,
             self.args.fleet.take_wanted(),
@@ -432,7 +348,7 @@ impl KeeperState {
         let heartbeats_read = match read {
             Ok(mut out) => {
                 self.rounds.heard(&mut out, sent, &self.observations);
-                let ports = wire(&self.args);
+                let ports = self.args.ports();
                 self.rows
                     .roster_read(&ports, out.roster, &out.legacy, now)
                     .await;
@@ -449,7 +365,8 @@ impl KeeperState {
         };
         let why = if heartbeats_read {
             let awaiting_reread = self.args.fencing.lock().awaiting_reread();
-            let would_move = self.cached_rows_would_move(now);
+            let dealt = self.rounds.last_dealt();
+            let would_move = dealt.is_some_and(|d| self.moves.would_move(d, &self.context(), now));
             self.rounds.scan_why(
                 &self.seen(now),
                 self.held.changes,
@@ -468,7 +385,7 @@ impl KeeperState {
             }
             None => self.quiet_round(myself, now),
         }
-        let ports = wire(&self.args);
+        let ports = self.args.ports();
         let draining = self.leaving.draining();
         self.rows
             .remove_dead_rows(&ports, &self.observations, draining, now)
@@ -484,37 +401,16 @@ impl KeeperState {
         self.publish_changes().await;
     }
 
-    /// Whether the last scan's rows, judged with the heartbeats just read, would make
-    /// this worker take or ask for a lease. Nothing that changes ownership has happened
-    /// since that scan (else `scan_due` scans anyway), so what can differ is the rates
-    /// peers publish: throughput balance reacts to them without an ownership change.
-    fn cached_rows_would_move(&self, now: Instant) -> bool {
-        let Some(dealt) = self.rounds.last_dealt() else {
-            return false;
-        };
-        if !matches!(self.limits().policy, Policy::Throughput(_)) {
-            return false;
-        }
-        let decision = self.decide(dealt, now);
-        !decision.take.is_empty() || !decision.request.is_empty()
-    }
-
-    /// `balance::decide` on `leases` with what this worker observes now.
-    fn decide(&self, leases: &[Lease], now: Instant) -> crate::balance::Decision {
-        let cx = Context {
+    /// What a decision is taken over, besides the rows.
+    fn context(&self) -> Context<'_> {
+        Context {
             held: &self.held.held,
             observations: &self.observations,
             me: &self.args.me,
             retiring: &self.rows.retiring,
             draining: self.leaving.draining(),
-            limits: &self.limits(),
-        };
-        self.moves.decide(leases, &cx, now)
-    }
-
-    /// The balance limits from the settings.
-    fn limits(&self) -> Limits {
-        Limits::from_settings(self.settings())
+            limits: Limits::from_settings(self.settings()),
+        }
     }
 
     /// A round with nothing changed: the last scan's rows stand; only the heartbeats
@@ -577,7 +473,7 @@ impl KeeperState {
             }
         };
         self.rounds.scanned(sent, changes_before, &scan.heartbeats);
-        let ports = wire(&self.args);
+        let ports = self.args.ports();
         self.rows
             .scanned(&ports, &scan.heartbeats, &scan.legacy)
             .await;
@@ -613,7 +509,7 @@ impl KeeperState {
         self.observations.observe_lease_counters(&leases, now);
         self.observations
             .observe_leases(&leases, now, self.settings().failover_time);
-        let decision = self.decide(&leases, now);
+        let decision = self.moves.decide(&leases, &self.context(), now);
         let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         // Requests that are no longer ours to wait for.
         self.moves.forget_answered(&by_key, &self.args.me);
@@ -621,7 +517,7 @@ impl KeeperState {
         if self.args.settings.status.enabled {
             self.publish_view(&scan.leases, &by_key, &unreadable, &orphans, now);
         }
-        let ports = wire(&self.args);
+        let ports = self.args.ports();
         self.moves
             .act(
                 &ports,
@@ -662,16 +558,14 @@ impl KeeperState {
     /// Schedules a scan for the moment the first owner of leases would turn dead
     /// (`Rounds::arm_deadline`).
     fn arm_deadline_scan(&mut self, myself: &ActorRef<KeeperMsg>, leases: &[Lease], now: Instant) {
-        let failover = self.args.settings.lease.failover_time;
         let interval = self.args.settings.lease.heartbeat_interval;
-        let me = &self.args.me;
-        let observations = &self.observations;
-        let dead_at = leases
-            .iter()
-            .filter(|l| !l.checkpoint.is_shard_end())
-            .filter(|l| l.owner.as_ref().is_some_and(|o| o != me))
-            .filter_map(|l| observations.lease_dead_at(l, failover));
-        if let Some(after) = self.rounds.arm_deadline(dead_at, now, interval) {
+        let seen = Seen {
+            observations: &self.observations,
+            me: &self.args.me,
+            now,
+            failover: self.args.settings.lease.failover_time,
+        };
+        if let Some(after) = self.rounds.arm_deadline(leases, &seen, interval) {
             myself.send_after(after, || KeeperMsg::Deadline);
         }
     }
@@ -684,7 +578,7 @@ impl KeeperState {
         self.leaving.start(Instant::now(), wait);
         // The shutdown report covers leaving, not the handoffs of the worker's life.
         self.held.report = Default::default();
-        let ports = wire(&self.args);
+        let ports = self.args.ports();
         self.moves.withdraw_requests(&ports, &mut self.held).await;
         self.heartbeat().await;
         info!(

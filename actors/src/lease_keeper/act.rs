@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::LeaseError;
-use crate::balance::{self, Decision, Gain, Limits, Observations, Round};
+use crate::balance::{self, Decision, Gain, Limits, Observations, Policy, Round};
 use crate::model::{Fence, Lease, LeaseKey, WorkerId};
 use crate::protocol::{LeaseMove, SupervisorMsg};
 use crate::status::ShardShutdown;
@@ -49,7 +49,7 @@ pub(super) struct Context<'a> {
     /// Held leases of former streams being retired: released, never handed to anyone.
     pub retiring: &'a BTreeSet<LeaseKey>,
     pub draining: bool,
-    pub limits: &'a Limits,
+    pub limits: Limits,
 }
 
 impl Moves {
@@ -74,8 +74,21 @@ impl Moves {
                 handing_off: &handing_off,
                 draining: cx.draining,
             },
-            cx.limits,
+            &cx.limits,
         )
+    }
+
+    /// Whether the last scan's rows (`dealt`), judged with the heartbeats just read,
+    /// would make this worker take or ask for a lease. Nothing that changes ownership
+    /// has happened since that scan (else `scan_due` scans anyway), so what can differ
+    /// is the rates peers publish: throughput balance reacts to them without an
+    /// ownership change.
+    pub fn would_move(&self, dealt: &[Lease], cx: &Context<'_>, now: Instant) -> bool {
+        if !matches!(cx.limits.policy, Policy::Throughput(_)) {
+            return false;
+        }
+        let decision = self.decide(dealt, cx, now);
+        !decision.take.is_empty() || !decision.request.is_empty()
     }
 
     /// Whether a cooldown has ended: the lease may be taken again.
@@ -367,5 +380,79 @@ impl Moves {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LeaseTable;
+    use crate::lease_keeper::ports::testing::Rig;
+
+    /// A requested lease is taken the moment its owner hands it over, named as from
+    /// the owner asked, and the request is closed.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_handed_over_is_taken_at_the_next_poll() {
+        let a = Rig::new("a").await;
+        let b = Rig::on(a.table.clone(), "b");
+        let row = a.row(0).await;
+        let owned = b.table.take(&row.key, &row.fence(), &b.me).await.unwrap();
+        a.table
+            .request_handoff(&row.key, &owned.fence(), &a.me)
+            .await
+            .unwrap();
+        let mut moves = Moves::default();
+        moves.requested.insert(
+            row.key.clone(),
+            Request {
+                since: Instant::now(),
+                of: Some(b.me.clone()),
+            },
+        );
+        let (mut held, observations) = (Holdings::default(), Observations::with_java_compat(false));
+        moves
+            .poll_requests(&a.ports(), &mut held, &observations)
+            .await;
+        assert!(held.held.is_empty(), "not handed over yet");
+        assert_eq!(moves.requested.len(), 1, "still waiting");
+        let asked = b.table.get(&row.key).await.unwrap().unwrap();
+        b.table
+            .transfer(&row.key, &asked.fence(), &a.me)
+            .await
+            .unwrap();
+        moves
+            .poll_requests(&a.ports(), &mut held, &observations)
+            .await;
+        assert_eq!(held.held.keys().collect::<Vec<_>>(), vec![&row.key]);
+        assert!(moves.requested.is_empty(), "the request is closed");
+        assert_eq!(held.gained.get("handed_off"), Some(&1));
+        assert_eq!(a.out.told(), vec!["LeaseGained"]);
+    }
+
+    /// A lease given up on cools down here and is released for others.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_given_up_cools_down_and_is_released() {
+        let rig = Rig::new("me").await;
+        let row = rig.row(0).await;
+        let taken = rig
+            .table
+            .take(&row.key, &row.fence(), &rig.me)
+            .await
+            .unwrap();
+        let mut held = Holdings::default();
+        held.held.insert(row.key.clone(), taken.fence());
+        let mut moves = Moves::default();
+        moves
+            .give_up(&rig.ports(), &mut held, row.key.clone())
+            .await;
+        assert!(held.held.is_empty());
+        assert!(!moves.cooled(Instant::now()));
+        let after = rig.table.get(&row.key).await.unwrap().unwrap();
+        assert_eq!(after.owner, None);
+        assert_eq!(held.given.get("released"), Some(&1));
+        tokio::time::advance(rig.settings.supervision.shard_cooldown).await;
+        assert!(moves.cooled(Instant::now()));
+        moves.end_cooldowns(Instant::now());
+        assert!(moves.cooling.is_empty());
     }
 }

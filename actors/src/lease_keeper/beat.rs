@@ -181,3 +181,69 @@ impl Beat {
         failed.map_or(Ok(()), Err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease_keeper::ports::testing::Rig;
+
+    fn load<'a>(delivered: &'a AtomicU64, lags: &'a LagBoard) -> Load<'a> {
+        Load {
+            delivered,
+            lags,
+            draining: false,
+        }
+    }
+
+    /// An urgent change is written at once, once: not again when the confirmed
+    /// heartbeat already carries it, and never once stopped.
+    #[tokio::test(start_paused = true)]
+    async fn an_urgent_change_is_published_once() {
+        let rig = Rig::new("me").await;
+        let (delivered, lags) = (AtomicU64::new(0), LagBoard::default());
+        let mut beat = Beat::new(0, Instant::now());
+        let mut held = Holdings::default();
+        held.changed();
+        held.urgent = true;
+        assert!(beat.publish_due(&mut held, false));
+        assert!(!held.urgent, "the flag is cleared either way");
+        beat.write(&rig.ports(), &held, &load(&delivered, &lags))
+            .await
+            .unwrap();
+        held.urgent = true;
+        assert!(
+            !beat.publish_due(&mut held, false),
+            "the confirmed heartbeat already carries the change"
+        );
+        held.changed();
+        held.urgent = true;
+        assert!(!beat.publish_due(&mut held, true), "stopped: nothing more");
+    }
+
+    /// A confirmed heartbeat is what the fencing board counts from, and its counter is
+    /// what the status shows; the table gone is returned before anything is counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_feeds_the_fencing_board() {
+        let rig = Rig::new("me").await;
+        let (delivered, lags) = (AtomicU64::new(0), LagBoard::default());
+        let mut beat = Beat::new(0, Instant::now());
+        let held = Holdings::default();
+        assert!(rig.fencing.lock().last_confirmed().is_none());
+        beat.write(&rig.ports(), &held, &load(&delivered, &lags))
+            .await
+            .unwrap();
+        assert_eq!(beat.counter, 1);
+        assert!(rig.fencing.lock().last_confirmed().is_some());
+        let db_less = Rig::on(
+            std::sync::Arc::new(crate::backend::memory::MemoryDynamo::new().lease_table("gone")),
+            "me",
+        );
+        let error = beat
+            .write(&db_less.ports(), &held, &load(&delivered, &lags))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, LeaseError::NotFound { .. }), "{error}");
+        assert!(db_less.out.samples.lock().unwrap().is_empty());
+        assert_eq!(db_less.fencing.lock().failures().0, 0);
+    }
+}

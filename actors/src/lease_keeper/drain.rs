@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::backend::LeaseError;
 use crate::balance::Observations;
@@ -69,6 +69,35 @@ impl Leaving {
             }
             None => false,
         }
+    }
+
+    /// The lease table (or its worker table) does not exist: it was deleted under this
+    /// worker (`flotilla destroy --force`, by hand). Nothing it does next can be right:
+    /// made again, it would start every shard over. The worker stops with the reason
+    /// (at ERROR, and `Worker::wait`'s error: `flotilla run` exits non-zero), unless it
+    /// is already draining, whose end reports the failing table itself.
+    pub fn table_gone(
+        &mut self,
+        ports: &Ports<'_>,
+        error: &LeaseError,
+        observations: &Observations,
+        handoffs_in_flight: bool,
+        holds_nothing: bool,
+    ) {
+        if self.table_failed(error) {
+            self.check_drained(ports, observations, handoffs_in_flight, holds_nothing);
+            return;
+        }
+        ports.fencing.lock().heartbeat_failed(error.to_string());
+        let reason = format!(
+            "the lease table {} (or its worker table {}) was deleted under this worker: {error}; \
+             its checkpoints are gone. Make it again only to start the application afresh \
+             (`flotilla init`), or point the worker at the right table and region",
+            ports.table.table_name(),
+            ports.table.worker_table_name(),
+        );
+        error!(message = "The lease table is gone; the worker stops.", %reason);
+        ports.out.tell(SupervisorMsg::Fatal(reason));
     }
 
     /// Tells the supervisor the drain is over once nothing is held but what nobody
@@ -199,5 +228,63 @@ impl Leaving {
                 heartbeat_key(ports.me)
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LeaseTable;
+    use crate::lease_keeper::ports::testing::{Rig, SECOND};
+
+    /// The drain waits while a handoff is in flight, and ends once nothing is held (or
+    /// at once when the table fails); the supervisor is told once.
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_ends_once_and_only_when_nothing_waits() {
+        let rig = Rig::new("me").await;
+        let observations = Observations::with_java_compat(false);
+        let mut leaving = Leaving::default();
+        leaving.check_drained(&rig.ports(), &observations, false, true);
+        assert!(rig.out.told().is_empty(), "no drain yet");
+        leaving.start(Instant::now(), 10 * SECOND);
+        assert!(leaving.waiting());
+        leaving.check_drained(&rig.ports(), &observations, true, true);
+        assert!(rig.out.told().is_empty(), "a handoff is in flight");
+        leaving.check_drained(&rig.ports(), &observations, false, true);
+        leaving.check_drained(&rig.ports(), &observations, false, true);
+        assert_eq!(rig.out.told(), vec!["DrainDone"]);
+        assert!(!leaving.waiting());
+    }
+
+    /// Leaving releases every held lease and removes the heartbeat row.
+    #[tokio::test(start_paused = true)]
+    async fn leaving_lets_every_lease_go_and_removes_the_heartbeat() {
+        let rig = Rig::new("me").await;
+        let mut held = Holdings::default();
+        for n in 0..2 {
+            let row = rig.row(n).await;
+            let taken = rig
+                .table
+                .take(&row.key, &row.fence(), &rig.me)
+                .await
+                .unwrap();
+            held.held.insert(row.key.clone(), taken.fence());
+        }
+        rig.table
+            .heartbeat(&rig.me, &Default::default())
+            .await
+            .unwrap();
+        let mut leaving = Leaving::default();
+        let mut requested = BTreeMap::new();
+        leaving
+            .release_all(&rig.ports(), &mut held, &mut requested)
+            .await;
+        assert!(leaving.stopped);
+        assert!(held.held.is_empty());
+        assert_eq!(held.report.released.len(), 2, "{:?}", held.report);
+        assert!(held.report.failed.is_empty(), "{:?}", held.report);
+        let scan = rig.table.scan().await.unwrap();
+        assert!(scan.leases.iter().all(|l| l.owner.is_none()));
+        assert!(scan.heartbeats.is_empty(), "the heartbeat row is gone");
     }
 }

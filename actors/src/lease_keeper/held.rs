@@ -116,6 +116,26 @@ impl Holdings {
         });
     }
 
+    /// A write under the lease was refused (`KeeperMsg::Lost`): the lease is lost, if
+    /// `fence` is still the epoch held (news of an old epoch must not drop a lease
+    /// taken again since).
+    pub fn lost(&mut self, ports: &Ports<'_>, key: &LeaseKey, fence: &Fence) {
+        if self.holds(key, fence) {
+            self.revoke(key, "a write under this lease was refused", ports.fencing);
+            self.moved_away(ports, key, LeaseMove::Lost, None);
+        }
+    }
+
+    /// The shard ended (`KeeperMsg::Finished`), if `fence` is still the epoch held: a
+    /// change peers hear of (SHARD_END may make children processable).
+    pub fn finished(&mut self, ports: &Ports<'_>, key: &LeaseKey, fence: &Fence) {
+        if self.holds(key, fence) {
+            self.changed();
+            self.let_go(key, ports.fencing);
+            self.moved_away(ports, key, LeaseMove::ShardEnded, None);
+        }
+    }
+
     /// Notes a release in the shutdown report. Released in the end, a lease is not also
     /// reported as failed by an earlier attempt (the sweep by name retries those).
     pub fn report_released(&mut self, key: &LeaseKey) {
@@ -137,5 +157,86 @@ impl Holdings {
                 debug!(message = "Lease owned by name not released.", lease_key = %key, %error)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LeaseTable;
+    use crate::lease_keeper::ports::testing::Rig;
+
+    /// A refused write changed nothing; any other outcome (an unanswered write too)
+    /// may have, and is counted.
+    #[test]
+    fn a_refused_write_is_not_a_change() {
+        let mut held = Holdings::default();
+        let refused: Result<(), LeaseError> = Err(LeaseError::ConditionFailed {
+            key: LeaseKey::new("k"),
+            owner: None,
+            counter: None,
+        });
+        held.wrote(&refused);
+        assert_eq!(held.changes, 0);
+        held.wrote(&Ok::<(), LeaseError>(()));
+        let throttled: Result<(), LeaseError> = Err(LeaseError::Throttled {
+            op: "UpdateItem",
+            message: "slow down".into(),
+        });
+        held.wrote(&throttled);
+        assert_eq!(held.changes, 2);
+    }
+
+    /// News of an old epoch (a loss, an end) leaves a lease taken again since alone.
+    #[tokio::test(start_paused = true)]
+    async fn news_of_an_old_epoch_leaves_a_lease_taken_again_alone() {
+        let rig = Rig::new("me").await;
+        let ports = rig.ports();
+        let key = LeaseKey::new("shardId-000000000000");
+        let old = Fence {
+            owner: Some(rig.me.clone()),
+            counter: 1,
+        };
+        let now = Fence {
+            owner: Some(rig.me.clone()),
+            counter: 3,
+        };
+        let mut held = Holdings::default();
+        held.held.insert(key.clone(), now.clone());
+        held.lost(&ports, &key, &old);
+        held.finished(&ports, &key, &old);
+        assert!(
+            held.holds(&key, &now),
+            "an old epoch's news dropped the lease"
+        );
+        assert!(held.given.is_empty());
+        held.lost(&ports, &key, &now);
+        assert!(held.held.is_empty());
+        assert_eq!(held.given.get("lost"), Some(&1));
+        assert_eq!(held.changes, 0, "a loss is no change of ours");
+    }
+
+    /// A release reported failed, then made, is reported released only.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_made_in_the_end_is_not_also_failed() {
+        let rig = Rig::new("me").await;
+        let ports = rig.ports();
+        let row = rig.row(0).await;
+        let taken = rig
+            .table
+            .take(&row.key, &row.fence(), &rig.me)
+            .await
+            .unwrap();
+        let mut held = Holdings::default();
+        held.report
+            .failed
+            .push(format!("{}: not released: throttled", row.key));
+        held.release_unheld(&ports, &taken.key, &taken.fence())
+            .await;
+        assert!(held.report.failed.is_empty());
+        assert_eq!(held.report.released, vec![row.key.to_string()]);
+        assert_eq!(held.changes, 1);
+        let after = rig.table.get(&row.key).await.unwrap().unwrap();
+        assert_eq!(after.owner, None);
     }
 }

@@ -1,15 +1,21 @@
-//! What the keeper's parts reach outside themselves: the lease table, this worker's name
-//! and settings, the fencing board, and an [`Outbox`] for the supervisor's mailbox and
-//! the metrics reporter. The shell builds a [`Ports`] from its arguments for each call;
-//! a part's tests build one over the memory lease table and a recording outbox, so no
+//! The keeper's wiring: its arguments ([`KeeperArgs`]), and what the keeper's parts
+//! reach outside themselves through them: the lease table, this worker's name and
+//! settings, the fencing board, and an [`Outbox`] for the supervisor's mailbox and the
+//! metrics reporter. The actor builds a [`Ports`] from its arguments for each call; a
+//! part's tests build one over the memory lease table and a recording outbox, so no
 //! part needs an actor to run.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use ractor::ActorRef;
 
 use crate::backend::LeaseTable;
 use crate::fencing::Fencing;
 use crate::model::WorkerId;
 use crate::protocol::SupervisorMsg;
 use crate::settings::{LeaseSettings, Settings};
-use crate::telemetry::{Event, Sample};
+use crate::telemetry::{Event, Sample, Telemetry};
 
 /// Where a part sends what it does not handle itself. The shell's implementation casts
 /// to the supervisor and records through `Telemetry`; a test's records what it got.
@@ -34,6 +40,62 @@ pub(super) struct Ports<'a> {
 impl Ports<'_> {
     pub fn lease(&self) -> &LeaseSettings {
         &self.settings.lease
+    }
+}
+
+/// What the keeper is started with: the lease table, this worker, its settings, and
+/// the boards and mailboxes it shares with the rest of the worker.
+pub(crate) struct KeeperArgs {
+    pub table: Arc<dyn LeaseTable>,
+    pub me: WorkerId,
+    pub settings: Arc<Settings>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub telemetry: Telemetry,
+    /// Self-fencing: fed by every heartbeat, take, scan and loss.
+    pub fencing: Fencing,
+    /// Records delivered by this worker's readers, for the load in the heartbeat.
+    pub delivered: Arc<AtomicU64>,
+    pub lags: crate::status::LagBoard,
+    /// Where each scan's view of the fleet is published, for the status endpoint.
+    pub fleet: crate::status::FleetBoard,
+    /// The stream watcher's last listing, to tell orphan rows.
+    pub listing: crate::status::ListingBoard,
+    /// Where each scan's lease rows are published, for the stream watcher.
+    pub rows: crate::status::RowsBoard,
+    /// The stream set: a former stream's leases are finished, never taken, and its rows
+    /// deleted after the grace.
+    pub set: crate::status::StreamSetBoard,
+    pub application: String,
+    pub stream: String,
+}
+
+/// The parts' outbox is the supervisor's mailbox and the metrics reporter.
+impl Outbox for KeeperArgs {
+    fn tell(&self, msg: SupervisorMsg) {
+        let _ = self.supervisor.cast(msg);
+    }
+
+    fn emit(&self, event: &dyn Event) {
+        // As `Telemetry::emit`: the log line, then the samples.
+        event.log();
+        self.telemetry.record(event.samples());
+    }
+
+    fn record(&self, samples: Vec<Sample>) {
+        self.telemetry.record(samples);
+    }
+}
+
+impl KeeperArgs {
+    /// The wiring a part's call works with.
+    pub fn ports(&self) -> Ports<'_> {
+        Ports {
+            table: &*self.table,
+            me: &self.me,
+            settings: &self.settings,
+            fencing: &self.fencing,
+            out: self,
+        }
     }
 }
 

@@ -250,20 +250,81 @@ impl Rounds {
         self.polling = false;
     }
 
-    /// When to send a `Deadline` for the moment the first owner of leases would turn
-    /// dead (`dead_at`), so its leases move at the failover time rather than at the
-    /// next heartbeat tick after it (which could add a whole interval to every
-    /// failover); `None` when one is on its way already or none is near.
+    /// When to send a `Deadline` for the moment the first owner of `leases` (another
+    /// worker, of an unfinished lease) would turn dead, so its leases move at the
+    /// failover time rather than at the next heartbeat tick after it (which could add a
+    /// whole interval to every failover); `None` when one is on its way already or none
+    /// is near.
     pub fn arm_deadline(
         &mut self,
-        dead_at: impl IntoIterator<Item = Instant>,
-        now: Instant,
+        leases: &[Lease],
+        seen: &Seen<'_>,
         interval: Duration,
     ) -> Option<Duration> {
+        let dead_at = leases
+            .iter()
+            .filter(|l| !l.checkpoint.is_shard_end())
+            .filter(|l| l.owner.as_ref().is_some_and(|o| o != seen.me))
+            .filter_map(|l| seen.observations.lease_dead_at(l, seen.failover));
+        let now = seen.now;
         let pending = self.deadline_scan.filter(|at| *at > now);
         self.deadline_scan = pending;
         let next = pure::deadline_scan(dead_at, now, pending, interval)?;
         self.deadline_scan = Some(next);
         Some(next - now + Duration::from_millis(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Settings;
+
+    /// One `PollHandoffs` on its way at a time, and only while something waits on one.
+    #[test]
+    fn one_poll_at_a_time() {
+        let mut rounds = Rounds::default();
+        assert!(!rounds.arm_poll(false, false), "nothing waits");
+        assert!(!rounds.arm_poll(true, true), "stopped");
+        assert!(rounds.arm_poll(true, false));
+        assert!(!rounds.arm_poll(true, false), "one is on its way");
+        rounds.polled();
+        assert!(rounds.arm_poll(true, false));
+    }
+
+    /// A scan covers the changes made before it: a round after it scans again only
+    /// for a change made since, or when asked.
+    #[tokio::test(start_paused = true)]
+    async fn a_scan_covers_the_changes_made_before_it() {
+        let settings = Settings::default();
+        let observations = Observations::with_java_compat(false);
+        let me = WorkerId::new("me");
+        let now = Instant::now();
+        let seen = Seen {
+            observations: &observations,
+            me: &me,
+            now,
+            failover: settings.lease.failover_time,
+        };
+        let mut rounds = Rounds::default();
+        let why =
+            |r: &Rounds, changes| r.scan_why(&seen, changes, false, false, false, &settings.lease);
+        assert_eq!(why(&rounds, 0), Some(ScanWhy::First));
+        rounds.asked = true;
+        rounds.scanned(now, 3, &[]);
+        rounds.settle(
+            &seen,
+            LastScan {
+                sent: now,
+                leases: Arc::new(Vec::new()),
+                dealt: Vec::new(),
+                unreadable: BTreeMap::new(),
+                orphans: BTreeMap::new(),
+            },
+        );
+        assert_eq!(why(&rounds, 3), None, "nothing changed since the scan");
+        assert_eq!(why(&rounds, 4), Some(ScanWhy::OwnChange));
+        rounds.asked = true;
+        assert_eq!(why(&rounds, 3), Some(ScanWhy::Asked));
     }
 }

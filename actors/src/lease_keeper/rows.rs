@@ -482,3 +482,106 @@ impl Rows {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LeaseTable;
+    use crate::lease_keeper::ports::testing::{Rig, SECOND};
+    use crate::model::{ConsumedStream, ConsumedStreams};
+
+    fn set() -> StreamSetView<Instant> {
+        StreamSetView::fixed(ConsumedStreams::single(ConsumedStream {
+            stream: "s".into(),
+            id: None,
+            initial: crate::model::Checkpoint::TrimHorizon,
+            initial_timestamp: None,
+            consumer: None,
+            arn: None,
+        }))
+    }
+
+    /// Before any listing every unfinished row waits; after one, a row it does not
+    /// show that was there before it is an orphan, and a held orphan is stopped
+    /// (revoked, the supervisor told) and its row released.
+    #[tokio::test(start_paused = true)]
+    async fn orphans_are_judged_against_the_listing() {
+        let rig = Rig::new("me").await;
+        let (r0, r1) = (rig.row(0).await, rig.row(1).await);
+        let taken = rig.table.take(&r1.key, &r1.fence(), &rig.me).await.unwrap();
+        let mut held = Holdings::default();
+        held.held.insert(r1.key.clone(), taken.fence());
+        let observations = Observations::with_java_compat(false);
+        let mut rows = Rows::default();
+        let set = set();
+        let leases = vec![r0.clone(), taken.clone()];
+        let unlisted = Judged {
+            listing: None,
+            set: &set,
+            stream: "s",
+        };
+        let sent = Instant::now();
+        let ports = rig.ports();
+        let triage = rows
+            .triage(
+                &ports,
+                &mut held,
+                &observations,
+                (&leases[..], &[][..]),
+                sent,
+                &unlisted,
+                |_| {},
+            )
+            .await;
+        assert_eq!(
+            triage.dealt,
+            vec![taken.clone()],
+            "only the held row is dealt"
+        );
+        assert!(triage.orphans.is_empty());
+        tokio::time::advance(SECOND).await;
+        let listed = Judged {
+            listing: Some(Arc::new(ShardListing {
+                shards: [r0.key.clone()].into(),
+                sent: Instant::now(),
+            })),
+            set: &set,
+            stream: "s",
+        };
+        let triage = rows
+            .triage(
+                &ports,
+                &mut held,
+                &observations,
+                (&leases[..], &[][..]),
+                sent,
+                &listed,
+                |_| {},
+            )
+            .await;
+        assert_eq!(triage.dealt, vec![r0.clone()]);
+        assert_eq!(triage.orphans.keys().collect::<Vec<_>>(), vec![&r1.key]);
+        assert!(held.held.is_empty(), "the held orphan is stopped");
+        assert_eq!(rig.out.told(), vec!["LeaseLost"]);
+        let after = rig.table.get(&r1.key).await.unwrap().unwrap();
+        assert_eq!(after.owner, None, "and its row released");
+    }
+
+    /// An unreadable row is kept by text for the status, and a lease row among them
+    /// is returned by key.
+    #[test]
+    fn unreadable_rows_are_noted() {
+        let mut rows = Rows::default();
+        let bad = MalformedRow {
+            key: Some("shardId-000000000007".into()),
+            attribute: "leaseCounter".into(),
+            why: "not a number".into(),
+        };
+        let unreadable = rows.note_malformed(std::slice::from_ref(&bad));
+        assert_eq!(rows.malformed, vec![bad.to_string()]);
+        assert_eq!(
+            unreadable.keys().collect::<Vec<_>>(),
+            vec![&LeaseKey::new("shardId-000000000007")]
+        );
+    }
+}
