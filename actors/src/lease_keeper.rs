@@ -490,8 +490,7 @@ impl KeeperState {
                 &ports,
                 &mut self.held,
                 &self.observations,
-                (&scan.leases, &scan.malformed),
-                sent,
+                (&scan.leases, &scan.malformed, sent),
                 &judged,
                 |after| {
                     myself.send_after(after, || KeeperMsg::FormerDue);

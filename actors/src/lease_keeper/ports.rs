@@ -88,7 +88,7 @@ impl Outbox for KeeperArgs {
 
 impl KeeperArgs {
     /// The wiring a part's call works with.
-    pub fn ports(&self) -> Ports<'_> {
+    pub(super) fn ports(&self) -> Ports<'_> {
         Ports {
             table: &*self.table,
             me: &self.me,

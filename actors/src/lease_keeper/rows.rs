@@ -74,14 +74,13 @@ impl Rows {
         legacy: &LegacyRows,
         now: Instant,
     ) {
-        if !roster.contains(ports.me) {
-            if let Err(error) = ports
+        if !roster.contains(ports.me)
+            && let Err(error) = ports
                 .table
                 .join_roster(std::slice::from_ref(ports.me))
                 .await
-            {
-                warn!(message = "Could not join the roster.", %error);
-            }
+        {
+            warn!(message = "Could not join the roster.", %error);
         }
         self.roster = Some(roster.into_iter().collect());
         self.legacy.observe(legacy, false, now);
@@ -123,7 +122,8 @@ impl Rows {
         }
     }
 
-    /// Sorts a scan's rows (sent at `sent`): unreadable rows noted, orphans found (held
+    /// Sorts a scan's rows (`scan`: the lease rows, the unreadable rows, when it was
+    /// sent): unreadable rows noted, orphans found (held
     /// ones stopped and released), former streams' leases finished; returns what the
     /// round deals with. `arm_former` is called with when to send a `FormerDue` (the
     /// next former rows turn due then), the moment that is known.
@@ -132,12 +132,11 @@ impl Rows {
         ports: &Ports<'_>,
         held: &mut Holdings,
         observations: &Observations,
-        scan: (&[Lease], &[MalformedRow]),
-        sent: Instant,
+        scan: (&[Lease], &[MalformedRow], Instant),
         judged: &Judged<'_>,
         arm_former: impl FnOnce(Duration),
     ) -> Triage {
-        let (leases, malformed) = scan;
+        let (leases, malformed, sent) = scan;
         let unreadable = self.note_malformed(malformed);
         // Rows of streams that left the set are not orphans: they are finished here.
         let former: BTreeMap<LeaseKey, String> = leases
@@ -514,7 +513,7 @@ mod tests {
         let observations = Observations::with_java_compat(false);
         let mut rows = Rows::default();
         let set = set();
-        let leases = vec![r0.clone(), taken.clone()];
+        let leases = [r0.clone(), taken.clone()];
         let unlisted = Judged {
             listing: None,
             set: &set,
@@ -527,8 +526,7 @@ mod tests {
                 &ports,
                 &mut held,
                 &observations,
-                (&leases[..], &[][..]),
-                sent,
+                (&leases[..], &[][..], sent),
                 &unlisted,
                 |_| {},
             )
@@ -553,8 +551,7 @@ mod tests {
                 &ports,
                 &mut held,
                 &observations,
-                (&leases[..], &[][..]),
-                sent,
+                (&leases[..], &[][..], sent),
                 &listed,
                 |_| {},
             )
