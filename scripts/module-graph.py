@@ -68,6 +68,7 @@ LAYERS = [
         "what the actors share without knowing each other: messages, snapshots, events",
         [
             "protocol",
+            "boards",
             "status",
             "status_tree",
             "status_history",

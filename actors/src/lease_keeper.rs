@@ -34,7 +34,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
@@ -94,7 +93,7 @@ impl Actor for LeaseKeeper {
     ) -> Result<KeeperState, ActorProcessingErr> {
         let _ = myself.cast(KeeperMsg::Tick);
         myself.send_interval(args.settings.lease.heartbeat_interval, || KeeperMsg::Tick);
-        let delivered = args.delivered.load(Ordering::Relaxed);
+        let delivered = args.lags.delivered_total();
         let observations = Observations::with_java_compat(args.settings.lease.java_compat);
         Ok(KeeperState {
             args,
@@ -283,7 +282,6 @@ impl KeeperState {
     async fn heartbeat(&mut self) {
         let ports = self.args.ports();
         let load = Load {
-            delivered: &self.args.delivered,
             lags: &self.args.lags,
             draining: self.leaving.draining(),
         };

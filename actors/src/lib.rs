@@ -28,7 +28,8 @@
 //! * What the actors share, below them, so no actor imports another (only a parent its
 //!   children): `protocol` (the messages of the supervisor, keeper, watcher, checkpoint
 //!   writer and reader, the reasons that travel with them, and the types a processor
-//!   speaks to its reader with); `status` (every snapshot, and the boards actors share);
+//!   speaks to its reader with); `boards` (what the actors share outside their
+//!   mailboxes, each written by one and read by others); `status` (every snapshot);
 //!   `telemetry` (events that log and count together); `status_tree` (the supervision
 //!   tree a person reads), `status_page` (`/status.html`), `status_history` (the charts'
 //!   rings), `prometheus` (the `/metrics` text, and [`metric_families`] as data for
@@ -55,6 +56,7 @@
 pub mod backend;
 pub mod backoff;
 pub mod balance;
+mod boards;
 mod checkpoint_writer;
 pub mod fanout;
 mod fencing;

@@ -52,9 +52,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+use crate::boards::FleetBoard;
 use crate::protocol::SupervisorMsg;
 use crate::settings::Settings;
-use crate::status::{FleetBoard, WorkerStatus};
+use crate::status::WorkerStatus;
 use crate::status_history::{History, STEP, Series, shard_samples, worker_samples};
 
 /// A snapshot this recent is served as it is: requests arriving together share one

@@ -45,7 +45,7 @@ pub(crate) struct WatcherArgs {
     pub table: Arc<dyn LeaseTable>,
     /// The streams listed, each with where a shard with no leased parent starts, and
     /// the former ones; this watcher is the one that changes it.
-    pub set: crate::status::StreamSetBoard,
+    pub set: crate::boards::StreamSetBoard,
     /// Asked at every sync when the set may change (`None`: a fixed set).
     pub source: Option<StreamSet>,
     /// In fan-out mode, the name of the consumer each stream that joins the set gets
@@ -62,9 +62,9 @@ pub(crate) struct WatcherArgs {
     pub origin: Option<StreamOrigin>,
     pub telemetry: Telemetry,
     /// Where each complete listing is published, for the lease keeper.
-    pub listing: crate::status::ListingBoard,
+    pub listing: crate::boards::ListingBoard,
     /// The rows of the keeper's last scan: what is leased, without a scan here.
-    pub rows: crate::status::RowsBoard,
+    pub rows: crate::boards::RowsBoard,
 }
 
 pub(crate) struct WatcherState {
@@ -245,7 +245,7 @@ impl WatcherState {
         }
         self.args
             .listing
-            .send_replace(Some(Arc::new(crate::status::ShardListing {
+            .send_replace(Some(Arc::new(crate::boards::ShardListing {
                 shards: listed,
                 sent,
             })));

@@ -8,16 +8,15 @@
 //!
 //! [`Fencing`]: crate::fencing::Fencing
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::backend::LeaseError;
+use crate::boards::LagBoard;
 use crate::model::{LeaseKey, RateMeter, WorkerLoad};
 use crate::settings::BalanceMode;
-use crate::status::LagBoard;
 use crate::telemetry::{Call, CallFailed, Metric, Sample};
 
 use super::held::Holdings;
@@ -43,8 +42,6 @@ pub(super) struct Beat {
 
 /// What a heartbeat reports on, besides the leases held.
 pub(super) struct Load<'a> {
-    /// Records delivered by this worker's readers so far.
-    pub delivered: &'a AtomicU64,
     pub lags: &'a LagBoard,
     pub draining: bool,
 }
@@ -73,7 +70,7 @@ impl Beat {
 
     fn load(&mut self, ports: &Ports<'_>, held: &Holdings, from: &Load<'_>) -> WorkerLoad {
         let now = Instant::now();
-        let delivered = from.delivered.load(Ordering::Relaxed);
+        let delivered = from.lags.delivered_total();
         let (before, at) = self.last_rate;
         let rate = pure::rate(delivered, before, now.saturating_duration_since(at));
         self.last_rate = (delivered, now);
@@ -187,9 +184,8 @@ mod tests {
     use super::*;
     use crate::lease_keeper::ports::testing::Rig;
 
-    fn load<'a>(delivered: &'a AtomicU64, lags: &'a LagBoard) -> Load<'a> {
+    fn load(lags: &LagBoard) -> Load<'_> {
         Load {
-            delivered,
             lags,
             draining: false,
         }
@@ -200,16 +196,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_urgent_change_is_published_once() {
         let rig = Rig::new("me").await;
-        let (delivered, lags) = (AtomicU64::new(0), LagBoard::default());
+        let lags = LagBoard::default();
         let mut beat = Beat::new(0, Instant::now());
         let mut held = Holdings::default();
         held.changed();
         held.urgent = true;
         assert!(beat.publish_due(&mut held, false));
         assert!(!held.urgent, "the flag is cleared either way");
-        beat.write(&rig.ports(), &held, &load(&delivered, &lags))
-            .await
-            .unwrap();
+        beat.write(&rig.ports(), &held, &load(&lags)).await.unwrap();
         held.urgent = true;
         assert!(
             !beat.publish_due(&mut held, false),
@@ -225,13 +219,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_heartbeat_feeds_the_fencing_board() {
         let rig = Rig::new("me").await;
-        let (delivered, lags) = (AtomicU64::new(0), LagBoard::default());
+        let lags = LagBoard::default();
         let mut beat = Beat::new(0, Instant::now());
         let held = Holdings::default();
         assert!(rig.fencing.lock().last_confirmed().is_none());
-        beat.write(&rig.ports(), &held, &load(&delivered, &lags))
-            .await
-            .unwrap();
+        beat.write(&rig.ports(), &held, &load(&lags)).await.unwrap();
         assert_eq!(beat.counter, 1);
         assert!(rig.fencing.lock().last_confirmed().is_some());
         let db_less = Rig::on(
@@ -239,7 +231,7 @@ mod tests {
             "me",
         );
         let error = beat
-            .write(&db_less.ports(), &held, &load(&delivered, &lags))
+            .write(&db_less.ports(), &held, &load(&lags))
             .await
             .unwrap_err();
         assert!(matches!(error, LeaseError::NotFound { .. }), "{error}");

@@ -6,7 +6,6 @@
 //! part needs an actor to run.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use ractor::ActorRef;
 
@@ -53,18 +52,16 @@ pub(crate) struct KeeperArgs {
     pub telemetry: Telemetry,
     /// Self-fencing: fed by every heartbeat, take, scan and loss.
     pub fencing: Fencing,
-    /// Records delivered by this worker's readers, for the load in the heartbeat.
-    pub delivered: Arc<AtomicU64>,
-    pub lags: crate::status::LagBoard,
+    pub lags: crate::boards::LagBoard,
     /// Where each scan's view of the fleet is published, for the status endpoint.
-    pub fleet: crate::status::FleetBoard,
+    pub fleet: crate::boards::FleetBoard,
     /// The stream watcher's last listing, to tell orphan rows.
-    pub listing: crate::status::ListingBoard,
+    pub listing: crate::boards::ListingBoard,
     /// Where each scan's lease rows are published, for the stream watcher.
-    pub rows: crate::status::RowsBoard,
+    pub rows: crate::boards::RowsBoard,
     /// The stream set: a former stream's leases are finished, never taken, and its rows
     /// deleted after the grace.
-    pub set: crate::status::StreamSetBoard,
+    pub set: crate::boards::StreamSetBoard,
     pub application: String,
     pub stream: String,
 }

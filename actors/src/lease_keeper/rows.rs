@@ -16,10 +16,11 @@ use tracing::{debug, error, info, warn};
 
 use crate::backend::layout::LegacyRows;
 use crate::balance::Observations;
+use crate::boards::ShardListing;
 use crate::model::item::{MalformedRow, WORKER_KEY_PREFIX};
 use crate::model::{Heartbeat, Lease, LeaseKey, StreamSetView, WorkerId};
 use crate::protocol::{LeaseMove, SupervisorMsg};
-use crate::status::{ShardListing, ShardShutdown};
+use crate::status::ShardShutdown;
 
 use super::held::Holdings;
 use super::legacy::LegacyWatch;

@@ -4,18 +4,17 @@
 //! own state apart.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 
 use ractor::{ActorRef, RpcReplyPort};
 
 use crate::backend::{LeaseTable, StreamClient};
+use crate::boards::LagBoard;
 use crate::fencing::Fencing;
 use crate::model::{Fence, Lease, LeaseKey, ShardId};
 use crate::processor::{ProcessorSource, ProcessorWait};
 use crate::protocol::{CheckpointError, CheckpointMsg, Checkpointer, ReaderMsg, SupervisorMsg};
 use crate::settings::{CheckpointMode, Settings};
-use crate::status::LagBoard;
 use crate::telemetry::{Sample, Telemetry};
 
 /// What the supervisor gives a reader it starts.
@@ -35,8 +34,6 @@ pub(crate) struct ReaderArgs {
     /// Self-fencing: checked before each fetch and each delivery.
     pub fencing: Fencing,
     pub restarts: u32,
-    /// The worker's delivered-records count, shared with the lease keeper.
-    pub delivered: Arc<AtomicU64>,
     /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
     pub lags: LagBoard,
     /// Handed to the processor in its checkpointer, to ask the worker to stop.
@@ -78,8 +75,6 @@ pub(super) struct Ports {
     pub telemetry: Telemetry,
     /// Self-fencing: checked before each fetch and each delivery.
     pub fencing: Fencing,
-    /// The worker's delivered-records count, shared with the lease keeper.
-    pub delivered: Arc<AtomicU64>,
     /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
     pub lags: LagBoard,
     /// Handed to the processor in its checkpointer, to ask the worker to stop.
@@ -110,7 +105,6 @@ impl Ctx {
             telemetry,
             fencing,
             restarts,
-            delivered,
             lags,
             worker,
             consumer,
@@ -136,7 +130,6 @@ impl Ctx {
                 supervisor,
                 telemetry,
                 fencing,
-                delivered,
                 lags,
                 worker,
                 wait: ProcessorWait::new(me.clone()),

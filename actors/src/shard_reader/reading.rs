@@ -170,9 +170,6 @@ impl Reading<'_> {
             }
             ctx.report(samples);
             ctx.ports
-                .delivered
-                .fetch_add(delivery.records, std::sync::atomic::Ordering::Relaxed);
-            ctx.ports
                 .lags
                 .delivered(&ctx.key, delivery.records, delivery.bytes);
         }

@@ -18,7 +18,7 @@ pub(crate) struct WorkerContext {
     pub streams: Arc<dyn StreamClient>,
     /// The streams read, each with where its new shards start; which one a lease is
     /// of; and the former ones. The stream watcher changes it.
-    pub set: crate::status::StreamSetBoard,
+    pub set: crate::boards::StreamSetBoard,
     /// Where a changing stream set comes from (`None`: it is fixed).
     pub set_source: Option<crate::stream_set::StreamSet>,
     /// A single stream's name and creation time, which its rows must name
@@ -34,16 +34,14 @@ pub(crate) struct WorkerContext {
     pub clock: Clock,
     /// Why the worker stopped on its own, for `Worker::wait`.
     pub fatal: Arc<Mutex<Option<String>>>,
-    /// Records delivered to processors, all shards; the keeper reports the rate.
-    pub delivered: Arc<std::sync::atomic::AtomicU64>,
     /// Per-shard lag, from the readers to the keeper's heartbeat.
-    pub lags: crate::status::LagBoard,
+    pub lags: crate::boards::LagBoard,
     /// The memory budget every reader of this worker takes its un-acked records from.
     pub budget: crate::model::WorkerBudget,
     /// The keeper's latest view of the fleet, for the status endpoint.
-    pub fleet: crate::status::FleetBoard,
+    pub fleet: crate::boards::FleetBoard,
     /// The watcher's last shard listing, for the keeper.
-    pub listing: crate::status::ListingBoard,
+    pub listing: crate::boards::ListingBoard,
     /// Where the status endpoint listens, once it does.
     #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     pub status_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,

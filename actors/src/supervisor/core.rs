@@ -129,7 +129,7 @@ pub(crate) async fn spawn_core(
     if let Some(renewing) = &ctx.renewing {
         renewing.attach(fencing.clone(), telemetry.clone());
     }
-    let rows: crate::status::RowsBoard = Arc::new(tokio::sync::watch::channel(None).0);
+    let rows: crate::boards::RowsBoard = Arc::new(tokio::sync::watch::channel(None).0);
     let (keeper, _) = Actor::spawn_linked(
         None,
         Spanned(LeaseKeeper, ctx.span.clone()),
@@ -140,7 +140,6 @@ pub(crate) async fn spawn_core(
             supervisor: myself.clone(),
             telemetry: telemetry.clone(),
             fencing: fencing.clone(),
-            delivered: ctx.delivered.clone(),
             lags: ctx.lags.clone(),
             fleet: ctx.fleet.clone(),
             listing: ctx.listing.clone(),

@@ -306,7 +306,6 @@ impl SupervisorState {
             telemetry: self.core.telemetry(),
             fencing: self.fencing.clone(),
             restarts: entry.restarts,
-            delivered: self.ctx.delivered.clone(),
             lags: self.ctx.lags.clone(),
             budget: self.ctx.budget.join(),
             worker: self.ctx.handle.clone(),

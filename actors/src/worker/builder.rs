@@ -219,7 +219,6 @@ impl WorkerBuilder {
             processor,
             clock: backend.clock,
             fatal: fatal.clone(),
-            delivered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             lags: Default::default(),
             budget,
             fleet: Arc::default(),
