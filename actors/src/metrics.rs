@@ -2,6 +2,9 @@
 //! CloudWatch datums and the status snapshot out. No I/O and no clock; the actor passes
 //! the time in, so every rule here is tested without a runtime. Below the actors: the
 //! status snapshots and the status endpoint read it without importing the reporter.
+//!
+//! What each metric is (its name, help, unit, kind and buckets) is declared once, a row
+//! per metric, in `catalog`; everything here asks [`Metric`] and never matches on one.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
