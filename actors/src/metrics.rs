@@ -2,13 +2,20 @@
 //! CloudWatch datums and the status snapshot out. No I/O and no clock; the actor passes
 //! the time in, so every rule here is tested without a runtime. Below the actors: the
 //! status snapshots and the status endpoint read it without importing the reporter.
+//!
+//! What each metric is (its name, help, unit, kind and buckets) is declared once, a row
+//! per metric, in `catalog`; everything here asks [`Metric`] and never matches on one.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
 
-use crate::backend::{CallFailure, Classified, MetricDatum, MetricValue, Unit};
+mod catalog;
+
+use crate::backend::{MetricDatum, MetricValue};
 use crate::model::LeaseKey;
 use crate::settings::MetricsLevel;
+use catalog::METRIC_COUNT;
+pub use catalog::{Kind, Metric};
 
 /// Dimension names, as the dashboards and alarms built on them expect.
 pub const APPLICATION_DIMENSION: &str = "Application";
@@ -55,348 +62,6 @@ pub struct MetricsSnapshot {
     /// histogram per shard would multiply the series by the shards).
     #[serde(skip)]
     pub histograms: Vec<HistogramSnapshot>,
-}
-
-const METRIC_COUNT: usize = 32;
-
-/// Everything the actors of a worker measure. The set is closed so the aggregator can
-/// keep one fixed-size slot per metric and never hash a name on the hot path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Metric {
-    /// Records the processor has finished (acked).
-    RecordsProcessed,
-    /// Bytes of the records the processor has finished.
-    BytesProcessed,
-    /// How far behind the stream's tip a shard's last read was, in milliseconds (a
-    /// level).
-    MillisBehindLatest,
-    /// Milliseconds from a batch's delivery to the processor to its ack (a sample per
-    /// batch).
-    ProcessingTime,
-    /// Leases this worker holds (a level).
-    LeasesHeld,
-    /// Leases this worker has taken, for any reason.
-    LeasesTaken,
-    /// Leases this worker held and lost: taken by another worker, a write under them
-    /// refused, or their row no longer readable.
-    LeasesLost,
-    /// Checkpoints written to the lease table.
-    CheckpointWrites,
-    /// Checkpoint writes that failed or were refused (another owner or epoch).
-    CheckpointFailures,
-    /// AWS calls refused as throttled.
-    Throttles,
-    /// AWS calls that failed other than by throttling.
-    ApiErrors,
-    /// Actors restarted by their supervisor after a failure: a shard's reader and
-    /// processor, or the worker's core.
-    ActorRestarts,
-    /// Lease movements by reason: taken from a dead owner, handed over to this worker
-    /// at its request, handed over by it, released by it, finished by it at SHARD_END.
-    LeasesExpired,
-    /// Leases handed over to this worker at its request.
-    LeasesStolen,
-    /// Leases this worker handed over to a worker that asked for them.
-    LeasesHandedOff,
-    /// Leases this worker released for any worker to take (at shutdown, giving up on a
-    /// failing shard, a former stream's, …).
-    LeasesReleased,
-    /// Leases this worker finished at their shard's end (SHARD_END).
-    LeasesEnded,
-    /// Heartbeats failed in a row (a level: 0 while they are written).
-    HeartbeatFailures,
-    /// Held shards not delivering now (self-fencing: heartbeat unconfirmed, awaiting a
-    /// fresh read after a gap, revoked).
-    ShardsFenced,
-    /// A held shard stalled: its processor waits past its stall time (a MultiLang child
-    /// that does not answer), or it cannot be read (a subscription refused, reads
-    /// failing in a row). Per shard, 1 while it is and 0 once it is not (a level; the
-    /// worker's figure is the highest, 1 while any is).
-    ShardsStalled,
-    /// Lease rows of the table that cannot be read (each a shard nobody processes).
-    LeasesUnreadable,
-    /// Lease rows for shards the stream does not have (left alone, not taken).
-    LeasesOrphaned,
-    /// Enhanced fan-out subscriptions made, per shard: about one per 5 minutes when
-    /// all is well; more means subscriptions drop or are refused (see `ApiErrors` and
-    /// `Throttles`, which count the SubscribeToShard failures).
-    Subscriptions,
-    /// Checkpoints found past the stream's retention (a DynamoDB table's stream keeps
-    /// 24 hours): each one is changes lost, whatever `reader.trimmed_checkpoint` does.
-    TrimmedCheckpoints,
-    /// Bytes of the worker's memory budget (`reader.worker_budget_bytes`) held by
-    /// un-acked records and reserved by reads (a level; the interval's datum is its
-    /// peak).
-    BudgetBytesInUse,
-    /// Answers of the stream-set source that failed or were refused (the last good set
-    /// is kept).
-    StreamSetErrors,
-    /// Streams that left the set (or were deleted) whose rows are not deleted yet (a
-    /// level).
-    StreamsFormer,
-    /// Streams of the set that could not be described, asked again at every sync (a
-    /// level).
-    StreamsUnresolved,
-    /// Milliseconds one GetRecords call took (polling only: fan-out pushes).
-    GetRecordsTime,
-    /// Milliseconds one checkpoint write took (a conditional update of the lease row).
-    CheckpointWriteTime,
-    /// Milliseconds from a batch's first record's approximate arrival in the stream (its
-    /// put) to the batch's delivery to the processor.
-    PutToDeliveryTime,
-    /// `lease.java_compat`: lease renewals written (one per held lease every
-    /// `failover_time / 3`), the write cost of running beside a Java KCL fleet.
-    LeaseRenewals,
-}
-
-/// How a metric's running figure for the status snapshot is formed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Samples are amounts: the snapshot shows their sum since start.
-    Counter,
-    /// Samples are readings of a level: the snapshot shows the latest one, since a sum
-    /// of lags or of lease counts means nothing.
-    Gauge,
-}
-
-impl Metric {
-    /// `Throttles` or `ApiErrors` for a failed call, by [`CallFailure`]'s one rule.
-    pub fn failed_call(error: &impl Classified) -> Metric {
-        match error.call_failure() {
-            CallFailure::Throttled => Metric::Throttles,
-            CallFailure::Failed => Metric::ApiErrors,
-        }
-    }
-
-    /// In declaration order, which is also the order datums are published in.
-    pub const ALL: [Metric; METRIC_COUNT] = [
-        Metric::RecordsProcessed,
-        Metric::BytesProcessed,
-        Metric::MillisBehindLatest,
-        Metric::ProcessingTime,
-        Metric::LeasesHeld,
-        Metric::LeasesTaken,
-        Metric::LeasesLost,
-        Metric::CheckpointWrites,
-        Metric::CheckpointFailures,
-        Metric::Throttles,
-        Metric::ApiErrors,
-        Metric::ActorRestarts,
-        Metric::LeasesExpired,
-        Metric::LeasesStolen,
-        Metric::LeasesHandedOff,
-        Metric::LeasesReleased,
-        Metric::LeasesEnded,
-        Metric::HeartbeatFailures,
-        Metric::ShardsFenced,
-        Metric::ShardsStalled,
-        Metric::LeasesUnreadable,
-        Metric::LeasesOrphaned,
-        Metric::Subscriptions,
-        Metric::TrimmedCheckpoints,
-        Metric::BudgetBytesInUse,
-        Metric::StreamSetErrors,
-        Metric::StreamsFormer,
-        Metric::StreamsUnresolved,
-        Metric::GetRecordsTime,
-        Metric::CheckpointWriteTime,
-        Metric::PutToDeliveryTime,
-        Metric::LeaseRenewals,
-    ];
-
-    /// The CloudWatch metric name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Metric::RecordsProcessed => "RecordsProcessed",
-            Metric::BytesProcessed => "BytesProcessed",
-            Metric::MillisBehindLatest => "MillisBehindLatest",
-            Metric::ProcessingTime => "ProcessingTime",
-            Metric::LeasesHeld => "LeasesHeld",
-            Metric::LeasesTaken => "LeasesTaken",
-            Metric::LeasesLost => "LeasesLost",
-            Metric::CheckpointWrites => "CheckpointWrites",
-            Metric::CheckpointFailures => "CheckpointFailures",
-            Metric::Throttles => "Throttles",
-            Metric::ApiErrors => "ApiErrors",
-            Metric::ActorRestarts => "ActorRestarts",
-            Metric::LeasesExpired => "LeasesExpired",
-            Metric::LeasesStolen => "LeasesStolen",
-            Metric::LeasesHandedOff => "LeasesHandedOff",
-            Metric::LeasesReleased => "LeasesReleased",
-            Metric::LeasesEnded => "LeasesEnded",
-            Metric::HeartbeatFailures => "HeartbeatFailures",
-            Metric::ShardsFenced => "ShardsFenced",
-            Metric::ShardsStalled => "ShardsStalled",
-            Metric::LeasesUnreadable => "LeasesUnreadable",
-            Metric::LeasesOrphaned => "LeasesOrphaned",
-            Metric::Subscriptions => "Subscriptions",
-            Metric::TrimmedCheckpoints => "TrimmedCheckpoints",
-            Metric::BudgetBytesInUse => "BudgetBytesInUse",
-            Metric::StreamSetErrors => "StreamSetErrors",
-            Metric::StreamsFormer => "StreamsFormer",
-            Metric::StreamsUnresolved => "StreamsUnresolved",
-            Metric::GetRecordsTime => "GetRecordsTime",
-            Metric::CheckpointWriteTime => "CheckpointWriteTime",
-            Metric::PutToDeliveryTime => "PutToDeliveryTime",
-            Metric::LeaseRenewals => "LeaseRenewals",
-        }
-    }
-
-    /// What the metric means, in a sentence: the `# HELP` of its Prometheus families.
-    pub fn help(self) -> &'static str {
-        match self {
-            Metric::RecordsProcessed => "Records the processor has finished (acked).",
-            Metric::BytesProcessed => "Bytes of the records the processor has finished.",
-            Metric::MillisBehindLatest => {
-                "How far behind the stream's tip a shard's last read was, in milliseconds."
-            }
-            Metric::ProcessingTime => {
-                "Time batches took from their delivery to the processor to their ack, in \
-                 milliseconds (a sample per batch)."
-            }
-            Metric::LeasesHeld => "Leases this worker holds.",
-            Metric::LeasesTaken => "Leases this worker has taken, for any reason.",
-            Metric::LeasesLost => "Leases this worker held and lost to another owner.",
-            Metric::CheckpointWrites => "Checkpoints written to the lease table.",
-            Metric::CheckpointFailures => "Checkpoint writes that failed or were refused.",
-            Metric::Throttles => "AWS calls refused as throttled.",
-            Metric::ApiErrors => "AWS calls that failed other than by throttling.",
-            Metric::ActorRestarts => "Actors restarted by their supervisor after a failure.",
-            Metric::LeasesExpired => {
-                "Leases taken from an owner whose heartbeat had expired (failovers)."
-            }
-            Metric::LeasesStolen => "Leases handed over to this worker at its request.",
-            Metric::LeasesHandedOff => "Leases this worker handed over to another.",
-            Metric::LeasesReleased => "Leases this worker released.",
-            Metric::LeasesEnded => "Leases this worker finished at the shard's end.",
-            Metric::HeartbeatFailures => "Heartbeat writes failed in a row (0 while written).",
-            Metric::ShardsFenced => "Held shards not delivering now (self-fencing).",
-            Metric::ShardsStalled => {
-                "Held shards stalled: a processor that does not answer, or a shard that \
-                 cannot be read (1 per shard while it is)."
-            }
-            Metric::LeasesUnreadable => "Lease rows of the table that cannot be read.",
-            Metric::LeasesOrphaned => "Lease rows for shards the stream does not have.",
-            Metric::Subscriptions => "Enhanced fan-out subscriptions made.",
-            Metric::TrimmedCheckpoints => "Checkpoints found past the stream's retention.",
-            Metric::BudgetBytesInUse => {
-                "Bytes of the worker's memory budget held by un-acked records and reads."
-            }
-            Metric::StreamSetErrors => "Answers of the stream-set source that failed.",
-            Metric::StreamsFormer => "Streams that left the set whose rows are not deleted yet.",
-            Metric::StreamsUnresolved => "Streams of the set that could not be described.",
-            Metric::LeaseRenewals => {
-                "Lease renewals written under lease.java_compat (one per held lease every \
-                 failover_time / 3)."
-            }
-            Metric::GetRecordsTime => {
-                "Time GetRecords calls took, in milliseconds (a sample per call; polling \
-                 only)."
-            }
-            Metric::CheckpointWriteTime => {
-                "Time checkpoint writes took, in milliseconds (a sample per write)."
-            }
-            Metric::PutToDeliveryTime => {
-                "Time from a batch's first record's arrival in the stream to the batch's \
-                 delivery to the processor, in milliseconds (a sample per batch)."
-            }
-        }
-    }
-
-    /// The upper bounds of the buckets of the metric's distribution (in its unit), for
-    /// the timings; `None` for a metric that is an amount or a level.
-    pub fn buckets(self) -> Option<&'static [f64]> {
-        /// A processor's batch or a DynamoDB / Kinesis call: a millisecond to ten seconds.
-        const CALL_MS: &[f64] = &[
-            1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0,
-            10_000.0,
-        ];
-        /// A record's wait from its put: tens of milliseconds at the tip (a poll
-        /// interval), up to the stream's retention in a backlog (a day and more).
-        const WAIT_MS: &[f64] = &[
-            10.0,
-            50.0,
-            100.0,
-            250.0,
-            500.0,
-            1_000.0,
-            2_500.0,
-            5_000.0,
-            10_000.0,
-            30_000.0,
-            60_000.0,
-            300_000.0,
-            900_000.0,
-            3_600_000.0,
-            21_600_000.0,
-            86_400_000.0,
-        ];
-        match self {
-            Metric::ProcessingTime | Metric::GetRecordsTime | Metric::CheckpointWriteTime => {
-                Some(CALL_MS)
-            }
-            Metric::PutToDeliveryTime => Some(WAIT_MS),
-            _ => None,
-        }
-    }
-
-    /// The CloudWatch unit of its datums: bytes, milliseconds, or a count.
-    pub fn unit(self) -> Unit {
-        match self {
-            Metric::BytesProcessed | Metric::BudgetBytesInUse => Unit::Bytes,
-            Metric::MillisBehindLatest
-            | Metric::ProcessingTime
-            | Metric::GetRecordsTime
-            | Metric::CheckpointWriteTime
-            | Metric::PutToDeliveryTime => Unit::Milliseconds,
-            Metric::RecordsProcessed
-            | Metric::LeasesHeld
-            | Metric::LeasesTaken
-            | Metric::LeasesLost
-            | Metric::CheckpointWrites
-            | Metric::CheckpointFailures
-            | Metric::Throttles
-            | Metric::ApiErrors
-            | Metric::ActorRestarts
-            | Metric::LeasesExpired
-            | Metric::LeasesStolen
-            | Metric::LeasesHandedOff
-            | Metric::LeasesReleased
-            | Metric::LeasesEnded
-            | Metric::HeartbeatFailures
-            | Metric::ShardsFenced
-            | Metric::ShardsStalled
-            | Metric::LeasesUnreadable
-            | Metric::LeasesOrphaned
-            | Metric::Subscriptions
-            | Metric::TrimmedCheckpoints
-            | Metric::StreamSetErrors
-            | Metric::StreamsFormer
-            | Metric::StreamsUnresolved
-            | Metric::LeaseRenewals => Unit::Count,
-        }
-    }
-
-    /// Whether the status snapshot sums its samples or shows the latest one.
-    pub fn kind(self) -> Kind {
-        match self {
-            Metric::MillisBehindLatest
-            | Metric::LeasesHeld
-            | Metric::HeartbeatFailures
-            | Metric::ShardsFenced
-            | Metric::ShardsStalled
-            | Metric::LeasesUnreadable
-            | Metric::LeasesOrphaned
-            | Metric::BudgetBytesInUse
-            | Metric::StreamsFormer
-            | Metric::StreamsUnresolved => Kind::Gauge,
-            _ => Kind::Counter,
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// One measurement. Senders batch them (one message per batch of records, never one per
@@ -840,6 +505,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::backend::Unit;
     use crate::model::ShardId;
 
     const APP: &str = "orders-app";
@@ -1197,20 +863,6 @@ mod tests {
         let data = agg.drain(MetricsLevel::Summary, APP, Some(STREAM), at(60));
         assert_eq!(data[0].value, stats(1.0, 12.0, 12.0, 12.0));
         assert_eq!(crate::backend::validate(&data), Ok(()));
-    }
-
-    #[test]
-    fn every_metric_has_a_distinct_name_a_unit_and_a_slot() {
-        let names: std::collections::BTreeSet<_> = Metric::ALL.iter().map(|m| m.name()).collect();
-        assert_eq!(names.len(), METRIC_COUNT);
-        for (i, metric) in Metric::ALL.iter().enumerate() {
-            assert_eq!(metric.index(), i, "{metric:?}");
-        }
-        assert_eq!(Metric::BytesProcessed.unit(), Unit::Bytes);
-        assert_eq!(Metric::ProcessingTime.unit(), Unit::Milliseconds);
-        assert_eq!(Metric::LeasesHeld.kind(), Kind::Gauge);
-        assert_eq!(Metric::MillisBehindLatest.kind(), Kind::Gauge);
-        assert_eq!(Metric::LeasesTaken.kind(), Kind::Counter);
     }
 
     fn named(name: &str, secs: u64) -> MetricDatum {
