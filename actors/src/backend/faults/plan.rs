@@ -162,8 +162,11 @@ mod tests {
 
     use super::*;
 
-    /// The picks of `calls` (operation, its nth, the nth of all) under `plan`.
-    fn picks(plan: &FaultPlan, calls: &[(&'static str, u64, u64)]) -> Vec<Option<Fault>> {
+    /// A call: its operation, its nth of that operation, its nth of all.
+    type Call = (&'static str, u64, u64);
+
+    /// The picks of `calls` under `plan`.
+    fn picks(plan: &FaultPlan, calls: &[Call]) -> Vec<Option<Fault>> {
         let mut rng = StdRng::seed_from_u64(plan.seed);
         calls
             .iter()
@@ -178,7 +181,7 @@ mod tests {
             .then(None, 2, Fault::Panic);
         plan.only_ops = vec!["scan"];
         plan.throttle = 1.0;
-        let cases: [(&str, (&'static str, u64, u64), Option<Fault>); 5] = [
+        let cases: [(&str, Call, Option<Fault>); 5] = [
             ("another op's call: no fault", ("get", 0, 0), None),
             ("get's second call", ("get", 1, 1), Some(Fault::Throttle)),
             ("the third call of all", ("renew", 0, 2), Some(Fault::Panic)),
