@@ -8,7 +8,7 @@
 //!   fault is drawn from it.
 //! * `freezer`: [`Freezer`], a stopped process modelled in-process.
 //! * this file: [`Faulty`], the wrapper: it counts calls, picks each call's fault and
-//!   applies it ([`Faulty::run`]), and how each port spells an injected error
+//!   applies it (`Faulty::run`), and how each port spells an injected error
 //!   ([`Injected`]).
 //! * `lease_table`, `stream`, `metrics`: [`Faulty`] as each port, every call passed
 //!   through `run` under its operation's name.
