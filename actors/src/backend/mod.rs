@@ -4,7 +4,8 @@
 //! * `aws`: thin adapters over the AWS SDK: translate calls and errors, nothing else.
 //! * `memory`: in-process adapters that keep state and conditions like the services do;
 //!   the embedded default of `flotilla demo` and the fast test double.
-//! * `faults`: a wrapper that injects throttling, errors, latency and timeouts.
+//! * `faults`: a wrapper that injects throttling, errors, latency and timeouts: the seeded
+//!   plan apart from the decorator of each port.
 //! * `layout`: where flotilla's own rows live (the worker table), and how a table of an
 //!   older version moves there.
 //! * `time_scan`: AT_TIMESTAMP for DynamoDB Streams, which has no such iterator.
@@ -18,6 +19,7 @@ mod lease_table;
 pub mod memory;
 mod metrics;
 mod stream;
+mod stream_error;
 pub mod time_scan;
 
 pub use lease_table::{
@@ -74,8 +76,9 @@ impl Classified for MetricsError {
 pub use stream::{
     Capabilities, ChildShard, Consumer, ConsumerStatus, ItemWrite, IteratorPosition, PutRecord,
     PutResult, Record, RecordBatch, ShardEvent, ShardIterator, StreamAdmin, StreamClient,
-    StreamError, StreamSummary, Subscription, TABLE_KEY, TableStreamAdmin,
+    StreamSummary, Subscription, TABLE_KEY, TableStreamAdmin,
 };
+pub use stream_error::StreamError;
 
 #[cfg(test)]
 mod tests {

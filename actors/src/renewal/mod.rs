@@ -42,8 +42,14 @@
 //! `lease.java_compat` lets a lease deliver only while its counter moved within the
 //! fence time: the Java rule 1 of self-fencing, per lease.
 //!
-//! [`Lives`] is the pure bookkeeping (table-tested below); [`Renewing`] the thin
-//! wrapper and its renewal task.
+//! * `lives`: [`Lives`], the pure bookkeeping of each life's counters (table-tested).
+//! * this file: [`Renewing`], the thin wrapper: its renewal task, the per-lease gate,
+//!   settling an unsure lease, and what it reports to the fencing board.
+//! * `port`: [`Renewing`] as a [`LeaseTable`]: which calls are fenced writes, which
+//!   reads are shown, which pass through.
+
+mod lives;
+mod port;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -52,200 +58,12 @@ use std::time::Duration;
 use futures::future::{BoxFuture, join_all};
 use tokio::time::Instant;
 
-use crate::backend::{
-    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
-};
+use crate::backend::{LeaseError, LeaseTable};
 use crate::fencing::Fencing;
-use crate::model::{
-    Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, ShardId, WorkerId, WorkerLoad,
-};
+use crate::model::{Fence, Lease, LeaseKey, WorkerId};
 use crate::telemetry::{LeaseRenewalFailed, LeaseRenewalRefused, LeaseRenewed, Telemetry};
 
-/// One held lease's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Life {
-    /// The counter the lease was taken with: the fence everyone above holds.
-    taken: u64,
-    /// The row's counter as of the last confirmed write.
-    current: u64,
-    /// A renewal sent at this time whose answer was lost: the row may be at
-    /// `current + 1`.
-    unsure: Option<Instant>,
-}
-
-/// What a read of an unsure lease's row says about the renewal whose answer was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resolution {
-    /// It landed (sent at this time): the row is at `current + 1`.
-    Landed(Instant),
-    /// It did not land: the row is at `current`.
-    NotLanded,
-    /// The row is another owner's, at another counter, or gone.
-    Lost,
-}
-
-/// The lives of the leases this worker took, by lease key. Pure: no I/O, no clock.
-#[derive(Debug, Clone)]
-pub(crate) struct Lives {
-    me: WorkerId,
-    lives: BTreeMap<LeaseKey, Life>,
-}
-
-impl Lives {
-    pub fn new(me: WorkerId) -> Self {
-        Self {
-            me,
-            lives: BTreeMap::new(),
-        }
-    }
-
-    /// The fence to send for a write the caller fenced with `fence`: the current
-    /// counter when `fence` is this worker's fence of the lease's life, else `fence`
-    /// itself (another owner's lease, or an older life, whose write must fail).
-    pub fn to_row(&self, key: &LeaseKey, fence: &Fence) -> Fence {
-        match self.lives.get(key) {
-            Some(life) if fence.owner.as_ref() == Some(&self.me) && fence.counter == life.taken => {
-                Fence {
-                    owner: fence.owner.clone(),
-                    counter: life.current,
-                }
-            }
-            _ => fence.clone(),
-        }
-    }
-
-    /// The counter to show for a row this worker read: the life's counter when the row
-    /// is ours at the current counter (or at the next one while a renewal is unsure),
-    /// else the row's own.
-    pub fn shown(&self, key: &LeaseKey, owner: Option<&WorkerId>, counter: u64) -> u64 {
-        match self.lives.get(key) {
-            Some(life)
-                if owner == Some(&self.me)
-                    && (counter == life.current
-                        || (life.unsure.is_some() && counter == life.current + 1)) =>
-            {
-                life.taken
-            }
-            _ => counter,
-        }
-    }
-
-    /// This worker took the lease (any take): a new life at the counter written.
-    pub fn took(&mut self, lease: &Lease) {
-        if lease.owner.as_ref() == Some(&self.me) {
-            self.lives.insert(
-                lease.key.clone(),
-                Life {
-                    taken: lease.counter,
-                    current: lease.counter,
-                    unsure: None,
-                },
-            );
-        }
-    }
-
-    /// The lease left this worker (released, handed over, deleted, lost).
-    pub fn forget(&mut self, key: &LeaseKey) {
-        self.lives.remove(key);
-    }
-
-    /// The leases to renew: every one held.
-    pub fn due(&self) -> Vec<LeaseKey> {
-        self.lives.keys().cloned().collect()
-    }
-
-    /// The life's fence as everyone above holds it.
-    pub fn taken_fence(&self, key: &LeaseKey) -> Option<Fence> {
-        self.lives.get(key).map(|life| Fence {
-            owner: Some(self.me.clone()),
-            counter: life.taken,
-        })
-    }
-
-    /// The fence a renewal is sent under, unless the lease is unsure (read it first).
-    pub fn renewal_fence(&self, key: &LeaseKey) -> Option<Fence> {
-        self.lives
-            .get(key)
-            .filter(|life| life.unsure.is_none())
-            .map(|life| Fence {
-                owner: Some(self.me.clone()),
-                counter: life.current,
-            })
-    }
-
-    pub fn is_unsure(&self, key: &LeaseKey) -> bool {
-        self.lives
-            .get(key)
-            .is_some_and(|life| life.unsure.is_some())
-    }
-
-    /// A renewal sent under `sent_at` (the row's counter) was confirmed at `counter`.
-    pub fn renewed(&mut self, key: &LeaseKey, sent_at: u64, counter: u64) {
-        if let Some(life) = self.lives.get_mut(key)
-            && life.current == sent_at
-        {
-            life.current = counter;
-            life.unsure = None;
-        }
-    }
-
-    /// A renewal sent at `sent` got no answer: it may have landed.
-    pub fn unsure(&mut self, key: &LeaseKey, sent: Instant) {
-        if let Some(life) = self.lives.get_mut(key) {
-            life.unsure = Some(sent);
-        }
-    }
-
-    /// What a strongly consistent read of an unsure lease's row (`None`: no row) says;
-    /// the life is updated (or forgotten, when lost) to match.
-    pub fn resolve(&mut self, key: &LeaseKey, row: Option<&Lease>) -> Resolution {
-        let Some(life) = self.lives.get_mut(key) else {
-            return Resolution::Lost;
-        };
-        let ours = row.filter(|r| r.owner.as_ref() == Some(&self.me));
-        match (ours.map(|r| r.counter), life.unsure) {
-            (Some(c), Some(sent)) if c == life.current + 1 => {
-                life.current = c;
-                life.unsure = None;
-                Resolution::Landed(sent)
-            }
-            (Some(c), _) if c == life.current => {
-                life.unsure = None;
-                Resolution::NotLanded
-            }
-            _ => {
-                self.lives.remove(key);
-                Resolution::Lost
-            }
-        }
-    }
-
-    /// A lease as this worker's callers must see it.
-    pub fn show(&self, mut lease: Lease) -> Lease {
-        lease.counter = self.shown(&lease.key, lease.owner.as_ref(), lease.counter);
-        lease
-    }
-
-    /// An error as this worker's callers must see it (a refusal's counter shown as the
-    /// life's while the row is still ours at the current counter).
-    pub fn show_error(&self, error: LeaseError) -> LeaseError {
-        match error {
-            LeaseError::ConditionFailed {
-                key,
-                owner,
-                counter: Some(counter),
-            } => {
-                let counter = Some(self.shown(&key, owner.as_ref(), counter));
-                LeaseError::ConditionFailed {
-                    key,
-                    owner,
-                    counter,
-                }
-            }
-            other => other,
-        }
-    }
-}
+pub(crate) use lives::{Lives, Resolution};
 
 /// The lease table, renewing this worker's leases every `interval` (`lease.java_compat`).
 /// See the module doc.
@@ -422,7 +240,7 @@ impl Renewing {
             Err(error) => {
                 let shown = lives.show_error(error);
                 if let LeaseError::ConditionFailed { owner, .. } = &shown
-                    && owner.as_ref() != Some(&lives.me)
+                    && owner.as_ref() != Some(lives.me())
                 {
                     lives.forget(key);
                 }
@@ -469,230 +287,16 @@ fn report_lost(
     telemetry.emit(LeaseRenewalRefused { key, owner });
 }
 
-impl LeaseTable for Renewing {
-    fn table_name(&self) -> &str {
-        self.inner.table_name()
-    }
-
-    fn worker_table_name(&self) -> &str {
-        self.inner.worker_table_name()
-    }
-
-    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
-        self.inner.ensure_table()
-    }
-
-    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
-        Box::pin(async move {
-            let mut out = self.inner.scan().await?;
-            let lives = self.lives();
-            out.leases = out.leases.into_iter().map(|l| lives.show(l)).collect();
-            Ok(out)
-        })
-    }
-
-    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
-        Box::pin(async move {
-            let row = self.inner.get(key).await?;
-            Ok(row.map(|l| self.lives().show(l)))
-        })
-    }
-
-    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.create_if_absent(lease)
-    }
-
-    fn take<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        new_owner: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
-        Box::pin(async move {
-            let result = self
-                .fenced(key, expected, true, |f| {
-                    Box::pin(async move { self.inner.take(key, &f, new_owner).await })
-                })
-                .await;
-            self.took(result)
-        })
-    }
-
-    fn take_expired<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        new_owner: &'a WorkerId,
-        owner_heartbeat: Option<u64>,
-    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
-        Box::pin(async move {
-            let result = self
-                .fenced(key, expected, true, |f| {
-                    Box::pin(async move {
-                        self.inner
-                            .take_expired(key, &f, new_owner, owner_heartbeat)
-                            .await
-                    })
-                })
-                .await;
-            self.took(result)
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(self.fenced(key, expected, true, move |f| {
-            Box::pin(async move { self.inner.release(key, &f).await })
-        }))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        // Renewals are this wrapper's own; nobody above renews.
-        self.inner.renew(key, expected)
-    }
-
-    fn checkpoint<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        checkpoint: &'a Checkpoint,
-        children: &'a [ShardId],
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(self.fenced(key, expected, false, move |f| {
-            Box::pin(async move { self.inner.checkpoint(key, &f, checkpoint, children).await })
-        }))
-    }
-
-    /// A progress write like a checkpoint: sent under the row's current counter, ordered
-    /// with this lease's renewals.
-    fn prepare_checkpoint<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        pending: &'a ExtendedSequenceNumber,
-        state: Option<&'a [u8]>,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(self.fenced(key, expected, false, move |f| {
-            Box::pin(async move { self.inner.prepare_checkpoint(key, &f, pending, state).await })
-        }))
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(self.fenced(key, expected, true, move |f| {
-            Box::pin(async move { self.inner.delete(key, &f).await })
-        }))
-    }
-
-    fn request_handoff<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        requester: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(self.fenced(key, expected, false, move |f| {
-            Box::pin(async move { self.inner.request_handoff(key, &f, requester).await })
-        }))
-    }
-
-    fn transfer<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        to: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(self.fenced(key, expected, true, move |f| {
-            Box::pin(async move { self.inner.transfer(key, &f, to).await })
-        }))
-    }
-
-    fn clear_handoff<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        requester: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.clear_handoff(key, requester)
-    }
-
-    fn heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-        load: &'a WorkerLoad,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        self.inner.heartbeat(worker, load)
-    }
-
-    fn remove_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.remove_heartbeat(worker)
-    }
-
-    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.join_roster(workers)
-    }
-
-    fn heartbeats(
-        &self,
-        detail: HeartbeatDetail,
-    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
-        self.inner.heartbeats(detail)
-    }
-
-    fn remove_dead_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-        counter: u64,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.remove_dead_heartbeat(worker, counter)
-    }
-
-    fn retire_legacy<'a>(
-        &'a self,
-        plan: &'a crate::backend::layout::Retirement,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.retire_legacy(plan)
-    }
-
-    fn stamp_source<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        source: &'a str,
-        created: Option<u64>,
-        overwrite: bool,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.stamp_source(key, source, created, overwrite)
-    }
-}
-
-#[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::faults::{Fault, FaultPlan, Faulty};
     use crate::backend::memory::MemoryDynamo;
-    use crate::model::{ExtendedSequenceNumber, SequenceNumber};
+    use crate::model::{Checkpoint, ExtendedSequenceNumber, SequenceNumber, ShardId};
 
     fn me() -> WorkerId {
         WorkerId::new("me")
-    }
-
-    fn fence(owner: &str, counter: u64) -> Fence {
-        Fence {
-            owner: Some(WorkerId::new(owner)),
-            counter,
-        }
     }
 
     fn row(owner: Option<&str>, counter: u64) -> Lease {
@@ -705,95 +309,6 @@ mod tests {
         lease.owner = owner.map(WorkerId::new);
         lease.counter = counter;
         lease
-    }
-
-    /// The bookkeeping, step by step: what is sent, what is shown.
-    #[test]
-    fn lives_show_the_taken_counter_and_send_the_current_one() {
-        let key = row(None, 0).key;
-        let t0 = Instant::now();
-        let mut lives = Lives::new(me());
-        // Nothing held: everything passes through.
-        assert_eq!(lives.to_row(&key, &fence("me", 5)), fence("me", 5));
-        assert_eq!(lives.shown(&key, Some(&me()), 7), 7);
-        lives.took(&row(Some("me"), 5));
-        lives.renewed(&key, 5, 6);
-        lives.renewed(&key, 6, 7);
-        // Another renewal's answer for an old counter changes nothing.
-        lives.renewed(&key, 5, 6);
-        let cases: [(&str, Fence, Fence); 3] = [
-            (
-                "the life's fence goes out at the current counter",
-                fence("me", 5),
-                fence("me", 7),
-            ),
-            (
-                "an older life's fence goes out as it is, to fail",
-                fence("me", 4),
-                fence("me", 4),
-            ),
-            (
-                "another owner's fence goes out as it is",
-                fence("java", 5),
-                fence("java", 5),
-            ),
-        ];
-        for (name, given, sent) in cases {
-            assert_eq!(lives.to_row(&key, &given), sent, "{name}");
-        }
-        let me = me();
-        let java = WorkerId::new("java");
-        let shown: [(&str, Option<&WorkerId>, u64, u64); 4] = [
-            ("ours at the current counter: the life's", Some(&me), 7, 5),
-            (
-                "ours one past it, no renewal unsure: as it is",
-                Some(&me),
-                8,
-                8,
-            ),
-            ("another owner's: as it is", Some(&java), 7, 7),
-            ("nobody's: as it is", None, 7, 7),
-        ];
-        for (name, owner, counter, want) in shown {
-            assert_eq!(lives.shown(&key, owner, counter), want, "{name}");
-        }
-        // A renewal whose answer was lost: the row may be at 7 or 8.
-        lives.unsure(&key, t0);
-        assert_eq!(
-            lives.renewal_fence(&key),
-            None,
-            "unsure: read before renewing"
-        );
-        assert_eq!(lives.shown(&key, Some(&me), 8), 5);
-        assert_eq!(lives.shown(&key, Some(&me), 7), 5);
-        assert_eq!(
-            lives.resolve(&key, Some(&row(Some("me"), 8))),
-            Resolution::Landed(t0)
-        );
-        assert_eq!(lives.to_row(&key, &fence("me", 5)), fence("me", 8));
-        lives.unsure(&key, t0);
-        assert_eq!(
-            lives.resolve(&key, Some(&row(Some("me"), 8))),
-            Resolution::NotLanded
-        );
-        assert_eq!(lives.renewal_fence(&key), Some(fence("me", 8)));
-        lives.unsure(&key, t0);
-        assert_eq!(
-            lives.resolve(&key, Some(&row(Some("java"), 9))),
-            Resolution::Lost
-        );
-        assert_eq!(
-            lives.to_row(&key, &fence("me", 5)),
-            fence("me", 5),
-            "forgotten"
-        );
-        lives.took(&row(Some("me"), 10));
-        lives.unsure(&key, t0);
-        assert_eq!(
-            lives.resolve(&key, None),
-            Resolution::Lost,
-            "the row is gone"
-        );
     }
 
     async fn held(
