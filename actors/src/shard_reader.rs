@@ -291,7 +291,7 @@ impl ReaderState {
             }
             Started::Lease(lease) => {
                 self.parents = Parents::new(lease.parent_shard_ids.clone());
-                self.ctx.lease = lease;
+                self.ctx.lease = *lease;
                 let _ = self.ctx.me.cast(ReaderMsg::WaitParents);
             }
         }
@@ -332,8 +332,13 @@ impl ReaderState {
             return Ok(());
         };
         let checkpoint = self.ctx.lease.checkpoint.clone();
-        self.outbox
-            .begin(checkpoint, begun.position, begun.skip, Instant::now());
+        self.outbox.begin(
+            checkpoint,
+            begun.position,
+            begun.skip,
+            self.ctx.lease.hash_range,
+            Instant::now(),
+        );
         self.processor = Some(begun.processor);
         self.phase = Phase::Reading;
         let _ = self.ctx.me.cast(ReaderMsg::Acquire);

@@ -67,6 +67,8 @@ pub(super) struct Outbox {
     last_delivered: Option<ExtendedSequenceNumber>,
     /// The checkpoint as this reader knows it (read at start, then what it sent).
     checkpoint: Option<Checkpoint>,
+    /// The lease's hash keys.
+    range: Option<HashKeyRange>,
     throughput: Throughput,
 }
 
@@ -85,18 +87,23 @@ impl Outbox {
             skip_through: None,
             last_delivered: None,
             checkpoint: None,
+            range: None,
             throughput: Throughput::new(now),
         }
     }
 
-    /// Reading starts from `checkpoint`: at `position`, skipping through `skip`.
+    /// Reading starts from `checkpoint`: at `position`, skipping through `skip`, keeping
+    /// the records of `range` (the lease's hash keys: a de-aggregated KPL record outside
+    /// it belongs to a sibling after a reshard).
     pub fn begin(
         &mut self,
         checkpoint: Checkpoint,
         position: IteratorPosition,
         skip: Option<ExtendedSequenceNumber>,
+        range: Option<HashKeyRange>,
         now: Instant,
     ) {
+        self.range = range;
         self.checkpoint = Some(checkpoint);
         self.start_position = Some(position);
         self.skip_through = skip;
@@ -200,7 +207,6 @@ impl Outbox {
     pub fn deliver(
         &mut self,
         raw: Vec<Record>,
-        range: Option<&HashKeyRange>,
         facts: ReadFacts<'_>,
         call_on_empty: bool,
         millis_behind_latest: Option<u64>,
@@ -208,7 +214,7 @@ impl Outbox {
         now: Instant,
     ) -> Option<Delivery> {
         let read_nothing = raw.is_empty();
-        let records = pure::fresh_records(raw, range, &mut self.skip_through);
+        let records = pure::fresh_records(raw, self.range.as_ref(), &mut self.skip_through);
         let Some(last) = records.last() else {
             if !read_nothing {
                 // All skipped: what the read brought is not kept.
@@ -455,6 +461,7 @@ mod tests {
             Checkpoint::TrimHorizon,
             IteratorPosition::TrimHorizon,
             None,
+            None,
             now,
         );
         (outbox, budget, now)
@@ -469,7 +476,7 @@ mod tests {
 
     fn deliver(outbox: &mut Outbox, records: &[u64], now: Instant) -> Option<Delivery> {
         let raw = records.iter().map(|s| record(*s)).collect();
-        outbox.deliver(raw, None, facts(now), false, Some(0), 0, now)
+        outbox.deliver(raw, facts(now), false, Some(0), 0, now)
     }
 
     #[test]
@@ -520,24 +527,24 @@ mod tests {
         let (mut outbox, _budget, now) = outbox(CheckpointMode::Auto);
         assert!(
             outbox
-                .deliver(Vec::new(), None, facts(now), false, None, 0, now)
+                .deliver(Vec::new(), facts(now), false, None, 0, now)
                 .is_none()
         );
         let first = outbox
-            .deliver(Vec::new(), None, facts(now), true, None, 0, now)
+            .deliver(Vec::new(), facts(now), true, None, 0, now)
             .expect("call_on_empty asks for it");
         assert!(first.batch.records.is_empty());
         assert_eq!(first.records, 0);
         assert!(
             outbox
-                .deliver(Vec::new(), None, facts(now), true, None, 0, now)
+                .deliver(Vec::new(), facts(now), true, None, 0, now)
                 .is_none(),
             "one empty batch on its way at a time"
         );
         drop(first);
         assert!(
             outbox
-                .deliver(Vec::new(), None, facts(now), true, None, 0, now)
+                .deliver(Vec::new(), facts(now), true, None, 0, now)
                 .is_some()
         );
     }

@@ -141,7 +141,6 @@ impl Reading<'_> {
         let ctx = self.ctx;
         let Some(delivery) = self.outbox.deliver(
             raw,
-            ctx.lease.hash_range.as_ref(),
             facts,
             ctx.settings().reader.call_on_empty,
             self.health.millis_behind(),

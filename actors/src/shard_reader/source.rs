@@ -16,7 +16,8 @@ use crate::status::SubscriptionView;
 
 pub(super) enum Source {
     Polling(Polling),
-    FanOut(FanOut),
+    /// Boxed: a fan-out source holds its subscription and an event's records.
+    FanOut(Box<FanOut>),
 }
 
 impl Source {
@@ -24,7 +25,7 @@ impl Source {
     /// wait between empty reads.
     pub fn new(consumer: Option<Arc<str>>, idle: Duration, now: Instant) -> Self {
         match consumer {
-            Some(consumer) => Source::FanOut(FanOut::new(consumer, now)),
+            Some(consumer) => Source::FanOut(Box::new(FanOut::new(consumer, now))),
             None => Source::Polling(Polling::new(idle)),
         }
     }

@@ -27,7 +27,7 @@ pub(super) enum Started {
     /// The table did not answer: try again after this long.
     Again(Duration),
     /// The lease, still this reader's, with a shard to read.
-    Lease(Lease),
+    Lease(Box<Lease>),
 }
 
 /// Flushes what a previous incarnation acked, then reads the lease (see [`Started`]).
@@ -66,7 +66,7 @@ pub(super) async fn read_lease(
         });
         return Ok(Started::Stop(StopReason::ShardEnd));
     }
-    Ok(Started::Lease(lease))
+    Ok(Started::Lease(Box::new(lease)))
 }
 
 /// The parents of the shard not yet seen at SHARD_END.
