@@ -7,7 +7,7 @@
 //! the owners of unfinished leases are watched for as long as the workers themselves
 //! give a peer ([`watch_window`]: the `lease.failover_time` each declares in its
 //! heartbeat row, never less for a smaller `--failover-time`), and judged by the
-//! workers' own rule, asked of [`balance::Observations`] rather than written again here:
+//! workers' own rule, asked of [`flotilla_actors::balance::Observations`] rather than written again here:
 //! each scan is recorded as a lease keeper records its own (with `lease.java_compat`
 //! on, since a Java KCL owner may be among them), and an owner is alive if balance,
 //! judging at the end of the watch with the window as the failover time, calls it

@@ -1,4 +1,4 @@
-//! Operator commands on the lease table: `rewind` ([`rewind`]), `position export` and
+//! Operator commands on the lease table: `rewind` ([`rewind()`]), `position export` and
 //! `position import` ([`positions`]), the liveness check they and `destroy` make before
 //! changing what live workers use ([`liveness`]), and the helpers every command on the
 //! table shares (below: reading it, explaining its errors, asking for confirmation).

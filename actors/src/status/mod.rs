@@ -13,8 +13,10 @@ pub use crate::metrics::{Histogram, HistogramSnapshot, Metric, MetricsSnapshot};
 use crate::model::ShardId;
 
 mod fleet;
+#[cfg(feature = "status-server")]
+pub(crate) use fleet::overlay_stalls;
 pub use fleet::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
-pub(crate) use fleet::{FleetScan, fleet_view, overlay_stalls};
+pub(crate) use fleet::{FleetScan, fleet_view};
 
 /// Where a held shard is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -440,7 +442,7 @@ mod tests {
             // Not this worker's lease in the table (it moved): left as the table says.
             stalled("shardId-000000000001"),
         ]);
-        overlay_stalls(&mut view, &status);
+        super::fleet::overlay_stalls(&mut view, &status);
         let states: Vec<FleetLeaseState> = view.leases.iter().map(|l| l.state).collect();
         assert_eq!(
             states,
