@@ -408,9 +408,8 @@ impl ReaderState {
 
     /// Cancels a subscription and forgets what it held (see [`Source::forget`]).
     fn drop_feed(&mut self) {
-        self.source.forget();
-        self.ctx.ports.lags.subscribed(&self.ctx.key, None);
-        self.outbox.settle(self.source.held_memory());
+        let (source, mut reading) = self.reading();
+        source.drop_feed(&mut reading);
     }
 
     fn on_acks(&mut self, acks: Acks) {

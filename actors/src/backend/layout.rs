@@ -25,7 +25,7 @@
 //! * once every worker of the older version is gone (no legacy-only heartbeat row that
 //!   is still moving), the first live member deletes the legacy roster, conditional on
 //!   it naming exactly the workers it read, then the legacy heartbeat rows
-//!   (`lease_keeper::pure::legacy_retirement`): the table is in the new layout, and
+//!   (`lease_keeper::legacy::LegacyWatch::retirement`): the table is in the new layout, and
 //!   the KCL can read it again. The others stop writing there when they find the roster
 //!   gone, and delete their own legacy row. A worker of the older version that starts
 //!   later writes the roster again, and the workers of this version go back to writing

@@ -235,6 +235,18 @@ impl Row {
     fn names(&self, worker: W, counter: u8) -> bool {
         self.owner == Some(worker) && self.counter == counter
     }
+
+    /// Writes a checkpoint of `shard` (the write was fenced and applied): a value below
+    /// the row's is the regression the model looks for.
+    fn write_checkpoint(&mut self, shard: S, value: u8) -> Option<Broken> {
+        let regressed = (value < self.checkpoint).then_some(Broken::CheckpointRegressed {
+            shard,
+            from: self.checkpoint,
+            to: value,
+        });
+        self.checkpoint = value;
+        regressed
+    }
 }
 
 /// The fate of one keeper call.
@@ -946,14 +958,7 @@ impl Fleet {
         let fenced = row.names(me, held.counter);
         let mut broken = None;
         if fenced && fate != Fate::Throttled {
-            if value < row.checkpoint {
-                broken = Some(Broken::CheckpointRegressed {
-                    shard,
-                    from: row.checkpoint,
-                    to: value,
-                });
-            }
-            row.checkpoint = value;
+            broken = row.write_checkpoint(shard, value);
             row.counter += 1;
         }
         match fate {
@@ -1438,14 +1443,7 @@ impl Fleet {
         let fenced = row.names(w, slot.current);
         let mut broken = None;
         if fenced && fate != Fate::Throttled {
-            if value < row.checkpoint {
-                broken = Some(Broken::CheckpointRegressed {
-                    shard,
-                    from: row.checkpoint,
-                    to: value,
-                });
-            }
-            row.checkpoint = value;
+            broken = row.write_checkpoint(shard, value);
         }
         match fate {
             Fate::Answered if fenced => {

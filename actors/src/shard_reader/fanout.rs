@@ -147,10 +147,10 @@ impl FanOut {
         }
     }
 
-    fn drop_feed(&mut self, r: &mut Reading<'_>) {
+    /// Forgets the subscription ([`Self::forget`]) and says so ([`Reading::feed_dropped`]).
+    pub fn drop_feed(&mut self, r: &mut Reading<'_>) {
         self.forget();
-        r.ctx.ports.lags.subscribed(&r.ctx.key, None);
-        r.outbox.settle(0);
+        r.feed_dropped();
     }
 
     /// Opens a subscription where reading continues, at most once a second.

@@ -126,6 +126,13 @@ impl Reading<'_> {
         }
     }
 
+    /// No subscription is open (any more): none is shown, and the budget holds only
+    /// the ledger (nothing read is held back undelivered).
+    pub fn feed_dropped(&mut self) {
+        self.ctx.ports.lags.subscribed(&self.ctx.key, None);
+        self.outbox.settle(0);
+    }
+
     pub fn note_stall(&mut self) {
         note_stall(self.ctx, self.stall, self.phase);
     }

@@ -76,11 +76,12 @@ impl Source {
     }
 
     /// Stops reading where it is: cancels a subscription and forgets what its last
-    /// event held (polling keeps its iterator: nothing is read without the gate).
-    pub fn forget(&mut self) {
+    /// event held (polling keeps its iterator: nothing is read without the gate), shows
+    /// no subscription, and settles the budget with what is left.
+    pub fn drop_feed(&mut self, r: &mut Reading<'_>) {
         match self {
-            Source::Polling(_) => {}
-            Source::FanOut(fanout) => fanout.forget(),
+            Source::Polling(_) => r.feed_dropped(),
+            Source::FanOut(fanout) => fanout.drop_feed(r),
         }
     }
 
@@ -101,19 +102,17 @@ mod tests {
     fn the_mode_is_chosen_once_by_the_consumer_and_shown_only_for_fan_out() {
         let now = Instant::now();
         let poll = Duration::from_millis(200);
-        let mut polling = Source::new(None, poll, now);
+        let polling = Source::new(None, poll, now);
         assert!(matches!(polling, Source::Polling(_)));
         assert!(!polling.ready(), "no iterator before the first acquire");
         assert_eq!(polling.held_memory(), 0);
-        polling.forget();
         assert!(polling.view(now).is_none());
 
         let arn: Arc<str> =
             Arc::from("arn:aws:kinesis:us-east-1:000000000000:stream/s/consumer/c:1");
-        let mut fanout = Source::new(Some(arn), poll, now);
+        let fanout = Source::new(Some(arn), poll, now);
         assert!(matches!(fanout, Source::FanOut(_)));
         assert!(!fanout.ready(), "no subscription before the first acquire");
-        fanout.forget();
         let view = fanout.view(now).expect("fan-out shows its subscription");
         assert_eq!(
             (view.state, view.age_ms, view.events, view.subscriptions),

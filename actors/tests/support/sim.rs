@@ -1319,6 +1319,16 @@ impl Sim {
     }
 
     /// A live worker with no fault on it now.
+    /// How long a freeze lasts: as often shorter as longer than the failover time (a
+    /// worker that must not be judged dead, and one that must fence itself).
+    fn freeze_length(&mut self, failover: Duration) -> Duration {
+        if self.rng.chance(500) {
+            self.rng.between(failover / 4, failover * 9 / 10)
+        } else {
+            self.rng.between(failover * 11 / 10, failover * 4)
+        }
+    }
+
     fn healthy(&mut self) -> Option<usize> {
         let healthy: Vec<usize> = (0..self.live.len())
             .filter(|&i| self.live[i].fault.is_none())
@@ -1433,12 +1443,7 @@ impl Sim {
                 let Some(i) = self.healthy() else {
                     return "nobody to freeze".into();
                 };
-                // Shorter and longer than the failover time.
-                let length = if self.rng.chance(500) {
-                    self.rng.between(failover / 4, failover * 9 / 10)
-                } else {
-                    self.rng.between(failover * 11 / 10, failover * 4)
-                };
+                let length = self.freeze_length(failover);
                 let member = &mut self.live[i];
                 member.freezer.freeze();
                 member.fault = Some(("freeze".into(), Instant::now() + length));
@@ -1721,11 +1726,7 @@ impl Sim {
                 let Some(i) = self.java_healthy() else {
                     return "no Java worker to freeze".into();
                 };
-                let length = if self.rng.chance(500) {
-                    self.rng.between(failover / 4, failover * 9 / 10)
-                } else {
-                    self.rng.between(failover * 11 / 10, failover * 4)
-                };
+                let length = self.freeze_length(failover);
                 let java = &mut self.java[i];
                 java.freezer.freeze();
                 java.fault = Some(("java_freeze".into(), Instant::now() + length));
