@@ -445,8 +445,11 @@ start_moto() { # PORT
     # moto_server serves every service it emulates on one port, telling them
     # apart by the X-Amz-Target header. Binds loopback only. State is in
     # memory; the suite shares one server (tests use unique names).
+    # scripts/moto-serial.py is moto_server with one request inside moto at a
+    # time: moto's conditional writes are not atomic under concurrent requests
+    # (two winners of one take were seen), DynamoDB's are.
     spawn_group moto "$LOG_DIR/moto.log" \
-        "$MOTO_DIR/bin/moto_server" -H 127.0.0.1 -p "$1"
+        "$MOTO_DIR/bin/python" "$ROOT/scripts/moto-serial.py" -H 127.0.0.1 -p "$1"
 }
 
 fail_server() { # NAME WHY

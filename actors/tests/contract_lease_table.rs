@@ -115,6 +115,32 @@ impl Env {
         }
     }
 
+    /// Waits until `table` and each of its indexes is ACTIVE. After UpdateTable adds an
+    /// index, DynamoDB Local describes it before its storage has the index's column:
+    /// a write carrying the index key in that window fails with a 500 InternalFailure
+    /// (its log: `table … has no column named indexKey_0`), which a worker retries at
+    /// its next beat but a contract step must not meet.
+    async fn settled(&self, table: &str) {
+        let Raw::Dynamo { client, .. } = &self.raw else {
+            return;
+        };
+        let active = |s: Option<&str>| s.is_none_or(|s| s == "ACTIVE");
+        for _ in 0..300 {
+            let described = client.describe_table().table_name(table).send().await;
+            let table = described.unwrap().table.unwrap();
+            if active(table.table_status().map(|s| s.as_str()))
+                && table
+                    .global_secondary_indexes()
+                    .iter()
+                    .all(|i| active(i.index_status().map(|s| s.as_str())))
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("{}: {table} or an index of it is not ACTIVE after 30 s", self.tier);
+    }
+
     /// Every row of the table, raw, by `leaseKey` (a strongly consistent scan).
     async fn raw_rows(&self, table: &str) -> BTreeMap<String, Item> {
         let items: Vec<Item> = match &self.raw {
@@ -1000,6 +1026,7 @@ mod cases {
         assert_eq!(new.ensure_table().await.unwrap(), TableState::Created);
         let older = env.older(&name);
         older.ensure_table().await.unwrap();
+        env.settled(&name).await;
         let (old_w, new_w) = (WorkerId::new("old"), WorkerId::new("new"));
         let idle = WorkerLoad::default();
         assert_eq!(older.heartbeat(&old_w, &idle).await.unwrap(), 1);
