@@ -12,7 +12,8 @@
 //! This file is the actor's shell: it gathers inputs, calls its parts and does the
 //! messaging. The parts, each with its own state, lowest first:
 //! - `pure`: the phase machine and every rule, with tables of scenarios.
-//! - `context`: the wiring every part borrows (`Ctx`: the shard, its ports and peers).
+//! - `context`: the wiring every part borrows: `Ctx` (the shard and its ports),
+//!   `Wires` (the actors it messages), and `Out`, the actors as a read step sees them.
 //! - `outbox`: the ledger of what is delivered and not acked, the budget slot, the
 //!   positions, and the checkpoint rules.
 //! - `health`: how the reads are going (backoff, failures, throttle, fencing verdict).
@@ -50,8 +51,8 @@ use crate::protocol::{
 };
 use crate::status::{ShardShutdown, ShardStatus};
 use crate::telemetry::{Metric, RecordsProcessed, Sample};
-use context::Ctx;
 pub(crate) use context::ReaderArgs;
+use context::{Ctx, Out, Wires};
 use ending::Ending;
 use health::ReadHealth;
 use outbox::Outbox;
@@ -69,8 +70,9 @@ pub(crate) struct ShardReader;
 
 pub(crate) struct ReaderState {
     ctx: Ctx,
+    /// The reader's peers, its processor among them once started.
+    wires: Wires,
     phase: Phase,
-    processor: Option<ActorRef<ProcessorMsg>>,
     revoked: Arc<AtomicBool>,
     /// Set when the shard stops for a shutdown or a handoff: the host finishes the
     /// batch in hand and skips those queued behind it (they are not acked, so the next
@@ -100,7 +102,7 @@ impl Actor for ShardReader {
         let settings = args.settings.clone();
         let now = Instant::now();
         let backoff = Backoff::new(settings.reader.backoff_min, settings.reader.backoff_max);
-        let (ctx, consumer, budget) = Ctx::new(args, myself.clone());
+        let (ctx, wires, consumer, budget) = Ctx::new(args, myself.clone());
         let source = Source::new(consumer, settings.reader.poll_interval, now);
         let _ = myself.cast(ReaderMsg::Start);
         Ok(ReaderState {
@@ -110,8 +112,8 @@ impl Actor for ShardReader {
             source,
             ending: Ending::default(),
             ctx,
+            wires,
             phase: Phase::Starting,
-            processor: None,
             revoked: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             fetch_scheduled: false,
@@ -149,7 +151,7 @@ impl Actor for ShardReader {
                 let _ = reply.send(result);
             }
             ReaderMsg::Flush(reply) => {
-                let _ = reply.send(state.ctx.flush().await);
+                let _ = reply.send(state.wires.flush(&state.ctx.key).await);
             }
             ReaderMsg::Prepare(at, app_state, reply) => {
                 let _ = reply.send(state.prepare_checkpoint(at, app_state).await);
@@ -197,7 +199,9 @@ impl Actor for ShardReader {
         // Its stall, if any, ends with the reader (a failed reader's is ended by the
         // supervisor's ShardFailed).
         if state.stall.end() {
-            ctx.report(vec![Sample::shard(Metric::ShardsStalled, &ctx.key, 0.0)]);
+            state
+                .wires
+                .record(vec![Sample::shard(Metric::ShardsStalled, &ctx.key, 0.0)]);
         }
         Ok(())
     }
@@ -244,18 +248,18 @@ impl ReaderState {
             &mut self.source,
             Reading {
                 ctx: &self.ctx,
+                out: &self.wires,
                 phase: self.phase,
                 outbox: &mut self.outbox,
                 health: &mut self.health,
                 stall: &mut self.stall,
-                processor: self.processor.as_ref(),
             },
         )
     }
 
     /// Does what a read step said comes next.
     fn follow(&mut self, next: Next) {
-        let me = &self.ctx.me;
+        let me = &self.wires.me;
         match next {
             Next::Nothing => {}
             Next::Fetch(delay) => self.schedule_fetch(delay),
@@ -275,7 +279,7 @@ impl ReaderState {
     }
 
     fn stop(&self, reason: StopReason) {
-        self.ctx.me.stop(reason.text());
+        self.wires.me.stop(reason.text());
     }
 
     /// Reads the lease (after flushing what a previous incarnation acked), then waits
@@ -284,15 +288,15 @@ impl ReaderState {
         if !self.phase.starting() {
             return Ok(());
         }
-        match startup::read_lease(&self.ctx, &mut self.health.backoff).await? {
+        match startup::read_lease(&self.ctx, &self.wires, &mut self.health.backoff).await? {
             Started::Stop(reason) => self.stop(reason),
             Started::Again(delay) => {
-                self.ctx.me.send_after(delay, || ReaderMsg::Start);
+                self.wires.me.send_after(delay, || ReaderMsg::Start);
             }
             Started::Lease(lease) => {
                 self.parents = Parents::new(lease.parent_shard_ids.clone());
                 self.ctx.lease = *lease;
-                let _ = self.ctx.me.cast(ReaderMsg::WaitParents);
+                let _ = self.wires.me.cast(ReaderMsg::WaitParents);
             }
         }
         Ok(())
@@ -313,10 +317,10 @@ impl ReaderState {
         match step.await {
             ParentsStep::Blocked(delay) => {
                 self.phase = Phase::BlockedOnParent;
-                ctx.me.send_after(delay, || ReaderMsg::WaitParents);
+                self.wires.me.send_after(delay, || ReaderMsg::WaitParents);
             }
             ParentsStep::Retry(delay) => {
-                ctx.me.send_after(delay, || ReaderMsg::WaitParents);
+                self.wires.me.send_after(delay, || ReaderMsg::WaitParents);
             }
             ParentsStep::Done => self.begin().await?,
         }
@@ -327,7 +331,7 @@ impl ReaderState {
     async fn begin(&mut self) -> Result<(), ActorProcessingErr> {
         self.health.backoff.reset();
         let Some(begun) =
-            startup::start_processor(&self.ctx, &self.revoked, &self.stopping).await?
+            startup::start_processor(&self.ctx, &self.wires, &self.revoked, &self.stopping).await?
         else {
             return Ok(());
         };
@@ -339,9 +343,9 @@ impl ReaderState {
             self.ctx.lease.hash_range,
             Instant::now(),
         );
-        self.processor = Some(begun.processor);
+        self.wires.processor = Some(begun.processor);
         self.phase = Phase::Reading;
-        let _ = self.ctx.me.cast(ReaderMsg::Acquire);
+        let _ = self.wires.me.cast(ReaderMsg::Acquire);
         Ok(())
     }
 
@@ -351,9 +355,9 @@ impl ReaderState {
         }
         self.fetch_scheduled = true;
         if delay.is_zero() {
-            let _ = self.ctx.me.cast(ReaderMsg::Fetch);
+            let _ = self.wires.me.cast(ReaderMsg::Fetch);
         } else {
-            self.ctx.me.send_after(delay, || ReaderMsg::Fetch);
+            self.wires.me.send_after(delay, || ReaderMsg::Fetch);
         }
     }
 
@@ -370,7 +374,7 @@ impl ReaderState {
         let step = pure::fetch_step(FetchGate {
             phase: self.phase,
             stalled,
-            may_deliver: || reading::may_deliver(&self.ctx, &mut self.health),
+            may_deliver: || reading::may_deliver(&self.ctx, &self.wires, &mut self.health),
             window_full: self.outbox.window_full(reader),
             has_iterator: self.source.ready(),
         });
@@ -395,7 +399,7 @@ impl ReaderState {
                 self.schedule_fetch(poll);
             }
             FetchStep::Acquire => {
-                let _ = self.ctx.me.cast(ReaderMsg::Acquire);
+                let _ = self.wires.me.cast(ReaderMsg::Acquire);
             }
             FetchStep::Read => {
                 let (source, mut reading) = self.reading();
@@ -419,7 +423,7 @@ impl ReaderState {
         for error in &acked.errors {
             warn!(message = "Ack ignored.", shard_id = %self.ctx.shard, %error);
         }
-        self.ctx.ports.telemetry.emit(RecordsProcessed {
+        self.wires.telemetry.emit(RecordsProcessed {
             shard: &self.ctx.key,
             records: acked.processed_records,
             bytes: acked.processed_bytes,
@@ -438,7 +442,7 @@ impl ReaderState {
 
     /// Asks the writer to checkpoint `at` (the outbox has taken it as the checkpoint).
     fn send_advance(&self, at: ExtendedSequenceNumber) {
-        let _ = self.ctx.ports.writer.cast(CheckpointMsg::Advance {
+        let _ = self.wires.writer.cast(CheckpointMsg::Advance {
             key: self.ctx.key.clone(),
             fence: self.ctx.fence.clone(),
             at,
@@ -453,7 +457,7 @@ impl ReaderState {
     ) -> Result<(), CheckpointError> {
         self.outbox.prepare(self.phase, &at)?;
         let (key, fence) = (self.ctx.key.clone(), self.ctx.fence.clone());
-        self.ctx
+        self.wires
             .ask_writer(|reply| CheckpointMsg::Prepare {
                 key,
                 fence,
@@ -468,7 +472,7 @@ impl ReaderState {
     async fn commit_prepared(&mut self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
         self.outbox.commit(self.phase, &at)?;
         let (key, fence) = (self.ctx.key.clone(), self.ctx.fence.clone());
-        self.ctx
+        self.wires
             .ask_writer(|reply| CheckpointMsg::Commit {
                 key,
                 fence,
@@ -483,7 +487,7 @@ impl ReaderState {
             return;
         }
         self.phase = Phase::Ending;
-        ending::ask_processor(&self.ctx, self.processor.as_ref(), ProcessorMsg::ShardEnded);
+        ending::ask_processor(&self.ctx, &self.wires, ProcessorMsg::ShardEnded);
     }
 
     /// The processor answered `shard_ended` or `shutdown_requested`: the end is
@@ -494,19 +498,22 @@ impl ReaderState {
     ) -> Result<(), ActorProcessingErr> {
         let stop = match self.phase {
             Phase::Ending => {
-                let stop = self.ending.shard_ended(&self.ctx, answer).await?;
+                let stop = self
+                    .ending
+                    .shard_ended(&self.ctx, &self.wires, answer)
+                    .await?;
                 if matches!(stop, StopReason::ShardEnd) {
                     self.outbox.shard_end_written();
                 }
                 stop
             }
             Phase::ShuttingDown => {
-                self.ending.shut_down(&self.ctx, answer).await;
+                self.ending.shut_down(&self.ctx, &self.wires, answer).await;
                 StopReason::Shutdown
             }
             _ => return Ok(()),
         };
-        if let Some(processor) = self.processor.take() {
+        if let Some(processor) = self.wires.processor.take() {
             let _ = processor
                 .stop_and_wait(None, Some(Duration::from_secs(5)))
                 .await;
@@ -523,14 +530,12 @@ impl ReaderState {
         self.revoked.store(true, Ordering::Release);
         self.drop_feed();
         self.phase = Phase::LeaseLost;
-        let ctx = &self.ctx;
-        let _ = ctx
-            .ports
-            .writer
-            .cast(CheckpointMsg::Forget(ctx.key.clone()));
-        match &self.processor {
+        let (ctx, wires) = (&self.ctx, &self.wires);
+        let _ = wires.writer.cast(CheckpointMsg::Forget(ctx.key.clone()));
+        match &wires.processor {
             Some(processor) if processor.cast(ProcessorMsg::LeaseLost).is_ok() => {
-                ctx.me
+                wires
+                    .me
                     .send_after(ctx.settings().supervision.shutdown_timeout, || {
                         ReaderMsg::StopNow
                     });
@@ -546,15 +551,11 @@ impl ReaderState {
         self.phase = Phase::ShuttingDown;
         self.stopping.store(true, Ordering::Release);
         self.drop_feed();
-        ending::ask_processor(
-            &self.ctx,
-            self.processor.as_ref(),
-            ProcessorMsg::ShutdownRequested,
-        );
+        ending::ask_processor(&self.ctx, &self.wires, ProcessorMsg::ShutdownRequested);
     }
 
     fn note_stall(&mut self) {
-        reading::note_stall(&self.ctx, &mut self.stall, self.phase);
+        reading::note_stall(&self.ctx, &self.wires, &mut self.stall, self.phase);
     }
 
     fn status(&self) -> ShardStatus {

@@ -138,7 +138,10 @@ impl Env {
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        panic!("{}: {table} or an index of it is not ACTIVE after 30 s", self.tier);
+        panic!(
+            "{}: {table} or an index of it is not ACTIVE after 30 s",
+            self.tier
+        );
     }
 
     /// Every row of the table, raw, by `leaseKey` (a strongly consistent scan).

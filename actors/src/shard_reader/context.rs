@@ -1,21 +1,25 @@
-//! What a reader is given and never changes while it runs: the shard it reads, the ports
-//! it reads with, and the actors and boards it reports to. Every part of the reader
-//! borrows it; none owns it, so the parts share one copy of the wiring and keep their
-//! own state apart.
+//! What a reader is given and never changes while it runs, in two halves: [`Ctx`], the
+//! shard it reads and the ports and boards it reads and reports with, and [`Wires`],
+//! the actors it messages. Every part borrows them; none owns them, so the parts share
+//! one copy of the wiring and keep their own state apart. The read steps reach the
+//! actors only through the [`Out`] trait, so they are tested without actors (a
+//! recording `Out` over the memory backends, in [`testing`]).
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use ractor::{ActorRef, RpcReplyPort};
+use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::backend::{LeaseTable, StreamClient};
+use crate::backend::{LeaseTable, ShardEvent, StreamClient, StreamError};
 use crate::boards::LagBoard;
 use crate::fencing::Fencing;
 use crate::model::{Fence, Lease, LeaseKey, ShardId};
 use crate::processor::{ProcessorSource, ProcessorWait};
-use crate::protocol::{CheckpointError, CheckpointMsg, Checkpointer, ReaderMsg, SupervisorMsg};
+use crate::protocol::{
+    Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorMsg, ReaderMsg, SupervisorMsg,
+};
 use crate::settings::{CheckpointMode, Settings};
-use crate::telemetry::{Sample, Telemetry};
+use crate::telemetry::{Event, Sample, Telemetry};
 
 /// What the supervisor gives a reader it starts.
 pub(crate) struct ReaderArgs {
@@ -47,10 +51,10 @@ pub(crate) struct ReaderArgs {
 /// How long the reader waits on the checkpoint writer.
 pub(super) const WRITER_TIMEOUT_MS: u64 = 30_000;
 
-/// The reader's wiring (see the module doc). `lease` is the one field that changes: the
-/// start-up step replaces it with the row read from the table.
+/// What the reader reads with (see the module doc). `lease` is the one field that
+/// changes: the start-up step replaces it with the row read from the table. Nothing in
+/// it is an actor, so a part's tests build one over the memory backends.
 pub(super) struct Ctx {
-    pub me: ActorRef<ReaderMsg>,
     pub key: LeaseKey,
     pub shard: ShardId,
     pub fence: Fence,
@@ -64,33 +68,63 @@ pub(super) struct Ctx {
     pub restarts: u32,
 }
 
-/// The ports and peers a reader talks to (all shared handles).
+/// The ports and boards a reader reads and reports with (all shared handles).
 pub(super) struct Ports {
     pub streams: Arc<dyn StreamClient>,
     pub table: Arc<dyn LeaseTable>,
     pub settings: Arc<Settings>,
-    pub processor: ProcessorSource,
-    pub writer: ActorRef<CheckpointMsg>,
-    pub supervisor: ActorRef<SupervisorMsg>,
-    pub telemetry: Telemetry,
     /// Self-fencing: checked before each fetch and each delivery.
     pub fencing: Fencing,
     /// MillisBehindLatest per shard id, shared with the lease keeper's heartbeat.
     pub lags: LagBoard,
-    /// Handed to the processor in its checkpointer, to ask the worker to stop.
-    pub worker: crate::handle::WorkerHandle,
     /// What the processor waits on outside, shared with its host (a MultiLang child's
     /// answer): past its stall time, the shard is stalled.
     pub wait: ProcessorWait,
 }
 
+/// Where a read step sends what it does not keep: batches to the processor, a fan-out
+/// subscription's events to the reader's own mailbox, events and samples to the
+/// metrics reporter. The shell's [`Wires`] sends to the actors; a part's test records.
+pub(super) trait Out: Send + Sync {
+    /// An event: its log line and its samples, as `Telemetry::emit` does.
+    fn emit(&self, event: &dyn Event);
+    /// Gauges and counts that are not events.
+    fn record(&self, samples: Vec<Sample>);
+    /// Hands a batch to the processor, with the shard's checkpointer (nothing while no
+    /// processor runs); an error when its mailbox is closed.
+    fn process(&self, batch: Batch) -> Result<(), ActorProcessingErr>;
+    /// Where a fan-out subscription's task sends each event, moved into the task.
+    fn feed_sink(&self) -> FeedSink;
+}
+
+/// Sends one event of the subscription of this generation; `false` once nobody takes
+/// them (the reader is gone): the task then ends.
+pub(super) type FeedSink =
+    Box<dyn Fn(u64, Result<Option<ShardEvent>, StreamError>) -> bool + Send + Sync>;
+
+/// The reader's peers, all actors: itself, its processor once started, the checkpoint
+/// writer, the supervisor and the metrics reporter. The shell and its steps that
+/// message them (start-up, the end) hold it; the read steps see it as an [`Out`].
+pub(super) struct Wires {
+    pub me: ActorRef<ReaderMsg>,
+    pub writer: ActorRef<CheckpointMsg>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub telemetry: Telemetry,
+    /// How the processor is started (an actor of the reader's, or a host).
+    pub processors: ProcessorSource,
+    /// Handed to the processor with each batch (a clone).
+    pub checkpointer: Checkpointer,
+    /// The processor, once started.
+    pub processor: Option<ActorRef<ProcessorMsg>>,
+}
+
 impl Ctx {
-    /// The wiring from the supervisor's arguments, and what is not wiring: the fan-out
-    /// consumer (the source's) and the budget slot (the outbox's).
+    /// The reader's context and peers from the supervisor's arguments, and what is
+    /// neither: the fan-out consumer (the source's) and the budget slot (the outbox's).
     pub fn new(
         args: ReaderArgs,
         me: ActorRef<ReaderMsg>,
-    ) -> (Self, Option<Arc<str>>, crate::model::BudgetSlot) {
+    ) -> (Self, Wires, Option<Arc<str>>, crate::model::BudgetSlot) {
         let ReaderArgs {
             lease,
             stream,
@@ -125,37 +159,34 @@ impl Ctx {
                 streams,
                 table,
                 settings,
-                processor,
-                writer,
-                supervisor,
-                telemetry,
                 fencing,
                 lags,
-                worker,
                 wait: ProcessorWait::new(me.clone()),
             },
-            me,
         };
-        (ctx, consumer, budget)
+        let wires = Wires {
+            checkpointer: Checkpointer {
+                shard: ctx.shard.clone(),
+                reader: me.clone(),
+                mode: ctx.mode,
+                worker,
+            },
+            me,
+            writer,
+            supervisor,
+            telemetry,
+            processors: processor,
+            processor: None,
+        };
+        (ctx, wires, consumer, budget)
     }
 
     pub fn settings(&self) -> &Settings {
         &self.ports.settings
     }
+}
 
-    pub fn report(&self, samples: Vec<Sample>) {
-        self.ports.telemetry.record(samples);
-    }
-
-    pub fn checkpointer(&self) -> Checkpointer {
-        Checkpointer {
-            shard: self.shard.clone(),
-            reader: self.me.clone(),
-            mode: self.mode,
-            worker: self.ports.worker.clone(),
-        }
-    }
-
+impl Wires {
     /// Asks the checkpoint writer for a write and waits for its answer, for the
     /// processor's checkpointer: a writer that does not answer is a checkpoint not
     /// written (yet).
@@ -163,18 +194,244 @@ impl Ctx {
         &self,
         message: impl FnOnce(RpcReplyPort<Result<(), CheckpointError>>) -> CheckpointMsg,
     ) -> Result<(), CheckpointError> {
-        ractor::call_t!(self.ports.writer, message, WRITER_TIMEOUT_MS).map_err(|e| {
+        ractor::call_t!(self.writer, message, WRITER_TIMEOUT_MS).map_err(|e| {
             CheckpointError::NotWritten {
-                shard: self.shard.clone(),
+                shard: self.checkpointer.shard.clone(),
                 why: e.to_string(),
             }
         })?
     }
 
     /// Waits for everything acked before to be written.
-    pub async fn flush(&self) -> Result<(), CheckpointError> {
-        let key = self.key.clone();
+    pub async fn flush(&self, key: &LeaseKey) -> Result<(), CheckpointError> {
+        let key = key.clone();
         self.ask_writer(|reply| CheckpointMsg::Flush { key, reply })
             .await
+    }
+}
+
+impl Out for Wires {
+    fn emit(&self, event: &dyn Event) {
+        // As `Telemetry::emit`: the log line, then the samples.
+        event.log();
+        self.telemetry.record(event.samples());
+    }
+
+    fn record(&self, samples: Vec<Sample>) {
+        self.telemetry.record(samples);
+    }
+
+    fn process(&self, batch: Batch) -> Result<(), ActorProcessingErr> {
+        if let Some(processor) = &self.processor {
+            processor.cast(ProcessorMsg::Process(batch, self.checkpointer.clone()))?;
+        }
+        Ok(())
+    }
+
+    fn feed_sink(&self) -> FeedSink {
+        let me = self.me.clone();
+        Box::new(move |generation, event| me.cast(ReaderMsg::Event { generation, event }).is_ok())
+    }
+}
+
+#[cfg(test)]
+pub(super) mod testing {
+    //! A reader's parts without actors: a [`Ctx`] over the memory stream and lease
+    //! table, and a recording [`Out`], for the read steps' tests.
+
+    use std::sync::Mutex;
+
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::backend::memory::{MemoryDynamo, MemoryStreams, MemoryStreamsConfig};
+    use crate::backend::{IteratorPosition, PutRecord, StreamAdmin};
+    use crate::backoff::Backoff;
+    use crate::model::{Checkpoint, WorkerBudget, WorkerId};
+    use crate::shard_reader::health::ReadHealth;
+    use crate::shard_reader::outbox::Outbox;
+    use crate::shard_reader::pure::Phase;
+    use crate::shard_reader::reading::Reading;
+    use crate::shard_reader::stall::StallWatch;
+
+    pub const STREAM: &str = "s";
+
+    /// Records what the parts sent.
+    pub struct Recorder {
+        pub batches: Mutex<Vec<Batch>>,
+        pub samples: Mutex<Vec<Sample>>,
+        pub events: Mutex<u32>,
+        feed: mpsc::UnboundedSender<(u64, Result<Option<ShardEvent>, StreamError>)>,
+    }
+
+    impl Out for Recorder {
+        fn emit(&self, event: &dyn Event) {
+            *self.events.lock().unwrap() += 1;
+            self.record(event.samples());
+        }
+        fn record(&self, samples: Vec<Sample>) {
+            self.samples.lock().unwrap().extend(samples);
+        }
+        fn process(&self, batch: Batch) -> Result<(), ActorProcessingErr> {
+            self.batches.lock().unwrap().push(batch);
+            Ok(())
+        }
+        fn feed_sink(&self) -> FeedSink {
+            let feed = self.feed.clone();
+            Box::new(move |generation, event| feed.send((generation, event)).is_ok())
+        }
+    }
+
+    impl Recorder {
+        /// The records handed over, by sequence number, batch by batch.
+        pub fn delivered(&self) -> Vec<Vec<String>> {
+            self.batches
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|b| {
+                    b.records
+                        .iter()
+                        .map(|r| r.sequence_number.to_string())
+                        .collect()
+                })
+                .collect()
+        }
+
+        /// The last value sampled for `metric`, if any.
+        pub fn last(&self, metric: crate::telemetry::Metric) -> Option<f64> {
+            self.samples
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|s| s.metric == metric)
+                .map(|s| s.value)
+        }
+    }
+
+    /// One reader's parts, holding shard 0 of a one-shard memory stream from TRIM_HORIZON
+    /// (the lease held, the heartbeat confirmed: it may deliver).
+    pub struct Rig {
+        pub ctx: Ctx,
+        pub out: Recorder,
+        pub feed: mpsc::UnboundedReceiver<(u64, Result<Option<ShardEvent>, StreamError>)>,
+        pub streams: Arc<MemoryStreams>,
+        pub outbox: Outbox,
+        pub health: ReadHealth,
+        pub stall: StallWatch,
+        /// The worker's budget the outbox's slot is in.
+        pub budget: WorkerBudget,
+    }
+
+    impl Rig {
+        /// Must run in a tokio runtime with paused time (the memory stream's clock).
+        pub async fn new(settings: Settings) -> Self {
+            let streams = Arc::new(MemoryStreams::new(MemoryStreamsConfig::default()));
+            streams.create_stream(STREAM, 1).await.unwrap();
+            let table = Arc::new(MemoryDynamo::new().lease_table("t"));
+            let shard = ShardId::from_index(0);
+            let mut lease = Lease::new(&shard, Checkpoint::TrimHorizon, vec![], None);
+            lease.owner = Some(WorkerId::new("me"));
+            lease.counter = 1;
+            let key = lease.key.clone();
+            let fencing = Fencing::new(settings.lease.fence_time());
+            let now = Instant::now();
+            fencing.lock().heartbeat_confirmed(now, now);
+            fencing.lock().hold(&key, &lease.fence(), now);
+            let budget = WorkerBudget::new(64 << 20);
+            let mode = settings.checkpoint.mode;
+            let mut outbox = Outbox::new(shard.clone(), mode, budget.join(), now);
+            outbox.begin(
+                Checkpoint::TrimHorizon,
+                IteratorPosition::TrimHorizon,
+                None,
+                None,
+                now,
+            );
+            let backoff = Backoff::new(settings.reader.backoff_min, settings.reader.backoff_max);
+            let (feed_tx, feed) = mpsc::unbounded_channel();
+            Rig {
+                ctx: Ctx {
+                    key,
+                    shard,
+                    fence: lease.fence(),
+                    mode,
+                    lease,
+                    stream: STREAM.into(),
+                    stream_arn: None,
+                    initial_timestamp: None,
+                    restarts: 0,
+                    ports: Ports {
+                        streams: streams.clone(),
+                        table,
+                        settings: Arc::new(settings),
+                        fencing,
+                        lags: LagBoard::default(),
+                        wait: ProcessorWait::default(),
+                    },
+                },
+                out: Recorder {
+                    batches: Mutex::default(),
+                    samples: Mutex::default(),
+                    events: Mutex::default(),
+                    feed: feed_tx,
+                },
+                feed,
+                streams,
+                outbox,
+                health: ReadHealth::new(backoff),
+                stall: StallWatch::default(),
+                budget,
+            }
+        }
+
+        /// The parts a read step borrows.
+        pub fn reading(&mut self) -> Reading<'_> {
+            Reading {
+                ctx: &self.ctx,
+                out: &self.out,
+                phase: Phase::Reading,
+                outbox: &mut self.outbox,
+                health: &mut self.health,
+                stall: &mut self.stall,
+            }
+        }
+
+        /// A heartbeat confirmed now and the lease read again after it, as the keeper
+        /// does after a gap: the shard may deliver again once time moved on.
+        pub fn beat(&self) {
+            let now = Instant::now();
+            let mut fencing = self.ctx.ports.fencing.lock();
+            fencing.heartbeat_confirmed(now, now);
+            fencing.reconfirm(&self.ctx.key, &self.ctx.fence, now);
+        }
+
+        /// Puts `n` records on the stream.
+        pub async fn put(&self, n: usize) {
+            let records: Vec<PutRecord> = (0..n)
+                .map(|i| PutRecord {
+                    partition_key: format!("k{i}"),
+                    explicit_hash_key: None,
+                    data: bytes::Bytes::from(format!("r{i}")),
+                })
+                .collect();
+            self.streams.put_records(STREAM, &records).await.unwrap();
+        }
+
+        /// Every record the processor was handed, in order.
+        pub fn all_delivered(&self) -> Vec<String> {
+            self.out.delivered().concat()
+        }
+
+        /// Acks everything handed over (the processor finished it).
+        pub fn ack_all(&mut self) {
+            let batches: Vec<Batch> = std::mem::take(&mut *self.out.batches.lock().unwrap());
+            for batch in batches {
+                let acks = crate::protocol::Acks::Batch(batch.id);
+                self.outbox.ack(acks, 0, Instant::now());
+            }
+        }
     }
 }

@@ -4,9 +4,9 @@
 //! answer comes back as `ProcessorDone`, queued behind any acks it sent before
 //! answering; this part holds what the end needs until then.
 
-use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{ActorProcessingErr, RpcReplyPort};
 
-use super::context::{Ctx, WRITER_TIMEOUT_MS};
+use super::context::{Ctx, WRITER_TIMEOUT_MS, Wires};
 use super::outbox::child_ids;
 use super::pure::{self, Phase};
 use crate::backend::ChildShard;
@@ -58,6 +58,7 @@ impl Ending {
     pub async fn shard_ended(
         &mut self,
         ctx: &Ctx,
+        wires: &Wires,
         answer: Result<(), ProcessorFailure>,
     ) -> Result<StopReason, ActorProcessingErr> {
         if let Err(error) = answer {
@@ -67,7 +68,7 @@ impl Ending {
         let key = ctx.key.clone();
         let fence = ctx.fence.clone();
         let written = ractor::call_t!(
-            ctx.ports.writer,
+            wires.writer,
             |reply| CheckpointMsg::ShardEnd {
                 key,
                 fence,
@@ -78,7 +79,7 @@ impl Ending {
         );
         match written {
             Ok(Ok(())) => {
-                let _ = ctx.ports.supervisor.cast(SupervisorMsg::ShardFinished {
+                let _ = wires.supervisor.cast(SupervisorMsg::ShardFinished {
                     key: ctx.key.clone(),
                     children: pure::reported_children(
                         self.children.take(),
@@ -97,8 +98,13 @@ impl Ending {
 
     /// The processor answered `shutdown_requested`: flushes what it acked and answers
     /// whoever asked for the shutdown.
-    pub async fn shut_down(&mut self, ctx: &Ctx, answer: Result<(), ProcessorFailure>) {
-        let flushed = ctx.flush().await;
+    pub async fn shut_down(
+        &mut self,
+        ctx: &Ctx,
+        wires: &Wires,
+        answer: Result<(), ProcessorFailure>,
+    ) {
+        let flushed = wires.flush(&ctx.key).await;
         let outcome = shutdown_outcome(&ctx.shard, &answer, &flushed);
         if let Some(reply) = self.reply.take() {
             let _ = reply.send(outcome);
@@ -129,17 +135,17 @@ fn shutdown_outcome(
 /// `ProcessorDone`, which queues behind any acks the processor sent before answering.
 pub(super) fn ask_processor(
     ctx: &Ctx,
-    processor: Option<&ActorRef<ProcessorMsg>>,
+    wires: &Wires,
     message: fn(Checkpointer, RpcReplyPort<Result<(), String>>) -> ProcessorMsg,
 ) {
-    let me = &ctx.me;
-    let Some(processor) = processor else {
+    let me = &wires.me;
+    let Some(processor) = &wires.processor else {
         let _ = me.cast(ReaderMsg::ProcessorDone(Ok(())));
         return;
     };
     let (tx, rx) = ractor::concurrency::oneshot();
     if processor
-        .cast(message(ctx.checkpointer(), tx.into()))
+        .cast(message(wires.checkpointer.clone(), tx.into()))
         .is_err()
     {
         let _ = me.cast(ReaderMsg::ProcessorDone(Err(ProcessorFailure::Stopped)));

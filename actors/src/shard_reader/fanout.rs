@@ -10,16 +10,16 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{ActorProcessingErr, ActorRef};
+use ractor::ActorProcessingErr;
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::context::FeedSink;
 use super::outbox::ReadFacts;
 use super::pure::{self, Phase};
 use super::reading::{Next, Reading};
 use crate::backend::{ChildShard, Record, ShardEvent, StreamError, Subscription};
 use crate::model::SequenceNumber;
-use crate::protocol::ReaderMsg;
 use crate::status::SubscriptionView;
 use crate::telemetry::{Call, Metric, Sample};
 
@@ -42,18 +42,14 @@ impl Drop for Feed {
 }
 
 impl Feed {
-    fn open(
-        subscription: Box<dyn Subscription>,
-        reader: ActorRef<ReaderMsg>,
-        generation: u64,
-    ) -> Feed {
+    fn open(subscription: Box<dyn Subscription>, sink: FeedSink, generation: u64) -> Feed {
         let (pull, mut pulls) = tokio::sync::mpsc::channel::<()>(1);
         let task = tokio::spawn(async move {
             let mut subscription = subscription;
             while pulls.recv().await.is_some() {
                 let event = subscription.next_event().await;
                 let last = !matches!(event, Ok(Some(_)));
-                if reader.cast(ReaderMsg::Event { generation, event }).is_err() || last {
+                if !sink(generation, event) || last {
                     return;
                 }
             }
@@ -182,8 +178,13 @@ impl FanOut {
                     r.outbox.skip_to(skip);
                 }
                 self.subscriptions += 1;
-                ctx.report(vec![Sample::shard(Metric::Subscriptions, &ctx.key, 1.0)]);
-                self.feed = Some(Feed::open(subscription, ctx.me.clone(), self.subscriptions));
+                r.out
+                    .record(vec![Sample::shard(Metric::Subscriptions, &ctx.key, 1.0)]);
+                self.feed = Some(Feed::open(
+                    subscription,
+                    r.out.feed_sink(),
+                    self.subscriptions,
+                ));
                 ctx.ports.lags.subscribed(&ctx.key, Some(Instant::now()));
                 r.readable();
                 debug!(message = "Shard subscribed.", shard_id = %ctx.shard, ?position);
@@ -423,5 +424,130 @@ impl FanOut {
             }
         }
         Next::Fetch(r.ctx.settings().reader.poll_interval)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::context::testing::{Rig, STREAM};
+    use super::*;
+    use crate::backend::StreamClient;
+    use crate::settings::Settings;
+
+    /// A rig and a fan-out source over a registered, active consumer.
+    async fn rig() -> (Rig, FanOut) {
+        let mut settings = Settings::default();
+        settings.reader.max_records = 2;
+        let rig = Rig::new(settings).await;
+        let summary = rig.streams.describe_stream_summary(STREAM).await.unwrap();
+        let consumer = rig
+            .streams
+            .register_stream_consumer(&summary.arn, "c")
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        rig.beat();
+        let fanout = FanOut::new(Arc::from(consumer.arn.as_str()), Instant::now());
+        (rig, fanout)
+    }
+
+    /// Subscribes, pulls one event and hands it to the source.
+    async fn one_event(rig: &mut Rig, fanout: &mut FanOut) -> Next {
+        if !fanout.subscribed() {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            rig.beat();
+            let next = fanout.subscribe(&mut rig.reading()).await.unwrap();
+            assert!(matches!(next, Next::Fetch(d) if d.is_zero()), "{next:?}");
+        }
+        fanout.read(&mut rig.reading()).await.unwrap();
+        let (generation, event) = rig.feed.recv().await.expect("an event");
+        fanout
+            .on_event(&mut rig.reading(), generation, event)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_is_handed_over_in_batches_of_at_most_max_records() {
+        let (mut rig, mut fanout) = rig().await;
+        rig.put(5).await;
+        let mut got = 0;
+        for _ in 0..5 {
+            one_event(&mut rig, &mut fanout).await;
+            got = rig.all_delivered().len();
+            if got == 5 {
+                break;
+            }
+        }
+        assert_eq!(got, 5, "every record, once");
+        assert!(
+            rig.out.delivered().iter().all(|b| b.len() <= 2),
+            "{:?}",
+            rig.out.delivered()
+        );
+        assert_eq!(rig.out.last(Metric::Subscriptions), Some(1.0));
+        assert!(rig.ctx.ports.lags.delivered_total() == 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_event_of_a_cancelled_subscription_is_dropped() {
+        let (mut rig, mut fanout) = rig().await;
+        rig.put(2).await;
+        let next = one_event(&mut rig, &mut fanout).await;
+        assert!(!matches!(next, Next::Ended(_)), "{next:?}");
+        let before = rig.all_delivered().len();
+        let late = Ok(Some(ShardEvent {
+            records: Vec::new(),
+            continuation: None,
+            millis_behind_latest: Some(0),
+            child_shards: Vec::new(),
+        }));
+        let next = fanout.on_event(&mut rig.reading(), 99, late).await.unwrap();
+        assert!(matches!(next, Next::Nothing), "{next:?}");
+        assert_eq!(rig.all_delivered().len(), before);
+        assert!(fanout.subscribed(), "the open subscription is untouched");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_that_arrives_fenced_cancels_the_subscription_and_nothing_is_lost() {
+        let (mut rig, mut fanout) = rig().await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        rig.beat();
+        fanout.subscribe(&mut rig.reading()).await.unwrap();
+        rig.put(3).await;
+        let (key, fence) = (rig.ctx.key.clone(), rig.ctx.fence.clone());
+        fanout.read(&mut rig.reading()).await.unwrap();
+        let (generation, event) = rig.feed.recv().await.expect("an event");
+        rig.ctx.ports.fencing.lock().revoke(&key, &fence, "test");
+        let next = fanout
+            .on_event(&mut rig.reading(), generation, event)
+            .await
+            .unwrap();
+        assert!(matches!(next, Next::Fetch(_)), "{next:?}");
+        assert!(!fanout.subscribed(), "cancelled at once");
+        assert!(
+            rig.out.delivered().is_empty(),
+            "nothing handed over while fenced"
+        );
+        assert_eq!(fanout.held_memory(), 0);
+
+        rig.ctx.ports.fencing.lock().forget(&key, &fence);
+        rig.beat();
+        rig.ctx
+            .ports
+            .fencing
+            .lock()
+            .hold(&key, &fence, Instant::now());
+        for _ in 0..5 {
+            one_event(&mut rig, &mut fanout).await;
+            if rig.all_delivered().len() >= 3 {
+                break;
+            }
+        }
+        assert_eq!(
+            rig.all_delivered().len(),
+            3,
+            "the next subscription brings them"
+        );
     }
 }

@@ -190,7 +190,7 @@ impl Polling {
         };
         let oldest_kept = self.oldest_kept(r).await;
         let going_on = ctx.settings().reader.trimmed_checkpoint == TrimmedCheckpoint::TrimHorizon;
-        ctx.ports.telemetry.emit(CheckpointTrimmed {
+        r.out.emit(&CheckpointTrimmed {
             shard: &ctx.key,
             from: &from,
             oldest_kept: &oldest_kept,
@@ -236,5 +236,171 @@ impl Polling {
             },
             Err(error) => format!("TRIM_HORIZON (not read: {error})"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::context::testing::{Rig, STREAM};
+    use super::*;
+    use crate::backend::StreamAdmin;
+    use crate::model::ShardId;
+    use crate::settings::Settings;
+
+    fn settings() -> Settings {
+        let mut settings = Settings::default();
+        settings.reader.max_records = 3;
+        settings
+    }
+
+    /// Reads one step: acquires an iterator first when there is none.
+    async fn step(polling: &mut Polling, rig: &mut Rig) -> Next {
+        let mut r = rig.reading();
+        if !polling.has_iterator() {
+            let next = polling.acquire(&mut r).await.unwrap();
+            assert!(matches!(next, Next::Fetch(d) if d.is_zero()), "{next:?}");
+        }
+        polling.read(&mut r).await.unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_from_the_checkpoint_in_order_and_hands_each_read_over() {
+        let mut rig = Rig::new(settings()).await;
+        rig.put(5).await;
+        let mut polling = Polling::new(Duration::ZERO);
+        let next = step(&mut polling, &mut rig).await;
+        assert!(matches!(next, Next::Fetch(_)), "{next:?}");
+        assert_eq!(rig.out.delivered().len(), 1);
+        let held = rig.budget.usage().in_use;
+        assert!(held > 0, "the delivered records are held in the budget");
+        rig.ack_all();
+        step(&mut polling, &mut rig).await;
+        assert_eq!(
+            rig.out.delivered().len(),
+            1,
+            "the rest, in a batch of its own"
+        );
+        assert_eq!(
+            rig.ctx.ports.lags.delivered_total(),
+            5,
+            "both reads counted as delivered"
+        );
+        rig.ack_all();
+        assert!(
+            rig.budget.usage().in_use < held,
+            "acked records leave the budget"
+        );
+        // A quiet shard: nothing handed over, the wait grows from the poll interval.
+        let Next::Fetch(first) = step(&mut polling, &mut rig).await else {
+            panic!("a quiet shard is read again")
+        };
+        let Next::Fetch(second) = step(&mut polling, &mut rig).await else {
+            panic!("a quiet shard is read again")
+        };
+        assert!(second >= first, "{first:?} then {second:?}");
+        assert!(rig.out.delivered().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_are_at_most_max_records_and_keep_the_shards_order() {
+        let mut rig = Rig::new(settings()).await;
+        rig.put(7).await;
+        let mut polling = Polling::new(Duration::ZERO);
+        for _ in 0..3 {
+            step(&mut polling, &mut rig).await;
+        }
+        let sizes: Vec<usize> = rig.out.delivered().iter().map(Vec::len).collect();
+        assert_eq!(sizes, [3, 3, 1]);
+        let all = rig.all_delivered();
+        let mut sorted = all.clone();
+        sorted.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b)));
+        assert_eq!(all, sorted, "in the shard's order");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_read_while_fenced_are_not_handed_over_and_are_read_again() {
+        let mut rig = Rig::new(settings()).await;
+        rig.put(3).await;
+        let mut polling = Polling::new(Duration::ZERO);
+        let (key, fence) = (rig.ctx.key.clone(), rig.ctx.fence.clone());
+        rig.ctx.ports.fencing.lock().revoke(&key, &fence, "test");
+        {
+            let mut r = rig.reading();
+            polling.acquire(&mut r).await.unwrap();
+        }
+        let next = step(&mut polling, &mut rig).await;
+        assert!(matches!(next, Next::Fetch(_)), "{next:?}");
+        assert!(
+            rig.out.delivered().is_empty(),
+            "nothing handed over while fenced"
+        );
+        assert!(!polling.has_iterator(), "the iterator is dropped");
+        assert_eq!(*rig.out.events.lock().unwrap(), 1, "the pause said once");
+
+        // Held again: the next read starts after the last record delivered (none).
+        let now = Instant::now();
+        rig.ctx.ports.fencing.lock().forget(&key, &fence);
+        rig.ctx.ports.fencing.lock().hold(&key, &fence, now);
+        step(&mut polling, &mut rig).await;
+        assert_eq!(rig.all_delivered().len(), 3, "nothing skipped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_shard_is_read_to_its_end_and_names_its_children() {
+        let mut rig = Rig::new(settings()).await;
+        rig.put(2).await;
+        let parent = ShardId::from_index(0);
+        rig.streams
+            .split_shard(STREAM, &parent, 1u128 << 127)
+            .await
+            .unwrap();
+        let mut polling = Polling::new(Duration::ZERO);
+        let next = step(&mut polling, &mut rig).await;
+        let Next::Ended(Some(children)) = next else {
+            panic!("the read reached the end: {next:?}")
+        };
+        assert_eq!(children.len(), 2, "{children:?}");
+        let batches = rig.out.batches.lock().unwrap();
+        let last = batches.last().expect("the records and the end handed over");
+        assert!(last.at_shard_end);
+        assert_eq!(last.child_shards.len(), 2);
+        assert_eq!(batches.iter().map(|b| b.records.len()).sum::<usize>(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_iterator_is_acquired_again_from_the_last_record_delivered() {
+        let mut rig = Rig::new(settings()).await;
+        rig.put(2).await;
+        let mut polling = Polling::new(Duration::ZERO);
+        step(&mut polling, &mut rig).await;
+        tokio::time::advance(Duration::from_secs(301)).await;
+        let next = {
+            let mut r = rig.reading();
+            polling.read(&mut r).await.unwrap()
+        };
+        assert!(matches!(next, Next::Acquire), "{next:?}");
+        assert!(!polling.has_iterator());
+        rig.beat();
+        rig.put(1).await;
+        let next = step(&mut polling, &mut rig).await;
+        assert_eq!(
+            rig.all_delivered().len(),
+            3,
+            "nothing again, nothing skipped: {next:?} {:?}",
+            rig.all_delivered()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_stream_fails_the_reader_naming_the_shard() {
+        let mut rig = Rig::new(settings()).await;
+        rig.streams.delete_stream(STREAM).await.unwrap();
+        let mut polling = Polling::new(Duration::ZERO);
+        let mut r = rig.reading();
+        let error = polling.acquire(&mut r).await.unwrap_err().to_string();
+        assert!(
+            error.contains("shardId-000000000000") && error.contains(STREAM),
+            "{error}"
+        );
     }
 }

@@ -6,17 +6,16 @@
 
 use std::time::{Duration, SystemTime};
 
-use ractor::{ActorProcessingErr, ActorRef};
+use ractor::ActorProcessingErr;
 use tokio::time::Instant;
 use tracing::{error, info};
 
-use super::context::Ctx;
+use super::context::{Ctx, Out};
 use super::health::{FenceNews, ReadHealth};
 use super::outbox::{Outbox, ReadFacts};
 use super::pure::{self, Phase};
 use super::stall::{StallNews, StallWatch};
 use crate::backend::{ChildShard, Record, StreamError};
-use crate::protocol::{Batch, ProcessorMsg};
 use crate::telemetry::{
     Call, CallFailed, DeliveryPaused, DeliveryResumed, Metric, Sample, ShardStalled, ShardUnstalled,
 };
@@ -37,18 +36,19 @@ pub(super) enum Next {
 /// The reader's parts a read step works on, borrowed for the step.
 pub(super) struct Reading<'a> {
     pub ctx: &'a Ctx,
+    /// The processor, the reader's mailbox and the metrics, as the step sees them.
+    pub out: &'a dyn Out,
     pub phase: Phase,
     pub outbox: &'a mut Outbox,
     pub health: &'a mut ReadHealth,
     pub stall: &'a mut StallWatch,
-    pub processor: Option<&'a ActorRef<ProcessorMsg>>,
 }
 
 impl Reading<'_> {
     /// Whether this shard may hand records to its processor now (self-fencing); says
     /// each change of verdict once.
     pub fn may_deliver(&mut self) -> bool {
-        may_deliver(self.ctx, self.health)
+        may_deliver(self.ctx, self.out, self.health)
     }
 
     /// A call on the stream answered: ends a run of failures.
@@ -82,7 +82,7 @@ impl Reading<'_> {
             let millis = took.as_secs_f64() * 1000.0;
             samples.push(Sample::shard(Metric::GetRecordsTime, key, millis));
         }
-        self.ctx.report(samples);
+        self.out.record(samples);
     }
 
     /// A stream call failed: counted, said (an ERROR every so many in a row: a shard
@@ -103,7 +103,7 @@ impl Reading<'_> {
                 %error,
             );
         }
-        self.ctx.ports.telemetry.emit(CallFailed {
+        self.out.emit(&CallFailed {
             call,
             shard: Some(&self.ctx.key),
             error,
@@ -134,7 +134,7 @@ impl Reading<'_> {
     }
 
     pub fn note_stall(&mut self) {
-        note_stall(self.ctx, self.stall, self.phase);
+        note_stall(self.ctx, self.out, self.stall, self.phase);
     }
 
     /// Hands a read's records over ([`Outbox::deliver`]) and counts them; `held` is what
@@ -174,24 +174,24 @@ impl Reading<'_> {
                     waited.as_secs_f64() * 1000.0,
                 ));
             }
-            ctx.report(samples);
+            self.out.record(samples);
             ctx.ports
                 .lags
                 .delivered(&ctx.key, delivery.records, delivery.bytes);
         }
-        send_batch(ctx, self.processor, delivery.batch)
+        self.out.process(delivery.batch)
     }
 }
 
 /// Whether this shard may deliver now (see [`Reading::may_deliver`]).
-pub(super) fn may_deliver(ctx: &Ctx, health: &mut ReadHealth) -> bool {
+pub(super) fn may_deliver(ctx: &Ctx, out: &dyn Out, health: &mut ReadHealth) -> bool {
     let (may, news) = health.fencing(ctx.ports.fencing.check(&ctx.key, &ctx.fence));
     match news {
-        Some(FenceNews::Resumed(was)) => ctx.ports.telemetry.emit(DeliveryResumed {
+        Some(FenceNews::Resumed(was)) => out.emit(&DeliveryResumed {
             shard: &ctx.shard,
             was: &was,
         }),
-        Some(FenceNews::Paused(reason)) => ctx.ports.telemetry.emit(DeliveryPaused {
+        Some(FenceNews::Paused(reason)) => out.emit(&DeliveryPaused {
             shard: &ctx.shard,
             reason: &reason,
         }),
@@ -201,7 +201,7 @@ pub(super) fn may_deliver(ctx: &Ctx, health: &mut ReadHealth) -> bool {
 }
 
 /// Looks at the stall and says what changed ([`StallWatch::note`]).
-pub(super) fn note_stall(ctx: &Ctx, stall: &mut StallWatch, phase: Phase) {
+pub(super) fn note_stall(ctx: &Ctx, out: &dyn Out, stall: &mut StallWatch, phase: Phase) {
     let now = Instant::now();
     let settings = ctx.settings();
     let reason = stall.reason(
@@ -211,31 +211,133 @@ pub(super) fn note_stall(ctx: &Ctx, stall: &mut StallWatch, phase: Phase) {
         now,
     );
     match stall.note(phase, reason, now, settings.metrics.interval) {
-        StallNews::Started(reason) => ctx.ports.telemetry.emit(ShardStalled {
+        StallNews::Started(reason) => out.emit(&ShardStalled {
             key: &ctx.key,
             reason: &reason,
         }),
-        StallNews::Ended(stalled_for) => ctx.ports.telemetry.emit(ShardUnstalled {
+        StallNews::Ended(stalled_for) => out.emit(&ShardUnstalled {
             key: &ctx.key,
             stalled_for,
         }),
         StallNews::GaugeOff => {
-            ctx.report(vec![Sample::shard(Metric::ShardsStalled, &ctx.key, 0.0)]);
+            out.record(vec![Sample::shard(Metric::ShardsStalled, &ctx.key, 0.0)]);
         }
         StallNews::GaugeOn => {
-            ctx.report(vec![Sample::shard(Metric::ShardsStalled, &ctx.key, 1.0)]);
+            out.record(vec![Sample::shard(Metric::ShardsStalled, &ctx.key, 1.0)]);
         }
         StallNews::Nothing => {}
     }
 }
 
-pub(super) fn send_batch(
-    ctx: &Ctx,
-    processor: Option<&ActorRef<ProcessorMsg>>,
-    batch: Batch,
-) -> Result<(), ActorProcessingErr> {
-    if let Some(processor) = processor {
-        processor.cast(ProcessorMsg::Process(batch, ctx.checkpointer()))?;
+#[cfg(test)]
+mod tests {
+    use super::super::context::testing::Rig;
+    use super::*;
+    use crate::settings::Settings;
+
+    fn throttled() -> StreamError {
+        StreamError::Throttled {
+            op: "GetRecords",
+            message: "slow down".into(),
+        }
     }
-    Ok(())
+
+    fn events(rig: &Rig) -> u32 {
+        *rig.out.events.lock().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_of_the_fencing_verdict_is_said_once() {
+        let mut rig = Rig::new(Settings::default()).await;
+        let (key, fence) = (rig.ctx.key.clone(), rig.ctx.fence.clone());
+        assert!(rig.reading().may_deliver());
+        assert_eq!(events(&rig), 0, "no news while delivering");
+        rig.ctx.ports.fencing.lock().revoke(&key, &fence, "test");
+        assert!(!rig.reading().may_deliver());
+        assert!(!rig.reading().may_deliver());
+        assert_eq!(events(&rig), 1, "paused: said once");
+        let now = Instant::now();
+        rig.ctx.ports.fencing.lock().forget(&key, &fence);
+        rig.ctx.ports.fencing.lock().hold(&key, &fence, now);
+        assert!(rig.reading().may_deliver());
+        assert!(rig.reading().may_deliver());
+        assert_eq!(events(&rig), 2, "resumed: said once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_reads_stall_the_shard_with_the_reason_and_an_answer_ends_it() {
+        let mut rig = Rig::new(Settings::default()).await;
+        for _ in 1..pure::STALL_REPORT_EVERY {
+            rig.reading().count_failure(Call::GetRecords, &throttled());
+        }
+        assert_eq!(rig.out.last(Metric::ShardsStalled), None, "not yet a stall");
+        rig.reading().count_failure(Call::GetRecords, &throttled());
+        assert_eq!(rig.out.last(Metric::ShardsStalled), Some(1.0));
+        let reason = rig
+            .stall
+            .reason(
+                Phase::Reading,
+                None,
+                Duration::from_secs(60),
+                Instant::now(),
+            )
+            .expect("stalled");
+        assert!(
+            reason.starts_with("cannot be read: GetRecords failed 20 times in a row"),
+            "{reason}"
+        );
+        // More failures keep the first reason of the run, and say nothing new.
+        let said = events(&rig);
+        rig.reading().count_failure(Call::GetRecords, &throttled());
+        assert_eq!(events(&rig), said + 1, "only the failure itself is counted");
+        rig.reading().answered();
+        assert_eq!(
+            rig.out.last(Metric::ShardsStalled),
+            Some(0.0),
+            "the stall ended"
+        );
+        assert_eq!(rig.health.failures_in_row(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delivery_counts_what_it_hands_over_and_an_empty_read_hands_nothing() {
+        let mut settings = Settings::default();
+        settings.reader.call_on_empty = false;
+        let mut rig = Rig::new(settings).await;
+        let facts = || ReadFacts {
+            fetched_at: Instant::now(),
+            end: None,
+        };
+        rig.reading().deliver(Vec::new(), facts(), 0).unwrap();
+        assert!(
+            rig.out.delivered().is_empty(),
+            "no empty batch unless asked for"
+        );
+        rig.put(2).await;
+        let iterator = rig
+            .ctx
+            .ports
+            .streams
+            .get_shard_iterator(
+                &rig.ctx.stream,
+                &rig.ctx.shard,
+                &crate::backend::IteratorPosition::TrimHorizon,
+            )
+            .await
+            .unwrap();
+        let read = rig
+            .ctx
+            .ports
+            .streams
+            .get_records(&iterator, 10)
+            .await
+            .unwrap();
+        rig.reading().deliver(read.records, facts(), 0).unwrap();
+        assert_eq!(
+            rig.out.delivered().iter().map(Vec::len).collect::<Vec<_>>(),
+            [2]
+        );
+        assert_eq!(rig.ctx.ports.lags.delivered_total(), 2);
+        assert!(rig.out.last(Metric::BudgetBytesInUse).unwrap() > 0.0);
+    }
 }

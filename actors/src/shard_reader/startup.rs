@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::{ActorProcessingErr, ActorRef};
 use tracing::{debug, info};
 
-use super::context::{Ctx, WRITER_TIMEOUT_MS};
+use super::context::{Ctx, WRITER_TIMEOUT_MS, Wires};
 use super::pure;
 use crate::backend::{IteratorPosition, LeaseTable};
 use crate::backoff::Backoff;
@@ -33,11 +33,12 @@ pub(super) enum Started {
 /// Flushes what a previous incarnation acked, then reads the lease (see [`Started`]).
 pub(super) async fn read_lease(
     ctx: &Ctx,
+    wires: &Wires,
     backoff: &mut Backoff,
 ) -> Result<Started, ActorProcessingErr> {
     let key = ctx.key.clone();
     match ractor::call_t!(
-        ctx.ports.writer,
+        wires.writer,
         |reply| CheckpointMsg::Flush { key, reply },
         WRITER_TIMEOUT_MS
     ) {
@@ -60,7 +61,7 @@ pub(super) async fn read_lease(
         return Ok(Started::Stop(StopReason::LeaseLost));
     }
     if lease.checkpoint.is_shard_end() {
-        let _ = ctx.ports.supervisor.cast(SupervisorMsg::ShardFinished {
+        let _ = wires.supervisor.cast(SupervisorMsg::ShardFinished {
             key: ctx.key.clone(),
             children: None,
         });
@@ -136,6 +137,7 @@ pub(super) struct Begun {
 /// facts; `None` if the checkpoint leaves nothing to read.
 pub(super) async fn start_processor(
     ctx: &Ctx,
+    wires: &Wires,
     revoked: &Arc<AtomicBool>,
     stopping: &Arc<AtomicBool>,
 ) -> Result<Option<Begun>, ActorProcessingErr> {
@@ -167,10 +169,9 @@ pub(super) async fn start_processor(
             recheck: ctx.settings().reader.poll_interval,
         },
     };
-    let processor = ctx
-        .ports
-        .processor
-        .start(&info, host, ctx.me.get_cell())
+    let processor = wires
+        .processors
+        .start(&info, host, wires.me.get_cell())
         .await?;
     processor.cast(ProcessorMsg::Initialize(info))?;
     Ok(Some(Begun {
