@@ -62,3 +62,65 @@ pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
         subscription: source.view(now),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::context::testing::Rig;
+    use super::*;
+    use crate::backend::StreamError;
+    use crate::settings::Settings;
+    use crate::status::ShardState;
+    use crate::telemetry::Call;
+
+    fn status(rig: &Rig, source: &Source) -> ShardStatus {
+        shard_status(Parts {
+            ctx: &rig.ctx,
+            phase: Phase::Reading,
+            outbox: &rig.outbox,
+            health: &rig.health,
+            stall: &rig.stall,
+            source,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_status_shows_what_is_in_flight_and_a_stall_with_its_reason() {
+        let mut rig = Rig::new(Settings::default()).await;
+        let mut source = Source::new(None, Duration::ZERO, Instant::now());
+        rig.put(3).await;
+        source.acquire(&mut rig.reading()).await.unwrap();
+        source.read(&mut rig.reading()).await.unwrap();
+        let shown = status(&rig, &source);
+        assert_eq!(shown.shard_id, rig.ctx.shard);
+        assert_eq!(shown.in_flight_records, 3);
+        assert_eq!(shown.records_delivered, 3);
+        assert_eq!(
+            shown.last_delivered,
+            rig.out.delivered()[0]
+                .last()
+                .cloned()
+                .map(|s| format!("{s}/0"))
+        );
+        assert!(shown.memory_bytes > 0);
+        assert_eq!(shown.stall, None);
+        assert!(matches!(
+            shown.state,
+            ShardState::CaughtUp | ShardState::Processing
+        ));
+
+        let error = StreamError::Throttled {
+            op: "GetRecords",
+            message: "slow down".into(),
+        };
+        for _ in 0..pure::STALL_REPORT_EVERY {
+            rig.reading().count_failure(Call::GetRecords, &error);
+        }
+        let shown = status(&rig, &source);
+        assert_eq!(shown.state, ShardState::Stalled);
+        let why = shown.stall.expect("the stall is shown with its reason");
+        assert!(why.contains("GetRecords failed 20 times in a row"), "{why}");
+        assert!(shown.last_error.unwrap().contains("slow down"));
+    }
+}
