@@ -14,6 +14,7 @@
 pub mod aws;
 pub mod clock;
 pub mod faults;
+pub mod hook;
 pub mod layout;
 mod lease_table;
 pub mod memory;
@@ -21,14 +22,14 @@ mod metrics;
 mod stream;
 mod stream_error;
 pub mod time_scan;
+mod worker_rows;
 
-pub use lease_table::{
-    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
-};
+pub use lease_table::{LeaseError, LeaseTable, ScanOutput, TableState};
 pub use metrics::{
     MAX_BYTES_PER_CALL, MAX_DATUMS_PER_CALL, MAX_DIMENSIONS, MetricDatum, MetricValue,
     MetricsError, MetricsSink, Unit, batches, validate,
 };
+pub use worker_rows::{HeartbeatDetail, HeartbeatsOutput, WorkerRows};
 /// How a failed call counts in telemetry: a throttle (the service asked us to slow down)
 /// or any other failure. One rule for every port's error, so that the `Throttles` and
 /// `ApiErrors` metrics mean the same whichever actor made the call.

@@ -274,7 +274,7 @@ const ENDPOINT: &str = "fault injector";
 mod tests {
     use super::*;
     use crate::backend::memory::MemoryDynamo;
-    use crate::backend::{LeaseError, LeaseTable};
+    use crate::backend::{LeaseError, WorkerRows};
     use crate::model::{WorkerId, WorkerLoad};
 
     fn plan() -> FaultPlan {
