@@ -12,9 +12,9 @@
 //! cost ([`ReadCost`]), the lease rows in an answer ([`Rows`]), what a write did to its
 //! row ([`Landed`]).
 //!
-//! A new method of a port costs its trait method, its call (a struct in `calls` and an
-//! [`Op`]) and its line below, besides each adapter; a hook changes only if it treats
-//! the new call apart.
+//! A new method of a port costs its trait method, its call (a struct in `calls` or
+//! `worker_calls`, and an [`Op`]) and its line below, besides each adapter; a hook
+//! changes only if it treats the new call apart.
 //!
 //! Why a trait on the decorator rather than a `Hooked<H, B>` wrapper type: the fault
 //! injector is one type over every port (`Faulty<B>` is the stream and metrics client
@@ -22,9 +22,11 @@
 //! its type and names what it wraps with [`Hook::inner`].
 //!
 //! * this file: the hook, what a call tells it, and the generic impl of both ports.
-//! * `calls`: one struct per method, each saying how it is sent and what it tells.
+//! * `calls`, `worker_calls`: one struct per method of [`LeaseTable`] and of
+//!   [`WorkerRows`], each saying how it is sent and what it tells.
 
 mod calls;
+mod worker_calls;
 
 use futures::future::BoxFuture;
 
@@ -257,25 +259,25 @@ impl<H: Hook> WorkerRows for H {
         worker: &'a WorkerId,
         load: &'a WorkerLoad,
     ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        self.around(calls::Heartbeat { worker, load })
+        self.around(worker_calls::Heartbeat { worker, load })
     }
 
     fn remove_heartbeat<'a>(
         &'a self,
         worker: &'a WorkerId,
     ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.around(calls::RemoveHeartbeat { worker })
+        self.around(worker_calls::RemoveHeartbeat { worker })
     }
 
     fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.around(calls::JoinRoster { workers })
+        self.around(worker_calls::JoinRoster { workers })
     }
 
     fn heartbeats(
         &self,
         detail: HeartbeatDetail,
     ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
-        self.around(calls::Heartbeats { detail })
+        self.around(worker_calls::Heartbeats { detail })
     }
 
     fn remove_dead_heartbeat<'a>(
@@ -283,14 +285,14 @@ impl<H: Hook> WorkerRows for H {
         worker: &'a WorkerId,
         counter: u64,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.around(calls::RemoveDeadHeartbeat { worker, counter })
+        self.around(worker_calls::RemoveDeadHeartbeat { worker, counter })
     }
 
     fn retire_legacy<'a>(
         &'a self,
         plan: &'a Retirement,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.around(calls::RetireLegacy { plan })
+        self.around(worker_calls::RetireLegacy { plan })
     }
 }
 
