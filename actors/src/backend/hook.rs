@@ -444,3 +444,312 @@ impl<H: Hook> LeaseTable for H {
         })
     }
 }
+
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::backend::memory::{MemoryDynamo, MemoryLeaseTable};
+
+    /// What a hook saw of one call: before it was sent (its op and fence), and after
+    /// (its read cost and what it landed, on success).
+    #[derive(Debug, Clone, PartialEq)]
+    struct Seen {
+        op: Op,
+        fenced: Option<(LeaseKey, Fence, Effect)>,
+        cost: Option<ReadCost>,
+        landed: Option<Option<(Option<WorkerId>, u64)>>,
+        rows: Option<(&'static str, usize)>,
+    }
+
+    /// A hook that records every call and passes it on unchanged; with `fence` set, a
+    /// fenced write goes out under that fence instead of the caller's.
+    struct Recording {
+        inner: MemoryLeaseTable,
+        seen: Mutex<Vec<Seen>>,
+        fence: Option<Fence>,
+    }
+
+    impl Hook for Recording {
+        type Inner = MemoryLeaseTable;
+
+        fn inner(&self) -> &MemoryLeaseTable {
+            &self.inner
+        }
+
+        fn around<'a, C: Call<'a>>(&'a self, call: C) -> BoxFuture<'a, Result<C::Out, LeaseError>> {
+            Box::pin(async move {
+                let fenced = call.fenced();
+                let result = match (&self.fence, fenced) {
+                    (Some(fence), Some(_)) => call.send_fenced(&self.inner, fence).await,
+                    _ => call.send(&self.inner).await,
+                };
+                let mut seen = Seen {
+                    op: C::OP,
+                    fenced: fenced.map(|f| (f.key.clone(), f.fence.clone(), f.effect)),
+                    cost: None,
+                    landed: None,
+                    rows: None,
+                };
+                let mut result = result;
+                if let Ok(out) = &mut result {
+                    seen.cost = C::read_cost(out);
+                    seen.landed = call.landed(out).map(|landed| match landed {
+                        Landed::Row { owner, counter } => Some((owner.cloned(), counter)),
+                        Landed::Deleted => None,
+                    });
+                    seen.rows = match C::rows(out) {
+                        Rows::None => None,
+                        Rows::Read(rows) => Some(("read", rows.len())),
+                        Rows::Taken(_) => Some(("taken", 1)),
+                    };
+                }
+                self.seen.lock().unwrap().push(seen);
+                result
+            })
+        }
+    }
+
+    async fn recording(fence: Option<Fence>) -> (Recording, Lease) {
+        let table = Recording {
+            inner: MemoryDynamo::new().lease_table("t"),
+            seen: Mutex::new(Vec::new()),
+            fence,
+        };
+        table.inner.ensure_table().await.unwrap();
+        let lease = Lease::new(
+            &ShardId::from_index(0),
+            Checkpoint::TrimHorizon,
+            vec![],
+            None,
+        );
+        assert!(table.inner.create_if_absent(&lease).await.unwrap());
+        (table, lease)
+    }
+
+    fn me() -> WorkerId {
+        WorkerId::new("me")
+    }
+
+    /// Every method of both ports reaches the hook as its own op, in the order called,
+    /// with the fence and effect of a fenced write, the cost of a read, the rows of an
+    /// answer and what a write landed: the table of what each call tells a hook.
+    #[tokio::test(start_paused = true)]
+    async fn every_method_reaches_the_hook_as_its_call() {
+        let (table, lease) = recording(None).await;
+        let key = lease.key.clone();
+        let other = WorkerId::new("other");
+        let at =
+            |n: u128| ExtendedSequenceNumber::new(crate::model::SequenceNumber::from_u128(n), 0);
+        table.ensure_table().await.unwrap();
+        table.scan().await.unwrap();
+        table.get(&key).await.unwrap();
+        assert!(!table.create_if_absent(&lease).await.unwrap());
+        let taken = table.take(&key, &lease.fence(), &me()).await.unwrap();
+        let renewed = table.renew(&key, &taken.fence()).await.unwrap();
+        let mut held = taken.fence();
+        held.counter = renewed;
+        table
+            .checkpoint(&key, &held, &Checkpoint::At(at(1)), &[])
+            .await
+            .unwrap();
+        table
+            .prepare_checkpoint(&key, &held, &at(2), None)
+            .await
+            .unwrap();
+        table.request_handoff(&key, &held, &other).await.unwrap();
+        table.clear_handoff(&key, &other).await.unwrap();
+        table.request_handoff(&key, &held, &other).await.unwrap();
+        let moved = table.transfer(&key, &held, &other).await.unwrap();
+        let theirs = Fence {
+            owner: Some(other.clone()),
+            counter: moved,
+        };
+        let taken = table
+            .take_expired(&key, &theirs, &me(), None)
+            .await
+            .unwrap();
+        let released = table.release(&key, &taken.fence()).await.unwrap();
+        let unowned = Fence {
+            owner: None,
+            counter: released,
+        };
+        assert!(table.stamp_source(&key, "s", None, false).await.unwrap());
+        table.delete(&key, &unowned).await.unwrap();
+        let beat = table
+            .heartbeat(&me(), &WorkerLoad::default())
+            .await
+            .unwrap();
+        table.join_roster(&[me()]).await.unwrap();
+        table.heartbeats(HeartbeatDetail::Full).await.unwrap();
+        assert!(table.remove_dead_heartbeat(&other, 1).await.unwrap());
+        table.remove_heartbeat(&me()).await.unwrap();
+        table.retire_legacy(&Retirement::default()).await.unwrap();
+        assert_eq!(table.table_name(), "t");
+        assert_eq!(table.worker_table_name(), table.inner.worker_table_name());
+        assert_eq!(beat, 1);
+
+        check(
+            &table, &key, &lease, &held, &theirs, &taken, &unowned, &other,
+        );
+    }
+
+    /// The calls `every_method_reaches_the_hook_as_its_call` made, checked.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        table: &Recording,
+        key: &LeaseKey,
+        lease: &Lease,
+        held: &Fence,
+        theirs: &Fence,
+        taken: &Lease,
+        unowned: &Fence,
+        other: &WorkerId,
+    ) {
+        use Op::*;
+        let fenced = |fence: &Fence, effect| Some((key.clone(), fence.clone(), effect));
+        let row = |owner: Option<&WorkerId>, counter| Some(Some((owner.cloned(), counter)));
+        let seen = table.seen.lock().unwrap().clone();
+        let ops: Vec<Op> = seen.iter().map(|s| s.op).collect();
+        assert_eq!(
+            ops,
+            [
+                EnsureTable,
+                Scan,
+                Get,
+                CreateIfAbsent,
+                Take,
+                Renew,
+                Checkpoint,
+                PrepareCheckpoint,
+                RequestHandoff,
+                ClearHandoff,
+                RequestHandoff,
+                Transfer,
+                TakeExpired,
+                Release,
+                StampSource,
+                Delete,
+                Heartbeat,
+                JoinRoster,
+                Heartbeats,
+                RemoveDeadHeartbeat,
+                RemoveHeartbeat,
+                RetireLegacy,
+            ]
+        );
+        let first = Fence {
+            owner: Some(me()),
+            counter: 1,
+        };
+        // (op, its fence and effect, what it landed, the rows in its answer)
+        let table_of = [
+            (
+                Take,
+                fenced(&lease.fence(), Effect::Ends),
+                row(Some(&me()), 1),
+                Some(("taken", 1)),
+            ),
+            (
+                Renew,
+                fenced(&first, Effect::Renews),
+                row(Some(&me()), 2),
+                None,
+            ),
+            (Checkpoint, fenced(held, Effect::Keeps), None, None),
+            (PrepareCheckpoint, fenced(held, Effect::Keeps), None, None),
+            (RequestHandoff, fenced(held, Effect::Keeps), None, None),
+            (ClearHandoff, None, None, None),
+            (
+                Transfer,
+                fenced(held, Effect::Ends),
+                row(Some(other), 3),
+                None,
+            ),
+            (
+                TakeExpired,
+                fenced(theirs, Effect::Ends),
+                row(Some(&me()), 4),
+                Some(("taken", 1)),
+            ),
+            (
+                Release,
+                fenced(&taken.fence(), Effect::Ends),
+                row(None, 5),
+                None,
+            ),
+            (StampSource, None, None, None),
+            (Delete, fenced(unowned, Effect::Ends), Some(None), None),
+            (Heartbeat, None, None, None),
+        ];
+        for (op, fence, landed, rows) in table_of {
+            let s = seen.iter().find(|s| s.op == op).unwrap();
+            assert_eq!(
+                (&s.fenced, &s.landed, s.rows),
+                (&fence, &landed, rows),
+                "{op:?}"
+            );
+        }
+        // Reads tell their cost (and a scan and a get their rows); nothing else does.
+        let scan = &seen[1];
+        assert_eq!(scan.rows, Some(("read", 1)));
+        assert_eq!(scan.cost.map(|c| (c.items, c.summary)), Some((1, false)));
+        assert!(scan.cost.unwrap().units.is_some());
+        let get = &seen[2];
+        assert_eq!(
+            get.cost,
+            Some(ReadCost {
+                items: 1,
+                units: None,
+                summary: false
+            })
+        );
+        assert_eq!(get.rows, Some(("read", 1)));
+        let heartbeats = seen.iter().find(|s| s.op == Heartbeats).unwrap();
+        let cost = heartbeats.cost.unwrap();
+        assert!(cost.items >= 2 && !cost.summary, "{cost:?}");
+        let costed: Vec<Op> = seen
+            .iter()
+            .filter(|s| s.cost.is_some())
+            .map(|s| s.op)
+            .collect();
+        assert_eq!(costed, [Scan, Get, Heartbeats]);
+    }
+
+    /// A hook that sends a fenced write under a fence of its own is obeyed: the row is
+    /// written under that fence, not the caller's.
+    #[tokio::test(start_paused = true)]
+    async fn a_fenced_write_goes_out_under_the_hooks_fence() {
+        let (table, lease) = recording(None).await;
+        let taken = table.take(&lease.key, &lease.fence(), &me()).await.unwrap();
+        // The row moves on behind the caller's back (as a renewal moves it).
+        let now = table.inner.renew(&lease.key, &taken.fence()).await.unwrap();
+        let stale = taken.fence();
+        let refused = table
+            .checkpoint(&lease.key, &stale, &Checkpoint::TrimHorizon, &[])
+            .await;
+        assert!(
+            matches!(refused, Err(LeaseError::ConditionFailed { .. })),
+            "{refused:?}"
+        );
+
+        let current = Fence {
+            owner: Some(me()),
+            counter: now,
+        };
+        let rewriting = Recording {
+            inner: table.inner.clone(),
+            seen: Mutex::new(Vec::new()),
+            fence: Some(current),
+        };
+        rewriting
+            .checkpoint(&lease.key, &stale, &Checkpoint::TrimHorizon, &[])
+            .await
+            .expect("sent under the hook's fence");
+        // What the hook was told is still the caller's fence.
+        let seen = rewriting.seen.lock().unwrap();
+        assert_eq!(seen[0].fenced.as_ref().map(|f| &f.1), Some(&stale));
+    }
+}

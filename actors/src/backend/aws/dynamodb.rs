@@ -2039,7 +2039,7 @@ impl DynamoLeaseTable {
         }
     }
 
-    /// `LeaseTable::retire_legacy`: the legacy roster (conditional on naming exactly
+    /// `WorkerRows::retire_legacy`: the legacy roster (conditional on naming exactly
     /// the plan's workers: its size, and each of them), then the rows.
     async fn retire(&self, plan: &Retirement) -> Result<bool, LeaseError> {
         const OP: &str = "DeleteItem";
