@@ -31,7 +31,7 @@ pub struct HeartbeatsOutput {
     /// are empty and its rates `None` because the index does not hold them, not
     /// because the worker wrote them so (see [`HeartbeatDetail`]).
     pub summary: bool,
-    /// What the read is billed (as [`ScanOutput::read_units`]).
+    /// What the read is billed (as [`crate::backend::ScanOutput::read_units`]).
     pub read_units: ReadUnits,
     /// flotilla's own rows found in the lease table: the legacy roster, and the legacy
     /// heartbeat rows of the workers it names that have no worker-table row (read and

@@ -54,7 +54,7 @@ struct State {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty};
 /// use flotilla_actors::backend::memory::MemoryDynamo;
-/// use flotilla_actors::backend::{LeaseError, LeaseTable};
+/// use flotilla_actors::backend::{LeaseError, LeaseTable, WorkerRows};
 /// use flotilla_actors::model::{WorkerId, WorkerLoad};
 ///
 /// // The second heartbeat is written, but its answer is "lost": the caller sees a
