@@ -1,6 +1,12 @@
 //! Ports to the outside world, and their adapters. Actors talk to Kinesis, DynamoDB and
-//! CloudWatch only through these three traits.
+//! CloudWatch only through these traits: [`StreamClient`] (and its admin ports),
+//! [`LeaseTable`] with [`WorkerRows`] (the lease rows, and the heartbeat and roster rows
+//! beside them), and [`MetricsSink`].
 //!
+//! * `lease_table`, `worker_rows`: the two DynamoDB ports, their contracts and errors.
+//! * `hook`: each lease-table call as a typed value, and the [`hook::Hook`] trait that
+//!   decorators of both ports (faults, `lease.java_compat` renewal) implement once
+//!   instead of re-typing every method.
 //! * `aws`: thin adapters over the AWS SDK: translate calls and errors, nothing else.
 //! * `memory`: in-process adapters that keep state and conditions like the services do;
 //!   the embedded default of `flotilla demo` and the fast test double.

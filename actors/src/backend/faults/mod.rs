@@ -11,7 +11,8 @@
 //!   applies it (`Faulty::run`), and how each port spells an injected error
 //!   ([`Injected`]).
 //! * `lease_table`, `stream`, `metrics`: [`Faulty`] as each port, every call passed
-//!   through `run` under its operation's name.
+//!   through `run` under its operation's name (the lease-table ports by their call
+//!   hook, `crate::backend::hook`).
 
 mod freezer;
 mod lease_table;
