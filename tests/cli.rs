@@ -3,8 +3,8 @@
 
 use std::process::Command;
 
-use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::aws::DynamoLeaseTable;
+use flotilla_actors::backend::{LeaseTable, WorkerRows};
 use flotilla_actors::model::{Checkpoint, Lease, ShardId, WorkerId};
 
 fn aws_sdk_dynamodb_credentials() -> aws_sdk_dynamodb::config::SharedCredentialsProvider {

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::process::Output;
 use std::time::Duration;
 
-use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::aws::DynamoLeaseTable;
+use flotilla_actors::backend::{LeaseTable, WorkerRows};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
 };

@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::{
 use flotilla_actors::backend::aws::{DynamoLeaseTable, item_from_sdk, item_to_sdk};
 use flotilla_actors::backend::layout::{LegacyRows, Retirement, worker_table_name};
 use flotilla_actors::backend::memory::MemoryDynamo;
-use flotilla_actors::backend::{HeartbeatDetail, LeaseError, LeaseTable, TableState};
+use flotilla_actors::backend::{HeartbeatDetail, LeaseError, LeaseTable, TableState, WorkerRows};
 use flotilla_actors::model::item::{AttrValue, Item, Row, decode_row, encode_lease};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, HashKeyRange, Lease, LeaseKey, LeaseRate,

@@ -15,7 +15,9 @@ use std::time::Duration;
 use flotilla_actors::Settings;
 use flotilla_actors::backend::faults::FaultPlan;
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
-use flotilla_actors::backend::{Consumer, IteratorPosition, LeaseTable, StreamClient, StreamError};
+use flotilla_actors::backend::{
+    Consumer, IteratorPosition, LeaseTable, StreamClient, StreamError, WorkerRows,
+};
 use flotilla_actors::model::{ShardId, WorkerId};
 use flotilla_actors::settings::ReadMode;
 

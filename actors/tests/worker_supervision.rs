@@ -8,9 +8,9 @@ mod support;
 use std::time::Duration;
 
 use flotilla_actors::WorkerError;
-use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::{Fault, FaultPlan};
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::backend::{LeaseTable, WorkerRows};
 use flotilla_actors::model::{LeaseKey, WorkerId};
 use support::probe::{Misbehave, ProbeFactory, Producer, fast_settings};
 use support::rig::{APP, Rig, STREAM, shutdown_clean};

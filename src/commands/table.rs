@@ -5,7 +5,7 @@
 use anyhow::{Context as _, bail};
 use flotilla_actors::backend::aws::{Billing, KinesisStream, Service, TableOptions};
 use flotilla_actors::backend::{
-    LeaseTable as _, StreamAdmin as _, StreamClient as _, StreamError, TableState,
+    StreamAdmin as _, StreamClient as _, StreamError, TableState, WorkerRows as _,
 };
 
 use super::command_limits;

@@ -65,7 +65,7 @@ impl LegacyRows {
     }
 }
 
-/// What [`crate::backend::LeaseTable::retire_legacy`] removes from the lease table.
+/// What [`crate::backend::WorkerRows::retire_legacy`] removes from the lease table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Retirement {
     /// The legacy roster as read (`None`: there was none): deleted only while it names

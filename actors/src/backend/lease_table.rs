@@ -1,12 +1,13 @@
-//! The DynamoDB port: the lease table.
+//! The DynamoDB port: the lease table's lease rows, and the errors of both lease-table
+//! ports (this one and [`WorkerRows`]).
 
 use futures::future::BoxFuture;
 
-use super::layout::{LegacyRows, Retirement};
+use super::layout::LegacyRows;
+use super::worker_rows::WorkerRows;
 use crate::model::item::{MalformedRow, ReadUnits, Row};
 use crate::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, Lease, LeaseKey, ShardId, WorkerId,
-    WorkerLoad,
 };
 
 /// Everything a scan found.
@@ -43,45 +44,6 @@ impl ScanOutput {
         }
         None
     }
-}
-
-/// What [`LeaseTable::heartbeats`] found: the heartbeat rows the roster names, read
-/// without reading a single lease row.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HeartbeatsOutput {
-    /// The workers the roster names (some may have no heartbeat row any more), with
-    /// those the legacy roster names.
-    pub roster: Vec<WorkerId>,
-    /// The heartbeat rows found for the workers the roster names.
-    pub heartbeats: Vec<Heartbeat>,
-    /// Heartbeat rows that could not be read. Reported here, skipped, never fatal.
-    pub malformed: Vec<MalformedRow>,
-    /// Items asked for (the roster and one per worker it names, found or not), or, read
-    /// through the index, the roster and the items the Query returned and any asked for
-    /// by key.
-    pub items_read: usize,
-    /// Read through [`crate::model::item::HEARTBEAT_INDEX`]: every heartbeat's lag maps
-    /// are empty and its rates `None` because the index does not hold them, not
-    /// because the worker wrote them so (see [`HeartbeatDetail`]).
-    pub summary: bool,
-    /// What the read is billed (as [`ScanOutput::read_units`]).
-    pub read_units: ReadUnits,
-    /// flotilla's own rows found in the lease table: the legacy roster, and the legacy
-    /// heartbeat rows of the workers it names that have no worker-table row (read and
-    /// merged into `heartbeats`). See [`crate::backend::layout`].
-    pub legacy: LegacyRows,
-}
-
-/// How much of each heartbeat row [`LeaseTable::heartbeats`] must return.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeartbeatDetail {
-    /// What a round needs (counter, changes, draining, lease count, records per second):
-    /// read through the heartbeat index when the table has it (one Query, eventually
-    /// consistent, billed by bytes), else as `Full`.
-    Summary,
-    /// Every attribute, lags and rates included: the rows read by key (strongly
-    /// consistent BatchGetItem, billed per item).
-    Full,
 }
 
 /// Whether `ensure_table` found the table or made it.
@@ -196,7 +158,9 @@ impl LeaseError {
     }
 }
 
-/// The lease table.
+/// The lease table: the lease rows. The worker rows (heartbeats, the roster) are the
+/// [`WorkerRows`] port, which every lease table is too: a take of an expired lease is
+/// conditional on its owner's heartbeat row, so both ports are one store.
 ///
 /// Every write that changes ownership or progress is conditional on a [`Fence`] (the
 /// owner and counter the caller last read); a mismatch is `ConditionFailed`, carrying
@@ -237,39 +201,17 @@ impl LeaseError {
 ///   sub-sequence number set, `pendingCheckpointState` set to `state` (removed when
 ///   `None`); the checkpoint, ownerSwitchesSinceCheckpoint and the counter do not change.
 /// * `delete(key, fence)`: the row is removed.
-/// * `heartbeat(me, load)`: the worker's heartbeat counter + 1 (created at 1), returned;
-///   the load attributes replaced. While the lease table has a legacy roster, the
-///   worker's legacy row gets the same counter and load, and the worker is named in that
-///   roster, and the call succeeds only once both writes have.
-/// * `join_roster(workers)`: each named in the roster row (`flotilla-roster`); naming
-///   one already there is fine.
-/// * `heartbeats(detail)`: the roster, and the heartbeat row of every worker it names
-///   that has one (a named worker without a row is skipped); a malformed heartbeat row
-///   is reported in `malformed`. No lease row is read. `Summary` on a table with the
-///   heartbeat index reads it (`summary` set; rows the index does not show yet, a
-///   joiner's, are read by key); on a table without it, and for `Full`, the rows are
-///   read whole.
 /// * `ensure_table` makes the heartbeat index with a new table, and adds it to a
 ///   table that lacks it where it may (UpdateTable); where it may not, heartbeats are
 ///   read by key, said once at WARN.
-/// * `remove_heartbeat(me)` and `remove_dead_heartbeat(w, counter)` also take the worker
-///   out of the roster; the latter only while the row's counter is `counter` (`false`,
-///   nothing removed, when it moved; `true` when the row is already gone). Both remove
-///   the worker's legacy row and legacy roster entry too.
-/// * `retire_legacy(plan)`: the legacy roster deleted only while it names exactly the
-///   plan's workers (`false`, nothing deleted, otherwise), then the plan's legacy
-///   heartbeat rows, each under its condition.
 /// * `take_expired` checks the owner's heartbeat by `crate::backend::layout::beat_checks`.
 /// * `stamp_source(key, source, created, overwrite)`: source and creation time set (the
 ///   creation time removed when `None`), nothing else; without `overwrite` only on a row
 ///   that names no creation time and no source or this one.
 /// * Attributes a write does not name are left as they are (a Java KCL's extras survive).
-pub trait LeaseTable: Send + Sync + 'static {
+pub trait LeaseTable: WorkerRows {
     /// The table's name, for logs and errors.
     fn table_name(&self) -> &str;
-
-    /// The worker table's name (`crate::backend::layout::worker_table_name`).
-    fn worker_table_name(&self) -> &str;
 
     /// Makes the table (and its heartbeat index) if it is missing, and waits until it is
     /// ACTIVE; says whether it was there.
@@ -379,55 +321,6 @@ pub trait LeaseTable: Send + Sync + 'static {
         key: &'a LeaseKey,
         requester: &'a WorkerId,
     ) -> BoxFuture<'a, Result<(), LeaseError>>;
-
-    /// Writes `worker`'s heartbeat row with its `load`; returns the new heartbeat
-    /// counter.
-    fn heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-        load: &'a WorkerLoad,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>>;
-
-    /// Removes a worker's heartbeat row (a clean exit) and its roster entry; absent is
-    /// fine.
-    fn remove_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>>;
-
-    /// Names workers in the roster, the one row that lists every heartbeat row, so that
-    /// [`LeaseTable::heartbeats`] can read them without a scan. A worker joins at its
-    /// first round, and again whenever it finds itself missing.
-    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>>;
-
-    /// Every heartbeat row the roster names (a GetItem of the roster, then a Query of
-    /// the heartbeat index for `Summary`, or a BatchGetItem of the rows): what a round
-    /// reads when no lease row changed, so its cost grows with the workers, not with
-    /// the leases, and through the index by the bytes a round needs, not by rows.
-    ///
-    /// The index is eventually consistent: a `Summary` may show a counter a moment
-    /// old. That only delays a death (docs/lease-protocol.md, "Reads"); every ownership
-    /// write stays conditional on the rows themselves.
-    fn heartbeats(
-        &self,
-        detail: HeartbeatDetail,
-    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>>;
-
-    /// Removes the heartbeat row of a worker dead past the retention, only while its
-    /// counter still stands at `counter` (a worker that came back keeps its row), and
-    /// its roster entry. `Ok(false)`: the counter moved, nothing removed.
-    fn remove_dead_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-        counter: u64,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>>;
-
-    /// Deletes flotilla's own rows from the lease table once no worker of an older
-    /// version is alive to read them (`crate::backend::layout`): the legacy roster,
-    /// only while it names exactly `plan.roster`, then `plan.rows`. `Ok(false)`: the
-    /// roster changed (an older worker joined), nothing deleted.
-    fn retire_legacy<'a>(&'a self, plan: &'a Retirement)
-    -> BoxFuture<'a, Result<bool, LeaseError>>;
 
     /// Stamps the lease row `key` with the stream its positions are in (`flotillaSource`
     /// := `source`, and `flotillaSourceCreated` := `created`, removed when `None`),

@@ -1,6 +1,12 @@
 //! Ports to the outside world, and their adapters. Actors talk to Kinesis, DynamoDB and
-//! CloudWatch only through these three traits.
+//! CloudWatch only through these traits: [`StreamClient`] (and its admin ports),
+//! [`LeaseTable`] with [`WorkerRows`] (the lease rows, and the heartbeat and roster rows
+//! beside them), and [`MetricsSink`].
 //!
+//! * `lease_table`, `worker_rows`: the two DynamoDB ports, their contracts and errors.
+//! * `hook`: each lease-table call as a typed value, and the [`hook::Hook`] trait that
+//!   decorators of both ports (faults, `lease.java_compat` renewal) implement once
+//!   instead of re-typing every method.
 //! * `aws`: thin adapters over the AWS SDK: translate calls and errors, nothing else.
 //! * `memory`: in-process adapters that keep state and conditions like the services do;
 //!   the embedded default of `flotilla demo` and the fast test double.
@@ -14,6 +20,7 @@
 pub mod aws;
 pub mod clock;
 pub mod faults;
+pub mod hook;
 pub mod layout;
 mod lease_table;
 pub mod memory;
@@ -21,14 +28,14 @@ mod metrics;
 mod stream;
 mod stream_error;
 pub mod time_scan;
+mod worker_rows;
 
-pub use lease_table::{
-    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
-};
+pub use lease_table::{LeaseError, LeaseTable, ScanOutput, TableState};
 pub use metrics::{
     MAX_BYTES_PER_CALL, MAX_DATUMS_PER_CALL, MAX_DIMENSIONS, MetricDatum, MetricValue,
     MetricsError, MetricsSink, Unit, batches, validate,
 };
+pub use worker_rows::{HeartbeatDetail, HeartbeatsOutput, WorkerRows};
 /// How a failed call counts in telemetry: a throttle (the service asked us to slow down)
 /// or any other failure. One rule for every port's error, so that the `Throttles` and
 /// `ApiErrors` metrics mean the same whichever actor made the call.

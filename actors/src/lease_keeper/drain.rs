@@ -234,7 +234,7 @@ impl Leaving {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::LeaseTable;
+    use crate::backend::{LeaseTable, WorkerRows};
     use crate::lease_keeper::ports::testing::{Rig, SECOND};
 
     /// The drain waits while a handoff is in flight, and ends once nothing is held (or

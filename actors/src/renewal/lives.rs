@@ -175,9 +175,8 @@ impl Lives {
     }
 
     /// A lease as this worker's callers must see it.
-    pub fn show(&self, mut lease: Lease) -> Lease {
+    pub fn show(&self, lease: &mut Lease) {
         lease.counter = self.shown(&lease.key, lease.owner.as_ref(), lease.counter);
-        lease
     }
 
     /// An error as this worker's callers must see it (a refusal's counter shown as the

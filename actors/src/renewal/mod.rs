@@ -45,8 +45,9 @@
 //! * `lives`: [`Lives`], the pure bookkeeping of each life's counters (table-tested).
 //! * this file: [`Renewing`], the thin wrapper: its renewal task, the per-lease gate,
 //!   settling an unsure lease, and what it reports to the fencing board.
-//! * `port`: [`Renewing`] as a [`LeaseTable`]: which calls are fenced writes, which
-//!   reads are shown, which pass through.
+//! * `port`: [`Renewing`] as a [`LeaseTable`], by its call hook
+//!   ([`crate::backend::hook::Hook`]): fenced writes gated, reads shown, the rest passed
+//!   through.
 
 mod lives;
 mod port;
@@ -60,7 +61,7 @@ use tokio::time::Instant;
 
 use crate::backend::{LeaseError, LeaseTable};
 use crate::fencing::Fencing;
-use crate::model::{Fence, Lease, LeaseKey, WorkerId};
+use crate::model::{Fence, LeaseKey, WorkerId};
 use crate::telemetry::{LeaseRenewalFailed, LeaseRenewalRefused, LeaseRenewed, Telemetry};
 
 pub(crate) use lives::{Lives, Resolution};
@@ -215,9 +216,9 @@ impl Renewing {
     /// counter when `fence` is the life's, its refusal shown with the life's counter.
     /// `gone` says whether a success ends the life (release, transfer, delete).
     async fn fenced<'a, T, F>(
-        &'a self,
-        key: &'a LeaseKey,
-        fence: &'a Fence,
+        &self,
+        key: &LeaseKey,
+        fence: &Fence,
         gone: bool,
         write: F,
     ) -> Result<T, LeaseError>
@@ -247,16 +248,6 @@ impl Renewing {
                 Err(shown)
             }
         }
-    }
-
-    /// A take of any kind: a new life once written (an error is shown already by
-    /// `fenced`).
-    fn took(&self, result: Result<Lease, LeaseError>) -> Result<Lease, LeaseError> {
-        result.map(|lease| {
-            let mut lives = self.lives();
-            lives.took(&lease);
-            lives.show(lease)
-        })
     }
 }
 
@@ -293,7 +284,7 @@ mod tests {
     use super::*;
     use crate::backend::faults::{Fault, FaultPlan, Faulty};
     use crate::backend::memory::MemoryDynamo;
-    use crate::model::{Checkpoint, ExtendedSequenceNumber, SequenceNumber, ShardId};
+    use crate::model::{Checkpoint, ExtendedSequenceNumber, Lease, SequenceNumber, ShardId};
 
     fn me() -> WorkerId {
         WorkerId::new("me")

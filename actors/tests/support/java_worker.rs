@@ -64,15 +64,11 @@ use tokio::time::Instant;
 
 use flotilla_actors::Record;
 use flotilla_actors::backend::faults::{Faulty, Freezer};
-use flotilla_actors::backend::layout::Retirement;
+use flotilla_actors::backend::hook::{self, Call, Landed};
 use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreams};
-use flotilla_actors::backend::{
-    HeartbeatDetail, HeartbeatsOutput, IteratorPosition, LeaseError, LeaseTable, ScanOutput,
-    StreamClient, TableState,
-};
+use flotilla_actors::backend::{IteratorPosition, LeaseError, LeaseTable, StreamClient};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
-    WorkerLoad,
 };
 
 use super::super::rig::STREAM;
@@ -109,213 +105,30 @@ impl Watched {
     }
 }
 
-impl LeaseTable for Watched {
-    fn table_name(&self) -> &str {
-        self.inner.table_name()
+/// Each call passed to the memory table; a write that moved a counter or deleted a row
+/// heard as it lands.
+impl hook::Hook for Watched {
+    type Inner = MemoryLeaseTable;
+
+    fn inner(&self) -> &MemoryLeaseTable {
+        &self.inner
     }
 
-    fn worker_table_name(&self) -> &str {
-        self.inner.worker_table_name()
-    }
-
-    fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
-        self.inner.ensure_table()
-    }
-
-    fn scan(&self) -> BoxFuture<'_, Result<ScanOutput, LeaseError>> {
-        self.inner.scan()
-    }
-
-    fn get<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<Option<Lease>, LeaseError>> {
-        self.inner.get(key)
-    }
-
-    fn create_if_absent<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.create_if_absent(lease)
-    }
-
-    fn take<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        new_owner: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
+    fn around<'a, C: Call<'a>>(&'a self, call: C) -> BoxFuture<'a, Result<C::Out, LeaseError>> {
         Box::pin(async move {
-            let result = self.inner.take(key, expected, new_owner).await;
-            if let Ok(l) = &result {
-                self.heard("take", key, expected, Some((l.owner.as_ref(), l.counter)));
+            let result = call.send(&self.inner).await;
+            if let (Ok(out), Some(fenced)) = (&result, call.fenced()) {
+                let after = match call.landed(out) {
+                    Some(Landed::Row { owner, counter }) => Some(Some((owner, counter))),
+                    Some(Landed::Deleted) => Some(None),
+                    None => None,
+                };
+                if let Some(after) = after {
+                    self.heard(C::OP.name(), fenced.key, fenced.fence, after);
+                }
             }
             result
         })
-    }
-
-    fn take_expired<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        new_owner: &'a WorkerId,
-        owner_heartbeat: Option<u64>,
-    ) -> BoxFuture<'a, Result<Lease, LeaseError>> {
-        Box::pin(async move {
-            let result = self
-                .inner
-                .take_expired(key, expected, new_owner, owner_heartbeat)
-                .await;
-            if let Ok(l) = &result {
-                self.heard(
-                    "take_expired",
-                    key,
-                    expected,
-                    Some((l.owner.as_ref(), l.counter)),
-                );
-            }
-            result
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(async move {
-            let result = self.inner.release(key, expected).await;
-            if let Ok(c) = &result {
-                self.heard("release", key, expected, Some((None, *c)));
-            }
-            result
-        })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(async move {
-            let result = self.inner.renew(key, expected).await;
-            if let Ok(c) = &result {
-                self.heard("renew", key, expected, Some((expected.owner.as_ref(), *c)));
-            }
-            result
-        })
-    }
-
-    fn checkpoint<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        checkpoint: &'a Checkpoint,
-        children: &'a [ShardId],
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.checkpoint(key, expected, checkpoint, children)
-    }
-
-    fn prepare_checkpoint<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        pending: &'a ExtendedSequenceNumber,
-        state: Option<&'a [u8]>,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.prepare_checkpoint(key, expected, pending, state)
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        Box::pin(async move {
-            let result = self.inner.delete(key, expected).await;
-            if result.is_ok() {
-                self.heard("delete", key, expected, None);
-            }
-            result
-        })
-    }
-
-    fn request_handoff<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        requester: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.request_handoff(key, expected, requester)
-    }
-
-    fn transfer<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        expected: &'a Fence,
-        to: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        Box::pin(async move {
-            let result = self.inner.transfer(key, expected, to).await;
-            if let Ok(c) = &result {
-                self.heard("transfer", key, expected, Some((Some(to), *c)));
-            }
-            result
-        })
-    }
-
-    fn clear_handoff<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        requester: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.clear_handoff(key, requester)
-    }
-
-    fn heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-        load: &'a WorkerLoad,
-    ) -> BoxFuture<'a, Result<u64, LeaseError>> {
-        self.inner.heartbeat(worker, load)
-    }
-
-    fn remove_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.remove_heartbeat(worker)
-    }
-
-    fn join_roster<'a>(&'a self, workers: &'a [WorkerId]) -> BoxFuture<'a, Result<(), LeaseError>> {
-        self.inner.join_roster(workers)
-    }
-
-    fn heartbeats(
-        &self,
-        detail: HeartbeatDetail,
-    ) -> BoxFuture<'_, Result<HeartbeatsOutput, LeaseError>> {
-        self.inner.heartbeats(detail)
-    }
-
-    fn remove_dead_heartbeat<'a>(
-        &'a self,
-        worker: &'a WorkerId,
-        counter: u64,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.remove_dead_heartbeat(worker, counter)
-    }
-
-    fn retire_legacy<'a>(
-        &'a self,
-        plan: &'a Retirement,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.retire_legacy(plan)
-    }
-
-    fn stamp_source<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        source: &'a str,
-        created: Option<u64>,
-        overwrite: bool,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        self.inner.stamp_source(key, source, created, overwrite)
     }
 }
 

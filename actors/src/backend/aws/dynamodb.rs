@@ -49,7 +49,7 @@ use super::Failure;
 
 use crate::backend::layout::{self, BeatCheck, Dual, LegacyWrite, Place, Retirement};
 use crate::backend::{
-    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
+    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState, WorkerRows,
 };
 use crate::model::item::{
     AttrValue, ENTITY_ROSTER, ENTITY_WORKER, HEARTBEAT_INDEX, HEARTBEAT_INDEX_PROJECTION, Item,
@@ -2039,7 +2039,7 @@ impl DynamoLeaseTable {
         }
     }
 
-    /// `LeaseTable::retire_legacy`: the legacy roster (conditional on naming exactly
+    /// `WorkerRows::retire_legacy`: the legacy roster (conditional on naming exactly
     /// the plan's workers: its size, and each of them), then the rows.
     async fn retire(&self, plan: &Retirement) -> Result<bool, LeaseError> {
         const OP: &str = "DeleteItem";
@@ -2280,10 +2280,6 @@ impl LeaseTable for DynamoLeaseTable {
         &self.table
     }
 
-    fn worker_table_name(&self) -> &str {
-        &self.workers
-    }
-
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(async move { self.ensure_table_with(&TableOptions::default()).await })
     }
@@ -2389,6 +2385,22 @@ impl LeaseTable for DynamoLeaseTable {
         Box::pin(self.clear_request(key, requester))
     }
 
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(self.stamp(key, source, created, overwrite))
+    }
+}
+
+impl WorkerRows for DynamoLeaseTable {
+    fn worker_table_name(&self) -> &str {
+        &self.workers
+    }
+
     fn heartbeat<'a>(
         &'a self,
         worker: &'a WorkerId,
@@ -2428,16 +2440,6 @@ impl LeaseTable for DynamoLeaseTable {
         plan: &'a Retirement,
     ) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(self.retire(plan))
-    }
-
-    fn stamp_source<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        source: &'a str,
-        created: Option<u64>,
-        overwrite: bool,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        Box::pin(self.stamp(key, source, created, overwrite))
     }
 }
 

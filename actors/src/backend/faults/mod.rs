@@ -11,7 +11,8 @@
 //!   applies it (`Faulty::run`), and how each port spells an injected error
 //!   ([`Injected`]).
 //! * `lease_table`, `stream`, `metrics`: [`Faulty`] as each port, every call passed
-//!   through `run` under its operation's name.
+//!   through `run` under its operation's name (the lease-table ports by their call
+//!   hook, `crate::backend::hook`).
 
 mod freezer;
 mod lease_table;
@@ -54,7 +55,7 @@ struct State {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty};
 /// use flotilla_actors::backend::memory::MemoryDynamo;
-/// use flotilla_actors::backend::{LeaseError, LeaseTable};
+/// use flotilla_actors::backend::{LeaseError, LeaseTable, WorkerRows};
 /// use flotilla_actors::model::{WorkerId, WorkerLoad};
 ///
 /// // The second heartbeat is written, but its answer is "lost": the caller sees a
@@ -274,7 +275,7 @@ const ENDPOINT: &str = "fault injector";
 mod tests {
     use super::*;
     use crate::backend::memory::MemoryDynamo;
-    use crate::backend::{LeaseError, LeaseTable};
+    use crate::backend::{LeaseError, WorkerRows};
     use crate::model::{WorkerId, WorkerLoad};
 
     fn plan() -> FaultPlan {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::backend::layout::{self, Dual, LegacyWrite, Place, Retirement};
 use crate::backend::{
-    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState,
+    HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable, ScanOutput, TableState, WorkerRows,
 };
 use crate::model::item::{
     self, AttrValue, ENTITY_ROSTER, ENTITY_WORKER, Item, PENDING_ATTRS, ROSTER_KEY, ReadUnits, Row,
@@ -601,10 +601,6 @@ impl LeaseTable for MemoryLeaseTable {
         &self.name
     }
 
-    fn worker_table_name(&self) -> &str {
-        &self.workers
-    }
-
     fn ensure_table(&self) -> BoxFuture<'_, Result<TableState, LeaseError>> {
         Box::pin(async move {
             let refused = self.db.updates_refused.load(Ordering::SeqCst);
@@ -909,6 +905,49 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
+    fn stamp_source<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        source: &'a str,
+        created: Option<u64>,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            let mut tables = self.db.lock();
+            let table = table_mut(&mut tables, &self.name, "UpdateItem")?;
+            let Some(row) = table.items.get_mut(key.as_str()) else {
+                return Ok(false);
+            };
+            let named = match row.get(attr::SOURCE) {
+                None => true,
+                Some(AttrValue::S(s)) => s == source,
+                Some(_) => false,
+            };
+            // Adopting stamps only a row that names this stream (or nothing) and has no
+            // creation time yet; overwriting (import --force) stamps any row.
+            let adoptable = named && !row.contains_key(attr::SOURCE_CREATED);
+            if !(overwrite || adoptable) {
+                return Ok(false);
+            }
+            row.insert(attr::SOURCE.into(), AttrValue::S(source.to_owned()));
+            match created {
+                Some(c) => {
+                    row.insert(attr::SOURCE_CREATED.into(), AttrValue::N(c.to_string()));
+                }
+                None => {
+                    row.remove(attr::SOURCE_CREATED);
+                }
+            }
+            Ok(true)
+        })
+    }
+}
+
+impl WorkerRows for MemoryLeaseTable {
+    fn worker_table_name(&self) -> &str {
+        &self.workers
+    }
+
     fn heartbeat<'a>(
         &'a self,
         worker: &'a WorkerId,
@@ -1111,43 +1150,6 @@ impl LeaseTable for MemoryLeaseTable {
             }
             let mut dual = self.dual();
             dual.saw_roster(false);
-            Ok(true)
-        })
-    }
-
-    fn stamp_source<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        source: &'a str,
-        created: Option<u64>,
-        overwrite: bool,
-    ) -> BoxFuture<'a, Result<bool, LeaseError>> {
-        Box::pin(async move {
-            let mut tables = self.db.lock();
-            let table = table_mut(&mut tables, &self.name, "UpdateItem")?;
-            let Some(row) = table.items.get_mut(key.as_str()) else {
-                return Ok(false);
-            };
-            let named = match row.get(attr::SOURCE) {
-                None => true,
-                Some(AttrValue::S(s)) => s == source,
-                Some(_) => false,
-            };
-            // Adopting stamps only a row that names this stream (or nothing) and has no
-            // creation time yet; overwriting (import --force) stamps any row.
-            let adoptable = named && !row.contains_key(attr::SOURCE_CREATED);
-            if !(overwrite || adoptable) {
-                return Ok(false);
-            }
-            row.insert(attr::SOURCE.into(), AttrValue::S(source.to_owned()));
-            match created {
-                Some(c) => {
-                    row.insert(attr::SOURCE_CREATED.into(), AttrValue::N(c.to_string()));
-                }
-                None => {
-                    row.remove(attr::SOURCE_CREATED);
-                }
-            }
             Ok(true)
         })
     }
