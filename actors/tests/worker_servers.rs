@@ -138,15 +138,22 @@ mod scenarios {
             "reported at the first refusal, not after a run of them: {:?}",
             started.elapsed()
         );
-        let (code, _, body) =
-            support::http::get(&support::http::url(&worker, "/readyz"), "*/*").await;
-        assert_eq!(code, 503, "{body}");
-        assert!(
-            body.contains(
-                "shard shardId-000000000000 is stalled: cannot subscribe: SubscribeToShard"
-            ),
-            "{body}"
-        );
+        // /readyz reads a snapshot up to a second old (or, while the supervisor does not
+        // answer, the last one): it may predate the stall just seen. It must follow.
+        let url = support::http::url(&worker, "/readyz");
+        let stalled = "shard shardId-000000000000 is stalled: cannot subscribe: SubscribeToShard";
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let (code, _, body) = support::http::get(&url, "*/*").await;
+            if code == 503 && body.contains(stalled) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "/readyz never said the shard is stalled: {code} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         shutdown_clean(worker).await;
     }
 
