@@ -44,6 +44,12 @@ impl Telemetry {
     /// Logs the event and counts it: one call, so a site cannot do one and forget the
     /// other.
     pub(crate) fn emit(&self, event: impl Event) {
+        self.emit_dyn(&event);
+    }
+
+    /// [`Telemetry::emit`] for an event behind a reference, for the ports a part sees
+    /// its peers through (the reader's `Out`, the keeper's `Outbox`).
+    pub(crate) fn emit_dyn(&self, event: &dyn Event) {
         event.log();
         self.record(event.samples());
     }

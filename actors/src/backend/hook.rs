@@ -142,6 +142,13 @@ pub struct Fenced<'a> {
     pub effect: Effect,
 }
 
+impl<'a> Fenced<'a> {
+    /// The condition of a write to `key` under `fence` that does `effect`.
+    pub fn new(key: &'a LeaseKey, fence: &'a Fence, effect: Effect) -> Self {
+        Fenced { key, fence, effect }
+    }
+}
+
 /// What a successful read cost, as its answer reports it: what the read cost of the
 /// lease table is counted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,22 +198,31 @@ pub trait Call<'a>: Send + Sync + 'a {
     /// Which method this is.
     const OP: Op;
 
+    /// Sends the call to `table`. A fenced write (one whose [`Call::fenced`] is `Some`)
+    /// goes out conditional on `fence` when given, in place of its own; every other call
+    /// has no fence to replace and ignores it. The one place a call names its method.
+    fn send_under<'s, T: LeaseTable + ?Sized>(
+        &'s self,
+        table: &'s T,
+        fence: Option<&'s Fence>,
+    ) -> BoxFuture<'s, Result<Self::Out, LeaseError>>;
+
     /// Sends the call to `table`, as its arguments say.
     fn send<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
-    ) -> BoxFuture<'s, Result<Self::Out, LeaseError>>;
+    ) -> BoxFuture<'s, Result<Self::Out, LeaseError>> {
+        self.send_under(table, None)
+    }
 
     /// Sends the call to `table` conditional on `fence` in place of its own: for a
-    /// fenced write (one whose [`Call::fenced`] is `Some`); any other call is sent as
-    /// [`Call::send`] sends it.
+    /// fenced write; any other call is sent as [`Call::send`] sends it.
     fn send_fenced<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
         fence: &'s Fence,
     ) -> BoxFuture<'s, Result<Self::Out, LeaseError>> {
-        let _ = fence;
-        self.send(table)
+        self.send_under(table, Some(fence))
     }
 
     /// The condition of a fenced write; `None` for every other call.

@@ -73,9 +73,7 @@ impl Outbox for KeeperArgs {
     }
 
     fn emit(&self, event: &dyn Event) {
-        // As `Telemetry::emit`: the log line, then the samples.
-        event.log();
-        self.telemetry.record(event.samples());
+        self.telemetry.emit_dyn(event);
     }
 
     fn record(&self, samples: Vec<Sample>) {

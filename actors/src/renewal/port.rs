@@ -18,36 +18,23 @@ impl Hook for Renewing {
     fn around<'a, C: Call<'a>>(&'a self, call: C) -> BoxFuture<'a, Result<C::Out, LeaseError>> {
         Box::pin(async move {
             let inner = &*self.inner;
-            let gated = match call.fenced() {
-                // A progress write (a prepared checkpoint too): sent under the row's
-                // current counter, ordered with this lease's renewals.
-                Some(Fenced {
-                    key,
-                    fence,
-                    effect: Effect::Keeps,
-                }) => Some((key, fence, false)),
-                // A success ends the life.
-                Some(Fenced {
-                    key,
-                    fence,
-                    effect: Effect::Ends,
-                }) => Some((key, fence, true)),
+            let mut out = match call.fenced() {
                 // Renewals are this wrapper's own; nobody above renews.
                 Some(Fenced {
                     effect: Effect::Renews,
                     ..
                 })
-                | None => None,
-            };
-            let mut out = match gated {
-                Some((key, fence, gone)) => {
+                | None => call.send(inner).await?,
+                // A progress write (a prepared checkpoint too, `Keeps`) is sent under the
+                // row's current counter, ordered with this lease's renewals; a success of
+                // one that `Ends` ends the life.
+                Some(Fenced { key, fence, effect }) => {
                     let call = &call;
-                    self.fenced(key, fence, gone, move |row| {
+                    self.fenced(key, fence, effect == Effect::Ends, move |row| {
                         Box::pin(async move { call.send_fenced(inner, &row).await })
                     })
                     .await?
                 }
-                None => call.send(inner).await?,
             };
             match C::rows(&mut out) {
                 Rows::None => {}

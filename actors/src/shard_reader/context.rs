@@ -52,8 +52,10 @@ pub(crate) struct ReaderArgs {
 pub(super) const WRITER_TIMEOUT_MS: u64 = 30_000;
 
 /// What the reader reads with (see the module doc). `lease` is the one field that
-/// changes: the start-up step replaces it with the row read from the table. Nothing in
-/// it is an actor, so a part's tests build one over the memory backends.
+/// changes: the start-up step replaces it with the row read from the table. No read
+/// step messages an actor through it (the processor wait holds the reader's own ref, to
+/// tell it once when the processor first waits), so a part's tests build one over the memory
+/// backends.
 pub(super) struct Ctx {
     pub key: LeaseKey,
     pub shard: ShardId,
@@ -212,9 +214,7 @@ impl Wires {
 
 impl Out for Wires {
     fn emit(&self, event: &dyn Event) {
-        // As `Telemetry::emit`: the log line, then the samples.
-        event.log();
-        self.telemetry.record(event.samples());
+        self.telemetry.emit_dyn(event);
     }
 
     fn record(&self, samples: Vec<Sample>) {

@@ -15,9 +15,10 @@ impl<'a> Call<'a> for EnsureTable {
     type Out = TableState;
     const OP: Op = Op::EnsureTable;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<TableState, LeaseError>> {
         table.ensure_table()
     }
@@ -30,9 +31,10 @@ impl<'a> Call<'a> for Scan {
     type Out = ScanOutput;
     const OP: Op = Op::Scan;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<ScanOutput, LeaseError>> {
         table.scan()
     }
@@ -60,9 +62,10 @@ impl<'a> Call<'a> for Get<'a> {
     type Out = Option<Lease>;
     const OP: Op = Op::Get;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<Option<Lease>, LeaseError>> {
         table.get(self.key)
     }
@@ -93,9 +96,10 @@ impl<'a> Call<'a> for CreateIfAbsent<'a> {
     type Out = bool;
     const OP: Op = Op::CreateIfAbsent;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<bool, LeaseError>> {
         table.create_if_absent(self.lease)
     }
@@ -112,27 +116,16 @@ impl<'a> Call<'a> for Take<'a> {
     type Out = Lease;
     const OP: Op = Op::Take;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<Lease, LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<Lease, LeaseError>> {
-        table.take(self.key, fence, self.new_owner)
+        table.take(self.key, fence.unwrap_or(self.expected), self.new_owner)
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Ends,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Ends))
     }
 
     fn rows(out: &mut Lease) -> Rows<'_> {
@@ -159,27 +152,21 @@ impl<'a> Call<'a> for TakeExpired<'a> {
     type Out = Lease;
     const OP: Op = Op::TakeExpired;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<Lease, LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<Lease, LeaseError>> {
-        table.take_expired(self.key, fence, self.new_owner, self.owner_heartbeat)
+        table.take_expired(
+            self.key,
+            fence.unwrap_or(self.expected),
+            self.new_owner,
+            self.owner_heartbeat,
+        )
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Ends,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Ends))
     }
 
     fn rows(out: &mut Lease) -> Rows<'_> {
@@ -204,27 +191,16 @@ impl<'a> Call<'a> for Release<'a> {
     type Out = u64;
     const OP: Op = Op::Release;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<u64, LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<u64, LeaseError>> {
-        table.release(self.key, fence)
+        table.release(self.key, fence.unwrap_or(self.expected))
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Ends,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Ends))
     }
 
     /// Unowned, at the counter returned.
@@ -246,27 +222,16 @@ impl<'a> Call<'a> for Renew<'a> {
     type Out = u64;
     const OP: Op = Op::Renew;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<u64, LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<u64, LeaseError>> {
-        table.renew(self.key, fence)
+        table.renew(self.key, fence.unwrap_or(self.expected))
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Renews,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Renews))
     }
 
     /// The fence's owner still, at the counter returned.
@@ -290,27 +255,21 @@ impl<'a> Call<'a> for Checkpoint<'a> {
     type Out = ();
     const OP: Op = Op::Checkpoint;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        table.checkpoint(self.key, fence, self.checkpoint, self.children)
+        table.checkpoint(
+            self.key,
+            fence.unwrap_or(self.expected),
+            self.checkpoint,
+            self.children,
+        )
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Keeps,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Keeps))
     }
 }
 
@@ -326,28 +285,22 @@ impl<'a> Call<'a> for PrepareCheckpoint<'a> {
     type Out = ();
     const OP: Op = Op::PrepareCheckpoint;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        table.prepare_checkpoint(self.key, fence, self.pending, self.state)
+        table.prepare_checkpoint(
+            self.key,
+            fence.unwrap_or(self.expected),
+            self.pending,
+            self.state,
+        )
     }
 
     /// A progress write like a checkpoint.
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Keeps,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Keeps))
     }
 }
 
@@ -361,27 +314,16 @@ impl<'a> Call<'a> for Delete<'a> {
     type Out = ();
     const OP: Op = Op::Delete;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        table.delete(self.key, fence)
+        table.delete(self.key, fence.unwrap_or(self.expected))
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Ends,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Ends))
     }
 
     fn landed<'s>(&'s self, _: &'s ()) -> Option<Landed<'s>> {
@@ -400,27 +342,16 @@ impl<'a> Call<'a> for RequestHandoff<'a> {
     type Out = ();
     const OP: Op = Op::RequestHandoff;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<(), LeaseError>> {
-        table.request_handoff(self.key, fence, self.requester)
+        table.request_handoff(self.key, fence.unwrap_or(self.expected), self.requester)
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Keeps,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Keeps))
     }
 }
 
@@ -435,27 +366,16 @@ impl<'a> Call<'a> for Transfer<'a> {
     type Out = u64;
     const OP: Op = Op::Transfer;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        fence: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<u64, LeaseError>> {
-        self.send_fenced(table, self.expected)
-    }
-
-    fn send_fenced<'s, T: LeaseTable + ?Sized>(
-        &'s self,
-        table: &'s T,
-        fence: &'s Fence,
-    ) -> BoxFuture<'s, Result<u64, LeaseError>> {
-        table.transfer(self.key, fence, self.to)
+        table.transfer(self.key, fence.unwrap_or(self.expected), self.to)
     }
 
     fn fenced(&self) -> Option<Fenced<'a>> {
-        Some(Fenced {
-            key: self.key,
-            fence: self.expected,
-            effect: Effect::Ends,
-        })
+        Some(Fenced::new(self.key, self.expected, Effect::Ends))
     }
 
     /// Owned by `to`, at the counter returned.
@@ -477,9 +397,10 @@ impl<'a> Call<'a> for ClearHandoff<'a> {
     type Out = ();
     const OP: Op = Op::ClearHandoff;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
         table.clear_handoff(self.key, self.requester)
     }
@@ -497,9 +418,10 @@ impl<'a> Call<'a> for StampSource<'a> {
     type Out = bool;
     const OP: Op = Op::StampSource;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<bool, LeaseError>> {
         table.stamp_source(self.key, self.source, self.created, self.overwrite)
     }

@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use super::{Call, Op, ReadCost};
 use crate::backend::layout::Retirement;
 use crate::backend::{HeartbeatDetail, HeartbeatsOutput, LeaseError, LeaseTable};
-use crate::model::{WorkerId, WorkerLoad};
+use crate::model::{Fence, WorkerId, WorkerLoad};
 
 /// [`WorkerRows::heartbeat`](crate::backend::WorkerRows::heartbeat).
 pub struct Heartbeat<'a> {
@@ -19,9 +19,10 @@ impl<'a> Call<'a> for Heartbeat<'a> {
     type Out = u64;
     const OP: Op = Op::Heartbeat;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<u64, LeaseError>> {
         table.heartbeat(self.worker, self.load)
     }
@@ -36,9 +37,10 @@ impl<'a> Call<'a> for RemoveHeartbeat<'a> {
     type Out = ();
     const OP: Op = Op::RemoveHeartbeat;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
         table.remove_heartbeat(self.worker)
     }
@@ -53,9 +55,10 @@ impl<'a> Call<'a> for JoinRoster<'a> {
     type Out = ();
     const OP: Op = Op::JoinRoster;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<(), LeaseError>> {
         table.join_roster(self.workers)
     }
@@ -70,9 +73,10 @@ impl<'a> Call<'a> for Heartbeats {
     type Out = HeartbeatsOutput;
     const OP: Op = Op::Heartbeats;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<HeartbeatsOutput, LeaseError>> {
         table.heartbeats(self.detail)
     }
@@ -97,9 +101,10 @@ impl<'a> Call<'a> for RemoveDeadHeartbeat<'a> {
     type Out = bool;
     const OP: Op = Op::RemoveDeadHeartbeat;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<bool, LeaseError>> {
         table.remove_dead_heartbeat(self.worker, self.counter)
     }
@@ -114,9 +119,10 @@ impl<'a> Call<'a> for RetireLegacy<'a> {
     type Out = bool;
     const OP: Op = Op::RetireLegacy;
 
-    fn send<'s, T: LeaseTable + ?Sized>(
+    fn send_under<'s, T: LeaseTable + ?Sized>(
         &'s self,
         table: &'s T,
+        _: Option<&'s Fence>,
     ) -> BoxFuture<'s, Result<bool, LeaseError>> {
         table.retire_legacy(self.plan)
     }
