@@ -58,6 +58,7 @@ pub mod backoff;
 pub mod balance;
 mod boards;
 mod checkpoint_writer;
+pub mod failure;
 pub mod fanout;
 mod fencing;
 /// Not public API: a pure simulation of fleets deciding with `balance`, for its property

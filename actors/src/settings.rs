@@ -17,8 +17,10 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+mod failure;
 mod load;
 
+pub use failure::{Destination, FailureSettings};
 pub use load::{CONFIG_FILE_VAR, LoadError};
 
 /// The longest application name: the lease table's name, whose worker table
@@ -47,6 +49,9 @@ pub struct Settings {
     pub status: StatusSettings,
     /// `[aws]`: region, endpoints, timeouts and retries of the AWS clients.
     pub aws: AwsSettings,
+    /// `[failure]`: retries, bisection, a maximum record age and a destination for
+    /// records the processor cannot handle.
+    pub failure: FailureSettings,
 }
 
 /// Where a shard with no checkpoint starts.
@@ -724,6 +729,7 @@ impl Settings {
         self.supervision.validate()?;
         self.metrics.validate()?;
         self.aws.validate()?;
+        self.failure.validate()?;
         self.check_lease_table_is_not_read()?;
         if !self.worker.streams.is_empty() {
             // Kinesis streams only (checked per entry): fan-out works on every one.
