@@ -181,13 +181,29 @@ type Dimensions = Vec<(String, String)>;
 ///
 /// Recording is an array index plus, for a shard sample, one ordered-map lookup by the
 /// lease key the sample already owns: no allocation per sample.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Aggregator {
     worker: Slots,
     shards: BTreeMap<LeaseKey, Slots>,
     rejected: u64,
     /// The timings' distributions since start (metrics with [`Metric::buckets`]).
     histograms: BTreeMap<Metric, Histogram>,
+}
+
+impl Default for Aggregator {
+    fn default() -> Self {
+        Self {
+            worker: empty_slots(),
+            shards: BTreeMap::new(),
+            rejected: 0,
+            histograms: BTreeMap::new(),
+        }
+    }
+}
+
+/// A slot per metric, none recorded (by hand: `Default` stops at arrays of 32).
+fn empty_slots() -> Slots {
+    std::array::from_fn(|_| Series::default())
 }
 
 impl Aggregator {
@@ -205,7 +221,7 @@ impl Aggregator {
         }
         let slots = match sample.shard {
             None => &mut self.worker,
-            Some(shard) => self.shards.entry(shard).or_default(),
+            Some(shard) => self.shards.entry(shard).or_insert_with(empty_slots),
         };
         slots[sample.metric.index()].add(sample.value);
         if let Some(bounds) = sample.metric.buckets() {
@@ -273,7 +289,7 @@ impl Aggregator {
                 {
                     let (_, stats) = per_stream
                         .entry(id)
-                        .or_insert_with(|| (dimensions, Default::default()));
+                        .or_insert_with(|| (dimensions, std::array::from_fn(|_| Stats::default())));
                     for metric in Metric::ALL {
                         stats[metric.index()].merge(&slots[metric.index()].interval);
                     }

@@ -16,37 +16,70 @@ use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::fencing::{FenceReason, Fencing};
-use crate::model::{Fence, LeaseKey, ShardId};
-use crate::protocol::{Batch, Checkpointer, ProcessorMsg, ShardInfo, StopReason};
+use crate::backend::Record;
+use crate::model::{ExtendedSequenceNumber, Fence, LeaseKey, ShardId};
+use crate::failure::driver::{FailureNews, Failures, Host, Ran};
+use crate::protocol::{
+    AckToken, Batch, Checkpointer, ProcessorMsg, ReaderMsg, ShardInfo, StopReason,
+};
 use crate::settings::CheckpointMode;
 use crate::spans::Spanned;
 
 /// An error from user code. Any error converts into it with `?`; it deliberately does
 /// not implement `std::error::Error` itself, so that conversion stays unambiguous.
-pub struct ProcessorError(Box<dyn StdError + Send + Sync + 'static>);
+///
+/// With `[failure]` set, an error can name the record of the batch that failed
+/// ([`ProcessorError::at_record`], Lambda's `batchItemFailures`): the records before it
+/// count as processed, and the retry starts at it.
+pub struct ProcessorError {
+    error: Box<dyn StdError + Send + Sync + 'static>,
+    record: Option<ExtendedSequenceNumber>,
+}
 
 impl ProcessorError {
     /// An error that is only a message, for a failure with no error type of its own.
     pub fn msg(text: impl fmt::Display) -> Self {
-        Self(text.to_string().into())
+        Self {
+            error: text.to_string().into(),
+            record: None,
+        }
+    }
+
+    /// The failure is this record's: the ones before it in the batch were processed.
+    /// Name a record of the batch `process` was handed; any other is ignored, and the
+    /// whole batch counts as failed.
+    pub fn at_record(mut self, record: &Record) -> Self {
+        self.record = Some(ExtendedSequenceNumber::new(
+            record.sequence_number.clone(),
+            record.sub_sequence_number,
+        ));
+        self
+    }
+
+    /// The record this failure names, if it names one.
+    pub fn record(&self) -> Option<&ExtendedSequenceNumber> {
+        self.record.as_ref()
     }
 }
 
 impl<E: StdError + Send + Sync + 'static> From<E> for ProcessorError {
     fn from(error: E) -> Self {
-        Self(Box::new(error))
+        Self {
+            error: Box::new(error),
+            record: None,
+        }
     }
 }
 
 impl fmt::Display for ProcessorError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.error.fmt(f)
     }
 }
 
 impl fmt::Debug for ProcessorError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.error.fmt(f)
     }
 }
 
@@ -321,6 +354,9 @@ pub(crate) struct HostArgs {
     /// The shard is stopping (shutdown, handoff): queued batches are skipped.
     pub stopping: Arc<AtomicBool>,
     pub fence: HostFence,
+    /// `[failure]`'s policy, when it is on: a failed batch is retried, bisected and
+    /// discarded here rather than failing the shard.
+    pub failures: Option<Failures>,
 }
 
 /// When the host may hand a batch to its processor: while [`Fencing`] allows the lease
@@ -339,6 +375,7 @@ pub(crate) struct HostState {
     revoked: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,
     fence: HostFence,
+    failures: Option<Failures>,
     finished: bool,
 }
 
@@ -359,6 +396,7 @@ impl Actor for ProcessorHost {
             revoked: args.revoked,
             stopping: args.stopping,
             fence: args.fence,
+            failures: args.failures,
             finished: false,
         })
     }
@@ -378,32 +416,8 @@ impl Actor for ProcessorHost {
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
             ProcessorMsg::Process(mut batch, checkpointer) => {
-                // Batches already queued here when the worker fenced itself wait too:
-                // another worker may take the lease once the failover time passes.
-                // Blocking the mailbox is the point. A revoked lease (the keeper found
-                // it lost) skips them at once, checked right before the call.
-                loop {
-                    let fence = &state.fence;
-                    match fence.fencing.check(&fence.key, &fence.fence) {
-                        Ok(()) => break,
-                        Err(FenceReason::Revoked { .. } | FenceReason::NotHeld) => return Ok(()),
-                        // Revoked by the reader, or stopping (a shutdown or handoff
-                        // skips queued batches anyway): do not wait out the fence.
-                        Err(_)
-                            if state.revoked.load(Ordering::Acquire)
-                                || state.stopping.load(Ordering::Acquire) =>
-                        {
-                            return Ok(());
-                        }
-                        Err(_) => tokio::time::sleep(fence.recheck).await,
-                    }
-                }
-                // Stopping: the batch in hand was finished; the ones queued behind it
-                // are left unacked for the next owner, so a handoff waits for one
-                // batch, not a mailbox full.
-                if state.finished
-                    || state.revoked.load(Ordering::Acquire)
-                    || state.stopping.load(Ordering::Acquire)
+                if !may_deliver(&state.fence, &state.revoked, &state.stopping, state.finished)
+                    .await
                 {
                     return Ok(());
                 }
@@ -413,12 +427,29 @@ impl Actor for ProcessorHost {
                     checkpointer.ack_batch(&batch);
                 }
                 batch.delivered_at = tokio::time::Instant::now().into_std();
-                state
-                    .wait
-                    .scope(state.processor.0.process(&batch, &checkpointer))
-                    .await
-                    .map_err(|e| failure("process", &batch.shard, e))?;
-                if state.mode.host_acks_each_batch() {
+                let done = match &state.failures {
+                    None => {
+                        state
+                            .wait
+                            .scope(state.processor.0.process(&batch, &checkpointer))
+                            .await
+                            .map_err(|e| failure("process", &batch.shard, e))?;
+                        true
+                    }
+                    Some(failures) => {
+                        let mut host = PolicyHost {
+                            processor: &mut state.processor,
+                            wait: &state.wait,
+                            checkpointer: &checkpointer,
+                            fence: &state.fence,
+                            revoked: &state.revoked,
+                            stopping: &state.stopping,
+                            host_acks: state.mode.host_acks_each_batch(),
+                        };
+                        failures.run(&batch, &mut host).await == Ran::Done
+                    }
+                };
+                if done && state.mode.host_acks_each_batch() {
                     checkpointer.ack_batch(&batch);
                 }
             }
@@ -450,6 +481,65 @@ impl Actor for ProcessorHost {
     }
 }
 
+/// The host as the failure policy's driver sees it, for one batch.
+struct PolicyHost<'s> {
+    processor: &'s mut BoxedProcessor,
+    wait: &'s ProcessorWait,
+    checkpointer: &'s Checkpointer,
+    fence: &'s HostFence,
+    revoked: &'s AtomicBool,
+    stopping: &'s AtomicBool,
+    host_acks: bool,
+}
+
+impl Host for PolicyHost<'_> {
+    fn process<'a>(&'a mut self, part: &'a Batch) -> BoxFuture<'a, Result<(), ProcessorError>> {
+        Box::pin(
+            self.wait
+                .scope(self.processor.0.process(part, self.checkpointer)),
+        )
+    }
+
+    fn may_deliver(&self) -> BoxFuture<'_, bool> {
+        Box::pin(may_deliver(self.fence, self.revoked, self.stopping, false))
+    }
+
+    fn tell(&self, news: FailureNews) {
+        let _ = self.checkpointer.reader.cast(ReaderMsg::Failure(news));
+    }
+
+    fn ack_records(&self, tokens: Vec<AckToken>) {
+        if !self.host_acks {
+            self.checkpointer.ack_all(tokens);
+        }
+    }
+}
+
+/// Whether the host may hand a batch to its processor now: waits while the worker is
+/// fenced (another worker may take the lease once the failover time passes, so blocking
+/// the mailbox is the point); `false` once the lease is revoked or lost, or the shard
+/// stops or has finished (a shutdown or handoff skips the batches queued behind the one
+/// in hand: they are not acked, so the next owner starts with them).
+async fn may_deliver(
+    fence: &HostFence,
+    revoked: &AtomicBool,
+    stopping: &AtomicBool,
+    finished: bool,
+) -> bool {
+    loop {
+        match fence.fencing.check(&fence.key, &fence.fence) {
+            Ok(()) => break,
+            Err(FenceReason::Revoked { .. } | FenceReason::NotHeld) => return false,
+            // Revoked by the reader, or stopping: do not wait out the fence.
+            Err(_) if revoked.load(Ordering::Acquire) || stopping.load(Ordering::Acquire) => {
+                return false;
+            }
+            Err(_) => tokio::time::sleep(fence.recheck).await,
+        }
+    }
+    !(finished || revoked.load(Ordering::Acquire) || stopping.load(Ordering::Acquire))
+}
+
 fn failure(call: &str, shard: &ShardId, error: ProcessorError) -> ActorProcessingErr {
     format!("shard {shard}: processor {call} failed: {error}").into()
 }
@@ -458,10 +548,8 @@ fn failure(call: &str, shard: &ShardId, error: ProcessorError) -> ActorProcessin
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::backend::Record;
     use crate::handle::WorkerHandle;
     use crate::model::{BatchId, SequenceNumber, WorkerId};
-    use crate::protocol::ReaderMsg;
     use crate::settings::CheckpointMode;
     use tokio::sync::Notify;
 
@@ -515,6 +603,7 @@ mod tests {
             delivered_at: now,
             at_shard_end: false,
             child_shards: Arc::from(Vec::new()),
+            offset: 0,
             _empty_slot: None,
         }
     }
@@ -559,6 +648,7 @@ mod tests {
                         fence: fence.clone(),
                         recheck: Duration::from_millis(100),
                     },
+                    failures: None,
                 },
             ),
         )

@@ -21,6 +21,7 @@
 //! - `reading`: what both kinds of read do with an answer, and `Next`.
 //! - `polling`, `fanout`: the two kinds of read; `source`: the one the reader has.
 //! - `ending`: the shard's end and its shutdown.
+//! - `failures`: what the failure policy (`[failure]`, in the processor host) did here.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 mod context;
 mod ending;
+mod failures;
 mod fanout;
 mod health;
 mod ledger;
@@ -54,6 +56,7 @@ use crate::telemetry::{Metric, RecordsProcessed, Sample};
 pub(crate) use context::ReaderArgs;
 use context::{Ctx, Out, Wires};
 use ending::Ending;
+use failures::FailureBook;
 use health::ReadHealth;
 use outbox::Outbox;
 use pure::{AfterAck, FetchGate, FetchStep, Phase, ProcessorExit};
@@ -85,6 +88,7 @@ pub(crate) struct ReaderState {
     stall: StallWatch,
     source: Source,
     ending: Ending,
+    failures: FailureBook,
     /// Checks the processor's wait every [`WAIT_CHECK`], from its first wait on.
     wait_timer: Option<tokio::task::JoinHandle<()>>,
 }
@@ -111,6 +115,7 @@ impl Actor for ShardReader {
             stall: StallWatch::default(),
             source,
             ending: Ending::default(),
+            failures: FailureBook::default(),
             ctx,
             wires,
             phase: Phase::Starting,
@@ -165,6 +170,17 @@ impl Actor for ShardReader {
             ReaderMsg::StopNow => myself.stop(StopReason::LeaseLost.text()),
             ReaderMsg::ProcessorFailed(error) => {
                 return Err(format!("shard {}: {error}", state.ctx.shard).into());
+            }
+            ReaderMsg::Failure(news) => {
+                let parts = failures::Parts {
+                    ctx: &state.ctx,
+                    out: &state.wires,
+                    phase: state.phase,
+                    book: &mut state.failures,
+                    stall: &mut state.stall,
+                    outbox: &mut state.outbox,
+                };
+                failures::note(parts, news);
             }
             ReaderMsg::Status(reply) => {
                 state.note_stall();
@@ -566,6 +582,7 @@ impl ReaderState {
             health: &self.health,
             stall: &self.stall,
             source: &self.source,
+            failures: &self.failures,
         })
     }
 }

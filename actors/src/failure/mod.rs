@@ -10,3 +10,5 @@
 pub mod destination;
 
 pub use destination::{DeadLetters, DestinationError, Envelope};
+pub(crate) mod driver;
+pub(crate) mod plan;

@@ -205,6 +205,27 @@ catalog! {
         help: "Held shards stalled: a processor that does not answer, or a shard that \
                cannot be read (1 per shard while it is).",
     },
+    /// `[failure]`: each is a delivery the policy retries (or, once spent, discards).
+    DeliveryFailures {
+        kind: Counter, unit: Count, buckets: None,
+        help: "Batches (or parts of one) the processor failed, under failure.* settings.",
+    },
+    /// Written to `failure.destination` first; one ERROR names each.
+    RecordsDiscardedRetries {
+        kind: Counter, unit: Count, buckets: None,
+        help: "Records discarded to the failure destination after failure.max_retries.",
+    },
+    /// A reader further behind than the limit discards what it reads.
+    RecordsDiscardedAge {
+        kind: Counter, unit: Count, buckets: None,
+        help: "Records discarded to the failure destination as older than \
+               failure.max_record_age.",
+    },
+    /// Nothing is discarded while it fails: the shard waits, stalled.
+    DestinationFailures {
+        kind: Counter, unit: Count, buckets: None,
+        help: "Writes to the failure destination that failed.",
+    },
     /// Each is a shard nobody processes.
     LeasesUnreadable {
         kind: Gauge, unit: Count, buckets: None,

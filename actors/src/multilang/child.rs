@@ -53,6 +53,9 @@ pub struct ChildCommand {
 pub struct MultiLangProcessor {
     command: Arc<ChildCommand>,
     shard: Option<ShardId>,
+    /// Where the shard started, for a child started again after one that failed a batch
+    /// (`[failure]` retries in the same processor; without it the shard restarts).
+    started: Option<ShardInfo>,
     child: Option<Running>,
     /// The last record delivered, for a checkpoint without a sequence number.
     last_delivered: Option<ExtendedSequenceNumber>,
@@ -252,6 +255,7 @@ impl MultiLangProcessor {
         Self {
             command,
             shard: None,
+            started: None,
             child: None,
             last_delivered: None,
             last_checkpoint: None,
@@ -499,6 +503,7 @@ fn refusal(error: &CheckpointError) -> CheckpointRefusal {
 impl Processor for MultiLangProcessor {
     async fn initialize(&mut self, shard: &ShardInfo) -> Result<(), ProcessorError> {
         self.shard = Some(shard.shard_id.clone());
+        self.started = Some(shard.clone());
         if let crate::model::Checkpoint::At(at) = &shard.starting_at {
             self.last_checkpoint = Some(at.clone());
         }
@@ -515,6 +520,7 @@ impl Processor for MultiLangProcessor {
         batch: &Batch,
         checkpointer: &Checkpointer,
     ) -> Result<(), ProcessorError> {
+        self.ensure_child().await?;
         if let Some(last) = batch.records().last() {
             self.last_delivered = Some(ExtendedSequenceNumber::new(
                 last.sequence_number.clone(),
@@ -541,6 +547,7 @@ impl Processor for MultiLangProcessor {
     }
 
     async fn shard_ended(&mut self, checkpointer: &Checkpointer) -> Result<(), ProcessorError> {
+        self.ensure_child().await?;
         self.reached_shard_end = false;
         let mut result = self.call(ToChild::ShardEnded, Some(checkpointer)).await;
         if result.is_ok() && !self.reached_shard_end {
@@ -554,6 +561,7 @@ impl Processor for MultiLangProcessor {
         &mut self,
         checkpointer: &Checkpointer,
     ) -> Result<(), ProcessorError> {
+        self.ensure_child().await?;
         let result = self
             .call(ToChild::ShutdownRequested, Some(checkpointer))
             .await
@@ -571,6 +579,22 @@ impl Processor for MultiLangProcessor {
 }
 
 impl MultiLangProcessor {
+    /// The child that failed the last batch was ended: the failure policy (`[failure]`)
+    /// goes on with a new one, initialized at the shard's last checkpoint, as a
+    /// restarted shard's would be. Nothing before `initialize`.
+    async fn ensure_child(&mut self) -> Result<(), ProcessorError> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let Some(mut info) = self.started.clone() else {
+            return Ok(());
+        };
+        if let Some(at) = &self.last_checkpoint {
+            info.starting_at = crate::model::Checkpoint::At(at.clone());
+        }
+        Processor::initialize(self, &info).await
+    }
+
     /// Closes the child's stdin (the client libraries end on it) and waits briefly for
     /// it to exit; kills it otherwise.
     async fn stop(&mut self) {

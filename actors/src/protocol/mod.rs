@@ -299,6 +299,8 @@ pub(crate) enum ReaderMsg {
     /// The processor failed. Sent to itself, so that it queues behind the acks the
     /// processor sent before failing (supervision events overtake messages).
     ProcessorFailed(String),
+    /// What the failure policy did with a batch (`[failure]`, in the processor host).
+    Failure(crate::failure::driver::FailureNews),
     Status(RpcReplyPort<ShardStatus>),
     /// The processor waits on something outside (`processor::ProcessorWait`): check
     /// whether it is past its stall time, every second from the first of these on.

@@ -73,6 +73,10 @@ pub struct Batch {
     /// sends no other empty one until it is dropped, so a busy processor's mailbox holds
     /// at most one. `None` for batches with records.
     pub(crate) _empty_slot: Option<Arc<()>>,
+    /// Where `records` start in the batch the reader delivered: a part handed over again
+    /// by the failure policy (a retry after a partial failure, a half after a
+    /// bisection) keeps its records' ack tokens.
+    pub(crate) offset: usize,
 }
 
 impl Batch {
@@ -133,7 +137,24 @@ impl Batch {
     pub fn ack_token(&self, index: usize) -> AckToken {
         AckToken {
             batch: self.id,
-            index,
+            index: self.offset + index,
+        }
+    }
+
+    /// The records `range` of this batch, as a batch of their own with the same id and
+    /// ack tokens (the failure policy hands parts of a batch over again).
+    pub(crate) fn part(&self, range: std::ops::Range<usize>) -> Batch {
+        if range.start == 0 && range.end == self.records.len() {
+            return self.clone();
+        }
+        let end = range.end.min(self.records.len());
+        let start = range.start.min(end);
+        Batch {
+            records: Arc::from(&self.records[start..end]),
+            offset: self.offset + start,
+            // The end of the shard is news for the batch's last record only.
+            at_shard_end: self.at_shard_end && end == self.records.len(),
+            ..self.clone()
         }
     }
 

@@ -12,6 +12,7 @@ use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::backend::{LeaseTable, ShardEvent, StreamClient, StreamError};
 use crate::boards::LagBoard;
+use crate::failure::driver::Failures;
 use crate::fencing::Fencing;
 use crate::model::{Fence, Lease, LeaseKey, ShardId};
 use crate::processor::{ProcessorSource, ProcessorWait};
@@ -44,6 +45,8 @@ pub(crate) struct ReaderArgs {
     pub worker: crate::handle::WorkerHandle,
     /// The fan-out consumer's ARN in fan-out mode; `None` polls.
     pub consumer: Option<Arc<str>>,
+    /// `[failure]`'s policy for this shard's processor host; `None` when it is off.
+    pub failures: Option<Failures>,
     /// This reader's place in the worker's memory budget; dropping it returns the bytes.
     pub budget: crate::model::BudgetSlot,
 }
@@ -82,6 +85,8 @@ pub(super) struct Ports {
     /// What the processor waits on outside, shared with its host (a MultiLang child's
     /// answer): past its stall time, the shard is stalled.
     pub wait: ProcessorWait,
+    /// `[failure]`'s policy, handed to the processor host; `None` when it is off.
+    pub failures: Option<Failures>,
 }
 
 /// Where a read step sends what it does not keep: batches to the processor, a fan-out
@@ -145,6 +150,7 @@ impl Ctx {
             worker,
             consumer,
             budget,
+            failures,
         } = args;
         let key = lease.key.clone();
         let ctx = Ctx {
@@ -164,6 +170,7 @@ impl Ctx {
                 fencing,
                 lags,
                 wait: ProcessorWait::new(me.clone()),
+                failures,
             },
         };
         let wires = Wires {
@@ -370,6 +377,7 @@ pub(super) mod testing {
                         fencing,
                         lags: LagBoard::default(),
                         wait: ProcessorWait::default(),
+                        failures: None,
                     },
                 },
                 out: Recorder {

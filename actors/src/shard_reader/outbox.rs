@@ -161,6 +161,12 @@ impl Outbox {
         self.record_memory
     }
 
+    /// The processor is at work (the failure policy retries or discards its batch):
+    /// progress for the watchdog, though nothing was acked.
+    pub fn progressed(&mut self, now: Instant) {
+        self.last_progress = now;
+    }
+
     pub fn since_progress(&self, now: Instant) -> std::time::Duration {
         now.saturating_duration_since(self.last_progress)
     }
@@ -236,6 +242,7 @@ impl Outbox {
                     delivered_at: now.into_std(),
                     at_shard_end: facts.end.is_some(),
                     child_shards: child_ids(facts.end),
+                    offset: 0,
                     _empty_slot: Some(self.empty_slot.clone()),
                 },
                 records: 0,
@@ -266,6 +273,7 @@ impl Outbox {
                 delivered_at: now.into_std(),
                 at_shard_end: facts.end.is_some(),
                 child_shards: child_ids(facts.end),
+                offset: 0,
                 _empty_slot: None,
             },
             records: len as u64,

@@ -18,6 +18,9 @@ pub(super) struct StallWatch {
     /// Why the shard cannot be read, from the first refusal of the current run of
     /// failures. Cleared by the next read or subscription that succeeds.
     read_stall: Option<String>,
+    /// Why the failure policy's batch cannot go on (its destination cannot be written,
+    /// or a record past its retries has nowhere to go). Cleared when it goes on.
+    failure_stall: Option<String>,
     /// Since when the stall shown now was reported (ERROR and gauge), and when its gauge
     /// was last sampled; `None` while the shard is not stalled.
     stalled: Option<(Instant, Instant)>,
@@ -50,7 +53,7 @@ impl StallWatch {
         if !pure::may_stall(phase) {
             return None;
         }
-        if let Some(why) = &self.read_stall {
+        if let Some(why) = self.read_stall.as_ref().or(self.failure_stall.as_ref()) {
             return Some(why.clone());
         }
         let wait = waiting?;
@@ -98,6 +101,17 @@ impl StallWatch {
         }
         self.read_stall = Some(why);
         true
+    }
+
+    /// The failure policy's batch cannot go on, for `why` (the latest reason is kept: a
+    /// destination's error changes as it is retried).
+    pub fn failing(&mut self, why: String) {
+        self.failure_stall = Some(why);
+    }
+
+    /// The failure policy's batch goes on again.
+    pub fn failing_ended(&mut self) {
+        self.failure_stall = None;
     }
 
     /// A read or a subscription succeeded: `true` if it ends a run of refusals.

@@ -168,6 +168,7 @@ pub(super) async fn start_processor(
             fence: ctx.fence.clone(),
             recheck: ctx.settings().reader.poll_interval,
         },
+        failures: ctx.ports.failures.clone(),
     };
     let processor = wires
         .processors

@@ -3,6 +3,7 @@
 use tokio::time::Instant;
 
 use super::context::Ctx;
+use super::failures::FailureBook;
 use super::health::ReadHealth;
 use super::outbox::Outbox;
 use super::pure::{self, Phase};
@@ -18,6 +19,7 @@ pub(super) struct Parts<'a> {
     pub health: &'a ReadHealth,
     pub stall: &'a StallWatch,
     pub source: &'a Source,
+    pub failures: &'a FailureBook,
 }
 
 pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
@@ -28,6 +30,7 @@ pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
         health,
         stall,
         source,
+        failures,
     } = parts;
     let now = Instant::now();
     let stall = stall.reason(
@@ -60,6 +63,8 @@ pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
         fenced: health.fenced().cloned(),
         stall,
         subscription: source.view(now),
+        records_discarded: failures.discarded,
+        last_failure: failures.last_failure.clone(),
     }
 }
 
@@ -82,6 +87,7 @@ mod tests {
             health: &rig.health,
             stall: &rig.stall,
             source,
+            failures: &FailureBook::default(),
         })
     }
 

@@ -112,6 +112,13 @@ pub struct ShardStatus {
     pub stall: Option<String>,
     /// The shard's enhanced fan-out subscription (fan-out mode only).
     pub subscription: Option<SubscriptionView>,
+    /// Records this reader wrote to `failure.destination` and skipped (counted afresh
+    /// after a restart; the metrics keep the total).
+    #[serde(default)]
+    pub records_discarded: u64,
+    /// The processor's last failure under `[failure]`: the record and the error.
+    #[serde(default)]
+    pub last_failure: Option<String>,
 }
 
 /// A shard's fan-out subscription, for the status page.

@@ -31,6 +31,8 @@ pub(crate) struct WorkerContext {
     pub metrics_sink: Arc<dyn MetricsSink>,
     pub settings: Arc<Settings>,
     pub processor: ProcessorSource,
+    /// Where `[failure]` writes discarded records (`failure.destination`, opened once).
+    pub dead_letters: Option<Arc<dyn crate::failure::DeadLetters>>,
     pub clock: Clock,
     /// Why the worker stopped on its own, for `Worker::wait`.
     pub fatal: Arc<Mutex<Option<String>>>,

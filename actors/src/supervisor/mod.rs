@@ -35,6 +35,7 @@ use self::pure::{
 };
 use self::shutdown::Passing;
 use crate::backoff::{Backoff, RestartIntensity};
+use crate::failure::driver::Failures;
 use crate::fencing::Fencing;
 use crate::model::{Fence, Lease, LeaseKey, WorkerId};
 use crate::protocol::{CheckpointMsg, KeeperMsg, ReaderMsg, StopReason, SupervisorMsg, WatcherMsg};
@@ -311,6 +312,12 @@ impl SupervisorState {
             worker: self.ctx.handle.clone(),
             // Its own stream's consumer: a consumer subscribes only to its stream's shards.
             consumer: stream.consumer.clone(),
+            failures: Failures::new(
+                &self.ctx.settings,
+                &stream.stream,
+                self.ctx.me.as_str(),
+                self.ctx.dead_letters.clone(),
+            ),
         };
         let span = crate::spans::shard(
             &self.ctx.span,

@@ -65,6 +65,8 @@ pub(crate) fn fallback(
         fenced: None,
         stall: None,
         subscription: None,
+        records_discarded: 0,
+        last_failure: None,
     }
 }
 

@@ -217,6 +217,7 @@ impl WorkerBuilder {
             metrics_sink: backend.metrics.clone(),
             settings: Arc::new(settings),
             processor,
+            dead_letters: None, // ISSUE32-WIRE
             clock: backend.clock,
             fatal: fatal.clone(),
             lags: Default::default(),
