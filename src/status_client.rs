@@ -121,11 +121,16 @@ pub fn render_status(status: &Value) -> String {
                 rate(&shard["records_per_second"]),
                 text(&shard["in_flight_records"]),
                 text(&shard["restarts"]),
-                match (fence_text(&shard["fenced"]), shard["stall"].as_str()) {
-                    (Some(why), _) => format!("fenced: {why}"),
-                    (None, Some(why)) => format!("stalled: {why}"),
-                    (None, None) => subscription_note(&shard["subscription"], &shard["last_error"]),
-                },
+                with_failures(
+                    match (fence_text(&shard["fenced"]), shard["stall"].as_str()) {
+                        (Some(why), _) => format!("fenced: {why}"),
+                        (None, Some(why)) => format!("stalled: {why}"),
+                        (None, None) => {
+                            subscription_note(&shard["subscription"], &shard["last_error"])
+                        }
+                    },
+                    shard,
+                ),
             ]);
             row
         })
@@ -144,6 +149,25 @@ pub fn render_status(status: &Value) -> String {
     ];
     out.push_str(&table(&header[usize::from(!many)..], rows));
     out
+}
+
+/// A shard's note, with what `[failure]` did on it when it did anything: the records
+/// discarded to the destination and the processor's last failure.
+fn with_failures(note: String, shard: &Value) -> String {
+    let discarded = shard["records_discarded"].as_u64().unwrap_or(0);
+    let last = shard["last_failure"].as_str();
+    if discarded == 0 && last.is_none() {
+        return note;
+    }
+    let mut failures = format!("discarded {discarded}");
+    if let Some(last) = last {
+        failures.push_str(&format!(", last failure: {last}"));
+    }
+    if note.is_empty() {
+        failures
+    } else {
+        format!("{note}; {failures}")
+    }
 }
 
 /// The worker's supervision tree (`GET /status/tree`) as text: the nodes its

@@ -620,6 +620,8 @@ async fn status_server() -> String {
         restarts: 1,
         fenced: None,
         stall: None,
+        records_discarded: 0,
+        last_failure: None,
         subscription: Some(SubscriptionView {
             state: if error.is_some() { "none" } else { "open" },
             age_ms: if error.is_some() { None } else { Some(62_000) },
@@ -646,6 +648,11 @@ async fn status_server() -> String {
             ShardStatus {
                 fenced: Some(FenceReason::AwaitingReconfirmation { gap_ms: 31_000 }),
                 ..shard(2, ShardState::Fenced, None)
+            },
+            ShardStatus {
+                records_discarded: 2,
+                last_failure: Some("record 49590338271490256608559692538361571095921575989136588898/0: cannot parse".into()),
+                ..shard(3, ShardState::Processing, None)
             },
         ],
         shard_restarts: 1,
@@ -812,6 +819,15 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         lines[4].starts_with("shardId-000000000002  fenced")
             && lines[4]
                 .ends_with("fenced: heartbeats resumed after a 31s gap; re-reading the lease"),
+        "{table}"
+    );
+    // What `[failure]` did: the records discarded and the last failure, after the note.
+    assert!(
+        lines[5].starts_with("shardId-000000000003  processing")
+            && lines[5].ends_with(
+                "subscribed 1m 2s ago; discarded 2, last failure: record \
+                 49590338271490256608559692538361571095921575989136588898/0: cannot parse"
+            ),
         "{table}"
     );
 

@@ -11,7 +11,11 @@
 //!   against the SDK calls in its source, and the policies against the union of the
 //!   `IAM_ACTIONS` of the adapters a worker of that source uses, less what a worker
 //!   never does, each action on the resources it acts on (for the lease adapter, per
-//!   table: [`LEASE_ADAPTER_TABLES`]);
+//!   table: [`LEASE_ADAPTER_TABLES`]); and a worker with a dead-letter destination
+//!   (`failure.destination`, a Kinesis stream or an SQS queue) is granted exactly the
+//!   calls that writes it in `actors/src/failure/` makes, on that destination
+//!   ([`DEAD_LETTER_WRITERS`]), by the stack with `DeadLetterStream` or `DeadLetterQueue`
+//!   and by a standalone policy of its own;
 //! * the Dockerfile is multi-stage, runs as a numeric non-root user and stops on SIGTERM.
 //!
 //! The CloudFormation template uses the short-form tags (`!Ref`, `!Sub`, `!GetAtt`...);
@@ -29,7 +33,7 @@ use flotilla_actors::backend::aws::{
 use flotilla_actors::backend::layout::{WORKER_TABLE_SUFFIX, worker_table_name};
 use flotilla_actors::model::item::{HEARTBEAT_INDEX, HEARTBEAT_INDEX_PROJECTION, attr};
 use flotilla_actors::model::{Source, SourceKind};
-use flotilla_actors::settings::Settings;
+use flotilla_actors::settings::{Destination, Settings};
 use serde_yaml_ng::Value;
 
 /// What a permission is on: the role of its IAM resource.
@@ -54,6 +58,10 @@ enum On {
     WorkerTableIndex,
     /// `*`: PutMetricData has no resource-level permissions (a condition fences it).
     Anything,
+    /// The dead-letter stream (`…:stream/DEAD_LETTER_STREAM`).
+    DeadLetterStream,
+    /// The dead-letter queue (`…:sqs:REGION:ACCOUNT:QUEUE`).
+    DeadLetterQueue,
 }
 
 /// An action on a resource.
@@ -90,7 +98,8 @@ const ADAPTERS: &[Adapter] = &[
         service: "kinesis",
         declared: KINESIS_IAM_ACTIONS,
         // StreamAdmin's calls (the demo's producer, tests, operators) and
-        // `flotilla consumer deregister`.
+        // `flotilla consumer deregister`. (PutRecords is granted on a dead-letter stream
+        // only: DEAD_LETTER_WRITERS.)
         never_granted: &[
             "kinesis:CreateStream",
             "kinesis:DeleteStream",
@@ -198,6 +207,48 @@ const LEASE_ADAPTER_TABLES: &[(&str, &[On])] = &[
         "dynamodb:ConditionCheckItem",
         &[On::LeaseTable, On::WorkerTable],
     ),
+];
+
+/// What writes a dead-letter destination (`failure.destination`, issue 32), in
+/// `actors/src/failure/`: a worker whose `[failure]` policy discards records makes these
+/// calls, on the destination only, and no other worker makes them.
+struct DeadLetterWriter {
+    /// The stack's parameter naming the destination.
+    parameter: &'static str,
+    /// The writer's source file, from the repository's root.
+    file: &'static str,
+    /// What it calls through, as [`sdk_operations`] finds them: an SDK client, or the
+    /// Kinesis adapter (whose `IAM_ACTIONS` must list the action too).
+    clients: &'static [&'static str],
+    /// The IAM service prefix of its actions.
+    service: &'static str,
+    /// Its `IAM_ACTIONS`.
+    declared: &'static [&'static str],
+    /// What its actions are on.
+    on: On,
+    /// The standalone policy that grants them, attached beside the worker's.
+    policy: &'static str,
+}
+
+const DEAD_LETTER_WRITERS: &[DeadLetterWriter] = &[
+    DeadLetterWriter {
+        parameter: "DeadLetterStream",
+        file: "actors/src/failure/stream.rs",
+        clients: &[".streams"],
+        service: "kinesis",
+        declared: flotilla_actors::failure::stream::IAM_ACTIONS,
+        on: On::DeadLetterStream,
+        policy: "deploy/iam-policy-dead-letter-stream.json",
+    },
+    DeadLetterWriter {
+        parameter: "DeadLetterQueue",
+        file: "actors/src/failure/sqs.rs",
+        clients: &["client"],
+        service: "sqs",
+        declared: flotilla_actors::failure::sqs::IAM_ACTIONS,
+        on: On::DeadLetterQueue,
+        policy: "deploy/iam-policy-dead-letter-queue.json",
+    },
 ];
 
 /// What only a worker in fan-out mode calls (reader.mode = "fanout", Kinesis only):
@@ -764,6 +815,14 @@ const TEMPLATE_RESOURCES: &[(&str, On)] = &[
         On::WorkerTableIndex,
     ),
     ("*", On::Anything),
+    (
+        "arn:${AWS::Partition}:kinesis:${AWS::Region}:${AWS::AccountId}:stream/${DeadLetterStream}",
+        On::DeadLetterStream,
+    ),
+    (
+        "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${DeadLetterQueue}",
+        On::DeadLetterQueue,
+    ),
 ];
 
 /// ...and in the standalone policies (placeholders to replace).
@@ -797,6 +856,14 @@ const POLICY_RESOURCES: &[(&str, On)] = &[
         On::WorkerTableIndex,
     ),
     ("*", On::Anything),
+    (
+        "arn:aws:kinesis:${Region}:${AccountId}:stream/${DeadLetterStream}",
+        On::DeadLetterStream,
+    ),
+    (
+        "arn:aws:sqs:${Region}:${AccountId}:${DeadLetterQueue}",
+        On::DeadLetterQueue,
+    ),
 ];
 
 /// A statement's one `Resource` as text: a string, the text of a `!Sub` (its first
@@ -921,17 +988,24 @@ impl Stack {
 
     /// The stack of a worker case, for the application orders-billing.
     fn of(case: Case) -> Self {
+        Self::of_with(case, &[])
+    }
+
+    /// [`Stack::of`], with more parameters.
+    fn of_with(case: Case, more: &[(&str, &str)]) -> Self {
         let mode = if case.fanout { "fanout" } else { "polling" };
         let (source_parameter, source) = match case.source {
             SourceKind::Kinesis => ("StreamName", "orders"),
             SourceKind::DynamoDbStreams => ("SourceTable", "orders"),
         };
-        Self::new(&[
+        let mut parameters = vec![
             ("ApplicationName", "orders-billing"),
             ("SourceType", case.source.as_str()),
             (source_parameter, source),
             ("ReadMode", mode),
-        ])
+        ];
+        parameters.extend_from_slice(more);
+        Self::new(&parameters)
     }
 
     fn parameter(&self, name: &str) -> &str {
@@ -1043,6 +1117,8 @@ fn the_template_declares_its_parameters_and_outputs() {
         "CreateStream",
         "ShardCount",
         "MetricsNamespace",
+        "DeadLetterStream",
+        "DeadLetterQueue",
     ] {
         text(&template, "template", &["Parameters", name, "Type"]);
     }
@@ -1060,6 +1136,7 @@ fn the_template_declares_its_parameters_and_outputs() {
         "StreamArn",
         "WorkerStream",
         "WorkerPolicyArn",
+        "FailureDestination",
     ] {
         at(&template, "template", &["Outputs", output, "Value"]);
     }
@@ -1292,10 +1369,12 @@ fn action_name(operation: &str) -> String {
 
 /// The IAM actions an SDK operation needs. IAM has no action for a transaction: each
 /// of its items is authorized as its own action, and flotilla's one transaction (the
-/// take of an expired lease) is an Update and a ConditionCheck.
+/// take of an expired lease) is an Update and a ConditionCheck. Nor for SQS's batch
+/// calls: SendMessageBatch is authorized as SendMessage.
 fn iam_actions(operation: &str) -> Vec<String> {
     match operation {
         "transact_write_items" => vec!["UpdateItem".into(), "ConditionCheckItem".into()],
+        "send_message_batch" => vec!["SendMessage".into()],
         _ => vec![action_name(operation)],
     }
 }
@@ -1933,4 +2012,128 @@ fn the_images_settings_file_listens_beyond_loopback() {
             .any(|copy| copy == &format!("deploy/flotilla.toml {CONFIG_FILE}")),
         "the image does not ship deploy/flotilla.toml at {CONFIG_FILE}"
     );
+}
+
+// ---- dead-letter destinations -------------------------------------------------------
+
+/// What a worker writing to `writer`'s destination is granted on top of its source's
+/// calls: its declared actions, on the destination.
+fn dead_letter_permissions(writer: &DeadLetterWriter) -> BTreeSet<Permission> {
+    writer
+        .declared
+        .iter()
+        .map(|action| (action.to_string(), writer.on))
+        .collect()
+}
+
+#[test]
+fn each_dead_letter_writers_iam_actions_are_the_calls_in_its_source() {
+    // Every destination in actors/src/failure/ but the file one, which makes no AWS call.
+    let dead_letter_files: BTreeSet<String> = std::fs::read_dir(root().join("actors/src/failure"))
+        .unwrap()
+        .map(|e| {
+            format!(
+                "actors/src/failure/{}",
+                e.unwrap().file_name().into_string().unwrap()
+            )
+        })
+        .filter(|path| {
+            let source = read(path);
+            let production = source.split("#[cfg(test)]").next().unwrap();
+            production.contains("impl DeadLetters for") && path != "actors/src/failure/file.rs"
+        })
+        .collect();
+    let listed: BTreeSet<String> = DEAD_LETTER_WRITERS
+        .iter()
+        .map(|w| w.file.to_owned())
+        .collect();
+    assert_eq!(
+        dead_letter_files, listed,
+        "a dead-letter destination that calls AWS is not checked"
+    );
+    for writer in DEAD_LETTER_WRITERS {
+        let called: BTreeSet<String> = sdk_operations(&read(writer.file), writer.clients)
+            .iter()
+            .flat_map(|op| iam_actions(op))
+            .map(|action| format!("{}:{action}", writer.service))
+            .collect();
+        let declared: BTreeSet<String> = writer.declared.iter().map(|a| a.to_string()).collect();
+        assert!(
+            !called.is_empty(),
+            "{}: found no call; is the scan broken?",
+            writer.file
+        );
+        assert_eq!(
+            called, declared,
+            "{}: IAM_ACTIONS is not the calls in the file",
+            writer.file
+        );
+        if writer.service == "kinesis" {
+            let kinesis = ADAPTERS.iter().find(|a| a.file == "kinesis.rs").unwrap();
+            for action in writer.declared {
+                assert!(
+                    KINESIS_IAM_ACTIONS.contains(action) && kinesis.never_granted.contains(action),
+                    "{action}: the Kinesis adapter makes it, and grants it on no source stream"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_stack_grants_a_dead_letter_destination_exactly_its_writes_and_names_the_setting() {
+    for case in CASES {
+        for writer in DEAD_LETTER_WRITERS {
+            let stack = Stack::of_with(*case, &[(writer.parameter, "orders-dead")]);
+            assert_eq!(stack.refusals(), Vec::<String>::new(), "{case:?}");
+            let mut needed = stack_worker_permissions(*case);
+            needed.extend(dead_letter_permissions(writer));
+            assert_grants_exactly(
+                &format!("the stack's WorkerPolicy ({case:?}, {})", writer.parameter),
+                &granted(&stack.statements(), TEMPLATE_RESOURCES),
+                &needed,
+            );
+            assert!(stack.condition("DeadLettersGiven"));
+            let setting = stack.output("FailureDestination");
+            let destination: Destination = setting
+                .parse()
+                .unwrap_or_else(|e| panic!("FailureDestination {setting}: {e}"));
+            match (writer.on, &destination) {
+                (On::DeadLetterStream, Destination::Kinesis(stream)) => {
+                    assert_eq!(stream, "orders-dead")
+                }
+                (On::DeadLetterQueue, Destination::Sqs(url)) => assert!(
+                    url.starts_with("https://sqs.")
+                        && url.ends_with("/${AWS::AccountId}/orders-dead"),
+                    "{url}"
+                ),
+                _ => panic!("{}: FailureDestination {setting}", writer.parameter),
+            }
+        }
+        // Without one, nothing of a destination's.
+        assert!(!Stack::of(*case).condition("DeadLettersGiven"));
+    }
+    // One destination, and not the stream read.
+    let both = Stack::of_with(
+        CASES[0],
+        &[("DeadLetterStream", "dead"), ("DeadLetterQueue", "dead")],
+    );
+    assert_eq!(both.refusals().len(), 1, "{:?}", both.refusals());
+    let itself = Stack::of_with(CASES[0], &[("DeadLetterStream", "orders")]);
+    assert_eq!(itself.refusals().len(), 1, "{:?}", itself.refusals());
+    // A table's workers may dead-letter to a stream of any name.
+    let table = Stack::of_with(CASES[2], &[("DeadLetterStream", "orders")]);
+    assert_eq!(table.refusals(), Vec::<String>::new());
+}
+
+#[test]
+fn the_standalone_dead_letter_policies_grant_exactly_the_writes_of_their_destination() {
+    for writer in DEAD_LETTER_WRITERS {
+        let policy = yaml(writer.policy);
+        let granted = granted(
+            &statements(&policy, &|c| panic!("{}: a condition {c}", writer.policy)),
+            POLICY_RESOURCES,
+        );
+        assert_grants_exactly(writer.policy, &granted, &dead_letter_permissions(writer));
+    }
 }

@@ -476,6 +476,8 @@ fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
         fenced: None,
         stall: None,
         subscription: None,
+        records_discarded: 0,
+        last_failure: None,
     };
     WorkerStatus {
         worker_id: "demo-1".into(),

@@ -15,10 +15,10 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
-use crate::fencing::{FenceReason, Fencing};
 use crate::backend::Record;
-use crate::model::{ExtendedSequenceNumber, Fence, LeaseKey, ShardId};
 use crate::failure::driver::{FailureNews, Failures, Host, Ran};
+use crate::fencing::{FenceReason, Fencing};
+use crate::model::{ExtendedSequenceNumber, Fence, LeaseKey, ShardId};
 use crate::protocol::{
     AckToken, Batch, Checkpointer, ProcessorMsg, ReaderMsg, ShardInfo, StopReason,
 };
@@ -416,8 +416,13 @@ impl Actor for ProcessorHost {
                     .map_err(|e| failure("initialize", &info.shard_id, e))?;
             }
             ProcessorMsg::Process(mut batch, checkpointer) => {
-                if !may_deliver(&state.fence, &state.revoked, &state.stopping, state.finished)
-                    .await
+                if !may_deliver(
+                    &state.fence,
+                    &state.revoked,
+                    &state.stopping,
+                    state.finished,
+                )
+                .await
                 {
                     return Ok(());
                 }

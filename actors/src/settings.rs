@@ -601,9 +601,16 @@ pub struct AwsSettings {
     pub dynamodb_endpoint: Option<String>,
     /// Endpoint URL for CloudWatch metrics; AWS's when absent.
     pub cloudwatch_endpoint: Option<String>,
+    /// Endpoint URL for SQS, where `failure.destination = "sqs:QUEUE_URL"` sends
+    /// discarded records (e.g. a local emulator, or a VPC endpoint); AWS's when absent.
+    /// The requests go here whatever host the queue's URL names.
+    pub sqs_endpoint: Option<String>,
     /// How long one Kinesis (or DynamoDB Streams) call may take, every attempt included.
     /// The KCL's 30 s. A fan-out subscription is bounded by it until its first answer
     /// only; the events that follow are not (they last up to five minutes by design).
+    /// It bounds the dead-letter destination's calls too (PutRecords to a `kinesis:`
+    /// one, SendMessageBatch to an `sqs:` one): they are few, and a setting of their own
+    /// would be one more to get right for no gain.
     #[serde(with = "duration_text")]
     pub kinesis_timeout: Duration,
     /// How long one DynamoDB (lease table) call may take, every attempt included. The
@@ -631,6 +638,7 @@ impl Default for AwsSettings {
             kinesis_endpoint: None,
             dynamodb_endpoint: None,
             cloudwatch_endpoint: None,
+            sqs_endpoint: None,
             kinesis_timeout: Duration::from_secs(30),
             dynamodb_timeout: Duration::from_secs(60),
             cloudwatch_timeout: Duration::from_secs(30),
@@ -730,6 +738,7 @@ impl Settings {
         self.metrics.validate()?;
         self.aws.validate()?;
         self.failure.validate()?;
+        self.check_dead_letters_are_not_read()?;
         self.check_lease_table_is_not_read()?;
         if !self.worker.streams.is_empty() {
             // Kinesis streams only (checked per entry): fan-out works on every one.
@@ -759,6 +768,30 @@ impl Settings {
             .table
             .as_deref()
             .unwrap_or(&self.worker.application)
+    }
+
+    /// Discarded records written to the stream being read would be read again, fail
+    /// again and be written again, without end.
+    fn check_dead_letters_are_not_read(&self) -> Result<(), SettingsError> {
+        let Some(Destination::Kinesis(stream)) = &self.failure.destination else {
+            return Ok(());
+        };
+        let name = |s: &str| s.rsplit('/').next().unwrap_or(s).to_owned();
+        let read = std::iter::once(self.worker.stream.as_str()).chain(
+            self.worker.streams.iter().map(|entry| match entry {
+                StreamEntry::Name(name) => name.as_str(),
+                StreamEntry::Table(table) => table.name.as_str(),
+            }),
+        );
+        if read.map(name).any(|r| r == name(stream)) {
+            return Err(invalid(
+                "failure.destination",
+                quoted(&format!("kinesis:{stream}")),
+                "names a stream this worker reads: its discarded records would be read and \
+                 fail again without end; name another stream",
+            ));
+        }
+        Ok(())
     }
 
     /// A worker reading the changes of its own lease table would read its every lease
@@ -1363,7 +1396,7 @@ impl AwsSettings {
         use crate::backend::aws::Service;
         crate::backend::aws::CallLimits {
             operation: match service {
-                Service::Stream => self.kinesis_timeout,
+                Service::Stream | Service::DeadLetters => self.kinesis_timeout,
                 Service::LeaseTable => self.dynamodb_timeout,
                 Service::Metrics => self.cloudwatch_timeout,
             },
@@ -1378,6 +1411,7 @@ impl AwsSettings {
             kinesis: self.kinesis_endpoint.clone(),
             dynamodb: self.dynamodb_endpoint.clone(),
             cloudwatch: self.cloudwatch_endpoint.clone(),
+            sqs: self.sqs_endpoint.clone(),
         }
     }
 
@@ -1400,6 +1434,7 @@ impl AwsSettings {
             ("aws.kinesis_endpoint", &self.kinesis_endpoint),
             ("aws.dynamodb_endpoint", &self.dynamodb_endpoint),
             ("aws.cloudwatch_endpoint", &self.cloudwatch_endpoint),
+            ("aws.sqs_endpoint", &self.sqs_endpoint),
         ] {
             if let Some(url) = endpoint
                 && !looks_like_url(url)
@@ -2145,6 +2180,9 @@ mod tests {
             ("aws.cloudwatch_endpoint", |s| {
                 s.aws.cloudwatch_endpoint = Some("https:// example.com".into())
             }),
+            ("aws.sqs_endpoint", |s| {
+                s.aws.sqs_endpoint = Some("sqs.eu-west-1.amazonaws.com".into())
+            }),
             ("aws.kinesis_timeout", |s| {
                 s.aws.kinesis_timeout = Duration::from_millis(99)
             }),
@@ -2228,6 +2266,7 @@ mod tests {
             |s| s.aws.region = Some("us-gov-west-1".into()),
             |s| s.aws.kinesis_endpoint = Some("http://127.0.0.1:4567".into()),
             |s| s.aws.dynamodb_endpoint = Some("https://dynamodb.eu-west-1.amazonaws.com/".into()),
+            |s| s.aws.sqs_endpoint = Some("http://127.0.0.1:9324".into()),
             |s| {
                 s.aws.kinesis_timeout = Duration::from_millis(100);
                 s.aws.attempt_timeout = Some(Duration::from_millis(100));

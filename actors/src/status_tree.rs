@@ -337,6 +337,8 @@ pub(crate) mod tests {
             fenced: None,
             stall: None,
             subscription: None,
+            records_discarded: 0,
+            last_failure: None,
         }
     }
 

@@ -15,9 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
+use flotilla_actors::backend::{PutRecord, StreamAdmin as _};
 use flotilla_actors::model::{Checkpoint, ShardId};
 use flotilla_actors::multilang::{ChildCommand, MultiLangProcessor};
 use flotilla_actors::oracle::OrderCheck;
+use flotilla_actors::settings::Destination;
 use flotilla_actors::{CheckpointMode, Worker};
 use support::counted::Counted;
 use support::probe::{Producer, fast_settings};
@@ -418,4 +420,80 @@ async fn the_python_clients_published_sample_runs_unchanged() {
             ),
         }
     }
+}
+
+/// `[failure]` for a MultiLang child: a child that raises on a batch (and exits) counts as
+/// a failed batch; with `bisect` the halves go to a new child, down to the poison record,
+/// which is written to the destination file; every other record is processed once, in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_raises_on_a_poison_record_has_it_bisected_out_and_discarded() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let records: Vec<PutRecord> = (0..24)
+        .map(|i| PutRecord {
+            partition_key: format!("k{}", i % 3),
+            explicit_hash_key: None,
+            data: if i == 13 {
+                "poison-13".into()
+            } else {
+                format!("good-{i}").into()
+            },
+        })
+        .collect();
+    rig.streams.put_records(STREAM, &records).await.unwrap();
+    let out = scratch("poison");
+    let dead = scratch("poison-dead-letters");
+    let mut settings = fast_settings(STREAM, APP);
+    settings.checkpoint.mode = CheckpointMode::Manual;
+    settings.failure.max_retries = Some(1);
+    settings.failure.bisect = true;
+    settings.failure.destination = Some(Destination::File(dead.clone()));
+    settings.supervision.restart_backoff_min = Duration::from_millis(5);
+    settings.supervision.restart_backoff_max = Duration::from_millis(20);
+    let command = scripted("poison", &out, None);
+    let worker = Worker::builder()
+        .settings(settings)
+        .backend(rig.backend())
+        .processor(move |_| MultiLangProcessor::new(command.clone()))
+        .start()
+        .await
+        .unwrap();
+    wait_line(&out, "processed ", 23, Duration::from_secs(60)).await;
+    let processed: Vec<String> = lines(&out)
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("processed ").map(str::to_owned))
+        .collect();
+    let expected: Vec<String> = (0..24)
+        .filter(|&i| i != 13)
+        .map(|i| format!("good-{i}"))
+        .collect();
+    assert_eq!(processed, expected, "each good record once, in order");
+    let mut written = String::new();
+    for _ in 0..100 {
+        written = std::fs::read_to_string(&dead).unwrap_or_default();
+        if !written.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let envelopes: Vec<flotilla_actors::failure::Envelope> = written
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(envelopes.len(), 1, "{written}");
+    assert_eq!(envelopes[0].partition_key, "k1");
+    assert_eq!(envelopes[0].reason, "retries");
+    assert!(
+        envelopes[0]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("MultiLang child"),
+        "{:?}",
+        envelopes[0]
+    );
+    // Several children were started: the first, and one per failed delivery after it.
+    assert!(lines(&out).iter().filter(|l| *l == "started").count() >= 3);
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
 }

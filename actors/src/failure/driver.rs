@@ -40,7 +40,10 @@ pub(crate) enum FailureNews {
     /// The batch cannot go on, for this reason: the destination cannot be written
     /// (`destination_failed`), or the retries are spent and there is no destination.
     /// The shard is stalled.
-    Waiting { why: String, destination_failed: bool },
+    Waiting {
+        why: String,
+        destination_failed: bool,
+    },
     /// The batch goes on again.
     Resumed,
 }
@@ -176,14 +179,14 @@ impl Failures {
                         *count += 1;
                     }
                     let part = batch.part(range.clone());
-                    let result = match tokio::time::timeout(self.call_timeout, host.process(&part)).await
-                    {
-                        Ok(result) => result,
-                        Err(_) => Err(ProcessorError::msg(format!(
-                            "the processor did not finish within reader.processor_timeout ({})",
-                            humantime::format_duration(self.call_timeout)
-                        ))),
-                    };
+                    let result =
+                        match tokio::time::timeout(self.call_timeout, host.process(&part)).await {
+                            Ok(result) => result,
+                            Err(_) => Err(ProcessorError::msg(format!(
+                                "the processor did not finish within reader.processor_timeout ({})",
+                                humantime::format_duration(self.call_timeout)
+                            ))),
+                        };
                     match result {
                         Ok(()) => plan.delivered(Outcome::Processed),
                         Err(error) => {

@@ -81,7 +81,9 @@ pub(crate) enum Outcome {
     Processed,
     /// The processor failed; `at` is the batch index of the record it named, if it named
     /// one inside the range.
-    Failed { at: Option<usize> },
+    Failed {
+        at: Option<usize>,
+    },
 }
 
 /// The failure policy's progress through one batch.
@@ -208,8 +210,7 @@ impl Plan {
 
     /// Merges the two front ranges (adjacent, the first a single named record).
     fn join_front(&mut self) {
-        if let (Some(first), Some(second)) = (self.pending.pop_front(), self.pending.pop_front())
-        {
+        if let (Some(first), Some(second)) = (self.pending.pop_front(), self.pending.pop_front()) {
             if first.end == second.start {
                 self.pending.push_front(first.start..second.end);
             } else {
@@ -252,14 +253,25 @@ mod tests {
                             plan.delivered(Outcome::Processed);
                         }
                         Some(at) => {
-                            processed.extend(range.start..at);
+                            // Naming the record, it did the ones before; otherwise it
+                            // did nothing of the range (an all-or-nothing write).
+                            if names {
+                                processed.extend(range.start..at);
+                            }
                             let at = names.then_some(at);
                             plan.delivered(Outcome::Failed { at });
                         }
                     }
                 }
-                Step::Discard { range, reason, attempts } => {
-                    log.push(format!("discard {range:?} {} after {attempts}", reason.as_str()));
+                Step::Discard {
+                    range,
+                    reason,
+                    attempts,
+                } => {
+                    log.push(format!(
+                        "discard {range:?} {} after {attempts}",
+                        reason.as_str()
+                    ));
                     plan.discarded(range);
                 }
             }
@@ -377,7 +389,11 @@ mod tests {
             assert_eq!(log, case.log, "{}", case.name);
             let good: Vec<usize> = (0..case.len).filter(|i| !case.bad.contains(i)).collect();
             if case.policy.bisect || case.names {
-                assert_eq!(processed, good, "{}: the good records, once, in order", case.name);
+                assert_eq!(
+                    processed, good,
+                    "{}: the good records, once, in order",
+                    case.name
+                );
             }
         }
     }
@@ -394,10 +410,13 @@ mod tests {
 
     #[test]
     fn without_a_destination_nothing_is_discarded_and_the_step_says_refused() {
-        let mut plan = Plan::new(3, Policy {
-            can_discard: false,
-            ..policy(Some(1), false)
-        });
+        let mut plan = Plan::new(
+            3,
+            Policy {
+                can_discard: false,
+                ..policy(Some(1), false)
+            },
+        );
         for retry in 0..4 {
             let step = plan.next(NEVER);
             assert_eq!(
@@ -415,10 +434,13 @@ mod tests {
 
     #[test]
     fn records_too_old_at_the_front_are_discarded_before_delivery() {
-        let mut plan = Plan::new(5, Policy {
-            max_record_age: Some(Duration::from_secs(60)),
-            ..policy(None, false)
-        });
+        let mut plan = Plan::new(
+            5,
+            Policy {
+                max_record_age: Some(Duration::from_secs(60)),
+                ..policy(None, false)
+            },
+        );
         let old = |i: usize| i < 2;
         assert_eq!(
             plan.next(old),

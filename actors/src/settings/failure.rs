@@ -100,18 +100,16 @@ impl FromStr for Destination {
 
     fn from_str(text: &str) -> Result<Self, SettingsError> {
         let bad = |why: &str| invalid("failure.destination", quoted(text), why);
-        let (kind, rest) = text.split_once(':').ok_or_else(|| {
-            bad("must be kinesis:STREAM, sqs:QUEUE_URL or file:PATH")
-        })?;
+        let (kind, rest) = text
+            .split_once(':')
+            .ok_or_else(|| bad("must be kinesis:STREAM, sqs:QUEUE_URL or file:PATH"))?;
         let rest = rest.trim();
         match kind.trim() {
             "kinesis" if !rest.is_empty() => Ok(Destination::Kinesis(rest.to_owned())),
             "kinesis" => Err(bad("names no stream after \"kinesis:\"")),
             "sqs" if looks_like_url(rest) => Ok(Destination::Sqs(rest.to_owned())),
-            "sqs" => Err(bad(
-                "needs the queue's URL after \"sqs:\", e.g. \
-                 sqs:https://sqs.eu-west-1.amazonaws.com/123456789012/dead-letters",
-            )),
+            "sqs" => Err(bad("needs the queue's URL after \"sqs:\", e.g. \
+                 sqs:https://sqs.eu-west-1.amazonaws.com/123456789012/dead-letters")),
             "file" if !rest.is_empty() => Ok(Destination::File(rest.into())),
             "file" => Err(bad("names no path after \"file:\"")),
             _ => Err(bad(
@@ -148,7 +146,10 @@ mod tests {
                 "sqs:http://127.0.0.1:5000/123456789012/dl",
                 Destination::Sqs("http://127.0.0.1:5000/123456789012/dl".into()),
             ),
-            ("file:/var/lib/dl.jsonl", Destination::File("/var/lib/dl.jsonl".into())),
+            (
+                "file:/var/lib/dl.jsonl",
+                Destination::File("/var/lib/dl.jsonl".into()),
+            ),
         ] {
             let got: Destination = text.parse().unwrap();
             assert_eq!(got, parsed);
@@ -159,7 +160,10 @@ mod tests {
             ("kinesis:", "names no stream"),
             ("sqs:dead-letters", "needs the queue's URL"),
             ("file: ", "names no path"),
-            ("sns:arn:aws:sns:eu-west-1:1:t", "SNS and S3 are not supported"),
+            (
+                "sns:arn:aws:sns:eu-west-1:1:t",
+                "SNS and S3 are not supported",
+            ),
         ] {
             let error = text.parse::<Destination>().unwrap_err().to_string();
             assert!(error.contains("failure.destination"), "{error}");
@@ -182,5 +186,22 @@ mod tests {
         assert!(error.contains("at least 1s"), "{error}");
         assert!(!FailureSettings::default().policy_on());
         assert!(settings.policy_on());
+    }
+
+    #[test]
+    fn a_destination_stream_the_worker_reads_is_refused() {
+        let mut settings = crate::settings::Settings::default();
+        settings.worker.stream = "orders".into();
+        settings.worker.application = "orders-app".into();
+        settings.failure.destination = Some(Destination::Kinesis(
+            "arn:aws:kinesis:eu-west-1:123456789012:stream/orders".into(),
+        ));
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("names a stream this worker reads"),
+            "{error}"
+        );
+        settings.failure.destination = Some(Destination::Kinesis("orders-dead".into()));
+        settings.validate().unwrap();
     }
 }

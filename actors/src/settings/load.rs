@@ -560,6 +560,7 @@ mod tests {
         assert!(settings.aws.kinesis_endpoint.is_some());
         assert!(settings.aws.dynamodb_endpoint.is_some());
         assert!(settings.aws.cloudwatch_endpoint.is_some());
+        assert!(settings.aws.sqs_endpoint.is_some());
         assert!(settings.worker.initial_timestamp().unwrap().is_some());
     }
 

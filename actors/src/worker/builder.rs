@@ -165,6 +165,14 @@ impl WorkerBuilder {
             check_aws_settings(built_for, &settings.aws)?;
         }
         let processor = self.processor.ok_or(WorkerError::Missing("processor"))?;
+        // Opened before anything is created, so a destination this backend cannot write
+        // fails the start with why.
+        let dead_letters = settings
+            .failure
+            .destination
+            .as_ref()
+            .map(|destination| backend.dead_letters(destination))
+            .transpose()?;
         let me = WorkerId::new(
             settings
                 .worker
@@ -217,7 +225,7 @@ impl WorkerBuilder {
             metrics_sink: backend.metrics.clone(),
             settings: Arc::new(settings),
             processor,
-            dead_letters: None, // ISSUE32-WIRE
+            dead_letters,
             clock: backend.clock,
             fatal: fatal.clone(),
             lags: Default::default(),

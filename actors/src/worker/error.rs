@@ -48,6 +48,17 @@ pub enum WorkerError {
          Backend::with_table_streams"
     )]
     NoTableStreams,
+    /// `failure.destination` names a kind of destination this backend has no client for.
+    #[error(
+        "failure.destination = {destination} needs {needs}, or give one with \
+         Backend::with_dead_letters"
+    )]
+    NoDeadLetters {
+        /// The destination, as `failure.destination` names it.
+        destination: String,
+        /// What the backend lacks, and which backends have it.
+        needs: &'static str,
+    },
     /// The lease table could not be found or created (`ensure_table`), still failing
     /// after a few retries.
     #[error("lease table {table}")]

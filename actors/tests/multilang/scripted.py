@@ -10,7 +10,11 @@ and what it learns from flotilla's answers too. MODE:
     garbage       prints text and unknown JSON to stdout before each status
     hang          never answers processRecords
     no-shard-end  answers shardEnded without checkpointing
+    poison        raises (the child exits with a traceback) on a processRecords holding a
+                  record whose data starts with "poison"; otherwise logs `processed DATA`
+                  for each record
 """
+import base64
 import json
 import sys
 
@@ -48,6 +52,12 @@ while True:
     if action == "processRecords":
         records = message["records"]
         log("processRecords %d" % len(records))
+        if mode == "poison":
+            datas = [base64.b64decode(r["data"]).decode() for r in records]
+            if any(d.startswith("poison") for d in datas):
+                raise ValueError("cannot handle the poison record")
+            for d in datas:
+                log("processed " + d)
         if mode == "hang":
             while True:
                 sys.stdin.readline()

@@ -533,7 +533,8 @@ impl KinesisStream {
         let output = self
             .client
             .put_records()
-            .stream_name(stream)
+            .set_stream_name(by_name(stream))
+            .set_stream_arn(by_arn(stream))
             .set_records(Some(entries))
             .send()
             .await

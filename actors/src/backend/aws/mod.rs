@@ -2,11 +2,12 @@
 //! paginated series) and each SDK error to the port's typed error, nothing else.
 //!
 //! All three are built from one `aws_config::SdkConfig` (default credential chain and
-//! region), with an optional endpoint URL per service for local servers.
+//! region), with an optional endpoint URL per service for local servers (and so is the
+//! SQS client of a dead-letter queue, `crate::failure::SqsDeadLetters`).
 //!
 //! `tuned_for` gives each service's configuration the `[aws]` call timeout of that
 //! service (by default Kinesis and DynamoDB Streams 30 s, DynamoDB 1 min, CloudWatch
-//! 30 s, as the KCL's), the optional attempt timeout and the SDK's standard retries with
+//! 30 s, as the KCL's; a dead-letter queue's SQS calls take Kinesis'), the optional attempt timeout and the SDK's standard retries with
 //! `max_attempts`; `Backend::from_sdk` and every CLI command go through it, so the
 //! settings are the one place these are set. A fan-out subscription is bounded by it
 //! until its initial answer only (the SDK's operation timeout ends with the response
@@ -74,6 +75,8 @@ pub struct Endpoints {
     pub dynamodb: Option<String>,
     /// The CloudWatch endpoint URL, for the metrics.
     pub cloudwatch: Option<String>,
+    /// The SQS endpoint URL, for a dead-letter queue (`failure.destination = "sqs:…"`).
+    pub sqs: Option<String>,
 }
 
 /// Loads the SDK configuration: default credential chain, and the region given or the
@@ -95,6 +98,10 @@ pub enum Service {
     LeaseTable,
     /// CloudWatch: the metrics.
     Metrics,
+    /// SQS: the dead-letter queue of `failure.destination = "sqs:…"`. Its calls take
+    /// `aws.kinesis_timeout`, as the dead-letter stream's do: there is no setting of
+    /// its own.
+    DeadLetters,
 }
 
 /// How long one call of a service may take and how often it is tried: what
