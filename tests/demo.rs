@@ -49,13 +49,25 @@ fn demo(args: &[&str]) -> Output {
 /// Runs the demo, asserts it passed and every record arrived in order, and returns the
 /// summary's counts and stderr.
 fn passing_run(args: &[&str]) -> (HashMap<String, u64>, String) {
+    let (counts, dead_letters, stderr) = passing_run_to(args);
+    assert_eq!(dead_letters, None, "{counts:?}");
+    (counts, stderr)
+}
+
+/// As [`passing_run`], also returning where the summary says the discarded records went
+/// (`file:PATH` after `discarded=N to`, the end of the line with `--poison`).
+fn passing_run_to(args: &[&str]) -> (HashMap<String, u64>, Option<String>, String) {
     let out = demo(args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
 
     let last = stdout.lines().last().unwrap_or_default();
-    let fields = summary_fields(last);
+    let (counted, dead_letters) = match last.split_once(" to ") {
+        Some((counted, to)) => (counted, Some(to.to_owned())),
+        None => (last, None),
+    };
+    let fields = summary_fields(counted);
     let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
     assert!(names.starts_with(&LEADING), "{last}");
     let counts: HashMap<String, u64> = fields.into_iter().collect();
@@ -70,7 +82,7 @@ fn passing_run(args: &[&str]) -> (HashMap<String, u64>, String) {
         assert!(stderr.contains("demo: merged shardId-"), "{stderr}");
     }
     assert!(stderr.contains("records/s="), "{stderr}");
-    (counts, stderr)
+    (counts, dead_letters, stderr)
 }
 
 #[test]
@@ -132,6 +144,57 @@ fn a_table_stream_fleet_loses_and_reorders_nothing_across_rotations_a_split_and_
     assert!(stderr.contains("demo: split shardId-"), "{stderr}");
 }
 
+/// `--poison N`: N records the demo's processor refuses, on both sources. Each is retried,
+/// then written to the dead-letter file the demo names and skipped; every other record
+/// is still delivered, in order.
+#[test]
+fn poison_records_go_to_the_dead_letter_file_and_the_rest_are_delivered() {
+    for (args, poison) in [
+        (&["--duration", "6", "--poison", "4"][..], 4),
+        (
+            &[
+                "--duration",
+                "6",
+                "--poison",
+                "2",
+                "--source",
+                "dynamodb-streams",
+            ],
+            2,
+        ),
+    ] {
+        let (counts, dead_letters, stderr) = passing_run_to(args);
+        assert_eq!(counts["discarded"], poison, "{args:?}: {counts:?}");
+        let destination = dead_letters.unwrap_or_else(|| panic!("{args:?}: {counts:?}"));
+        assert!(
+            stderr.contains(&format!("demo: refused records go to {destination}\n")),
+            "{stderr}"
+        );
+        let path = destination.strip_prefix("file:").unwrap();
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut keys: Vec<String> = text
+            .lines()
+            .map(|line| {
+                let envelope: serde_json::Value = serde_json::from_str(line).unwrap();
+                assert_eq!(envelope["reason"], "retries", "{line}");
+                // Three at least: handed over behind another poison record counts too.
+                assert!(envelope["attempts"].as_u64().unwrap() >= 3, "{line}");
+                let key = envelope["partition_key"].as_str().unwrap();
+                // A table's stream: the item's key as JSON.
+                serde_json::from_str::<serde_json::Value>(key).map_or_else(
+                    |_| key.to_owned(),
+                    |k| k["pk"]["S"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let expected: Vec<String> = (0..poison).map(|i| format!("poison-{i}")).collect();
+        assert_eq!(keys, expected, "{args:?}: {text}");
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
 #[test]
 fn bad_demo_flags_are_refused() {
     for (args, named) in [
@@ -140,6 +203,7 @@ fn bad_demo_flags_are_refused() {
         (&["--workers", "2", "--crashes", "2"], "--crashes"),
         (&["--read-mode", "push"], "--read-mode"),
         (&["--source", "kafka"], "--source"),
+        (&["--poison", "1001"], "--poison"),
         (
             &["--source", "dynamodb-streams", "--read-mode", "fanout"],
             "--read-mode fanout reads Kinesis streams only",

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use flotilla_actors::settings::{MetricsLevel, ReadMode};
+use flotilla_actors::settings::{FailureSettings, MetricsLevel, ReadMode};
 use flotilla_actors::{Backend, KeeperStatus, Settings, Worker, WorkerStatus};
 use tokio::task::JoinSet;
 
@@ -22,13 +22,18 @@ const MOVED: [&str; 3] = ["expired", "handed_off", "released"];
 /// Tuned for a run of seconds rather than days: frequent checkpoints and shard
 /// listings, short polls, and lease timings short enough that a crashed worker's leases
 /// fail over within the run. Metrics stay in the worker (they feed the progress line).
+/// `failure` is the run's `[failure]` (the default, all off, without `--poison`).
 fn demo_settings(
     worker_id: String,
     status_bind: std::net::SocketAddr,
     read_mode: ReadMode,
     stream: &str,
+    failure: &FailureSettings,
 ) -> Settings {
-    let mut settings = Settings::default();
+    let mut settings = Settings {
+        failure: failure.clone(),
+        ..Settings::default()
+    };
     settings.reader.mode = read_mode;
     settings.status.bind = status_bind.to_string();
     settings.worker.stream = stream.to_owned();
@@ -62,8 +67,8 @@ pub(super) struct Fleet {
 }
 
 impl Fleet {
-    /// Starts the workers one after another, each with its own id and processors that
-    /// all feed `check`.
+    /// Starts the workers one after another, each with its own id, the run's `failure`
+    /// policy and processors that all feed `check`.
     pub(super) async fn start(
         workers: u32,
         backend: &Backend,
@@ -71,6 +76,7 @@ impl Fleet {
         status_bind: std::net::SocketAddr,
         read_mode: ReadMode,
         feed: &Feed,
+        failure: &FailureSettings,
     ) -> anyhow::Result<Self> {
         let mut members = Vec::new();
         let stream = feed.worker_stream();
@@ -86,7 +92,7 @@ impl Fleet {
                 bind.set_port(port);
             }
             let worker = Worker::builder()
-                .settings(demo_settings(id.clone(), bind, read_mode, &stream))
+                .settings(demo_settings(id.clone(), bind, read_mode, &stream, failure))
                 .backend(backend.clone())
                 .processor(move |_shard| CheckingProcessor {
                     check: for_processors.clone(),

@@ -18,6 +18,11 @@
 //!   [`OrderCheck`](flotilla_actors::oracle::OrderCheck), which counts
 //!   distinct records, duplicates (replays, which at-least-once allows after a crash)
 //!   and order violations (a key's records out of order, which it never allows).
+//! * With `--poison N`, about a second in the producer also puts N records
+//!   (`poison-0:0`, …, one key each) that the processor refuses. The workers run with
+//!   `[failure]` on: each is retried twice, then written to a dead-letter file and
+//!   skipped, and every other record is still delivered. The summary counts the poison
+//!   records in the file.
 //! * Once the producer stops the fleet is given [`CATCH_UP`] to process what is left,
 //!   then every survivor is shut down gracefully. The last line on stdout is the
 //!   [`summary::Summary`]; [`summary::failures`] decides whether the run passed.
@@ -31,10 +36,12 @@
 //! * `progress`: the line printed once a second.
 //! * `check`: the processor every worker runs, feeding one shared order check.
 //! * `producer`: the producer and where its records go (a stream, or a table's items).
+//! * `dead_letters`: `--poison`'s failure policy and what its dead-letter file holds.
 //! * `reshard`: the split and the merge (or the rotation and the split) mid-run.
 //! * `summary`: the summary line and whether the run passed.
 
 mod check;
+mod dead_letters;
 mod fleet;
 mod producer;
 mod progress;
@@ -53,11 +60,12 @@ use flotilla_actors::backend::memory::{
     MemoryTableStreamsConfig,
 };
 use flotilla_actors::backend::{StreamAdmin as _, TableStreamAdmin as _};
-use flotilla_actors::settings::ReadMode;
+use flotilla_actors::settings::{FailureSettings, ReadMode};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use check::SharedCheck;
+use dead_letters::{DeadLetters, dead_letter_path, poison_failure};
 use fleet::Fleet;
 use producer::{Feed, Producer, STREAM, TABLE};
 use progress::Progress;
@@ -102,6 +110,11 @@ pub struct DemoArgs {
     /// writes items, every shard rotates and one splits mid-run).
     #[arg(long, default_value = "kinesis", value_parser = ["kinesis", "dynamodb-streams"])]
     pub source: String,
+    /// Records the demo's processor refuses, put about a second into the run. Each is
+    /// retried twice, then written to a dead-letter file (its path is printed at the
+    /// start) and skipped; every other record must still be delivered.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub poison: u32,
 }
 
 impl DemoArgs {
@@ -152,6 +165,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         Feed::Stream(streams.clone())
     };
 
+    // With poison records, refused records go to one file for the whole fleet; without,
+    // the failure policy stays off.
+    let dead_letter_file = (args.poison > 0).then(dead_letter_path);
+    if let Some(path) = &dead_letter_file {
+        dead_letters::clear(path)?;
+    }
+    let failure = dead_letter_file
+        .as_deref()
+        .map_or_else(FailureSettings::default, poison_failure);
+    if let Some(destination) = &failure.destination {
+        eprintln!("demo: refused records go to {destination}");
+    }
+
     let check = SharedCheck::default();
     // One backend for all: the workers meet in its lease table, as processes would in
     // DynamoDB.
@@ -166,6 +192,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.status_bind,
         read_mode,
         &feed,
+        &failure,
     )
     .await?;
 
@@ -183,7 +210,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
 
     let (stop, stopped) = watch::channel(false);
-    let producer = Producer::new(args.rate);
+    let producer = Producer::new(args.rate, args.poison);
     let produced_so_far = producer.counter();
     let producing = tokio::spawn(producer.run(feed.clone(), stopped));
     let (split_at, merge_at) = match duration {
@@ -252,8 +279,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // A fresh listener: the first may have fired already.
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    // With poison records, also until every one is in the dead-letter file.
+    let discarded_all = || {
+        dead_letter_file
+            .as_deref()
+            .is_none_or(|path| DeadLetters::read(path).poison.len() as u64 >= produced.poisoned)
+    };
     loop {
-        if check.lock().processed() >= total {
+        if check.lock().processed() >= total && discarded_all() {
             break;
         }
         if Instant::now() >= deadline {
@@ -285,7 +318,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     eprintln!("demo: shutting down {}", fleet.alive().join(" "));
     // The summary is printed whatever the shutdowns did: what was delivered is known.
     let shutdowns = fleet.shutdown().await;
-    let summary = summarize(&check.lock(), &produced, figures);
+    let in_file = dead_letter_file.as_deref().map(DeadLetters::read);
+    let summary = summarize(
+        &check.lock(),
+        &produced,
+        figures,
+        failure.destination.as_ref().zip(in_file.as_ref()),
+    );
     println!("{summary}");
 
     let failures = failures(&summary, &shutdowns);
@@ -330,6 +369,7 @@ mod tests {
             status_bind: ([127, 0, 0, 1], 0).into(),
             read_mode: "polling".into(),
             source: "kinesis".into(),
+            poison: 0,
         };
         assert_eq!(args(1, None).crashes().unwrap(), 0);
         assert_eq!(args(3, None).crashes().unwrap(), 1);

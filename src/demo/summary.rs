@@ -5,8 +5,13 @@ use std::fmt;
 
 use flotilla_actors::ShutdownReport;
 use flotilla_actors::oracle::OrderCheck;
+use flotilla_actors::settings::Destination;
 
+use super::dead_letters::DeadLetters;
 use super::producer::Produced;
+
+/// How many of the keys wrongly discarded a failure names.
+const NAMED_KEYS: usize = 5;
 
 /// What the summary reports about the fleet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,10 +32,31 @@ pub(super) enum Shutdown {
     Interrupted,
 }
 
-/// The verdict, given how many records of each key were produced and what the fleet
-/// went through.
-pub(super) fn summarize(check: &OrderCheck, produced: &Produced, fleet: FleetFigures) -> Summary {
-    let per_key = || produced.per_key.iter().map(|(k, &n)| (k, n));
+/// The verdict, given how many records of each key were produced, what the fleet went
+/// through and, with `--poison`, the dead-letter file and what it holds.
+pub(super) fn summarize(
+    check: &OrderCheck,
+    produced: &Produced,
+    fleet: FleetFigures,
+    dead_letters: Option<(&Destination, &DeadLetters)>,
+) -> Summary {
+    let per_key = || produced.per_key.iter().map(|(k, &n)| (k.as_str(), n));
+    let poison_keys: Vec<String> = produced.poison_keys().collect();
+    // A poison record processed is counted as such below, not as malformed.
+    let written: Vec<(&str, u64)> = per_key()
+        .chain(poison_keys.iter().map(|k| (k.as_str(), 1)))
+        .collect();
+    let poison = dead_letters.map(|(destination, letters)| Poison {
+        put: produced.poisoned,
+        discarded: letters.poison.len() as u64,
+        processed: poison_keys
+            .iter()
+            .filter(|&key| check.lost([(key, 1)]) == 0)
+            .count() as u64,
+        destination: destination.to_string(),
+        others: letters.others.iter().cloned().collect(),
+        malformed: letters.malformed.clone(),
+    });
     Summary {
         produced: produced.total(),
         processed: check.processed(),
@@ -39,7 +65,8 @@ pub(super) fn summarize(check: &OrderCheck, produced: &Produced, fleet: FleetFig
         order_violations: check.violations(),
         fleet,
         // Distinct records beyond what was produced cannot come from the producer.
-        malformed: check.malformed() + check.unproduced(per_key()),
+        malformed: check.malformed() + check.unproduced(written),
+        poison,
     }
 }
 
@@ -48,6 +75,10 @@ pub(super) fn summarize(check: &OrderCheck, produced: &Produced, fleet: FleetFig
 /// a duplicate without a crash. A crash loses what was processed since the last
 /// checkpoint, so its successor replays it: at-least-once. Without one, leases only
 /// move with a flushed checkpoint, so a replay means a checkpoint went missing.
+///
+/// With `--poison`, also: a poison record missing from the dead-letter file, one
+/// processed (the processor refuses them), another record written there, or a line of
+/// the file that is not an envelope.
 pub(super) fn failures(summary: &Summary, shutdowns: &[(String, Shutdown)]) -> Vec<String> {
     let mut failures = Vec::new();
     if summary.lost > 0 {
@@ -65,6 +96,9 @@ pub(super) fn failures(summary: &Summary, shutdowns: &[(String, Shutdown)]) -> V
     if summary.duplicates > 0 && summary.fleet.crashes == 0 {
         failures.push(format!("{} duplicates without a crash", summary.duplicates));
     }
+    if let Some(poison) = &summary.poison {
+        poison_failures(poison, &mut failures);
+    }
     for (worker, shutdown) in shutdowns {
         match shutdown {
             Shutdown::Report(report) if report.clean() => {}
@@ -81,6 +115,55 @@ pub(super) fn failures(summary: &Summary, shutdowns: &[(String, Shutdown)]) -> V
     failures
 }
 
+fn poison_failures(poison: &Poison, failures: &mut Vec<String>) {
+    if poison.discarded != poison.put {
+        failures.push(format!(
+            "{} poison records put, {} written to the dead-letter file",
+            poison.put, poison.discarded
+        ));
+    }
+    if poison.processed > 0 {
+        failures.push(format!(
+            "{} poison records were processed, though the demo's processor refuses every one",
+            poison.processed
+        ));
+    }
+    if !poison.others.is_empty() {
+        let mut named = poison.others[..poison.others.len().min(NAMED_KEYS)].join(" ");
+        if poison.others.len() > NAMED_KEYS {
+            named.push_str(" ...");
+        }
+        failures.push(format!(
+            "records of {} keys the processor does not refuse were written to the \
+             dead-letter file: {named}",
+            poison.others.len()
+        ));
+    }
+    for line in &poison.malformed {
+        failures.push(format!(
+            "the dead-letter file {} is malformed at {line}",
+            poison.destination
+        ));
+    }
+}
+
+/// What became of the poison records (`--poison`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Poison {
+    /// Poison records put, one per key.
+    pub put: u64,
+    /// Distinct poison records in the dead-letter file.
+    pub discarded: u64,
+    /// Poison records the order check saw processed: never, the processor refuses them.
+    pub processed: u64,
+    /// The dead-letter file, as `failure.destination` names it (`file:PATH`).
+    pub destination: String,
+    /// The keys of the other records in the dead-letter file.
+    pub others: Vec<String>,
+    /// The lines of the dead-letter file that are not envelopes, each named.
+    pub malformed: Vec<String>,
+}
+
 /// The demo's verdict. Its `Display` is the summary line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
@@ -90,8 +173,11 @@ pub struct Summary {
     pub duplicates: u64,
     pub order_violations: u64,
     pub fleet: FleetFigures,
-    /// Deliveries that are not records the producer wrote; shown only when there are some.
+    /// Deliveries that are not records the producer wrote; shown (with the malformed
+    /// lines of the dead-letter file) only when there are some.
     pub malformed: u64,
+    /// With `--poison`: the poison records and the dead-letter file, shown last.
+    pub poison: Option<Poison>,
 }
 
 impl fmt::Display for Summary {
@@ -109,8 +195,18 @@ impl fmt::Display for Summary {
             self.fleet.crashes,
             self.fleet.lease_moves,
         )?;
-        if self.malformed > 0 {
-            write!(f, " malformed={}", self.malformed)?;
+        let malformed =
+            self.malformed + self.poison.as_ref().map_or(0, |p| p.malformed.len() as u64);
+        if malformed > 0 {
+            write!(f, " malformed={malformed}")?;
+        }
+        // Last: the path is the rest of the line, whatever it holds.
+        if let Some(poison) = &self.poison {
+            write!(
+                f,
+                " discarded={} to {}",
+                poison.discarded, poison.destination
+            )?;
         }
         Ok(())
     }
@@ -134,6 +230,7 @@ mod tests {
     fn produced(pairs: &[(&str, u64)]) -> Produced {
         Produced {
             per_key: pairs.iter().map(|&(k, n)| (k.to_owned(), n)).collect(),
+            poisoned: 0,
         }
     }
 
@@ -173,6 +270,7 @@ mod tests {
                 lease_moves: 4,
             },
             malformed: 0,
+            poison: None,
         }
     }
 
@@ -260,7 +358,7 @@ mod tests {
         let mut check = OrderCheck::default();
         assert_eq!(observe_all(&mut check, &[0, 1, 2]), [InOrder; 3]);
         assert_eq!(check.observe_number("key-2", 0), InOrder);
-        let summary = summarize(&check, &produced(&[("key-1", 3), ("key-2", 1)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 3), ("key-2", 1)]), ONE, None);
         assert_eq!(
             summary.to_string(),
             "demo: produced=4 processed=4 lost=0 duplicates=0 order_violations=0 \
@@ -272,7 +370,7 @@ mod tests {
     fn records_never_delivered_are_lost() {
         let mut check = OrderCheck::default();
         observe_all(&mut check, &[0, 1]);
-        let summary = summarize(&check, &produced(&[("key-1", 4), ("key-9", 2)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 4), ("key-9", 2)]), ONE, None);
         assert_eq!(summary.lost, 4);
         assert_eq!(
             summary.to_string(),
@@ -289,7 +387,7 @@ mod tests {
         assert_eq!(check.observe("key-1", b"key-1:x"), Seen::Malformed);
         assert_eq!(check.observe("key-1", &[0xff]), Seen::Malformed);
         assert_eq!(check.observe("key-1", b"key-1:1"), InOrder);
-        let summary = summarize(&check, &produced(&[("key-1", 2)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 2)]), ONE, None);
         assert_eq!(summary.malformed, 3);
         assert!(summary.to_string().ends_with(" malformed=3"), "{summary}");
     }
@@ -298,7 +396,163 @@ mod tests {
     fn records_the_producer_did_not_write_are_malformed() {
         let mut check = OrderCheck::default();
         observe_all(&mut check, &[0, 1, 2]);
-        let summary = summarize(&check, &produced(&[("key-1", 2)]), ONE);
+        let summary = summarize(&check, &produced(&[("key-1", 2)]), ONE, None);
         assert_eq!((summary.lost, summary.malformed), (0, 1));
+    }
+
+    /// Five poison records put, all five in the dead-letter file and none processed.
+    fn all_discarded() -> Poison {
+        Poison {
+            put: 5,
+            discarded: 5,
+            processed: 0,
+            destination: "file:/tmp/flotilla-demo-dead-letters-7.jsonl".to_owned(),
+            others: vec![],
+            malformed: vec![],
+        }
+    }
+
+    #[test]
+    fn the_summary_line_ends_with_the_dead_letter_file_with_poison_only() {
+        for (poison, malformed, ends) in [
+            (None, 0, "lease_moves=4"),
+            (None, 2, "lease_moves=4 malformed=2"),
+            (
+                Some(all_discarded()),
+                0,
+                "lease_moves=4 discarded=5 to file:/tmp/flotilla-demo-dead-letters-7.jsonl",
+            ),
+            (
+                Some(Poison {
+                    discarded: 3,
+                    malformed: vec!["line 2: EOF while parsing".to_owned()],
+                    ..all_discarded()
+                }),
+                1,
+                "lease_moves=4 malformed=2 discarded=3 to file:/tmp/flotilla-demo-dead-letters-7.jsonl",
+            ),
+        ] {
+            let summary = Summary {
+                poison,
+                malformed,
+                ..passing()
+            };
+            let line = summary.to_string();
+            assert!(
+                line.starts_with(
+                    "demo: produced=10 processed=10 lost=0 duplicates=0 order_violations=0 \
+                     workers=3 crashes=1 lease_moves=4"
+                ),
+                "{line}"
+            );
+            assert!(line.ends_with(ends), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_run_fails_unless_every_poison_record_and_nothing_else_is_discarded() {
+        let survivors = clean(&["demo-1", "demo-2"]);
+        let others: Vec<String> = (0..7).map(|k| format!("key-{k}")).collect();
+        for (poison, found) in [
+            (all_discarded(), vec![]),
+            (
+                Poison {
+                    discarded: 3,
+                    ..all_discarded()
+                },
+                vec!["5 poison records put, 3 written to the dead-letter file"],
+            ),
+            (
+                Poison {
+                    discarded: 4,
+                    processed: 1,
+                    ..all_discarded()
+                },
+                vec![
+                    "5 poison records put, 4 written to the dead-letter file",
+                    "1 poison records were processed, though the demo's processor refuses every one",
+                ],
+            ),
+            (
+                Poison {
+                    others: others.clone(),
+                    ..all_discarded()
+                },
+                vec![
+                    "records of 7 keys the processor does not refuse were written to the \
+                     dead-letter file: key-0 key-1 key-2 key-3 key-4 ...",
+                ],
+            ),
+            (
+                Poison {
+                    malformed: vec!["line 2: EOF while parsing a value".to_owned()],
+                    ..all_discarded()
+                },
+                vec![
+                    "the dead-letter file file:/tmp/flotilla-demo-dead-letters-7.jsonl is \
+                     malformed at line 2: EOF while parsing a value",
+                ],
+            ),
+        ] {
+            let summary = Summary {
+                poison: Some(poison),
+                ..passing()
+            };
+            assert_eq!(failures(&summary, &survivors), found, "{summary:?}");
+        }
+    }
+
+    #[test]
+    fn poison_records_are_counted_apart_from_the_rest() {
+        let destination = Destination::File("/tmp/dl.jsonl".into());
+        let produced = Produced {
+            poisoned: 2,
+            ..produced(&[("key-1", 2)])
+        };
+        let in_file = |keys: &[&str]| DeadLetters {
+            poison: keys.iter().map(|&k| k.to_owned()).collect(),
+            ..DeadLetters::default()
+        };
+        // (what the processor let through, the poison keys in the file, (processed,
+        // lost, malformed, discarded, poison processed))
+        for (observed, written, figures) in [
+            (
+                &["key-1:0", "key-1:1"][..],
+                &["poison-0", "poison-1"][..],
+                (2, 0, 0, 2, 0),
+            ),
+            (&["key-1:0", "key-1:1"], &["poison-1"], (2, 0, 0, 1, 0)),
+            // A poison record processed is that, not a stray delivery.
+            (&["key-1:0", "poison-0:0"], &["poison-1"], (2, 1, 0, 1, 1)),
+            (&["key-1:0", "poison-9:0"], &[], (2, 1, 1, 0, 0)),
+        ] {
+            let mut check = OrderCheck::default();
+            for data in observed {
+                let (key, _) = data.split_once(':').unwrap();
+                check.observe(key, data.as_bytes());
+            }
+            let letters = in_file(written);
+            let summary = summarize(&check, &produced, ONE, Some((&destination, &letters)));
+            let poison = summary.poison.clone().unwrap();
+            assert_eq!(
+                (
+                    summary.processed,
+                    summary.lost,
+                    summary.malformed,
+                    poison.discarded,
+                    poison.processed
+                ),
+                figures,
+                "{observed:?}"
+            );
+            assert_eq!(poison.put, 2);
+            assert!(
+                summary.to_string().ends_with(" to file:/tmp/dl.jsonl"),
+                "{summary}"
+            );
+        }
+        // Without --poison there is no dead-letter file to speak of.
+        let summary = summarize(&OrderCheck::default(), &produced, ONE, None);
+        assert_eq!(summary.poison, None);
     }
 }
