@@ -75,6 +75,9 @@ LAYERS = [
             "status_page",
             "prometheus",
             "telemetry",
+            # The failure policy's plan, driver and dead-letter destinations: run by the
+            # processor host, below every actor.
+            "failure",
         ],
     ),
     (

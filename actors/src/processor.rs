@@ -5,7 +5,6 @@
 //! processor's calls one at a time, in order, so a processor never sees two batches at
 //! once and needs no locks. Its reader keeps fetching meanwhile (up to the ack window).
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -15,73 +14,15 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
-use crate::backend::Record;
-use crate::failure::driver::{FailureNews, Failures, Host, Ran};
+use crate::failure::driver::{Failures, Host, Ran};
 use crate::fencing::{FenceReason, Fencing};
-use crate::model::{ExtendedSequenceNumber, Fence, LeaseKey, ShardId};
+use crate::model::{Fence, LeaseKey, ShardId};
+pub use crate::protocol::ProcessorError;
 use crate::protocol::{
-    AckToken, Batch, Checkpointer, ProcessorMsg, ReaderMsg, ShardInfo, StopReason,
+    AckToken, Batch, Checkpointer, FailureNews, ProcessorMsg, ReaderMsg, ShardInfo, StopReason,
 };
 use crate::settings::CheckpointMode;
 use crate::spans::Spanned;
-
-/// An error from user code. Any error converts into it with `?`; it deliberately does
-/// not implement `std::error::Error` itself, so that conversion stays unambiguous.
-///
-/// With `[failure]` set, an error can name the record of the batch that failed
-/// ([`ProcessorError::at_record`], Lambda's `batchItemFailures`): the records before it
-/// count as processed, and the retry starts at it.
-pub struct ProcessorError {
-    error: Box<dyn StdError + Send + Sync + 'static>,
-    record: Option<ExtendedSequenceNumber>,
-}
-
-impl ProcessorError {
-    /// An error that is only a message, for a failure with no error type of its own.
-    pub fn msg(text: impl fmt::Display) -> Self {
-        Self {
-            error: text.to_string().into(),
-            record: None,
-        }
-    }
-
-    /// The failure is this record's: the ones before it in the batch were processed.
-    /// Name a record of the batch `process` was handed; any other is ignored, and the
-    /// whole batch counts as failed.
-    pub fn at_record(mut self, record: &Record) -> Self {
-        self.record = Some(ExtendedSequenceNumber::new(
-            record.sequence_number.clone(),
-            record.sub_sequence_number,
-        ));
-        self
-    }
-
-    /// The record this failure names, if it names one.
-    pub fn record(&self) -> Option<&ExtendedSequenceNumber> {
-        self.record.as_ref()
-    }
-}
-
-impl<E: StdError + Send + Sync + 'static> From<E> for ProcessorError {
-    fn from(error: E) -> Self {
-        Self {
-            error: Box::new(error),
-            record: None,
-        }
-    }
-}
-
-impl fmt::Display for ProcessorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl fmt::Debug for ProcessorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
 
 /// What a user implements: one instance per shard, called one method at a time.
 ///
@@ -553,6 +494,7 @@ fn failure(call: &str, shard: &ShardId, error: ProcessorError) -> ActorProcessin
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::backend::Record;
     use crate::handle::WorkerHandle;
     use crate::model::{BatchId, SequenceNumber, WorkerId};
     use crate::settings::CheckpointMode;

@@ -16,48 +16,11 @@ use base64::Engine as _;
 use futures::future::BoxFuture;
 
 use super::destination::{DeadLetters, Envelope};
-use super::plan::{Outcome, Plan, Policy, Reason, Step};
+use super::plan::{Outcome, Plan, Policy, Step};
 use crate::backend::Record;
 use crate::backoff::Backoff;
-use crate::processor::ProcessorError;
-use crate::protocol::{AckToken, Batch};
+use crate::protocol::{AckToken, Batch, Discard, FailureNews, ProcessorError, Reason};
 use crate::settings::Settings;
-
-/// What the reader hears of a batch's failures.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum FailureNews {
-    /// A delivery failed and will be retried (or its records discarded).
-    Failed {
-        /// The first record of the part that failed, as `sequence/sub`.
-        first: String,
-        records: usize,
-        /// How many times this part failed before.
-        retry: u32,
-        error: String,
-    },
-    /// Records were written to the destination and are done.
-    Discarded(Discard),
-    /// The batch cannot go on, for this reason: the destination cannot be written
-    /// (`destination_failed`), or the retries are spent and there is no destination.
-    /// The shard is stalled.
-    Waiting {
-        why: String,
-        destination_failed: bool,
-    },
-    /// The batch goes on again.
-    Resumed,
-}
-
-/// Records written to the destination.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Discard {
-    /// Each record, as `sequence/sub (key partition-key)`.
-    pub records: Vec<String>,
-    pub reason: Reason,
-    pub destination: String,
-    pub attempts: u32,
-    pub error: Option<String>,
-}
 
 /// How a batch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

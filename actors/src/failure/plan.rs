@@ -23,6 +23,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 
+pub(crate) use crate::protocol::Reason;
+
 /// What the policy needs of `[failure]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Policy {
@@ -32,25 +34,6 @@ pub(crate) struct Policy {
     pub max_record_age: Option<Duration>,
     /// Whether a destination is set: without one nothing is discarded.
     pub can_discard: bool,
-}
-
-/// Why records are discarded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reason {
-    /// They failed `max_retries` retries.
-    Retries,
-    /// They were older than `max_record_age` when they would have been delivered.
-    Age,
-}
-
-impl Reason {
-    /// As the envelope, the metric and the status name it.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Reason::Retries => "retries",
-            Reason::Age => "age",
-        }
-    }
 }
 
 /// What to do next with the batch.

@@ -6,9 +6,11 @@
 //! * `protocol`: the messages, one JSON object a line, both ways.
 //! * `child`: [`MultiLangProcessor`], the processor that runs the child per shard.
 //! * `daemon_config`: a properties file as the child's command and flotilla settings.
+//! * `program`: the child's program, found as the operating system finds it.
 
 pub mod child;
 pub mod daemon_config;
+mod program;
 pub mod properties;
 pub mod protocol;
 

@@ -22,8 +22,12 @@ use crate::status::{
     WatcherStatus, WorkerStatus,
 };
 
+mod error;
+mod failure;
 mod shard;
 
+pub use error::ProcessorError;
+pub(crate) use failure::{Discard, FailureNews, Reason};
 pub use shard::{
     AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
 };
@@ -300,7 +304,7 @@ pub(crate) enum ReaderMsg {
     /// processor sent before failing (supervision events overtake messages).
     ProcessorFailed(String),
     /// What the failure policy did with a batch (`[failure]`, in the processor host).
-    Failure(crate::failure::driver::FailureNews),
+    Failure(FailureNews),
     Status(RpcReplyPort<ShardStatus>),
     /// The processor waits on something outside (`processor::ProcessorWait`): check
     /// whether it is past its stall time, every second from the first of these on.

@@ -10,7 +10,7 @@ use super::outbox::Outbox;
 use super::pure::Phase;
 use super::reading;
 use super::stall::StallWatch;
-use crate::failure::driver::FailureNews;
+use crate::protocol::FailureNews;
 use crate::telemetry::{DeliveryFailed, DestinationFailed, RecordsDiscarded};
 
 /// The shard's failures since its reader started.
