@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+
+mod relay;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::failure::driver::{Failures, Host, Ran};
@@ -270,6 +272,15 @@ impl ProcessorSource {
                 let host_actor = Spanned(ProcessorHost, tracing::Span::current());
                 let (actor, _) =
                     Actor::spawn_linked(None, host_actor, (processor, host), parent).await?;
+                Ok(actor)
+            }
+            // Under `[failure]`, the actor runs behind a host like a `Processor` does,
+            // so the policy is the same (`relay`).
+            ProcessorSource::Actor(factory) if host.failures.is_some() => {
+                let relay = BoxedProcessor::new(relay::ActorRelay::new(factory.clone(), host.mode));
+                let host_actor = Spanned(ProcessorHost, tracing::Span::current());
+                let (actor, _) =
+                    Actor::spawn_linked(None, host_actor, (relay, host), parent).await?;
                 Ok(actor)
             }
             ProcessorSource::Actor(factory) => {
@@ -606,6 +617,7 @@ mod tests {
             reader: reader.clone(),
             mode: CheckpointMode::Auto,
             worker: WorkerHandle::new(),
+            relay: None,
         };
         for (id, seq) in [(1, 10), (2, 20), (3, 30)] {
             host.cast(ProcessorMsg::Process(

@@ -420,3 +420,114 @@ async fn in_watermark_mode_the_checkpoint_moves_past_a_discarded_record() {
     .await;
     worker.shutdown().await.unwrap();
 }
+
+/// A processor written as an actor of its own: it reports a part it cannot process
+/// with `Checkpointer::fail_batch` (`fails`), or panics on it (the actor fails and a new
+/// one from the factory takes the retry).
+struct RefusingActor;
+
+struct ActorArgs {
+    log: Log,
+    panics: bool,
+}
+
+impl ractor::Actor for RefusingActor {
+    type Msg = flotilla_actors::ProcessorMsg;
+    type State = ActorArgs;
+    type Arguments = ActorArgs;
+
+    async fn pre_start(
+        &self,
+        _: ractor::ActorRef<Self::Msg>,
+        args: ActorArgs,
+    ) -> Result<ActorArgs, ractor::ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _: ractor::ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut ActorArgs,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        use flotilla_actors::ProcessorMsg;
+        match message {
+            ProcessorMsg::Process(batch, cp) => {
+                let mut refusing = Refusing {
+                    log: state.log.clone(),
+                    partial: false,
+                };
+                match refusing.process(&batch, &cp).await {
+                    Ok(()) => cp.ack_batch(&batch),
+                    Err(error) if state.panics => panic!("cannot go on: {error}"),
+                    Err(error) => cp.fail_batch(&batch, error),
+                }
+            }
+            ProcessorMsg::ShardEnded(_, reply) | ProcessorMsg::ShutdownRequested(_, reply) => {
+                let _ = reply.send(Ok(()));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+async fn start_actor(rig: &Rig, log: &Log, panics: bool, dl: &Recording) -> Worker {
+    let log = log.clone();
+    Worker::builder()
+        .settings(settings(Some(1), true, true))
+        .backend(rig.backend().with_dead_letters(Arc::new(dl.clone())))
+        .processor_actor(move |_| {
+            let log = log.clone();
+            async move {
+                let (actor, _) =
+                    ractor::Actor::spawn(None, RefusingActor, ActorArgs { log, panics })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                Ok(actor)
+            }
+        })
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processor_actor_gets_the_same_policy_through_its_checkpointer() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let sent = put(&rig, 120, &[33, 90]).await;
+    let (log, dl) = (Log::default(), Recording::default());
+    let worker = start_actor(&rig, &log, false, &dl).await;
+    until("120 records accounted for", || {
+        log.processed.lock().unwrap().len() + dl.written.lock().unwrap().len() == 120
+    })
+    .await;
+    check(&sent, &log, &dl);
+    assert_eq!(dl.data(), ["poison-33", "poison-90"]);
+    shard_until(&worker, "2 discarded", |s| s.records_discarded == 2).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processor_actor_that_fails_on_a_record_is_replaced_for_the_retry() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let sent = put(&rig, 60, &[41]).await;
+    let (log, dl) = (Log::default(), Recording::default());
+    let worker = start_actor(&rig, &log, true, &dl).await;
+    until("60 records accounted for", || {
+        log.processed.lock().unwrap().len() + dl.written.lock().unwrap().len() == 60
+    })
+    .await;
+    check(&sent, &log, &dl);
+    assert_eq!(dl.data(), ["poison-41"]);
+    let error = dl.written.lock().unwrap()[0].error.clone().unwrap();
+    assert!(error.contains("the processor actor stopped"), "{error}");
+    let status = worker.status().await.unwrap();
+    assert_eq!(
+        status.shards[0].restarts, 0,
+        "the shard itself never restarted"
+    );
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+}

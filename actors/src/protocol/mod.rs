@@ -28,6 +28,7 @@ mod shard;
 
 pub use error::ProcessorError;
 pub(crate) use failure::{Discard, FailureNews, Reason};
+pub(crate) use shard::PartOutcome;
 pub use shard::{
     AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
 };

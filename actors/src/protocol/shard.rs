@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use ractor::{ActorRef, RpcReplyPort};
 
-use super::{Acks, ReaderMsg};
+use super::{Acks, ProcessorError, ReaderMsg};
 use crate::backend::Record;
 use crate::handle::WorkerHandle;
 use crate::model::{BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId};
@@ -251,6 +251,65 @@ pub struct Checkpointer {
     pub(crate) reader: ActorRef<ReaderMsg>,
     pub(crate) mode: CheckpointMode,
     pub(crate) worker: WorkerHandle,
+    /// Set on the checkpointer handed with a part of a batch to a processor actor under
+    /// `[failure]`: its acks (or [`Checkpointer::fail_batch`]) tell the host that handed
+    /// the part over how it went.
+    pub(crate) relay: Option<Arc<PartOutcome>>,
+}
+
+/// How a part of a batch handed to a processor actor under `[failure]` ended, told back
+/// to the processor host waiting on it (`processor/relay.rs`): the failure policy needs
+/// each delivery's outcome, which an actor gives only through its checkpointer.
+#[derive(Debug)]
+pub(crate) struct PartOutcome {
+    done: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Result<(), ProcessorError>>>>,
+    /// Records of the part not acked yet (a watermark-mode actor acks them one by one).
+    left: std::sync::atomic::AtomicUsize,
+    /// Whether acks go on to the reader: in watermark mode, where the host acks nothing;
+    /// not in the others, where the host acks the whole batch once every part is done.
+    forward: bool,
+}
+
+impl PartOutcome {
+    /// The outcome of a part of `len` records, and where the host waits for it.
+    pub(crate) fn new(
+        len: usize,
+        forward: bool,
+    ) -> (
+        Arc<Self>,
+        tokio::sync::oneshot::Receiver<Result<(), ProcessorError>>,
+    ) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        let outcome = Self {
+            done: std::sync::Mutex::new(Some(done)),
+            left: std::sync::atomic::AtomicUsize::new(len),
+            forward,
+        };
+        (Arc::new(outcome), wait)
+    }
+
+    /// The first outcome counts; later ones (a batch acked after it was failed) change
+    /// nothing.
+    fn finish(&self, outcome: Result<(), ProcessorError>) {
+        let sender = self.done.lock().ok().and_then(|mut done| done.take());
+        if let Some(sender) = sender {
+            let _ = sender.send(outcome);
+        }
+    }
+
+    /// `n` records were acked one by one: the part is done once all are.
+    fn acked(&self, n: usize) {
+        use std::sync::atomic::Ordering;
+        let before = self
+            .left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                Some(left.saturating_sub(n))
+            })
+            .unwrap_or(0);
+        if before > 0 && before <= n {
+            self.finish(Ok(()));
+        }
+    }
 }
 
 impl fmt::Debug for Checkpointer {
@@ -286,21 +345,59 @@ impl Checkpointer {
 
     /// Acks one record (watermark mode; in the other modes it only frees window space).
     pub fn ack(&self, token: AckToken) {
-        let _ = self.reader.cast(ReaderMsg::Ack(Acks::Records(vec![token])));
+        self.ack_all([token]);
     }
 
     /// Acks several records in one message.
     pub fn ack_all(&self, tokens: impl IntoIterator<Item = AckToken>) {
         let tokens: Vec<AckToken> = tokens.into_iter().collect();
-        if !tokens.is_empty() {
+        if tokens.is_empty() {
+            return;
+        }
+        let count = tokens.len();
+        if self.relay.as_ref().is_none_or(|relay| relay.forward) {
             let _ = self.reader.cast(ReaderMsg::Ack(Acks::Records(tokens)));
+        }
+        if let Some(relay) = &self.relay {
+            relay.acked(count);
         }
     }
 
     /// Acks every record of a batch (nothing for an empty one).
     pub fn ack_batch(&self, batch: &Batch) {
-        if !batch.is_empty() {
-            let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+        match &self.relay {
+            // A part handed over by the failure policy: its records' tokens, so the
+            // other parts of the batch stay un-acked (watermark mode), or nothing (the
+            // host acks the batch once all its parts are done).
+            Some(relay) => {
+                if relay.forward {
+                    let tokens: Vec<AckToken> =
+                        (0..batch.len()).map(|i| batch.ack_token(i)).collect();
+                    if !tokens.is_empty() {
+                        let _ = self.reader.cast(ReaderMsg::Ack(Acks::Records(tokens)));
+                    }
+                }
+                relay.finish(Ok(()));
+            }
+            None if !batch.is_empty() => {
+                let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
+            }
+            None => {}
+        }
+    }
+
+    /// A processor actor could not process `batch` (a processor that implements
+    /// [`crate::Processor`] returns `Err` instead). Under `[failure]` the batch is
+    /// retried, bisected or discarded as the settings say, and `error` may name the
+    /// failing record ([`ProcessorError::at_record`]); without it the shard fails and
+    /// restarts from its checkpoint, as when the actor fails.
+    pub fn fail_batch(&self, batch: &Batch, error: ProcessorError) {
+        match &self.relay {
+            Some(relay) => relay.finish(Err(error)),
+            None => {
+                let why = format!("the processor actor failed batch {}: {error}", batch.id.0);
+                let _ = self.reader.cast(ReaderMsg::ProcessorFailed(why));
+            }
         }
     }
 

@@ -140,7 +140,11 @@ impl WorkerBuilder {
 
     /// Routes each shard's batches to an actor of the user's own instead of a
     /// [`Processor`]. The actor is linked to the shard's reader; it must ack every batch
-    /// through the checkpointer and answer the reply ports of [`ProcessorMsg`].
+    /// through the checkpointer and answer the reply ports of [`ProcessorMsg`]. A batch
+    /// it cannot process it reports with `Checkpointer::fail_batch`. Under `[failure]`
+    /// it runs behind a processor host instead, which hands it one part of a batch at a
+    /// time and waits for its ack or failure (or for it to stop: a new actor from
+    /// `factory` then takes the retry), so the policy is a `Processor`'s.
     pub fn processor_actor<F, Fut>(mut self, factory: F) -> Self
     where
         F: Fn(ShardInfo) -> Fut + Send + Sync + 'static,
