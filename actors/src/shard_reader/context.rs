@@ -179,6 +179,7 @@ impl Ctx {
                 reader: me.clone(),
                 mode: ctx.mode,
                 worker,
+                relay: None,
             },
             me,
             writer,
