@@ -380,7 +380,13 @@ impl ReaderState {
     /// The gate before every read ([`pure::fetch_step`]), then the read.
     async fn fetch(&mut self) -> Result<(), ActorProcessingErr> {
         let reader = &self.ctx.settings().reader;
-        let (poll, timeout) = (reader.poll_interval, reader.processor_timeout);
+        let (poll, mut timeout) = (reader.poll_interval, reader.processor_timeout);
+        // Under `[failure]` the host times each call out itself, after processor_timeout,
+        // and counts it as a failed delivery (news that is progress here): this watch
+        // is left for a host that is stuck beyond that.
+        if self.ctx.ports.failures.is_some() {
+            timeout = timeout.saturating_mul(2);
+        }
         let ledger = self.outbox.ledger();
         let stalled = pure::processor_stalled(
             ledger.is_empty(),

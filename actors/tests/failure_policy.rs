@@ -531,3 +531,62 @@ async fn a_processor_actor_that_fails_on_a_record_is_replaced_for_the_retry() {
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
 }
+
+/// The stalled-processor watchdog: a call that does not return within
+/// `reader.processor_timeout` counts as a failed delivery (it is abandoned), so a record
+/// the processor hangs on is bisected out and discarded like one it refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_processor_timeout_counts_as_a_failure() {
+    struct Hanging(Refusing);
+    impl Processor for Hanging {
+        async fn process(
+            &mut self,
+            batch: &Batch,
+            cp: &Checkpointer,
+        ) -> Result<(), ProcessorError> {
+            if batch
+                .records()
+                .iter()
+                .any(|r| r.data.starts_with(b"poison"))
+            {
+                std::future::pending::<()>().await;
+            }
+            self.0.process(batch, cp).await
+        }
+    }
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let sent = put(&rig, 16, &[9]).await;
+    let (log, dl) = (Log::default(), Recording::default());
+    let mut s = settings(Some(0), true, true);
+    s.reader.processor_timeout = Duration::from_millis(300);
+    let log2 = log.clone();
+    let worker = Worker::builder()
+        .settings(s)
+        .backend(rig.backend().with_dead_letters(Arc::new(dl.clone())))
+        .processor(move |_| {
+            Hanging(Refusing {
+                log: log2.clone(),
+                partial: false,
+            })
+        })
+        .start()
+        .await
+        .unwrap();
+    until("16 records accounted for", || {
+        log.processed.lock().unwrap().len() + dl.written.lock().unwrap().len() == 16
+    })
+    .await;
+    check(&sent, &log, &dl);
+    assert_eq!(dl.data(), ["poison-9"]);
+    let error = dl.written.lock().unwrap()[0].error.clone().unwrap();
+    assert!(
+        error.contains("did not finish within reader.processor_timeout"),
+        "{error}"
+    );
+    let status = worker.status().await.unwrap();
+    assert_eq!(
+        status.shards[0].restarts, 0,
+        "the shard itself never restarted"
+    );
+    worker.shutdown().await.unwrap();
+}
