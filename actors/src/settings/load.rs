@@ -713,6 +713,49 @@ mod tests {
         assert_eq!(settings.metrics.namespace, "1e3");
     }
 
+    /// `[failure]` from a file and from variables, as an operator writes it; a
+    /// destination that is not one is refused naming the key and what it must be.
+    #[test]
+    fn the_failure_policy_loads_from_a_file_and_from_variables() {
+        let file = TempFile::new(
+            "failure",
+            "[failure]\nmax_retries = 3\nbisect = true\nmax_record_age = \"1h\"\n\
+             destination = \"sqs:https://sqs.eu-west-1.amazonaws.com/1/dl\"\n",
+        );
+        let settings = load_from(Some(&file.0), vars(REQUIRED)).unwrap();
+        assert_eq!(settings.failure.max_retries, Some(3));
+        assert!(settings.failure.bisect);
+        assert_eq!(
+            settings.failure.max_record_age,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(
+            settings.failure.destination,
+            Some(crate::settings::Destination::Sqs(
+                "https://sqs.eu-west-1.amazonaws.com/1/dl".into()
+            ))
+        );
+        let env = with_required(&[
+            ("FLOTILLA__FAILURE__MAX_RETRIES", "0"),
+            (
+                "FLOTILLA__FAILURE__DESTINATION",
+                "file:/var/lib/flotilla/dl.jsonl",
+            ),
+        ]);
+        let settings = load_from(None, env).unwrap();
+        assert_eq!(settings.failure.max_retries, Some(0));
+        assert_eq!(
+            settings.failure.destination,
+            Some(crate::settings::Destination::File(
+                "/var/lib/flotilla/dl.jsonl".into()
+            ))
+        );
+        let env = with_required(&[("FLOTILLA__FAILURE__DESTINATION", "s3:bucket")]);
+        let text = error_text(load_from(None, env));
+        assert!(text.contains("failure.destination"), "{text}");
+        assert!(text.contains("kinesis:, sqs: or file:"), "{text}");
+    }
+
     #[test]
     fn a_missing_file_is_named() {
         let path = std::env::temp_dir().join("flotilla-settings-no-such-file.toml");
