@@ -321,10 +321,15 @@ pub fn render_fleet(fleet: &Value) -> String {
                 state,
                 checkpoint(&lease["checkpoint"]),
                 text(&lease["millis_behind_latest"]),
-                match &lease["reason"] {
-                    Value::Null => fleet_subscription_note(lease, fanout),
-                    reason => text(reason),
-                },
+                // On the observer's own leases, what `[failure]` did on them
+                // (`with_failures` reads the same two fields a shard has).
+                with_failures(
+                    match &lease["reason"] {
+                        Value::Null => fleet_subscription_note(lease, fanout),
+                        reason => text(reason),
+                    },
+                    lease,
+                ),
             ]);
             row
         })

@@ -652,7 +652,7 @@ async fn status_server() -> String {
             ShardStatus {
                 records_discarded: 2,
                 last_failure: Some("record 49590338271490256608559692538361571095921575989136588898/0: cannot parse".into()),
-                ..shard(3, ShardState::Processing, None)
+                ..shard(3, ShardState::CaughtUp, None)
             },
         ],
         shard_restarts: 1,
@@ -722,6 +722,31 @@ async fn status_server() -> String {
                 millis_behind_latest: Some(1200),
                 subscribed_ms: None,
                 rate: None,
+                records_discarded: None,
+                last_failure: None,
+            },
+            // The observer's own lease whose reader discarded records (`/fleet` lays
+            // its shards' `records_discarded` and `last_failure` over the table's).
+            FleetLease {
+                lease_key: "shardId-000000000003".into(),
+                shard_id: "shardId-000000000003".into(),
+                stream: None,
+                owner: Some("w-1".into()),
+                state: FleetLeaseState::Held,
+                reason: None,
+                checkpoint: Some(SEQ.into()),
+                counter: Some(3),
+                handoff_to: None,
+                parents: vec![],
+                children: vec![],
+                millis_behind_latest: Some(1200),
+                subscribed_ms: Some(62_000),
+                rate: None,
+                records_discarded: Some(2),
+                last_failure: Some(
+                    "record 49590338271490256608559692538361571095921575989136588898/0: cannot parse"
+                        .into(),
+                ),
             },
             FleetLease {
                 lease_key: "shardId-000000000002".into(),
@@ -738,6 +763,8 @@ async fn status_server() -> String {
                 millis_behind_latest: None,
                 subscribed_ms: None,
                 rate: None,
+                records_discarded: None,
+                last_failure: None,
             },
             FleetLease {
                 lease_key: "shardId-000000000009".into(),
@@ -754,6 +781,8 @@ async fn status_server() -> String {
                 millis_behind_latest: None,
                 subscribed_ms: None,
                 rate: None,
+                records_discarded: None,
+                last_failure: None,
             },
         ],
         unassigned: vec!["shardId-000000000002".into()],
@@ -823,7 +852,7 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     );
     // What `[failure]` did: the records discarded and the last failure, after the note.
     assert!(
-        lines[5].starts_with("shardId-000000000003  processing")
+        lines[5].starts_with("shardId-000000000003  caught_up")
             && lines[5].ends_with(
                 "subscribed 1m 2s ago; discarded 2, last failure: record \
                  49590338271490256608559692538361571095921575989136588898/0: cannot parse"
@@ -838,16 +867,18 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         .skip_while(|l| !l.starts_with("supervisor  running"))
         .copied()
         .collect();
-    assert_eq!(tree.len(), 9, "{table}");
+    assert_eq!(tree.len(), 11, "{table}");
     for (line, start) in tree.iter().zip([
-        "supervisor  running  worker w-1  up 1h 2m 3s  shards 3",
+        "supervisor  running  worker w-1  up 1h 2m 3s  shards 4",
         "├─ lease_keeper  running  restarts 0",
         "├─ checkpoint_writer  running  restarts 0",
         "├─ reader shardId-000000000000  caught_up  restarts 1  lag 1200 ms  records/s 12.5",
         "│  └─ processor  running  in flight 7 records",
         "├─ reader shardId-000000000001  throttled",
         "│  └─ processor  running",
-        "└─ reader shardId-000000000002  fenced",
+        "├─ reader shardId-000000000002  fenced",
+        "│  └─ processor  running",
+        "└─ reader shardId-000000000003  caught_up",
         "   └─ processor  running",
     ]) {
         assert!(
@@ -888,6 +919,18 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
         table
             .lines()
             .any(|l| l.starts_with("shardId-000000000000  w-1") && l.ends_with("not subscribed")),
+        "{table}"
+    );
+    // The observer's own lease whose reader discarded records: after its note, what
+    // `[failure]` did on it.
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("shardId-000000000003  w-1    held")
+                && l.ends_with(
+                    "subscribed 1m 2s; discarded 2, last failure: record \
+                     49590338271490256608559692538361571095921575989136588898/0: cannot parse"
+                )),
         "{table}"
     );
     assert!(

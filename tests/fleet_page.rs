@@ -224,6 +224,9 @@ const SHARDS: [&str; 4] = [
     "shardId-000000000002",
     "shardId-000000000003",
 ];
+/// The processor's last failure on the held lease, whose reader discarded 2 records.
+const LAST_FAILURE: &str =
+    "record 49650000000000000000000000000000000000000000000000000124/0: cannot parse";
 /// Would add an `<img>` element if the page ever inserted data as markup.
 const INJECTED: &str = "<img id=\"injected\" src=\"x\">";
 
@@ -247,6 +250,14 @@ fn fixture_view() -> serde_json::Value {
             // A fan-out fleet: the held lease's owner has a subscription open, the one
             // being handed over has none.
             "subscribed_ms": if state == "held" { Some(62_000) } else { None },
+            // The observer's own leases say what `[failure]` did on them: the held one
+            // discarded records; others' leases do not say.
+            "records_discarded": match (owner, state) {
+                (Some("demo-1"), "held") => Some(2),
+                (Some("demo-1"), _) => Some(0),
+                _ => None,
+            },
+            "last_failure": if state == "held" { Some(LAST_FAILURE) } else { None },
         })
     };
     serde_json::json!({
@@ -398,7 +409,11 @@ async fn the_page_renders_a_fleet_view() {
         "1.5 s<",         // the lag
         // The handoff target, and no subscription open for it.
         ">demo-3</td><td class=\"reason\">not subscribed</td></tr>",
-        "<td class=\"reason\">subscribed 1.0 min</td></tr>",
+        // The held lease's subscription, then what `[failure]` did on it.
+        &format!(
+            "<td class=\"reason\">subscribed 1.0 min; <span class=\"failures\">discarded 2, \
+             last failure: {LAST_FAILURE}</span></td></tr>"
+        ),
         "id=\"read-mode\">enhanced fan-out<",
         // The stalled lease: no owner, checkpoint or counter, and why.
         &format!("<tr class=\"lease\" data-shard=\"{STALLED}\" data-state=\"stalled\">"),

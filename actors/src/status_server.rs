@@ -365,9 +365,10 @@ async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
         Some(view) => {
             let mut fleet = view.0.clone();
             fleet.scanned_ms_ago = view.1.elapsed().as_millis() as u64;
-            // This worker's stalled shards, which only its readers know.
+            // What only this worker's readers know of its shards: their stalls, and
+            // what the failure policy discarded.
             if let Some(snapshot) = shared.worker.snapshot().await {
-                crate::status::overlay_stalls(&mut fleet, &snapshot.0);
+                crate::status::overlay_own_shards(&mut fleet, &snapshot.0);
             }
             axum::Json(fleet).into_response()
         }

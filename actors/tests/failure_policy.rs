@@ -23,6 +23,7 @@ use flotilla_actors::{
     Batch, Checkpointer, Processor, ProcessorError, Settings, ShardState, Worker, WorkerStatus,
 };
 
+use support::http::json_until;
 use support::probe::fast_settings;
 use support::rig::{APP, Rig, STREAM};
 
@@ -244,6 +245,14 @@ async fn bisection_finds_the_poison_record_and_delivers_the_rest_in_order() {
     let last = shard.last_failure.clone().unwrap();
     assert!(last.contains("cannot parse the record"), "{last}");
     assert_ne!(shard.state, ShardState::Stalled);
+    // The fleet view, on the owner's own `/fleet`: the lease carries them too.
+    let fleet = json_until(&worker, "/fleet", "the lease's discards", |fleet| {
+        fleet["leases"][0]["records_discarded"] == 2
+    })
+    .await;
+    let lease = &fleet["leases"][0];
+    let last = lease["last_failure"].as_str().unwrap();
+    assert!(last.contains("cannot parse the record"), "{lease}");
     worker.shutdown().await.unwrap();
 }
 

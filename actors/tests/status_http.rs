@@ -297,7 +297,8 @@ async fn the_worker_page_shows_its_tree_and_charts() {
 }
 
 /// Every metric name the Grafana dashboard's queries (and its variables) use is a
-/// series `/metrics` serves, and it has the panels the operators asked for.
+/// series `/metrics` serves, it has the panels the operators asked for, and no two
+/// panels overlap.
 fn dashboard_names_are_served(text: &str) {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/flotilla.json");
@@ -347,8 +348,28 @@ fn dashboard_names_are_served(text: &str) {
         "Failovers",
         "Throttles and API errors",
         "Heartbeat failures",
+        "Records discarded (failure policy)",
     ] {
         assert!(titles.contains(&wanted), "{wanted} not in {titles:?}");
+    }
+    // No panel hides part of another: their grid rectangles do not overlap.
+    let grid: Vec<(&str, [u64; 4])> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let at = |k: &str| p["gridPos"][k].as_u64().unwrap();
+            (
+                p["title"].as_str().unwrap(),
+                [at("x"), at("y"), at("w"), at("h")],
+            )
+        })
+        .collect();
+    for (i, (a, [ax, ay, aw, ah])) in grid.iter().enumerate() {
+        for (b, [bx, by, bw, bh]) in &grid[i + 1..] {
+            let apart = ax + aw <= *bx || bx + bw <= *ax || ay + ah <= *by || by + bh <= *ay;
+            assert!(apart, "panels {a:?} and {b:?} overlap");
+        }
     }
 }
 

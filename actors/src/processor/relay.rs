@@ -7,8 +7,6 @@
 //! that delivery; the next one goes to a new actor from the factory, initialized at the
 //! shard's start, as a restarted shard's would be.
 
-use std::future::Future;
-
 use ractor::ActorRef;
 
 use super::{Processor, ProcessorActorFactory, ProcessorError};
@@ -60,18 +58,16 @@ impl ActorRelay {
     }
 
     /// Asks the actor to end (`ShardEnded`, `ShutdownRequested`) and waits for its answer.
-    fn ask<'a>(
-        &'a mut self,
-        message: impl FnOnce(ractor::RpcReplyPort<Result<(), String>>) -> ProcessorMsg + Send + 'a,
-    ) -> impl Future<Output = Result<(), ProcessorError>> + Send + 'a {
-        async move {
-            let actor = self.actor().await?;
-            match actor.call(message, None).await {
-                Ok(ractor::rpc::CallResult::Success(answer)) => answer.map_err(ProcessorError::msg),
-                Ok(_) | Err(_) => Err(ProcessorError::msg(
-                    "the processor actor stopped before it answered",
-                )),
-            }
+    async fn ask(
+        &mut self,
+        message: impl FnOnce(ractor::RpcReplyPort<Result<(), String>>) -> ProcessorMsg + Send,
+    ) -> Result<(), ProcessorError> {
+        let actor = self.actor().await?;
+        match actor.call(message, None).await {
+            Ok(ractor::rpc::CallResult::Success(answer)) => answer.map_err(ProcessorError::msg),
+            Ok(_) | Err(_) => Err(ProcessorError::msg(
+                "the processor actor stopped before it answered",
+            )),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The whole fleet as one worker sees it (`GET /fleet`): built from one lease-table
-//! scan and what the observer made of it ([`fleet_view`]), with the observer's own
-//! stalls laid over it ([`overlay_stalls`]).
+//! scan and what the observer made of it ([`fleet_view`]), with what the observer's own
+//! readers know of its held shards laid over it ([`overlay_own_shards`]): their stalls,
+//! and what the failure policy discarded.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -160,6 +161,8 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
                 .collect(),
             millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
             subscribed_ms: subscribed_ms.filter(|_| state != FleetLeaseState::Finished),
+            records_discarded: None,
+            last_failure: None,
         });
     }
     // Unreadable lease rows: in the listing of leases too, so every shard of the
@@ -182,6 +185,8 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             millis_behind_latest: None,
             subscribed_ms: None,
             rate: None,
+            records_discarded: None,
+            last_failure: None,
         });
     }
     view.leases.sort_by(|a, b| a.lease_key.cmp(&b.lease_key));
@@ -206,25 +211,26 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     view
 }
 
-/// The observer's own held shards that are stalled (its `status`), shown stalled in its
-/// fleet view with their reason: what its shards' readers know, which the table does not
-/// say.
+/// What the observer's own readers know of its held shards (its `status`), which the
+/// table does not say, laid over its fleet view: each of its leases gets the records its
+/// reader discarded under `[failure]` and the processor's last failure; a stalled shard
+/// shows stalled, with its reason.
 #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
-pub(crate) fn overlay_stalls(view: &mut FleetView, status: &WorkerStatus) {
-    for shard in status
-        .shards
-        .iter()
-        .filter(|s| s.state == ShardState::Stalled)
-    {
-        let reason = shard.stall.clone().unwrap_or_else(|| "stalled".to_owned());
+pub(crate) fn overlay_own_shards(view: &mut FleetView, status: &WorkerStatus) {
+    for shard in &status.shards {
         let Some(lease) = view.leases.iter_mut().find(|l| {
             l.shard_id == shard.shard_id.as_str()
                 && l.stream == shard.stream
                 && l.owner.as_deref() == Some(status.worker_id.as_str())
-                && l.state != FleetLeaseState::Finished
         }) else {
             continue;
         };
+        lease.records_discarded = Some(shard.records_discarded);
+        lease.last_failure = shard.last_failure.clone();
+        if shard.state != ShardState::Stalled || lease.state == FleetLeaseState::Finished {
+            continue;
+        }
+        let reason = shard.stall.clone().unwrap_or_else(|| "stalled".to_owned());
         lease.state = FleetLeaseState::Stalled;
         view.stalled.push(format!("{}: {reason}", lease.lease_key));
         lease.reason = Some(reason);
@@ -309,4 +315,132 @@ pub struct FleetLease {
     /// Its owner's smoothed records/s and bytes/s for it (from its heartbeat); `None`
     /// until measured, or from an owner that publishes no rates.
     pub rate: Option<crate::model::LeaseRate>,
+    /// Only on its owner's own view, from the owner's reader (`None` for a lease the
+    /// observer does not hold): the records the reader wrote to `failure.destination`
+    /// and skipped (counted afresh after a restart; the metrics keep the total).
+    pub records_discarded: Option<u64>,
+    /// Likewise: the processor's last failure under `[failure]` (the record and the
+    /// error), if it had one.
+    pub last_failure: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::ShardStatus;
+    use crate::status_tree::tests::{shard, worker};
+
+    fn lease(shard: &str, stream: &str, owner: &str, state: FleetLeaseState) -> FleetLease {
+        FleetLease {
+            lease_key: format!("1:{stream}:5:{shard}"),
+            shard_id: shard.to_owned(),
+            stream: Some(stream.to_owned()),
+            owner: Some(owner.to_owned()),
+            state,
+            reason: None,
+            checkpoint: Some("TRIM_HORIZON".to_owned()),
+            counter: Some(1),
+            handoff_to: None,
+            parents: Vec::new(),
+            children: Vec::new(),
+            millis_behind_latest: None,
+            subscribed_ms: None,
+            rate: None,
+            records_discarded: None,
+            last_failure: None,
+        }
+    }
+
+    /// Each of the observer's leases its readers report on gets their discards and last
+    /// failure (0 and none included: the owner knows); a lease the table gives another
+    /// worker, or one with no reader here, keeps `None`; a stall is laid over a held
+    /// lease, not a finished one.
+    #[test]
+    fn the_owners_view_shows_its_shards_discards_and_last_failure() {
+        use FleetLeaseState::{Finished, Held, Stalled};
+        let failure = "record 4959/0: cannot parse";
+        let stall = "record 4960/0 failed 3 times and failure.destination is not set";
+        // (lease, this worker's reader of it: discarded, last failure, stall)
+        // → (state, records_discarded, last_failure)
+        type Reader = Option<(u64, Option<&'static str>, Option<&'static str>)>;
+        type Want = (FleetLeaseState, Option<u64>, Option<&'static str>);
+        let cases: [(FleetLease, Reader, Want); 6] = [
+            (
+                lease("shardId-000000000000", "orders", "w-1", Held),
+                Some((2, Some(failure), None)),
+                (Held, Some(2), Some(failure)),
+            ),
+            // The same shard id of another stream: its own reader's figures.
+            (
+                lease("shardId-000000000000", "audit", "w-1", Held),
+                Some((0, None, None)),
+                (Held, Some(0), None),
+            ),
+            // The table says another worker holds it now: left as the table says.
+            (
+                lease("shardId-000000000001", "orders", "w-2", Held),
+                Some((5, Some(failure), None)),
+                (Held, None, None),
+            ),
+            (
+                lease("shardId-000000000002", "orders", "w-1", Finished),
+                Some((1, Some(failure), Some(stall))),
+                (Finished, Some(1), Some(failure)),
+            ),
+            (
+                lease("shardId-000000000003", "orders", "w-1", Held),
+                None,
+                (Held, None, None),
+            ),
+            (
+                lease("shardId-000000000004", "orders", "w-1", Held),
+                Some((3, Some(failure), Some(stall))),
+                (Stalled, Some(3), Some(failure)),
+            ),
+        ];
+        let mut view = FleetView {
+            leases: cases.iter().map(|(lease, _, _)| lease.clone()).collect(),
+            ..FleetView::default()
+        };
+        let status = worker(
+            cases
+                .iter()
+                .filter_map(|(lease, reader, _)| {
+                    let (discarded, last, stall) = (*reader)?;
+                    Some(ShardStatus {
+                        stream: lease.stream.clone(),
+                        stall: stall.map(str::to_owned),
+                        records_discarded: discarded,
+                        last_failure: last.map(str::to_owned),
+                        ..shard(
+                            &lease.shard_id,
+                            if stall.is_some() {
+                                ShardState::Stalled
+                            } else {
+                                ShardState::Processing
+                            },
+                        )
+                    })
+                })
+                .collect(),
+        );
+        overlay_own_shards(&mut view, &status);
+        for ((lease, _, want), got) in cases.iter().zip(&view.leases) {
+            assert_eq!(
+                (
+                    got.state,
+                    got.records_discarded,
+                    got.last_failure.as_deref()
+                ),
+                *want,
+                "{}",
+                lease.lease_key
+            );
+        }
+        assert_eq!(
+            view.stalled,
+            [format!("1:orders:5:shardId-000000000004: {stall}")]
+        );
+        assert_eq!(view.leases[5].reason.as_deref(), Some(stall));
+    }
 }

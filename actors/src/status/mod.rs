@@ -14,7 +14,7 @@ use crate::model::ShardId;
 
 mod fleet;
 #[cfg(feature = "status-server")]
-pub(crate) use fleet::overlay_stalls;
+pub(crate) use fleet::overlay_own_shards;
 pub use fleet::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
 pub(crate) use fleet::{FleetScan, fleet_view};
 
@@ -429,6 +429,8 @@ mod tests {
             millis_behind_latest: None,
             subscribed_ms: None,
             rate: None,
+            records_discarded: None,
+            last_failure: None,
         };
         let mut view = FleetView {
             leases: vec![
@@ -449,7 +451,7 @@ mod tests {
             // Not this worker's lease in the table (it moved): left as the table says.
             stalled("shardId-000000000001"),
         ]);
-        super::fleet::overlay_stalls(&mut view, &status);
+        super::fleet::overlay_own_shards(&mut view, &status);
         let states: Vec<FleetLeaseState> = view.leases.iter().map(|l| l.state).collect();
         assert_eq!(
             states,
