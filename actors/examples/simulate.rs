@@ -210,9 +210,18 @@ fn run_many(args: &Args, from: u64, count: u64, quiet_output: bool) -> Outcome {
                     match run_isolated(&options) {
                         Ok(report) => {
                             if !quiet_output && (args.verbose || count <= 20) {
+                                let poison = if report.policy.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(
+                                        ", {} poison put, {} discarded ({})",
+                                        report.poison_put, report.discarded, report.policy
+                                    )
+                                };
                                 println!(
                                     "seed {seed}: ok, {:.2} fleet-hours, {} records, {} process() \
-                                     calls, {} duplicates, trace {:016x} ({} lines), {:.1?} wall",
+                                     calls, {} duplicates{poison}, trace {:016x} ({} lines), \
+                                     {:.1?} wall",
                                     report.fleet_hours(),
                                     report.produced,
                                     report.process_calls,
@@ -274,6 +283,7 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
     for (kind, n) in &faults {
         println!("  {kind:>20} {n}");
     }
+    poison_summary(reports);
     if let Some(java) = args.java {
         java_summary(reports, java);
     }
@@ -311,6 +321,30 @@ fn summary(outcome: &Outcome, args: &Args, wall: Duration) {
             .unwrap_or_default();
         println!("  {op:>22} {:.2}{read}", *n as f64 / worker_minutes);
     }
+}
+
+/// The seeds with the failure policy: poison records put and what became of them.
+fn poison_summary(reports: &[SimReport]) {
+    let with: Vec<&SimReport> = reports.iter().filter(|r| !r.policy.is_empty()).collect();
+    let sum = |f: fn(&SimReport) -> u64| with.iter().map(|r| f(r)).sum::<u64>();
+    let discarded = sum(|r| r.discarded);
+    let poison = sum(|r| r.poison_discarded);
+    println!(
+        "failure policy: {} seeds of {}; {} poison records put, {} batches refused for one; \
+         {discarded} records discarded ({poison} poison, {} good ones the processor failed or \
+         refused beside a poison record){}, {} envelopes stored, {} destination writes refused",
+        with.len(),
+        reports.len(),
+        sum(|r| r.poison_put),
+        sum(|r| r.poison_refusals),
+        discarded - poison,
+        match sum(|r| r.poison_java) {
+            0 => String::new(),
+            n => format!("; {n} poison records taken by Java workers instead"),
+        },
+        sum(|r| r.envelopes),
+        sum(|r| r.destination_refused),
+    );
 }
 
 /// Runs beside Java workers: their time, and what happened between the two kinds.

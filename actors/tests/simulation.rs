@@ -1,7 +1,8 @@
 //! The fault simulator (`support::sim`) under `cargo test`: a few short seeds of whole
 //! fleets under freezes, partitions that heal, lost and late answers, throttling, 5xx,
-//! expired iterators, splits, merges and misbehaving processors, and the check that a
-//! seed replays exactly. The long run (hundreds of seeds, and the mutation table) is a
+//! expired iterators, splits, merges and misbehaving processors (and, in half the
+//! seeds, poison records and a failure destination that goes down), and the check that
+//! a seed replays exactly. The long run (hundreds of seeds, and the mutation table) is a
 //! release build, which `scripts/test.sh` runs:
 //! `cargo run --release -p flotilla-actors --example simulate -- --seeds 300`, and
 //! beside Java KCL workers with `--java`.
@@ -49,6 +50,31 @@ fn a_seed_replays_exactly() {
         (second.trace_hash, second.trace_lines),
         "seed 7 ran twice with different traces"
     );
+}
+
+/// Seeds with the failure policy (`[failure]`): poison records among the others, which
+/// the processors refuse, and a destination the schedule takes down. Seed 11 names the
+/// poison record (a partial batch failure, no bisection); seed 19 never names it and
+/// bisects. Every poison record ends in the destination, never processed, and every
+/// other record is processed or discarded, in its key's order (checked as it happens).
+#[test]
+fn poison_records_go_to_the_destination_and_the_rest_are_delivered() {
+    for seed in [11, 19] {
+        let report = run_seed(&short(seed)).unwrap_or_else(|failure| panic!("{failure}"));
+        println!(
+            "seed {seed} ({}): {} poison put, {} records discarded, {} envelopes, {} writes \
+             refused, faults {:?}",
+            report.policy,
+            report.poison_put,
+            report.discarded,
+            report.envelopes,
+            report.destination_refused,
+            report.faults
+        );
+        assert!(!report.policy.is_empty(), "seed {seed} has no policy");
+        assert!(report.poison_put > 0, "{report:?}");
+        assert_eq!(report.poison_discarded, report.poison_put, "{report:?}");
+    }
 }
 
 /// Beside Java KCL 2.x workers (`support::sim::java_worker`), flotilla with

@@ -17,8 +17,22 @@
 //! * per key, records are first finished in order;
 //! * after the faults heal and the fleet settles, each lease is held by at most one
 //!   worker, and a row that names a live worker is in that worker's held set;
-//! * at the end the fleet is balanced, every record produced was finished, and every
-//!   worker leaves cleanly.
+//! * at the end the fleet is balanced, every record produced was finished (or, under
+//!   the failure policy, written to the destination), and every worker leaves cleanly.
+//!
+//! Half the seeds ([`PoisonPlan`], drawn from the seed) run the failure policy
+//! (`[failure]`, issue 32): the producer puts a few *poison* records among the others,
+//! which the processors refuse (naming the record or not, as the seed says), and the
+//! workers have `failure.max_retries`, `failure.bisect` and a destination
+//! ([`SimDeadLetters`], one for the fleet) that the schedule takes down for a while
+//! (`destination_down`). The oracles then also hold at every step: no poison record is
+//! ever processed; a record is written to the destination only by a worker whose last
+//! delivery of it failed on it (never one it processed: "never both", but for a replay
+//! by another consumer, and a record after the one a failure named is not discarded),
+//! only while the lease row names the writer, with an envelope that says what happened;
+//! a discarded record takes its place in its key's order (a record of the key after it
+//! first finished before it is a gap); checkpoints may stand at a discarded record;
+//! and at the end every poison record is in the destination.
 //!
 //! With [`SimOptions::java`] (`simulate --java`, `FLOTILLA_SIM_JAVA=1`) the fleet runs
 //! beside Java KCL 2.x workers ([`java_worker`]): the flotilla workers run with
@@ -40,28 +54,32 @@
 //! gives the same trace (`trace_hash`). A failure names the seed, the step, the last
 //! lines of the trace and the command that replays it.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use base64::Engine as _;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use flotilla_actors::backend::LeaseTable;
 use flotilla_actors::backend::faults::{Fault, FaultPlan, Faulty, Freezer};
 use flotilla_actors::backend::memory::{MemoryLeaseTable, MemoryStreams, MemoryStreamsConfig};
+use flotilla_actors::backend::{LeaseTable, StreamAdmin};
 use flotilla_actors::balance;
+use flotilla_actors::failure::{DeadLetters, DestinationError, Envelope};
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, Fence, Lease, LeaseKey, SequenceNumber, ShardId, WorkerId,
 };
-use flotilla_actors::oracle::{OrderCheck, Seen};
+use flotilla_actors::oracle::{KeyedProducer, OrderCheck, Seen, parse_record};
+use flotilla_actors::settings::Destination;
 use flotilla_actors::{
     Backend, Batch, Checkpointer, Processor, ProcessorError, Record, Settings, ShardInfo, Worker,
 };
 
-use super::probe::{Producer, fast_settings};
+use super::probe::fast_settings;
 use super::rig::{APP, Rig, STREAM};
 
 #[path = "java_worker.rs"]
@@ -202,6 +220,33 @@ pub struct SimReport {
     /// stole from it, after the steal landed.
     #[serde(default)]
     pub java_steal_overlap: Duration,
+    /// The failure policy of the seed ([`PoisonPlan`]), described; empty when off.
+    #[serde(default)]
+    pub policy: String,
+    /// Poison records put.
+    #[serde(default)]
+    pub poison_put: u64,
+    /// Distinct records written to the destination, and how many of them were poison
+    /// (the others: good records the processor failed, by injected faults, or beside a
+    /// poison record in a batch refused whole without bisection).
+    #[serde(default)]
+    pub discarded: u64,
+    #[serde(default)]
+    pub poison_discarded: u64,
+    /// Runs beside Java workers: poison records a Java worker processed (the Java
+    /// application has no failure policy: it takes them, and they need no discard).
+    #[serde(default)]
+    pub poison_java: u64,
+    /// Envelopes the destination stored (a record written again after a failed write or
+    /// a replay counts again).
+    #[serde(default)]
+    pub envelopes: u64,
+    /// Writes the destination refused while down.
+    #[serde(default)]
+    pub destination_refused: u64,
+    /// Batches the processors refused for a poison record.
+    #[serde(default)]
+    pub poison_refusals: u64,
 }
 
 impl SimReport {
@@ -336,6 +381,178 @@ struct Chaos {
     panic: u64,
 }
 
+/// What marks a poison record: its data is this, then the producer's `key:number`.
+const POISON: &str = "poison/";
+/// Mixed into the seed for the draws of the failure policy, so that the schedule's own
+/// generator draws as it did before the policy (a seed without poison replays as
+/// before).
+const POISON_SALT: u64 = 0x0D15_CA2D_ED00_0032;
+
+/// The failure policy of a seed with poison records (half the seeds, by the seed).
+#[derive(Debug, Clone, Copy)]
+struct PoisonPlan {
+    /// `failure.max_retries`.
+    max_retries: u32,
+    /// `failure.bisect`.
+    bisect: bool,
+    /// Whether a processor refusing a poison record names it (`at_record`).
+    naming: Naming,
+    /// Per mille of the producer's rounds that carry one poison record.
+    per_mille: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    Always,
+    Never,
+    /// A coin per refusal.
+    Sometimes,
+}
+
+impl PoisonPlan {
+    fn draw(seed: u64) -> Option<Self> {
+        let mut rng = SplitMix::new(seed ^ POISON_SALT);
+        if !rng.chance(500) {
+            return None;
+        }
+        Some(Self {
+            max_retries: rng.below(3) as u32,
+            bisect: rng.chance(500),
+            naming: [Naming::Always, Naming::Never, Naming::Sometimes][rng.index(3)],
+            per_mille: 5 + rng.below(16),
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "max_retries {}, bisect {}, naming {:?}, poison in {}‰ of rounds",
+            self.max_retries, self.bisect, self.naming, self.per_mille
+        )
+    }
+}
+
+/// How a worker's last delivery of a record went (seeds with the failure policy): what
+/// decides whether it may write the record to the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Processed.
+    Done,
+    /// The processor's failure named it.
+    Named,
+    /// The failure named a record before it: it was not tried.
+    After,
+    /// Failed with the call (a failure naming no record, a panic, a hang cut off by the
+    /// processor timeout, a crash); `alone`: the call held only this record.
+    Refused { alone: bool },
+}
+
+/// The producer: per-key sequences (the library's [`KeyedProducer`], as
+/// `probe::Producer`), with a poison record now and then in seeds that have them.
+struct SimProducer {
+    keys: KeyedProducer,
+    produced: BTreeMap<String, u64>,
+    rng: SplitMix,
+    per_mille: u64,
+    /// The poison records put, as (key, number).
+    poison: Vec<(String, u64)>,
+}
+
+impl SimProducer {
+    fn new(seed: u64, plan: Option<PoisonPlan>) -> Self {
+        Self {
+            keys: KeyedProducer::new("key-", 0),
+            produced: BTreeMap::new(),
+            rng: SplitMix::new(seed ^ POISON_SALT ^ 1),
+            per_mille: plan.map_or(0, |p| p.per_mille),
+            poison: Vec::new(),
+        }
+    }
+
+    async fn put_round(&mut self, admin: &dyn StreamAdmin, stream: &str, keys: u32, per_key: u32) {
+        let mut records = self.keys.rounds(keys, u64::from(per_key));
+        if self.per_mille > 0 && !records.is_empty() && self.rng.chance(self.per_mille) {
+            let i = self.rng.index(records.len());
+            let record = &mut records[i];
+            let text = String::from_utf8_lossy(&record.data).into_owned();
+            if let Some((key, number)) = parse_record(text.as_bytes()) {
+                self.poison.push((key.to_owned(), number));
+            }
+            record.data = format!("{POISON}{text}").into();
+        }
+        for chunk in records.chunks(500) {
+            admin.put_records(stream, chunk).await.unwrap();
+            self.keys.confirm(chunk);
+        }
+        self.produced = self.keys.produced();
+    }
+
+    fn total(&self) -> u64 {
+        self.produced.values().sum()
+    }
+}
+
+/// A record's key, number, and whether it is poison.
+fn sim_record(data: &[u8]) -> Option<(String, u64, bool)> {
+    let (data, poison) = match data.strip_prefix(POISON.as_bytes()) {
+        Some(rest) => (rest, true),
+        None => (data, false),
+    };
+    let (key, number) = parse_record(data)?;
+    Some((key.to_owned(), number, poison))
+}
+
+/// The failure destination as one worker writes it: one store for the fleet (the
+/// `Log`), down while the schedule says so (a write then fails, sometimes after storing
+/// a prefix of its envelopes: the destination sees a record at least once). A frozen
+/// worker writes nothing until it thaws; the moment it starts a write, the lease row
+/// must name it, as at a delivery.
+struct SimDeadLetters {
+    me: String,
+    table: MemoryLeaseTable,
+    freezer: Freezer,
+    shared: Shared,
+}
+
+impl DeadLetters for SimDeadLetters {
+    fn write<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<(), DestinationError>> {
+        Box::pin(async move {
+            if let Some(first) = envelopes.first() {
+                let shard = ShardId::new(first.shard.clone());
+                let owner = self
+                    .table
+                    .get(&LeaseKey::from(&shard))
+                    .now_or_never()
+                    .and_then(Result::ok)
+                    .flatten()
+                    .and_then(|l| l.owner);
+                let mut log = self.shared.lock();
+                log.checks += 1;
+                log.owner_names(
+                    &self.me,
+                    &shard,
+                    owner,
+                    ("wrote a discard of", " to the destination"),
+                );
+            }
+            self.freezer.wait_thawed().await;
+            self.shared
+                .lock()
+                .dead_letters(&self.me, envelopes)
+                .map_err(|why| DestinationError {
+                    destination: self.name(),
+                    why,
+                })
+        })
+    }
+
+    fn name(&self) -> String {
+        "sim:dead-letters".into()
+    }
+}
+
 /// One simulated worker and the handles its faults are injected through.
 struct Member {
     id: String,
@@ -380,6 +597,24 @@ struct Log {
     faults: BTreeMap<String, u64>,
     /// The oracles between flotilla and Java workers (`SimOptions::java`).
     java: Option<JavaOracle>,
+    /// The seed's failure policy; `None`: off, no poison.
+    poison: Option<PoisonPlan>,
+    /// Per (worker, shard, record), how the worker's last delivery of it went (seeds
+    /// with the policy).
+    verdicts: HashMap<(String, ShardId, SequenceNumber), Verdict>,
+    /// Records written to the destination, per shard.
+    discarded: HashMap<ShardId, HashSet<SequenceNumber>>,
+    /// Records written to the destination, as (key, number), and the poison records a
+    /// Java worker processed (the Java application has no failure policy: it takes
+    /// them).
+    discarded_records: BTreeSet<(String, u64)>,
+    java_poison: BTreeSet<(String, u64)>,
+    poison_discarded: u64,
+    /// Whether the destination is down now.
+    destination_down: bool,
+    envelopes: u64,
+    destination_refused: u64,
+    poison_refusals: u64,
 }
 
 /// What the oracles between flotilla and Java KCL workers know.
@@ -497,27 +732,171 @@ impl Log {
         for record in records {
             finished.insert(record.sequence_number.clone());
         }
+        if self.poison.is_some() && !is_java(me) {
+            for record in records {
+                let at = (me.to_owned(), shard.clone(), record.sequence_number.clone());
+                self.verdicts.insert(at, Verdict::Done);
+            }
+        }
         for record in records {
-            let Some((key, seq)) = std::str::from_utf8(&record.data)
-                .ok()
-                .and_then(|t| t.rsplit_once(':'))
-                .and_then(|(k, s)| Some((k.to_owned(), s.parse::<u64>().ok()?)))
-            else {
+            let Some((key, seq, poison)) = sim_record(&record.data) else {
                 continue;
             };
-            self.checks += 1;
-            match self.order.observe_number(&key, seq) {
-                Seen::Duplicate => continue,
-                Seen::OutOfOrder => {
-                    let example = self.order.examples().last().cloned().unwrap_or_default();
-                    let what =
-                        format!("{me} on {shard} finished out of its key's order: {example}");
+            if poison {
+                self.checks += 1;
+                if is_java(me) {
+                    self.java_poison.insert((key.clone(), seq));
+                } else {
+                    let what = format!(
+                        "{me} on {shard} processed the poison record {key}:{seq}, which its processor refuses"
+                    );
                     self.violation(what);
                 }
-                Seen::InOrder | Seen::Malformed => {}
             }
-            self.by_key.entry(key).or_default().push(seq);
+            self.observe(me, shard, key, seq, "finished");
         }
+    }
+
+    /// The per-key order oracle: `key:seq` was finished or discarded (`how`) by `me`.
+    fn observe(&mut self, me: &str, shard: &ShardId, key: String, seq: u64, how: &str) {
+        self.checks += 1;
+        match self.order.observe_number(&key, seq) {
+            Seen::Duplicate => return,
+            Seen::OutOfOrder => {
+                let example = self.order.examples().last().cloned().unwrap_or_default();
+                let what = format!("{me} on {shard} {how} out of its key's order: {example}");
+                self.violation(what);
+            }
+            Seen::InOrder | Seen::Malformed => {}
+        }
+        self.by_key.entry(key).or_default().push(seq);
+    }
+
+    /// The delivery oracle of the lease row: `me` did `what` (of) `shard` while the row
+    /// names `owner`; it must name `me`, but for a Java steal's overlap.
+    fn owner_names(
+        &mut self,
+        me: &str,
+        shard: &ShardId,
+        owner: Option<WorkerId>,
+        (what, to): (&str, &str),
+    ) {
+        if owner.as_ref().map(WorkerId::as_str) != Some(me)
+            && !self.steal_excuses(me, shard, owner.as_ref())
+        {
+            let what = format!(
+                "{me} {what} {shard}{to} while the lease row names {}",
+                owner.map_or("nobody".to_owned(), |o| o.to_string())
+            );
+            self.violation(what);
+        }
+    }
+
+    /// What `me`'s processor was just handed: each record failed unless it says
+    /// otherwise before it returns.
+    fn handed(&mut self, me: &str, shard: &ShardId, records: &[Record]) {
+        if self.poison.is_none() {
+            return;
+        }
+        let alone = records.len() == 1;
+        for record in records {
+            let at = (me.to_owned(), shard.clone(), record.sequence_number.clone());
+            self.verdicts.insert(at, Verdict::Refused { alone });
+        }
+    }
+
+    /// A write of `me` to the destination: refused while it is down (after storing a
+    /// prefix, sometimes), else every envelope stored and checked.
+    fn dead_letters(&mut self, me: &str, envelopes: &[Envelope]) -> Result<(), String> {
+        let named: Vec<String> = envelopes
+            .iter()
+            .map(|e| {
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(&e.data)
+                    .unwrap_or_default();
+                String::from_utf8_lossy(&data).into_owned()
+            })
+            .collect();
+        if self.destination_down {
+            self.destination_refused += 1;
+            let rng = self.rng.get_or_insert_with(|| SplitMix::new(0));
+            let stored = if envelopes.len() > 1 && rng.chance(500) {
+                1 + rng.index(envelopes.len() - 1)
+            } else {
+                0
+            };
+            self.trace(format!(
+                "{me}: the destination refuses {} ({stored} stored before it failed)",
+                named.join(" ")
+            ));
+            for envelope in &envelopes[..stored] {
+                self.store(me, envelope);
+            }
+            return Err("sim: the destination is down".into());
+        }
+        self.trace(format!("{me} discards {}", named.join(" ")));
+        for envelope in envelopes {
+            self.store(me, envelope);
+        }
+        Ok(())
+    }
+
+    /// One envelope stored: what it says is checked against what happened.
+    fn store(&mut self, me: &str, envelope: &Envelope) {
+        let Some(plan) = self.poison else {
+            self.violation(format!("{me} discarded a record with no failure policy on"));
+            return;
+        };
+        let shard = ShardId::new(envelope.shard.clone());
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(&envelope.data)
+            .unwrap_or_default();
+        let (Ok(seq), Some((key, number, poison))) = (
+            SequenceNumber::parse(&envelope.sequence_number),
+            sim_record(&data),
+        ) else {
+            self.violation(format!("{me} wrote an unreadable envelope: {envelope:?}"));
+            return;
+        };
+        self.checks += 2;
+        self.envelopes += 1;
+        if envelope.partition_key != key
+            || envelope.reason != "retries"
+            || envelope.attempts <= plan.max_retries
+            || envelope.error.is_none()
+        {
+            let what = format!(
+                "{me} wrote an envelope of {key}:{number} that does not say what happened \
+                 (failure.max_retries {}): {envelope:?}",
+                plan.max_retries
+            );
+            self.violation(what);
+        }
+        let verdict = self
+            .verdicts
+            .get(&(me.to_owned(), shard.clone(), seq.clone()))
+            .copied();
+        let why = match verdict {
+            Some(Verdict::Named | Verdict::Refused { alone: true }) => None,
+            Some(Verdict::Refused { alone: false }) if !plan.bisect => None,
+            Some(Verdict::Refused { alone: false }) => {
+                Some("failed in a call of several records, and failure.bisect is on")
+            }
+            Some(Verdict::Done) => Some("was processed: it is both processed and discarded"),
+            Some(Verdict::After) => Some("was not tried: the failure named an earlier record"),
+            None => Some("never happened"),
+        };
+        if let Some(why) = why {
+            let what = format!(
+                "{me} wrote {key}:{number} of {shard} to the destination, but its last delivery of it {why}"
+            );
+            self.violation(what);
+        }
+        self.discarded.entry(shard.clone()).or_default().insert(seq);
+        if self.discarded_records.insert((key.clone(), number)) && poison {
+            self.poison_discarded += 1;
+        }
+        self.observe(me, &shard, key, number, "discarded");
     }
 
     /// A write that moved a lease's counter (or deleted its row) landed, by `by`
@@ -747,8 +1126,16 @@ impl Shared {
     }
 }
 
-fn settings(id: &str, java: Option<JavaMode>) -> Settings {
+fn settings(id: &str, java: Option<JavaMode>, poison: Option<PoisonPlan>) -> Settings {
     let mut s = fast_settings(STREAM, APP);
+    if let Some(plan) = poison {
+        // The destination the workers write is the simulator's own (given with
+        // `Backend::with_dead_letters`, which the setting's value does not override);
+        // the setting says one is set.
+        s.failure.max_retries = Some(plan.max_retries);
+        s.failure.bisect = plan.bisect;
+        s.failure.destination = Some(Destination::File("sim-dead-letters".into()));
+    }
     s.worker.worker_id = Some(id.to_owned());
     // Beside Java workers, README's "Moving from the Java KCL": the mode on, and the
     // failover time (below) the Java workers' `failoverTimeMillis`.
@@ -835,17 +1222,13 @@ impl SimProcessor {
             short(last.as_deref()),
             batch.records().len()
         ));
-        if owner.as_ref().map(WorkerId::as_str) != Some(self.me.as_str())
-            && !log.steal_excuses(&self.me, &self.shard, owner.as_ref())
-        {
-            let what = format!(
-                "{} handed a batch of {} to its processor while the lease row names {}",
-                self.me,
-                self.shard,
-                owner.map_or("nobody".to_owned(), |o| o.to_string())
-            );
-            log.violation(what);
-        }
+        log.owner_names(
+            &self.me,
+            &self.shard,
+            owner,
+            ("handed a batch of", " to its processor"),
+        );
+        log.handed(&self.me, &self.shard, batch.records());
         let now = Instant::now();
         let others: Vec<(String, u64, Instant)> =
             log.inside.get(&self.shard).cloned().unwrap_or_default();
@@ -932,13 +1315,19 @@ impl Processor for SimProcessor {
         let _inside = self.enter(batch);
         // A frozen worker's processor stops where it is.
         self.freezer.wait_thawed().await;
-        let (slow, fail, panic) = {
+        let (slow, fail, panic, name) = {
             let mut log = self.shared.lock();
             let chaos = log.chaos.get(&self.me).cloned().unwrap_or_default();
+            let naming = log.poison.map(|p| p.naming);
             let rng = log.rng.get_or_insert_with(|| SplitMix::new(0));
             let fail = rng.chance(chaos.fail);
             let panic = !fail && rng.chance(chaos.panic);
-            (chaos.slow, fail, panic)
+            let name = match naming {
+                Some(Naming::Always) => true,
+                Some(Naming::Sometimes) => rng.chance(500),
+                Some(Naming::Never) | None => false,
+            };
+            (chaos.slow, fail, panic, name)
         };
         tokio::time::sleep(DWELL + slow.unwrap_or_default()).await;
         // A hanging processor never returns (so never acks) until the hang is healed.
@@ -951,6 +1340,35 @@ impl Processor for SimProcessor {
         if panic {
             self.shared.lock().fault("processor_panic");
             panic!("{INJECTED_PANIC} on {}", self.shard);
+        }
+        // A poison record is refused: naming it, the records before it are processed
+        // (a partial batch failure); otherwise nothing of the batch is.
+        let records = batch.records();
+        if let Some(at) = records
+            .iter()
+            .position(|r| r.data.starts_with(POISON.as_bytes()))
+        {
+            let mut log = self.shared.lock();
+            log.poison_refusals += 1;
+            let error = ProcessorError::msg("sim: a poison record");
+            if !name {
+                return Err(error);
+            }
+            log.finish(&self.me, &self.shard, &records[..at]);
+            for (i, record) in records.iter().enumerate().skip(at) {
+                let verdict = if i == at {
+                    Verdict::Named
+                } else {
+                    Verdict::After
+                };
+                let key = (
+                    self.me.clone(),
+                    self.shard.clone(),
+                    record.sequence_number.clone(),
+                );
+                log.verdicts.insert(key, verdict);
+            }
+            return Err(error.at_record(&records[at]));
         }
         self.finish(batch);
         Ok(())
@@ -986,6 +1404,8 @@ enum Step {
     FailingProcessor,
     PanickingProcessor,
     HangingProcessor,
+    /// The failure destination refuses writes for a while (seeds with the policy).
+    DestinationDown,
     // Java workers (`SimOptions::java` only).
     JavaJoin,
     JavaStop,
@@ -1039,7 +1459,7 @@ struct Sim {
     rng: SplitMix,
     rig: Rig,
     shared: Shared,
-    producer: Producer,
+    producer: SimProducer,
     live: Vec<Member>,
     joined: usize,
     /// The table's checkpoints at the last check.
@@ -1054,6 +1474,10 @@ struct Sim {
     java: Vec<JavaWorker>,
     java_joined: usize,
     java_time: Duration,
+    /// The seed's failure policy (`None`: off, no poison), and when the destination,
+    /// if down, comes back.
+    poison: Option<PoisonPlan>,
+    destination_down: Option<Instant>,
 }
 
 /// The keys of the leases that can be processed now, by the balancer's own rule
@@ -1085,8 +1509,10 @@ impl Sim {
             ..MemoryStreamsConfig::default()
         };
         let shared = Shared::default();
+        let poison = PoisonPlan::draw(options.seed);
         {
             let mut log = shared.lock();
+            log.poison = poison;
             log.start = Some(start);
             log.verbose = options.verbose;
             log.rng = Some(SplitMix::new(options.seed ^ 0x005E_ED0F_C4A0_5000));
@@ -1095,7 +1521,7 @@ impl Sim {
             rng: SplitMix::new(options.seed),
             rig: Rig::new(SHARDS, config).await,
             shared,
-            producer: Producer::default(),
+            producer: SimProducer::new(options.seed, poison),
             live: Vec::new(),
             joined: 0,
             checkpoints: HashMap::new(),
@@ -1103,14 +1529,16 @@ impl Sim {
             worker_time: Duration::ZERO,
             last_tick: start,
             tables: Vec::new(),
-            fresh_for: settings("w", None).lease.fence_time(),
+            fresh_for: settings("w", None, None).lease.fence_time(),
             java: Vec::new(),
             java_joined: 0,
             java_time: Duration::ZERO,
+            poison,
+            destination_down: None,
             options,
         };
         if sim.options.java.is_some() {
-            let lease = settings("w", sim.options.java).lease;
+            let lease = settings("w", sim.options.java, None).lease;
             sim.shared.lock().java = Some(JavaOracle {
                 failover: lease.failover_time,
                 renew_every: lease.failover_time / 3,
@@ -1167,6 +1595,18 @@ impl Sim {
                     .java
                     .as_ref()
                     .map_or(Duration::ZERO, |j| j.steal_overlap),
+                policy: sim.poison.map(|p| p.describe()).unwrap_or_default(),
+                poison_put: sim.producer.poison.len() as u64,
+                discarded: log.discarded_records.len() as u64,
+                poison_discarded: log.poison_discarded,
+                poison_java: log
+                    .java_poison
+                    .iter()
+                    .filter(|r| !log.discarded_records.contains(*r))
+                    .count() as u64,
+                envelopes: log.envelopes,
+                destination_refused: log.destination_refused,
+                poison_refusals: log.poison_refusals,
             }),
             Err(what) => Err(SimFailure {
                 seed: sim.options.seed,
@@ -1252,6 +1692,9 @@ impl Sim {
                 _ => java_healthy > 0,
             }));
         }
+        if self.poison.is_some() && self.destination_down.is_none() {
+            allowed.push(Step::DestinationDown);
+        }
         allowed[self.rng.below(allowed.len() as u64) as usize]
     }
 
@@ -1290,7 +1733,7 @@ impl Sim {
         .frozen_by(&freezer);
         let stream =
             Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
-        let failover = settings("w", self.options.java).lease.failover_time;
+        let failover = settings("w", self.options.java, None).lease.failover_time;
         let java = JavaWorker::start(
             id.clone(),
             table,
@@ -1351,7 +1794,7 @@ impl Sim {
         self.tables.push(table.clone());
         let stream =
             Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
-        let backend = Backend::new(
+        let mut backend = Backend::new(
             Arc::new(stream.clone()),
             {
                 let table = table.clone();
@@ -1359,6 +1802,14 @@ impl Sim {
             },
             Arc::new(self.rig.metrics.clone()),
         );
+        if self.poison.is_some() {
+            backend = backend.with_dead_letters(Arc::new(SimDeadLetters {
+                me: id.clone(),
+                table: self.rig.dynamo.lease_table(APP),
+                freezer: freezer.clone(),
+                shared: self.shared.clone(),
+            }));
+        }
         let factory = {
             let (me, direct, freezer, hang, shared, fresh_for) = (
                 id.clone(),
@@ -1379,7 +1830,7 @@ impl Sim {
             }
         };
         let worker = match Worker::builder()
-            .settings(settings(&id, self.options.java))
+            .settings(settings(&id, self.options.java, self.poison))
             .backend(backend)
             .processor(factory)
             .start()
@@ -1701,6 +2152,13 @@ impl Sim {
                 self.fault("hanging_processor");
                 format!("{id}: processors never return (never ack) for {length:?}")
             }
+            Step::DestinationDown => {
+                let length = self.rng.between(failover / 2, failover * 9);
+                self.destination_down = Some(Instant::now() + length);
+                self.shared.lock().destination_down = true;
+                self.fault("destination_down");
+                format!("the failure destination is down for {length:?}")
+            }
             Step::JavaJoin => {
                 self.java_join().await;
                 self.fault("java_join");
@@ -1824,6 +2282,16 @@ impl Sim {
         for id in healed {
             self.trace(format!("{id} healed"));
         }
+        if self.destination_down.is_some_and(|until| until <= now) {
+            self.destination_up();
+        }
+    }
+
+    fn destination_up(&mut self) {
+        if self.destination_down.take().is_some() {
+            self.shared.lock().destination_down = false;
+            self.trace("the failure destination is up again".into());
+        }
     }
 
     fn heal_java(java: &mut JavaWorker, shared: &Shared) {
@@ -1864,6 +2332,7 @@ impl Sim {
         for java in &mut self.java {
             Self::heal_java(java, &self.shared);
         }
+        self.destination_up();
         self.trace("every fault healed".into());
     }
 
@@ -1893,6 +2362,7 @@ impl Sim {
                         .iter()
                         .filter_map(|j| j.fault.as_ref().map(|(_, until)| *until)),
                 )
+                .chain(self.destination_down)
                 .min();
             let until = heal.map_or(next, |h| h.min(next)).max(Instant::now());
             tokio::time::sleep_until(until).await;
@@ -1944,10 +2414,15 @@ impl Sim {
             if let Checkpoint::At(at) = &lease.checkpoint {
                 log.checks += 1;
                 let shard = lease.key.shard_id();
+                // A checkpoint may stand at a record written to the destination.
                 let done = log
                     .finished
                     .get(&shard)
-                    .is_some_and(|f| f.contains(&at.sequence));
+                    .is_some_and(|f| f.contains(&at.sequence))
+                    || log
+                        .discarded
+                        .get(&shard)
+                        .is_some_and(|d| d.contains(&at.sequence));
                 if !done {
                     return Err(format!(
                         "{} is checkpointed at {at}, which no processor finished",
@@ -2081,7 +2556,7 @@ impl Sim {
         floor: usize,
         ceil: usize,
     ) -> Result<bool, String> {
-        let lease = settings("w", self.options.java).lease;
+        let lease = settings("w", self.options.java, None).lease;
         let limits = balance::Limits::from_settings(&lease);
         let slack = match limits.policy {
             balance::Policy::Count => return Ok(false),
@@ -2170,6 +2645,24 @@ impl Sim {
             tokio::time::sleep(Duration::from_secs(1)).await;
             self.account();
             self.violations()?;
+        }
+        {
+            // Every poison record is in the destination (or, beside Java workers, was
+            // taken by a Java worker's application, which has no failure policy).
+            let log = self.shared.lock();
+            let missing: Vec<String> = self
+                .producer
+                .poison
+                .iter()
+                .filter(|r| !log.discarded_records.contains(*r) && !log.java_poison.contains(*r))
+                .map(|(key, n)| format!("{key}:{n}"))
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "poison records never written to the destination: {}",
+                    missing.join(", ")
+                ));
+            }
         }
         self.check().await?;
         while let Some(member) = self.live.pop() {
