@@ -470,6 +470,23 @@ impl Host for PolicyHost<'_> {
             self.checkpointer.ack_all(tokens);
         }
     }
+
+    fn pause(&self, delay: Duration) -> BoxFuture<'_, ()> {
+        /// How often a pause looks whether the shard stops.
+        const LOOK: Duration = Duration::from_millis(100);
+        let (revoked, stopping) = (self.revoked, self.stopping);
+        Box::pin(async move {
+            let end = tokio::time::Instant::now() + delay;
+            loop {
+                let now = tokio::time::Instant::now();
+                if now >= end || revoked.load(Ordering::Acquire) || stopping.load(Ordering::Acquire)
+                {
+                    return;
+                }
+                tokio::time::sleep((end - now).min(LOOK)).await;
+            }
+        })
+    }
 }
 
 /// Whether the host may hand a batch to its processor now: waits while the worker is

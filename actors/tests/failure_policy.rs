@@ -599,3 +599,41 @@ async fn a_call_past_the_processor_timeout_counts_as_a_failure() {
     );
     worker.shutdown().await.unwrap();
 }
+
+/// A shutdown while a batch waits out a retry's backoff (longer than the shutdown's
+/// time) is clean: the wait is cut short, the batch is left un-acked for the next owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_cuts_a_retry_backoff_short() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    put(&rig, 10, &[4]).await;
+    let (log, dl) = (Log::default(), Recording::default());
+    let mut s = settings(Some(5), false, false);
+    s.supervision.restart_backoff_min = Duration::from_secs(60);
+    s.supervision.restart_backoff_max = Duration::from_secs(60);
+    s.supervision.shutdown_timeout = Duration::from_secs(5);
+    let log2 = log.clone();
+    let worker = Worker::builder()
+        .settings(s)
+        .backend(rig.backend())
+        .processor(move |_| Refusing {
+            log: log2.clone(),
+            partial: false,
+        })
+        .start()
+        .await
+        .unwrap();
+    until("the first refusal", || {
+        log.calls.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    assert_eq!(
+        log.calls.load(Ordering::SeqCst),
+        1,
+        "no retry after the shutdown"
+    );
+    assert!(log.processed.lock().unwrap().is_empty());
+    assert!(dl.written.lock().unwrap().is_empty());
+}

@@ -66,6 +66,9 @@ pub(crate) trait Host: Send {
     /// where the processor acks each record itself; nothing in the other modes, where
     /// the host acks the whole batch once it is done.
     fn ack_records(&self, tokens: Vec<AckToken>);
+    /// Waits `delay` before a retry, cut short when the shard stops (a shutdown, a lost
+    /// lease): a retry's backoff may be longer than the shutdown's time.
+    fn pause(&self, delay: Duration) -> BoxFuture<'_, ()>;
 }
 
 impl Failures {
@@ -133,7 +136,7 @@ impl Failures {
                         });
                     }
                     if retry > 0 {
-                        tokio::time::sleep(self.backoff(retry)).await;
+                        host.pause(self.backoff(retry)).await;
                     }
                     if !host.may_deliver().await {
                         return Ran::Abandoned;
@@ -212,7 +215,7 @@ impl Failures {
                                     ),
                                     destination_failed: true,
                                 });
-                                tokio::time::sleep(self.backoff(failures)).await;
+                                host.pause(self.backoff(failures)).await;
                                 if !host.may_deliver().await {
                                     return Ran::Abandoned;
                                 }
