@@ -155,18 +155,35 @@ async fn put(rig: &Rig, n: usize, bad: &[usize]) -> Vec<(String, String)> {
     sent
 }
 
-async fn start(rig: &Rig, settings: Settings, log: &Log, partial: bool, dl: &Recording) -> Worker {
+/// A worker with the processors `make` builds (each given the test's log), and the
+/// recording destination `dl` if any.
+async fn launch<P: Processor>(
+    rig: &Rig,
+    settings: Settings,
+    dl: Option<&Recording>,
+    log: &Log,
+    make: impl Fn(Log) -> P + Send + Sync + 'static,
+) -> Worker {
+    let mut backend = rig.backend();
+    if let Some(dl) = dl {
+        backend = backend.with_dead_letters(Arc::new(dl.clone()));
+    }
     let log = log.clone();
     Worker::builder()
         .settings(settings)
-        .backend(rig.backend().with_dead_letters(Arc::new(dl.clone())))
-        .processor(move |_| Refusing {
-            log: log.clone(),
-            partial,
-        })
+        .backend(backend)
+        .processor(move |_| make(log.clone()))
         .start()
         .await
         .unwrap()
+}
+
+async fn start(rig: &Rig, settings: Settings, log: &Log, partial: bool, dl: &Recording) -> Worker {
+    launch(rig, settings, Some(dl), log, move |log| Refusing {
+        log,
+        partial,
+    })
+    .await
 }
 
 /// Waits until `done` holds, for up to 20 s.
@@ -294,17 +311,11 @@ async fn without_a_destination_nothing_is_discarded_and_the_shard_says_why_it_wa
     let (log, dl) = (Log::default(), Recording::default());
     let mut s = settings(Some(0), true, false);
     s.supervision.restart_backoff_max = Duration::from_millis(100);
-    let log2 = log.clone();
-    let worker = Worker::builder()
-        .settings(s)
-        .backend(rig.backend())
-        .processor(move |_| Refusing {
-            log: log2.clone(),
-            partial: false,
-        })
-        .start()
-        .await
-        .unwrap();
+    let worker = launch(&rig, s, None, &log, move |log| Refusing {
+        log,
+        partial: false,
+    })
+    .await;
     let status = shard_until(&worker, "a stall", |s| s.state == ShardState::Stalled).await;
     let why = status.shards[0].stall.clone().unwrap();
     assert!(why.contains("failure.destination is not set"), "{why}");
@@ -401,19 +412,13 @@ async fn in_watermark_mode_the_checkpoint_moves_past_a_discarded_record() {
     let (log, dl) = (Log::default(), Recording::default());
     let mut s = settings(Some(0), true, true);
     s.checkpoint.mode = CheckpointMode::Watermark;
-    let log2 = log.clone();
-    let worker = Worker::builder()
-        .settings(s)
-        .backend(rig.backend().with_dead_letters(Arc::new(dl.clone())))
-        .processor(move |_| {
-            Acking(Refusing {
-                log: log2.clone(),
-                partial: false,
-            })
+    let worker = launch(&rig, s, Some(&dl), &log, move |log| {
+        Acking(Refusing {
+            log,
+            partial: false,
         })
-        .start()
-        .await
-        .unwrap();
+    })
+    .await;
     until("40 records accounted for", || {
         log.processed.lock().unwrap().len() + dl.written.lock().unwrap().len() == 40
     })
@@ -568,19 +573,13 @@ async fn a_call_past_the_processor_timeout_counts_as_a_failure() {
     let (log, dl) = (Log::default(), Recording::default());
     let mut s = settings(Some(0), true, true);
     s.reader.processor_timeout = Duration::from_millis(300);
-    let log2 = log.clone();
-    let worker = Worker::builder()
-        .settings(s)
-        .backend(rig.backend().with_dead_letters(Arc::new(dl.clone())))
-        .processor(move |_| {
-            Hanging(Refusing {
-                log: log2.clone(),
-                partial: false,
-            })
+    let worker = launch(&rig, s, Some(&dl), &log, move |log| {
+        Hanging(Refusing {
+            log,
+            partial: false,
         })
-        .start()
-        .await
-        .unwrap();
+    })
+    .await;
     until("16 records accounted for", || {
         log.processed.lock().unwrap().len() + dl.written.lock().unwrap().len() == 16
     })
@@ -611,17 +610,11 @@ async fn a_shutdown_cuts_a_retry_backoff_short() {
     s.supervision.restart_backoff_min = Duration::from_secs(60);
     s.supervision.restart_backoff_max = Duration::from_secs(60);
     s.supervision.shutdown_timeout = Duration::from_secs(5);
-    let log2 = log.clone();
-    let worker = Worker::builder()
-        .settings(s)
-        .backend(rig.backend())
-        .processor(move |_| Refusing {
-            log: log2.clone(),
-            partial: false,
-        })
-        .start()
-        .await
-        .unwrap();
+    let worker = launch(&rig, s, None, &log, move |log| Refusing {
+        log,
+        partial: false,
+    })
+    .await;
     until("the first refusal", || {
         log.calls.load(Ordering::SeqCst) >= 1
     })
