@@ -677,6 +677,24 @@ async fn status_server() -> String {
             peak_bytes: 6_300,
         },
     };
+    let held = FleetLease {
+        lease_key: "shardId-000000000000".into(),
+        shard_id: "shardId-000000000000".into(),
+        stream: None,
+        owner: Some("w-1".into()),
+        state: FleetLeaseState::Held,
+        reason: None,
+        checkpoint: Some(SEQ.into()),
+        counter: Some(3),
+        handoff_to: None,
+        parents: vec![],
+        children: vec![],
+        millis_behind_latest: Some(1200),
+        subscribed_ms: None,
+        rate: None,
+        records_discarded: None,
+        last_failure: None,
+    };
     let fleet = FleetView {
         application: "orders-audit".into(),
         stream: "orders".into(),
@@ -707,46 +725,19 @@ async fn status_server() -> String {
             },
         ],
         leases: vec![
-            FleetLease {
-                lease_key: "shardId-000000000000".into(),
-                shard_id: "shardId-000000000000".into(),
-                stream: None,
-                owner: Some("w-1".into()),
-                state: FleetLeaseState::Held,
-                reason: None,
-                checkpoint: Some(SEQ.into()),
-                counter: Some(3),
-                handoff_to: None,
-                parents: vec![],
-                children: vec![],
-                millis_behind_latest: Some(1200),
-                subscribed_ms: None,
-                rate: None,
-                records_discarded: None,
-                last_failure: None,
-            },
+            held.clone(),
             // The observer's own lease whose reader discarded records (`/fleet` lays
             // its shards' `records_discarded` and `last_failure` over the table's).
             FleetLease {
                 lease_key: "shardId-000000000003".into(),
                 shard_id: "shardId-000000000003".into(),
-                stream: None,
-                owner: Some("w-1".into()),
-                state: FleetLeaseState::Held,
-                reason: None,
-                checkpoint: Some(SEQ.into()),
-                counter: Some(3),
-                handoff_to: None,
-                parents: vec![],
-                children: vec![],
-                millis_behind_latest: Some(1200),
                 subscribed_ms: Some(62_000),
-                rate: None,
                 records_discarded: Some(2),
                 last_failure: Some(
                     "record 49590338271490256608559692538361571095921575989136588898/0: cannot parse"
                         .into(),
                 ),
+                ..held.clone()
             },
             FleetLease {
                 lease_key: "shardId-000000000002".into(),

@@ -49,11 +49,7 @@ const SHARDS: u32 = 4;
 const RECORDS: u64 = 100_000;
 
 fn runs() -> usize {
-    std::env::var("FLOTILLA_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3usize)
-        .max(1)
+    stats::runs(3)
 }
 
 fn settings(stream: &str, application: &str, mode: ReadMode) -> Settings {

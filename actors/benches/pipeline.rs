@@ -36,21 +36,14 @@ use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, ShardInfo,
     Worker,
 };
-use stats::{median, percentile, sorted};
+use stats::{env_usize, median, percentile, sorted};
 
 const STREAM: &str = "bench";
 const APP: &str = "bench-app";
 const RECORD_BYTES: usize = 100;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn runs() -> usize {
-    env_usize("FLOTILLA_BENCH_RUNS", 5).max(1)
+    stats::runs(5)
 }
 
 // ---------------------------------------------------------------------------------------

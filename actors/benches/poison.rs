@@ -55,7 +55,7 @@ use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, ShardInfo,
     Worker,
 };
-use stats::median;
+use stats::{env_usize, median};
 
 const STREAM: &str = "poison";
 const APP: &str = "poison-app";
@@ -63,15 +63,8 @@ const RECORDS: usize = 10_000;
 const RECORD_BYTES: usize = 100;
 const POISON: &[u8] = b"poison";
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn runs() -> usize {
-    env_usize("FLOTILLA_BENCH_RUNS", 5).max(1)
+    stats::runs(5)
 }
 
 fn positions() -> Vec<usize> {

@@ -347,7 +347,7 @@ async fn flotilla_drain(
 async fn drain() {
     let env = Env::new();
     let records: u64 = env_or("FLOTILLA_BENCH_RECORDS", 20_000);
-    let runs: usize = env_or("FLOTILLA_BENCH_RUNS", 7usize).max(1);
+    let runs = stats::runs(7);
     let table = servers::unique_name("p12-drain");
     let loading = Instant::now();
     let arn = load(&env, &table, records).await;

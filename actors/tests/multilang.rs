@@ -99,8 +99,19 @@ async fn wait_for(out: &Path, distinct: u64, limit: Duration) {
 }
 
 async fn start(rig: &Rig, command: Arc<ChildCommand>) -> Worker {
+    start_with(rig, command, |_| {}).await
+}
+
+/// A worker of MultiLang processors (manual mode, as `flotilla multilang` runs them),
+/// with `edit`'s changes to the tests' settings.
+async fn start_with(
+    rig: &Rig,
+    command: Arc<ChildCommand>,
+    edit: impl FnOnce(&mut flotilla_actors::Settings),
+) -> Worker {
     let mut settings = fast_settings(STREAM, APP);
     settings.checkpoint.mode = CheckpointMode::Manual;
+    edit(&mut settings);
     Worker::builder()
         .settings(settings)
         .backend(rig.backend())
@@ -291,16 +302,7 @@ async fn an_idle_shard_is_still_called_when_asked_as_the_kcl_asks() {
     producer.put_round(&rig.streams, STREAM, 2, 5).await;
     let out = scratch("empty");
     let command = scripted("empty", &out, None);
-    let mut settings = fast_settings(STREAM, APP);
-    settings.checkpoint.mode = CheckpointMode::Manual;
-    settings.reader.call_on_empty = true;
-    let worker = Worker::builder()
-        .settings(settings)
-        .backend(rig.backend())
-        .processor(move |_| MultiLangProcessor::new(command.clone()))
-        .start()
-        .await
-        .unwrap();
+    let worker = start_with(&rig, command, |s| s.reader.call_on_empty = true).await;
     wait_line(&out, "processRecords 0", 3, Duration::from_secs(30)).await;
     let report = worker.shutdown().await.unwrap();
     assert!(report.clean(), "{report:#?}");
@@ -443,21 +445,15 @@ async fn a_child_that_raises_on_a_poison_record_has_it_bisected_out_and_discarde
     rig.streams.put_records(STREAM, &records).await.unwrap();
     let out = scratch("poison");
     let dead = scratch("poison-dead-letters");
-    let mut settings = fast_settings(STREAM, APP);
-    settings.checkpoint.mode = CheckpointMode::Manual;
-    settings.failure.max_retries = Some(1);
-    settings.failure.bisect = true;
-    settings.failure.destination = Some(Destination::File(dead.clone()));
-    settings.supervision.restart_backoff_min = Duration::from_millis(5);
-    settings.supervision.restart_backoff_max = Duration::from_millis(20);
     let command = scripted("poison", &out, None);
-    let worker = Worker::builder()
-        .settings(settings)
-        .backend(rig.backend())
-        .processor(move |_| MultiLangProcessor::new(command.clone()))
-        .start()
-        .await
-        .unwrap();
+    let worker = start_with(&rig, command, |s| {
+        s.failure.max_retries = Some(1);
+        s.failure.bisect = true;
+        s.failure.destination = Some(Destination::File(dead.clone()));
+        s.supervision.restart_backoff_min = Duration::from_millis(5);
+        s.supervision.restart_backoff_max = Duration::from_millis(20);
+    })
+    .await;
     wait_line(&out, "processed ", 23, Duration::from_secs(60)).await;
     let processed: Vec<String> = lines(&out)
         .into_iter()

@@ -11,6 +11,22 @@ pub fn wanted(name: &str) -> bool {
     args.is_empty() || args.iter().any(|a| a == name)
 }
 
+/// A count from the environment (`FLOTILLA_BENCH_*`), else `default`. (Not every bench
+/// that includes this file reads one.)
+#[allow(dead_code)]
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs per measurement: `FLOTILLA_BENCH_RUNS`, else the bench's `default`; at least one.
+#[allow(dead_code)]
+pub fn runs(default: usize) -> usize {
+    env_usize("FLOTILLA_BENCH_RUNS", default).max(1)
+}
+
 /// The benchmarks' one definition of their figures. Every sample is kept (at most some
 /// 10^5 a run) and sorted once, so percentiles are exact; a recording histogram
 /// (hdrhistogram) would trade that for bounded memory, which a bench of minutes does not

@@ -104,10 +104,13 @@ impl Failures {
     pub(crate) async fn run(&self, batch: &Batch, host: &mut dyn Host) -> Ran {
         let records = batch.records();
         let mut plan = Plan::new(records.len(), self.policy);
-        // How many times each record was handed over, for its envelope.
-        let mut handed = vec![0u32; records.len()];
+        // How many failed deliveries each record was in: every delivery of a record that
+        // ends discarded failed, so this is how many times it was handed over. Made at
+        // the first failure: a batch that goes through allocates nothing for it.
+        let mut failed_in: Vec<u32> = Vec::new();
         let mut last_error: Option<String> = None;
         let mut waiting = false;
+        let mut backoff = Backoff::new(self.backoff_min, self.backoff_max);
         loop {
             let now = SystemTime::now();
             let too_old = |i: usize| too_old(&records[i], self.policy.max_record_age, now);
@@ -135,54 +138,48 @@ impl Failures {
                             destination_failed: false,
                         });
                     }
+                    // The `retry`th wait of the doubling backoff: one draw per retry
+                    // of the same range, from the start again for a range that has
+                    // not failed as often.
+                    if backoff.attempts() >= retry {
+                        backoff.reset();
+                    }
+                    let mut wait = Duration::ZERO;
+                    while backoff.attempts() < retry {
+                        wait = backoff.next_random();
+                    }
                     if retry > 0 {
-                        host.pause(self.backoff(retry)).await;
+                        host.pause(wait).await;
                     }
                     if !host.may_deliver().await {
                         return Ran::Abandoned;
                     }
-                    for count in &mut handed[range.clone()] {
+                    let Err(error) = self.call(host, &batch.part(range.clone())).await else {
+                        plan.delivered(Outcome::Processed);
+                        continue;
+                    };
+                    let at = named(records, range.clone(), &error);
+                    if failed_in.is_empty() {
+                        failed_in = vec![0; records.len()];
+                    }
+                    for count in &mut failed_in[range.clone()] {
                         *count += 1;
                     }
-                    let part = batch.part(range.clone());
-                    let result =
-                        match tokio::time::timeout(self.call_timeout, host.process(&part)).await {
-                            Ok(result) => result,
-                            Err(_) => Err(ProcessorError::msg(format!(
-                                "the processor did not finish within reader.processor_timeout ({})",
-                                humantime::format_duration(self.call_timeout)
-                            ))),
-                        };
-                    match result {
-                        Ok(()) => plan.delivered(Outcome::Processed),
-                        Err(error) => {
-                            let at = error.record().and_then(|at| {
-                                range.clone().find(|&i| {
-                                    let r = &records[i];
-                                    r.sequence_number == at.sequence
-                                        && r.sub_sequence_number == at.sub_sequence
-                                })
-                            });
-                            let error = error.to_string();
-                            host.tell(FailureNews::Failed {
-                                first: id(&records[at.unwrap_or(range.start)]),
-                                records: range.len(),
-                                retry,
-                                error: error.clone(),
-                            });
-                            last_error = Some(error);
-                            plan.delivered(Outcome::Failed { at });
-                        }
-                    }
+                    let error = error.to_string();
+                    host.tell(FailureNews::Failed {
+                        first: id(&records[at.unwrap_or(range.start)]),
+                        records: range.len(),
+                        retry,
+                        error: error.clone(),
+                    });
+                    last_error = Some(error);
+                    plan.delivered(Outcome::Failed { at });
                 }
                 Step::Discard {
                     range,
                     reason,
                     attempts,
                 } => {
-                    if !host.may_deliver().await {
-                        return Ran::Abandoned;
-                    }
                     let Some(dead_letters) = &self.dead_letters else {
                         // The plan discards only with a destination.
                         return Ran::Abandoned;
@@ -191,44 +188,22 @@ impl Failures {
                         Reason::Retries => last_error.clone(),
                         Reason::Age => None,
                     };
-                    let part = &records[range.clone()];
-                    let envelopes: Vec<Envelope> = part
-                        .iter()
-                        .zip(&handed[range.clone()])
-                        .map(|(record, &handed)| {
-                            self.envelope(batch, record, reason, handed, &error)
+                    let envelopes: Vec<Envelope> = range
+                        .clone()
+                        .map(|i| {
+                            let handed = failed_in.get(i).copied().unwrap_or(0);
+                            self.envelope(batch, &records[i], reason, handed, &error)
                         })
                         .collect();
-                    let mut failures = 0;
-                    loop {
-                        match dead_letters.write(&envelopes).await {
-                            Ok(()) => break,
-                            Err(failed) => {
-                                failures += 1;
-                                waiting = true;
-                                host.tell(FailureNews::Waiting {
-                                    why: format!(
-                                        "the failure destination cannot be written, so {} \
-                                         record(s) from {} are not discarded: {failed}",
-                                        part.len(),
-                                        id(&part[0]),
-                                    ),
-                                    destination_failed: true,
-                                });
-                                host.pause(self.backoff(failures)).await;
-                                if !host.may_deliver().await {
-                                    return Ran::Abandoned;
-                                }
-                            }
-                        }
-                    }
-                    if waiting {
-                        waiting = false;
-                        host.tell(FailureNews::Resumed);
+                    if !self
+                        .write(dead_letters.as_ref(), &envelopes, host, &mut waiting)
+                        .await
+                    {
+                        return Ran::Abandoned;
                     }
                     host.ack_records(range.clone().map(|i| batch.ack_token(i)).collect());
                     host.tell(FailureNews::Discarded(Discard {
-                        records: part.iter().map(described).collect(),
+                        records: records[range.clone()].iter().map(described).collect(),
                         reason,
                         destination: dead_letters.name(),
                         attempts,
@@ -240,15 +215,56 @@ impl Failures {
         }
     }
 
-    /// The wait before the `n`th retry: doubling from the restart backoff's floor to
-    /// its cap, with jitter (so a fleet's retries of a shared dependency spread out).
-    fn backoff(&self, n: u32) -> Duration {
-        let mut backoff = Backoff::new(self.backoff_min, self.backoff_max);
-        let mut delay = Duration::ZERO;
-        for _ in 0..n.min(32) {
-            delay = backoff.next_random();
+    /// One processor call on `part`; a call past `reader.processor_timeout` is abandoned
+    /// and counts as failed.
+    async fn call(&self, host: &mut dyn Host, part: &Batch) -> Result<(), ProcessorError> {
+        match tokio::time::timeout(self.call_timeout, host.process(part)).await {
+            Ok(result) => result,
+            Err(_) => Err(ProcessorError::msg(format!(
+                "the processor did not finish within reader.processor_timeout ({})",
+                humantime::format_duration(self.call_timeout)
+            ))),
         }
-        delay
+    }
+
+    /// Writes `envelopes` to the destination, as many times as it takes, saying why the
+    /// batch waits meanwhile (`waiting`; `Resumed` once written). `false` when the shard
+    /// stopped first: nothing may be discarded then.
+    async fn write(
+        &self,
+        dead_letters: &dyn DeadLetters,
+        envelopes: &[Envelope],
+        host: &mut dyn Host,
+        waiting: &mut bool,
+    ) -> bool {
+        let mut backoff = Backoff::new(self.backoff_min, self.backoff_max);
+        loop {
+            if !host.may_deliver().await {
+                return false;
+            }
+            match dead_letters.write(envelopes).await {
+                Ok(()) => break,
+                Err(failed) => {
+                    *waiting = true;
+                    let first = envelopes.first().map_or(String::new(), |e| {
+                        format!("{}/{}", e.sequence_number, e.sub_sequence_number)
+                    });
+                    host.tell(FailureNews::Waiting {
+                        why: format!(
+                            "the failure destination cannot be written, so {} record(s) \
+                             from {first} are not discarded: {failed}",
+                            envelopes.len(),
+                        ),
+                        destination_failed: true,
+                    });
+                    host.pause(backoff.next_random()).await;
+                }
+            }
+        }
+        if std::mem::take(waiting) {
+            host.tell(FailureNews::Resumed);
+        }
+        true
     }
 
     fn envelope(
@@ -289,6 +305,19 @@ fn millis(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// The index, within `range`, of the record `error` names, if it names one there.
+fn named(
+    records: &[Record],
+    range: std::ops::Range<usize>,
+    error: &ProcessorError,
+) -> Option<usize> {
+    let at = error.record()?;
+    range.into_iter().find(|&i| {
+        let r = &records[i];
+        r.sequence_number == at.sequence && r.sub_sequence_number == at.sub_sequence
+    })
 }
 
 /// A record as `sequence/sub`.

@@ -351,6 +351,62 @@ mod tests {
         }
     }
 
+    /// A held shard stalled on its owner shows stalled in the owner's fleet view, with
+    /// its reason; a shard of the same id of another stream, or one another worker
+    /// owns, does not.
+    #[test]
+    fn the_owners_stalled_shards_show_stalled_in_its_fleet_view() {
+        let mut view = FleetView {
+            leases: vec![
+                lease(
+                    "shardId-000000000000",
+                    "orders",
+                    "w-1",
+                    FleetLeaseState::Held,
+                ),
+                lease(
+                    "shardId-000000000000",
+                    "audit",
+                    "w-1",
+                    FleetLeaseState::Held,
+                ),
+                lease(
+                    "shardId-000000000001",
+                    "orders",
+                    "w-2",
+                    FleetLeaseState::Held,
+                ),
+            ],
+            ..FleetView::default()
+        };
+        let why = "the MultiLang child has not answered processRecords for 31 s";
+        let stalled = |id: &str| ShardStatus {
+            stream: Some("orders".to_owned()),
+            stall: Some(why.to_owned()),
+            ..shard(id, ShardState::Stalled)
+        };
+        let status = worker(vec![
+            stalled("shardId-000000000000"),
+            // Not this worker's lease in the table (it moved): left as the table says.
+            stalled("shardId-000000000001"),
+        ]);
+        overlay_own_shards(&mut view, &status);
+        let states: Vec<FleetLeaseState> = view.leases.iter().map(|l| l.state).collect();
+        assert_eq!(
+            states,
+            [
+                FleetLeaseState::Stalled,
+                FleetLeaseState::Held,
+                FleetLeaseState::Held
+            ]
+        );
+        assert_eq!(view.leases[0].reason.as_deref(), Some(why));
+        assert_eq!(
+            view.stalled,
+            [format!("1:orders:5:shardId-000000000000: {why}")]
+        );
+    }
+
     /// Each of the observer's leases its readers report on gets their discards and last
     /// failure (0 and none included: the owner knows); a lease the table gives another
     /// worker, or one with no reader here, keeps `None`; a stall is laid over a held
