@@ -18,9 +18,11 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 mod failure;
+mod processor;
 mod load;
 
 pub use failure::{Destination, FailureSettings};
+pub use processor::{MAX_PARALLELISM, ProcessorSettings};
 pub use load::{CONFIG_FILE_VAR, LoadError};
 
 /// The longest application name: the lease table's name, whose worker table
@@ -52,6 +54,9 @@ pub struct Settings {
     /// `[failure]`: retries, bisection, a maximum record age and a destination for
     /// records the processor cannot handle.
     pub failure: FailureSettings,
+    /// `[processor]`: lanes within a shard (records of one key in order) and record
+    /// filters.
+    pub processor: ProcessorSettings,
 }
 
 /// Where a shard with no checkpoint starts.
@@ -738,6 +743,7 @@ impl Settings {
         self.metrics.validate()?;
         self.aws.validate()?;
         self.failure.validate()?;
+        self.processor.validate()?;
         self.check_dead_letters_are_not_read()?;
         self.check_lease_table_is_not_read()?;
         if !self.worker.streams.is_empty() {
