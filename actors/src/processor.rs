@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+mod lanes;
 mod relay;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
@@ -147,12 +148,21 @@ impl<P: Processor> DynProcessor for P {
 /// by the shard's reader, which reports a wait past its stall time as a stalled
 /// processor. Reached by the processor through the task-local its host runs each call
 /// in ([`ProcessorWait::current`]), so the [`Processor`] trait stays as it is.
+///
+/// With lanes (`processor.parallelism`), each lane's processor writes its own slot of
+/// the one board ([`ProcessorWait::lane`]), and the reader sees the oldest wait of any
+/// lane: one lane's call ending never hides another's wait.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ProcessorWait(Arc<WaitInner>);
+pub(crate) struct ProcessorWait {
+    inner: Arc<WaitInner>,
+    /// This processor's slot: its lane (0 with one lane).
+    slot: usize,
+}
 
 #[derive(Debug, Default)]
 struct WaitInner {
-    wait: std::sync::Mutex<Option<Waiting>>,
+    /// Each lane's wait, by slot.
+    wait: std::sync::Mutex<Vec<Option<Waiting>>>,
     /// The reader, told once, at the first wait, to start watching (a processor that
     /// never waits costs its reader nothing).
     reader: Option<ActorRef<crate::protocol::ReaderMsg>>,
@@ -177,10 +187,21 @@ tokio::task_local! {
 impl ProcessorWait {
     /// The board of `reader`'s shard.
     pub(crate) fn new(reader: ActorRef<crate::protocol::ReaderMsg>) -> Self {
-        Self(Arc::new(WaitInner {
-            reader: Some(reader),
-            ..WaitInner::default()
-        }))
+        Self {
+            inner: Arc::new(WaitInner {
+                reader: Some(reader),
+                ..WaitInner::default()
+            }),
+            slot: 0,
+        }
+    }
+
+    /// The same board, as lane `lane`'s processor writes it.
+    pub(crate) fn lane(&self, lane: usize) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            slot: lane,
+        }
     }
 
     /// The board of the shard whose processor call runs in this task; `None` outside a
@@ -199,15 +220,13 @@ impl ProcessorWait {
 
     /// The processor waits for `what` from now, up to its own `limit`.
     pub(crate) fn begin(&self, what: String, limit: Option<Duration>) {
-        if let Ok(mut wait) = self.0.wait.lock() {
-            *wait = Some(Waiting {
-                what,
-                since: tokio::time::Instant::now(),
-                limit,
-            });
-        }
-        if !self.0.told.swap(true, Ordering::AcqRel)
-            && let Some(reader) = &self.0.reader
+        self.set(Some(Waiting {
+            what,
+            since: tokio::time::Instant::now(),
+            limit,
+        }));
+        if !self.inner.told.swap(true, Ordering::AcqRel)
+            && let Some(reader) = &self.inner.reader
         {
             let _ = reader.cast(crate::protocol::ReaderMsg::WatchWaits);
         }
@@ -215,14 +234,22 @@ impl ProcessorWait {
 
     /// The wait is over.
     pub(crate) fn end(&self) {
-        if let Ok(mut wait) = self.0.wait.lock() {
-            *wait = None;
+        self.set(None);
+    }
+
+    fn set(&self, waiting: Option<Waiting>) {
+        if let Ok(mut waits) = self.inner.wait.lock() {
+            if waits.len() <= self.slot {
+                waits.resize(self.slot + 1, None);
+            }
+            waits[self.slot] = waiting;
         }
     }
 
-    /// The wait going on now, if any.
+    /// The wait going on now, if any: of several lanes', the oldest.
     pub(crate) fn get(&self) -> Option<Waiting> {
-        self.0.wait.lock().ok().and_then(|w| w.clone())
+        let waits = self.inner.wait.lock().ok()?;
+        waits.iter().flatten().min_by_key(|w| w.since).cloned()
     }
 }
 
@@ -257,9 +284,33 @@ pub(crate) enum ProcessorSource {
 }
 
 impl ProcessorSource {
-    /// Starts the processor of one shard, linked to `parent` (its reader): a host
-    /// actor around the user's [`Processor`], or the user's own actor.
+    /// Starts the processor of one shard, linked to `parent` (its reader): with
+    /// `lanes` above 1, a dealer in front of that many processors (`lanes`), else the
+    /// one processor.
     pub(crate) async fn start(
+        &self,
+        info: &ShardInfo,
+        host: HostArgs,
+        lanes: u16,
+        parent: ActorCell,
+    ) -> Result<ActorRef<ProcessorMsg>, ActorProcessingErr> {
+        if lanes <= 1 {
+            return self.start_one(info, host, parent).await;
+        }
+        let args = lanes::DealerArgs {
+            source: self.clone(),
+            info: info.clone(),
+            host,
+            lanes,
+        };
+        let dealer = Spanned(lanes::Dealer, tracing::Span::current());
+        let (actor, _) = Actor::spawn_linked(None, dealer, args, parent).await?;
+        Ok(actor)
+    }
+
+    /// Starts one processor, linked to `parent`: a host actor around the user's
+    /// [`Processor`], or the user's own actor.
+    async fn start_one(
         &self,
         info: &ShardInfo,
         host: HostArgs,
@@ -298,6 +349,7 @@ impl ProcessorSource {
 /// revoked or its shard starts stopping, even those already queued in its mailbox.
 pub(crate) struct ProcessorHost;
 
+#[derive(Clone)]
 pub(crate) struct HostArgs {
     pub mode: CheckpointMode,
     /// What the processor waits on, shared with the reader (see [`ProcessorWait`]).
@@ -313,6 +365,7 @@ pub(crate) struct HostArgs {
 
 /// When the host may hand a batch to its processor: while [`Fencing`] allows the lease
 /// it was started under.
+#[derive(Clone)]
 pub(crate) struct HostFence {
     pub fencing: Fencing,
     pub key: LeaseKey,
@@ -579,8 +632,28 @@ mod tests {
             at_shard_end: false,
             child_shards: Arc::from(Vec::new()),
             offset: 0,
+            positions: None,
             _empty_slot: None,
         }
+    }
+
+    /// With lanes, each lane writes its own slot of the shard's wait board and the
+    /// reader sees the oldest wait: a lane's call that ends does not hide another's.
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_lane_wait_is_the_shards() {
+        let board = ProcessorWait::default();
+        let (first, second) = (board.lane(0), board.lane(3));
+        first.begin("lane 0 waits".into(), None);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        second.begin("lane 3 waits".into(), None);
+        assert_eq!(board.get().unwrap().what, "lane 0 waits");
+        second.end();
+        assert_eq!(board.get().unwrap().what, "lane 0 waits");
+        second.begin("lane 3 again".into(), None);
+        first.end();
+        assert_eq!(board.get().unwrap().what, "lane 3 again");
+        second.end();
+        assert_eq!(board.get(), None);
     }
 
     /// The keeper revokes a lease while the host is busy with a batch and two more are
@@ -635,6 +708,7 @@ mod tests {
             mode: CheckpointMode::Auto,
             worker: WorkerHandle::new(),
             relay: None,
+            lane: None,
         };
         for (id, seq) in [(1, 10), (2, 20), (3, 30)] {
             host.cast(ProcessorMsg::Process(

@@ -355,7 +355,19 @@ pub struct ReaderSettings {
     /// is called on an idle shard too. At most one empty call waits for the processor
     /// at a time; an empty call never moves a checkpoint.
     pub call_on_empty: bool,
+    /// How long a reader may gather records before calling the processor (AWS Lambda's
+    /// `MaximumBatchingWindowInSeconds`), for processors that pay per call: the records
+    /// reads bring are handed over as one batch once they reach `max_records` (counted
+    /// as read, a KPL aggregate as one), once this has passed since the first of them was
+    /// read, or when the shard ends. Zero (the default) hands each read over at once. At
+    /// most [`MAX_BATCH_WINDOW`].
+    #[serde(with = "duration_text")]
+    pub batch_window: Duration,
 }
+
+/// The longest `reader.batch_window`: Lambda's `MaximumBatchingWindowInSeconds` is at
+/// most 300.
+pub const MAX_BATCH_WINDOW: Duration = Duration::from_secs(300);
 
 /// What to do about a checkpoint past the stream's retention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,6 +400,7 @@ impl Default for ReaderSettings {
             shard_sync_interval: Duration::from_secs(60),
             trimmed_checkpoint: TrimmedCheckpoint::Fail,
             call_on_empty: false,
+            batch_window: Duration::ZERO,
         }
     }
 }
@@ -768,6 +781,26 @@ impl Settings {
 }
 
 impl Settings {
+    /// The checkpoint mode a shard's reader and processor hosts work in: the worker's,
+    /// except that manual mode with lanes works as watermark mode: a lane's checkpoint
+    /// acks its own records (`protocol/lane.rs`), the host acks nothing on `Ok`, and
+    /// the reader checkpoints the acked prefix across the lanes.
+    pub(crate) fn reader_mode(&self) -> CheckpointMode {
+        match self.checkpoint.mode {
+            CheckpointMode::Manual if self.processor.has_lanes() => CheckpointMode::Watermark,
+            mode => mode,
+        }
+    }
+
+    /// Whether the shard's end is asked of the processor as soon as everything is
+    /// delivered, rather than once everything is acked: in manual mode with lanes,
+    /// where a lane acks by checkpointing and may checkpoint its last records only in
+    /// `shard_ended` (as a MultiLang child does). Each lane answers after the batches
+    /// queued before the question.
+    pub(crate) fn ends_before_acked(&self) -> bool {
+        self.checkpoint.mode == CheckpointMode::Manual && self.processor.has_lanes()
+    }
+
     /// The lease table's name: `lease.table`, else `worker.application`.
     pub fn lease_table(&self) -> &str {
         self.lease
@@ -1285,7 +1318,16 @@ impl ReaderSettings {
             "reader.shard_sync_interval",
             self.shard_sync_interval,
             "ListShards would be called without pause, and it is throttled per account",
-        )
+        )?;
+        if self.batch_window > MAX_BATCH_WINDOW {
+            return Err(invalid(
+                "reader.batch_window",
+                duration(self.batch_window),
+                "must be at most 5m (AWS Lambda's MaximumBatchingWindowInSeconds is at most \
+                 300 s): records gathered longer wait too long before their first call",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -2139,6 +2181,9 @@ mod tests {
             ("reader.shard_sync_interval", |s| {
                 s.reader.shard_sync_interval = secs(0)
             }),
+            ("reader.batch_window", |s| {
+                s.reader.batch_window = Duration::from_millis(300_001)
+            }),
             ("checkpoint.interval", |s| s.checkpoint.interval = secs(0)),
             ("supervision.restart_backoff_min", |s| {
                 s.supervision.restart_backoff_min = secs(0)
@@ -2256,6 +2301,7 @@ mod tests {
             |s| s.reader.worker_budget_bytes = MIN_WINDOW_BYTES,
             |s| s.reader.idle_max = s.reader.poll_interval,
             |s| s.reader.backoff_max = s.reader.backoff_min,
+            |s| s.reader.batch_window = MAX_BATCH_WINDOW,
             |s| s.supervision.restart_backoff_max = s.supervision.restart_backoff_min,
             |s| s.supervision.shard_max_restarts = 1,
             |s| s.supervision.core_max_restarts = 0,

@@ -18,9 +18,9 @@
 //!   positions, and the checkpoint rules.
 //! - `health`: how the reads are going (backoff, failures, throttle, fencing verdict).
 //! - `stall`: whether the shard is stalled, and the news of it.
-//! - `reading`: what both kinds of read do with an answer, and `Next`.
-//! - `polling`, `fanout`: the two kinds of read; `source`: the one the reader has.
-//! - `ending`: the shard's end and its shutdown.
+//! - `reading`: what both kinds of read do with an answer, and `Next`; `gather`: what
+//!   `reader.batch_window` holds back; `polling`, `fanout`: the two kinds of read;
+//!   `source`: the one the reader has; `ending`: the shard's end and its shutdown.
 //! - `failures`: what the failure policy (`[failure]`, in the processor host) did here.
 
 use std::sync::Arc;
@@ -31,6 +31,7 @@ mod context;
 mod ending;
 mod failures;
 mod fanout;
+mod gather;
 mod health;
 mod ledger;
 mod outbox;
@@ -87,6 +88,7 @@ pub(crate) struct ReaderState {
     health: ReadHealth,
     stall: StallWatch,
     source: Source,
+    gather: gather::Gather,
     ending: Ending,
     failures: FailureBook,
     /// Checks the processor's wait every [`WAIT_CHECK`], from its first wait on.
@@ -110,10 +112,11 @@ impl Actor for ShardReader {
         let source = Source::new(consumer, settings.reader.poll_interval, now);
         let _ = myself.cast(ReaderMsg::Start);
         Ok(ReaderState {
-            outbox: Outbox::new(ctx.shard.clone(), ctx.mode, budget, now),
+            outbox: Outbox::new(ctx.shard.clone(), ctx.mode, budget, now).filter(ctx.filter()),
             health: ReadHealth::new(backoff),
             stall: StallWatch::default(),
             source,
+            gather: gather::Gather::new(settings.reader.batch_window),
             ending: Ending::default(),
             failures: FailureBook::default(),
             ctx,
@@ -143,10 +146,7 @@ impl Actor for ShardReader {
                     state.follow(next);
                 }
             }
-            ReaderMsg::Fetch => {
-                state.fetch_scheduled = false;
-                state.fetch().await?;
-            }
+            ReaderMsg::Fetch => state.fetch().await?,
             ReaderMsg::Ack(acks) => state.on_acks(acks),
             ReaderMsg::Checkpoint(at, reply) => {
                 let result = state.outbox.manual(state.phase, &at);
@@ -197,6 +197,10 @@ impl Actor for ShardReader {
                 let (source, mut reading) = state.reading();
                 let next = source.on_event(&mut reading, generation, event).await?;
                 state.follow(next);
+            }
+            ReaderMsg::WindowDue => {
+                let (source, mut reading) = state.reading();
+                reading.window_due(source.held_memory())?;
             }
         }
         Ok(())
@@ -269,6 +273,7 @@ impl ReaderState {
                 outbox: &mut self.outbox,
                 health: &mut self.health,
                 stall: &mut self.stall,
+                gather: &mut self.gather,
             },
         )
     }
@@ -379,6 +384,7 @@ impl ReaderState {
 
     /// The gate before every read ([`pure::fetch_step`]), then the read.
     async fn fetch(&mut self) -> Result<(), ActorProcessingErr> {
+        self.fetch_scheduled = false;
         let reader = &self.ctx.settings().reader;
         let (poll, mut timeout) = (reader.poll_interval, reader.processor_timeout);
         // Under `[failure]` the host times each call out itself, after processor_timeout,
@@ -387,9 +393,8 @@ impl ReaderState {
         if self.ctx.ports.failures.is_some() {
             timeout = timeout.saturating_mul(2);
         }
-        let ledger = self.outbox.ledger();
         let stalled = pure::processor_stalled(
-            ledger.is_empty(),
+            self.outbox.ledger().is_empty(),
             self.outbox.since_progress(Instant::now()),
             timeout,
         );
@@ -439,9 +444,8 @@ impl ReaderState {
     }
 
     fn on_acks(&mut self, acks: Acks) {
-        let acked = self
-            .outbox
-            .ack(acks, self.source.held_memory(), Instant::now());
+        let held = self.source.held_memory() + self.gather.memory();
+        let acked = self.outbox.ack(acks, held, Instant::now());
         for error in &acked.errors {
             warn!(message = "Ack ignored.", shard_id = %self.ctx.shard, %error);
         }
@@ -505,7 +509,8 @@ impl ReaderState {
     }
 
     fn maybe_end_shard(&mut self) {
-        if !pure::ready_to_end(self.phase, self.outbox.ledger().is_empty()) {
+        let acked = self.outbox.ledger().is_empty() || self.ctx.settings().ends_before_acked();
+        if !pure::ready_to_end(self.phase, acked) {
             return;
         }
         self.phase = Phase::Ending;
@@ -588,6 +593,7 @@ impl ReaderState {
             health: &self.health,
             stall: &self.stall,
             source: &self.source,
+            gather: &self.gather,
             failures: &self.failures,
         })
     }

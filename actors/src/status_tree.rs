@@ -339,6 +339,7 @@ pub(crate) mod tests {
             subscription: None,
             records_discarded: 0,
             last_failure: None,
+            lanes: Vec::new(),
         }
     }
 

@@ -447,6 +447,25 @@ impl Event for DeliveryResumed<'_> {
     }
 }
 
+/// Records of a read matched no `processor.filter` pattern: acked without a call (per
+/// batch: counted, not logged).
+pub(crate) struct RecordsFiltered<'a> {
+    pub shard: &'a LeaseKey,
+    pub records: usize,
+}
+
+impl Event for RecordsFiltered<'_> {
+    fn log(&self) {}
+
+    fn samples(&self) -> Vec<Sample> {
+        vec![Sample::shard(
+            Metric::RecordsFiltered,
+            self.shard,
+            self.records as f64,
+        )]
+    }
+}
+
 /// Acks moved a shard's processed prefix (per batch: counted, not logged).
 pub(crate) struct RecordsProcessed<'a> {
     /// The shard's lease (which names its stream when the worker reads several).

@@ -199,6 +199,40 @@ async fn the_sample_processor_ends_a_split_parent_and_its_children_follow() {
     assert!(row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
 }
 
+/// With 4 lanes per shard (`processor.parallelism`), 4 children per shard: each key
+/// stays in order, a child's checkpoint speaks for its own lane (the shard's checkpoint
+/// is the watermark across lanes, so a restart processes nothing again), and a split
+/// parent ends at SHARD_END once every lane's child has answered `shardEnded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_children_per_shard_keep_each_key_in_order_and_end_a_split_parent() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 16, 10).await;
+    let parent = rig.shards().await[0].clone();
+    rig.split_in_half(&parent).await;
+    producer.put_round(&rig.streams, STREAM, 16, 10).await;
+    let out = scratch("lanes");
+    let lanes = |s: &mut flotilla_actors::Settings| s.processor.parallelism = 4;
+    let worker = start_with(&rig, consumer(&out, None), lanes).await;
+    wait_for(&out, producer.total(), Duration::from_secs(60)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let lines = assert_all_in_order(&out, &producer);
+    assert_eq!(lines as u64, producer.total(), "no record twice");
+    let row = rig.lease_of(&parent.id).await;
+    assert!(row.checkpoint.is_shard_end(), "{:?}", row.checkpoint);
+    // The children's lanes checkpointed what they processed: a new worker resumes
+    // there and processes only what is put now.
+    let worker = start_with(&rig, consumer(&out, None), lanes).await;
+    producer.put_round(&rig.streams, STREAM, 16, 2).await;
+    wait_for(&out, producer.total(), Duration::from_secs(60)).await;
+    let report = worker.shutdown().await.unwrap();
+    assert!(report.clean(), "{report:#?}");
+    let (again, lines) = check(&out);
+    assert_eq!(again.duplicates(), 0, "{:?}", again.examples());
+    assert_eq!(lines as u64, producer.total());
+}
+
 fn scripted(mode: &str, out: &Path, watchdog: Option<Duration>) -> Arc<ChildCommand> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/multilang/scripted.py");
     Arc::new(ChildCommand {

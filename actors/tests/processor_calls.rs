@@ -1,7 +1,8 @@
 //! What a processor is handed beside its records, on the memory backend in paused time:
 //! empty calls on an idle shard (`reader.call_on_empty`), when a batch was fetched and
-//! delivered, the shard's end with its children on the last batch, and two-phase
-//! checkpoints (a prepared position and state shown to the next owner).
+//! delivered, the shard's end with its children on the last batch, records gathered
+//! into fewer calls (`reader.batch_window`), and two-phase checkpoints (a prepared
+//! position and state shown to the next owner).
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -15,11 +16,13 @@ use flotilla_actors::backend::memory::MemoryStreamsConfig;
 use flotilla_actors::model::{
     Checkpoint, ExtendedSequenceNumber, LeaseKey, SequenceNumber, ShardId,
 };
+use flotilla_actors::settings::ReadMode;
 use flotilla_actors::{
     Batch, CheckpointMode, Checkpointer, Processor, ProcessorError, Record, ShardInfo, Worker,
 };
 use support::probe::{Producer, fast_settings, wait_until};
-use support::rig::{APP, Rig, STREAM};
+use support::rig::{APP, Rig, STREAM, wait_held};
+use tokio::time::Instant;
 
 /// One call to `process`, as the processor saw it.
 #[derive(Debug, Clone)]
@@ -31,6 +34,8 @@ struct Call {
     waited: Option<Duration>,
     at_end: bool,
     children: Vec<ShardId>,
+    /// When `process` was called (paused time).
+    at: Instant,
 }
 
 type Calls = Arc<Mutex<Vec<Call>>>;
@@ -80,6 +85,7 @@ impl Processor for Recorder {
                 .checked_duration_since(batch.fetched_at()),
             at_end: batch.is_at_shard_end(),
             children: batch.child_shards().to_vec(),
+            at: Instant::now(),
         });
         if first_of_its_kind {
             let pause = if batch.is_empty() {
@@ -270,6 +276,99 @@ async fn the_last_batch_of_a_split_shard_names_its_children() {
     );
     assert_eq!(of_parent.iter().map(|c| c.records).sum::<usize>(), 20);
     worker.abort();
+}
+
+/// A worker on a one-shard stream, reading in `mode` with `reader.batch_window` =
+/// `window` and `reader.max_records` = `max`, once reading: `n` records put 300 ms
+/// apart (one per read), then a wait for all of them. Every call, and when the first
+/// record was put.
+async fn trickle(mode: ReadMode, window: Duration, max: u32, n: usize) -> (Vec<Call>, Instant) {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let processor = Recorder::new();
+    let mut settings = fast_settings(STREAM, APP);
+    settings.reader.mode = mode;
+    settings.reader.batch_window = window;
+    settings.reader.max_records = max;
+    let worker = Worker::builder()
+        .settings(settings)
+        .backend(rig.backend())
+        .processor({
+            let processor = processor.clone();
+            move |_| processor.clone()
+        })
+        .start()
+        .await
+        .unwrap();
+    wait_held(&[&worker], &[1], Duration::from_secs(30)).await;
+    // Reading (in fan-out mode, subscribed) before the first record.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first_put = Instant::now();
+    let mut producer = Producer::default();
+    for _ in 0..n {
+        producer.put_round(&rig.streams, STREAM, 1, 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let p = processor.clone();
+    wait_until(
+        "every record",
+        Duration::from_secs(60),
+        Duration::from_millis(10),
+        || p.calls().iter().map(|c| c.records).sum::<usize>() == n,
+    )
+    .await;
+    worker.abort();
+    let calls = processor.calls();
+    assert!(calls.iter().all(|c| c.records > 0), "{mode:?}: {calls:#?}");
+    (calls, first_put)
+}
+
+fn sizes(calls: &[Call]) -> Vec<usize> {
+    calls.iter().map(|c| c.records).collect()
+}
+
+/// `reader.batch_window` (Lambda's `MaximumBatchingWindowInSeconds`), in both read
+/// modes: records trickling in one per read make one call once the window has passed
+/// since the first was read (the batch's `fetched_at`), with no read to trigger it;
+/// `max_records` reached hands them over sooner; without a window each read is a call.
+#[tokio::test(start_paused = true)]
+async fn a_batching_window_gathers_records_read_one_at_a_time_into_one_call() {
+    let secs = Duration::from_secs;
+    for mode in [ReadMode::Polling, ReadMode::Fanout] {
+        // Five records over 1.2 s, a window of 2 s: one call, 2 s after the first read.
+        let (calls, first_put) = trickle(mode, secs(2), 10, 5).await;
+        assert_eq!(sizes(&calls), [5], "{mode:?}: {calls:#?}");
+        let after = calls[0].at - first_put;
+        assert!(
+            after >= secs(2) && after < Duration::from_millis(2_500),
+            "{mode:?}: called {after:?} after the first put"
+        );
+        // From the first gathered read (the batch's fetched_at) to the call: the
+        // window, by its timer (no read comes then in fan-out mode: the next event is
+        // the subscription's heartbeat, a second after the last record's).
+        let waited = calls[0].waited.unwrap();
+        assert!(
+            waited >= secs(2) && waited < Duration::from_millis(2_100),
+            "{mode:?}: {waited:?} from the first gathered read"
+        );
+
+        // max_records 3: the third record (600 ms) hands three over, long before the
+        // window of 10 s; the other two wait for theirs.
+        let (calls, first_put) = trickle(mode, secs(10), 3, 5).await;
+        assert_eq!(sizes(&calls), [3, 2], "{mode:?}: {calls:#?}");
+        let after = calls[0].at - first_put;
+        assert!(after < secs(1), "{mode:?}: the first call {after:?} after");
+        let after = calls[1].at - first_put;
+        assert!(
+            after >= secs(10),
+            "{mode:?}: the second call {after:?} after"
+        );
+
+        // No window: a call per read, as each record comes.
+        let (calls, first_put) = trickle(mode, Duration::ZERO, 10, 5).await;
+        assert_eq!(sizes(&calls), [1, 1, 1, 1, 1], "{mode:?}: {calls:#?}");
+        let after = calls[0].at - first_put;
+        assert!(after < Duration::from_millis(300), "{mode:?}: {after:?}");
+    }
 }
 
 /// What a two-phase processor saw and was answered.

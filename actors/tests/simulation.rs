@@ -13,7 +13,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::sim::{JavaMode, SimOptions, run_seed};
+use support::sim::{JavaMode, SimOptions, draw_lanes, run_seed};
 
 /// Short runs: a debug build simulates about 25 times slower than a release one.
 fn short(seed: u64) -> SimOptions {
@@ -74,6 +74,28 @@ fn poison_records_go_to_the_destination_and_the_rest_are_delivered() {
         assert!(!report.policy.is_empty(), "seed {seed} has no policy");
         assert!(report.poison_put > 0, "{report:?}");
         assert_eq!(report.poison_discarded, report.poison_put, "{report:?}");
+    }
+}
+
+/// Seeds with lanes within each shard (`processor.parallelism` 2 to 8, issue 33):
+/// batches of one shard are in flight at once, and the oracles hold as they happen:
+/// each key in order, and no worker inside `process()` for a shard, in any lane, while
+/// another worker that is not fenced is.
+#[test]
+fn lanes_within_shards_keep_every_invariant() {
+    let seeds: Vec<u64> = (0..64).filter(|&s| draw_lanes(s) > 1).take(2).collect();
+    assert_eq!(seeds.len(), 2);
+    for seed in seeds {
+        let report = run_seed(&short(seed)).unwrap_or_else(|failure| panic!("{failure}"));
+        println!(
+            "seed {seed} with {} lanes: {:.2} fleet-hours, {} process() calls, faults {:?}",
+            report.lanes,
+            report.fleet_hours(),
+            report.process_calls,
+            report.faults
+        );
+        assert!(report.lanes > 1, "{report:?}");
+        assert!(report.process_calls > 0 && report.checks > 0, "{report:?}");
     }
 }
 

@@ -292,6 +292,14 @@ catalog! {
         help: "Lease renewals written under lease.java_compat (one per held lease every \
                failover_time / 3).",
     },
+    /// Per shard. `processor.filter` (Lambda's filter criteria): such records are
+    /// neither handed to the processor nor discarded; the checkpoint moves past them
+    /// as past processed ones (so RecordsProcessed counts them too).
+    RecordsFiltered {
+        kind: Counter, unit: Count, buckets: None,
+        help: "Records checkpointed past without a call because they matched no \
+               processor.filter pattern.",
+    },
 }
 
 impl Metric {

@@ -6,6 +6,8 @@
 //! * `lease`: [`Lease`], [`Checkpoint`], [`Fence`], [`Heartbeat`].
 //! * `item`: the lease-table row codec shared by every [`crate::backend::LeaseTable`].
 //! * `change`: [`DynamoChange`], a DynamoDB Streams record as a processor reads it.
+//! * `filter`: [`RecordFilter`], `processor.filter`: Lambda's filter-criteria patterns
+//!   over a record's data (as JSON) and partition key.
 //! * `source`: [`Source`], a Kinesis stream or a DynamoDB table's stream.
 //! * `stream_id`: [`StreamIdentifier`] (the KCL's multi-stream lease-key prefix),
 //!   [`StreamArn`] (a Kinesis stream named by its ARN) and [`ConsumedStreams`], the
@@ -21,8 +23,10 @@
 
 mod budget;
 pub mod change;
+pub mod filter;
 mod graph;
 pub mod item;
+pub mod lanes;
 mod lease;
 mod lease_plan;
 pub mod origin;
@@ -36,6 +40,7 @@ mod watermark;
 
 pub use budget::{BudgetSlot, BudgetUse, Pool, SlotId, WorkerBudget};
 pub use change::DynamoChange;
+pub use filter::{FilterError, PatternFault, RecordFilter};
 pub use graph::{CoverageError, ShardGraph};
 pub use lease::{
     AT_TIMESTAMP, Checkpoint, ExtendedSequenceNumber, Fence, Heartbeat, LATEST, Lease, LeaseKey,

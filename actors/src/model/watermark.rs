@@ -228,6 +228,21 @@ impl AckWindow {
         self.in_flight_bytes
     }
 
+    /// The records delivered and not acked, in order, as `(batch, index)`: what holds
+    /// the watermark back, for a view of who holds it (each lane's lag).
+    pub fn pending(&self) -> impl Iterator<Item = (BatchId, usize)> + '_ {
+        self.batches
+            .iter()
+            .enumerate()
+            .filter(|(_, batch)| !batch.is_full())
+            .flat_map(move |(slot, batch)| {
+                let id = BatchId(self.base + slot as u64);
+                (0..batch.len)
+                    .filter(|&index| !batch.is_acked(index))
+                    .map(move |index| (id, index))
+            })
+    }
+
     /// Every delivered record is acked: the watermark is at the last delivered record.
     pub fn is_empty(&self) -> bool {
         self.batches.is_empty()

@@ -428,7 +428,8 @@ fn refusal(error: &CheckpointError) -> CheckpointRefusal {
         }
         // The MultiLang protocol has no prepare; a processor outside manual mode cannot
         // prepare now.
-        CheckpointError::PrepareNeedsManualMode { .. } => CheckpointRefusal::InvalidState,
+        CheckpointError::PrepareNeedsManualMode { .. }
+        | CheckpointError::PrepareNeedsOneLane { .. } => CheckpointRefusal::InvalidState,
         CheckpointError::NotWritten { .. } => CheckpointRefusal::Throttling,
     }
 }

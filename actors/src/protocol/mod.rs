@@ -24,10 +24,12 @@ use crate::status::{
 
 mod error;
 mod failure;
+mod lane;
 mod shard;
 
 pub use error::ProcessorError;
 pub(crate) use failure::{Discard, FailureNews, Reason};
+pub(crate) use lane::LaneBook;
 pub(crate) use shard::PartOutcome;
 pub use shard::{
     AckToken, Batch, CheckpointError, Checkpointer, PreparedCheckpoint, ProcessorMsg, ShardInfo,
@@ -316,6 +318,9 @@ pub(crate) enum ReaderMsg {
         generation: u64,
         event: Result<Option<crate::backend::ShardEvent>, crate::backend::StreamError>,
     },
+    /// `reader.batch_window`: the records gathered may be due to the processor (the
+    /// window opened that long ago), even if no read comes.
+    WindowDue,
 }
 
 #[cfg(test)]

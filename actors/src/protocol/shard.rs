@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use ractor::{ActorRef, RpcReplyPort};
 
-use super::{Acks, ProcessorError, ReaderMsg};
+use super::{Acks, LaneBook, ProcessorError, ReaderMsg};
 use crate::backend::Record;
 use crate::handle::WorkerHandle;
 use crate::model::{BatchId, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId};
@@ -77,6 +77,10 @@ pub struct Batch {
     /// by the failure policy (a retry after a partial failure, a half after a
     /// bisection) keeps its records' ack tokens.
     pub(crate) offset: usize,
+    /// Where each record sits in the batch the reader delivered, when they are not
+    /// consecutive there: a lane's share of a batch (`processor.parallelism`), or what
+    /// a filter let through. `None`: consecutive, from `offset`.
+    pub(crate) positions: Option<Arc<[usize]>>,
 }
 
 impl Batch {
@@ -135,10 +139,41 @@ impl Batch {
 
     /// The token that acks record `index` of this batch (watermark mode).
     pub fn ack_token(&self, index: usize) -> AckToken {
+        let index = match &self.positions {
+            Some(positions) => positions.get(index).copied().unwrap_or(usize::MAX),
+            None => self.offset + index,
+        };
         AckToken {
             batch: self.id,
-            index: self.offset + index,
+            index,
         }
+    }
+
+    /// The records at `indices` of this batch (in order), as a batch of their own with
+    /// the same id and ack tokens: a lane's share, or what a filter let through. The
+    /// end of the shard stays news for every share (no batch follows any of them).
+    pub(crate) fn pick(&self, indices: &[usize]) -> Batch {
+        let records: Vec<Record> = indices
+            .iter()
+            .filter_map(|&i| self.records.get(i).cloned())
+            .collect();
+        let positions: Vec<usize> = indices
+            .iter()
+            .filter(|&&i| i < self.records.len())
+            .map(|&i| self.ack_token(i).index)
+            .collect();
+        Batch {
+            records: Arc::from(records),
+            offset: 0,
+            positions: Some(Arc::from(positions)),
+            ..self.clone()
+        }
+    }
+
+    /// Whether every record of the batch the reader delivered is here, consecutive: the
+    /// batch can be acked by its id alone.
+    fn is_whole(&self) -> bool {
+        self.positions.is_none() && self.offset == 0
     }
 
     /// The records `range` of this batch, as a batch of their own with the same id and
@@ -152,6 +187,14 @@ impl Batch {
         Batch {
             records: Arc::from(&self.records[start..end]),
             offset: self.offset + start,
+            // Named one by one, so that acking the part by `ack_batch` acks its records
+            // only, never the batch's id.
+            positions: Some(match &self.positions {
+                Some(positions) => {
+                    Arc::from(&positions[start.min(positions.len())..end.min(positions.len())])
+                }
+                None => (self.offset + start..self.offset + end).collect(),
+            }),
             // The end of the shard is news for the batch's last record only.
             at_shard_end: self.at_shard_end && end == self.records.len(),
             ..self.clone()
@@ -231,6 +274,15 @@ pub enum CheckpointError {
         /// The worker's `checkpoint.mode`.
         mode: CheckpointMode,
     },
+    /// Prepared checkpoints need one lane per shard (`processor.parallelism = 1`): a
+    /// lane's checkpoint speaks for its own records only, and the shard's follows the
+    /// lanes' acked prefix, so a prepared position could not be committed as the
+    /// shard's.
+    #[error("shard {shard}: prepare_checkpoint needs processor.parallelism = 1")]
+    PrepareNeedsOneLane {
+        /// The shard whose prepared checkpoint was refused.
+        shard: ShardId,
+    },
 }
 
 /// Acks and checkpoints for one shard. Cheap to clone and `Send`: hand it to tasks.
@@ -255,6 +307,10 @@ pub struct Checkpointer {
     /// `[failure]`: its acks (or [`Checkpointer::fail_batch`]) tell the host that handed
     /// the part over how it went.
     pub(crate) relay: Option<Arc<PartOutcome>>,
+    /// Set on the checkpointer of a lane's processor in manual mode with lanes: its
+    /// checkpoints ack the lane's records up to the position ([`LaneBook`]), and the
+    /// shard's checkpoint is the acked prefix across the lanes.
+    pub(crate) lane: Option<Arc<LaneBook>>,
 }
 
 /// How a part of a batch handed to a processor actor under `[failure]` ended, told back
@@ -379,10 +435,12 @@ impl Checkpointer {
                 }
                 relay.finish(Ok(()));
             }
-            None if !batch.is_empty() => {
+            None if batch.is_whole() && !batch.is_empty() => {
                 let _ = self.reader.cast(ReaderMsg::Ack(Acks::Batch(batch.id)));
             }
-            None => {}
+            // A lane's share, or a filtered batch: its records' tokens, so the records
+            // of the other lanes stay un-acked.
+            None => self.ack_all((0..batch.len()).map(|i| batch.ack_token(i))),
         }
     }
 
@@ -404,6 +462,12 @@ impl Checkpointer {
     /// Marks everything up to and including `at` as processed (manual mode). The write
     /// follows within `checkpoint.interval`.
     pub async fn checkpoint(&self, at: ExtendedSequenceNumber) -> Result<(), CheckpointError> {
+        if let Some(lane) = &self.lane {
+            // A lane speaks for its own records only: they are acked, and the shard's
+            // checkpoint follows the acked prefix across the lanes.
+            self.ack_all(lane.through(&at));
+            return Ok(());
+        }
         self.ask_reader(|reply| ReaderMsg::Checkpoint(at, reply))
             .await
     }
@@ -446,6 +510,11 @@ impl Checkpointer {
         at: ExtendedSequenceNumber,
         state: Option<Vec<u8>>,
     ) -> Result<PreparedCheckpoint, CheckpointError> {
+        if self.lane.is_some() {
+            return Err(CheckpointError::PrepareNeedsOneLane {
+                shard: self.shard.clone(),
+            });
+        }
         let prepare = at.clone();
         self.ask_reader(|reply| ReaderMsg::Prepare(prepare, state, reply))
             .await?;

@@ -7,7 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{SettingsError, invalid};
+use super::{SettingsError, invalid, quoted};
+use crate::model::RecordFilter;
 
 /// The most lanes a shard may have. Lambda's `ParallelizationFactor` stops at 10; a lane
 /// here costs one processor (or one MultiLang child), so more are allowed, but not so
@@ -56,6 +57,15 @@ impl ProcessorSettings {
                 ),
             ));
         }
+        // Checked here, at start, as Lambda checks a mapping's filters when it is made:
+        // a pattern that cannot mean anything must not drop records once running.
+        if let Err(error) = RecordFilter::parse(&self.filter) {
+            return Err(invalid(
+                "processor.filter",
+                quoted(&error.pattern),
+                error.to_string(),
+            ));
+        }
         Ok(())
     }
 }
@@ -82,5 +92,40 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(error.contains("processor.parallelism"), "{error}");
+    }
+
+    #[test]
+    fn filter_patterns_are_checked() {
+        let with = |filter: &[&str]| ProcessorSettings {
+            filter: filter.iter().map(|p| (*p).to_owned()).collect(),
+            ..ProcessorSettings::default()
+        };
+        assert!(with(&[]).validate().is_ok());
+        assert!(
+            with(&[
+                r#"{"data": {"kind": ["order"]}}"#,
+                r#"{"partitionKey": [{"prefix": "eu-"}]}"#
+            ])
+            .validate()
+            .is_ok()
+        );
+        let error = with(&[
+            r#"{"partitionKey": ["a"]}"#,
+            r#"{"data": {"n": [{"numeric": [">"]}]}}"#,
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(error.key(), "processor.filter");
+        let error = error.to_string();
+        assert!(
+            error.starts_with(
+                r#"settings: processor.filter = "{\"data\": {\"n\": [{\"numeric\": [\">\"]}]}}": "#
+            ),
+            "{error}"
+        );
+        assert!(
+            error.contains(r#"processor.filter[1]: data.n: "numeric" wants pairs"#),
+            "{error}"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! recording `Out` over the memory backends, in [`testing`]).
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -14,10 +14,11 @@ use crate::backend::{LeaseTable, ShardEvent, StreamClient, StreamError};
 use crate::boards::LagBoard;
 use crate::failure::driver::Failures;
 use crate::fencing::Fencing;
-use crate::model::{Fence, Lease, LeaseKey, ShardId};
+use crate::model::{Fence, Lease, LeaseKey, RecordFilter, ShardId};
 use crate::processor::{ProcessorSource, ProcessorWait};
 use crate::protocol::{
-    Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorMsg, ReaderMsg, SupervisorMsg,
+    AckToken, Acks, Batch, CheckpointError, CheckpointMsg, Checkpointer, ProcessorMsg, ReaderMsg,
+    SupervisorMsg,
 };
 use crate::settings::{CheckpointMode, Settings};
 use crate::telemetry::{Event, Sample, Telemetry};
@@ -100,8 +101,14 @@ pub(super) trait Out: Send + Sync {
     /// Hands a batch to the processor, with the shard's checkpointer (nothing while no
     /// processor runs); an error when its mailbox is closed.
     fn process(&self, batch: Batch) -> Result<(), ActorProcessingErr>;
+    /// Acks records no processor sees (`processor.filter`), through the reader's own
+    /// mailbox, so they count and move the checkpoint as any ack does.
+    fn skip(&self, tokens: Vec<AckToken>);
     /// Where a fan-out subscription's task sends each event, moved into the task.
     fn feed_sink(&self) -> FeedSink;
+    /// Reminds the reader after `after` that a batching window may have passed
+    /// ([`ReaderMsg::WindowDue`]).
+    fn window_due_after(&self, after: Duration);
 }
 
 /// Sends one event of the subscription of this generation; `false` once nobody takes
@@ -157,7 +164,7 @@ impl Ctx {
             key: key.clone(),
             shard: key.shard_id(),
             fence: lease.fence(),
-            mode: settings.checkpoint.mode,
+            mode: settings.reader_mode(),
             lease,
             stream,
             stream_arn,
@@ -177,9 +184,12 @@ impl Ctx {
             checkpointer: Checkpointer {
                 shard: ctx.shard.clone(),
                 reader: me.clone(),
-                mode: ctx.mode,
+                // The worker's mode, as the processor knows it (a lane's checkpointer
+                // in manual mode acks, `processor/lanes.rs`).
+                mode: ctx.settings().checkpoint.mode,
                 worker,
                 relay: None,
+                lane: None,
             },
             me,
             writer,
@@ -193,6 +203,15 @@ impl Ctx {
 
     pub fn settings(&self) -> &Settings {
         &self.ports.settings
+    }
+
+    /// `processor.filter`, parsed (`None`: every record is handed over). Checked when
+    /// the settings were, so an error here cannot be.
+    pub fn filter(&self) -> Option<Arc<RecordFilter>> {
+        RecordFilter::parse(&self.settings().processor.filter)
+            .ok()
+            .flatten()
+            .map(Arc::new)
     }
 }
 
@@ -236,9 +255,17 @@ impl Out for Wires {
         Ok(())
     }
 
+    fn skip(&self, tokens: Vec<AckToken>) {
+        let _ = self.me.cast(ReaderMsg::Ack(Acks::Records(tokens)));
+    }
+
     fn feed_sink(&self) -> FeedSink {
         let me = self.me.clone();
         Box::new(move |generation, event| me.cast(ReaderMsg::Event { generation, event }).is_ok())
+    }
+
+    fn window_due_after(&self, after: Duration) {
+        self.me.send_after(after, || ReaderMsg::WindowDue);
     }
 }
 
@@ -257,6 +284,7 @@ pub(super) mod testing {
     use crate::backend::{IteratorPosition, PutRecord, StreamAdmin};
     use crate::backoff::Backoff;
     use crate::model::{Checkpoint, WorkerBudget, WorkerId};
+    use crate::shard_reader::gather::Gather;
     use crate::shard_reader::health::ReadHealth;
     use crate::shard_reader::outbox::Outbox;
     use crate::shard_reader::pure::Phase;
@@ -270,6 +298,10 @@ pub(super) mod testing {
         pub batches: Mutex<Vec<Batch>>,
         pub samples: Mutex<Vec<Sample>>,
         pub events: Mutex<u32>,
+        /// The batching window's timers asked for.
+        pub window_timers: Mutex<Vec<Duration>>,
+        /// Records acked unseen (`processor.filter`).
+        pub skipped: Mutex<Vec<AckToken>>,
         feed: mpsc::UnboundedSender<(u64, Result<Option<ShardEvent>, StreamError>)>,
     }
 
@@ -285,9 +317,15 @@ pub(super) mod testing {
             self.batches.lock().unwrap().push(batch);
             Ok(())
         }
+        fn skip(&self, tokens: Vec<AckToken>) {
+            self.skipped.lock().unwrap().extend(tokens);
+        }
         fn feed_sink(&self) -> FeedSink {
             let feed = self.feed.clone();
             Box::new(move |generation, event| feed.send((generation, event)).is_ok())
+        }
+        fn window_due_after(&self, after: Duration) {
+            self.window_timers.lock().unwrap().push(after);
         }
     }
 
@@ -329,6 +367,7 @@ pub(super) mod testing {
         pub outbox: Outbox,
         pub health: ReadHealth,
         pub stall: StallWatch,
+        pub gather: Gather,
         /// The worker's budget the outbox's slot is in.
         pub budget: WorkerBudget,
     }
@@ -360,6 +399,7 @@ pub(super) mod testing {
             );
             let backoff = Backoff::new(settings.reader.backoff_min, settings.reader.backoff_max);
             let (feed_tx, feed) = mpsc::unbounded_channel();
+            let gather = Gather::new(settings.reader.batch_window);
             Rig {
                 ctx: Ctx {
                     key,
@@ -385,6 +425,8 @@ pub(super) mod testing {
                     batches: Mutex::default(),
                     samples: Mutex::default(),
                     events: Mutex::default(),
+                    window_timers: Mutex::default(),
+                    skipped: Mutex::default(),
                     feed: feed_tx,
                 },
                 feed,
@@ -392,6 +434,7 @@ pub(super) mod testing {
                 outbox,
                 health: ReadHealth::new(backoff),
                 stall: StallWatch::default(),
+                gather,
                 budget,
             }
         }
@@ -405,6 +448,7 @@ pub(super) mod testing {
                 outbox: &mut self.outbox,
                 health: &mut self.health,
                 stall: &mut self.stall,
+                gather: &mut self.gather,
             }
         }
 

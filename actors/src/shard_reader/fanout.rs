@@ -256,7 +256,7 @@ impl FanOut {
                 self.held_memory += memory;
                 r.outbox.wants_more(!event.records.is_empty());
                 self.held.extend(event.records);
-                r.outbox.settle(self.held_memory);
+                r.settle(self.held_memory);
                 self.advance(r).await
             }
             // The server ended the subscription (its five minutes are up): the next
@@ -285,14 +285,16 @@ impl FanOut {
 
     /// Hands the held event's records over in batches of at most max_records while the
     /// window has room (an event holds up to 10,000 records, more than a small window:
-    /// the rest waits here for acks, as polling's next call would wait). Once all are
+    /// the rest waits here for acks, as polling's next call would wait); while records
+    /// are gathered (`reader.batch_window`), each batch is what is missing up to
+    /// max_records, so the gathered never pass it. Once all are
     /// delivered, takes the event's continuation, ends the shard if the event (or, for
     /// an idle one, GetRecords) says so, and asks for the next event.
     async fn advance(&mut self, r: &mut Reading<'_>) -> Result<Next, ActorProcessingErr> {
         let ctx = r.ctx;
         let reader = &ctx.settings().reader;
-        let most = reader.max_records.max(1) as usize;
         while !self.held.is_empty() && !r.outbox.window_full(reader) {
+            let most = r.gather.room(reader.max_records.max(1)) as usize;
             let take = most.min(self.held.len());
             let batch: Vec<Record> = self.held.drain(..take).collect();
             let memory: u64 = batch.iter().map(pure::record_memory).sum();
@@ -325,7 +327,8 @@ impl FanOut {
             self.continuation = Some(continuation);
         }
         let mut ended = after.end.map(Some);
-        if ended.is_none() && after.idle && self.end_probe_due(r) {
+        // Not while records are gathered: they come before any end.
+        if ended.is_none() && after.idle && r.gather.is_empty() && self.end_probe_due(r) {
             ended = self.probe_end(r).await;
         }
         if let Some(children) = ended {
@@ -403,7 +406,7 @@ impl FanOut {
     /// wait minutes on a quiet shard. So fan-out's bound is looser than polling's: each
     /// shard may overrun by one event (its first, or one larger than any before).
     fn pull(&mut self, r: &mut Reading<'_>) -> Next {
-        let holds_nothing = r.outbox.holds_nothing(self.held.is_empty());
+        let holds_nothing = r.holds_nothing(self.held.is_empty());
         if let Some(feed) = self.feed.as_mut()
             && !feed.pulling
         {
@@ -436,8 +439,14 @@ mod tests {
 
     /// A rig and a fan-out source over a registered, active consumer.
     async fn rig() -> (Rig, FanOut) {
+        rig_with(Duration::ZERO).await
+    }
+
+    /// The same with `reader.batch_window` = `window`.
+    async fn rig_with(window: Duration) -> (Rig, FanOut) {
         let mut settings = Settings::default();
         settings.reader.max_records = 2;
+        settings.reader.batch_window = window;
         let rig = Rig::new(settings).await;
         let summary = rig.streams.describe_stream_summary(STREAM).await.unwrap();
         let consumer = rig
@@ -487,6 +496,43 @@ mod tests {
         );
         assert_eq!(rig.out.last(Metric::Subscriptions), Some(1.0));
         assert!(rig.ctx.ports.lags.delivered_total() == 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batching_window_gathers_events_up_to_max_records() {
+        let (mut rig, mut fanout) = rig_with(Duration::from_secs(2)).await;
+        let sizes = |rig: &Rig| rig.out.delivered().iter().map(Vec::len).collect::<Vec<_>>();
+        rig.put(1).await;
+        one_event(&mut rig, &mut fanout).await;
+        assert!(rig.out.delivered().is_empty(), "gathered");
+        assert_eq!(
+            *rig.out.window_timers.lock().unwrap(),
+            [Duration::from_secs(2)]
+        );
+        // An event of two: the first fills the batch (max_records 2), the second opens
+        // the next window.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        rig.put(2).await;
+        one_event(&mut rig, &mut fanout).await;
+        assert_eq!(sizes(&rig), [2]);
+        assert_eq!(fanout.held_memory(), 0, "all of the event handed on");
+        assert_eq!(rig.out.window_timers.lock().unwrap().len(), 2);
+        let first = rig.out.batches.lock().unwrap()[0].fetched_at;
+        rig.ack_all();
+        // No event more: the window's timer hands the last one over.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        rig.reading().window_due(0).unwrap();
+        assert_eq!(sizes(&rig), [1]);
+        let second = rig.out.batches.lock().unwrap()[0].fetched_at;
+        assert!(
+            second > first,
+            "each batch fetched when its first record was"
+        );
+        assert_eq!(
+            rig.ctx.ports.lags.delivered_total(),
+            3,
+            "every record, once"
+        );
     }
 
     #[tokio::test(start_paused = true)]

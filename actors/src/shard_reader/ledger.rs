@@ -9,7 +9,9 @@ use tokio::time::Instant;
 
 use super::pure::{position_of, record_memory};
 use crate::backend::Record;
+use crate::model::lanes::lane_of;
 use crate::model::{AckError, AckWindow, BatchId, ExtendedSequenceNumber, Watermark};
+use crate::status::LaneLag;
 
 /// What a delivered batch costs in memory: its records, plus the batch's own share (the
 /// ledger's entry and the `Arc`'s counts, the ack window's per-batch struct and its
@@ -108,6 +110,42 @@ impl Ledger {
     /// Whether the un-acked records or bytes reach their limit.
     pub(crate) fn is_full(&self, records: u64, bytes: u64) -> bool {
         self.in_flight_records() as u64 >= records || self.in_flight_bytes() >= bytes
+    }
+
+    /// Each lane's records not yet acked (`processor.parallelism`), and how long the
+    /// oldest has waited since its delivery: a slow lane holds the watermark back, and
+    /// this says which. Computed when asked (the status page), never per ack.
+    pub(crate) fn lanes(&self, lanes: u16, now: Instant) -> Vec<LaneLag> {
+        let mut lags: Vec<LaneLag> = (0..usize::from(lanes))
+            .map(|lane| LaneLag {
+                lane,
+                pending_records: 0,
+                oldest_pending_ms: None,
+            })
+            .collect();
+        let Some(first) = self.batches.front().map(|e| e.id.0) else {
+            return lags;
+        };
+        for (id, index) in self.window.pending() {
+            let Some(entry) = usize::try_from(id.0 - first)
+                .ok()
+                .and_then(|slot| self.batches.get(slot))
+            else {
+                continue;
+            };
+            let Some(record) = entry.records.get(index) else {
+                continue;
+            };
+            if let Some(lag) = lags.get_mut(lane_of(&record.partition_key, lanes)) {
+                lag.pending_records += 1;
+                let waited = now
+                    .saturating_duration_since(entry.delivered_at)
+                    .as_millis() as u64;
+                lag.oldest_pending_ms =
+                    Some(lag.oldest_pending_ms.map_or(waited, |w| w.max(waited)));
+            }
+        }
+        lags
     }
 
     /// Applies acks (in any order) and says what moved.

@@ -16,10 +16,11 @@ use tokio::time::Instant;
 use super::ledger::{Ack, Acked, Ledger};
 use super::pure::{self, Phase, Refusal};
 use crate::backend::{ChildShard, IteratorPosition, Record};
+use crate::model::RecordFilter;
 use crate::model::{
     BatchId, BudgetSlot, Checkpoint, ExtendedSequenceNumber, HashKeyRange, ShardId,
 };
-use crate::protocol::{Acks, Batch, CheckpointError};
+use crate::protocol::{AckToken, Acks, Batch, CheckpointError};
 use crate::settings::{CheckpointMode, ReaderSettings};
 
 /// What the read that brought a batch said beside its records.
@@ -36,6 +37,36 @@ pub(super) struct Delivery {
     pub bytes: u64,
     /// When the batch's first (oldest) record reached the stream, for put → delivery.
     pub first_arrival: Option<SystemTime>,
+    /// The records of the read that matched no `processor.filter` pattern: left out of
+    /// `batch`, to be acked at once. When it holds every record, `batch` is empty and
+    /// there is no call.
+    pub filtered: Vec<AckToken>,
+}
+
+impl Delivery {
+    /// Whether the processor is called with `batch`: not when a filter left nothing of
+    /// a read that brought records.
+    pub fn calls(&self) -> bool {
+        !(self.batch.is_empty() && self.records > 0)
+    }
+}
+
+/// The records of `batch` that `keep` lets through, as a batch with their own ack
+/// tokens ([`Batch::pick`]), and the tokens of the others (acked without a call). The
+/// batch as it is when every record is kept.
+fn let_through(batch: Batch, keep: impl Fn(&Record) -> bool) -> (Batch, Vec<AckToken>) {
+    let (mut kept, mut left) = (Vec::new(), Vec::new());
+    for (index, record) in batch.records().iter().enumerate() {
+        if keep(record) {
+            kept.push(index);
+        } else {
+            left.push(batch.ack_token(index));
+        }
+    }
+    if left.is_empty() {
+        return (batch, left);
+    }
+    (batch.pick(&kept), left)
 }
 
 /// The ids of the children a shard's end named (none if it named none), for its last
@@ -70,6 +101,8 @@ pub(super) struct Outbox {
     /// The lease's hash keys.
     range: Option<HashKeyRange>,
     throughput: Throughput,
+    /// `processor.filter`, parsed; `None` hands every record over.
+    filter: Option<Arc<RecordFilter>>,
 }
 
 impl Outbox {
@@ -89,7 +122,14 @@ impl Outbox {
             checkpoint: None,
             range: None,
             throughput: Throughput::new(now),
+            filter: None,
         }
+    }
+
+    /// Hands over only the records `filter` lets through; the others are acked unseen.
+    pub fn filter(mut self, filter: Option<Arc<RecordFilter>>) -> Self {
+        self.filter = filter;
+        self
     }
 
     /// Reading starts from `checkpoint`: at `position`, skipping through `skip`, keeping
@@ -243,11 +283,13 @@ impl Outbox {
                     at_shard_end: facts.end.is_some(),
                     child_shards: child_ids(facts.end),
                     offset: 0,
+                    positions: None,
                     _empty_slot: Some(self.empty_slot.clone()),
                 },
                 records: 0,
                 bytes: 0,
                 first_arrival: None,
+                filtered: Vec::new(),
             });
         };
         self.last_delivered = Some(pure::position_of(last));
@@ -263,22 +305,31 @@ impl Outbox {
         self.record_memory = ((self.ledger.memory() - before) / len as u64).max(1);
         self.settle(held);
         self.throughput.add(len as u64, bytes, now);
+        let batch = Batch {
+            shard: self.shard.clone(),
+            id,
+            records,
+            millis_behind_latest,
+            fetched_at: facts.fetched_at.into_std(),
+            delivered_at: now.into_std(),
+            at_shard_end: facts.end.is_some(),
+            child_shards: child_ids(facts.end),
+            offset: 0,
+            positions: None,
+            _empty_slot: None,
+        };
+        let (batch, filtered) = match &self.filter {
+            Some(filter) => let_through(batch, |record| {
+                filter.matches(&record.partition_key, &record.data)
+            }),
+            None => (batch, Vec::new()),
+        };
         Some(Delivery {
-            batch: Batch {
-                shard: self.shard.clone(),
-                id,
-                records,
-                millis_behind_latest,
-                fetched_at: facts.fetched_at.into_std(),
-                delivered_at: now.into_std(),
-                at_shard_end: facts.end.is_some(),
-                child_shards: child_ids(facts.end),
-                offset: 0,
-                _empty_slot: None,
-            },
+            batch,
             records: len as u64,
             bytes,
             first_arrival,
+            filtered,
         })
     }
 

@@ -1,6 +1,9 @@
 //! Reading by polling: a shard iterator from where reading resumes, then GetRecords
 //! calls paced by [`pure::next_read`], each asking for as many records as the reader's
 //! grant in the worker's memory budget holds at the shard's observed size per record.
+//! While records are gathered (`reader.batch_window`), a read asks only for what is
+//! missing up to `reader.max_records`, reads go on every poll interval, and a new
+//! iterator resumes after the last record gathered.
 
 use std::time::Duration;
 
@@ -35,7 +38,9 @@ impl Polling {
 
     /// Gets an iterator where reading resumes.
     pub async fn acquire(&mut self, r: &mut Reading<'_>) -> Result<Next, ActorProcessingErr> {
-        let Some(position) = r.outbox.iterator_position() else {
+        let gathered = r.gather.resume_after();
+        let position = gathered.map(|last| IteratorPosition::AfterSequence(last.clone()));
+        let Some(position) = position.or_else(|| r.outbox.iterator_position()) else {
             return Ok(Next::Nothing);
         };
         let ctx = r.ctx;
@@ -77,18 +82,21 @@ impl Polling {
         let reader = &ctx.settings().reader;
         let poll = reader.poll_interval;
         let capabilities = ctx.ports.streams.capabilities();
-        let most = reader.max_records.min(capabilities.max_records_per_call);
+        let most = r
+            .gather
+            .room(reader.max_records)
+            .min(capabilities.max_records_per_call);
         let granted = r.outbox.budget().grant();
         let Some(limit) = pure::fetch_limit(
             most,
             granted,
             r.outbox.record_memory(),
-            r.outbox.holds_nothing(true),
+            r.holds_nothing(true),
         ) else {
             // At its share of the memory budget: its acks (or the next poll, once
             // others' acks free room) wake it.
             r.health.budget_wait = true;
-            r.outbox.settle(0);
+            r.settle(0);
             return Ok(Next::Fetch(poll));
         };
         r.health.budget_wait = false;
@@ -100,7 +108,8 @@ impl Polling {
             .as_ref()
             .map_or(0, |b| b.records.iter().map(pure::record_memory).sum());
         let got_records = matches!(&answer, Ok(batch) if !batch.records.is_empty());
-        r.outbox.read_answered(got_records, incoming, 0);
+        r.outbox
+            .read_answered(got_records, incoming, r.gather.memory());
         if answer.is_ok() {
             r.answered();
         }
@@ -110,7 +119,7 @@ impl Polling {
             // so reading resumes after the last record delivered.
             Ok(_) if !r.may_deliver() => {
                 self.iterator = None;
-                r.outbox.settle(0);
+                r.settle(0);
                 Ok(Next::Fetch(poll))
             }
             Ok(batch) => {
@@ -119,7 +128,7 @@ impl Polling {
                     batch.millis_behind_latest,
                     Some(took),
                 );
-                let read = pure::Read {
+                let mut read = pure::Read {
                     got_records: !batch.records.is_empty(),
                     caught_up: batch.millis_behind_latest.unwrap_or(0) == 0,
                     full_unmetered: !capabilities.calls_metered
@@ -138,6 +147,8 @@ impl Polling {
                 if at_end {
                     return Ok(Next::Ended(batch.child_shards));
                 }
+                // Gathering: on every poll interval, as a shard with a backlog.
+                read.got_records |= !r.gather.is_empty();
                 let (delay, idle) = pure::next_read(
                     read,
                     poll,
@@ -206,6 +217,9 @@ impl Polling {
             )
             .into());
         }
+        // What was gathered is in the lost window too: read again if still kept.
+        r.gather.restart();
+        r.settle(0);
         r.outbox.restart_at_trim_horizon();
         self.iterator = None;
         Ok(Next::Acquire)
@@ -389,6 +403,74 @@ mod tests {
             "nothing again, nothing skipped: {next:?} {:?}",
             rig.all_delivered()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batching_window_gathers_reads_and_a_new_iterator_reads_none_twice() {
+        let mut settings = settings();
+        settings.reader.batch_window = Duration::from_secs(2);
+        let mut rig = Rig::new(settings).await;
+        rig.put(1).await;
+        let mut polling = Polling::new(Duration::ZERO);
+        let next = step(&mut polling, &mut rig).await;
+        assert!(rig.out.delivered().is_empty(), "gathered, not handed over");
+        assert_eq!(
+            *rig.out.window_timers.lock().unwrap(),
+            [Duration::from_secs(2)]
+        );
+        assert!(
+            matches!(next, Next::Fetch(d) if d <= rig.ctx.settings().reader.poll_interval),
+            "gathering reads on every poll interval: {next:?}"
+        );
+        assert!(
+            rig.budget.usage().in_use > 0,
+            "the gathered records are held"
+        );
+        // Fenced: the read is not kept and the iterator dropped; the next one starts
+        // after the record gathered, not after the last delivered (none).
+        let (key, fence) = (rig.ctx.key.clone(), rig.ctx.fence.clone());
+        rig.ctx.ports.fencing.lock().revoke(&key, &fence, "test");
+        rig.put(1).await;
+        step(&mut polling, &mut rig).await;
+        assert!(!polling.has_iterator());
+        rig.ctx.ports.fencing.lock().forget(&key, &fence);
+        rig.ctx
+            .ports
+            .fencing
+            .lock()
+            .hold(&key, &fence, Instant::now());
+        step(&mut polling, &mut rig).await;
+        assert!(
+            rig.out.delivered().is_empty(),
+            "two gathered, max_records is 3"
+        );
+        // The window's timer: one batch, each record once.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        rig.reading().window_due(0).unwrap();
+        assert_eq!(
+            rig.out.delivered().iter().map(Vec::len).collect::<Vec<_>>(),
+            [2]
+        );
+        assert_eq!(rig.budget.usage().in_use, rig.outbox.ledger().memory());
+        // max_records reached: at once, each read asking only for what is missing.
+        rig.ack_all();
+        rig.put(5).await;
+        step(&mut polling, &mut rig).await;
+        assert_eq!(
+            rig.out.delivered().iter().map(Vec::len).collect::<Vec<_>>(),
+            [3]
+        );
+        rig.ack_all();
+        step(&mut polling, &mut rig).await;
+        assert!(rig.out.delivered().is_empty(), "the last two are gathered");
+        rig.put(2).await;
+        step(&mut polling, &mut rig).await;
+        assert_eq!(
+            rig.out.delivered().iter().map(Vec::len).collect::<Vec<_>>(),
+            [3],
+            "a read of one, the Limit left"
+        );
+        assert_eq!(rig.ctx.ports.lags.delivered_total(), 8, "nothing twice");
     }
 
     #[tokio::test(start_paused = true)]

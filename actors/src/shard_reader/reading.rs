@@ -2,7 +2,8 @@
 //! borrowed for the step: fencing before delivery, the health of the reads, the stall,
 //! and the delivery itself (the outbox makes the batch; this sends it and counts it).
 //! A read step ends by saying what the reader does next ([`Next`]); the actor shell
-//! turns that into messages to itself.
+//! turns that into messages to itself. With `reader.batch_window`, what a read brings
+//! is gathered first ([`Gather`]), and handed over when the gather says.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,13 +12,15 @@ use tokio::time::Instant;
 use tracing::{error, info};
 
 use super::context::{Ctx, Out};
+use super::gather::{Gather, Gathered};
 use super::health::{FenceNews, ReadHealth};
 use super::outbox::{Outbox, ReadFacts};
 use super::pure::{self, Phase};
 use super::stall::{StallNews, StallWatch};
 use crate::backend::{ChildShard, Record, StreamError};
 use crate::telemetry::{
-    Call, CallFailed, DeliveryPaused, DeliveryResumed, Metric, Sample, ShardStalled, ShardUnstalled,
+    Call, CallFailed, DeliveryPaused, DeliveryResumed, Metric, RecordsFiltered, Sample,
+    ShardStalled, ShardUnstalled,
 };
 
 /// What the reader does after a read step.
@@ -42,6 +45,8 @@ pub(super) struct Reading<'a> {
     pub outbox: &'a mut Outbox,
     pub health: &'a mut ReadHealth,
     pub stall: &'a mut StallWatch,
+    /// What reads brought and the batching window holds back.
+    pub gather: &'a mut Gather,
 }
 
 impl Reading<'_> {
@@ -127,19 +132,86 @@ impl Reading<'_> {
     }
 
     /// No subscription is open (any more): none is shown, and the budget holds only
-    /// the ledger (nothing read is held back undelivered).
+    /// the ledger and what is gathered (no event's records are held back).
     pub fn feed_dropped(&mut self) {
         self.ctx.ports.lags.subscribed(&self.ctx.key, None);
-        self.outbox.settle(0);
+        self.settle(0);
+    }
+
+    /// Tells the budget what the shard holds: the ledger, what is gathered and `held`
+    /// (a fan-out event's records not yet handed on) ([`Outbox::settle`]).
+    pub fn settle(&mut self, held: u64) {
+        self.outbox.settle(held + self.gather.memory());
+    }
+
+    /// Nothing of this shard is in memory ([`Outbox::holds_nothing`]); `held_nothing`:
+    /// the source holds no record either.
+    pub fn holds_nothing(&self, held_nothing: bool) -> bool {
+        self.outbox
+            .holds_nothing(held_nothing && self.gather.is_empty())
+    }
+
+    /// The batching window's timer: hands what is gathered over once the window has
+    /// passed (an earlier window's timer finds nothing due). While the shard may not
+    /// deliver, looks again a poll interval later. `held`: as [`Self::deliver`].
+    pub fn window_due(&mut self, held: u64) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        if self.phase != Phase::Reading || !self.gather.due(now) {
+            return Ok(());
+        }
+        if !self.may_deliver() {
+            let poll = self.ctx.settings().reader.poll_interval;
+            self.out.window_due_after(poll);
+            return Ok(());
+        }
+        let Some((records, fetched_at)) = self.gather.take_due(now) else {
+            return Ok(());
+        };
+        let facts = ReadFacts {
+            fetched_at,
+            end: None,
+        };
+        self.hand_over(records, facts, held)
     }
 
     pub fn note_stall(&mut self) {
         note_stall(self.ctx, self.out, self.stall, self.phase);
     }
 
-    /// Hands a read's records over ([`Outbox::deliver`]) and counts them; `held` is what
-    /// a fan-out event still holds, settled with the budget.
+    /// Hands a read's records over, or gathers them for a later batch
+    /// ([`Gather::add`]: `reader.batch_window`); `held` is what a fan-out event still
+    /// holds, settled with the budget.
     pub fn deliver(
+        &mut self,
+        raw: Vec<Record>,
+        facts: ReadFacts<'_>,
+        held: u64,
+    ) -> Result<(), ActorProcessingErr> {
+        let (max, now) = (self.ctx.settings().reader.max_records, Instant::now());
+        let at_end = facts.end.is_some();
+        match self.gather.add(raw, facts.fetched_at, at_end, max, now) {
+            Gathered::Kept { arm } => {
+                if let Some(after) = arm {
+                    self.out.window_due_after(after);
+                }
+                self.settle(held);
+                Ok(())
+            }
+            Gathered::Deliver {
+                records,
+                fetched_at,
+            } => {
+                let facts = ReadFacts {
+                    fetched_at,
+                    end: facts.end,
+                };
+                self.hand_over(records, facts, held)
+            }
+        }
+    }
+
+    /// Hands records over ([`Outbox::deliver`]) and counts them.
+    fn hand_over(
         &mut self,
         raw: Vec<Record>,
         facts: ReadFacts<'_>,
@@ -151,7 +223,7 @@ impl Reading<'_> {
             facts,
             ctx.settings().reader.call_on_empty,
             self.health.millis_behind(),
-            held,
+            held + self.gather.memory(),
             Instant::now(),
         ) else {
             return Ok(());
@@ -179,7 +251,18 @@ impl Reading<'_> {
                 .lags
                 .delivered(&ctx.key, delivery.records, delivery.bytes);
         }
-        self.out.process(delivery.batch)
+        let calls = delivery.calls();
+        if !delivery.filtered.is_empty() {
+            self.out.emit(&RecordsFiltered {
+                shard: &ctx.key,
+                records: delivery.filtered.len(),
+            });
+            self.out.skip(delivery.filtered);
+        }
+        if calls {
+            self.out.process(delivery.batch)?;
+        }
+        Ok(())
     }
 }
 

@@ -172,7 +172,12 @@ pub(super) async fn start_processor(
     };
     let processor = wires
         .processors
-        .start(&info, host, wires.me.get_cell())
+        .start(
+            &info,
+            host,
+            ctx.settings().processor.parallelism,
+            wires.me.get_cell(),
+        )
         .await?;
     processor.cast(ProcessorMsg::Initialize(info))?;
     Ok(Some(Begun {

@@ -4,6 +4,7 @@ use tokio::time::Instant;
 
 use super::context::Ctx;
 use super::failures::FailureBook;
+use super::gather::Gather;
 use super::health::ReadHealth;
 use super::outbox::Outbox;
 use super::pure::{self, Phase};
@@ -19,6 +20,8 @@ pub(super) struct Parts<'a> {
     pub health: &'a ReadHealth,
     pub stall: &'a StallWatch,
     pub source: &'a Source,
+    /// What the batching window holds back: in memory, not yet delivered.
+    pub gather: &'a Gather,
     pub failures: &'a FailureBook,
 }
 
@@ -30,6 +33,7 @@ pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
         health,
         stall,
         source,
+        gather,
         failures,
     } = parts;
     let now = Instant::now();
@@ -58,13 +62,17 @@ pub(super) fn shard_status(parts: Parts<'_>) -> ShardStatus {
         last_error_ms_ago: last_error.map(|(_, ago)| ago.as_millis() as u64),
         in_flight_records: ledger.in_flight_records() as u64,
         in_flight_bytes: ledger.in_flight_bytes(),
-        memory_bytes: ledger.memory() + source.held_memory(),
+        memory_bytes: ledger.memory() + source.held_memory() + gather.memory(),
         restarts: ctx.restarts,
         fenced: health.fenced().cloned(),
         stall,
         subscription: source.view(now),
         records_discarded: failures.discarded,
         last_failure: failures.last_failure.clone(),
+        lanes: match ctx.settings().processor.parallelism {
+            lanes if lanes > 1 => ledger.lanes(lanes, now),
+            _ => Vec::new(),
+        },
     }
 }
 
@@ -87,6 +95,7 @@ mod tests {
             health: &rig.health,
             stall: &rig.stall,
             source,
+            gather: &rig.gather,
             failures: &FailureBook::default(),
         })
     }

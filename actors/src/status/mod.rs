@@ -119,6 +119,25 @@ pub struct ShardStatus {
     /// The processor's last failure under `[failure]`: the record and the error.
     #[serde(default)]
     pub last_failure: Option<String>,
+    /// Each lane's records not yet done, with `processor.parallelism` above 1 (empty
+    /// with one lane): the checkpoint waits for the slowest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<LaneLag>,
+}
+
+/// One lane of a shard (`processor.parallelism`): what it has been handed and not yet
+/// finished. The shard's checkpoint cannot pass a lane's oldest pending record, so a
+/// lane far behind the others is the one holding the checkpoint (and the reader's
+/// window) back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LaneLag {
+    /// The lane, from 0.
+    pub lane: usize,
+    /// Records handed to the lane and not yet acked (in manual mode: not yet
+    /// checkpointed past by the lane).
+    pub pending_records: u64,
+    /// How long ago the oldest of them was delivered; `None` when none is pending.
+    pub oldest_pending_ms: Option<u64>,
 }
 
 /// A shard's fan-out subscription, for the status page.

@@ -67,6 +67,7 @@ pub(crate) fn fallback(
         subscription: None,
         records_discarded: 0,
         last_failure: None,
+        lanes: Vec::new(),
     }
 }
 

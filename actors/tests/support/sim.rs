@@ -223,6 +223,9 @@ pub struct SimReport {
     /// The failure policy of the seed ([`PoisonPlan`]), described; empty when off.
     #[serde(default)]
     pub policy: String,
+    /// The lanes per shard of the seed (`processor.parallelism`, [`draw_lanes`]).
+    #[serde(default)]
+    pub lanes: u16,
     /// Poison records put.
     #[serde(default)]
     pub poison_put: u64,
@@ -387,6 +390,21 @@ const POISON: &str = "poison/";
 /// generator draws as it did before the policy (a seed without poison replays as
 /// before).
 const POISON_SALT: u64 = 0x0D15_CA2D_ED00_0032;
+
+/// Mixed into the seed for the draw of the lanes per shard (`processor.parallelism`),
+/// so that the schedule and the poison plan draw as they did before lanes.
+const LANES_SALT: u64 = 0x1A4E_5000_0000_0033;
+
+/// The lanes per shard of a seed (issue 33): half the seeds run 2, 4 or 8 lanes, so the
+/// oracles (per-key order; no worker inside `process()` for a shard while another
+/// unfenced worker is, in any lane) hold with batches of one shard in flight at once.
+pub fn draw_lanes(seed: u64) -> u16 {
+    let mut rng = SplitMix::new(seed ^ LANES_SALT);
+    if !rng.chance(500) {
+        return 1;
+    }
+    [2, 4, 8][rng.index(3)]
+}
 
 /// The failure policy of a seed with poison records (half the seeds, by the seed).
 #[derive(Debug, Clone, Copy)]
@@ -1126,8 +1144,9 @@ impl Shared {
     }
 }
 
-fn settings(id: &str, java: Option<JavaMode>, poison: Option<PoisonPlan>) -> Settings {
+fn settings(id: &str, java: Option<JavaMode>, poison: Option<PoisonPlan>, lanes: u16) -> Settings {
     let mut s = fast_settings(STREAM, APP);
+    s.processor.parallelism = lanes;
     if let Some(plan) = poison {
         // The destination the workers write is the simulator's own (given with
         // `Backend::with_dead_letters`, which the setting's value does not override);
@@ -1529,7 +1548,7 @@ impl Sim {
             worker_time: Duration::ZERO,
             last_tick: start,
             tables: Vec::new(),
-            fresh_for: settings("w", None, None).lease.fence_time(),
+            fresh_for: settings("w", None, None, 1).lease.fence_time(),
             java: Vec::new(),
             java_joined: 0,
             java_time: Duration::ZERO,
@@ -1538,7 +1557,7 @@ impl Sim {
             options,
         };
         if sim.options.java.is_some() {
-            let lease = settings("w", sim.options.java, None).lease;
+            let lease = settings("w", sim.options.java, None, 1).lease;
             sim.shared.lock().java = Some(JavaOracle {
                 failover: lease.failover_time,
                 renew_every: lease.failover_time / 3,
@@ -1596,6 +1615,7 @@ impl Sim {
                     .as_ref()
                     .map_or(Duration::ZERO, |j| j.steal_overlap),
                 policy: sim.poison.map(|p| p.describe()).unwrap_or_default(),
+                lanes: draw_lanes(sim.options.seed),
                 poison_put: sim.producer.poison.len() as u64,
                 discarded: log.discarded_records.len() as u64,
                 poison_discarded: log.poison_discarded,
@@ -1733,7 +1753,9 @@ impl Sim {
         .frozen_by(&freezer);
         let stream =
             Faulty::new(self.rig.streams.clone(), FaultPlan::seeded(seed ^ 1)).frozen_by(&freezer);
-        let failover = settings("w", self.options.java, None).lease.failover_time;
+        let failover = settings("w", self.options.java, None, 1)
+            .lease
+            .failover_time;
         let java = JavaWorker::start(
             id.clone(),
             table,
@@ -1830,7 +1852,12 @@ impl Sim {
             }
         };
         let worker = match Worker::builder()
-            .settings(settings(&id, self.options.java, self.poison))
+            .settings(settings(
+                &id,
+                self.options.java,
+                self.poison,
+                draw_lanes(self.options.seed),
+            ))
             .backend(backend)
             .processor(factory)
             .start()
@@ -2556,7 +2583,7 @@ impl Sim {
         floor: usize,
         ceil: usize,
     ) -> Result<bool, String> {
-        let lease = settings("w", self.options.java, None).lease;
+        let lease = settings("w", self.options.java, None, 1).lease;
         let limits = balance::Limits::from_settings(&lease);
         let slack = match limits.policy {
             balance::Policy::Count => return Ok(false),
