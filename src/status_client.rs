@@ -280,8 +280,13 @@ pub fn render_fleet(fleet: &Value) -> String {
                 text(&worker["records_per_second"]),
                 text(&worker["bytes_per_second"]),
                 millis_as_duration(&worker["silent_ms"]),
-                match worker["has_heartbeat"].as_bool() {
-                    Some(false) => "no heartbeat row".to_owned(),
+                // A dead worker's load is unknown (REC/S and BYTES/S `-`), and why.
+                match (
+                    worker["load_unknown"].as_str(),
+                    worker["has_heartbeat"].as_bool(),
+                ) {
+                    (Some(why), _) => format!("load unknown: {why}"),
+                    (None, Some(false)) => "no heartbeat row".to_owned(),
                     _ => String::new(),
                 },
             ]

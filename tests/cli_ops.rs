@@ -709,8 +709,9 @@ async fn status_server() -> String {
                 draining: false,
                 has_heartbeat: true,
                 leases: 2,
-                records_per_second: 25,
+                records_per_second: Some(25),
                 bytes_per_second: Some(51_200),
+                load_unknown: None,
                 silent_ms: 100,
             },
             FleetWorker {
@@ -719,8 +720,10 @@ async fn status_server() -> String {
                 draining: false,
                 has_heartbeat: true,
                 leases: 1,
-                records_per_second: 0,
+                // Dead: its load is unknown, not its last figures.
+                records_per_second: None,
                 bytes_per_second: None,
+                load_unknown: Some("no heartbeat for 42 s".into()),
                 silent_ms: 42_000,
             },
         ],
@@ -896,7 +899,15 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     assert!(
         table
             .lines()
-            .any(|l| l.starts_with("w-2") && l.contains(" dead ") && l.contains("42s")),
+            .any(|l| l.starts_with("w-1") && l.split_whitespace().nth(4) == Some("25")),
+        "{table}"
+    );
+    // The dead worker: its load unknown (REC/S and BYTES/S `-`), and why.
+    assert!(
+        table.lines().any(|l| l.starts_with("w-2")
+            && l.contains(" dead ")
+            && l.split_whitespace().skip(4).take(3).eq(["-", "-", "42s"])
+            && l.ends_with("load unknown: no heartbeat for 42 s")),
         "{table}"
     );
     assert!(

@@ -227,14 +227,19 @@ const SHARDS: [&str; 4] = [
 /// The processor's last failure on the held lease, whose reader discarded 2 records.
 const LAST_FAILURE: &str =
     "record 49650000000000000000000000000000000000000000000000000124/0: cannot parse";
+/// Why the dead worker's load is unknown.
+const DEAD_LOAD: &str = "no heartbeat for 15 s";
 /// Would add an `<img>` element if the page ever inserted data as markup.
 const INJECTED: &str = "<img id=\"injected\" src=\"x\">";
 
 fn fixture_view() -> serde_json::Value {
+    // A dead worker's load is unknown: no figures, and why.
     let worker = |id: &str, alive: bool, draining: bool, leases: u64, rps: u64| {
         serde_json::json!({
             "worker_id": id, "alive": alive, "draining": draining, "has_heartbeat": true,
-            "leases": leases, "records_per_second": rps, "silent_ms": if alive { 300 } else { 15_000 },
+            "leases": leases, "records_per_second": if alive { Some(rps) } else { None },
+            "load_unknown": if alive { None } else { Some(DEAD_LOAD) },
+            "silent_ms": if alive { 300 } else { 15_000 },
         })
     };
     let lease = |shard: &str,
@@ -246,7 +251,9 @@ fn fixture_view() -> serde_json::Value {
             "lease_key": shard, "shard_id": shard, "owner": owner, "state": state,
             "checkpoint": "49650000000000000000000000000000000000000000000000000123",
             "counter": 7, "handoff_to": if state == "handing_off" { Some("demo-3") } else { None },
-            "parents": parents, "children": children, "millis_behind_latest": 1500,
+            "parents": parents, "children": children,
+            // The dead owner's last lag is not the lag now: unknown.
+            "millis_behind_latest": if state == "unassigned" { None } else { Some(1500) },
             // A fan-out fleet: the held lease's owner has a subscription open, the one
             // being handed over has none.
             "subscribed_ms": if state == "held" { Some(62_000) } else { None },
@@ -405,6 +412,11 @@ async fn the_page_renders_a_fleet_view() {
         "id=\"scan-age\">420 ms ago<",
         "2/3 workers alive; 5 leases: 1 held, 1 handing off, 1 unassigned, 1 blocked, 1 stalled, 0 finished.",
         "class=\"rps\">250 records/s<",
+        // The dead worker: its lease count from the table, its load unknown.
+        &format!(
+            "<span class=\"leases\">1 lease</span>, <span class=\"rps unknown\">load unknown \
+             ({DEAD_LOAD})</span>"
+        ),
         "496500…000123<", // the checkpoint, shortened
         "1.5 s<",         // the lag
         // The handoff target, and no subscription open for it.
@@ -834,7 +846,7 @@ fn the_page_shows_the_live_demo_fleet_and_its_crash() {
     let victim = demo.line_after("demo: crashed ", Duration::from_secs(20));
     let victim = victim.split(' ').next().unwrap().to_owned();
     let (_, survivor) = status_urls.iter().find(|(id, _)| *id != victim).unwrap();
-    fleet_until(
+    let after = fleet_until(
         survivor,
         &format!("showed {victim} dead"),
         Duration::from_secs(15),
@@ -844,9 +856,29 @@ fn the_page_shows_the_live_demo_fleet_and_its_crash() {
                 .any(|(id, alive)| *id == victim && !alive)
         },
     );
+    let dead_worker = after["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker_id"] == victim.as_str())
+        .unwrap();
+    assert!(
+        dead_worker["records_per_second"].is_null()
+            && dead_worker["load_unknown"]
+                .as_str()
+                .is_some_and(|why| why.starts_with("no heartbeat for ")),
+        "{dead_worker}"
+    );
     let dom = dump_dom(&format!("{survivor}/fleet.html"));
     let dead = format!("<tr class=\"worker dead\" data-worker=\"{victim}\"");
     assert!(dom.contains(&dead), "no {dead} in the DOM: {dom}");
+    // Its load is unknown, not the records/s of its last heartbeat.
+    let at = dom.find(&dead).unwrap();
+    let row = &dom[at..at + dom[at..].find("</tr>").unwrap()];
+    assert!(
+        row.contains("class=\"rps unknown\">load unknown (no heartbeat for "),
+        "the dead worker's row: {row}"
+    );
     let alive = rows(&dom, "worker alive").len();
     assert_eq!(
         alive,

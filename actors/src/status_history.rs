@@ -161,12 +161,14 @@ pub(crate) fn shard_samples(status: &WorkerStatus) -> Vec<(String, Point)> {
 }
 
 /// The fleet's sample: each worker's records/s (from its heartbeat) and the largest lag
-/// of the leases it holds.
+/// of the leases it holds. A worker whose load is unknown (dead, or without a heartbeat
+/// row: `FleetWorker::load_unknown`) gives no sample, a gap, never its last figure.
 pub(crate) fn worker_samples(fleet: &FleetView) -> Vec<(String, Point)> {
     fleet
         .workers
         .iter()
-        .map(|worker| {
+        .filter_map(|worker| {
+            let records_per_second = worker.records_per_second?;
             let lag_ms = fleet
                 .leases
                 .iter()
@@ -174,13 +176,13 @@ pub(crate) fn worker_samples(fleet: &FleetView) -> Vec<(String, Point)> {
                 .filter(|l| l.state != FleetLeaseState::Finished)
                 .filter_map(|l| l.millis_behind_latest)
                 .max();
-            (
+            Some((
                 worker.worker_id.clone(),
                 Point {
-                    records_per_second: worker.records_per_second as f32,
+                    records_per_second: records_per_second as f32,
                     lag_ms: lag(lag_ms),
                 },
-            )
+            ))
         })
         .collect()
 }
@@ -278,6 +280,39 @@ mod tests {
         history.record(secs(POINTS as u64 * 10), [("kept".to_owned(), p(2.0))]);
         let names: Vec<String> = history.series().into_iter().map(|s| s.name).collect();
         assert_eq!(names, ["kept"]);
+    }
+
+    /// A worker whose load is unknown (dead) gives no sample, so its chart breaks
+    /// rather than going on with its last records/s; a live one gives its figures.
+    #[test]
+    fn a_worker_whose_load_is_unknown_gives_no_sample() {
+        use crate::status::FleetWorker;
+        let worker = |id: &str, rps: Option<u64>| FleetWorker {
+            worker_id: id.to_owned(),
+            alive: rps.is_some(),
+            draining: false,
+            has_heartbeat: true,
+            leases: 0,
+            records_per_second: rps,
+            bytes_per_second: None,
+            load_unknown: rps.is_none().then(|| "no heartbeat for 12 s".to_owned()),
+            silent_ms: 0,
+        };
+        let fleet = FleetView {
+            workers: vec![worker("dead", None), worker("live", Some(700))],
+            ..FleetView::default()
+        };
+        let samples = worker_samples(&fleet);
+        assert_eq!(
+            samples,
+            [(
+                "live".to_owned(),
+                Point {
+                    records_per_second: 700.0,
+                    lag_ms: None
+                }
+            )]
+        );
     }
 
     /// The memory figure the module's docs (and README) give: 16 bytes a point, 960 a

@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::{ShardState, WorkerStatus};
-use crate::balance::Observations;
+use crate::balance::{Observations, Peer};
 use crate::model::{Lease, LeaseKey, WorkerId};
 
 /// The whole fleet as one worker sees it from its last lease-table scan: every worker
@@ -68,6 +68,14 @@ pub(crate) struct FleetScan<'a> {
 
 /// The fleet as one scan shows it: workers with their liveness on this worker's
 /// clock, every lease with its state and its owner's last reported lag.
+///
+/// What a heartbeat reports (a worker's records/s and bytes/s, a lease's lag, rate and
+/// subscription) is shown only while that heartbeat is live, by the rule that judges
+/// the worker alive ([`Observations::peers`], [`Observations::lease_owner_alive`]): a
+/// dead worker's last figures are not its load now, which is unknown, and
+/// [`FleetWorker::load_unknown`] says why. A lease shows a handoff target only while it
+/// is being handed off ([`FleetLeaseState::HandingOff`]): a finished lease, or one whose
+/// owner is dead, hands off nothing, whatever request its row still holds.
 pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     let FleetScan {
         leases,
@@ -122,24 +130,20 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
         {
             *owned.entry(owner).or_default() += 1;
         }
-        let lag = lease
+        // The owner's figures for it, from a live heartbeat only; none once finished.
+        let load = lease
             .owner
             .as_ref()
-            .and_then(|o| obs.load_of(o))
-            .and_then(|load| load.lag_ms.get(lease.key.as_str()).copied());
-        let subscribed_ms = lease
-            .owner
-            .as_ref()
-            .and_then(|o| obs.load_of(o))
-            .and_then(|load| load.subscribed_ms.get(lease.key.as_str()).copied());
-        let rate = lease
-            .owner
-            .as_ref()
-            .and_then(|o| obs.load_of(o))
+            .filter(|_| owner_alive && state != FleetLeaseState::Finished)
+            .and_then(|o| obs.load_of(o));
+        let lag = load.and_then(|load| load.lag_ms.get(lease.key.as_str()).copied());
+        let subscribed_ms =
+            load.and_then(|load| load.subscribed_ms.get(lease.key.as_str()).copied());
+        let rate = load
             .and_then(|load| load.lease_rates.as_ref())
             .and_then(|rates| rates.get(&lease.key).copied());
         view.leases.push(FleetLease {
-            rate: rate.filter(|_| state != FleetLeaseState::Finished),
+            rate,
             lease_key: lease.key.to_string(),
             shard_id: shard.to_string(),
             stream: lease.key.stream_name().map(str::to_owned),
@@ -148,7 +152,11 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
             reason,
             checkpoint: Some(lease.checkpoint.to_string()),
             counter: Some(lease.counter),
-            handoff_to: lease.handoff_to.as_ref().map(|w| w.to_string()),
+            handoff_to: lease
+                .handoff_to
+                .as_ref()
+                .filter(|_| state == FleetLeaseState::HandingOff)
+                .map(|w| w.to_string()),
             parents: lease
                 .parent_shard_ids
                 .iter()
@@ -159,8 +167,8 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            millis_behind_latest: lag.filter(|_| state != FleetLeaseState::Finished),
-            subscribed_ms: subscribed_ms.filter(|_| state != FleetLeaseState::Finished),
+            millis_behind_latest: lag,
+            subscribed_ms,
             records_discarded: None,
             last_failure: None,
         });
@@ -193,22 +201,41 @@ pub(crate) fn fleet_view(scan: &FleetScan<'_>) -> FleetView {
     view.workers = obs
         .peers(now, failover)
         .into_iter()
-        .map(|peer| FleetWorker {
-            leases: owned.get(&peer.worker).copied().unwrap_or(0),
-            worker_id: peer.worker.to_string(),
-            alive: peer.alive,
-            draining: peer.load.draining,
-            has_heartbeat: peer.has_heartbeat,
-            records_per_second: peer.load.records_per_second,
-            bytes_per_second: peer
-                .load
-                .lease_rates
-                .as_ref()
-                .map(|rates| rates.values().map(|r| r.bytes_per_second).sum()),
-            silent_ms: peer.silent_ms,
+        .map(|peer| {
+            let load_unknown = load_unknown(&peer);
+            let known = load_unknown.is_none();
+            FleetWorker {
+                leases: owned.get(&peer.worker).copied().unwrap_or(0),
+                worker_id: peer.worker.to_string(),
+                alive: peer.alive,
+                draining: peer.load.draining,
+                has_heartbeat: peer.has_heartbeat,
+                records_per_second: known.then_some(peer.load.records_per_second),
+                bytes_per_second: peer
+                    .load
+                    .lease_rates
+                    .as_ref()
+                    .filter(|_| known)
+                    .map(|rates| rates.values().map(|r| r.bytes_per_second).sum()),
+                load_unknown,
+                silent_ms: peer.silent_ms,
+            }
         })
         .collect();
     view
+}
+
+/// Why a worker's load is not known (`None`: its live heartbeat says it): it never wrote
+/// a heartbeat row, or its heartbeat stood still past the failover time (dead, by
+/// [`Observations::peers`]' rule), so what it last reported is not what it does now.
+fn load_unknown(peer: &Peer) -> Option<String> {
+    if !peer.has_heartbeat {
+        Some("no heartbeat row".to_owned())
+    } else if !peer.alive {
+        Some(format!("no heartbeat for {} s", peer.silent_ms / 1000))
+    } else {
+        None
+    }
 }
 
 /// What the observer's own readers know of its held shards (its `status`), which the
@@ -251,11 +278,16 @@ pub struct FleetWorker {
     pub has_heartbeat: bool,
     /// Leases it owns in the table (not finished).
     pub leases: u64,
-    /// Records per second it delivered, from its heartbeat.
-    pub records_per_second: u64,
+    /// Records per second it delivered, from its live heartbeat; `None` when its load
+    /// is unknown (`load_unknown` says why), never its last figure.
+    pub records_per_second: Option<u64>,
     /// The sum of its leases' smoothed bytes/s (what throughput balance evens out);
-    /// `None` from a worker that publishes no per-lease rates.
+    /// `None` from a worker that publishes no per-lease rates, or whose load is unknown.
     pub bytes_per_second: Option<u64>,
+    /// Why its load is unknown: `no heartbeat for 12 s` (dead: its heartbeat stood
+    /// still past the failover time), `no heartbeat row`; `None` while its live
+    /// heartbeat reports it.
+    pub load_unknown: Option<String>,
     /// How long its heartbeat has stood still.
     pub silent_ms: u64,
 }
@@ -301,19 +333,22 @@ pub struct FleetLease {
     pub checkpoint: Option<String>,
     /// The row's `leaseCounter` (the lease epoch); `None` when the row is unreadable.
     pub counter: Option<u64>,
-    /// The worker that asked for the lease (`flotillaHandoffTo`), while a request stands.
+    /// The worker that asked for the lease (`flotillaHandoffTo`), while its owner hands
+    /// it over (state `handing_off`); `None` in every other state, whatever request the
+    /// row still holds (a finished lease, or one whose owner is dead, hands off nothing).
     pub handoff_to: Option<String>,
     /// The row's `parentShardId`: the shards that must finish before this one is read.
     pub parents: Vec<String>,
     /// The row's `childShardIds`, written with the SHARD_END checkpoint.
     pub children: Vec<String>,
-    /// The owner's last reported MillisBehindLatest for it (from its heartbeat).
+    /// The owner's last reported MillisBehindLatest for it (from its heartbeat); `None`
+    /// once finished, or while its owner is dead (its last figure is not the lag now).
     pub millis_behind_latest: Option<u64>,
     /// In a fan-out fleet, for a lease being read: how long the owner's subscription to
     /// the shard had lasted at its last heartbeat, or `None` if it had none.
     pub subscribed_ms: Option<u64>,
     /// Its owner's smoothed records/s and bytes/s for it (from its heartbeat); `None`
-    /// until measured, or from an owner that publishes no rates.
+    /// until measured, from an owner that publishes no rates, or while its owner is dead.
     pub rate: Option<crate::model::LeaseRate>,
     /// Only on its owner's own view, from the owner's reader (`None` for a lease the
     /// observer does not hold): the records the reader wrote to `failure.destination`
@@ -327,8 +362,201 @@ pub struct FleetLease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Checkpoint, Heartbeat, LeaseRate, ShardId, WorkerLoad};
     use crate::status::ShardStatus;
     use crate::status_tree::tests::{shard, worker};
+
+    const FAILOVER: Duration = Duration::from_secs(10);
+
+    /// A scenario for [`fleet_view`]: workers `live` and `dead` each report 700
+    /// records/s, 4000 bytes/s and a lag of 1500 ms on every lease in their heartbeat;
+    /// `live`'s counter moves, `dead`'s stands still from the first scan (at `t0`) to
+    /// the second, 12 s later, past the failover time; `java` owns a lease and never
+    /// wrote a heartbeat row. The view is built at the second scan.
+    fn view_at_second_scan(leases: &[Lease]) -> FleetView {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(12);
+        let load = WorkerLoad {
+            records_per_second: 700,
+            lag_ms: leases
+                .iter()
+                .map(|l| (l.key.as_str().to_owned(), 1500))
+                .collect(),
+            lease_rates: Some(
+                leases
+                    .iter()
+                    .map(|l| {
+                        let rate = LeaseRate {
+                            records_per_second: 700,
+                            bytes_per_second: 4000,
+                        };
+                        (l.key.clone(), rate)
+                    })
+                    .collect(),
+            ),
+            ..WorkerLoad::default()
+        };
+        let hb = |worker: &str, counter: u64| Heartbeat {
+            worker: WorkerId::new(worker),
+            counter,
+            load: load.clone(),
+        };
+        let owners: Vec<&WorkerId> = leases.iter().filter_map(|l| l.owner.as_ref()).collect();
+        let mut obs = Observations::new();
+        obs.observe(&[hb("live", 1), hb("dead", 1)], [], t0);
+        obs.observe(&[hb("live", 2), hb("dead", 1)], owners, now);
+        let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+        fleet_view(&FleetScan {
+            application: "app",
+            stream: "orders",
+            read_mode: "polling",
+            observer: &WorkerId::new("live"),
+            malformed: &[],
+            leases,
+            by_key: &by_key,
+            unreadable: &BTreeMap::new(),
+            orphans: &BTreeMap::new(),
+            observations: &obs,
+            now,
+            failover: FAILOVER,
+        })
+    }
+
+    fn table_lease(
+        shard: &str,
+        owner: &str,
+        checkpoint: Checkpoint,
+        handoff_to: Option<&str>,
+    ) -> Lease {
+        Lease {
+            owner: Some(WorkerId::new(owner)),
+            counter: 3,
+            handoff_to: handoff_to.map(WorkerId::new),
+            ..Lease::new(&ShardId::new(shard), checkpoint, Vec::new(), None)
+        }
+    }
+
+    /// A worker's load is what its live heartbeat says; a dead worker's is unknown (not
+    /// its last figures), with why, and so is that of an owner without a heartbeat row.
+    /// Its lease count is the table's, dead or alive.
+    #[test]
+    fn a_dead_workers_load_is_unknown_not_its_last_figures() {
+        let leases = [
+            table_lease(
+                "shardId-000000000000",
+                "live",
+                Checkpoint::TrimHorizon,
+                None,
+            ),
+            table_lease(
+                "shardId-000000000001",
+                "java",
+                Checkpoint::TrimHorizon,
+                None,
+            ),
+        ];
+        let view = view_at_second_scan(&leases);
+        // worker → (alive, leases, records/s, bytes/s, why unknown)
+        type Want = (bool, u64, Option<u64>, Option<u64>, Option<&'static str>);
+        let cases: [(&str, Want); 3] = [
+            (
+                "dead",
+                (false, 0, None, None, Some("no heartbeat for 12 s")),
+            ),
+            ("java", (true, 1, None, None, Some("no heartbeat row"))),
+            // 4000 bytes/s on each of the two leases its heartbeat reports on.
+            ("live", (true, 1, Some(700), Some(8000), None)),
+        ];
+        let got: Vec<&str> = view.workers.iter().map(|w| w.worker_id.as_str()).collect();
+        assert_eq!(got, cases.map(|(w, _)| w));
+        for ((worker, want), got) in cases.iter().zip(&view.workers) {
+            assert_eq!(
+                (
+                    got.alive,
+                    got.leases,
+                    got.records_per_second,
+                    got.bytes_per_second,
+                    got.load_unknown.as_deref()
+                ),
+                *want,
+                "{worker}"
+            );
+        }
+        // In the JSON: null, never the last figure.
+        let json = serde_json::to_value(&view.workers[0]).unwrap_or_default();
+        assert_eq!(
+            json["records_per_second"],
+            serde_json::Value::Null,
+            "{json}"
+        );
+        assert_eq!(json["load_unknown"], "no heartbeat for 12 s", "{json}");
+    }
+
+    /// A lease shows a handoff target only while its owner hands it over: a finished
+    /// lease (SHARD_END) or one whose owner is dead hands off nothing, whatever request
+    /// its row holds; and it shows its owner's lag and rate only from a live heartbeat.
+    #[test]
+    fn only_a_lease_being_handed_off_shows_whom_to() {
+        use FleetLeaseState::{Finished, HandingOff, Held, Unassigned};
+        let to = Some("asker");
+        // (owner, checkpoint, the row's request) → (state, handing off to, lag, rate)
+        type Want = (FleetLeaseState, Option<&'static str>, Option<u64>, bool);
+        let cases: [(&str, Checkpoint, Option<&str>, Want); 5] = [
+            (
+                "live",
+                Checkpoint::TrimHorizon,
+                to,
+                (HandingOff, to, Some(1500), true),
+            ),
+            (
+                "live",
+                Checkpoint::TrimHorizon,
+                None,
+                (Held, None, Some(1500), true),
+            ),
+            (
+                "live",
+                Checkpoint::ShardEnd,
+                to,
+                (Finished, None, None, false),
+            ),
+            (
+                "dead",
+                Checkpoint::TrimHorizon,
+                to,
+                (Unassigned, None, None, false),
+            ),
+            (
+                "dead",
+                Checkpoint::TrimHorizon,
+                None,
+                (Unassigned, None, None, false),
+            ),
+        ];
+        let leases: Vec<Lease> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, (owner, checkpoint, asked, _))| {
+                let shard = format!("shardId-{i:012}");
+                table_lease(&shard, owner, checkpoint.clone(), *asked)
+            })
+            .collect();
+        let view = view_at_second_scan(&leases);
+        assert_eq!(view.leases.len(), cases.len());
+        for ((owner, checkpoint, asked, want), got) in cases.iter().zip(&view.leases) {
+            assert_eq!(
+                (
+                    got.state,
+                    got.handoff_to.as_deref(),
+                    got.millis_behind_latest,
+                    got.rate.is_some()
+                ),
+                *want,
+                "{} owned by {owner} at {checkpoint:?}, asked for by {asked:?}",
+                got.lease_key
+            );
+        }
+    }
 
     fn lease(shard: &str, stream: &str, owner: &str, state: FleetLeaseState) -> FleetLease {
         FleetLease {
