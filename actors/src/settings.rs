@@ -18,12 +18,12 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 mod failure;
-mod processor;
 mod load;
+mod processor;
 
 pub use failure::{Destination, FailureSettings};
-pub use processor::{MAX_PARALLELISM, ProcessorSettings};
 pub use load::{CONFIG_FILE_VAR, LoadError};
+pub use processor::{MAX_PARALLELISM, ProcessorSettings};
 
 /// The longest application name: the lease table's name, whose worker table
 /// (`crate::backend::layout::worker_table_name`) adds 16 characters to it within
