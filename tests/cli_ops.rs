@@ -622,6 +622,7 @@ async fn status_server() -> String {
         stall: None,
         records_discarded: 0,
         last_failure: None,
+        lanes: Vec::new(),
         subscription: Some(SubscriptionView {
             state: if error.is_some() { "none" } else { "open" },
             age_ms: if error.is_some() { None } else { Some(62_000) },

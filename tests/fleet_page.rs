@@ -505,6 +505,7 @@ fn fixture_worker() -> flotilla_actors::status::WorkerStatus {
         subscription: None,
         records_discarded: 0,
         last_failure: None,
+        lanes: Vec::new(),
     };
     WorkerStatus {
         worker_id: "demo-1".into(),
