@@ -48,6 +48,8 @@ LAYERS = [
         [
             "settings",
             "balance",
+            # How many workers the stream needs: a pure function over heartbeat loads.
+            "scale",
             "fencing",
             "kpl",
             "metrics",

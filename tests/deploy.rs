@@ -2137,3 +2137,250 @@ fn the_standalone_dead_letter_policies_grant_exactly_the_writes_of_their_destina
         assert_grants_exactly(writer.policy, &granted, &dead_letter_permissions(writer));
     }
 }
+
+// ---- autoscaling ------------------------------------------------------------------
+
+const AUTOSCALING: &[&str] = &["autoscaling/keda", "autoscaling/hpa"];
+
+/// A CloudWatch metric's `/metrics` family (`RecommendedWorkers` →
+/// `flotilla_recommended_workers`), which must be a gauge in README's table of
+/// families: that table is checked against the metrics catalog
+/// (`prometheus::tests::readme_lists_every_family`), so a name found there is one a
+/// worker publishes.
+fn gauge_family(cloudwatch_name: &str) -> String {
+    let mut snake = String::from("flotilla_");
+    for (i, c) in cloudwatch_name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            snake.push('_');
+        }
+        snake.push(c.to_ascii_lowercase());
+    }
+    assert_published_gauge(&snake);
+    snake
+}
+
+fn assert_published_gauge(family: &str) {
+    let readme = read("README.md");
+    let row = format!("| `{family}` | gauge |");
+    assert!(
+        readme.contains(&row),
+        "{family} is not a gauge of README's Prometheus table (the metrics catalog)"
+    );
+}
+
+/// The components' kustomizations: (component, its one resource), each a Component that
+/// drops the base's replica count and is not a resource of the base.
+fn autoscaler(component: &str) -> Value {
+    let what = format!("{component}/kustomization.yaml");
+    let kustomization = yaml(&format!("{K8S}/{what}"));
+    assert_eq!(text(&kustomization, &what, &["kind"]), "Component");
+    let resources = at(&kustomization, &what, &["resources"])
+        .as_sequence()
+        .unwrap();
+    assert_eq!(resources.len(), 1, "{what}: one autoscaler");
+    let patch = at(&kustomization, &what, &["patches", "0"]);
+    assert_eq!(text(patch, &what, &["target", "kind"]), "Deployment");
+    let deployment = manifest("Deployment");
+    let name = text(&deployment, "Deployment", &["metadata", "name"]);
+    assert_eq!(text(patch, &what, &["target", "name"]), name);
+    let ops: Vec<Value> = serde_yaml_ng::from_str(text(patch, &what, &["patch"])).unwrap();
+    assert_eq!(text(&ops[0], &what, &["op"]), "remove");
+    assert_eq!(text(&ops[0], &what, &["path"]), "/spec/replicas");
+    // Not in the base: two autoscalers on one Deployment fight.
+    let base = read(&format!("{K8S}/kustomization.yaml"));
+    assert!(!base.contains(component), "the base lists {component}");
+    let file = resources[0].as_str().unwrap();
+    let object = yaml(&format!("{K8S}/{component}/{file}"));
+    let target = at(&object, file, &["spec", "scaleTargetRef"]);
+    assert_eq!(text(target, file, &["kind"]), "Deployment");
+    assert_eq!(text(target, file, &["apiVersion"]), "apps/v1");
+    assert_eq!(text(target, file, &["name"]), name, "{file} scales another");
+    assert!(
+        !deployment["spec"]["replicas"].is_null(),
+        "the base keeps its replicas for a fleet without an autoscaler"
+    );
+    object
+}
+
+#[test]
+fn the_keda_scaled_object_scales_the_deployment_to_the_fleets_recommendation() {
+    let scaled = autoscaler("autoscaling/keda");
+    let what = "ScaledObject";
+    assert_eq!(text(&scaled, what, &["kind"]), "ScaledObject");
+    assert_eq!(text(&scaled, what, &["apiVersion"]), "keda.sh/v1alpha1");
+    assert!(number(&scaled, what, &["spec", "minReplicaCount"]) >= 1);
+    let trigger = at(&scaled, what, &["spec", "triggers", "0"]);
+    assert_eq!(text(trigger, what, &["type"]), "prometheus");
+    // AverageValue 1: replicas = the figure.
+    assert_eq!(text(trigger, what, &["metricType"]), "AverageValue");
+    assert_eq!(text(trigger, what, &["metadata", "threshold"]), "1");
+    let family = gauge_family("RecommendedWorkers");
+    let application = pod_settings().worker.application;
+    assert_eq!(
+        text(trigger, what, &["metadata", "query"]),
+        format!("max({family}{{application=\"{application}\"}})"),
+        "the largest figure over the ConfigMap's application's workers"
+    );
+}
+
+#[test]
+fn the_hpa_scales_the_deployment_on_the_external_metric() {
+    let hpa = autoscaler("autoscaling/hpa");
+    let what = "HorizontalPodAutoscaler";
+    assert_eq!(text(&hpa, what, &["kind"]), what);
+    assert_eq!(text(&hpa, what, &["apiVersion"]), "autoscaling/v2");
+    assert!(number(&hpa, what, &["spec", "minReplicas"]) >= 1);
+    let metric = at(&hpa, what, &["spec", "metrics", "0"]);
+    assert_eq!(text(metric, what, &["type"]), "External");
+    let family = gauge_family("RecommendedWorkers");
+    assert_eq!(text(metric, what, &["external", "metric", "name"]), family);
+    assert_eq!(
+        text(
+            metric,
+            what,
+            &[
+                "external",
+                "metric",
+                "selector",
+                "matchLabels",
+                "application"
+            ]
+        ),
+        pod_settings().worker.application
+    );
+    assert_eq!(
+        text(metric, what, &["external", "target", "type"]),
+        "AverageValue"
+    );
+    assert_eq!(
+        text(metric, what, &["external", "target", "averageValue"]),
+        "1"
+    );
+    for component in AUTOSCALING {
+        assert!(read("deploy/README.md").contains(&format!("kubernetes/{component}")));
+    }
+}
+
+/// A metric query of the stack (`MetricStat.Metric`): a gauge the workers publish, in
+/// the namespace they publish to, under the dimensions of their worker datum
+/// (Application, and StreamName = the WorkerStream output: `worker.stream`).
+fn assert_worker_metric(template: &Value, query: &Value, what: &str) -> String {
+    let metric = at(query, what, &["MetricStat", "Metric"]);
+    let name = text(metric, what, &["MetricName"]).to_owned();
+    gauge_family(&name);
+    let (tag, arg) = tagged(at(metric, what, &["Namespace"])).unwrap();
+    assert_eq!(
+        (tag.as_str(), arg.as_str()),
+        ("!Ref", Some("MetricsNamespace"))
+    );
+    let dims = at(metric, what, &["Dimensions"]).as_sequence().unwrap();
+    let named: Vec<&str> = dims.iter().map(|d| text(d, what, &["Name"])).collect();
+    assert_eq!(named, ["Application", "StreamName"], "{what}: {name}");
+    let (tag, arg) = tagged(&dims[0]["Value"]).unwrap();
+    assert_eq!(
+        (tag.as_str(), arg.as_str()),
+        ("!Ref", Some("ApplicationName"))
+    );
+    assert_eq!(
+        dims[1]["Value"],
+        *at(template, "template", &["Outputs", "WorkerStream", "Value"]),
+        "{what}: {name}'s StreamName is not the workers' worker.stream"
+    );
+    assert_eq!(text(query, what, &["MetricStat", "Stat"]), "Maximum");
+    name
+}
+
+/// The queries of a metric-math list, by id: (id, metric name or expression).
+fn math(template: &Value, metrics: &Value, what: &str) -> BTreeMap<String, String> {
+    metrics
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            let id = text(q, what, &["Id"]).to_owned();
+            let body = match q.get("Expression") {
+                Some(e) => {
+                    assert!(flag(q, what, &["ReturnData"]), "{what}: {id}");
+                    e.as_str().unwrap().to_owned()
+                }
+                None => {
+                    assert!(!flag(q, what, &["ReturnData"]), "{what}: {id}");
+                    assert_worker_metric(template, q, what)
+                }
+            };
+            (id, body)
+        })
+        .collect()
+}
+
+#[test]
+fn the_stack_alarms_on_too_few_workers_and_scales_an_ecs_service_to_the_recommendation() {
+    let template = template();
+    for name in [
+        "EcsClusterName",
+        "EcsServiceName",
+        "MinWorkers",
+        "MaxWorkers",
+        "ScalingAlarmTopic",
+    ] {
+        text(&template, "template", &["Parameters", name, "Type"]);
+    }
+    let alarm = named(&template, "WorkersShortAlarm", "AWS::CloudWatch::Alarm");
+    let what = "WorkersShortAlarm";
+    assert!(alarm.get("Condition").is_none(), "the alarm is always made");
+    let queries = math(&template, at(alarm, what, &["Properties", "Metrics"]), what);
+    assert_eq!(queries["recommended"], "RecommendedWorkers");
+    assert_eq!(queries["workers"], "FleetWorkers");
+    assert_eq!(queries["short"], "recommended - workers");
+    assert_eq!(
+        text(alarm, what, &["Properties", "ComparisonOperator"]),
+        "GreaterThanThreshold"
+    );
+
+    let target = named(
+        &template,
+        "WorkerScalableTarget",
+        "AWS::ApplicationAutoScaling::ScalableTarget",
+    );
+    let policy = named(
+        &template,
+        "WorkerScalingPolicy",
+        "AWS::ApplicationAutoScaling::ScalingPolicy",
+    );
+    for (name, resource) in [
+        ("WorkerScalableTarget", target),
+        ("WorkerScalingPolicy", policy),
+    ] {
+        assert_eq!(text(resource, name, &["Condition"]), "ScaleEcsService");
+    }
+    at(&template, "template", &["Conditions", "ScaleEcsService"]);
+    assert_eq!(
+        text(target, "target", &["Properties", "ScalableDimension"]),
+        "ecs:service:DesiredCount"
+    );
+    let what = "WorkerScalingPolicy";
+    assert_eq!(
+        text(policy, what, &["Properties", "PolicyType"]),
+        "TargetTrackingScaling"
+    );
+    let (tag, arg) = tagged(at(policy, what, &["Properties", "ScalingTargetId"])).unwrap();
+    assert_eq!(
+        (tag.as_str(), arg.as_str()),
+        ("!Ref", Some("WorkerScalableTarget"))
+    );
+    let config = at(
+        policy,
+        what,
+        &["Properties", "TargetTrackingScalingPolicyConfiguration"],
+    );
+    // recommended / workers held at 1: the desired count is the recommendation.
+    assert_eq!(number(config, what, &["TargetValue"]), 1);
+    let queries = math(
+        &template,
+        at(config, what, &["CustomizedMetricSpecification", "Metrics"]),
+        what,
+    );
+    assert_eq!(queries["recommended"], "RecommendedWorkers");
+    assert_eq!(queries["workers"], "FleetWorkers");
+    assert_eq!(queries["ratio"], "recommended / workers");
+}

@@ -28,6 +28,7 @@
 //! * `act`: carrying out balance's `Decision`, and the moves in flight.
 //! * `drain`: the graceful drain at shutdown, and leaving the fleet.
 //! * `ports`: what a part reaches outside itself (table, fencing, an outbox).
+//! * `scaling`: the fleet's recommended worker count, published each round.
 //!
 //! Below them: `pure` (the decisions, with table tests), `legacy` (the older version's
 //! rows), and `model` (a stateright model of the protocol, tests only).
@@ -58,6 +59,7 @@ mod ports;
 mod pure;
 mod round;
 mod rows;
+mod scaling;
 
 use act::{Context, Moves};
 use beat::{Beat, Load};
@@ -66,6 +68,7 @@ use held::Holdings;
 pub(crate) use ports::KeeperArgs;
 use round::{LastScan, Rounds, Seen};
 use rows::{Judged, Rows};
+use scaling::Scaling;
 
 pub(crate) struct LeaseKeeper;
 
@@ -79,6 +82,8 @@ pub(crate) struct KeeperState {
     moves: Moves,
     rows: Rows,
     leaving: Leaving,
+    /// The fleet's recommended worker count (`scaling`).
+    scaling: Scaling,
 }
 
 impl Actor for LeaseKeeper {
@@ -104,6 +109,7 @@ impl Actor for LeaseKeeper {
             moves: Moves::default(),
             rows: Rows::default(),
             leaving: Leaving::default(),
+            scaling: Scaling::default(),
         })
     }
 
@@ -385,6 +391,8 @@ impl KeeperState {
         }
         let ports = self.args.ports();
         let draining = self.leaving.draining();
+        let dealt = self.rounds.last_dealt();
+        (self.scaling).round(&ports, &self.observations, dealt, draining, now);
         self.rows
             .remove_dead_rows(&ports, &self.observations, draining, now)
             .await;

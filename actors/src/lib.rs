@@ -16,7 +16,8 @@
 //! * Logic and configuration over the ports, no actor: `settings` (every tunable, its
 //!   validation, and [`Settings::load`]: defaults, a TOML file, `FLOTILLA__…`
 //!   variables); `balance` (which leases to take, ask for, hand over, and which are
-//!   lost; pure, and `fleet_sim` runs whole fleets on it); `fencing` (self-fencing:
+//!   lost; pure, and `fleet_sim` runs whole fleets on it); `scale` (how many workers
+//!   the stream needs, for an autoscaler; pure); `fencing` (self-fencing:
 //!   may a lease deliver now); `kpl` (KPL de-aggregation matching the Java KCL);
 //!   `metrics` (what a worker measures, the reporter's pure half); `spans` (the worker's
 //!   and each shard's tracing span); `handle` (the [`WorkerHandle`] a processor or the
@@ -89,6 +90,7 @@ mod processor;
 mod prometheus;
 mod protocol;
 mod renewal;
+pub mod scale;
 pub mod settings;
 mod shard_reader;
 mod spans;

@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 mod failure;
 mod load;
 mod processor;
+mod scaling;
 
 pub use failure::{Destination, FailureSettings};
 pub use load::{CONFIG_FILE_VAR, LoadError};
 pub use processor::{MAX_PARALLELISM, ProcessorSettings};
+pub use scaling::ScalingSettings;
 
 /// The longest application name: the lease table's name, whose worker table
 /// (`crate::backend::layout::worker_table_name`) adds 16 characters to it within
@@ -57,6 +59,9 @@ pub struct Settings {
     /// `[processor]`: lanes within a shard (records of one key in order) and record
     /// filters.
     pub processor: ProcessorSettings,
+    /// `[scaling]`: what the fleet's recommended worker count is judged against (a
+    /// worker's target load, the lag tolerated), for an autoscaler to follow.
+    pub scaling: ScalingSettings,
 }
 
 /// Where a shard with no checkpoint starts.
@@ -757,6 +762,10 @@ impl Settings {
         self.aws.validate()?;
         self.failure.validate()?;
         self.processor.validate()?;
+        self.scaling.validate(match self.lease.balance {
+            BalanceMode::Throughput => true,
+            BalanceMode::Count => false,
+        })?;
         self.check_dead_letters_are_not_read()?;
         self.check_lease_table_is_not_read()?;
         if !self.worker.streams.is_empty() {

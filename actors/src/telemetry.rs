@@ -24,6 +24,8 @@ use crate::protocol::LeaseMove;
 
 mod failures;
 pub(crate) use failures::{DeliveryFailed, DestinationFailed, RecordsDiscarded};
+mod scaling;
+pub(crate) use scaling::ScaleRecommended;
 
 /// Something that happened, with its log line and its samples.
 pub(crate) trait Event {

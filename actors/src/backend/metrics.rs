@@ -17,6 +17,8 @@ pub enum Unit {
     Seconds,
     /// A rate (`Count/Second`).
     CountPerSecond,
+    /// A rate of bytes (`Bytes/Second`).
+    BytesPerSecond,
     /// A share, 0 to 100.
     Percent,
     /// No unit (CloudWatch's `None`).
@@ -32,6 +34,7 @@ impl Unit {
             Unit::Milliseconds => "Milliseconds",
             Unit::Seconds => "Seconds",
             Unit::CountPerSecond => "Count/Second",
+            Unit::BytesPerSecond => "Bytes/Second",
             Unit::Percent => "Percent",
             Unit::None => "None",
         }

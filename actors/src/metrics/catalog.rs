@@ -300,6 +300,37 @@ catalog! {
         help: "Records checkpointed past without a call because they matched no \
                processor.filter pattern.",
     },
+    /// This and the five below: the fleet's recommended worker count (`crate::scale`)
+    /// and its inputs, the same on every worker each lease-keeper round (an autoscaler
+    /// takes the maximum over the workers). Worker-wide: no shard.
+    RecommendedWorkers {
+        kind: Gauge, unit: Count, buckets: None,
+        help: "Workers the stream needs, by the [scaling] targets: at least 1, at most \
+               the processable leases.",
+    },
+    FleetWorkers {
+        kind: Gauge, unit: Count, buckets: None,
+        help: "Live workers sharing the leases (not draining), as the heartbeats say.",
+    },
+    FleetLeases {
+        kind: Gauge, unit: Count, buckets: None,
+        help: "Leases that can be processed now (not finished, parents finished).",
+    },
+    FleetRecordsPerSecond {
+        kind: Gauge, unit: CountPerSecond, buckets: None,
+        help: "Records per second over every live worker, the highest of the last lease.failover_time.",
+    },
+    /// Sampled only while every live worker publishes bytes (`lease.balance =
+    /// "throughput"`).
+    FleetBytesPerSecond {
+        kind: Gauge, unit: BytesPerSecond, buckets: None,
+        help: "Bytes per second over every live worker, the highest of the last lease.failover_time.",
+    },
+    FleetLargestLag {
+        kind: Gauge, unit: Milliseconds, buckets: None,
+        help: "The largest MillisBehindLatest over every live worker's shards, in \
+               milliseconds.",
+    },
 }
 
 impl Metric {

@@ -171,6 +171,7 @@ mod tests {
             Unit::Milliseconds,
             Unit::Seconds,
             Unit::CountPerSecond,
+            Unit::BytesPerSecond,
             Unit::Percent,
             Unit::None,
         ] {
