@@ -121,14 +121,17 @@ pub fn render_status(status: &Value) -> String {
                 rate(&shard["records_per_second"]),
                 text(&shard["in_flight_records"]),
                 text(&shard["restarts"]),
-                with_failures(
-                    match (fence_text(&shard["fenced"]), shard["stall"].as_str()) {
-                        (Some(why), _) => format!("fenced: {why}"),
-                        (None, Some(why)) => format!("stalled: {why}"),
-                        (None, None) => {
-                            subscription_note(&shard["subscription"], &shard["last_error"])
-                        }
-                    },
+                with_lanes(
+                    with_failures(
+                        match (fence_text(&shard["fenced"]), shard["stall"].as_str()) {
+                            (Some(why), _) => format!("fenced: {why}"),
+                            (None, Some(why)) => format!("stalled: {why}"),
+                            (None, None) => {
+                                subscription_note(&shard["subscription"], &shard["last_error"])
+                            }
+                        },
+                        shard,
+                    ),
                     shard,
                 ),
             ]);
@@ -167,6 +170,34 @@ fn with_failures(note: String, shard: &Value) -> String {
         failures
     } else {
         format!("{note}; {failures}")
+    }
+}
+
+/// A shard's note, with its slowest lane (`processor.parallelism`) when one has records
+/// pending: the lane that holds the checkpoint back, its pending records and how long
+/// the oldest has waited.
+fn with_lanes(note: String, shard: &Value) -> String {
+    let Some(lanes) = shard["lanes"].as_array() else {
+        return note;
+    };
+    let slowest = lanes
+        .iter()
+        .filter(|lane| lane["pending_records"].as_u64().unwrap_or(0) > 0)
+        .max_by_key(|lane| lane["oldest_pending_ms"].as_u64().unwrap_or(0));
+    let Some(lane) = slowest else {
+        return note;
+    };
+    let lanes_note = format!(
+        "{} lanes, slowest {}: {} pending, oldest {}",
+        lanes.len(),
+        text(&lane["lane"]),
+        text(&lane["pending_records"]),
+        millis_as_duration(&lane["oldest_pending_ms"]),
+    );
+    if note.is_empty() {
+        lanes_note
+    } else {
+        format!("{note}; {lanes_note}")
     }
 }
 
@@ -473,6 +504,29 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lane holding the checkpoint back is named in the shard's note; lanes with
+    /// nothing pending, or one lane, add nothing.
+    #[test]
+    fn the_slowest_lane_is_named_in_the_note() {
+        let shard = serde_json::json!({"lanes": [
+            {"lane": 0, "pending_records": 0, "oldest_pending_ms": null},
+            {"lane": 1, "pending_records": 40, "oldest_pending_ms": 900},
+            {"lane": 2, "pending_records": 3, "oldest_pending_ms": 12000},
+        ]});
+        assert_eq!(
+            with_lanes("stalled: x".into(), &shard),
+            format!(
+                "stalled: x; 3 lanes, slowest 2: 3 pending, oldest {}",
+                flotilla_actors::status_tree::duration(12_000)
+            )
+        );
+        let idle = serde_json::json!({"lanes": [
+            {"lane": 0, "pending_records": 0, "oldest_pending_ms": null},
+        ]});
+        assert_eq!(with_lanes(String::new(), &idle), "");
+        assert_eq!(with_lanes("n".into(), &serde_json::json!({})), "n");
+    }
 
     #[test]
     fn a_table_pads_columns_to_the_widest_cell() {
