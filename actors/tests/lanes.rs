@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_actors::backend::memory::MemoryStreamsConfig;
-use flotilla_actors::model::{Checkpoint, ExtendedSequenceNumber};
+use flotilla_actors::model::{Checkpoint, ExtendedSequenceNumber, SequenceNumber};
 use flotilla_actors::{
     Batch, CheckpointError, CheckpointMode, Checkpointer, Processor, ProcessorError, ProcessorMsg,
     Settings, ShardInfo, Worker,
@@ -163,6 +163,64 @@ async fn checkpoint(rig: &Rig) -> Checkpoint {
     rig.lease_of(&shard).await.checkpoint
 }
 
+/// Starts a worker with 4 lanes in `mode` whose lane of `key-0` is held, puts 16 keys ×
+/// 20 records, and waits until the other lanes are done. Checks that the shard's
+/// checkpoint stayed before the held key's first record, and returns the worker, the
+/// producer and the last record's sequence number.
+async fn hold_one_lane(
+    rig: &Rig,
+    shared: &Arc<Shared>,
+    mode: CheckpointMode,
+) -> (Worker, Producer, SequenceNumber) {
+    *shared.held_key.lock().unwrap() = Some("key-0".to_owned());
+    let worker = start(rig, shared, settings(4, mode), Duration::ZERO).await;
+    let mut producer = Producer::default();
+    producer.put_round(&rig.streams, STREAM, 16, 20).await;
+    let records = rig.records(&rig.shards().await[0].id).await;
+    let first_held = records
+        .iter()
+        .find(|r| r.partition_key == "key-0")
+        .unwrap()
+        .sequence_number
+        .clone();
+    let s = shared.clone();
+    wait_until(
+        "the other lanes",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        move || s.seen.lock().unwrap().by_key.len() >= 10,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Checkpoint::At(at) = checkpoint(rig).await {
+        assert!(
+            at.sequence < first_held,
+            "{mode:?}: {at:?} passed the held lane"
+        );
+    }
+    let last = records.last().unwrap().sequence_number.clone();
+    (worker, producer, last)
+}
+
+/// Releases the held lane and waits until every record is processed and the shard's
+/// checkpoint is at `last`.
+async fn release_and_reach(
+    rig: &Rig,
+    shared: &Arc<Shared>,
+    producer: &Producer,
+    last: &SequenceNumber,
+) {
+    shared.open.store(true, Ordering::SeqCst);
+    wait_processed(shared, producer.total()).await;
+    for _ in 0..100 {
+        if matches!(checkpoint(rig).await, Checkpoint::At(at) if at.sequence == *last) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the checkpoint never reached the last record once the lane was released");
+}
+
 /// With 8 lanes, batches of one shard are processed at once, and each key's records
 /// still come in order, none lost; with 1 lane (the default) never two at once. Breaks
 /// if the dealer deals by anything but the key (order), or the reader waits for each
@@ -213,36 +271,7 @@ async fn lanes_work_at_once_and_keep_each_key_in_order() {
 async fn a_slow_lane_holds_the_checkpoint_back_and_shows_in_status() {
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
     let shared = Arc::new(Shared::default());
-    *shared.held_key.lock().unwrap() = Some("key-0".to_owned());
-    let worker = start(
-        &rig,
-        &shared,
-        settings(4, CheckpointMode::Auto),
-        Duration::ZERO,
-    )
-    .await;
-    let mut producer = Producer::default();
-    producer.put_round(&rig.streams, STREAM, 16, 20).await;
-    // Everything but the held key's lane.
-    let records = rig.records(&rig.shards().await[0].id).await;
-    let first_held = records
-        .iter()
-        .find(|r| r.partition_key == "key-0")
-        .unwrap()
-        .sequence_number
-        .clone();
-    let s = shared.clone();
-    wait_until(
-        "the other lanes",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        move || s.seen.lock().unwrap().by_key.len() >= 10,
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    if let Checkpoint::At(at) = checkpoint(&rig).await {
-        assert!(at.sequence < first_held, "{at:?} passed the held key");
-    }
+    let (worker, producer, last) = hold_one_lane(&rig, &shared, CheckpointMode::Auto).await;
     let status = worker.status().await.unwrap();
     let lanes = &status.shards[0].lanes;
     assert_eq!(lanes.len(), 4, "{lanes:?}");
@@ -256,22 +285,7 @@ async fn a_slow_lane_holds_the_checkpoint_back_and_shows_in_status() {
         lanes.iter().any(|l| l.pending_records == 0),
         "the other lanes are done: {lanes:?}"
     );
-    shared.open.store(true, Ordering::SeqCst);
-    wait_processed(&shared, producer.total()).await;
-    let last = records.last().unwrap().sequence_number.clone();
-    let r = &rig;
-    let mut reached = false;
-    for _ in 0..100 {
-        if matches!(checkpoint(r).await, Checkpoint::At(at) if at.sequence == last) {
-            reached = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        reached,
-        "the checkpoint reached the end once the lane was done"
-    );
+    release_and_reach(&rig, &shared, &producer, &last).await;
     shutdown_clean(worker).await;
     assert_all_in_order(&shared, &producer);
 }
@@ -330,47 +344,8 @@ async fn a_shutdown_stops_every_lane() {
 async fn manual_checkpoints_of_lanes_move_the_shard_as_a_watermark() {
     let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
     let shared = Arc::new(Shared::default());
-    *shared.held_key.lock().unwrap() = Some("key-0".to_owned());
-    let worker = start(
-        &rig,
-        &shared,
-        settings(4, CheckpointMode::Manual),
-        Duration::ZERO,
-    )
-    .await;
-    let mut producer = Producer::default();
-    producer.put_round(&rig.streams, STREAM, 16, 20).await;
-    let records = rig.records(&rig.shards().await[0].id).await;
-    let first_held = records
-        .iter()
-        .find(|r| r.partition_key == "key-0")
-        .unwrap()
-        .sequence_number
-        .clone();
-    let s = shared.clone();
-    wait_until(
-        "the other lanes",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        move || s.seen.lock().unwrap().by_key.len() >= 10,
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    if let Checkpoint::At(at) = checkpoint(&rig).await {
-        assert!(at.sequence < first_held, "{at:?} passed the held lane");
-    }
-    shared.open.store(true, Ordering::SeqCst);
-    wait_processed(&shared, producer.total()).await;
-    let last = records.last().unwrap().sequence_number.clone();
-    let mut reached = false;
-    for _ in 0..100 {
-        if matches!(checkpoint(&rig).await, Checkpoint::At(at) if at.sequence == last) {
-            reached = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(reached, "every lane checkpointed its last record");
+    let (worker, producer, last) = hold_one_lane(&rig, &shared, CheckpointMode::Manual).await;
+    release_and_reach(&rig, &shared, &producer, &last).await;
     shutdown_clean(worker).await;
     let refused = shared.refused.lock().unwrap();
     assert!(!refused.is_empty());
