@@ -305,7 +305,7 @@ catalog! {
     /// takes the maximum over the workers). Worker-wide: no shard.
     RecommendedWorkers {
         kind: Gauge, unit: Count, buckets: None,
-        help: "Workers the stream needs, by the [scaling] targets: at least 1, at most \
+        help: "Workers the stream needs, by the scaling.* targets: at least 1, at most \
                the processable leases.",
     },
     FleetWorkers {
