@@ -21,6 +21,7 @@
 #[allow(dead_code)]
 mod servers;
 #[path = "common/stats.rs"]
+#[allow(dead_code)]
 mod stats;
 
 #[path = "common/load.rs"]

@@ -73,7 +73,7 @@ use flotilla_actors::{
     Backend, Batch, CheckpointMode, Checkpointer, MetricsLevel, Processor, ProcessorError, Record,
     Settings, ShardInfo, Worker,
 };
-use stats::{env_usize, median};
+use stats::{env_usize, load, spread};
 
 const STREAM: &str = "lanes";
 const APP: &str = "lanes-app";
@@ -470,23 +470,6 @@ async fn run(case: &Case, secs: u64, aws_kcl: Option<&str>) -> Measured {
 
 // ---------------------------------------------------------------------------------------
 // The report
-
-/// `median (min–max)`, with `digits` decimals.
-fn spread(v: &[f64], digits: usize) -> String {
-    let (m, lo, hi) = median(v);
-    if (hi - lo).abs() < f64::EPSILON {
-        format!("{m:.digits$}")
-    } else {
-        format!("{m:.digits$} ({lo:.digits$}–{hi:.digits$})")
-    }
-}
-
-/// The machine's load averages (1, 5, 15 min), as /proc/loadavg has them.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
 
 /// What 100 fresh `sleep(WAIT)` in a row take, each (the timer's grain on top).
 async fn fresh_sleep() -> Duration {

@@ -55,7 +55,7 @@ use flotilla_actors::{
     Backend, Batch, Checkpointer, MetricsLevel, Processor, ProcessorError, Settings, ShardInfo,
     Worker,
 };
-use stats::{env_usize, median};
+use stats::{env_usize, load, spread};
 
 const STREAM: &str = "poison";
 const APP: &str = "poison-app";
@@ -437,23 +437,6 @@ async fn run(case: &Case, call_cost: Duration) -> Measured {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// `median (min–max)`, with `digits` decimals.
-fn spread(v: &[f64], digits: usize) -> String {
-    let (m, lo, hi) = median(v);
-    if (hi - lo).abs() < f64::EPSILON {
-        format!("{m:.digits$}")
-    } else {
-        format!("{m:.digits$} ({lo:.digits$}–{hi:.digits$})")
-    }
-}
-
-/// The machine's load averages (1, 5, 15 min), as /proc/loadavg has them.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn main() {

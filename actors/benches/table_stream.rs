@@ -29,6 +29,7 @@
 #[allow(dead_code)]
 mod servers;
 #[path = "common/stats.rs"]
+#[allow(dead_code)]
 mod stats;
 
 use stats::{median, percentile, sorted, wanted};

@@ -631,7 +631,6 @@ mod tests {
             delivered_at: now,
             at_shard_end: false,
             child_shards: Arc::from(Vec::new()),
-            offset: 0,
             positions: None,
             _empty_slot: None,
         }

@@ -42,6 +42,8 @@ struct Shared {
     open: AtomicBool,
     /// Manual mode: the checkpoint errors seen (a prepared checkpoint with lanes).
     refused: Mutex<Vec<CheckpointError>>,
+    /// The processors (by the order they were initialized in) that had an empty call.
+    empty_calls: Mutex<HashSet<usize>>,
 }
 
 /// A lane's processor: takes `per_record` of (virtual) time per record, counts how many
@@ -50,6 +52,8 @@ struct LaneProbe {
     shared: Arc<Shared>,
     per_record: Duration,
     manual: bool,
+    /// Which processor this is, in the order of `initialize`.
+    me: usize,
 }
 
 impl LaneProbe {
@@ -61,12 +65,16 @@ impl LaneProbe {
 
 impl Processor for LaneProbe {
     async fn initialize(&mut self, _: &ShardInfo) -> Result<(), ProcessorError> {
-        self.shared.processors.fetch_add(1, Ordering::SeqCst);
+        self.me = self.shared.processors.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     async fn process(&mut self, batch: &Batch, cp: &Checkpointer) -> Result<(), ProcessorError> {
         let shared = &self.shared;
+        if batch.is_empty() {
+            shared.empty_calls.lock().unwrap().insert(self.me);
+            return Ok(());
+        }
         if shared.watch.load(Ordering::SeqCst) {
             shared.begun_after.fetch_add(1, Ordering::SeqCst);
         }
@@ -130,6 +138,7 @@ async fn start(
             shared: shared.clone(),
             per_record,
             manual,
+            me: 0,
         })
         .start()
         .await
@@ -356,6 +365,26 @@ async fn manual_checkpoints_of_lanes_move_the_shard_as_a_watermark() {
         "{refused:?}"
     );
     assert!(refused[0].to_string().contains("processor.parallelism"));
+}
+
+/// `reader.call_on_empty` with lanes: a read that brings nothing is an empty call to
+/// every lane's processor. Breaks if the dealer sends the empty batch to one lane.
+#[tokio::test(start_paused = true)]
+async fn an_empty_read_calls_every_lane() {
+    let rig = Rig::new(1, MemoryStreamsConfig::default()).await;
+    let shared = Arc::new(Shared::default());
+    let mut s = settings(4, CheckpointMode::Auto);
+    s.reader.call_on_empty = true;
+    let worker = start(&rig, &shared, s, Duration::ZERO).await;
+    let sh = shared.clone();
+    wait_until(
+        "an empty call in every lane",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        move || sh.empty_calls.lock().unwrap().len() == 4,
+    )
+    .await;
+    shutdown_clean(worker).await;
 }
 
 /// A user's own processor actor: with lanes, the factory is called once per lane, and

@@ -58,3 +58,21 @@ pub fn median(v: &[f64]) -> (f64, f64, f64) {
         s.last().copied().unwrap_or(f64::NAN),
     )
 }
+
+/// `median (min–max)`, with `digits` decimals.
+pub fn spread(v: &[f64], digits: usize) -> String {
+    let (m, lo, hi) = median(v);
+    if (hi - lo).abs() < f64::EPSILON {
+        format!("{m:.digits$}")
+    } else {
+        format!("{m:.digits$} ({lo:.digits$}–{hi:.digits$})")
+    }
+}
+
+/// The machine's load averages (1, 5, 15 min), as /proc/loadavg has them: what else
+/// was running beside a bench.
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -81,7 +81,6 @@ mod tests {
             at_shard_end: false,
             child_shards: Arc::from(Vec::new()),
             _empty_slot: None,
-            offset: 0,
             positions: Some(Arc::from(positions.to_vec())),
         }
     }

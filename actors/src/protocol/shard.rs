@@ -73,13 +73,11 @@ pub struct Batch {
     /// sends no other empty one until it is dropped, so a busy processor's mailbox holds
     /// at most one. `None` for batches with records.
     pub(crate) _empty_slot: Option<Arc<()>>,
-    /// Where `records` start in the batch the reader delivered: a part handed over again
-    /// by the failure policy (a retry after a partial failure, a half after a
-    /// bisection) keeps its records' ack tokens.
-    pub(crate) offset: usize,
-    /// Where each record sits in the batch the reader delivered, when they are not
-    /// consecutive there: a lane's share of a batch (`processor.parallelism`), or what
-    /// a filter let through. `None`: consecutive, from `offset`.
+    /// Where each record sits in the batch the reader delivered, when this is not all
+    /// of it: a part handed over again by the failure policy (a retry after a partial
+    /// failure, a half after a bisection), a lane's share (`processor.parallelism`), or
+    /// what a filter let through. Each keeps its records' ack tokens. `None`: the whole
+    /// batch, as delivered.
     pub(crate) positions: Option<Arc<[usize]>>,
 }
 
@@ -141,7 +139,7 @@ impl Batch {
     pub fn ack_token(&self, index: usize) -> AckToken {
         let index = match &self.positions {
             Some(positions) => positions.get(index).copied().unwrap_or(usize::MAX),
-            None => self.offset + index,
+            None => index,
         };
         AckToken {
             batch: self.id,
@@ -153,18 +151,12 @@ impl Batch {
     /// the same id and ack tokens: a lane's share, or what a filter let through. The
     /// end of the shard stays news for every share (no batch follows any of them).
     pub(crate) fn pick(&self, indices: &[usize]) -> Batch {
-        let records: Vec<Record> = indices
+        let (records, positions): (Vec<Record>, Vec<usize>) = indices
             .iter()
-            .filter_map(|&i| self.records.get(i).cloned())
-            .collect();
-        let positions: Vec<usize> = indices
-            .iter()
-            .filter(|&&i| i < self.records.len())
-            .map(|&i| self.ack_token(i).index)
-            .collect();
+            .filter_map(|&i| Some((self.records.get(i)?.clone(), self.ack_token(i).index)))
+            .unzip();
         Batch {
             records: Arc::from(records),
-            offset: 0,
             positions: Some(Arc::from(positions)),
             ..self.clone()
         }
@@ -173,7 +165,7 @@ impl Batch {
     /// Whether every record of the batch the reader delivered is here, consecutive: the
     /// batch can be acked by its id alone.
     fn is_whole(&self) -> bool {
-        self.positions.is_none() && self.offset == 0
+        self.positions.is_none()
     }
 
     /// The records `range` of this batch, as a batch of their own with the same id and
@@ -186,14 +178,13 @@ impl Batch {
         let start = range.start.min(end);
         Batch {
             records: Arc::from(&self.records[start..end]),
-            offset: self.offset + start,
             // Named one by one, so that acking the part by `ack_batch` acks its records
             // only, never the batch's id.
             positions: Some(match &self.positions {
                 Some(positions) => {
                     Arc::from(&positions[start.min(positions.len())..end.min(positions.len())])
                 }
-                None => (self.offset + start..self.offset + end).collect(),
+                None => (start..end).collect(),
             }),
             // The end of the shard is news for the batch's last record only.
             at_shard_end: self.at_shard_end && end == self.records.len(),

@@ -282,7 +282,6 @@ impl Outbox {
                     delivered_at: now.into_std(),
                     at_shard_end: facts.end.is_some(),
                     child_shards: child_ids(facts.end),
-                    offset: 0,
                     positions: None,
                     _empty_slot: Some(self.empty_slot.clone()),
                 },
@@ -314,7 +313,6 @@ impl Outbox {
             delivered_at: now.into_std(),
             at_shard_end: facts.end.is_some(),
             child_shards: child_ids(facts.end),
-            offset: 0,
             positions: None,
             _empty_slot: None,
         };
