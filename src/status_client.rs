@@ -283,6 +283,25 @@ fn fleet_subscription_note(lease: &Value, fanout: bool) -> String {
     }
 }
 
+/// How many workers the stream needs, as the worker's last lease-keeper round judged it
+/// (`/fleet`'s `scaling`): the figure, the workers now, and why; without one, why not
+/// (`scaling_unknown`; an older worker says nothing).
+fn scaling_line(scaling: &Value, unknown: &Value) -> String {
+    if !scaling.is_object() {
+        let why = match unknown {
+            Value::Null => "not reported".to_owned(),
+            why => text(why),
+        };
+        return format!("recommended workers: - ({why})\n");
+    }
+    format!(
+        "recommended workers: {} (now {}): {}\n",
+        text(&scaling["recommended_workers"]),
+        text(&scaling["inputs"]["workers"]),
+        text(&scaling["why"]),
+    )
+}
+
 /// The fleet as the worker sees it (`GET /fleet`): its workers, then its leases.
 pub fn render_fleet(fleet: &Value) -> String {
     let mut out = String::new();
@@ -296,6 +315,7 @@ pub fn render_fleet(fleet: &Value) -> String {
         text(&fleet["observer"]),
         millis_as_duration(&fleet["scanned_ms_ago"]),
     );
+    out.push_str(&scaling_line(&fleet["scaling"], &fleet["scaling_unknown"]));
     let workers: Vec<Vec<String>> = items(&fleet["workers"], "worker_id")
         .iter()
         .map(|worker| {
@@ -622,6 +642,25 @@ mod tests {
             got.lines()
                 .nth(2)
                 .is_some_and(|l| l.starts_with("s-1    -")),
+            "{got}"
+        );
+    }
+
+    /// Before the worker's first keeper round there is no recommended worker count, and
+    /// the line says why; an older worker's `/fleet` has no such field.
+    #[test]
+    fn no_recommendation_says_why() {
+        let why = "the lease keeper has not judged a round yet";
+        let got = render_fleet(&serde_json::json!({"scaling": null, "scaling_unknown": why}));
+        assert_eq!(
+            got.lines().nth(1),
+            Some(format!("recommended workers: - ({why})").as_str()),
+            "{got}"
+        );
+        let got = render_fleet(&serde_json::json!({}));
+        assert_eq!(
+            got.lines().nth(1),
+            Some("recommended workers: - (not reported)"),
             "{got}"
         );
     }

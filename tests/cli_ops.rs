@@ -596,8 +596,8 @@ async fn import_refuses_while_a_live_worker_holds_leases() {
 async fn status_server() -> String {
     use flotilla_actors::FenceReason;
     use flotilla_actors::status::{
-        BudgetView, FleetLease, FleetLeaseState, FleetView, FleetWorker, ShardState, ShardStatus,
-        SubscriptionView, WorkerStatus,
+        BudgetView, FleetLease, FleetLeaseState, FleetScaling, FleetView, FleetWorker, ShardState,
+        ShardStatus, SubscriptionView, WorkerStatus,
     };
 
     let shard = |index: u64, state: ShardState, error: Option<&str>| ShardStatus {
@@ -703,6 +703,25 @@ async fn status_server() -> String {
         read_mode: "fanout",
         observer: "w-1".into(),
         scanned_ms_ago: 800,
+        // The keeper's last round: 2 workers carrying 4000 records/s at 1000 each.
+        scaling: Some(FleetScaling::new(
+            &flotilla_actors::scale::recommend(
+                &flotilla_actors::scale::Fleet {
+                    workers: 2,
+                    leases: 4,
+                    records_per_second: 4_000,
+                    ..Default::default()
+                },
+                &flotilla_actors::scale::Targets {
+                    records_per_second: 1_000,
+                    bytes_per_second: 0,
+                    lag_ms: 60_000,
+                    scale_down_margin_percent: 20,
+                },
+            ),
+            1_200,
+        )),
+        scaling_unknown: None,
         workers: vec![
             FleetWorker {
                 worker_id: "w-1".into(),
@@ -895,6 +914,15 @@ async fn status_prints_the_workers_shards_and_the_fleet_as_tables() {
     let table = text(&out.stdout);
     assert!(
         table.contains("reading fanout  seen by w-1 800ms ago"),
+        "{table}"
+    );
+    // The recommended worker count of the observer's last keeper round, and why.
+    assert_eq!(
+        table.lines().nth(1),
+        Some(
+            "recommended workers: 4 (now 2): load above the target for 2 workers: 4000 \
+             records/s (target 1000 per worker)"
+        ),
         "{table}"
     );
     assert!(

@@ -273,6 +273,8 @@ fn fixture_view() -> serde_json::Value {
         "read_mode": "fanout",
         "observer": "demo-1",
         "scanned_ms_ago": 420,
+        "scaling": fixture_scaling(),
+        "scaling_unknown": null,
         "workers": [
             worker(WORKERS[0], true, false, 2, 250),
             worker(WORKERS[1], false, false, 1, 0),
@@ -294,6 +296,26 @@ fn fixture_view() -> serde_json::Value {
         "stalled": [format!("{STALLED}: {STALLED_REASON}")],
         "malformed_rows": [INJECTED],
     })
+}
+
+/// The observer's last keeper round, as the worker serializes it: 2 workers carrying
+/// 4000 records/s at a target of 1000 each need 4.
+fn fixture_scaling() -> serde_json::Value {
+    use flotilla_actors::scale::{Fleet, Targets, recommend};
+    let fleet = Fleet {
+        workers: 2,
+        leases: 5,
+        records_per_second: 4_000,
+        ..Fleet::default()
+    };
+    let targets = Targets {
+        records_per_second: 1_000,
+        bytes_per_second: 0,
+        lag_ms: 60_000,
+        scale_down_margin_percent: 20,
+    };
+    let scaling = flotilla_actors::status::FleetScaling::new(&recommend(&fleet, &targets), 900);
+    serde_json::to_value(scaling).unwrap()
 }
 
 /// Ten minutes of samples per name: a ramp, with a gap of three steps (the worker was
@@ -410,6 +432,10 @@ async fn the_page_renders_a_fleet_view() {
         "id=\"stream\">demo-stream<",
         "id=\"observer\">demo-1<",
         "id=\"scan-age\">420 ms ago<",
+        // The recommended worker count, the workers now, and why.
+        "<div id=\"scaling\" data-recommended=\"4\">recommended workers: <b>4</b> (now 2): \
+         <span class=\"why\">load above the target for 2 workers: 4000 records/s (target \
+         1000 per worker)</span></div>",
         "2/3 workers alive; 5 leases: 1 held, 1 handing off, 1 unassigned, 1 blocked, 1 stalled, 0 finished.",
         "class=\"rps\">250 records/s<",
         // The dead worker: its lease count from the table, its load unknown.
@@ -825,6 +851,20 @@ fn the_page_shows_the_live_demo_fleet_and_its_crash() {
     assert!(
         !dom.contains("class=\"shown\""),
         "the page shows an error: {dom}"
+    );
+    // Every lease dealt: the keeper has judged a round, and the page shows its figure.
+    assert!(
+        before["scaling"]["recommended_workers"].is_u64(),
+        "{}",
+        before["scaling"]
+    );
+    let recommended = dom
+        .split_once("<div id=\"scaling\" data-recommended=\"")
+        .and_then(|(_, rest)| rest.split('"').next())
+        .unwrap_or_default();
+    assert!(
+        recommended.parse::<u32>().is_ok_and(|n| n >= 1),
+        "no recommended worker count on the page: {dom}"
     );
     for (id, _) in view_workers(&before) {
         let row = format!("<tr class=\"worker alive\" data-worker=\"{id}\"");

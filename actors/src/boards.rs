@@ -7,7 +7,8 @@
 //! - [`ListingBoard`]: watcher → keeper (the last complete shard listing).
 //! - [`RowsBoard`]: keeper → watcher (the last scan's lease rows).
 //! - [`StreamSetBoard`]: watcher → supervisor and keeper (the stream set).
-//! - [`FleetBoard`]: keeper → status server (the fleet view, and whether it is watched).
+//! - [`FleetBoard`]: keeper → status server (the fleet view, and whether it is watched;
+//!   the last recommended worker count).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use crate::model::LeaseKey;
+use crate::scale::Recommendation;
 use crate::status::FleetView;
 
 /// MillisBehindLatest of the shards this worker reads, written by readers as they
@@ -148,6 +150,9 @@ pub(crate) struct FleetBoardInner {
     /// When `/fleet` was last asked.
     #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
     asked: std::sync::Mutex<Option<Instant>>,
+    /// The keeper's last recommended worker count, and when its round judged it: laid
+    /// over the view when `/fleet` is served (`status::overlay_scaling`).
+    scaling: std::sync::Mutex<Option<(Recommendation, Instant)>>,
 }
 
 impl Default for FleetBoardInner {
@@ -156,6 +161,7 @@ impl Default for FleetBoardInner {
             view: tokio::sync::watch::channel(None).0,
             wanted: std::sync::atomic::AtomicBool::new(false),
             asked: std::sync::Mutex::new(None),
+            scaling: std::sync::Mutex::new(None),
         }
     }
 }
@@ -192,6 +198,26 @@ impl FleetBoardInner {
     pub(crate) fn take_wanted(&self) -> bool {
         self.wanted
             .swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The recommendation the keeper's round judged `at` (`None`: it judged none, and
+    /// the last one stands).
+    pub(crate) fn judged(&self, recommendation: Option<Recommendation>, at: Instant) {
+        if let Some(recommendation) = recommendation {
+            *self
+                .scaling
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((recommendation, at));
+        }
+    }
+
+    /// The keeper's last recommendation and when it was judged; `None` before its first.
+    #[cfg_attr(not(feature = "status-server"), allow(dead_code))]
+    pub(crate) fn scaling(&self) -> Option<(Recommendation, Instant)> {
+        *self
+            .scaling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

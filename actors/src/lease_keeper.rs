@@ -28,7 +28,8 @@
 //! * `act`: carrying out balance's `Decision`, and the moves in flight.
 //! * `drain`: the graceful drain at shutdown, and leaving the fleet.
 //! * `ports`: what a part reaches outside itself (table, fencing, an outbox).
-//! * `scaling`: the fleet's recommended worker count, published each round.
+//! * `scaling`: the fleet's recommended worker count, published each round (and on
+//!   the fleet board, for `/fleet`).
 //!
 //! Below them: `pure` (the decisions, with table tests), `legacy` (the older version's
 //! rows), and `model` (a stateright model of the protocol, tests only).
@@ -392,7 +393,8 @@ impl KeeperState {
         let ports = self.args.ports();
         let draining = self.leaving.draining();
         let dealt = self.rounds.last_dealt();
-        (self.scaling).round(&ports, &self.observations, dealt, draining, now);
+        let judged = (self.scaling).round(&ports, &self.observations, dealt, draining, now);
+        self.args.fleet.judged(judged, now);
         self.rows
             .remove_dead_rows(&ports, &self.observations, draining, now)
             .await;

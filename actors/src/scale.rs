@@ -143,7 +143,7 @@ impl LoadWindow {
 }
 
 /// What the figure is judged against: `[scaling]`, in the units the rule counts in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Targets {
     /// Per worker; 0: not judged.
     pub records_per_second: u64,
@@ -208,6 +208,8 @@ pub struct Recommendation {
     pub reason: Reason,
     /// What it was judged on, published beside it.
     pub inputs: Fleet,
+    /// What it was judged against.
+    pub targets: Targets,
 }
 
 /// Workers that carry `total` at `target × percent / 100` each, rounded up; `None` with
@@ -270,7 +272,94 @@ pub fn recommend(fleet: &Fleet, targets: &Targets) -> Recommendation {
         workers: u32::try_from(n).unwrap_or(u32::MAX),
         reason,
         inputs: *fleet,
+        targets: *targets,
     }
+}
+
+impl Recommendation {
+    /// Its reason in words, with the figures the rule judged (`/fleet`'s `why`): e.g.
+    /// `load above the target for 2 workers: 4000 records/s (target 1000 per worker)`.
+    pub fn why(&self) -> String {
+        let Recommendation {
+            workers,
+            reason,
+            inputs: fleet,
+            targets,
+        } = *self;
+        let now = count(fleet.workers);
+        let lag = || {
+            format!(
+                "largest lag {} above scaling.lag_target {}",
+                duration(fleet.largest_lag_ms),
+                duration(targets.lag_ms)
+            )
+        };
+        match (reason, load(&fleet, &targets)) {
+            (Reason::Load, Some(load)) if workers > fleet.workers => {
+                format!("load above the target for {now}: {load}")
+            }
+            (Reason::Load, load) => format!(
+                "load fits {} with the {}% scale-down margin: {}",
+                count(workers),
+                targets.scale_down_margin_percent,
+                load.unwrap_or_default()
+            ),
+            (Reason::Hold, Some(load)) => {
+                format!("load within the target for {now}: {load}; as many as now")
+            }
+            (Reason::Hold, None) if targets.bytes_per_second > 0 => "no load to judge (no \
+                 records/s target, and bytes/s unknown: a worker publishes no per-lease \
+                 rates); as many as now"
+                .to_owned(),
+            (Reason::Hold, None) => "no load target set; as many as now".to_owned(),
+            (Reason::LagNotFalling, _) => format!("{} and rising: one more than now", lag()),
+            (Reason::Behind, _) => match fleet.lag_trend {
+                Trend::Falling => format!("{} but falling: no fewer than now", lag()),
+                _ => format!("{}, trend not known yet: no fewer than now", lag()),
+            },
+            (Reason::MaxLeases, _) => format!(
+                "{} leases at lease.max_leases {} per worker need {}",
+                fleet.leases,
+                fleet.max_leases,
+                count(workers)
+            ),
+            (Reason::Leases, _) if fleet.leases > 0 && workers >= fleet.leases => format!(
+                "at most one worker per processable lease ({})",
+                fleet.leases
+            ),
+            (Reason::Leases, _) => "at least 1 worker".to_owned(),
+        }
+    }
+}
+
+/// The load the rule judged, each figure that has a target: `4000 records/s (target
+/// 1000 per worker)`; `None` when none has.
+fn load(fleet: &Fleet, targets: &Targets) -> Option<String> {
+    let mut parts = Vec::new();
+    if targets.records_per_second > 0 {
+        parts.push(format!(
+            "{} records/s (target {} per worker)",
+            fleet.records_per_second, targets.records_per_second
+        ));
+    }
+    if let (Some(bytes), 1..) = (fleet.bytes_per_second, targets.bytes_per_second) {
+        parts.push(format!(
+            "{bytes} bytes/s (target {} per worker)",
+            targets.bytes_per_second
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+fn count(workers: u32) -> String {
+    match workers {
+        1 => "1 worker".to_owned(),
+        n => format!("{n} workers"),
+    }
+}
+
+fn duration(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
 }
 
 #[cfg(test)]
@@ -520,6 +609,112 @@ mod tests {
                 got.inputs, *fleet,
                 "{what}: the inputs are published beside it"
             );
+        }
+    }
+
+    /// Each reason in words, with the figures it rests on (what `/fleet` shows).
+    #[test]
+    fn each_reason_says_why_with_its_figures() {
+        let lagging = |f: Fleet, trend| Fleet {
+            largest_lag_ms: 90_000,
+            lag_trend: trend,
+            ..f
+        };
+        let none = Targets {
+            records_per_second: 0,
+            ..TARGETS
+        };
+        let both = Targets {
+            bytes_per_second: 1_000_000,
+            ..TARGETS
+        };
+        let cases: &[(Fleet, Targets, Reason, &str)] = &[
+            (
+                fleet(2, 8, 4_000),
+                TARGETS,
+                Reason::Load,
+                "load above the target for 2 workers: 4000 records/s (target 1000 per worker)",
+            ),
+            (
+                Fleet {
+                    bytes_per_second: Some(3_500_000),
+                    ..fleet(2, 8, 1_000)
+                },
+                both,
+                Reason::Load,
+                "load above the target for 2 workers: 1000 records/s (target 1000 per \
+                 worker), 3500000 bytes/s (target 1000000 per worker)",
+            ),
+            (
+                fleet(4, 8, 1_000),
+                TARGETS,
+                Reason::Load,
+                "load fits 2 workers with the 20% scale-down margin: 1000 records/s (target \
+                 1000 per worker)",
+            ),
+            (
+                fleet(2, 8, 2_000),
+                TARGETS,
+                Reason::Hold,
+                "load within the target for 2 workers: 2000 records/s (target 1000 per \
+                 worker); as many as now",
+            ),
+            (
+                fleet(2, 8, 2_000),
+                none,
+                Reason::Hold,
+                "no load target set; as many as now",
+            ),
+            (
+                fleet(2, 8, 2_000),
+                Targets {
+                    records_per_second: 0,
+                    ..both
+                },
+                Reason::Hold,
+                "no load to judge (no records/s target, and bytes/s unknown: a worker \
+                 publishes no per-lease rates); as many as now",
+            ),
+            (
+                lagging(fleet(2, 8, 0), Trend::Rising),
+                TARGETS,
+                Reason::LagNotFalling,
+                "largest lag 1m 30s above scaling.lag_target 1m and rising: one more than now",
+            ),
+            (
+                lagging(fleet(2, 8, 0), Trend::Falling),
+                TARGETS,
+                Reason::Behind,
+                "largest lag 1m 30s above scaling.lag_target 1m but falling: no fewer than now",
+            ),
+            (
+                lagging(fleet(2, 8, 0), Trend::Unknown),
+                TARGETS,
+                Reason::Behind,
+                "largest lag 1m 30s above scaling.lag_target 1m, trend not known yet: no \
+                 fewer than now",
+            ),
+            (
+                Fleet {
+                    max_leases: 3,
+                    ..fleet(1, 10, 0)
+                },
+                none,
+                Reason::MaxLeases,
+                "10 leases at lease.max_leases 3 per worker need 4 workers",
+            ),
+            (
+                fleet(2, 8, u64::MAX),
+                TARGETS,
+                Reason::Leases,
+                "at most one worker per processable lease (8)",
+            ),
+            (fleet(0, 8, 0), none, Reason::Leases, "at least 1 worker"),
+        ];
+        for (fleet, targets, reason, why) in cases {
+            let got = recommend(fleet, targets);
+            assert_eq!(got.reason, *reason, "{why}");
+            assert_eq!(got.why(), *why);
         }
     }
 

@@ -17,8 +17,9 @@
 //!   minutes (`status_page`); `GET /status/tree` — the tree's nodes (JSON, what
 //!   `flotilla status` prints); `GET /status/history`, `GET /fleet/history` — the
 //!   charts' points per shard and per worker (JSON).
-//! * `GET /fleet` — every worker and lease, from the last lease-table scan (JSON, or the
-//!   page when the client asks for HTML); `GET /fleet.html` — the page.
+//! * `GET /fleet` — every worker and lease, from the last lease-table scan, and the
+//!   recommended worker count of the keeper's last round (JSON, or the page when the
+//!   client asks for HTML); `GET /fleet.html` — the page.
 //! * `GET /healthz` — liveness: the supervisor runs and answers.
 //! * `GET /readyz` — readiness: the lease table and the stream answer, leases are
 //!   served, no held shard is stalled.
@@ -370,6 +371,9 @@ async fn fleet(State(shared): State<Shared>, headers: HeaderMap) -> Response {
             if let Some(snapshot) = shared.worker.snapshot().await {
                 crate::status::overlay_own_shards(&mut fleet, &snapshot.0);
             }
+            // The keeper's last recommended worker count, as its round judged it.
+            let scaling = shared.fleet_board.scaling();
+            crate::status::overlay_scaling(&mut fleet, scaling, Instant::now());
             axum::Json(fleet).into_response()
         }
         None => unavailable("no lease-table scan yet"),

@@ -96,6 +96,23 @@ async fn every_route_answers_with_live_data() {
     assert_eq!(leases.len(), 4);
     assert!(leases.iter().all(|l| l["state"] == "held"), "{leases:?}");
     assert!(fleet["unassigned"].as_array().unwrap().is_empty());
+    // The recommended worker count of the observer's last keeper round, judged on both
+    // workers and the four leases, with why.
+    let fleet = json_until(&b, "/fleet", "recommends a count for both workers", |f| {
+        f["scaling"]["inputs"]["workers"] == 2
+    })
+    .await;
+    let scaling = &fleet["scaling"];
+    let recommended = scaling["recommended_workers"].as_u64().unwrap();
+    assert!((1..=4).contains(&recommended), "{scaling}");
+    assert_eq!(scaling["inputs"]["leases"], 4, "{scaling}");
+    assert!(scaling["reason"].is_string(), "{scaling}");
+    assert!(
+        scaling["why"].as_str().is_some_and(|why| !why.is_empty()),
+        "{scaling}"
+    );
+    assert!(scaling["judged_ms_ago"].is_u64(), "{scaling}");
+    assert!(fleet["scaling_unknown"].is_null(), "{fleet}");
     // Lags reach the fleet view through the owners' heartbeats.
     json_until(&b, "/fleet", "shows every lease's lag", |f| {
         f["leases"]

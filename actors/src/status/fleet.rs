@@ -29,6 +29,12 @@ pub struct FleetView {
     pub observer: String,
     /// Milliseconds since that worker's last scan.
     pub scanned_ms_ago: u64,
+    /// How many workers the stream needs, as that worker's last lease-keeper round
+    /// judged it (the `RecommendedWorkers` it published), with why and on what; `None`
+    /// before its first round, and `scaling_unknown` says so.
+    pub scaling: Option<super::FleetScaling>,
+    /// Why `scaling` is `None`.
+    pub scaling_unknown: Option<String>,
     /// Every worker seen: with a heartbeat row, or named as a lease's owner.
     pub workers: Vec<FleetWorker>,
     /// Every lease row (unreadable ones too), by lease key.

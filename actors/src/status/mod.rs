@@ -13,10 +13,14 @@ pub use crate::metrics::{Histogram, HistogramSnapshot, Metric, MetricsSnapshot};
 use crate::model::ShardId;
 
 mod fleet;
+mod scaling;
 #[cfg(feature = "status-server")]
 pub(crate) use fleet::overlay_own_shards;
 pub use fleet::{FleetLease, FleetLeaseState, FleetView, FleetWorker};
 pub(crate) use fleet::{FleetScan, fleet_view};
+pub use scaling::FleetScaling;
+#[cfg(feature = "status-server")]
+pub(crate) use scaling::overlay_scaling;
 
 /// Where a held shard is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -20,6 +20,7 @@ impl Event for ScaleRecommended {
             workers,
             reason,
             inputs,
+            ..
         } = self.recommendation;
         if self.before == Some(workers) {
             return;
