@@ -4,7 +4,7 @@
 //! P3, P4 and P9 in real time, P5 and P6 in paused tokio time.
 //!
 //! `cargo bench -p flotilla-actors --bench fleet` runs all; `-- p6` runs one (a prefix:
-//! `-- p3` runs P3 with both settings and P3e). `FLEET_RUNS=n` overrides the run counts;
+//! `-- p3` runs P3 at 4 s / 1 s, P3d at the defaults, P3k at the KCL's 10 s / 2 s, and P3e). `FLEET_RUNS=n` overrides the run counts;
 //! `FLOTILLA_BENCH_READ_MODE=fanout` reads by enhanced fan-out instead of polling;
 //! `FLOTILLA_BENCH_BALANCE=count|throughput` sets `lease.balance` for every worker.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a broken setup should stop it loudly
@@ -100,7 +100,8 @@ impl Processor for Probe {
 }
 
 /// Lease timings: `short` = failover 4 s, heartbeat 1 s, fence margin 1 s; otherwise
-/// the defaults (10 s, 2 s, 3 s). Everything else is the default; the status server off.
+/// the defaults (4 s, 1 s, 1 s since issue 34, which made the short timings the
+/// defaults; P3k keeps the old 10 s / 2 s / 3 s beside them). Everything else is the default; the status server off.
 fn settings(id: &str, short: bool) -> Settings {
     let mut s = Settings::default();
     s.worker.stream = STREAM.to_owned();
@@ -293,12 +294,12 @@ fn paused_time() -> tokio::runtime::Runtime {
 /// One P3 run: per-shard gaps (s) from abort() to the first delivery on a survivor, and
 /// the records delivered again after the abort (the victim had delivered them, its
 /// checkpoints did not cover them).
-async fn p3_run(short: bool) -> (Vec<f64>, u64) {
+async fn p3_run(case: P3Case) -> (Vec<f64>, u64) {
     let rig = Rig::new(12).await;
     let f = feed(&rig);
     let mut ws = Vec::new();
     for id in ["a", "b", "c"] {
-        ws.push(rig.start(rig.backend(), settings(id, short), true).await);
+        ws.push(rig.start(rig.backend(), case.settings(id), true).await);
     }
     wait_held(
         &ws.iter().collect::<Vec<_>>(),
@@ -341,21 +342,69 @@ async fn p3_run(short: bool) -> (Vec<f64>, u64) {
     (gaps, duplicates)
 }
 
-fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
-    let s = settings("x", short);
+/// A P3 case: the lease timings (failover, heartbeat, fence margin in seconds) or the
+/// defaults.
+#[derive(Clone, Copy)]
+struct P3Case {
+    id: &'static str,
+    lease: Option<(u64, u64, u64)>,
+}
+
+/// P3 (4 s / 1 s), P3d (the defaults), P3k (10 s / 2 s / 3 s: the KCL's failover time,
+/// the defaults before issue 34), so that old and new defaults run side by side.
+const P3_CASES: [P3Case; 3] = [
+    P3Case {
+        id: "P3",
+        lease: Some((4, 1, 1)),
+    },
+    P3Case {
+        id: "P3d",
+        lease: None,
+    },
+    P3Case {
+        id: "P3k",
+        lease: Some((10, 2, 3)),
+    },
+];
+
+impl P3Case {
+    fn settings(self, id: &str) -> Settings {
+        let mut s = settings(id, false);
+        if let Some((failover, heartbeat, margin)) = self.lease {
+            s.lease.failover_time = Duration::from_secs(failover);
+            s.lease.heartbeat_interval = Duration::from_secs(heartbeat);
+            s.lease.fence_margin = Duration::from_secs(margin);
+        }
+        s
+    }
+
+    fn label(self) -> String {
+        let s = self.settings("x");
+        format!(
+            "{}failover {} s, heartbeat {} s, fence {} s",
+            if self.lease.is_none() {
+                "defaults: "
+            } else {
+                ""
+            },
+            secs(s.lease.failover_time),
+            secs(s.lease.heartbeat_interval),
+            secs(s.lease.fence_margin)
+        )
+    }
+}
+
+fn p3(case: P3Case, n: usize, rows: &mut Vec<Row>) {
+    let s = case.settings("x");
     let failover = secs(s.lease.failover_time);
-    let label = if short {
-        "failover 4 s, heartbeat 1 s, fence 1 s"
-    } else {
-        "defaults: failover 10 s, heartbeat 2 s"
-    };
+    let label = case.label();
     println!("P3 crash failover ({label}), {n} runs");
     let rt = real_time();
     let mut all = Vec::new();
     let mut p50s = Vec::new();
     let mut dups = Vec::new();
     for i in 0..n {
-        let (gaps, duplicates) = rt.block_on(p3_run(short));
+        let (gaps, duplicates) = rt.block_on(p3_run(case));
         let gaps = sorted(gaps);
         println!(
             "  run {i}: per-shard gap p50 {:.2} s, max {:.2} s ({} shards); delivered again after the kill: {duplicates}",
@@ -382,7 +431,7 @@ fn p3(short: bool, n: usize, rows: &mut Vec<Row>) {
     println!(
         "  delivered again after the kill, per run: median {dup_med:.0}, min {dup_min:.0}, max {dup_max:.0} (records of the victim's 4 shards, 10 records/s each)"
     );
-    let id = if short { "P3" } else { "P3d" };
+    let id = case.id;
     rows.push(Row {
         id: id.into(),
         what: format!("crash failover gap per shard, {label} (values: every shard of every run)"),
@@ -1940,13 +1989,12 @@ fn main() {
         .map(|a| a.to_lowercase());
     let want = |id: &str| filter.as_deref().is_none_or(|f| id.starts_with(f));
     let mut rows = Vec::new();
-    if want("p3") {
-        p3(true, runs(10), &mut rows);
+    for case in P3_CASES {
+        if want(&case.id.to_lowercase()) {
+            p3(case, runs(10), &mut rows);
+        }
     }
-    if want("p3d") || filter.as_deref() == Some("p3") {
-        p3(false, runs(10), &mut rows);
-    }
-    if want("p3e") || filter.as_deref() == Some("p3") {
+    if want("p3e") {
         p3e(runs(10), &mut rows);
     }
     if want("p4") {

@@ -758,9 +758,10 @@ impl Produced {
     }
 }
 
-/// The explicit hash key of key `i`: the middle of its 1/KEYS slice of the key space.
-fn hash_key(i: u32) -> u128 {
-    let slice = u128::MAX / u128::from(KEYS);
+/// The explicit hash key of key `i` of `keys`: the middle of its 1/`keys` slice of the
+/// key space.
+fn hash_key(i: u32, keys: u32) -> u128 {
+    let slice = u128::MAX / u128::from(keys);
     slice * u128::from(i) + slice / 2
 }
 
@@ -772,18 +773,25 @@ pub struct Producer {
 
 impl Producer {
     pub fn start(env: &Env) -> Self {
+        Self::start_keys(env, KEYS, PRODUCE_EVERY)
+    }
+
+    /// Puts one record of each of `key_count` keys (`k0` ..) every `every`: a lighter
+    /// feed for long runs (benches/soak.rs).
+    pub fn start_keys(env: &Env, key_count: u32, every: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (kinesis, stream, stopping) = (env.kinesis.clone(), env.stream.clone(), stop.clone());
         let task = tokio::spawn(async move {
             let mut produced = Produced::default();
-            let mut keys =
-                KeyedProducer::from_keys((0..KEYS).map(|i| (format!("k{i}"), Some(hash_key(i)))));
-            let mut tick = tokio::time::interval(PRODUCE_EVERY);
+            let mut keys = KeyedProducer::from_keys(
+                (0..key_count).map(|i| (format!("k{i}"), Some(hash_key(i, key_count)))),
+            );
+            let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut n = 0u64;
             while !stopping.load(Ordering::SeqCst) {
                 tick.tick().await;
-                let batch = keys.rounds(KEYS, 1);
+                let batch = keys.rounds(key_count, 1);
                 // A failed call is put again whole: a record written twice is a
                 // duplicate in the stream, never a gap or a reordering of its key.
                 let mut attempt = 1;
