@@ -167,7 +167,7 @@ pub struct DestroyArgs {
     pub force: bool,
     /// How long an owner may show no sign of life before it counts as dead: the
     /// workers' lease.failover_time.
-    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "4s", value_parser = humantime::parse_duration)]
     pub failover_time: Duration,
     /// Confirm without asking (for scripts).
     #[arg(long)]
@@ -389,7 +389,7 @@ pub struct Liveness {
     pub force: bool,
     /// How long an owner's heartbeat may stand still before it counts as dead: the
     /// workers' lease.failover_time.
-    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "FLOTILLA__LEASE__FAILOVER_TIME", default_value = "4s", value_parser = humantime::parse_duration)]
     pub failover_time: Duration,
 }
 

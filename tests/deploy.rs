@@ -2143,10 +2143,10 @@ fn the_standalone_dead_letter_policies_grant_exactly_the_writes_of_their_destina
 const AUTOSCALING: &[&str] = &["autoscaling/keda", "autoscaling/hpa"];
 
 /// A CloudWatch metric's `/metrics` family (`RecommendedWorkers` →
-/// `flotilla_recommended_workers`), which must be a gauge in README's table of
-/// families: that table is checked against the metrics catalog
-/// (`prometheus::tests::readme_lists_every_family`), so a name found there is one a
-/// worker publishes.
+/// `flotilla_recommended_workers`), which must be a gauge in the guide's table of
+/// families (docs/status-and-metrics.md): that table is checked against the metrics
+/// catalog (`prometheus::tests::the_guide_lists_every_family`), so a name found there is
+/// one a worker publishes.
 fn gauge_family(cloudwatch_name: &str) -> String {
     let mut snake = String::from("flotilla_");
     for (i, c) in cloudwatch_name.chars().enumerate() {
@@ -2160,11 +2160,12 @@ fn gauge_family(cloudwatch_name: &str) -> String {
 }
 
 fn assert_published_gauge(family: &str) {
-    let readme = read("README.md");
+    let chapter = read("docs/status-and-metrics.md");
     let row = format!("| `{family}` | gauge |");
     assert!(
-        readme.contains(&row),
-        "{family} is not a gauge of README's Prometheus table (the metrics catalog)"
+        chapter.contains(&row),
+        "{family} is not a gauge of docs/status-and-metrics.md's Prometheus table (the \
+         metrics catalog)"
     );
 }
 

@@ -24,7 +24,8 @@
 //! * `a_kcl_worker_joining_a_flotilla_fleet_steals_within_the_documented_bound`: a KCL
 //!   worker joins two flotilla workers holding every lease and steals (the KCL's own
 //!   balancing); flotilla stops a stolen shard at its next renewal, so the overlap of the
-//!   two deliverers stays under README's bound (a renewal interval and a batch).
+//!   two deliverers stays under docs/from-the-java-kcl.md's bound (a renewal interval
+//!   and a batch).
 //!
 //! Each test's figures are printed as `fleet[TAG]: ...` lines. One test at a time (the
 //! JVMs are heavy on a 2-core machine). Built only with the
@@ -52,8 +53,9 @@ use flotilla_actors::kpl::{UserRecord, aggregate};
 /// One test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The KCL's failover time in the live tests: flotilla's (`FAILOVER_SECS`), as README
-/// asks of a live migration (`lease.failover_time` = `failoverTimeMillis`).
+/// The KCL's failover time in the live tests: flotilla's (`FAILOVER_SECS`), as
+/// docs/from-the-java-kcl.md asks of a live migration (`lease.failover_time` =
+/// `failoverTimeMillis`).
 const FAILOVER: Duration = Duration::from_secs(FAILOVER_SECS);
 /// A KCL worker's start on a table that has leases, to its first record (about 5 s
 /// measured; the JVM, its 1 s scheduler loop, a child per shard).
@@ -782,8 +784,8 @@ async fn a_kcl_worker_joining_a_flotilla_fleet_steals_within_the_documented_boun
             overlaps.push(format!("{shard}: {} ms", overlap.as_millis()));
         }
     }
-    // README: flotilla stops a stolen shard at its next renewal (every failover / 3),
-    // or at its next checkpoint; a batch already handed over finishes.
+    // docs/from-the-java-kcl.md: flotilla stops a stolen shard at its next renewal (every
+    // failover / 3), or at its next checkpoint; a batch already handed over finishes.
     let bound = FAILOVER / 3 + Duration::from_secs(2);
     report(
         TAG,

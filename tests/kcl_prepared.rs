@@ -1,7 +1,7 @@
 //! Prepared (two-phase) checkpoints with application state, across the real Java KCL
-//! 2.5.8 both ways, on kinesis-mock and DynamoDB Local: what README's "Two-phase
-//! checkpoints with application state" claims ("a table written by the Java KCL carries
-//! them over both ways"), checked against the KCL itself.
+//! 2.5.8 both ways, on kinesis-mock and DynamoDB Local: what docs/embedding.md,
+//! "Two-phase checkpoints with application state", claims ("a table written by the Java
+//! KCL carries them over both ways"), checked against the KCL itself.
 //!
 //! The KCL's MultiLang protocol has no `prepareCheckpoint`, so the Java side is a small
 //! application written against the KCL 2.5.8 API (`tests/kcl/PreparingApp.java`, compiled

@@ -50,8 +50,8 @@
 //!   builder, the backend choice, and `boot.rs`, which resolves every kind of source
 //!   (names, ARNs, table streams, stream sets, fan-out consumers) once.
 
-// Every public item says what it is for: the API is deliberate (README, "The library's
-// public API").
+// Every public item says what it is for: the API is deliberate (docs/embedding.md, "The
+// library's public API").
 #![warn(missing_docs)]
 
 pub mod backend;

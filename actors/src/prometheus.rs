@@ -4,8 +4,8 @@
 //! Everything served comes from one status snapshot, so a scrape costs one collection
 //! and nothing is counted twice: the MetricsReporter's running figures (the same samples
 //! CloudWatch gets) and its timings' distributions. The families are named from
-//! [`Metric`] by one rule, which [`families`] states and the README's table of
-//! families is checked against:
+//! [`Metric`] by one rule, which [`families`] states and the guide's table of
+//! families (docs/status-and-metrics.md) is checked against:
 //!
 //! * a counter `RecordsProcessed` → `flotilla_records_processed_total`;
 //! * a gauge `MillisBehindLatest` → `flotilla_millis_behind_latest`;
@@ -51,7 +51,7 @@ pub(crate) struct Family {
 }
 
 /// Every family `/metrics` serves, in the order it serves them: the declaration the
-/// encoder and README's table are both checked against.
+/// encoder and the guide's table are both checked against.
 #[cfg(test)]
 pub(crate) fn families() -> Vec<Family> {
     let mut out = vec![
@@ -521,15 +521,16 @@ mod tests {
         assert_eq!(names, [UP, UPTIME]);
     }
 
-    /// README's table of families (under "Prometheus metrics") lists exactly what is
-    /// served, with the same type: one definition, checked.
+    /// The guide's table of families (docs/status-and-metrics.md, under "Prometheus
+    /// metrics") lists exactly what is served, with the same type: one definition,
+    /// checked.
     #[test]
-    fn readme_lists_every_family() {
-        const README: &str = include_str!("../../README.md");
-        let section = README
-            .split("### Prometheus metrics")
+    fn the_guide_lists_every_family() {
+        const CHAPTER: &str = include_str!("../../docs/status-and-metrics.md");
+        let section = CHAPTER
+            .split("\n## Prometheus metrics\n")
             .nth(1)
-            .expect("README.md has a Prometheus metrics section");
+            .expect("docs/status-and-metrics.md has a Prometheus metrics section");
         let documented: Vec<(String, String, String)> = section
             .lines()
             .skip_while(|l| !l.starts_with("| family"))

@@ -315,8 +315,8 @@ mod tests {
         );
     }
 
-    /// The memory figure the module's docs (and README) give: 16 bytes a point, 960 a
-    /// ring's points.
+    /// The memory figure the module's docs (and docs/status-and-metrics.md) give: 16
+    /// bytes a point, 960 a ring's points.
     #[test]
     fn a_ring_costs_what_the_docs_say() {
         assert_eq!(std::mem::size_of::<Option<(u32, Point)>>(), 16);

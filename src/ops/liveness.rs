@@ -218,7 +218,8 @@ impl Watch {
 
 /// How long a command watches for a sign of life an owner that declares no failover
 /// time in its heartbeat row (a Java KCL worker, a flotilla before the declarations):
-/// the KCL's and flotilla's default `failoverTimeMillis` / `lease.failover_time`.
+/// the KCL's default `failoverTimeMillis`, and flotilla's `lease.failover_time` before it
+/// became 4 s (a flotilla that old declares none).
 pub const UNDECLARED_FAILOVER: Duration = Duration::from_secs(10);
 
 /// How long the owners of leases are watched for a sign of life before they count as

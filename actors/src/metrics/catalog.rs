@@ -6,9 +6,10 @@
 //! without its variant, does not compile, and no fact about a metric is left to a
 //! `match` with a fallback arm somewhere else.
 //!
-//! Adding a metric is adding a row (and its line in README's table of Prometheus
-//! families, which `prometheus::tests::readme_lists_every_family` checks). Renaming a
-//! variant renames the metric everywhere it is published: dashboards and alarms name it.
+//! Adding a metric is adding a row (and its line in docs/status-and-metrics.md's table
+//! of Prometheus families, which `prometheus::tests::the_guide_lists_every_family`
+//! checks). Renaming a variant renames the metric everywhere it is published: dashboards
+//! and alarms name it.
 
 use crate::backend::{CallFailure, Classified, Unit};
 
@@ -397,7 +398,7 @@ mod tests {
     }
 
     /// The rule the published names rest on: a metric is named as its variant is, so
-    /// renaming one is renaming a published metric (README's table test then fails).
+    /// renaming one is renaming a published metric (the guide's table test then fails).
     #[test]
     fn every_metric_is_named_as_its_variant() {
         for metric in Metric::ALL {

@@ -399,7 +399,8 @@ mod tests {
     /// The documented defaults, in the workspace (not shipped with the crate: the
     /// defaults in force are `Settings::default()`, and these tests keep the two equal).
     const DEFAULTS: &str = include_str!("../../../config/default.toml");
-    const README: &str = include_str!("../../../README.md");
+    /// The configuration reference, a chapter of the guide.
+    const REFERENCE: &str = include_str!("../../../docs/configuration.md");
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
@@ -529,18 +530,39 @@ mod tests {
         assert_eq!(commented, optional);
     }
 
+    /// The reference's rows, by the key in their first cell (``| `section.key` |``).
+    fn reference_rows() -> Vec<String> {
+        REFERENCE
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `")?.split_once("` |"))
+            .map(|(key, _)| key.to_owned())
+            .collect()
+    }
+
+    /// Both ways: a setting without a row is undocumented, and a row without a setting
+    /// (a typo, a renamed or removed key) documents something a worker refuses.
+    /// `setting_keys` stands for default.toml: the test above keeps the two equal.
     #[test]
-    fn the_readme_reference_names_every_setting() {
-        let reference = README
-            .split("## Configuration reference")
-            .nth(1)
-            .expect("README.md has a configuration reference section");
-        for key in setting_keys().unwrap() {
-            assert!(
-                reference.contains(&format!("| `{key}` |")),
-                "README.md's configuration reference lacks {key}"
-            );
-        }
+    fn the_configuration_reference_has_a_row_for_every_setting_and_only_settings() {
+        let rows = reference_rows();
+        let documented: BTreeSet<String> = rows.iter().cloned().collect();
+        assert!(
+            !rows.is_empty(),
+            "docs/configuration.md has no setting rows"
+        );
+        assert_eq!(
+            rows.len(),
+            documented.len(),
+            "docs/configuration.md has a key twice: {rows:?}"
+        );
+        let settings = setting_keys().unwrap();
+        let missing: Vec<&String> = settings.difference(&documented).collect();
+        let unknown: Vec<&String> = documented.difference(&settings).collect();
+        assert!(
+            missing.is_empty() && unknown.is_empty(),
+            "docs/configuration.md has no row for {missing:?}, and rows for {unknown:?}, \
+             which are not settings (config/default.toml)"
+        );
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub struct SimOptions {
 /// How a run beside Java KCL workers sets flotilla up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JavaMode {
-    /// `lease.java_compat = true`, as README's "Moving from the Java KCL" says.
+    /// `lease.java_compat = true`, as docs/from-the-java-kcl.md says.
     Compat,
     /// The mode left off (a deliberate misconfiguration: the oracles must catch it).
     WithoutCompat,
@@ -1156,7 +1156,7 @@ fn settings(id: &str, java: Option<JavaMode>, poison: Option<PoisonPlan>, lanes:
         s.failure.destination = Some(Destination::File("sim-dead-letters".into()));
     }
     s.worker.worker_id = Some(id.to_owned());
-    // Beside Java workers, README's "Moving from the Java KCL": the mode on, and the
+    // Beside Java workers, docs/from-the-java-kcl.md: the mode on, and the
     // failover time (below) the Java workers' `failoverTimeMillis`.
     s.lease.java_compat = java == Some(JavaMode::Compat);
     // The defaults users run, but for what makes a long simulation cheap or a stall

@@ -1052,7 +1052,7 @@ impl DynamoLeaseTable {
                 index = HEARTBEAT_INDEX,
             ),
             Err(error) => warn!(
-                message = "The lease table has no heartbeat index and it could not be added; heartbeats are read by key (a read unit or more a row each round). Add the index (README, \"Running a fleet\") or allow dynamodb:UpdateTable.",
+                message = "The lease table has no heartbeat index and it could not be added; heartbeats are read by key (a read unit or more a row each round). Add the index (docs/running-a-fleet.md) or allow dynamodb:UpdateTable.",
                 table = %self.workers,
                 index = HEARTBEAT_INDEX,
                 %error,
