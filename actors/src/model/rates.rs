@@ -19,10 +19,23 @@ use tokio::time::Instant;
 
 use super::{LeaseKey, LeaseRate};
 
-/// Weight of the newest interval in the average. With the default 2 s heartbeat, an
-/// interval's weight halves in about two beats: a lasting change shows within ~10 s,
-/// a one-interval burst moves the rate by a third of itself.
+/// Weight of the newest interval in the average, for an interval of
+/// [`SMOOTHING_INTERVAL`]: an interval's weight halves in about 4 s, a lasting change
+/// shows within ~10 s, a 2 s burst moves the rate by a third of itself.
 pub const SMOOTHING: f64 = 0.3;
+
+/// The interval [`SMOOTHING`] is the weight of (the heartbeat interval it was tuned
+/// at). Other intervals weigh by the same decay per second ([`weight`]), so that the
+/// average's memory is a time, not a count of beats: at a 1 s heartbeat (the default
+/// since issue 34) two beats weigh what one 2 s beat did. Weighed per beat, the
+/// shorter beat followed noise twice as fast, and a soak on a starved host moved leases
+/// 2.5 times as often (BENCHMARKS.md, "Failover defaults").
+pub const SMOOTHING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The weight of the newest interval, `secs` long, in the average.
+fn weight(secs: f64) -> f64 {
+    1.0 - (1.0 - SMOOTHING).powf(secs / SMOOTHING_INTERVAL.as_secs_f64())
+}
 
 /// A lease's reader is caught up while its last MillisBehindLatest is at most this: what
 /// it delivers is then the shard's own traffic, not a backlog.
@@ -131,10 +144,13 @@ fn measure(meter: Meter, total: (u64, u64), caught_up: bool, now: Instant) -> Me
     );
     let intervals = meter.intervals.saturating_add(1);
     let average = match meter.average {
-        Some((r, b)) => Some((
-            SMOOTHING * interval.0 + (1.0 - SMOOTHING) * r,
-            SMOOTHING * interval.1 + (1.0 - SMOOTHING) * b,
-        )),
+        Some((r, b)) => {
+            let w = weight(secs);
+            Some((
+                w * interval.0 + (1.0 - w) * r,
+                w * interval.1 + (1.0 - w) * b,
+            ))
+        }
         None if meter.caught_up || intervals > MAX_WARM_UP_INTERVALS => Some(interval),
         None => None,
     };
@@ -196,6 +212,52 @@ mod tests {
         let rates = meter.sample(&totals(&[(1, 1050, 10500)]), &lag(0), &held, t0 + 3 * s);
         assert_eq!(rates[&key(1)].records_per_second, 190);
         assert_eq!(rates[&key(1)].bytes_per_second, 1900);
+    }
+
+    /// An interval weighs by its length: SMOOTHING at 2 s, and at any other length
+    /// what the same decay per second gives.
+    #[test]
+    fn an_interval_weighs_by_its_length() {
+        let cases = [
+            (2.0, 0.3),
+            (1.0, 1.0 - 0.7f64.sqrt()),
+            (4.0, 0.51),
+            (0.5, 1.0 - 0.7f64.powf(0.25)),
+            (20.0, 1.0 - 0.7f64.powi(10)),
+        ];
+        for (secs, expected) in cases {
+            assert!(
+                (weight(secs) - expected).abs() < 1e-12,
+                "{secs} s: {} against {expected}",
+                weight(secs)
+            );
+        }
+    }
+
+    /// The same traffic gives the same average at a 1 s and a 2 s heartbeat: the
+    /// average forgets at a pace in seconds, not in beats.
+    #[test]
+    fn the_average_forgets_at_the_same_pace_at_any_heartbeat() {
+        let t0 = Instant::now();
+        let held = [key(1)];
+        // 100 records/s for 4 s, then 400/s for 4 s; (elapsed s, cumulative records).
+        let at = |t: u64| if t <= 4 { 100 * t } else { 400 + 400 * (t - 4) };
+        let mut averages = Vec::new();
+        for beat in [1u64, 2] {
+            let mut meter = RateMeter::new();
+            let mut last = BTreeMap::new();
+            for t in (0..=8).step_by(beat as usize) {
+                last = meter.sample(
+                    &totals(&[(1, at(t), at(t))]),
+                    &lag(0),
+                    &held,
+                    t0 + Duration::from_secs(t),
+                );
+            }
+            averages.push(last[&key(1)].records_per_second);
+        }
+        // 100 at 4 s, then 4 s of 400/s: 400 - 300 * 0.7^2 = 253.
+        assert_eq!(averages, [253, 253], "1 s beats, 2 s beats");
     }
 
     #[test]
