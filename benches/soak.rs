@@ -309,7 +309,7 @@ async fn soak(runs: &mut [Run], minutes: u64, busy_per_core: usize, seed: u64) -
         loads.push(load_average());
         if Instant::now() >= next_report {
             next_report += Duration::from_secs(60);
-            let taken: Vec<usize> = runs.iter().map(false_failovers_count).collect();
+            let taken: Vec<usize> = runs.iter().map(|r| false_failovers(r).len()).collect();
             eprintln!(
                 "soak: +{} min, {} stalls, load {:.1}, expired takes per setting {taken:?}",
                 start.elapsed().as_secs() / 60,
@@ -339,10 +339,6 @@ fn false_failovers(run: &Run) -> Vec<String> {
         .iter()
         .flat_map(|id| log_lines(&worker_log(run, id), &["lease_moved", "expired"]))
         .collect()
-}
-
-fn false_failovers_count(run: &Run) -> usize {
-    false_failovers(run).len()
 }
 
 /// `lease_moved` lines of every worker's log of the run, by their `reason`.
@@ -490,7 +486,7 @@ fn main() {
             println!(
                 "stall at +{:.1} s ({}): {:.2} s",
                 stall.since_start.as_secs_f64(),
-                humantime_like(stall.at),
+                humantime::format_rfc3339_millis(stall.at),
                 stall.length.as_secs_f64()
             );
         }
@@ -518,46 +514,7 @@ fn stalls_causing(stalls: &[Stall], taken: &[String]) -> String {
     }
 }
 
-/// The timestamp a log line starts with (`2026-11-29T02:41:07.123456Z`), to the
-/// millisecond.
+/// The timestamp a log line starts with (`2026-11-29T02:41:07.123456Z`).
 fn log_time(line: &str) -> Option<SystemTime> {
-    let stamp = line.split_whitespace().next()?;
-    let (date, time) = stamp.trim_end_matches('Z').split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.split(':');
-    let (h, min) = (
-        t.next()?.parse::<i64>().ok()?,
-        t.next()?.parse::<i64>().ok()?,
-    );
-    let sec: f64 = t.next()?.parse().ok()?;
-    let days = days_from_civil(y, m, day);
-    let secs = days * 86_400 + h * 3_600 + min * 60;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64) + Duration::from_secs_f64(sec))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Seconds since the epoch, for the stall list (matched by eye with the log lines).
-fn humantime_like(at: SystemTime) -> String {
-    let secs = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
-    let day = secs % 86_400.0;
-    format!(
-        "{:02}:{:02}:{:06.3} UTC",
-        (day / 3_600.0) as u64,
-        ((day % 3_600.0) / 60.0) as u64,
-        day % 60.0
-    )
+    humantime::parse_rfc3339_weak(line.split_whitespace().next()?).ok()
 }
